@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package gpurun needs and builds it into build/.
+# Usage: scripts/setup.sh            (as root, or with sudo available)
+#        GPURUN_SKIP_APT=1 scripts/setup.sh   (packages already installed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config python3
+  libboost1.81-dev      # Asio, Process v2 (header-only)
+  libfmt-dev doctest-dev libtomlplusplus-dev
+  procps psmisc         # ps/pkill used by the integration tests
+)
+
+if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build -j"$(nproc)"
+echo "setup: built build/launcher/gpurun"
