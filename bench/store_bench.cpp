@@ -1,0 +1,285 @@
+// store_bench: throughput and rendezvous time of a TCPStore-protocol store.
+//
+//   store_bench [--host H --port P] [--threads N] [--ops M] [--rendezvous K[,K...]]
+//
+// Without --port it starts gpurun's store in-process on 127.0.0.1 (port 0).
+// With --host/--port it targets any TCPStore server, e.g. torch's own
+// (bench/anchors/torch_store_server.py), so both can be compared on one machine.
+//   throughput: N threads, one connection each, M ops each cycling
+//               SET, GET (= WAIT + GET), ADD, WAIT on a present key.
+//   rendezvous: K connections (handshake untimed), then each ADDs a counter
+//               and WAITs on a barrier key that the last arriver SETs (the
+//               torch store-based barrier); prints the time until all K are released.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include "store/client.hpp"
+#include "store/frame_codec.hpp"
+#include "store/server.hpp"
+
+namespace store = gpurun::store;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  int threads = 8;
+  int ops = 20000;
+  std::vector<int> rendezvous;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + f);
+      return argv[++i];
+    };
+    if (f == "--host") {
+      a.host = next();
+    } else if (f == "--port") {
+      a.port = static_cast<uint16_t>(std::stoi(next()));
+    } else if (f == "--threads") {
+      a.threads = std::stoi(next());
+    } else if (f == "--ops") {
+      a.ops = std::stoi(next());
+    } else if (f == "--rendezvous") {
+      std::string list = next();
+      for (std::size_t p = 0; p < list.size();) {
+        std::size_t c = list.find(',', p);
+        a.rendezvous.push_back(std::stoi(list.substr(p, c - p)));
+        p = c == std::string::npos ? list.size() : c + 1;
+      }
+    } else {
+      throw std::runtime_error("unknown flag " + f +
+                               " (flags: --host --port --threads --ops --rendezvous K[,K])");
+    }
+  }
+  return a;
+}
+
+void raise_nofile() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+  ::getrlimit(RLIMIT_NOFILE, &r);
+  std::printf("RLIMIT_NOFILE: %llu\n", static_cast<unsigned long long>(r.rlim_cur));
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A blocking connection that speaks raw frames (for thousands of connections
+// without a thread each).
+class Conn {
+ public:
+  Conn(const std::string& host, uint16_t port) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) {
+      throw std::runtime_error("cannot resolve " + host);
+    }
+    fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = -1;
+    for (int attempt = 0; attempt < 200 && rc != 0; ++attempt) {
+      rc = ::connect(fd_, res->ai_addr, res->ai_addrlen);
+      if (rc != 0) {
+        ::close(fd_);
+        fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    ::freeaddrinfo(res);
+    if (rc != 0) throw std::runtime_error(fmt::format("connect failed: {}", std::strerror(errno)));
+    int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    store::Request v{store::QueryType::kValidate, {}, {}, 0, store::kValidationMagic};
+    store::Request p{store::QueryType::kPing, {}, {}, 0, static_cast<uint32_t>(::getpid())};
+    send(v, p);
+    uint8_t echo[4];
+    read(echo, 4);
+  }
+  ~Conn() { ::close(fd_); }
+  template <class... R>
+  void send(const R&... reqs) {
+    std::string out;
+    (store::encode_request(reqs, out), ...);
+    std::size_t sent = 0;
+    while (sent < out.size()) {
+      ssize_t n = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) throw std::runtime_error("send failed");
+      sent += static_cast<std::size_t>(n);
+    }
+  }
+  void read(void* dst, std::size_t n) {
+    auto* p = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      ssize_t r = ::recv(fd_, p, n, 0);
+      if (r <= 0) throw std::runtime_error("store closed the connection");
+      p += r;
+      n -= static_cast<std::size_t>(r);
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+void throughput(const Args& a, uint16_t port) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::atomic<int> errors{0};
+  for (int t = 0; t < a.threads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        store::ClientOptions o;
+        o.host = a.host;
+        o.port = port;
+        o.timeout = std::chrono::seconds(60);
+        store::Client c(o);
+        const std::string key = fmt::format("/bench/{}", t);
+        const std::string counter = fmt::format("/bench/n{}", t);
+        c.set(key, "value-0123456789");
+        ++ready;
+        while (!go) std::this_thread::yield();
+        for (int i = 0; i < a.ops; ++i) {
+          switch (i % 4) {
+            case 0:
+              c.set(key, "value-0123456789");
+              break;
+            case 1:
+              c.get(key);
+              break;
+            case 2:
+              c.add(counter, 1);
+              break;
+            case 3:
+              c.wait({key});
+              break;
+          }
+        }
+        c.ping();  // SET has no reply: make sure the server applied everything
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "thread %d: %s\n", t, e.what());
+        ++errors;
+      }
+    });
+  }
+  while (ready + errors < a.threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = Clock::now();
+  go = true;
+  for (auto& th : threads) th.join();
+  const double s = seconds_since(start);
+  const double total = double(a.threads) * a.ops;
+  std::printf("throughput: %d threads x %d ops (set/get/add/wait) in %.3f s = %.0f ops/s%s\n",
+              a.threads, a.ops, s, total / s, errors ? " (WITH ERRORS)" : "");
+}
+
+void rendezvous(const Args& a, uint16_t port, int k) {
+  const auto setup_start = Clock::now();
+  std::vector<std::unique_ptr<Conn>> conns;
+  conns.reserve(static_cast<std::size_t>(k));
+  for (int i = 0; i < k; ++i) conns.push_back(std::make_unique<Conn>(a.host, port));
+  const double setup = seconds_since(setup_start);
+  const std::string counter = fmt::format("/bench/rdzv{}/{}", k, ::getpid());
+  const std::string barrier = counter + ":last_worker";
+  const int nthreads = std::min(16, k);
+  std::atomic<int> started{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; ++t) {
+    threads.emplace_back([&, t] {
+      ++started;
+      while (!go) std::this_thread::yield();
+      std::vector<Conn*> mine;
+      for (int i = t; i < k; i += nthreads)
+        mine.push_back(conns[static_cast<std::size_t>(i)].get());
+      for (Conn* c : mine) c->send(store::Request{store::QueryType::kAdd, {counter}, {}, 1, 0});
+      for (Conn* c : mine) {
+        uint8_t b[8];
+        c->read(b, 8);
+        int64_t v = 0;
+        std::memcpy(&v, b, 8);
+        if (v == k) c->send(store::Request{store::QueryType::kSet, {barrier}, {"1"}, 0, 0});
+        c->send(store::Request{store::QueryType::kWait, {barrier}, {}, 0, 0});
+      }
+      for (Conn* c : mine) {
+        uint8_t b;
+        c->read(&b, 1);
+      }
+    });
+  }
+  while (started < nthreads) std::this_thread::yield();
+  const auto start = Clock::now();
+  go = true;
+  for (auto& th : threads) th.join();
+  std::printf(
+      "rendezvous: %d connections: ADD + WAIT barrier released all in %.1f ms "
+      "(connect+handshake of all: %.1f ms)\n",
+      k, seconds_since(start) * 1e3, setup * 1e3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a = parse(argc, argv);
+    raise_nofile();
+    boost::asio::io_context io;
+    auto guard = boost::asio::make_work_guard(io);
+    std::unique_ptr<store::Server> server;
+    std::thread io_thread;
+    uint16_t port = a.port;
+    if (port == 0) {
+      store::ServerOptions o;
+      o.hosts = {"127.0.0.1"};
+      o.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+      server = std::make_unique<store::Server>(io, o);
+      port = server->port();
+      io_thread = std::thread([&] { io.run(); });
+      std::printf("target: gpurun store in-process on 127.0.0.1:%u\n", port);
+      a.host = "127.0.0.1";
+    } else {
+      std::printf("target: external store at %s:%u\n", a.host.c_str(), port);
+    }
+    if (a.threads > 0 && a.ops > 0) throughput(a, port);
+    for (int k : a.rendezvous) rendezvous(a, port, k);
+    if (server) {
+      boost::asio::post(io, [&] { server.reset(); });
+      guard.reset();
+      io_thread.join();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "store_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,51 @@
+// gpurun::supervisor::EventLog — the --event-log JSON-lines file.
+// Schema: docs/cli.md#event-log. Later components add their own events.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "supervisor/json_writer.hpp"
+
+namespace gpurun::supervisor {
+
+/// Appends one JSON object per line: {"ts": "<RFC 3339 UTC, ms>", "event": "<name>", ...fields}.
+/// Each record is written with a single write(2) on an O_APPEND descriptor, so
+/// records never interleave. A disabled log (default-constructed) drops events.
+/// Not thread-safe: call from the supervisor's io thread.
+class EventLog {
+ public:
+  using Clock = std::function<std::chrono::system_clock::time_point()>;
+
+  EventLog() = default;
+  /// Opens (creates, appends to) `path`. Throws gpurun::Error naming the path on failure.
+  explicit EventLog(const std::string& path, Clock clock = std::chrono::system_clock::now);
+  ~EventLog();
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+  EventLog(EventLog&& other) noexcept;
+  EventLog& operator=(EventLog&& other) noexcept;
+
+  bool enabled() const { return fd_ >= 0; }
+
+  /// Writes one record. Write errors are reported once on stderr and then
+  /// ignored: the event log never changes the job's outcome.
+  void emit(std::string_view event, const JsonObject& fields = {});
+
+  /// The record text without the trailing newline (exposed for tests).
+  static std::string format_record(std::chrono::system_clock::time_point ts, std::string_view event,
+                                   const JsonObject& fields);
+
+  /// RFC 3339 UTC with milliseconds, e.g. 2025-01-31T12:00:00.123Z.
+  static std::string format_timestamp(std::chrono::system_clock::time_point ts);
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  Clock clock_;
+  bool write_failed_ = false;
+};
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,215 @@
+// gpurun — torchrun-compatible launcher that hosts the TCPStore and supervises
+// one node's workers. Reference: docs/cli.md; error policy: docs/errors.md.
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "common/error.hpp"
+#include "store/server.hpp"
+#include "supervisor/cli.hpp"
+#include "supervisor/console.hpp"
+#include "supervisor/event_log.hpp"
+#include "supervisor/gpu_inventory.hpp"
+#include "supervisor/posix_spawner.hpp"
+#include "supervisor/supervisor.hpp"
+#include "supervisor/worker_command.hpp"
+#include "supervisor/worker_env.hpp"
+
+namespace {
+
+namespace asio = boost::asio;
+namespace sv = gpurun::supervisor;
+
+constexpr int kExitLauncherError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitNotFound = 127;
+
+void print_err(const std::string& msg) {
+  std::fprintf(stderr, "gpurun: %s\n", msg.c_str());
+}
+
+std::string random_uuid() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  uint64_t a = gen(), b = gen();
+  a = (a & ~0xF000ull) | 0x4000ull;                         // version 4
+  b = (b & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull;  // variant 1
+  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xFFFF, a & 0xFFFF,
+                     b >> 48, b & 0xFFFFFFFFFFFFull);
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+/// Directory holding error files and logs: <log-dir>/<run_id>, or a fresh
+/// /tmp/gpurun-<run_id>-XXXXXX removed at exit. Throws gpurun::Error.
+std::string make_run_dir(const sv::Options& o, const std::string& run_id, bool& temporary) {
+  if (o.log_dir) {
+    std::string dir = *o.log_dir + "/" + run_id;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw gpurun::Error(fmt::format("cannot create log directory '{}': {}", dir, ec.message()));
+    temporary = false;
+    return std::filesystem::absolute(dir).string();
+  }
+  std::string safe;
+  for (char c : run_id)
+    safe.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_');
+  std::string tmpl = fmt::format(
+      "{}/gpurun-{}-XXXXXX", std::filesystem::temp_directory_path().string(), safe.substr(0, 64));
+  if (!::mkdtemp(tmpl.data()))
+    throw gpurun::Error(
+        fmt::format("cannot create run directory '{}': {}", tmpl, std::strerror(errno)));
+  temporary = true;
+  return tmpl;
+}
+
+int run(int argc, char** argv) {
+  // A vanished console reader must not kill the supervisor (workers reset this).
+  ::signal(SIGPIPE, SIG_IGN);
+
+  sv::Options opt;
+  try {
+    opt = sv::parse(argc, argv);
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
+  }
+  if (opt.help) {
+    std::fputs(sv::help_text().c_str(), stdout);
+    return 0;
+  }
+  if (opt.version) {
+    std::puts(sv::version_text().c_str());
+    return 0;
+  }
+
+  const sv::EnvMap inherited = sv::current_environment();
+  sv::JobPlan plan;
+  try {
+    plan = sv::make_plan(
+        opt, inherited, sv::count_physical_gpus,
+        [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); },
+        random_uuid);
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
+  }
+
+  std::vector<std::string> wargv = sv::worker_argv(opt, inherited);
+  const auto path_it = inherited.find("PATH");
+  const auto exe = sv::find_executable(
+      wargv[0], path_it != inherited.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
+  if (!exe) {
+    print_err(fmt::format("error: worker command '{}' not found or not executable", wargv[0]));
+    return kExitNotFound;
+  }
+  const std::string display_name = opt.command.front();
+  wargv[0] = *exe;
+
+  asio::io_context io;
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.add(SIGUSR1);
+  signals.add(SIGUSR2);
+  signals.add(SIGHUP);
+
+  sv::EventLog events;
+  std::unique_ptr<gpurun::store::Server> store;
+  bool temporary_run_dir = false;
+  try {
+    if (opt.event_log) events = sv::EventLog(*opt.event_log);
+    if (plan.node_rank == 0) {
+      gpurun::store::ServerOptions so;
+      if (!is_loopback(plan.master_addr)) so.hosts = {"::"};
+      so.port = plan.master_port;
+      so.log = [](const std::string& line) { print_err("store: " + line); };
+      store = std::make_unique<gpurun::store::Server>(io, std::move(so));
+      plan.master_port = store->port();
+    }
+    plan.run_dir = make_run_dir(opt, plan.run_id, temporary_run_dir);
+  } catch (const gpurun::Error& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitLauncherError;
+  }
+
+  if (plan.set_omp_num_threads)
+    print_err(
+        fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
+                    "machine; set OMP_NUM_THREADS yourself to tune it",
+                    plan.nproc));
+
+  events.emit("start", sv::JsonObject()
+                           .add("run_id", plan.run_id)
+                           .add("nproc", plan.nproc)
+                           .add("world_size", plan.world_size)
+                           .add("node_rank", plan.node_rank)
+                           .add("master_addr", plan.master_addr)
+                           .add("master_port", static_cast<int>(plan.master_port))
+                           .add("max_restarts", plan.max_restarts)
+                           .add("cmd", wargv));
+
+  sv::SupervisorOptions so;
+  so.plan = plan;
+  so.argv = wargv;
+  so.display_name = display_name;
+  so.inherited = inherited;
+  so.grace_period = opt.grace_period;
+  so.keep_logs = opt.log_dir.has_value();
+  so.redirects = opt.redirects;
+  so.tee = opt.tee;
+  so.ranks_filter = opt.ranks_filter;
+  so.prefix_template = opt.log_line_prefix_template;
+
+  sv::FdConsole console;
+  sv::PosixSpawner spawner(io);
+  sv::Supervisor supervisor(io, so, spawner, console, events);
+  supervisor.on_restart = [&](int) {
+    if (store) store->reset_keyspace("gpurun/");
+  };
+  supervisor.on_done = [&](int) {
+    boost::system::error_code ignored;
+    signals.cancel(ignored);
+    if (store) store->close();
+    io.stop();
+  };
+
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int sig) {
+        if (ec) return;
+        supervisor.handle_signal(sig);
+        if (!supervisor.done()) signals.async_wait(on_signal);
+      };
+  signals.async_wait(on_signal);
+
+  int code = kExitLauncherError;
+  try {
+    supervisor.start();
+    if (!supervisor.done()) io.run();
+    code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
+  } catch (const std::exception& e) {
+    print_err(fmt::format("internal error: {}", e.what()));
+    code = kExitLauncherError;
+  }
+  if (temporary_run_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(plan.run_dir, ec);
+  }
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run(argc, argv);
+}

@@ -1,0 +1,79 @@
+// gpurun::supervisor::Options — everything the command line can set, with the
+// defaults documented in docs/cli.md. Filled by parse() in cli.hpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace gpurun::supervisor {
+
+/// How --nproc was given: a number, or one of torchrun's symbolic values.
+enum class NprocMode { kCount, kAuto, kGpu, kCpu };
+
+/// Compute device of the workers (--device). Decides whether slots map to GPUs.
+enum class Device { kCuda, kCpu };
+
+/// torchrun's --redirects / --tee value: a bit set (1 = stdout, 2 = stderr),
+/// either one value for every local rank or a per-local-rank map ("0:1,1:2").
+struct StdSpec {
+  static constexpr int kNone = 0;
+  static constexpr int kStdout = 1;
+  static constexpr int kStderr = 2;
+  static constexpr int kBoth = 3;
+
+  int all = kNone;              ///< value for ranks absent from per_rank
+  std::map<int, int> per_rank;  ///< local rank -> value; empty when `all` applies to all
+
+  /// Bit set for one local rank.
+  int for_local_rank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+  bool any() const { return all != kNone || !per_rank.empty(); }
+};
+
+/// Parsed command line. Every default here is the documented default.
+struct Options {
+  // --- topology -----------------------------------------------------------
+  NprocMode nproc_mode = NprocMode::kCount;
+  int nproc = 1;      ///< workers on this node (resolved later for non-count modes)
+  int nnodes = 1;     ///< static number of nodes
+  int node_rank = 0;  ///< this node's index in [0, nnodes)
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;  ///< 0 = bind a free port and tell the workers
+  bool standalone = false;       ///< localhost + free port + random run id
+
+  // --- supervision --------------------------------------------------------
+  int max_restarts = 0;                            ///< whole-set restarts after a failure
+  std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL delay
+
+  // --- logs ---------------------------------------------------------------
+  std::optional<std::string> log_dir;         ///< keeps <log_dir>/<run_id>/attempt_<n>/<rank>/
+  StdSpec redirects;                          ///< streams sent to files only
+  StdSpec tee;                                ///< streams sent to files and console
+  std::optional<std::set<int>> ranks_filter;  ///< console shows only these global ranks
+  std::string log_line_prefix_template = "[rank${rank}]: ";
+  std::optional<std::string> event_log;  ///< JSON-lines event file
+
+  // --- identity / config --------------------------------------------------
+  std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID (torchrun's default)
+  bool run_id_given = false;
+  std::optional<std::string> config;  ///< stored for a later issue
+  Device device = Device::kCuda;
+
+  // --- worker command -----------------------------------------------------
+  bool module = false;               ///< -m: run `python3 -u -m <command...>`
+  bool no_python = false;            ///< --no-python: never wrap the command with python3
+  std::vector<std::string> command;  ///< worker argv as given (before python wrapping)
+
+  // --- actions ------------------------------------------------------------
+  bool help = false;
+  bool version = false;
+};
+
+}  // namespace gpurun::supervisor

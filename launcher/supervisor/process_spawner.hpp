@@ -1,0 +1,69 @@
+// The OS seam of the supervisor: starting a worker process and signalling its
+// process group. PosixSpawner is the real one, FakeSpawner the test double.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "supervisor/worker_env.hpp"
+
+namespace gpurun::supervisor {
+
+/// How a process ended: exited with `code`, or killed by `signal` (then code is unused).
+struct ExitStatus {
+  int code = 0;
+  int signal = 0;
+
+  bool success() const { return signal == 0 && code == 0; }
+  /// The shell's convention: the code, or 128 + signal number.
+  int shell_code() const { return signal != 0 ? 128 + signal : code; }
+  /// "exit code 7" or "signal SIGSEGV (11)".
+  std::string describe() const;
+};
+
+/// Name of a signal, e.g. "SIGSEGV"; "signal 42" for unnamed ones.
+std::string signal_name(int sig);
+
+enum class StreamId { kStdout = 1, kStderr = 2 };
+
+/// What to start. `argv[0]` is the resolved executable path.
+struct SpawnRequest {
+  int rank = 0;
+  int local_rank = 0;
+  std::vector<std::string> argv;
+  EnvMap env;
+};
+
+/// Notifications from one worker; all run on the supervisor's io thread.
+struct WorkerCallbacks {
+  std::function<void(StreamId, std::string_view bytes)> on_output;
+  std::function<void(StreamId)> on_stream_closed;  ///< EOF on that stream (once each)
+  std::function<void(ExitStatus)> on_exit;         ///< the worker process was reaped (once)
+};
+
+/// A started worker, the leader of its own process group (pgid == pid).
+/// Destroying the handle stops notifications; it does not signal the process.
+class WorkerProcess {
+ public:
+  virtual ~WorkerProcess() = default;
+  virtual int pid() const = 0;
+  /// Sends `sig` to the worker's whole process group. Returns false when the
+  /// group has no process left (ESRCH); throws ProcessError on other failures.
+  virtual bool signal_group(int sig) = 0;
+  /// Whether any process of the group is still alive (signal 0 probe).
+  virtual bool group_alive() const = 0;
+};
+
+/// Starts workers. Throws ProcessError naming the rank and command when a
+/// worker cannot be started (the exec failure's errno included).
+class ProcessSpawner {
+ public:
+  virtual ~ProcessSpawner() = default;
+  virtual std::unique_ptr<WorkerProcess> spawn(const SpawnRequest& request,
+                                               WorkerCallbacks callbacks) = 0;
+};
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,485 @@
+#include "supervisor/supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <boost/asio/post.hpp>
+
+#include "common/error.hpp"
+#include "supervisor/error_file.hpp"
+
+namespace gpurun::supervisor {
+
+namespace asio = boost::asio;
+
+struct Supervisor::Worker {
+  int rank = 0;
+  int local_rank = 0;
+  int pid = -1;
+  std::unique_ptr<WorkerProcess> proc;
+  std::optional<ExitStatus> exit;
+  bool out_open = true;
+  bool err_open = true;
+  LineSplitter out_lines;
+  LineSplitter err_lines;
+  std::deque<std::string> err_tail;
+  UniqueFd out_file;
+  UniqueFd err_file;
+  bool console_out = true;
+  bool console_err = true;
+  std::string prefix;
+  std::string error_file;
+};
+
+struct Supervisor::Failure {
+  int rank = 0;
+  int local_rank = 0;
+  int pid = -1;
+  ExitStatus status;
+  std::string reason;
+  std::string error_file;
+  std::vector<std::string> tail;
+};
+
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    auto take = [&](std::string_view var, const std::string& value) {
+      if (std::string_view(tmpl).substr(i, var.size()) != var) return false;
+      out += value;
+      i += var.size();
+      return true;
+    };
+    if (take("${rank}", std::to_string(rank)) ||
+        take("${local_rank}", std::to_string(local_rank)) || take("${role_name}", "default"))
+      continue;
+    out.push_back(tmpl[i++]);
+  }
+  return out;
+}
+
+Supervisor::Supervisor(asio::io_context& io, SupervisorOptions options, ProcessSpawner& spawner,
+                       Console& console, EventLog& events)
+    : io_(io),
+      opt_(std::move(options)),
+      spawner_(spawner),
+      console_(console),
+      events_(events),
+      grace_timer_(io),
+      kill_timer_(io),
+      poll_timer_(io),
+      drain_timer_(io) {
+  GPURUN_CHECK(!opt_.argv.empty(), "empty worker command");
+  GPURUN_CHECK(opt_.plan.nproc >= 1, "nproc {}", opt_.plan.nproc);
+}
+
+Supervisor::~Supervisor() = default;
+
+std::vector<int> Supervisor::worker_pids() const {
+  std::vector<int> out;
+  for (const auto& w : workers_) out.push_back(w->pid);
+  return out;
+}
+
+void Supervisor::say(const std::string& line) {
+  console_.write(StreamId::kStderr, "gpurun: " + line + "\n");
+}
+
+void Supervisor::start() {
+  start_attempt();
+}
+
+void Supervisor::open_logs(Worker& w) {
+  const int out_bits =
+      opt_.redirects.for_local_rank(w.local_rank) | opt_.tee.for_local_rank(w.local_rank);
+  const bool rank_on_console = !opt_.ranks_filter || opt_.ranks_filter->count(w.rank) > 0;
+  auto shown = [&](int bit) {
+    const bool redirected = (opt_.redirects.for_local_rank(w.local_rank) & bit) != 0;
+    const bool teed = (opt_.tee.for_local_rank(w.local_rank) & bit) != 0;
+    return rank_on_console && (!redirected || teed);
+  };
+  w.console_out = shown(StdSpec::kStdout);
+  w.console_err = shown(StdSpec::kStderr);
+
+  const std::string dir = fmt::format("{}/attempt_{}/{}", opt_.plan.run_dir, attempt_, w.rank);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    say(fmt::format("warning: cannot create log directory '{}': {}", dir, ec.message()));
+    return;
+  }
+  auto open = [&](const char* name) {
+    const std::string path = dir + "/" + name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) say(fmt::format("warning: cannot open '{}': {}", path, std::strerror(errno)));
+    return UniqueFd(fd);
+  };
+  if (opt_.keep_logs || (out_bits & StdSpec::kStdout)) w.out_file = open("stdout.log");
+  if (opt_.keep_logs || (out_bits & StdSpec::kStderr)) w.err_file = open("stderr.log");
+}
+
+void Supervisor::start_attempt() {
+  workers_.clear();
+  failure_.reset();
+  phase_ = Phase::kRunning;
+  grace_armed_ = killed_ = drain_expired_ = kill_expired_ = false;
+
+  for (int local = 0; local < opt_.plan.nproc; ++local) {
+    auto w = std::make_unique<Worker>();
+    w->local_rank = local;
+    w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
+    w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank);
+    w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
+    workers_.push_back(std::move(w));
+  }
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (phase_ != Phase::kRunning) {
+      // An earlier slot failed to start: do not start the rest.
+      w.exit = ExitStatus{0, 0};
+      w.out_open = w.err_open = false;
+      continue;
+    }
+    open_logs(w);
+    std::error_code ec;
+    std::filesystem::remove(w.error_file, ec);  // a stale report must not be mistaken for this one
+    SpawnRequest req;
+    req.rank = w.rank;
+    req.local_rank = w.local_rank;
+    req.argv = opt_.argv;
+    req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
+    WorkerCallbacks cb;
+    cb.on_output = [this, &w](StreamId s, std::string_view b) { on_output(w, s, b); };
+    cb.on_stream_closed = [this, &w](StreamId s) { on_stream_closed(w, s); };
+    cb.on_exit = [this, &w](ExitStatus st) { on_exit(w, st); };
+    try {
+      w.proc = spawner_.spawn(req, std::move(cb));
+      w.pid = w.proc->pid();
+      events_.emit("worker_started", JsonObject()
+                                         .add("rank", w.rank)
+                                         .add("local_rank", w.local_rank)
+                                         .add("pid", w.pid)
+                                         .add("attempt", attempt_));
+    } catch (const Error& e) {
+      w.exit = ExitStatus{1, 0};
+      w.out_open = w.err_open = false;
+      say(e.what());
+      record_failure(w, *w.exit, e.what());
+    }
+  }
+  check_progress();
+}
+
+void Supervisor::on_output(Worker& w, StreamId stream, std::string_view bytes) {
+  const UniqueFd& file = stream == StreamId::kStdout ? w.out_file : w.err_file;
+  if (file) {
+    std::string_view rest = bytes;
+    while (!rest.empty()) {
+      ssize_t n = ::write(file.get(), rest.data(), rest.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // disk full etc.: the console still has the output
+      rest.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+  auto& splitter = stream == StreamId::kStdout ? w.out_lines : w.err_lines;
+  splitter.feed(bytes, [&](std::string_view line) { on_line(w, stream, line); });
+}
+
+void Supervisor::on_line(Worker& w, StreamId stream, std::string_view line) {
+  if (stream == StreamId::kStderr && opt_.stderr_tail_lines > 0) {
+    w.err_tail.emplace_back(line);
+    if (w.err_tail.size() > opt_.stderr_tail_lines) w.err_tail.pop_front();
+  }
+  const bool shown = stream == StreamId::kStdout ? w.console_out : w.console_err;
+  if (!shown) return;
+  std::string text;
+  text.reserve(w.prefix.size() + line.size() + 1);
+  text += w.prefix;
+  text += line;
+  text += '\n';
+  console_.write(stream, text);
+}
+
+void Supervisor::on_stream_closed(Worker& w, StreamId stream) {
+  auto& splitter = stream == StreamId::kStdout ? w.out_lines : w.err_lines;
+  splitter.flush([&](std::string_view line) { on_line(w, stream, line); });
+  (stream == StreamId::kStdout ? w.out_open : w.err_open) = false;
+  check_progress();
+}
+
+void Supervisor::on_exit(Worker& w, ExitStatus status) {
+  w.exit = status;
+  JsonObject fields;
+  fields.add("rank", w.rank)
+      .add("local_rank", w.local_rank)
+      .add("pid", w.pid)
+      .add("attempt", attempt_);
+  if (status.signal != 0)
+    fields.add("signal", signal_name(status.signal));
+  else
+    fields.add("code", status.code);
+  events_.emit("worker_exited", fields);
+  if (!status.success() && phase_ == Phase::kRunning && !shutdown_signal_)
+    record_failure(w, status,
+                   fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid, status.describe()));
+  check_progress();
+}
+
+void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason) {
+  if (failure_) return;
+  failure_ = std::make_unique<Failure>();
+  failure_->rank = w.rank;
+  failure_->local_rank = w.local_rank;
+  failure_->pid = w.pid;
+  failure_->status = status;
+  failure_->reason = std::move(reason);
+  failure_->error_file = w.error_file;
+  say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
+                  opt_.grace_period.count()));
+  stop_workers(SIGTERM);
+}
+
+void Supervisor::signal_all(int sig) {
+  for (auto& w : workers_) {
+    if (!w->proc) continue;
+    try {
+      w->proc->signal_group(sig);
+    } catch (const Error& e) {
+      // Cleanup errors are reported but never replace the real cause.
+      say(fmt::format("warning: {}", e.what()));
+    }
+  }
+}
+
+void Supervisor::stop_workers(int sig) {
+  if (phase_ == Phase::kDone) return;
+  if (phase_ == Phase::kRunning) phase_ = Phase::kStopping;
+  signal_all(sig);
+  if (!grace_armed_) {
+    grace_armed_ = true;
+    grace_timer_.expires_after(opt_.grace_period);
+    grace_timer_.async_wait(
+        [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+          if (ec || alive.expired() || phase_ == Phase::kDone || killed_) return;
+          bool any = false;
+          for (auto& w : workers_)
+            if (w->proc && w->proc->group_alive()) any = true;
+          if (any)
+            say(
+                fmt::format("grace period of {} ms over: sending SIGKILL to the remaining "
+                            "worker process groups",
+                            opt_.grace_period.count()));
+          killed_ = true;
+          signal_all(SIGKILL);
+          kill_timer_.expires_after(opt_.kill_timeout);
+          kill_timer_.async_wait([this, alive](const boost::system::error_code& ec2) {
+            if (ec2 || alive.expired()) return;
+            kill_expired_ = true;
+            check_progress();
+          });
+          check_progress();
+        });
+  }
+  arm_poll();
+}
+
+void Supervisor::arm_poll() {
+  if (poll_armed_ || phase_ == Phase::kDone) return;
+  poll_armed_ = true;
+  poll_timer_.expires_after(opt_.poll_interval);
+  poll_timer_.async_wait(
+      [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+        if (alive.expired()) return;
+        poll_armed_ = false;
+        if (ec) return;
+        check_progress();
+      });
+}
+
+void Supervisor::check_progress() {
+  if (phase_ == Phase::kDone) return;
+  const bool all_exited = std::all_of(workers_.begin(), workers_.end(),
+                                      [](const auto& w) { return w->exit.has_value(); });
+  if (!all_exited) {
+    if (phase_ == Phase::kStopping) arm_poll();
+    return;
+  }
+  if (phase_ != Phase::kDraining) {
+    bool groups_alive = false;
+    for (auto& w : workers_)
+      if (w->proc && w->proc->group_alive()) groups_alive = true;
+    if (groups_alive && !kill_expired_) {
+      // Every worker is gone but processes it started remain in its group.
+      if (phase_ == Phase::kRunning) stop_workers(SIGTERM);
+      arm_poll();
+      return;
+    }
+    if (groups_alive)
+      say("warning: processes of the job survived SIGKILL (unreaped zombies?); carrying on");
+    phase_ = Phase::kDraining;
+    drain_timer_.expires_after(opt_.drain_timeout);
+    drain_timer_.async_wait(
+        [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+          if (ec || alive.expired() || phase_ != Phase::kDraining) return;
+          drain_expired_ = true;
+          check_progress();
+        });
+  }
+  const bool drained = std::all_of(workers_.begin(), workers_.end(),
+                                   [](const auto& w) { return !w->out_open && !w->err_open; });
+  if (drained || drain_expired_) finish_attempt();
+}
+
+void Supervisor::finish_attempt() {
+  grace_timer_.cancel();
+  kill_timer_.cancel();
+  poll_timer_.cancel();
+  drain_timer_.cancel();
+  for (auto& w : workers_) {
+    w->out_lines.flush([&](std::string_view l) { on_line(*w, StreamId::kStdout, l); });
+    w->err_lines.flush([&](std::string_view l) { on_line(*w, StreamId::kStderr, l); });
+    w->out_file.reset();
+    w->err_file.reset();
+  }
+  if (failure_) {
+    for (auto& w : workers_)
+      if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());
+    print_summary();
+  }
+  if (failure_ && !shutdown_signal_ && attempt_ < opt_.plan.max_restarts) {
+    const std::string reason = failure_->reason;
+    ++attempt_;
+    events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
+    say(fmt::format("restarting all {} workers (restart {} of at most {})", opt_.plan.nproc,
+                    attempt_, opt_.plan.max_restarts));
+    try {
+      if (on_restart) on_restart(attempt_);
+    } catch (const std::exception& e) {
+      say(fmt::format("cannot restart: {}", e.what()));
+      finish(failure_->status.shell_code(), reason);
+      return;
+    }
+    // Start from a fresh stack: we may be inside a callback of a worker of this attempt.
+    asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired()) start_attempt();
+    });
+    return;
+  }
+  if (failure_) {
+    finish(failure_->status.shell_code(), failure_->reason);
+  } else if (shutdown_signal_) {
+    finish(128 + shutdown_signal_, fmt::format("received {}", signal_name(shutdown_signal_)));
+  } else {
+    finish(0, "all workers succeeded");
+  }
+}
+
+namespace {
+std::string format_error_time(const std::string& ts) {
+  long long secs = 0;
+  auto [p, ec] = std::from_chars(ts.data(), ts.data() + ts.size(), secs);
+  if (ec != std::errc{} || p != ts.data() + ts.size()) return ts;
+  return EventLog::format_timestamp(
+      std::chrono::system_clock::time_point(std::chrono::seconds(secs)));
+}
+}  // namespace
+
+void Supervisor::print_summary() {
+  const Failure& f = *failure_;
+  std::string out;
+  auto line = [&](const std::string& s) { out += "gpurun: " + s + "\n"; };
+  const std::string rule(60, '=');
+  line(rule);
+  line(fmt::format("{} FAILED (attempt {}, max restarts {})",
+                   opt_.display_name.empty() ? opt_.argv[0] : opt_.display_name, attempt_,
+                   opt_.plan.max_restarts));
+  line("root cause (first observed failure):");
+  line(fmt::format("  rank       : {} (local rank {})", f.rank, f.local_rank));
+  line(fmt::format("  pid        : {}", f.pid));
+  line(fmt::format("  exit       : {}", f.status.describe()));
+  auto report = read_error_file(f.error_file);
+  if (report) {
+    line(fmt::format("  error file : {}", f.error_file));
+    if (!report->timestamp.empty())
+      line(fmt::format("  time       : {}", format_error_time(report->timestamp)));
+    line(fmt::format("  message    : {}", report->message));
+    if (!report->traceback.empty()) {
+      line("  traceback  :");
+      LineSplitter split;
+      auto emit = [&](std::string_view l) { line("    " + std::string(l)); };
+      split.feed(report->traceback, emit);
+      split.flush(emit);
+    }
+  } else {
+    line("  error file : <not written> (decorate the entry point with torch's @record to get one)");
+  }
+  if (f.tail.empty()) {
+    line("  stderr     : <empty>");
+  } else {
+    line(fmt::format("  stderr     : last {} line{}:", f.tail.size(),
+                     f.tail.size() == 1 ? "" : "s"));
+    for (const auto& l : f.tail) line("    | " + l);
+  }
+  line(rule);
+  console_.write(StreamId::kStderr, out);
+}
+
+void Supervisor::finish(int code, const std::string& reason) {
+  phase_ = Phase::kDone;
+  exit_code_ = code;
+  events_.emit("shutdown", JsonObject().add("exit_code", code).add("reason", reason));
+  if (on_done) on_done(code);
+}
+
+void Supervisor::handle_signal(int sig) {
+  if (phase_ == Phase::kDone) return;
+  switch (sig) {
+    case SIGINT:
+    case SIGTERM:
+      if (shutdown_signal_) {
+        say(fmt::format("received {} again: sending SIGKILL to every worker process group",
+                        signal_name(sig)));
+        killed_ = true;
+        signal_all(SIGKILL);
+        grace_timer_.cancel();
+        kill_timer_.expires_after(opt_.kill_timeout);
+        kill_timer_.async_wait(
+            [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+              if (ec || alive.expired()) return;
+              kill_expired_ = true;
+              check_progress();
+            });
+        arm_poll();
+        return;
+      }
+      shutdown_signal_ = sig;
+      events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
+      say(fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
+                      signal_name(sig), opt_.grace_period.count()));
+      if (phase_ == Phase::kRunning) {
+        stop_workers(sig);
+      } else {
+        signal_all(sig);
+      }
+      check_progress();
+      return;
+    case SIGUSR1:
+    case SIGUSR2:
+      signal_all(sig);
+      return;
+    case SIGHUP:
+      say("received SIGHUP: config reload not yet implemented; ignoring it");
+      return;
+    default:
+      return;
+  }
+}
+
+}  // namespace gpurun::supervisor

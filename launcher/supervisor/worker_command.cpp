@@ -1,0 +1,51 @@
+#include "supervisor/worker_command.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace gpurun::supervisor {
+
+namespace {
+bool executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {
+  std::string python = "python3";
+  if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) python = it->second;
+  std::vector<std::string> argv;
+  if (o.module) {
+    argv = {python, "-u", "-m"};
+  } else if (!o.no_python && !o.command.empty() && ends_with(o.command.front(), ".py")) {
+    argv = {python, "-u"};
+  }
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  return argv;
+}
+
+std::optional<std::string> find_executable(const std::string& name, const std::string& path_env) {
+  if (name.empty()) return std::nullopt;
+  if (name.find('/') != std::string::npos) {
+    if (executable_file(name)) return name;
+    return std::nullopt;
+  }
+  size_t start = 0;
+  while (start <= path_env.size()) {
+    size_t end = path_env.find(':', start);
+    if (end == std::string::npos) end = path_env.size();
+    // An empty PATH entry means the current directory.
+    const std::string dir = end > start ? path_env.substr(start, end - start) : std::string(".");
+    std::string candidate = dir + "/" + name;
+    if (executable_file(candidate)) return candidate;
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,132 @@
+#include "supervisor/worker_env.hpp"
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+#include "supervisor/gpu_inventory.hpp"
+
+extern char** environ;
+
+namespace gpurun::supervisor {
+
+JobPlan make_plan(const Options& o, const EnvMap& inherited, const std::function<int()>& count_gpus,
+                  const std::function<int()>& cpu_count,
+                  const std::function<std::string()>& random_id) {
+  JobPlan plan;
+  plan.nnodes = o.nnodes;
+  plan.node_rank = o.node_rank;
+  plan.device = o.device;
+  plan.max_restarts = o.max_restarts;
+  plan.master_addr = o.standalone ? "localhost" : o.master_addr;
+  plan.master_port = o.standalone ? 0 : o.master_port;
+  plan.run_id = (o.standalone && !o.run_id_given) ? random_id() : o.run_id;
+
+  std::optional<std::string> cvd;
+  if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) cvd = it->second;
+  std::vector<std::string> gpus;
+  bool gpus_known = false;
+  auto visible = [&]() -> const std::vector<std::string>& {
+    if (!gpus_known) {
+      gpus = slot_gpu_ids(cvd, count_gpus);
+      gpus_known = true;
+    }
+    return gpus;
+  };
+
+  switch (o.nproc_mode) {
+    case NprocMode::kCount:
+      plan.nproc = o.nproc;
+      break;
+    case NprocMode::kCpu:
+      plan.nproc = std::max(1, cpu_count());
+      break;
+    case NprocMode::kGpu:
+      if (o.device == Device::kCpu)
+        throw UsageError("--nproc gpu needs --device cuda (got --device cpu)");
+      plan.nproc = static_cast<int>(visible().size());
+      if (plan.nproc == 0)
+        throw UsageError("--nproc gpu: no GPU visible (CUDA_VISIBLE_DEVICES empty or no driver)");
+      break;
+    case NprocMode::kAuto:
+      if (o.device == Device::kCpu) {
+        plan.nproc = std::max(1, cpu_count());
+      } else {
+        plan.nproc = static_cast<int>(visible().size());
+        if (plan.nproc == 0)
+          throw UsageError(
+              "--nproc auto: no GPU visible (CUDA_VISIBLE_DEVICES empty or no driver); use "
+              "--device cpu");
+      }
+      break;
+  }
+
+  if (o.device == Device::kCuda) {
+    const auto& ids = visible();
+    if (static_cast<int>(ids.size()) < plan.nproc) {
+      throw UsageError(fmt::format(
+          "--nproc {} needs {} GPUs but only {} {} visible ({}); lower --nproc or use --device cpu",
+          plan.nproc, plan.nproc, ids.size(), ids.size() == 1 ? "is" : "are",
+          cvd ? fmt::format("CUDA_VISIBLE_DEVICES='{}'", *cvd)
+              : std::string("counted with nvidia-smi -L / /proc/driver/nvidia/gpus")));
+    }
+    plan.gpu_ids.assign(ids.begin(), ids.begin() + plan.nproc);
+  }
+  plan.world_size = plan.nproc * plan.nnodes;
+  plan.set_omp_num_threads = plan.nproc > 1 && !inherited.count("OMP_NUM_THREADS");
+  return plan;
+}
+
+std::string error_file_path(const JobPlan& plan, int attempt, int rank) {
+  return fmt::format("{}/attempt_{}/{}/error.json", plan.run_dir, attempt, rank);
+}
+
+EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const EnvMap& inherited) {
+  GPURUN_CHECK(local_rank >= 0 && local_rank < plan.nproc, "local rank {} of {}", local_rank,
+               plan.nproc);
+  EnvMap env = inherited;
+  const int rank = plan.node_rank * plan.nproc + local_rank;
+  auto set = [&](const char* k, std::string v) { env[k] = std::move(v); };
+  set("RANK", std::to_string(rank));
+  set("LOCAL_RANK", std::to_string(local_rank));
+  set("WORLD_SIZE", std::to_string(plan.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(plan.nproc));
+  set("GROUP_RANK", std::to_string(plan.node_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(plan.nnodes));
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_WORLD_SIZE", std::to_string(plan.world_size));
+  set("ROLE_NAME", "default");
+  set("MASTER_ADDR", plan.master_addr);
+  set("MASTER_PORT", std::to_string(plan.master_port));
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_RUN_ID", plan.run_id);
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(plan.max_restarts));
+  set("TORCHELASTIC_ERROR_FILE", error_file_path(plan, attempt, rank));
+  if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (plan.set_omp_num_threads) set("OMP_NUM_THREADS", "1");
+  set("GPURUN_RUN_ID", plan.run_id);
+  set("GPURUN_STORE_ADDR", plan.master_addr);
+  set("GPURUN_STORE_PORT", std::to_string(plan.master_port));
+  set("GPURUN_SLOT", std::to_string(local_rank));
+  set("GPURUN_DEVICE", plan.device == Device::kCuda ? "cuda" : "cpu");
+  set("GPURUN_RUN_DIR", plan.run_dir);
+  if (plan.device == Device::kCuda) {
+    set("GPURUN_GPU_ID", plan.gpu_ids.at(static_cast<size_t>(local_rank)));
+  } else {
+    env.erase("GPURUN_GPU_ID");
+  }
+  return env;
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return env;
+}
+
+}  // namespace gpurun::supervisor

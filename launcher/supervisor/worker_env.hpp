@@ -1,0 +1,52 @@
+// The environment each worker process gets: torchrun's set (specs/tcpstore-wire.md
+// §7) plus GPURUN_* variables for the worker runtime. Pure functions, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "supervisor/options.hpp"
+
+namespace gpurun::supervisor {
+
+using EnvMap = std::map<std::string, std::string>;
+
+/// Options resolved against the machine: slot count, GPU ids, store endpoint.
+struct JobPlan {
+  int nproc = 1;       ///< workers on this node
+  int world_size = 1;  ///< nproc * nnodes
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;   ///< MASTER_ADDR given to workers
+  uint16_t master_port = 0;  ///< MASTER_PORT given to workers (the bound port when 0 was asked)
+  std::string run_id;
+  int max_restarts = 0;
+  Device device = Device::kCuda;
+  std::vector<std::string> gpu_ids;  ///< per local slot; empty with --device cpu
+  std::string run_dir;               ///< GPURUN_RUN_DIR: per-run directory for error files and logs
+  bool set_omp_num_threads = false;  ///< OMP_NUM_THREADS=1 is added (nproc > 1, not inherited)
+};
+
+/// Resolves nproc (auto/gpu/cpu), the GPU of each slot, MASTER_ADDR and the run id.
+/// `count_gpus` is called only when CUDA_VISIBLE_DEVICES is unset and a GPU count
+/// is needed; `cpu_count` for --nproc cpu/auto; `random_id` for --standalone.
+/// master_port and run_dir are left for the caller (they need the store and a dir).
+/// Throws UsageError when --nproc exceeds the visible GPUs with --device cuda.
+JobPlan make_plan(const Options& options, const EnvMap& inherited,
+                  const std::function<int()>& count_gpus, const std::function<int()>& cpu_count,
+                  const std::function<std::string()>& random_id);
+
+/// Path of TORCHELASTIC_ERROR_FILE for one worker of one attempt.
+std::string error_file_path(const JobPlan& plan, int attempt, int rank);
+
+/// Complete environment of local slot `local_rank` in restart attempt `attempt`:
+/// the inherited environment plus the worker variables (which override it).
+EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const EnvMap& inherited);
+
+/// The process's own environment as a map.
+EnvMap current_environment();
+
+}  // namespace gpurun::supervisor

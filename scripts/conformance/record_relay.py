@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Record torch's own TCPStore client talking to torch's own TCPStore server.
+
+A relay sits between the two and writes every chunk, in the order the relay saw
+it, to a fixture file that tests/store replays against gpurun's store and
+compares byte for byte (see docs/conformance.md).
+
+Usage (needs torch >= 2.10 for list_keys; run on the GPU machine):
+    python3 record_relay.py OUT.txt
+
+Fixture format, one event per line:  <conn> <c2s|s2c> <hex bytes>
+Lines starting with '#' are comments (torch version, the operation that follows).
+"""
+import datetime
+import faulthandler
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+events = []  # (conn, dir, bytes) or ("#", text)
+lock = threading.Lock()
+
+
+def note(text):
+    print(text, file=sys.stderr, flush=True)
+    with lock:
+        events.append(("#", text))
+
+
+def pump(conn_id, direction, src, dst):
+    while True:
+        try:
+            data = src.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            return
+        with lock:  # record before forwarding: keeps causal order across connections
+            events.append((conn_id, direction, data))
+        dst.sendall(data)
+
+
+def relay(listen_sock, upstream_port):
+    conn_id = 0
+    while True:
+        try:
+            client, _ = listen_sock.accept()
+        except OSError:
+            return
+        server = socket.create_connection(("127.0.0.1", upstream_port))
+        for s in (client, server):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cid = conn_id
+        conn_id += 1
+        threading.Thread(target=pump, args=(cid, "c2s", client, server), daemon=True).start()
+        threading.Thread(target=pump, args=(cid, "s2c", server, client), daemon=True).start()
+
+
+def settle():
+    time.sleep(0.15)  # let the relay record a reply before the next operation
+
+
+def write_fixture(out_path):
+    with lock:
+        snapshot = list(events)
+    with open(out_path, "w") as f:
+        f.write(f"# recorded with torch {torch.__version__} (libuv server) by scripts/conformance/record_relay.py\n")
+        for e in snapshot:
+            if e[0] == "#":
+                f.write(f"# {e[1]}\n")
+            else:
+                f.write(f"{e[0]} {e[1]} {e[2].hex()}\n")
+    return sum(1 for e in snapshot if e[0] != "#")
+
+
+def main(out_path):
+    faulthandler.dump_traceback_later(130, exit=False)
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    rport = lsock.getsockname()[1]
+    threading.Thread(target=relay, args=(lsock, master.port), daemon=True).start()
+
+    td = datetime.timedelta
+    note("connect: VALIDATE + PING, world_size=1 client sends ADD init/ 1")
+    a = dist.TCPStore("127.0.0.1", rport, world_size=1, is_master=False, timeout=td(seconds=30), use_libuv=True)
+    settle()
+    note("connect second client (no world_size: no ADD)")
+    b = dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), use_libuv=True)
+    settle()
+
+    def fresh_client():
+        return dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), use_libuv=True)
+
+    ops = [
+        ("set", lambda s: s.set("key0", "value0")),
+        ("get present", lambda s: s.get("key0")),
+        ("add new key", lambda s: s.add("cnt", 5)),
+        ("add negative", lambda s: s.add("cnt", -7)),
+        ("get added counter (decimal text)", lambda s: s.get("cnt")),
+        ("compare_set missing key, expected empty", lambda s: s.compare_set("cs1", "", "new")),
+        ("compare_set missing key, expected non-empty", lambda s: s.compare_set("cs2", "x", "new")),
+        ("compare_set present and equal", lambda s: s.compare_set("cs1", "new", "newer")),
+        ("compare_set present and different", lambda s: s.compare_set("cs1", "zzz", "other")),
+        ("check present", lambda s: s.check(["key0"])),
+        ("check missing", lambda s: s.check(["key0", "nokey"])),
+        ("wait present", lambda s: s.wait(["key0"])),
+        ("num_keys", lambda s: s.num_keys()),
+        ("delete_key present", lambda s: s.delete_key("cs1")),
+        ("delete_key absent", lambda s: s.delete_key("cs1")),
+        ("append new", lambda s: s.append("ap", "abc")),
+        ("append existing", lambda s: s.append("ap", "def")),
+        ("get appended", lambda s: s.get("ap")),
+        ("multi_set", lambda s: s.multi_set(["m1", "m2"], ["v1", "v22"])),
+        ("multi_get", lambda s: s.multi_get(["m1", "m2", "key0"])),
+        ("set binary value", lambda s: s.set("bin", bytes(range(256)))),
+        ("get binary", lambda s: s.get("bin")),
+        ("queue_push", lambda s: s.queue_push("q", "one")),
+        ("queue_push 2", lambda s: s.queue_push("q", "two")),
+        ("queue_len (separate process)", "s.queue_len('q')"),
+        ("queue_pop blocking (non-empty)", lambda s: s.queue_pop("q")),
+        ("queue_pop non-blocking", lambda s: s.queue_pop("q", block=False)),
+        ("queue_pop non-blocking on empty", lambda s: s.queue_pop("q", block=False)),
+        ("queue_len empty (separate process)", "s.queue_len('q')"),
+        ("num_keys after", lambda s: s.num_keys()),
+    ]
+    def in_child(expr):
+        # Some torch 2.11 bindings (queue_len, list_keys) hold the GIL while they block,
+        # so an unanswered call would freeze this recorder: run it in a child process.
+        code = (
+            "import datetime, torch.distributed as d;"
+            f"s = d.TCPStore('127.0.0.1', {rport}, is_master=False, timeout=datetime.timedelta(seconds=30));"
+            f"print(repr({expr}))"
+        )
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=8)
+            note(f"  -> child printed {r.stdout.strip()!r} rc={r.returncode}")
+        except subprocess.TimeoutExpired:
+            note("  -> HUNG: torch's own server sent no reply within 8 s (child killed)")
+        settle()
+
+    for name, fn in ops:
+        note(name)
+        if isinstance(fn, str):
+            in_child(fn)
+            continue
+        box = {}
+
+        def call():
+            try:
+                box["r"] = fn(a)
+            except Exception as e:  # noqa: BLE001  (QueueEmptyError etc. are part of the record)
+                box["e"] = e
+
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(5.0)
+        if t.is_alive():
+            # torch's own server never answered: record that, abandon the connection.
+            note("  -> HUNG: torch's server sent no reply within 5 s; continuing on a new connection")
+            a = fresh_client()
+        elif "e" in box:
+            note(f"  -> raised {type(box['e']).__name__}: {box['e']}"[:200])
+        else:
+            note(f"  -> {box['r']!r}"[:200])
+        settle()
+
+    note("wait with timeout (client sends CANCEL_WAIT)")
+    try:
+        a.wait(["never"], td(milliseconds=300))
+    except Exception as e:  # noqa: BLE001
+        note(f"  -> raised {type(e).__name__}")
+    settle()
+
+    note("wait woken by another connection's set")
+    t = threading.Thread(target=lambda: a.wait(["late"], td(seconds=20)))
+    t.start()
+    time.sleep(0.5)
+    b.set("late", "here")
+    t.join()
+    settle()
+
+    note("blocking get woken by another connection's add")
+    res = {}
+    t = threading.Thread(target=lambda: res.setdefault("v", a.get("late2")))
+    t.start()
+    time.sleep(0.5)
+    b.add("late2", 3)
+    t.join()
+    note(f"  -> {res.get('v')!r}")
+    settle()
+
+    note("blocking queue_pop woken by a push from another connection")
+    t = threading.Thread(target=lambda: res.setdefault("q", a.queue_pop("q2")))
+    t.start()
+    time.sleep(0.5)
+    b.queue_push("q2", "pushed")
+    t.join()
+    settle()
+
+    note("list_keys with one user key on a fresh pair of keys")
+    for k in ["key0", "cnt", "cs2", "ap", "m1", "m2", "bin", "late", "late2"]:
+        a.delete_key(k)
+    settle()
+    note("list_keys (separate process)")
+    in_child("s.list_keys()")
+
+    del a, b
+    time.sleep(0.3)
+    n = write_fixture(out_path)
+    print(f"wrote {n} chunks to {out_path}")
+    faulthandler.cancel_dump_traceback_later()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

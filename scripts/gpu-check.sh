@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (Ubuntu 24.04, torch 2.11, Boost 1.83 headers only):
+# build gpurun, run the unit tests, record torch's TCPStore bytes, run real torch
+# workers (gloo and nccl) under gpurun, and benchmark our store against torch's.
+# Writes logs to $OUT (or ./gpu-out) and prints a short table last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}; FINAL=$OUT; OUT=$FINAL/logs; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+declare -A R
+
+step() { local name=$1; shift; local t0=$EPOCHREALTIME; "$@" >"$OUT/$name.log" 2>&1; local rc=$?;
+  R[$name]="rc=$rc $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1fs", b-a}')"
+  echo "== $name: ${R[$name]}"; tail -n 25 "$OUT/$name.log"; return $rc; }
+
+step build bash -c 'cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build-gpu -j16'
+step unit_tests ctest --test-dir build-gpu --output-on-failure -j8 --timeout 300
+step record timeout 150 python3 scripts/conformance/record_relay.py "$FINAL/tcpstore_torch211.txt"
+G=build-gpu/launcher/gpurun
+step gloo_x4 timeout 120 $G --nproc 4 --device cpu --master-port 0 python3 scripts/conformance/allreduce.py gloo
+step nccl_x1 timeout 120 $G --nproc 1 --master-port 0 python3 scripts/conformance/allreduce.py nccl
+step torchrun_env timeout 60 python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29555 scripts/conformance/dump_env.py "$OUT/torchrun_env"
+step gpurun_env timeout 60 $G --nproc 2 --device cpu --master-port 29556 python3 scripts/conformance/dump_env.py "$OUT/gpurun_env"
+step env_diff python3 scripts/conformance/compare_env.py "$OUT/torchrun_env" "$OUT/gpurun_env"
+if [[ -x build-gpu/bench/store_bench ]]; then
+  step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000
+  python3 bench/anchors/torch_store_server.py 29577 > "$OUT/torch_server.log" 2>&1 & TS=$!
+  sleep 3
+  step bench_torch timeout 200 build-gpu/bench/store_bench --host 127.0.0.1 --port 29577 --threads 16 --ops 20000 --rendezvous 2000
+  kill $TS
+fi
+echo; echo "| step | result |"; echo "|---|---|"
+for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
+tar -C "$FINAL" -czf "$FINAL/logs.tar.gz" logs && rm -rf "$OUT"

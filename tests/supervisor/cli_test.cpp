@@ -1,0 +1,199 @@
+#include "supervisor/cli.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+using gpurun::UsageError;
+using namespace gpurun::supervisor;
+
+namespace {
+Options p(std::vector<std::string> args) {
+  return parse(args);
+}
+
+std::string error_of(std::vector<std::string> args) {
+  try {
+    parse(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+}  // namespace
+
+TEST_CASE("cli: defaults") {
+  Options o = p({"./train"});
+  CHECK(o.nproc_mode == NprocMode::kCount);
+  CHECK(o.nproc == 1);
+  CHECK(o.nnodes == 1);
+  CHECK(o.node_rank == 0);
+  CHECK(o.master_addr == "127.0.0.1");
+  CHECK(o.master_port == 29500);
+  CHECK_FALSE(o.standalone);
+  CHECK(o.max_restarts == 0);
+  CHECK(o.grace_period == std::chrono::seconds(30));
+  CHECK_FALSE(o.log_dir);
+  CHECK_FALSE(o.redirects.any());
+  CHECK_FALSE(o.tee.any());
+  CHECK_FALSE(o.ranks_filter);
+  CHECK(o.run_id == "none");
+  CHECK(o.device == Device::kCuda);
+  CHECK(o.log_line_prefix_template == "[rank${rank}]: ");
+  CHECK(o.command == std::vector<std::string>{"./train"});
+}
+
+TEST_CASE("cli: valid command lines") {
+  SUBCASE("space and equals forms, dash and underscore spellings") {
+    Options a = p({"--nproc", "4", "x"});
+    Options b = p({"--nproc=4", "x"});
+    Options c = p({"--nproc_per_node", "4", "x"});
+    Options d = p({"--nproc-per-node=4", "x"});
+    for (const Options* o : {&a, &b, &c, &d}) CHECK(o->nproc == 4);
+  }
+  SUBCASE("symbolic nproc") {
+    CHECK(p({"--nproc", "auto", "x"}).nproc_mode == NprocMode::kAuto);
+    CHECK(p({"--nproc", "gpu", "x"}).nproc_mode == NprocMode::kGpu);
+    CHECK(p({"--nproc", "cpu", "x"}).nproc_mode == NprocMode::kCpu);
+  }
+  SUBCASE("every flag") {
+    Options o = p({"--nnodes=2",
+                   "--node_rank",
+                   "1",
+                   "--master-addr",
+                   "10.0.0.1",
+                   "--master_port",
+                   "29400",
+                   "--max-restarts",
+                   "3",
+                   "--grace-period",
+                   "0.5",
+                   "--log-dir",
+                   "/tmp/l",
+                   "--redirects",
+                   "3",
+                   "--tee",
+                   "0:1,1:2",
+                   "--ranks-filter",
+                   "0, 3",
+                   "--rdzv-id",
+                   "job1",
+                   "--config",
+                   "c.toml",
+                   "--event-log",
+                   "ev.jsonl",
+                   "--device",
+                   "cpu",
+                   "--log_line_prefix_template",
+                   "<${local_rank}> ",
+                   "--",
+                   "./train",
+                   "--lr",
+                   "1"});
+    CHECK(o.nnodes == 2);
+    CHECK(o.node_rank == 1);
+    CHECK(o.master_addr == "10.0.0.1");
+    CHECK(o.master_port == 29400);
+    CHECK(o.max_restarts == 3);
+    CHECK(o.grace_period == std::chrono::milliseconds(500));
+    CHECK(*o.log_dir == "/tmp/l");
+    CHECK(o.redirects.all == 3);
+    CHECK(o.tee.for_local_rank(0) == 1);
+    CHECK(o.tee.for_local_rank(1) == 2);
+    CHECK(o.tee.for_local_rank(2) == 0);
+    CHECK(*o.ranks_filter == std::set<int>{0, 3});
+    CHECK(o.run_id == "job1");
+    CHECK(o.run_id_given);
+    CHECK(*o.config == "c.toml");
+    CHECK(*o.event_log == "ev.jsonl");
+    CHECK(o.device == Device::kCpu);
+    CHECK(o.log_line_prefix_template == "<${local_rank}> ");
+    CHECK(o.command == std::vector<std::string>{"./train", "--lr", "1"});
+  }
+  SUBCASE("worker flags after the command are the worker's") {
+    Options o = p({"--nproc", "2", "python3", "train.py", "--nproc", "9"});
+    CHECK(o.nproc == 2);
+    CHECK(o.command == std::vector<std::string>{"python3", "train.py", "--nproc", "9"});
+  }
+  SUBCASE("module, standalone, static N:N") {
+    Options o = p({"--standalone", "-m", "pkg.train", "--epochs", "1"});
+    CHECK(o.standalone);
+    CHECK(o.module);
+    CHECK(o.command.front() == "pkg.train");
+    CHECK(p({"--nnodes", "3:3", "--node-rank", "2", "x"}).nnodes == 3);
+    CHECK(p({"--no-python", "x.py"}).no_python);
+  }
+  SUBCASE("help and version need no command") {
+    CHECK(p({"--help"}).help);
+    CHECK(p({"-h"}).help);
+    CHECK(p({"--version"}).version);
+  }
+}
+
+TEST_CASE("cli: invalid command lines give exact messages") {
+  struct Row {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Row> rows = {
+      {{"--bogus", "x"}, "unknown flag '--bogus' (see gpurun --help)"},
+      {{"-x", "x"}, "unknown flag '-x' (see gpurun --help)"},
+      {{"--nproc", "zero", "x"},
+       "invalid value 'zero' for --nproc: expected a positive integer, auto, gpu or cpu"},
+      {{"--nproc", "0", "x"},
+       "invalid value '0' for --nproc: expected a positive integer, auto, gpu or cpu"},
+      {{"--nproc=", "x"},
+       "invalid value '' for --nproc: expected a positive integer, auto, gpu or cpu"},
+      {{"--nproc"}, "flag --nproc needs a value"},
+      {{"--master-port", "70000", "x"},
+       "invalid value '70000' for --master-port: expected a port number 0-65535"},
+      {{"--master_port", "-1", "x"},
+       "invalid value '-1' for --master-port: expected a port number 0-65535"},
+      {{"--grace-period", "soon", "x"},
+       "invalid value 'soon' for --grace-period: expected a number of seconds between 0 and 86400"},
+      {{"--max-restarts", "2.5", "x"},
+       "invalid value '2.5' for --max-restarts: expected a non-negative integer"},
+      {{"--redirects", "4", "x"},
+       "invalid value '4' for --redirects: expected 0-3 or a per-local-rank map like 0:1,1:2"},
+      {{"--tee", "0:1,1", "x"},
+       "invalid value '0:1,1' for --tee: expected 0-3 or a per-local-rank map like 0:1,1:2"},
+      {{"--ranks-filter", "0,a", "x"},
+       "invalid value 'a' for --ranks-filter: expected a comma-separated list of ranks like 0,3"},
+      {{"--device", "tpu", "x"}, "invalid value 'tpu' for --device: expected cuda or cpu"},
+      {{"--nnodes", "1:4", "x"},
+       "invalid value '1:4' for --nnodes: elastic node ranges are not supported, give a static "
+       "node count"},
+      {{"--node-rank", "2", "--nnodes", "2", "x"},
+       "invalid value '2' for --node-rank: must be below --nnodes 2"},
+      {{"--standalone=1", "x"}, "flag --standalone takes no value, got '1'"},
+      {{"--nproc", "2"},
+       "missing worker command, e.g. gpurun --nproc 2 ./train (see gpurun --help)"},
+      {{"--nproc", "2", "--"},
+       "missing worker command, e.g. gpurun --nproc 2 ./train (see gpurun --help)"},
+      {{"--standalone", "--nnodes", "2", "x"},
+       "--standalone runs a single node, but --nnodes is 2"},
+      {{"--nnodes", "2", "--node-rank", "1", "--master-port", "0", "x"},
+       "--master-port 0 cannot be used on a node with --node-rank > 0: give the port that node 0 "
+       "listens on"},
+      {{"-m", "--no-python", "x"}, "--module and --no-python cannot be combined"},
+  };
+  for (const auto& row : rows) {
+    CAPTURE(row.args);
+    CHECK(error_of(row.args) == row.message);
+  }
+}
+
+TEST_CASE("cli: help text has examples and every flag") {
+  const std::string h = help_text();
+  for (const char* flag :
+       {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--standalone",
+        "--max-restarts", "--grace-period", "--log-dir", "--redirects", "--tee", "--ranks-filter",
+        "--run-id", "--config", "--event-log", "--device", "--version", "Examples:"}) {
+    CAPTURE(flag);
+    CHECK(h.find(flag) != std::string::npos);
+  }
+  CHECK(version_text().rfind("gpurun ", 0) == 0);
+}

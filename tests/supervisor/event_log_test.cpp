@@ -1,0 +1,67 @@
+#include "supervisor/event_log.hpp"
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "common/error.hpp"
+
+using namespace gpurun::supervisor;
+using std::chrono::milliseconds;
+using std::chrono::system_clock;
+
+TEST_CASE("event log: RFC 3339 timestamps with milliseconds and Z") {
+  CHECK(EventLog::format_timestamp(system_clock::time_point(milliseconds(0))) ==
+        "1970-01-01T00:00:00.000Z");
+  CHECK(EventLog::format_timestamp(system_clock::time_point(milliseconds(1738324800123))) ==
+        "2025-01-31T12:00:00.123Z");
+}
+
+TEST_CASE("event log: record format and escaping") {
+  const auto t = system_clock::time_point(milliseconds(1000));
+  CHECK(
+      EventLog::format_record(t, "shutdown", JsonObject().add("exit_code", 7).add("reason", "x")) ==
+      R"({"ts": "1970-01-01T00:00:01.000Z", "event": "shutdown", "exit_code": 7, "reason": "x"})");
+  CHECK(EventLog::format_record(t, "start", {}) ==
+        R"({"ts": "1970-01-01T00:00:01.000Z", "event": "start"})");
+  JsonObject o;
+  o.add("cmd", std::vector<std::string>{"a b", "q\"\\\n\t\x01"}).add("ok", true).add_null("n");
+  CHECK(o.str() == R"({"cmd": ["a b", "q\"\\\n\t\u0001"], "ok": true, "n": null})");
+}
+
+TEST_CASE("event log: one line per event, appended") {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gpurun-evlog-" + std::to_string(::getpid()) + ".jsonl");
+  std::filesystem::remove(path);
+  {
+    EventLog log(path.string(), [] { return system_clock::time_point(milliseconds(5)); });
+    CHECK(log.enabled());
+    log.emit("start", JsonObject().add("nproc", 2));
+    log.emit("worker_exited", JsonObject().add("rank", 1).add("signal", "SIGSEGV"));
+  }
+  {
+    EventLog again(path.string());
+    again.emit("shutdown", JsonObject().add("exit_code", 0));
+  }
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == R"({"ts": "1970-01-01T00:00:00.005Z", "event": "start", "nproc": 2})");
+  CHECK(lines[1].find(R"("event": "worker_exited", "rank": 1, "signal": "SIGSEGV")") !=
+        std::string::npos);
+  CHECK(std::regex_match(
+      lines[2],
+      std::regex(
+          R"(\{"ts": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "event": "shutdown", "exit_code": 0\})")));
+  std::filesystem::remove(path);
+
+  EventLog off;
+  CHECK_FALSE(off.enabled());
+  off.emit("start");  // dropped, no crash
+  CHECK_THROWS_AS(EventLog("/nonexistent-dir/x.jsonl"), gpurun::Error);
+}

@@ -1,0 +1,310 @@
+#include "supervisor/supervisor.hpp"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "supervisor/fake_spawner.hpp"
+
+using namespace gpurun::supervisor;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct CaptureConsole : Console {
+  std::string out, err;
+  void write(StreamId s, std::string_view text) override {
+    (s == StreamId::kStdout ? out : err).append(text);
+  }
+};
+
+struct Harness {
+  boost::asio::io_context io;
+  FakeSpawner spawner{io};
+  CaptureConsole console;
+  EventLog events;
+  std::string run_dir;
+  std::unique_ptr<Supervisor> sup;
+  std::vector<int> restarts;
+
+  explicit Harness(int nproc, int max_restarts = 0,
+                   std::function<void(SupervisorOptions&)> tweak = {}) {
+    run_dir = (std::filesystem::temp_directory_path() /
+               ("gpurun-suptest-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++)))
+                  .string();
+    SupervisorOptions o;
+    o.plan.nproc = nproc;
+    o.plan.world_size = nproc;
+    o.plan.max_restarts = max_restarts;
+    o.plan.device = Device::kCpu;
+    o.plan.run_id = "t";
+    o.plan.master_addr = "127.0.0.1";
+    o.plan.master_port = 1234;
+    o.plan.run_dir = run_dir;
+    o.argv = {"/bin/true"};
+    o.grace_period = 100ms;
+    o.kill_timeout = 200ms;
+    o.drain_timeout = 100ms;
+    o.poll_interval = 5ms;
+    if (tweak) tweak(o);
+    sup = std::make_unique<Supervisor>(io, o, spawner, console, events);
+    sup->on_restart = [this](int a) { restarts.push_back(a); };
+  }
+  ~Harness() {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir, ec);
+  }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  /// Runs the io_context until the supervisor finishes or `limit` passes.
+  void drive(std::chrono::milliseconds limit = 3000ms) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!sup->done() && std::chrono::steady_clock::now() < end) {
+      io.restart();
+      io.run_for(5ms);
+    }
+  }
+  /// Runs ready handlers without waiting for timers.
+  void settle() {
+    io.restart();
+    io.poll();
+  }
+  const FakeSpawner::Proc& proc(size_t i) const { return *spawner.procs.at(i); }
+  std::string env(size_t i, const std::string& k) const { return proc(i).request.env.at(k); }
+};
+
+}  // namespace
+
+TEST_CASE("supervisor: all workers succeed -> exit 0, output prefixed and line-atomic") {
+  Harness h(2);
+  h.sup->start();
+  REQUIRE(h.spawner.procs.size() == 2);
+  CHECK(h.env(0, "RANK") == "0");
+  CHECK(h.env(1, "RANK") == "1");
+  h.spawner.output(1, StreamId::kStdout, "hel");
+  h.spawner.output(0, StreamId::kStdout, "a\nb");
+  h.spawner.output(1, StreamId::kStdout, "lo\n");
+  h.spawner.output(0, StreamId::kStderr, "warn\n");
+  h.spawner.exit(0, {0, 0});
+  CHECK_FALSE(h.sup->done());
+  h.spawner.exit(1, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 0);
+  CHECK(h.console.out == "[rank0]: a\n[rank1]: hello\n[rank0]: b\n");
+  CHECK(h.console.err == "[rank0]: warn\n");
+  CHECK(h.proc(0).signals.empty());
+  CHECK(h.proc(1).signals.empty());
+}
+
+TEST_CASE("supervisor: first failure tears the rest down at once and sets the exit code") {
+  Harness h(3);
+  h.sup->start();
+  for (int i = 0; i < 12; ++i)
+    h.spawner.output(1, StreamId::kStderr, "err line " + std::to_string(i) + "\n");
+  h.spawner.exit(1, {7, 0});
+  // SIGTERM went out synchronously, before any timer.
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM});
+  CHECK(h.proc(2).signals == std::vector<int>{SIGTERM});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 7);
+  // Those killed by our SIGTERM are not "the" failure.
+  const std::string& err = h.console.err;
+  CHECK(err.find("rank 1 (pid 1001) ended with exit code 7") != std::string::npos);
+  CHECK(err.find("rank       : 1 (local rank 1)") != std::string::npos);
+  CHECK(err.find("last 10 lines") != std::string::npos);
+  CHECK(err.find("| err line 11") != std::string::npos);
+  CHECK(err.find("| err line 1\n") == std::string::npos);  // older than the last 10
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM});   // died on SIGTERM: no SIGKILL
+}
+
+TEST_CASE("supervisor: signal death gives 128+signal") {
+  Harness h(2);
+  h.sup->start();
+  h.spawner.exit(0, {0, SIGSEGV});
+  h.drive();
+  CHECK(h.sup->exit_code() == 139);
+  CHECK(h.console.err.find("signal SIGSEGV (11)") != std::string::npos);
+}
+
+TEST_CASE("supervisor: a worker ignoring SIGTERM gets SIGKILL after the grace period") {
+  Harness h(2);
+  h.spawner.configure = [](FakeSpawner::Proc& p) { p.ignores_sigterm = true; };
+  h.sup->start();
+  const auto t0 = std::chrono::steady_clock::now();
+  h.spawner.exit(0, {3, 0});
+  CHECK(h.proc(1).signals == std::vector<int>{SIGTERM});
+  h.drive();
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  REQUIRE(h.sup->done());
+  CHECK(h.proc(1).signals == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK(elapsed >= 100ms);
+  CHECK(elapsed < 2000ms);
+  CHECK(h.sup->exit_code() == 3);
+}
+
+TEST_CASE("supervisor: --max-restarts K restarts the whole set exactly K times") {
+  Harness h(2, /*max_restarts=*/2);
+  h.sup->start();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    REQUIRE(h.spawner.procs.size() == static_cast<size_t>(2 * (attempt + 1)));
+    const size_t base = static_cast<size_t>(2 * attempt);
+    for (size_t i = base; i < base + 2; ++i) {
+      CHECK(h.env(i, "TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
+      CHECK(h.env(i, "TORCHELASTIC_MAX_RESTARTS") == "2");
+    }
+    h.spawner.exit(base, {attempt + 1, 0});
+    // Let the teardown finish and the next attempt start.
+    const auto end = std::chrono::steady_clock::now() + 3s;
+    while (!h.sup->done() && h.spawner.procs.size() == base + 2 &&
+           std::chrono::steady_clock::now() < end) {
+      h.io.restart();
+      h.io.run_for(5ms);
+    }
+  }
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.spawner.procs.size() == 6);  // no fourth attempt
+  CHECK(h.restarts == std::vector<int>{1, 2});
+  CHECK(h.sup->exit_code() == 3);  // the last attempt's first failure
+}
+
+TEST_CASE("supervisor: a restarted set that succeeds exits 0") {
+  Harness h(1, /*max_restarts=*/1);
+  h.sup->start();
+  h.spawner.exit(0, {1, 0});
+  const auto end = std::chrono::steady_clock::now() + 3s;
+  while (h.spawner.procs.size() < 2 && std::chrono::steady_clock::now() < end) {
+    h.io.restart();
+    h.io.run_for(5ms);
+  }
+  REQUIRE(h.spawner.procs.size() == 2);
+  h.spawner.exit(1, {0, 0});
+  h.drive();
+  CHECK(h.sup->exit_code() == 0);
+}
+
+TEST_CASE("supervisor: SIGTERM is forwarded, no restart, exit 128+15") {
+  Harness h(2, /*max_restarts=*/3);
+  h.sup->start();
+  h.sup->handle_signal(SIGTERM);
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM});
+  CHECK(h.proc(1).signals == std::vector<int>{SIGTERM});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 143);
+  CHECK(h.spawner.procs.size() == 2);
+  CHECK(h.restarts.empty());
+}
+
+TEST_CASE("supervisor: SIGINT is forwarded as SIGINT; a second one sends SIGKILL") {
+  Harness h(1, 0, [](SupervisorOptions& o) { o.grace_period = 10s; });
+  h.spawner.configure = [](FakeSpawner::Proc& p) { p.ignores_sigterm = true; };
+  h.sup->start();
+  h.sup->handle_signal(SIGINT);
+  h.settle();
+  CHECK_FALSE(h.sup->done());
+  h.sup->handle_signal(SIGINT);
+  h.drive(2s);
+  REQUIRE(h.sup->done());
+  CHECK(h.proc(0).signals == std::vector<int>{SIGINT, SIGKILL});
+  CHECK(h.sup->exit_code() == 130);
+}
+
+TEST_CASE("supervisor: SIGUSR1/2 are forwarded unchanged, SIGHUP is not") {
+  Harness h(2);
+  h.sup->start();
+  h.sup->handle_signal(SIGUSR1);
+  h.sup->handle_signal(SIGUSR2);
+  h.sup->handle_signal(SIGHUP);
+  CHECK(h.proc(0).signals == std::vector<int>{SIGUSR1, SIGUSR2});
+  CHECK(h.proc(1).signals == std::vector<int>{SIGUSR1, SIGUSR2});
+  CHECK(h.console.err.find("config reload not yet implemented") != std::string::npos);
+  CHECK_FALSE(h.sup->done());
+  h.spawner.exit(0, {0, 0});
+  h.spawner.exit(1, {0, 0});
+  h.drive();
+  CHECK(h.sup->exit_code() == 0);
+}
+
+TEST_CASE("supervisor: processes left in a finished worker's group are terminated") {
+  Harness h(1);
+  h.spawner.configure = [](FakeSpawner::Proc& p) {
+    p.leaves_children = true;
+    p.ignores_sigterm = true;
+  };
+  h.sup->start();
+  h.spawner.exit(0, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 0);
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK_FALSE(h.proc(0).group_alive);
+}
+
+TEST_CASE("supervisor: a worker that cannot start fails the job with exit 1") {
+  Harness h(3);
+  h.spawner.fail_spawn = [](const SpawnRequest& r) { return r.rank == 1; };
+  h.sup->start();
+  CHECK(h.spawner.procs.size() == 1);  // rank 2 is not started after rank 1 failed
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM});
+  h.drive();
+  CHECK(h.sup->exit_code() == 1);
+  CHECK(h.console.err.find("cannot start rank 1") != std::string::npos);
+}
+
+TEST_CASE("supervisor: ranks filter, redirects, tee, prefix template and log files") {
+  Harness h(3, 0, [](SupervisorOptions& o) {
+    o.ranks_filter = std::set<int>{0, 2};
+    o.redirects.per_rank = {{2, StdSpec::kStdout}};  // rank 2 stdout: file only
+    o.tee.per_rank = {{0, StdSpec::kStderr}};        // rank 0 stderr: console and file
+    o.prefix_template = "<${role_name}${local_rank}> ";
+  });
+  h.sup->start();
+  for (size_t i = 0; i < 3; ++i) {
+    h.spawner.output(i, StreamId::kStdout, "out" + std::to_string(i) + "\n");
+    h.spawner.output(i, StreamId::kStderr, "err" + std::to_string(i) + "\n");
+  }
+  for (size_t i = 0; i < 3; ++i) h.spawner.exit(i, {0, 0});
+  h.drive();
+  CHECK(h.console.out == "<default0> out0\n");
+  CHECK(h.console.err == "<default0> err0\n<default2> err2\n");
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(slurp(h.run_dir + "/attempt_0/2/stdout.log") == "out2\n");
+  CHECK(slurp(h.run_dir + "/attempt_0/0/stderr.log") == "err0\n");
+  CHECK_FALSE(std::filesystem::exists(h.run_dir + "/attempt_0/1/stdout.log"));
+}
+
+TEST_CASE("supervisor: the worker's error file is quoted in the summary") {
+  Harness h(2);
+  h.sup->start();
+  const std::string path = h.env(1, "TORCHELASTIC_ERROR_FILE");
+  CHECK(path == h.run_dir + "/attempt_0/1/error.json");
+  {
+    std::ofstream f(path);
+    f << R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback: here\nRuntimeError: boom", "timestamp": "0"}}})";
+  }
+  h.spawner.exit(1, {1, 0});
+  h.drive();
+  CHECK(h.sup->exit_code() == 1);
+  const std::string& err = h.console.err;
+  CHECK(err.find("error file : " + path) != std::string::npos);
+  CHECK(err.find("message    : RuntimeError: boom") != std::string::npos);
+  CHECK(err.find("    Traceback: here") != std::string::npos);
+  CHECK(err.find("time       : 1970-01-01T00:00:00.000Z") != std::string::npos);
+}
+
+TEST_CASE("supervisor: prefix template expansion") {
+  CHECK(expand_prefix("[rank${rank}]: ", 3, 1) == "[rank3]: ");
+  CHECK(expand_prefix("${role_name}/${local_rank}|${rank}${x}", 5, 1) == "default/1|5${x}");
+}

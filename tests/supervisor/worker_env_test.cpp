@@ -1,0 +1,162 @@
+#include "supervisor/worker_env.hpp"
+
+#include <doctest/doctest.h>
+
+#include "common/error.hpp"
+#include "supervisor/cli.hpp"
+#include "supervisor/gpu_inventory.hpp"
+
+using namespace gpurun::supervisor;
+
+namespace {
+JobPlan plan_for(std::vector<std::string> args, const EnvMap& env, int gpus = 0) {
+  args.push_back("./train");
+  Options o = parse(args);
+  return make_plan(
+      o, env, [gpus] { return gpus; }, [] { return 6; }, [] { return std::string("uuid-1"); });
+}
+}  // namespace
+
+TEST_CASE("env: torchrun's variables per rank") {
+  JobPlan plan = plan_for({"--nproc", "4", "--device", "cpu", "--max-restarts", "2"},
+                          {{"PATH", "/bin"}, {"RANK", "99"}});
+  plan.master_port = 41000;
+  plan.run_dir = "/tmp/run";
+  EnvMap env = build_worker_env(plan, 3, 1, {{"PATH", "/bin"}, {"RANK", "99"}});
+  const EnvMap expected_subset = {
+      {"PATH", "/bin"},
+      {"RANK", "3"},
+      {"LOCAL_RANK", "3"},
+      {"WORLD_SIZE", "4"},
+      {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "0"},
+      {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_RANK", "3"},
+      {"ROLE_WORLD_SIZE", "4"},
+      {"ROLE_NAME", "default"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "41000"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_RUN_ID", "none"},
+      {"TORCHELASTIC_RESTART_COUNT", "1"},
+      {"TORCHELASTIC_MAX_RESTARTS", "2"},
+      {"TORCHELASTIC_ERROR_FILE", "/tmp/run/attempt_1/3/error.json"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"OMP_NUM_THREADS", "1"},
+      {"GPURUN_RUN_ID", "none"},
+      {"GPURUN_STORE_ADDR", "127.0.0.1"},
+      {"GPURUN_STORE_PORT", "41000"},
+      {"GPURUN_SLOT", "3"},
+      {"GPURUN_DEVICE", "cpu"},
+      {"GPURUN_RUN_DIR", "/tmp/run"},
+  };
+  for (const auto& [k, v] : expected_subset) {
+    CAPTURE(k);
+    REQUIRE(env.count(k));
+    CHECK(env.at(k) == v);
+  }
+  CHECK_FALSE(env.count("GPURUN_GPU_ID"));  // --device cpu has no GPU
+  CHECK(env.size() == expected_subset.size());
+}
+
+TEST_CASE("env: inherited values win where torchrun lets them") {
+  const EnvMap inherited = {{"OMP_NUM_THREADS", "8"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}};
+  JobPlan plan = plan_for({"--nproc", "2", "--device", "cpu"}, inherited);
+  CHECK_FALSE(plan.set_omp_num_threads);
+  EnvMap env = build_worker_env(plan, 0, 0, inherited);
+  CHECK(env.at("OMP_NUM_THREADS") == "8");
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
+}
+
+TEST_CASE("env: OMP_NUM_THREADS only set for nproc > 1") {
+  CHECK_FALSE(plan_for({"--nproc", "1", "--device", "cpu"}, {}).set_omp_num_threads);
+  CHECK(plan_for({"--nproc", "2", "--device", "cpu"}, {}).set_omp_num_threads);
+  JobPlan one = plan_for({"--nproc", "1", "--device", "cpu"}, {});
+  CHECK_FALSE(build_worker_env(one, 0, 0, {}).count("OMP_NUM_THREADS"));
+}
+
+TEST_CASE("env: multi-node ranks and standalone") {
+  JobPlan plan = plan_for({"--nnodes", "3", "--node-rank", "2", "--nproc", "2", "--device", "cpu",
+                           "--master-addr", "node0"},
+                          {});
+  EnvMap env = build_worker_env(plan, 1, 0, {});
+  CHECK(env.at("RANK") == "5");
+  CHECK(env.at("LOCAL_RANK") == "1");
+  CHECK(env.at("WORLD_SIZE") == "6");
+  CHECK(env.at("GROUP_RANK") == "2");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "3");
+  CHECK(env.at("MASTER_ADDR") == "node0");
+
+  JobPlan sa = plan_for({"--standalone", "--device", "cpu"}, {});
+  CHECK(sa.master_addr == "localhost");
+  CHECK(sa.master_port == 0);
+  CHECK(sa.run_id == "uuid-1");
+  CHECK(plan_for({"--standalone", "--run-id", "r7", "--device", "cpu"}, {}).run_id == "r7");
+}
+
+TEST_CASE("env: CUDA_VISIBLE_DEVICES maps slots to entries verbatim") {
+  const EnvMap inherited = {
+      {"CUDA_VISIBLE_DEVICES", " 3, GPU-8f1e2d3c-aaaa-bbbb-cccc-0123456789ab ,MIG-1b2c3d4e-5f60 "}};
+  JobPlan plan = plan_for({"--nproc", "3"}, inherited, /*gpus=*/0);
+  REQUIRE(plan.gpu_ids.size() == 3);
+  CHECK(plan.gpu_ids[0] == "3");
+  CHECK(plan.gpu_ids[1] == "GPU-8f1e2d3c-aaaa-bbbb-cccc-0123456789ab");
+  CHECK(plan.gpu_ids[2] == "MIG-1b2c3d4e-5f60");
+  EnvMap env = build_worker_env(plan, 1, 0, inherited);
+  CHECK(env.at("GPURUN_GPU_ID") == "GPU-8f1e2d3c-aaaa-bbbb-cccc-0123456789ab");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == inherited.at("CUDA_VISIBLE_DEVICES"));  // unchanged
+  CHECK(env.at("GPURUN_DEVICE") == "cuda");
+
+  SUBCASE("fewer slots than entries use the first ones") {
+    JobPlan two = plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "5,6,7"}});
+    CHECK(two.gpu_ids == std::vector<std::string>{"5", "6"});
+  }
+  SUBCASE("nproc gpu counts the entries") {
+    CHECK(plan_for({"--nproc", "gpu"}, {{"CUDA_VISIBLE_DEVICES", "5,6,7"}}).nproc == 3);
+    CHECK(plan_for({"--nproc", "auto"}, {{"CUDA_VISIBLE_DEVICES", "5"}}).nproc == 1);
+    CHECK(plan_for({"--nproc", "auto", "--device", "cpu"}, {{"CUDA_VISIBLE_DEVICES", "5"}}).nproc ==
+          6);
+    CHECK_THROWS_WITH_AS(plan_for({"--nproc", "auto"}, {{"CUDA_VISIBLE_DEVICES", ""}}),
+                         "--nproc auto: no GPU visible (CUDA_VISIBLE_DEVICES empty or no "
+                         "driver); use --device cpu",
+                         gpurun::UsageError);
+  }
+}
+
+TEST_CASE("env: without CUDA_VISIBLE_DEVICES slots are physical GPU ids") {
+  JobPlan plan = plan_for({"--nproc", "2"}, {}, /*gpus=*/4);
+  CHECK(plan.gpu_ids == std::vector<std::string>{"0", "1"});
+  CHECK(plan_for({"--nproc", "gpu"}, {}, 4).nproc == 4);
+  CHECK(plan_for({"--nproc", "cpu", "--device", "cpu"}, {}).nproc == 6);
+}
+
+TEST_CASE("env: more slots than GPUs is a usage error, not with --device cpu") {
+  CHECK_THROWS_WITH_AS(
+      plan_for({"--nproc", "3"}, {{"CUDA_VISIBLE_DEVICES", "0,1"}}),
+      "--nproc 3 needs 3 GPUs but only 2 are visible (CUDA_VISIBLE_DEVICES='0,1'); lower --nproc "
+      "or use --device cpu",
+      gpurun::UsageError);
+  CHECK_THROWS_WITH_AS(plan_for({"--nproc", "2"}, {}, 0),
+                       "--nproc 2 needs 2 GPUs but only 0 are visible (counted with nvidia-smi -L "
+                       "/ /proc/driver/nvidia/gpus); lower --nproc or use --device cpu",
+                       gpurun::UsageError);
+  CHECK_THROWS_AS(plan_for({"--nproc", "gpu"}, {{"CUDA_VISIBLE_DEVICES", ""}}), gpurun::UsageError);
+  CHECK(plan_for({"--nproc", "8", "--device", "cpu"}, {{"CUDA_VISIBLE_DEVICES", "0"}}).nproc == 8);
+}
+
+TEST_CASE("gpu inventory: parsing CUDA_VISIBLE_DEVICES") {
+  CHECK(parse_visible_devices("").empty());
+  CHECK(parse_visible_devices("  ").empty());
+  CHECK(parse_visible_devices("0") == std::vector<std::string>{"0"});
+  CHECK(parse_visible_devices("1,0, 2 ") == std::vector<std::string>{"1", "0", "2"});
+  CHECK(parse_visible_devices("MIG-a,GPU-b") == std::vector<std::string>{"MIG-a", "GPU-b"});
+  int calls = 0;
+  auto count = [&] {
+    ++calls;
+    return 2;
+  };
+  CHECK(slot_gpu_ids(std::string("7"), count) == std::vector<std::string>{"7"});
+  CHECK(calls == 0);  // the driver is not asked when the user chose the GPUs
+  CHECK(slot_gpu_ids(std::nullopt, count) == std::vector<std::string>{"0", "1"});
+  CHECK(calls == 1);
+}
