@@ -12,8 +12,12 @@
 //               torch store-based barrier); prints the time until all K are released.
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,9 +34,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 
 #include "store/client.hpp"
 #include "store/frame_codec.hpp"
@@ -120,6 +122,8 @@ class Conn {
     if (rc != 0) throw std::runtime_error(fmt::format("connect failed: {}", std::strerror(errno)));
     int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    timeval tv{60, 0};  // a store that stops answering fails the bench instead of hanging it
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     store::Request v{store::QueryType::kValidate, {}, {}, 0, store::kValidationMagic};
     store::Request p{store::QueryType::kPing, {}, {}, 0, static_cast<uint32_t>(::getpid())};
     send(v, p);
@@ -247,35 +251,57 @@ void rendezvous(const Args& a, uint16_t port, int k) {
       k, seconds_since(start) * 1e3, setup * 1e3);
 }
 
+// Runs gpurun's store in a child process (its own file-descriptor limit and
+// CPU, like torch's server in its own Python process) and returns its port.
+// Called before any thread exists, so fork() is safe.
+pid_t fork_server(uint16_t& port) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    boost::asio::io_context io;
+    store::ServerOptions o;
+    o.hosts = {"127.0.0.1"};
+    o.log = [](const std::string& l) { std::fprintf(stderr, "store: %s\n", l.c_str()); };
+    store::Server server(io, o);
+    const uint16_t p = server.port();
+    if (::write(fds[1], &p, sizeof(p)) != sizeof(p)) ::_exit(1);
+    ::close(fds[1]);
+    io.run();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  if (::read(fds[0], &port, sizeof(port)) != sizeof(port)) {
+    throw std::runtime_error("store child process did not start");
+  }
+  ::close(fds[0]);
+  return pid;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     Args a = parse(argc, argv);
     raise_nofile();
-    boost::asio::io_context io;
-    auto guard = boost::asio::make_work_guard(io);
-    std::unique_ptr<store::Server> server;
-    std::thread io_thread;
     uint16_t port = a.port;
+    pid_t child = -1;
     if (port == 0) {
-      store::ServerOptions o;
-      o.hosts = {"127.0.0.1"};
-      o.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
-      server = std::make_unique<store::Server>(io, o);
-      port = server->port();
-      io_thread = std::thread([&] { io.run(); });
-      std::printf("target: gpurun store in-process on 127.0.0.1:%u\n", port);
+      child = fork_server(port);
       a.host = "127.0.0.1";
+      std::printf("target: gpurun store in a child process (pid %d) on 127.0.0.1:%u\n",
+                  static_cast<int>(child), port);
     } else {
       std::printf("target: external store at %s:%u\n", a.host.c_str(), port);
     }
     if (a.threads > 0 && a.ops > 0) throughput(a, port);
     for (int k : a.rendezvous) rendezvous(a, port, k);
-    if (server) {
-      boost::asio::post(io, [&] { server.reset(); });
-      guard.reset();
-      io_thread.join();
+    if (child > 0) {
+      ::kill(child, SIGTERM);
+      ::waitpid(child, nullptr, 0);
     }
     return 0;
   } catch (const std::exception& e) {
