@@ -23,10 +23,10 @@ step torchrun_env timeout 60 python3 -m torch.distributed.run --nproc-per-node 2
 step gpurun_env timeout 60 $G --nproc 2 --device cpu --master-port 29556 python3 scripts/conformance/dump_env.py "$OUT/gpurun_env"
 step env_diff python3 scripts/conformance/compare_env.py "$OUT/torchrun_env" "$OUT/gpurun_env"
 if [[ -x build-gpu/bench/store_bench ]]; then
-  step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000
+  step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000,10000
   python3 bench/anchors/torch_store_server.py 29577 > "$OUT/torch_server.log" 2>&1 & TS=$!
   sleep 3
-  step bench_torch timeout 200 build-gpu/bench/store_bench --host 127.0.0.1 --port 29577 --threads 16 --ops 20000 --rendezvous 2000
+  step bench_torch timeout 200 build-gpu/bench/store_bench --host 127.0.0.1 --port 29577 --threads 16 --ops 20000 --rendezvous 2000,10000
   kill $TS
 fi
 echo; echo "| step | result |"; echo "|---|---|"
