@@ -4,9 +4,42 @@
 
 namespace gpurun::supervisor {
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no
+// overlongs, no surrogates, nothing above U+10FFFF), or 0 if it is not one.
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || b(1) < lo || b(1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k) {
+    if (b(k) < 0x80 || b(k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
 void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
-  for (char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -30,10 +63,18 @@ void append_json_string(std::string& out, std::string_view s) {
         out += "\\f";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20)
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
+        if (u < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(u));
+        } else if (u < 0x80) {
           out.push_back(c);
+        } else if (const std::size_t n = utf8_sequence_length(s, i); n > 0) {
+          out.append(s.substr(i, n));
+          i += n - 1;
+        } else {
+          // Not UTF-8 (e.g. a Latin-1 file name): keep the byte as U+00XX so
+          // the line stays valid JSON and nothing is silently dropped.
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(u));
+        }
     }
   }
   out.push_back('"');

@@ -33,6 +33,21 @@ TEST_CASE("event log: record format and escaping") {
   CHECK(o.str() == R"({"cmd": ["a b", "q\"\\\n\t\u0001"], "ok": true, "n": null})");
 }
 
+TEST_CASE("event log: strings stay valid UTF-8 JSON whatever bytes they hold") {
+  std::string out;
+  append_json_string(out, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80");  // valid: copied
+  CHECK(out == "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80\"");
+  out.clear();
+  append_json_string(out, "\xff\xfe");  // not UTF-8: each byte escaped
+  CHECK(out == R"("\u00ff\u00fe")");
+  out.clear();
+  append_json_string(out, "a\xc3");  // truncated sequence at the end
+  CHECK(out == R"("a\u00c3")");
+  out.clear();
+  append_json_string(out, "\xc0\xaf \xed\xa0\x80");  // overlong '/', UTF-16 surrogate
+  CHECK(out == R"("\u00c0\u00af \u00ed\u00a0\u0080")");
+}
+
 TEST_CASE("event log: one line per event, appended") {
   const auto path = std::filesystem::temp_directory_path() /
                     ("gpurun-evlog-" + std::to_string(::getpid()) + ".jsonl");
