@@ -153,10 +153,12 @@ void Backend::forget(WaitId id) {
 
 void Backend::wake_all(const std::string& key) {
   auto it = waiters_by_key_.find(key);
-  if (it == waiters_by_key_.end()) return;
-  std::deque<WaitId> ids = std::move(it->second);
-  waiters_by_key_.erase(it);
-  for (WaitId id : ids) count_down(id);
+  if (it != waiters_by_key_.end()) {
+    std::deque<WaitId> ids = std::move(it->second);
+    waiters_by_key_.erase(it);
+    for (WaitId id : ids) count_down(id);
+  }
+  if (observer_ && key.compare(0, observer_prefix_.size(), observer_prefix_) == 0) observer_(key);
 }
 
 void Backend::wake_one(const std::string& key) {

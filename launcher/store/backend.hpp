@@ -37,6 +37,16 @@ class Backend {
 
   void set_notify(Notify notify) { notify_ = std::move(notify); }
 
+  /// Called synchronously after every write that wakes waiters (SET, COMPARE_SET, ADD,
+  /// APPEND, each key of MULTI_SET) to a key starting with the prefix given to
+  /// set_write_observer, with that key. Runs inside the mutating call: the observer must
+  /// not call back into the backend (post the work instead). One observer; empty = none.
+  using WriteObserver = std::function<void(const std::string& key)>;
+  void set_write_observer(std::string prefix, WriteObserver observer) {
+    observer_prefix_ = std::move(prefix);
+    observer_ = std::move(observer);
+  }
+
   /// SET: store `value` and wake waiters on `key`.
   void set(const std::string& key, std::string value);
 
@@ -129,6 +139,8 @@ class Backend {
 
   Limits limits_;
   Notify notify_;
+  std::string observer_prefix_;
+  WriteObserver observer_;
   std::unordered_map<std::string, std::string> kv_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::deque<WaitId>> waiters_by_key_;

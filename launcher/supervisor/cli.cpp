@@ -318,7 +318,11 @@ Logs:
 
 Identity:
   --run-id, --rdzv-id ID  TORCHELASTIC_RUN_ID (default none)
-  --config FILE           control file (read by a later version)
+  --config FILE           elastic mode: config.toml decides the active GPUs at
+                          epoch boundaries (docs/control-protocol.md)
+
+Status of a running job (another terminal):
+  gpurun status [--json] [--run-id ID | --run-dir DIR]
 
 Worker command:
   -m, --module            run `python3 -u -m command args...`

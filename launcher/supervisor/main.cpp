@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -14,6 +16,9 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "common/error.hpp"
+#include "control/config.hpp"
+#include "control/elastic_controller.hpp"
+#include "control/status.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
@@ -79,6 +84,9 @@ int run(int argc, char** argv) {
   // A vanished console reader must not kill the supervisor (workers reset this).
   ::signal(SIGPIPE, SIG_IGN);
 
+  if (argc >= 2 && std::string_view(argv[1]) == "status")
+    return gpurun::control::status_command(std::vector<std::string>(argv + 2, argv + argc));
+
   sv::Options opt;
   try {
     opt = sv::parse(argc, argv);
@@ -105,6 +113,24 @@ int run(int argc, char** argv) {
   } catch (const gpurun::UsageError& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitUsage;
+  }
+
+  // Elastic mode (--config): a bad initial config is a usage error naming file:line:col.
+  std::optional<gpurun::control::Config> config;
+  std::vector<int> slot_ids;
+  for (int i = 0; i < plan.nproc; ++i) slot_ids.push_back(i);
+  if (opt.config) {
+    if (plan.nnodes != 1) {
+      print_err("error: --config (elastic mode) supports a single node; got --nnodes " +
+                std::to_string(plan.nnodes));
+      return kExitUsage;
+    }
+    try {
+      config = gpurun::control::load_config(*opt.config, slot_ids);
+    } catch (const gpurun::control::ConfigError& e) {
+      print_err(fmt::format("error: {}", e.what()));
+      return kExitUsage;
+    }
   }
 
   std::vector<std::string> wargv = sv::worker_argv(opt, inherited);
@@ -174,6 +200,26 @@ int run(int argc, char** argv) {
   sv::FdConsole console;
   sv::PosixSpawner spawner(io);
   sv::Supervisor supervisor(io, so, spawner, console, events);
+  std::unique_ptr<gpurun::control::ElasticController> elastic;
+  std::unique_ptr<gpurun::control::RunRegistration> registration;
+  if (config) {
+    gpurun::control::ElasticOptions eo;
+    eo.config_path = std::filesystem::absolute(*opt.config);
+    eo.slots = slot_ids;
+    eo.physical_gpus = plan.gpu_ids;
+    eo.run_id = plan.run_id;
+    eo.run_dir = plan.run_dir;
+    try {
+      elastic = std::make_unique<gpurun::control::ElasticController>(
+          io, store->backend(), supervisor, events, console, std::move(*config), eo);
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("error: {}", e.what()));
+      return kExitLauncherError;
+    }
+    supervisor.set_controller(elastic.get());
+    registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
+    if (!registration->error().empty()) print_err("warning: " + registration->error());
+  }
   supervisor.on_restart = [&](int) {
     if (store) store->reset_keyspace("gpurun/");
   };
@@ -201,6 +247,8 @@ int run(int argc, char** argv) {
     print_err(fmt::format("internal error: {}", e.what()));
     code = kExitLauncherError;
   }
+  registration.reset();
+  elastic.reset();
   if (temporary_run_dir) {
     std::error_code ec;
     std::filesystem::remove_all(plan.run_dir, ec);

@@ -96,7 +96,7 @@ void Supervisor::start() {
   start_attempt();
 }
 
-void Supervisor::open_logs(Worker& w) {
+void Supervisor::open_logs(Worker& w, bool append) {
   const int out_bits =
       opt_.redirects.for_local_rank(w.local_rank) | opt_.tee.for_local_rank(w.local_rank);
   const bool rank_on_console = !opt_.ranks_filter || opt_.ranks_filter->count(w.rank) > 0;
@@ -117,7 +117,8 @@ void Supervisor::open_logs(Worker& w) {
   }
   auto open = [&](const char* name) {
     const std::string path = dir + "/" + name;
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
     if (fd < 0) say(fmt::format("warning: cannot open '{}': {}", path, std::strerror(errno)));
     return UniqueFd(fd);
   };
@@ -127,9 +128,28 @@ void Supervisor::open_logs(Worker& w) {
 
 void Supervisor::start_attempt() {
   workers_.clear();
+  retired_.clear();
   failure_.reset();
+  absorbed_failure_.reset();
   phase_ = Phase::kRunning;
   grace_armed_ = killed_ = drain_expired_ = kill_expired_ = false;
+
+  if (controller_) {
+    // Elastic mode: every slot starts without a process; the controller spawns members.
+    for (int local = 0; local < opt_.plan.nproc; ++local) {
+      auto w = std::make_unique<Worker>();
+      w->local_rank = local;
+      w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
+      w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank);
+      w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
+      w->exit = ExitStatus{0, 0};
+      w->out_open = w->err_open = false;
+      workers_.push_back(std::move(w));
+    }
+    controller_->on_attempt_start(attempt_);
+    check_progress();
+    return;
+  }
 
   for (int local = 0; local < opt_.plan.nproc; ++local) {
     auto w = std::make_unique<Worker>();
@@ -147,7 +167,7 @@ void Supervisor::start_attempt() {
       w.out_open = w.err_open = false;
       continue;
     }
-    open_logs(w);
+    open_logs(w, false);
     std::error_code ec;
     std::filesystem::remove(w.error_file, ec);  // a stale report must not be mistaken for this one
     SpawnRequest req;
@@ -175,6 +195,61 @@ void Supervisor::start_attempt() {
     }
   }
   check_progress();
+}
+
+int Supervisor::spawn_slot(int local_rank, const EnvMap& overlay) {
+  GPURUN_CHECK(local_rank >= 0 && local_rank < static_cast<int>(workers_.size()), "slot {} of {}",
+               local_rank, workers_.size());
+  auto& slot = workers_[static_cast<size_t>(local_rank)];
+  GPURUN_CHECK(slot->exit.has_value(), "slot {} still has process {}", local_rank, slot->pid);
+  const bool respawn = slot->proc != nullptr;
+  auto w = std::make_unique<Worker>();
+  w->local_rank = local_rank;
+  w->rank = slot->rank;
+  w->prefix = slot->prefix;
+  w->error_file = slot->error_file;
+  retired_.push_back(std::move(slot));
+  slot = std::move(w);
+  Worker& nw = *slot;
+  open_logs(nw, respawn);
+  SpawnRequest req;
+  req.rank = nw.rank;
+  req.local_rank = nw.local_rank;
+  req.argv = opt_.argv;
+  req.env = build_worker_env(opt_.plan, nw.local_rank, attempt_, opt_.inherited);
+  for (const auto& [k, v] : overlay) req.env[k] = v;
+  WorkerCallbacks cb;
+  cb.on_output = [this, &nw](StreamId s, std::string_view b) { on_output(nw, s, b); };
+  cb.on_stream_closed = [this, &nw](StreamId s) { on_stream_closed(nw, s); };
+  cb.on_exit = [this, &nw](ExitStatus st) { on_exit(nw, st); };
+  try {
+    nw.proc = spawner_.spawn(req, std::move(cb));
+    nw.pid = nw.proc->pid();
+    events_.emit("worker_started", JsonObject()
+                                       .add("rank", nw.rank)
+                                       .add("local_rank", nw.local_rank)
+                                       .add("pid", nw.pid)
+                                       .add("attempt", attempt_));
+    return nw.pid;
+  } catch (const Error& e) {
+    nw.out_open = nw.err_open = false;
+    say(e.what());
+    asio::post(io_, [this, &nw, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired()) on_exit(nw, ExitStatus{1, 0});
+    });
+    return -1;
+  }
+}
+
+void Supervisor::kill_slot(int local_rank) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(workers_.size())) return;
+  Worker& w = *workers_[static_cast<size_t>(local_rank)];
+  if (!w.proc || w.exit) return;
+  try {
+    w.proc->signal_group(SIGKILL);
+  } catch (const Error& e) {
+    say(fmt::format("warning: {}", e.what()));
+  }
 }
 
 void Supervisor::on_output(Worker& w, StreamId stream, std::string_view bytes) {
@@ -226,7 +301,22 @@ void Supervisor::on_exit(Worker& w, ExitStatus status) {
   else
     fields.add("code", status.code);
   events_.emit("worker_exited", fields);
-  if (!status.success() && phase_ == Phase::kRunning && !shutdown_signal_)
+  bool absorbed = false;
+  const bool current = controller_ && workers_.size() > static_cast<size_t>(w.local_rank) &&
+                       workers_[static_cast<size_t>(w.local_rank)].get() == &w;
+  if (current && phase_ == Phase::kRunning && !shutdown_signal_) {
+    absorbed = controller_->on_worker_exit(w.local_rank, status, attempt_ < opt_.plan.max_restarts);
+    if (absorbed && !status.success() && !absorbed_failure_) {
+      absorbed_failure_ = std::make_unique<Failure>();
+      absorbed_failure_->rank = w.rank;
+      absorbed_failure_->local_rank = w.local_rank;
+      absorbed_failure_->pid = w.pid;
+      absorbed_failure_->status = status;
+      absorbed_failure_->reason =
+          fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid, status.describe());
+    }
+  }
+  if (!absorbed && !status.success() && phase_ == Phase::kRunning && !shutdown_signal_)
     record_failure(w, status,
                    fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid, status.describe()));
   check_progress();
@@ -305,6 +395,10 @@ void Supervisor::arm_poll() {
 
 void Supervisor::check_progress() {
   if (phase_ == Phase::kDone) return;
+  // Elastic mode, paused: no process runs, yet the job waits for a resume.
+  if (phase_ == Phase::kRunning && controller_ && !failure_ && !shutdown_signal_ &&
+      controller_->holds_job_open())
+    return;
   const bool all_exited = std::all_of(workers_.begin(), workers_.end(),
                                       [](const auto& w) { return w->exit.has_value(); });
   if (!all_exited) {
@@ -376,6 +470,9 @@ void Supervisor::finish_attempt() {
     finish(failure_->status.shell_code(), failure_->reason);
   } else if (shutdown_signal_) {
     finish(128 + shutdown_signal_, fmt::format("received {}", signal_name(shutdown_signal_)));
+  } else if (absorbed_failure_ && controller_ && !controller_->succeeded()) {
+    finish(absorbed_failure_->status.shell_code(),
+           absorbed_failure_->reason + " (every elastic worker failed)");
   } else {
     finish(0, "all workers succeeded");
   }
@@ -475,7 +572,11 @@ void Supervisor::handle_signal(int sig) {
       signal_all(sig);
       return;
     case SIGHUP:
-      say("received SIGHUP: config reload not yet implemented; ignoring it");
+      if (controller_) {
+        controller_->on_reload_request();
+      } else {
+        say("received SIGHUP: no --config given; ignoring it");
+      }
       return;
     default:
       return;

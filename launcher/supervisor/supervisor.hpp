@@ -19,6 +19,7 @@
 #include "supervisor/event_log.hpp"
 #include "supervisor/line_splitter.hpp"
 #include "supervisor/process_spawner.hpp"
+#include "supervisor/slot_controller.hpp"
 #include "supervisor/unique_fd.hpp"
 #include "supervisor/worker_env.hpp"
 
@@ -70,6 +71,16 @@ class Supervisor {
   /// Spawns attempt 0.
   void start();
 
+  /// Elastic mode: `controller` (outliving the supervisor's run) decides which slots start
+  /// and how their exits count. Call before start().
+  void set_controller(SlotController* controller) { controller_ = controller; }
+  /// Elastic mode: starts a process for slot `local_rank` (which must have none) with the
+  /// plan's environment plus `overlay`. Returns its pid, or -1 when it could not start
+  /// (reported later as an exit with code 1, on a fresh stack).
+  int spawn_slot(int local_rank, const EnvMap& overlay);
+  /// Sends SIGKILL to the process group of slot `local_rank` (no-op without a process).
+  void kill_slot(int local_rank);
+
   /// Reacts to a signal gpurun received: SIGINT/SIGTERM start a shutdown (the
   /// signal is forwarded to every worker group, SIGKILL after the grace period;
   /// a second one sends SIGKILL at once); SIGUSR1/SIGUSR2 are forwarded; SIGHUP
@@ -88,7 +99,7 @@ class Supervisor {
   enum class Phase { kRunning, kStopping, kDraining, kDone };
 
   void start_attempt();
-  void open_logs(Worker& w);
+  void open_logs(Worker& w, bool append);
   void on_output(Worker& w, StreamId stream, std::string_view bytes);
   void on_line(Worker& w, StreamId stream, std::string_view line);
   void on_stream_closed(Worker& w, StreamId stream);
@@ -110,6 +121,9 @@ class Supervisor {
   EventLog& events_;
 
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<Worker>> retired_;  // earlier processes of respawned slots
+  SlotController* controller_ = nullptr;
+  std::unique_ptr<Failure> absorbed_failure_;  // first failure elastic mode absorbed
   std::unique_ptr<Failure> failure_;
   Phase phase_ = Phase::kRunning;
   int attempt_ = 0;

@@ -210,3 +210,19 @@ TEST_CASE("backend: reset_keyspace keeps keys and queues under the prefix only")
 }
 
 }  // namespace gpurun::store
+
+TEST_CASE("write observer sees writes under its prefix only, after the value is stored") {
+  gpurun::store::Backend b;
+  std::vector<std::string> seen;
+  b.set_write_observer("gpurun/",
+                       [&](const std::string& key) { seen.push_back(key + "=" + b.get(key)); });
+  b.set("gpurun/a", "1");
+  b.set("other/a", "2");
+  b.add("gpurun/n", 5);
+  b.append("gpurun/a", "x");
+  b.compare_set("gpurun/c", "", "y");
+  b.multi_set({"gpurun/m", "zzz"}, {"3", "4"});
+  b.queue_push("gpurun/q", "v");  // queues are not KV writes
+  CHECK(seen == std::vector<std::string>{"gpurun/a=1", "gpurun/n=5", "gpurun/a=1x", "gpurun/c=y",
+                                         "gpurun/m=3"});
+}

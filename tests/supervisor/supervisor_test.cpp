@@ -226,7 +226,7 @@ TEST_CASE("supervisor: SIGUSR1/2 are forwarded unchanged, SIGHUP is not") {
   h.sup->handle_signal(SIGHUP);
   CHECK(h.proc(0).signals == std::vector<int>{SIGUSR1, SIGUSR2});
   CHECK(h.proc(1).signals == std::vector<int>{SIGUSR1, SIGUSR2});
-  CHECK(h.console.err.find("config reload not yet implemented") != std::string::npos);
+  CHECK(h.console.err.find("no --config given; ignoring it") != std::string::npos);
   CHECK_FALSE(h.sup->done());
   h.spawner.exit(0, {0, 0});
   h.spawner.exit(1, {0, 0});

@@ -1,0 +1,475 @@
+// config.toml parsing and validation. Reference: docs/config.md.
+#include "control/config.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+namespace gpurun::control {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kParkAllowed = R"("release", "hold")";
+constexpr std::string_view kEveryAllowed = R"("epoch" or a positive integer number of steps)";
+constexpr std::string_view kDeadlineAllowed = "a positive number of seconds (default 300)";
+constexpr std::string_view kGlobalAllowed =
+    "a positive integer (samples per optimizer step, summed over the active GPUs)";
+/// Upper bound for [boundary] deadline_s, in seconds (~31 years: "practically never").
+constexpr int64_t kMaxDeadlineSeconds = 1'000'000'000;
+
+/// "an integer", "a string", ... for messages.
+std::string_view type_phrase(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a floating-point number";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
+  }
+  return "nothing";
+}
+
+/// A string value as it appears in messages: quoted, control characters replaced by '?',
+/// cut after 40 characters.
+std::string quote_value(std::string_view text) {
+  constexpr std::size_t kMax = 40;
+  std::string out = "\"";
+  for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  if (text.size() > kMax) out += "...";
+  out += '"';
+  return out;
+}
+
+/// A floating-point value as TOML spells it: always with a '.', an exponent, inf or nan.
+std::string float_text(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+  return text;
+}
+
+/// "a string (\"two\")", "an integer (3)", "an array", ...
+std::string found_phrase(const toml::node& node) {
+  std::string out(type_phrase(node.type()));
+  if (const auto* s = node.as_string()) {
+    out += fmt::format(" ({})", quote_value(s->get()));
+  } else if (const auto* i = node.as_integer()) {
+    out += fmt::format(" ({})", i->get());
+  } else if (const auto* f = node.as_floating_point()) {
+    out += fmt::format(" ({})", float_text(f->get()));
+  } else if (const auto* b = node.as_boolean()) {
+    out += b->get() ? " (true)" : " (false)";
+  }
+  return out;
+}
+
+/// Case-insensitive Levenshtein distance (short keys only).
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+bool looks_like(std::string_view typo, std::string_view known) {
+  const std::size_t limit = known.size() >= 5 ? 2 : 1;
+  return edit_distance(typo, known) <= limit;
+}
+
+/// A key the user may write, and how a warning refers to it when suggesting it.
+struct KnownKey {
+  std::string_view name;
+  std::string_view suggestion;
+};
+
+constexpr KnownKey kTopLevelKeys[] = {
+    {"active_gpus", "'active_gpus'"},
+    {"park", "[park]"},
+    {"boundary", "[boundary]"},
+    {"batch", "[batch]"},
+    {"energy", "[energy]"},
+    {"restart", "[restart]"},
+    {"mode", "'mode' under [park]"},
+    {"every", "'every' under [boundary]"},
+    {"deadline_s", "'deadline_s' under [boundary]"},
+    {"global", "'global' under [batch]"},
+};
+
+/// Collects findings with their positions; renders them sorted by position.
+class Validator {
+ public:
+  Validator(const std::string& source, const std::vector<int>& valid_gpu_ids)
+      : source_(source), valid_(valid_gpu_ids) {
+    std::sort(valid_.begin(), valid_.end());
+    valid_.erase(std::unique(valid_.begin(), valid_.end()), valid_.end());
+  }
+
+  Config run(const toml::table& root) {
+    Config config;
+    for (auto&& [key, node] : root) {
+      const std::string_view name = key.str();
+      if (name == "active_gpus") {
+        check_active_gpus(node, config);
+      } else if (name == "park") {
+        check_park(node, config);
+      } else if (name == "boundary") {
+        check_boundary(node, config);
+      } else if (name == "batch") {
+        check_batch(node, config);
+      } else if (name == "energy" || name == "restart") {
+        warn(key.source(), fmt::format("[{}] is not yet used (ignored)", name));
+      } else {
+        warn_unknown_top_level(key);
+      }
+    }
+    if (!errors_.empty()) throw ConfigError(render(errors_));
+    config.warnings = sorted_texts(warnings_);
+    return config;
+  }
+
+ private:
+  struct Finding {
+    uint32_t line;
+    uint32_t column;
+    std::string text;
+  };
+
+  std::string where(const toml::source_region& at) const {
+    return fmt::format("{}:{}:{}", source_, at.begin.line, at.begin.column);
+  }
+
+  void error(const toml::source_region& at, std::string_view key, std::string_view problem,
+             std::string_view allowed) {
+    errors_.push_back({at.begin.line, at.begin.column,
+                       fmt::format("{}: {}: {}; allowed: {}", where(at), key, problem, allowed)});
+  }
+
+  void warn(const toml::source_region& at, std::string_view text) {
+    warnings_.push_back({at.begin.line, at.begin.column, fmt::format("{}: {}", where(at), text)});
+  }
+
+  static std::vector<std::string> sorted_texts(std::vector<Finding> findings) {
+    std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
+      return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+    });
+    std::vector<std::string> out;
+    out.reserve(findings.size());
+    for (auto& f : findings) out.push_back(std::move(f.text));
+    return out;
+  }
+
+  static std::string render(std::vector<Finding> findings) {
+    return fmt::format("{}", fmt::join(sorted_texts(std::move(findings)), "\n"));
+  }
+
+  std::string valid_ids_text() const {
+    if (valid_.empty()) return "none (this node has no GPU slots)";
+    return fmt::format("{}", fmt::join(valid_, ", "));
+  }
+
+  bool is_valid_id(int64_t id) const {
+    return id >= 0 && id <= INT32_MAX && std::binary_search(valid_.begin(), valid_.end(), id);
+  }
+
+  void check_active_gpus(const toml::node& node, Config& config) {
+    const auto* array = node.as_array();
+    if (array == nullptr) {
+      error(node.source(), "active_gpus",
+            fmt::format("expected an array of GPU ids, found {}", found_phrase(node)),
+            fmt::format("[] or a list of ids from {}", valid_ids_text()));
+      return;
+    }
+    std::vector<int> ids;
+    std::map<int64_t, toml::source_position> first_seen;
+    for (const toml::node& element : *array) {
+      const auto* integer = element.as_integer();
+      if (integer == nullptr) {
+        error(element.source(), "active_gpus",
+              fmt::format("expected integer GPU ids, found {}", found_phrase(element)),
+              valid_ids_text());
+        continue;
+      }
+      const int64_t id = integer->get();
+      if (id < 0) {
+        error(element.source(), "active_gpus", fmt::format("GPU id {} is negative", id),
+              valid_ids_text());
+      } else if (!is_valid_id(id)) {
+        error(element.source(), "active_gpus",
+              fmt::format("GPU id {} is not available on this node", id), valid_ids_text());
+      } else if (auto it = first_seen.find(id); it != first_seen.end()) {
+        error(element.source(), "active_gpus",
+              fmt::format("GPU id {} is listed twice (first at line {}, column {})", id,
+                          it->second.line, it->second.column),
+              fmt::format("distinct ids from {}", valid_ids_text()));
+      } else {
+        first_seen.emplace(id, element.source().begin);
+        ids.push_back(static_cast<int>(id));
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    config.active_gpus = std::move(ids);
+  }
+
+  /// The table under a top-level section key, or nullptr after reporting a type error.
+  const toml::table* section(const toml::node& node, std::string_view name,
+                             std::string_view allowed) {
+    const auto* table = node.as_table();
+    if (table == nullptr) {
+      error(node.source(), name, fmt::format("expected a table, found {}", found_phrase(node)),
+            allowed);
+    }
+    return table;
+  }
+
+  void check_park(const toml::node& node, Config& config) {
+    const auto* table = section(node, "park", R"([park] with mode = "release" or "hold")");
+    if (table == nullptr) return;
+    for (auto&& [key, value] : *table) {
+      if (key.str() != "mode") {
+        warn_unknown_nested("park", key, {"mode"});
+        continue;
+      }
+      const auto* text = value.as_string();
+      if (text == nullptr) {
+        error(value.source(), "park.mode",
+              fmt::format("expected a string, found {}", found_phrase(value)), kParkAllowed);
+      } else if (text->get() == "release") {
+        config.park_mode = ParkMode::kRelease;
+      } else if (text->get() == "hold") {
+        config.park_mode = ParkMode::kHold;
+      } else {
+        error(value.source(), "park.mode",
+              fmt::format("unknown park mode {}", quote_value(text->get())), kParkAllowed);
+      }
+    }
+  }
+
+  void check_boundary(const toml::node& node, Config& config) {
+    const auto* table = section(
+        node, "boundary",
+        R"([boundary] with every = "epoch" or a positive integer, and deadline_s = a positive number of seconds)");
+    if (table == nullptr) return;
+    for (auto&& [key, value] : *table) {
+      if (key.str() == "every") {
+        check_every(value, config);
+      } else if (key.str() == "deadline_s") {
+        check_deadline(value, config);
+      } else {
+        warn_unknown_nested("boundary", key, {"every", "deadline_s"});
+      }
+    }
+  }
+
+  void check_every(const toml::node& value, Config& config) {
+    if (const auto* text = value.as_string()) {
+      if (text->get() == "epoch") {
+        config.boundary = BoundarySpec{};
+      } else {
+        error(value.source(), "boundary.every",
+              fmt::format("unknown value {}", quote_value(text->get())), kEveryAllowed);
+      }
+    } else if (const auto* integer = value.as_integer()) {
+      if (integer->get() > 0) {
+        config.boundary = BoundarySpec{.every_epoch = false, .every_steps = integer->get()};
+      } else {
+        error(value.source(), "boundary.every",
+              fmt::format("step count {} is not positive", integer->get()), kEveryAllowed);
+      }
+    } else {
+      error(value.source(), "boundary.every",
+            fmt::format(R"(expected "epoch" or an integer, found {})", found_phrase(value)),
+            kEveryAllowed);
+    }
+  }
+
+  void check_deadline(const toml::node& value, Config& config) {
+    double seconds = 0;
+    std::string shown;
+    if (const auto* integer = value.as_integer()) {
+      seconds = static_cast<double>(integer->get());
+      shown = fmt::format("{}", integer->get());
+    } else if (const auto* real = value.as_floating_point()) {
+      seconds = real->get();
+      shown = float_text(real->get());
+    } else {
+      error(value.source(), "boundary.deadline_s",
+            fmt::format("expected a number, found {}", found_phrase(value)), kDeadlineAllowed);
+      return;
+    }
+    if (std::isnan(seconds) || seconds <= 0) {
+      error(value.source(), "boundary.deadline_s", fmt::format("{} is not positive", shown),
+            kDeadlineAllowed);
+    } else if (seconds > static_cast<double>(kMaxDeadlineSeconds)) {
+      error(value.source(), "boundary.deadline_s",
+            fmt::format("{} is larger than {} seconds", shown, kMaxDeadlineSeconds),
+            kDeadlineAllowed);
+    } else {
+      config.boundary_deadline =
+          std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+    }
+  }
+
+  void check_batch(const toml::node& node, Config& config) {
+    const auto* table = section(node, "batch", "[batch] with global = a positive integer");
+    if (table == nullptr) return;
+    for (auto&& [key, value] : *table) {
+      if (key.str() != "global") {
+        warn_unknown_nested("batch", key, {"global"});
+        continue;
+      }
+      const auto* integer = value.as_integer();
+      if (integer == nullptr) {
+        error(value.source(), "batch.global",
+              fmt::format("expected an integer, found {}", found_phrase(value)), kGlobalAllowed);
+      } else if (integer->get() <= 0) {
+        error(value.source(), "batch.global", fmt::format("{} is not positive", integer->get()),
+              kGlobalAllowed);
+      } else {
+        config.global_batch = integer->get();
+      }
+    }
+  }
+
+  void warn_unknown_top_level(const toml::key& key) {
+    std::string text = fmt::format("unknown key '{}' (ignored)", key.str());
+    for (const KnownKey& known : kTopLevelKeys) {
+      if (looks_like(key.str(), known.name)) {
+        text += fmt::format("; did you mean {}?", known.suggestion);
+        break;
+      }
+    }
+    warn(key.source(), text);
+  }
+
+  void warn_unknown_nested(std::string_view table, const toml::key& key,
+                           std::initializer_list<std::string_view> known_here) {
+    std::string text = fmt::format("unknown key '{}.{}' (ignored)", table, key.str());
+    bool hinted = false;
+    for (std::string_view known : known_here) {
+      if (looks_like(key.str(), known)) {
+        text += fmt::format("; did you mean '{}.{}'?", table, known);
+        hinted = true;
+        break;
+      }
+    }
+    if (!hinted && key.str() == "active_gpus") {
+      text += fmt::format(
+          "; active_gpus is a top-level key: move it above the first [table] header (here it "
+          "belongs to [{}])",
+          table);
+    }
+    warn(key.source(), text);
+  }
+
+  const std::string& source_;
+  std::vector<int> valid_;
+  std::vector<Finding> errors_;
+  std::vector<Finding> warnings_;
+};
+
+}  // namespace
+
+std::string_view to_string(ParkMode mode) {
+  return mode == ParkMode::kHold ? "hold" : "release";
+}
+
+std::string describe(const Config& config) {
+  const std::string gpus = config.active_gpus
+                               ? fmt::format("[{}]", fmt::join(*config.active_gpus, ", "))
+                               : std::string("all");
+  const std::string boundary = config.boundary.every_epoch
+                                   ? std::string("epoch")
+                                   : fmt::format("{} steps", config.boundary.every_steps);
+  const std::string batch =
+      config.global_batch ? fmt::format("{}", *config.global_batch) : std::string("none");
+  return fmt::format("active_gpus={} park={} boundary={} deadline_s={} batch.global={}", gpus,
+                     to_string(config.park_mode), boundary,
+                     static_cast<double>(config.boundary_deadline.count()) / 1000.0, batch);
+}
+
+Config parse_config(std::string_view text, const std::string& source,
+                    const std::vector<int>& valid_gpu_ids) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: syntax error: {}", source, e.source().begin.line,
+                                  e.source().begin.column, e.description()));
+  }
+  return Validator(source, valid_gpu_ids).run(root);
+}
+
+Config load_config(const std::filesystem::path& path, const std::vector<int>& valid_gpu_ids) {
+  const auto fail = [&](std::string_view reason) {
+    return ConfigError(fmt::format("{}: cannot read the config file: {}", path.string(), reason));
+  };
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec) throw fail(ec.message());
+  if (!fs::is_regular_file(status)) throw fail("not a regular file");
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw fail(std::strerror(errno));
+  std::string text;
+  char buffer[16384];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int saved = errno;
+      ::close(fd);
+      throw fail(std::strerror(saved));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigBytes) {
+      ::close(fd);
+      throw fail(fmt::format("larger than the limit of {} bytes", kMaxConfigBytes));
+    }
+  }
+  ::close(fd);
+  return parse_config(text, path.string(), valid_gpu_ids);
+}
+
+}  // namespace gpurun::control

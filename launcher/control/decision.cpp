@@ -1,0 +1,246 @@
+#include "control/decision.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+#include <boost/json.hpp>
+
+namespace gpurun::control {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string ids_json(const std::vector<int>& ids) {
+  return "[" + join_ids(ids) + "]";
+}
+
+json::value parse_object(std::string_view text, std::string_view what) {
+  boost::system::error_code ec;
+  json::value root = json::parse(text, ec);
+  if (ec || !root.is_object())
+    throw ProtocolError(fmt::format("{} is not a JSON object: '{}'", what, text));
+  return root;
+}
+
+int64_t get_int(const json::object& o, std::string_view field, std::string_view what,
+                std::string_view text) {
+  const json::value* v = o.if_contains(field);
+  if (!v || !v->is_int64())
+    throw ProtocolError(fmt::format("{} lacks the integer field '{}': '{}'", what, field, text));
+  return v->as_int64();
+}
+
+std::string get_string(const json::object& o, std::string_view field, std::string_view what,
+                       std::string_view text) {
+  const json::value* v = o.if_contains(field);
+  if (!v || !v->is_string())
+    throw ProtocolError(fmt::format("{} lacks the string field '{}': '{}'", what, field, text));
+  return std::string(v->as_string());
+}
+
+std::vector<int> get_ids(const json::object& o, std::string_view field, std::string_view what,
+                         std::string_view text) {
+  const json::value* v = o.if_contains(field);
+  if (!v || !v->is_array())
+    throw ProtocolError(fmt::format("{} lacks the array field '{}': '{}'", what, field, text));
+  std::vector<int> out;
+  for (const auto& e : v->as_array()) {
+    if (!e.is_int64())
+      throw ProtocolError(
+          fmt::format("{} field '{}' holds a non-integer: '{}'", what, field, text));
+    out.push_back(static_cast<int>(e.as_int64()));
+  }
+  return out;
+}
+
+bool contains(const std::vector<int>& v, int x) {
+  return std::binary_search(v.begin(), v.end(), x);
+}
+
+}  // namespace
+
+std::string_view to_string(Decision::Kind kind) {
+  switch (kind) {
+    case Decision::Kind::kStart:
+      return "start";
+    case Decision::Kind::kContinue:
+      return "continue";
+    case Decision::Kind::kResize:
+      return "resize";
+    case Decision::Kind::kExit:
+      return "exit";
+  }
+  return "unknown";
+}
+
+int Decision::rank_of(int gpu) const {
+  auto it = std::lower_bound(active.begin(), active.end(), gpu);
+  if (it == active.end() || *it != gpu) return -1;
+  return static_cast<int>(it - active.begin());
+}
+
+bool Decision::is_leaver(int gpu) const {
+  return contains(leavers, gpu);
+}
+
+std::string Decision::to_json() const {
+  if (kind == Kind::kExit)
+    return fmt::format(R"({{"v":1,"kind":"exit","generation":{}}})", generation);
+  return fmt::format(
+      R"({{"v":1,"kind":"{}","generation":{},"prev_generation":{},"round":{},"epoch":{},"step":{},)"
+      R"("active":{},"joiners":{},"leavers":{},"failed":{},"state_source":{},"state_source_gpu":{},)"
+      R"("park_mode":"{}","every_steps":{},"global_batch":{}}})",
+      to_string(kind), generation, prev_generation, round, epoch, step, ids_json(active),
+      ids_json(joiners), ids_json(leavers), ids_json(failed), state_source, state_source_gpu,
+      to_string(park_mode), every_steps, global_batch);
+}
+
+Decision Decision::from_json(std::string_view text) {
+  constexpr std::string_view what = "decision";
+  const json::value root = parse_object(text, what);
+  const json::object& o = root.as_object();
+  Decision d;
+  const std::string kind = get_string(o, "kind", what, text);
+  if (kind == "start")
+    d.kind = Kind::kStart;
+  else if (kind == "continue")
+    d.kind = Kind::kContinue;
+  else if (kind == "resize")
+    d.kind = Kind::kResize;
+  else if (kind == "exit")
+    d.kind = Kind::kExit;
+  else
+    throw ProtocolError(fmt::format("decision has an unknown kind '{}': '{}'", kind, text));
+  d.generation = get_int(o, "generation", what, text);
+  if (d.kind == Kind::kExit) return d;
+  d.prev_generation = get_int(o, "prev_generation", what, text);
+  d.round = get_int(o, "round", what, text);
+  d.epoch = get_int(o, "epoch", what, text);
+  d.step = get_int(o, "step", what, text);
+  d.active = get_ids(o, "active", what, text);
+  d.joiners = get_ids(o, "joiners", what, text);
+  d.leavers = get_ids(o, "leavers", what, text);
+  d.failed = get_ids(o, "failed", what, text);
+  d.state_source = static_cast<int>(get_int(o, "state_source", what, text));
+  d.state_source_gpu = static_cast<int>(get_int(o, "state_source_gpu", what, text));
+  const std::string park = get_string(o, "park_mode", what, text);
+  if (park == "release")
+    d.park_mode = ParkMode::kRelease;
+  else if (park == "hold")
+    d.park_mode = ParkMode::kHold;
+  else
+    throw ProtocolError(fmt::format("decision has an unknown park_mode '{}': '{}'", park, text));
+  d.every_steps = get_int(o, "every_steps", what, text);
+  d.global_batch = get_int(o, "global_batch", what, text);
+  return d;
+}
+
+std::string Report::to_json() const {
+  return fmt::format(
+      R"({{"v":1,"rank":{},"gpu":{},"generation":{},"round":{},"epoch":{},"step":{},"pid":{}}})",
+      rank, gpu, generation, round, epoch, step, pid);
+}
+
+Report Report::from_json(std::string_view text) {
+  constexpr std::string_view what = "report";
+  const json::value root = parse_object(text, what);
+  const json::object& o = root.as_object();
+  Report r;
+  r.rank = static_cast<int>(get_int(o, "rank", what, text));
+  r.gpu = static_cast<int>(get_int(o, "gpu", what, text));
+  r.generation = get_int(o, "generation", what, text);
+  r.round = get_int(o, "round", what, text);
+  r.epoch = get_int(o, "epoch", what, text);
+  r.step = get_int(o, "step", what, text);
+  r.pid = static_cast<int>(get_int(o, "pid", what, text));
+  return r;
+}
+
+namespace keys {
+std::string start(int64_t g) {
+  return fmt::format("gpurun/gen/{}/start", g);
+}
+std::string joined(int64_t g, int rank) {
+  return fmt::format("gpurun/gen/{}/joined/{}", g, rank);
+}
+std::string report(int64_t g, int64_t n, int rank) {
+  return fmt::format("gpurun/gen/{}/round/{}/report/{}", g, n, rank);
+}
+std::string decision(int64_t g, int64_t n) {
+  return fmt::format("gpurun/gen/{}/round/{}/decision", g, n);
+}
+std::string parked(int gpu, int64_t p) {
+  return fmt::format("gpurun/slot/{}/parked/{}", gpu, p);
+}
+std::string wake(int gpu, int64_t p) {
+  return fmt::format("gpurun/slot/{}/wake/{}", gpu, p);
+}
+
+namespace {
+// Consumes "<int>/" or "<int>" at the end from `s`; nullopt when not a number.
+std::optional<int64_t> take_int(std::string_view& s) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || p == s.data() || v < 0) return std::nullopt;
+  s.remove_prefix(static_cast<size_t>(p - s.data()));
+  return v;
+}
+bool take(std::string_view& s, std::string_view lit) {
+  if (s.substr(0, lit.size()) != lit) return false;
+  s.remove_prefix(lit.size());
+  return true;
+}
+}  // namespace
+
+GenKey parse_gen_key(std::string_view key) {
+  GenKey out;
+  std::string_view s = key;
+  if (!take(s, kGenPrefix)) return out;
+  auto g = take_int(s);
+  if (!g || !take(s, "/")) return out;
+  if (take(s, "joined/")) {
+    auto r = take_int(s);
+    if (!r || !s.empty()) return out;
+    return GenKey{GenKey::Kind::kJoined, *g, -1, static_cast<int>(*r)};
+  }
+  if (take(s, "round/")) {
+    auto n = take_int(s);
+    if (!n || !take(s, "/report/")) return out;
+    auto r = take_int(s);
+    if (!r || !s.empty()) return out;
+    return GenKey{GenKey::Kind::kReport, *g, *n, static_cast<int>(*r)};
+  }
+  return out;
+}
+}  // namespace keys
+
+std::string join_ids(const std::vector<int>& ids, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += sep;
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
+std::vector<int> parse_ids(std::string_view text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string_view item = text.substr(start, comma == text.npos ? text.npos : comma - start);
+    int v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc{} || p != item.data() + item.size() || v < 0)
+      throw ProtocolError(fmt::format("bad id list '{}': '{}' is not a slot id", text, item));
+    out.push_back(v);
+    if (comma == text.npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace gpurun::control

@@ -1,0 +1,100 @@
+// gpurun::control::Decision and Report — the values of the control protocol's
+// store keys, and the key names. Encoding: docs/control-protocol.md#decision-encoding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.hpp"
+#include "control/config.hpp"
+
+namespace gpurun::control {
+
+/// A value under gpurun/ that does not parse (message names the field and quotes the text).
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// What a decision tells every worker. See docs/control-protocol.md for each field.
+struct Decision {
+  enum class Kind { kStart, kContinue, kResize, kExit };
+
+  Kind kind = Kind::kContinue;
+  int64_t generation = 0;        ///< generation in force after this decision
+  int64_t prev_generation = -1;  ///< generation whose boundary this answers (-1: start)
+  int64_t round = -1;            ///< round of prev_generation answered (-1: not at a boundary)
+  int64_t epoch = -1;            ///< boundary it applies at (-1: none)
+  int64_t step = -1;
+  std::vector<int> active;    ///< sorted slot ids; rank = index
+  std::vector<int> joiners;   ///< sorted
+  std::vector<int> leavers;   ///< sorted
+  std::vector<int> failed;    ///< sorted
+  int state_source = -2;      ///< rank in prev_generation; -1 host snapshot; -2 none
+  int state_source_gpu = -1;  ///< slot of state_source, -1 when < 0
+  ParkMode park_mode = ParkMode::kRelease;
+  int64_t every_steps = 0;   ///< 0 = every epoch
+  int64_t global_batch = 0;  ///< 0 = unset
+
+  /// Rank of `gpu` in `active`, -1 when it is not a member.
+  int rank_of(int gpu) const;
+  bool is_member(int gpu) const { return rank_of(gpu) >= 0; }
+  bool is_leaver(int gpu) const;
+
+  /// The canonical one-line JSON (field order fixed, no spaces): equal decisions give
+  /// equal bytes.
+  std::string to_json() const;
+  /// Parses to_json()'s output. Throws ProtocolError naming the missing/bad field.
+  static Decision from_json(std::string_view text);
+
+  friend bool operator==(const Decision&, const Decision&) = default;
+};
+
+std::string_view to_string(Decision::Kind kind);
+
+/// What a worker writes at a boundary.
+struct Report {
+  int rank = 0;
+  int gpu = 0;
+  int64_t generation = 0;
+  int64_t round = 0;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int pid = 0;
+
+  std::string to_json() const;
+  /// Throws ProtocolError.
+  static Report from_json(std::string_view text);
+  friend bool operator==(const Report&, const Report&) = default;
+};
+
+/// Key names (docs/control-protocol.md#keys).
+namespace keys {
+inline constexpr std::string_view kPrefix = "gpurun/";
+inline constexpr std::string_view kGenPrefix = "gpurun/gen/";
+std::string start(int64_t generation);
+std::string joined(int64_t generation, int rank);
+std::string report(int64_t generation, int64_t round, int rank);
+std::string decision(int64_t generation, int64_t round);
+std::string parked(int gpu, int64_t park_generation);
+std::string wake(int gpu, int64_t park_generation);
+inline constexpr std::string_view kGeneration = "gpurun/generation";
+
+/// A parsed key under gpurun/gen/: which one and its numbers.
+struct GenKey {
+  enum class Kind { kJoined, kReport, kOther };
+  Kind kind = Kind::kOther;
+  int64_t generation = -1;
+  int64_t round = -1;
+  int rank = -1;
+};
+GenKey parse_gen_key(std::string_view key);
+}  // namespace keys
+
+/// "0,1,3" (environment form of an active set) and back. parse throws ProtocolError.
+std::string join_ids(const std::vector<int>& ids, std::string_view sep = ",");
+std::vector<int> parse_ids(std::string_view text);
+
+}  // namespace gpurun::control

@@ -1,0 +1,206 @@
+#include "control/elastic_controller.hpp"
+
+#include <unistd.h>
+
+#include <charconv>
+
+#include <fmt/format.h>
+#include <boost/asio/post.hpp>
+
+#include "control/status.hpp"
+
+namespace gpurun::control {
+
+namespace asio = boost::asio;
+using supervisor::ExitStatus;
+using supervisor::JsonObject;
+using supervisor::StreamId;
+
+ElasticController::ElasticController(asio::io_context& io, store::Backend& backend,
+                                     supervisor::Supervisor& supervisor,
+                                     supervisor::EventLog& events, supervisor::Console& console,
+                                     Config initial, ElasticOptions options)
+    : io_(io),
+      backend_(backend),
+      supervisor_(supervisor),
+      events_(events),
+      console_(console),
+      opt_(std::move(options)),
+      scheduler_(opt_.slots, initial) {
+  scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
+  backend_.set_write_observer(std::string(keys::kPrefix),
+                              [this, alive = std::weak_ptr<int>(alive_)](const std::string& k) {
+                                // Inside a store operation: handle it on a fresh stack.
+                                asio::post(io_, [this, alive, k] {
+                                  if (!alive.expired()) on_key(k);
+                                });
+                              });
+  watcher_ = std::make_unique<ConfigWatcher>(io_, opt_.config_path, opt_.watcher,
+                                             [this] { reload("the file changed"); });
+  run_effects();
+}
+
+ElasticController::~ElasticController() {
+  backend_.set_write_observer({}, {});
+}
+
+void ElasticController::on_attempt_start(int attempt) {
+  deadlines_.clear();
+  scheduler_.start_attempt(attempt);
+  run_effects();
+}
+
+bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool can_restart) {
+  const bool absorbed =
+      scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
+  run_effects();
+  return absorbed;
+}
+
+bool ElasticController::succeeded() const {
+  for (const auto& [gpu, s] : scheduler_.slots())
+    if (s.state == SlotState::kExited) return true;
+  return false;
+}
+
+void ElasticController::on_reload_request() {
+  console_.write(StreamId::kStderr, "gpurun: received SIGHUP: reloading the config\n");
+  if (watcher_) watcher_->request_reload();
+}
+
+void ElasticController::reload(const char* why) {
+  try {
+    Config c = load_config(opt_.config_path, opt_.slots);
+    // Nothing new (e.g. a touch), unless it fixes a rejected file.
+    if (c == scheduler_.config() && scheduler_.last_config_error().empty()) return;
+    console_.write(StreamId::kStderr,
+                   fmt::format("gpurun: config reloaded ({}): {}\n", why, describe(c)));
+    scheduler_.config_loaded(std::move(c), opt_.config_path.string());
+  } catch (const ConfigError& e) {
+    scheduler_.config_rejected(opt_.config_path.string(), e.what());
+  }
+  run_effects();
+}
+
+namespace {
+std::optional<std::pair<int, int64_t>> parse_parked_key(std::string_view key) {
+  constexpr std::string_view kSlot = "gpurun/slot/";
+  if (key.substr(0, kSlot.size()) != kSlot) return std::nullopt;
+  key.remove_prefix(kSlot.size());
+  int gpu = 0;
+  auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), gpu);
+  if (ec != std::errc{}) return std::nullopt;
+  std::string_view rest(p, static_cast<size_t>(key.data() + key.size() - p));
+  constexpr std::string_view kParked = "/parked/";
+  if (rest.substr(0, kParked.size()) != kParked) return std::nullopt;
+  rest.remove_prefix(kParked.size());
+  int64_t g = 0;
+  auto [p2, ec2] = std::from_chars(rest.data(), rest.data() + rest.size(), g);
+  if (ec2 != std::errc{} || p2 != rest.data() + rest.size()) return std::nullopt;
+  return std::make_pair(gpu, g);
+}
+}  // namespace
+
+void ElasticController::on_key(const std::string& key) {
+  const keys::GenKey k = keys::parse_gen_key(key);
+  const std::string value = backend_.get(key);
+  if (k.kind == keys::GenKey::Kind::kJoined) {
+    int pid = -1;
+    std::from_chars(value.data(), value.data() + value.size(), pid);
+    scheduler_.on_joined(k.generation, k.rank, pid);
+  } else if (k.kind == keys::GenKey::Kind::kReport) {
+    try {
+      Report r = Report::from_json(value);
+      if (r.generation != k.generation || r.round != k.round || r.rank != k.rank)
+        throw ProtocolError(fmt::format("report under '{}' names generation {}, round {}, rank {}",
+                                        key, r.generation, r.round, r.rank));
+      scheduler_.on_report(r);
+    } catch (const ProtocolError& e) {
+      console_.write(StreamId::kStderr, fmt::format("gpurun: warning: ignoring a bad boundary "
+                                                    "report: {}\n",
+                                                    e.what()));
+    }
+  } else if (auto parked = parse_parked_key(key)) {
+    scheduler_.on_parked(parked->first, parked->second);
+  } else {
+    return;  // our own writes, and keys we do not know
+  }
+  run_effects();
+}
+
+void ElasticController::spawn(int gpu, int64_t generation, const std::string& json) {
+  const Decision d = Decision::from_json(json);
+  supervisor::EnvMap env;
+  const int rank = d.rank_of(gpu);
+  const std::string world = std::to_string(d.active.size());
+  env["RANK"] = std::to_string(rank);
+  env["ROLE_RANK"] = std::to_string(rank);
+  env["WORLD_SIZE"] = world;
+  env["ROLE_WORLD_SIZE"] = world;
+  env["LOCAL_WORLD_SIZE"] = world;
+  env["GPURUN_ELASTIC"] = "1";
+  env["GPURUN_JOIN_GENERATION"] = std::to_string(generation);
+  env["GPURUN_ACTIVE_GPUS"] = join_ids(d.active);
+  env["GPURUN_PARK_MODE"] = std::string(to_string(d.park_mode));
+  const int pid = supervisor_.spawn_slot(gpu, env);
+  if (pid > 0) scheduler_.on_spawned(gpu, pid);
+}
+
+void ElasticController::run_effects() {
+  // Effects may produce more effects (spawn -> on_spawned); loop until none are left.
+  for (std::vector<Effect> batch = scheduler_.take_effects(); !batch.empty();
+       batch = scheduler_.take_effects()) {
+    for (Effect& e : batch) {
+      switch (e.kind) {
+        case Effect::Kind::kWriteKey:
+          backend_.set(e.key, e.value);
+          break;
+        case Effect::Kind::kSpawn:
+          spawn(e.gpu, e.generation, e.value);
+          break;
+        case Effect::Kind::kKill:
+          supervisor_.kill_slot(e.gpu);
+          break;
+        case Effect::Kind::kArmDeadline: {
+          auto timer = std::make_unique<asio::steady_timer>(io_, e.deadline);
+          const auto id = std::make_pair(e.generation, e.round);
+          timer->async_wait(
+              [this, id, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+                if (ec || alive.expired()) return;
+                scheduler_.on_deadline(id.first, id.second);
+                run_effects();
+              });
+          deadlines_[id] = std::move(timer);
+          break;
+        }
+        case Effect::Kind::kEvent:
+          events_.emit(e.key, e.fields);
+          break;
+        case Effect::Kind::kSay:
+          console_.write(StreamId::kStderr, "gpurun: " + e.value + "\n");
+          break;
+      }
+    }
+  }
+  // Timers of rounds already decided are no longer needed.
+  for (auto it = deadlines_.begin(); it != deadlines_.end();) {
+    const bool current =
+        it->first.first == scheduler_.generation() && it->first.second == scheduler_.round();
+    it = current ? std::next(it) : deadlines_.erase(it);
+  }
+  write_status();
+}
+
+void ElasticController::write_status() {
+  StatusSnapshot snap;
+  snap.run_id = opt_.run_id;
+  snap.run_dir = opt_.run_dir;
+  snap.config_path = opt_.config_path.string();
+  snap.supervisor_pid = static_cast<int>(::getpid());
+  snap.physical_gpus = opt_.physical_gpus;
+  std::string error;
+  if (!write_status_file(opt_.run_dir, render_status(scheduler_, snap), error))
+    console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
+}
+
+}  // namespace gpurun::control

@@ -1,0 +1,75 @@
+// gpurun::control::ElasticController — elastic mode of the supervisor: wires the
+// config watcher, the store (reports, joins, parks), the Scheduler and the
+// Supervisor's slots together, and keeps <run_dir>/status.json current.
+// Protocol: docs/control-protocol.md.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "control/config.hpp"
+#include "control/config_watcher.hpp"
+#include "control/scheduler.hpp"
+#include "store/backend.hpp"
+#include "supervisor/console.hpp"
+#include "supervisor/event_log.hpp"
+#include "supervisor/slot_controller.hpp"
+#include "supervisor/supervisor.hpp"
+
+namespace gpurun::control {
+
+/// What the controller needs besides its collaborators.
+struct ElasticOptions {
+  std::filesystem::path config_path;       ///< --config
+  std::vector<int> slots;                  ///< slot ids 0..nproc-1
+  std::vector<std::string> physical_gpus;  ///< per slot (plan.gpu_ids); empty with --device cpu
+  std::string run_id;
+  std::string run_dir;  ///< status.json lives here
+  WatcherOptions watcher;
+};
+
+/// Runs on the supervisor's io thread (every method and callback). The backend, supervisor,
+/// event log and console must outlive it.
+class ElasticController : public supervisor::SlotController {
+ public:
+  /// `initial` = the already validated config. Installs the store write observer and the
+  /// config watcher; writes status.json.
+  ElasticController(boost::asio::io_context& io, store::Backend& backend,
+                    supervisor::Supervisor& supervisor, supervisor::EventLog& events,
+                    supervisor::Console& console, Config initial, ElasticOptions options);
+  ~ElasticController() override;
+
+  void on_attempt_start(int attempt) override;
+  bool on_worker_exit(int local_rank, supervisor::ExitStatus status, bool can_restart) override;
+  bool holds_job_open() const override { return scheduler_.holds_job_open(); }
+  bool succeeded() const override;
+  void on_reload_request() override;
+
+  const Scheduler& scheduler() const { return scheduler_; }
+
+ private:
+  void reload(const char* why);
+  void on_key(const std::string& key);
+  void run_effects();
+  void spawn(int gpu, int64_t generation, const std::string& decision_json);
+  void write_status();
+
+  boost::asio::io_context& io_;
+  store::Backend& backend_;
+  supervisor::Supervisor& supervisor_;
+  supervisor::EventLog& events_;
+  supervisor::Console& console_;
+  ElasticOptions opt_;
+  Scheduler scheduler_;
+  std::unique_ptr<ConfigWatcher> watcher_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+};
+
+}  // namespace gpurun::control

@@ -1,0 +1,517 @@
+#include "control/scheduler.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace gpurun::control {
+
+using supervisor::JsonObject;
+
+namespace {
+
+std::string ids_json(const std::vector<int>& ids) {
+  return "[" + join_ids(ids) + "]";
+}
+
+std::vector<int> minus(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+std::vector<int> intersect(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> out;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(std::vector<int> slots, Config config)
+    : slot_ids_(std::move(slots)), config_(std::move(config)) {
+  std::sort(slot_ids_.begin(), slot_ids_.end());
+  for (int gpu : slot_ids_) slots_[gpu].gpu = gpu;
+}
+
+std::vector<Effect> Scheduler::take_effects() {
+  std::vector<Effect> out;
+  out.swap(effects_);
+  return out;
+}
+
+void Scheduler::say(std::string text) {
+  Effect e;
+  e.kind = Effect::Kind::kSay;
+  e.value = std::move(text);
+  effects_.push_back(std::move(e));
+}
+
+SlotInfo& Scheduler::slot(int gpu) {
+  auto it = slots_.find(gpu);
+  GPURUN_CHECK(it != slots_.end(), "unknown slot {}", gpu);
+  return it->second;
+}
+
+void Scheduler::set_state(SlotInfo& s, SlotState to, const std::string& reason) {
+  const SlotState from = s.state;
+  s.state = transition(from, to);
+  s.reason = reason;
+  Effect e;
+  e.kind = Effect::Kind::kEvent;
+  e.key = "worker_state";
+  e.fields.add("gpu", s.gpu)
+      .add("from", to_string(from))
+      .add("to", to_string(to))
+      .add("generation", s.generation)
+      .add("rank", s.rank)
+      .add("pid", s.pid)
+      .add("reason", reason);
+  effects_.push_back(std::move(e));
+}
+
+std::vector<int> Scheduler::desired() const {
+  if (!config_.active_gpus) return slot_ids_;
+  return intersect(*config_.active_gpus, slot_ids_);
+}
+
+std::vector<int> Scheduler::effective_desired() const {
+  std::vector<int> out;
+  for (int gpu : desired())
+    if (slots_.at(gpu).state != SlotState::kFailed) out.push_back(gpu);
+  return out;
+}
+
+bool Scheduler::member(const SlotInfo& s) const {
+  return std::binary_search(active_.begin(), active_.end(), s.gpu);
+}
+
+bool Scheduler::alive_member(const SlotInfo& s) const {
+  return member(s) && (s.state == SlotState::kActive || s.state == SlotState::kStarting ||
+                       s.state == SlotState::kRejoining);
+}
+
+Decision Scheduler::base_decision() const {
+  Decision d;
+  d.park_mode = config_.park_mode;
+  d.every_steps = config_.boundary.every_epoch ? 0 : config_.boundary.every_steps;
+  d.global_batch = config_.global_batch.value_or(0);
+  return d;
+}
+
+void Scheduler::publish(const Decision& d, const std::string& json,
+                        const std::string& decision_key) {
+  auto write = [&](std::string key, std::string value) {
+    Effect e;
+    e.kind = Effect::Kind::kWriteKey;
+    e.key = std::move(key);
+    e.value = std::move(value);
+    effects_.push_back(std::move(e));
+  };
+  if (!decision_key.empty()) write(decision_key, json);
+  if (d.kind != Decision::Kind::kContinue) {
+    write(keys::start(d.generation), json);
+    write(std::string(keys::kGeneration), std::to_string(d.generation));
+  }
+  last_decision_ = json;
+  Effect ev;
+  ev.kind = Effect::Kind::kEvent;
+  ev.key = "decision";
+  ev.fields.add("generation", d.generation)
+      .add("prev_generation", d.prev_generation)
+      .add("round", d.round)
+      .add("kind", to_string(d.kind))
+      .add_raw("active", ids_json(d.active))
+      .add_raw("joiners", ids_json(d.joiners))
+      .add_raw("leavers", ids_json(d.leavers))
+      .add_raw("failed", ids_json(d.failed))
+      .add("state_source", d.state_source)
+      .add("epoch", d.epoch)
+      .add("step", d.step);
+  effects_.push_back(std::move(ev));
+  if (d.kind != Decision::Kind::kContinue)
+    say(
+        fmt::format("generation {}: active [{}] (joiners [{}], leavers [{}], failed [{}], state "
+                    "source {})",
+                    d.generation, join_ids(d.active, ", "), join_ids(d.joiners, ", "),
+                    join_ids(d.leavers, ", "), join_ids(d.failed, ", "), d.state_source));
+}
+
+void Scheduler::start_attempt(int attempt) {
+  reports_.clear();
+  deadline_armed_ = false;
+  finished_ = false;
+  const int64_t prev = generation_;
+  generation_ = generation_ < 0 ? 0 : generation_ + 1;
+  round_ = 0;
+  for (auto& [gpu, s] : slots_) {  // a new attempt: every process is gone
+    s = SlotInfo{};
+    s.gpu = gpu;
+  }
+  active_ = desired();
+  Decision d = base_decision();
+  d.kind = Decision::Kind::kStart;
+  d.generation = generation_;
+  d.prev_generation = prev;
+  d.active = active_;
+  d.joiners = active_;
+  d.state_source = -2;
+  if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
+  const std::string json = d.to_json();
+  publish(d, json, "");
+  (void)attempt;
+  for (int gpu : active_) {
+    SlotInfo& s = slot(gpu);
+    s.state = SlotState::kStarting;  // reset, not a transition (new attempt)
+    s.generation = generation_;
+    s.rank = d.rank_of(gpu);
+    Effect e;
+    e.kind = Effect::Kind::kSpawn;
+    e.gpu = gpu;
+    e.generation = generation_;
+    e.value = json;
+    effects_.push_back(std::move(e));
+  }
+}
+
+void Scheduler::config_loaded(Config config, const std::string& path) {
+  const bool to_release =
+      config.park_mode == ParkMode::kRelease && config_.park_mode == ParkMode::kHold;
+  config_ = std::move(config);
+  last_config_error_.clear();
+  Effect e;
+  e.kind = Effect::Kind::kEvent;
+  e.key = "config_loaded";
+  e.fields.add("path", path);
+  if (config_.active_gpus)
+    e.fields.add_raw("active_gpus", ids_json(*config_.active_gpus));
+  else
+    e.fields.add("active_gpus", "all");
+  e.fields.add("park_mode", to_string(config_.park_mode))
+      .add("every_steps", config_.boundary.every_epoch ? 0 : config_.boundary.every_steps)
+      .add("warnings", config_.warnings);
+  effects_.push_back(std::move(e));
+  for (const auto& w : config_.warnings) say("warning: " + w);
+  if (finished_) return;
+  if (to_release) wake_all_parked_to_exit("park mode is now release");
+  if (generation_ >= 0 && active_.empty()) resume();
+}
+
+void Scheduler::config_rejected(const std::string& path, const std::string& error) {
+  last_config_error_ = error;
+  Effect e;
+  e.kind = Effect::Kind::kEvent;
+  e.key = "config_rejected";
+  e.fields.add("path", path).add("error", error);
+  effects_.push_back(std::move(e));
+  say(fmt::format("config rejected, the last good config stays in force: {}", error));
+}
+
+void Scheduler::on_joined(int64_t generation, int rank, int pid) {
+  if (generation != generation_ || rank < 0 || rank >= static_cast<int>(active_.size())) return;
+  SlotInfo& s = slot(active_[static_cast<size_t>(rank)]);
+  if (s.state != SlotState::kStarting && s.state != SlotState::kRejoining) return;
+  if (s.pid < 0) s.pid = pid;
+  state_exists_ = true;
+  set_state(s, SlotState::kActive,
+            fmt::format("joined generation {} as rank {}", generation, rank));
+}
+
+void Scheduler::on_report(const Report& r) {
+  if (r.generation != generation_ || r.round != round_ || r.rank < 0 ||
+      r.rank >= static_cast<int>(active_.size()) || active_[static_cast<size_t>(r.rank)] != r.gpu) {
+    say(
+        fmt::format("ignoring a stale or foreign boundary report (gpu {}, rank {}, generation {}, "
+                    "round {}; current generation {}, round {})",
+                    r.gpu, r.rank, r.generation, r.round, generation_, round_));
+    return;
+  }
+  SlotInfo& s = slot(r.gpu);
+  if (s.state == SlotState::kStarting || s.state == SlotState::kRejoining) {
+    state_exists_ = true;
+    set_state(s, SlotState::kActive, "reported before joining");
+  }
+  if (s.state != SlotState::kActive) return;  // e.g. declared FAILED (stalled) already
+  s.last_boundary = {r.epoch, r.step};
+  last_boundary_ = s.last_boundary;
+  reports_[r.rank] = r;
+  if (!deadline_armed_) {
+    deadline_armed_ = true;
+    Effect e;
+    e.kind = Effect::Kind::kArmDeadline;
+    e.generation = generation_;
+    e.round = round_;
+    e.deadline = config_.boundary_deadline;
+    effects_.push_back(std::move(e));
+  }
+  try_decide();
+}
+
+void Scheduler::on_parked(int gpu, int64_t park_generation) {
+  auto it = slots_.find(gpu);
+  if (it == slots_.end()) return;
+  SlotInfo& s = it->second;
+  if (s.state == SlotState::kOffloading && s.park_generation == park_generation)
+    set_state(s, SlotState::kParked, "parked (hold mode)");
+}
+
+void Scheduler::on_deadline(int64_t generation, int64_t round) {
+  if (generation != generation_ || round != round_ || !deadline_armed_) return;
+  for (int gpu : active_) {
+    SlotInfo& s = slot(gpu);
+    if (!alive_member(s) || reports_.count(s.rank)) continue;
+    set_state(s, SlotState::kFailed,
+              fmt::format("stalled past the boundary deadline of {} ms (generation {}, round {}, "
+                          "{} of {} ranks reported)",
+                          config_.boundary_deadline.count(), generation, round, reports_.size(),
+                          active_.size()));
+    say(
+        fmt::format("gpu {} (rank {}, pid {}) did not reach boundary round {} of generation {} "
+                    "within {} ms: killing it and deciding without it",
+                    gpu, s.rank, s.pid, round, generation, config_.boundary_deadline.count()));
+    if (s.pid >= 0) {
+      Effect e;
+      e.kind = Effect::Kind::kKill;
+      e.gpu = gpu;
+      effects_.push_back(std::move(e));
+    }
+  }
+  try_decide();
+  check_all_gone();
+}
+
+void Scheduler::on_spawned(int gpu, int pid) {
+  slot(gpu).pid = pid;
+}
+
+bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart) {
+  SlotInfo& s = slot(gpu);
+  s.pid = -1;
+  s.will_exit = false;
+  bool absorbed = true;
+  switch (s.state) {
+    case SlotState::kStarting:
+      // Never spoke the protocol: exactly the non-elastic behaviour.
+      set_state(s, clean ? SlotState::kExited : SlotState::kFailed, how);
+      absorbed = false;
+      break;
+    case SlotState::kActive:
+      if (clean) {
+        set_state(s, SlotState::kExited, "finished: " + how);
+        if (!finished_) {
+          finished_ = true;
+          wake_all_parked_to_exit("training finished");
+        }
+        absorbed = false;
+      } else {
+        set_state(s, SlotState::kFailed, how);
+        absorbed = !can_restart;
+      }
+      break;
+    case SlotState::kRejoining:
+      set_state(s, clean ? SlotState::kExited : SlotState::kFailed, "joiner ended: " + how);
+      absorbed = clean ? false : !can_restart;
+      break;
+    case SlotState::kOffloading:
+      if (clean) {
+        set_state(s, SlotState::kParked, "released: " + how);
+      } else {
+        set_state(s, SlotState::kFailed, "died while offloading: " + how);
+      }
+      break;
+    case SlotState::kParked:
+      if (!clean) set_state(s, SlotState::kFailed, "died while parked: " + how);
+      break;
+    case SlotState::kExited:
+    case SlotState::kFailed:
+      break;
+  }
+  if (!absorbed) return false;
+  // A joiner waiting for this process to go away.
+  if (s.spawn_pending && !finished_) {
+    s.spawn_pending = false;
+    set_state(s, SlotState::kRejoining,
+              fmt::format("respawned to join generation {}", generation_));
+    Effect e;
+    e.kind = Effect::Kind::kSpawn;
+    e.gpu = gpu;
+    e.generation = generation_;
+    e.value = last_decision_;
+    effects_.push_back(std::move(e));
+  }
+  try_decide();
+  check_all_gone();
+  return true;
+}
+
+void Scheduler::check_all_gone() {
+  if (finished_ || active_.empty()) return;
+  for (int gpu : active_)
+    if (alive_member(slot(gpu))) return;
+  // Every member of the generation died: nothing can carry on.
+  finished_ = true;
+  say(fmt::format("every member of generation {} failed; ending the job", generation_));
+  wake_all_parked_to_exit("every active worker failed");
+}
+
+void Scheduler::wake_all_parked_to_exit(const std::string& why) {
+  for (auto& [gpu, s] : slots_) {
+    if ((s.state != SlotState::kParked && s.state != SlotState::kOffloading) || s.pid < 0 ||
+        s.park_generation < 0 || s.will_exit)
+      continue;
+    s.will_exit = true;
+    Decision d;
+    d.kind = Decision::Kind::kExit;
+    d.generation = generation_;
+    Effect e;
+    e.kind = Effect::Kind::kWriteKey;
+    e.key = keys::wake(gpu, s.park_generation);
+    e.value = d.to_json();
+    effects_.push_back(std::move(e));
+    say(fmt::format("telling parked gpu {} (pid {}) to exit: {}", gpu, s.pid, why));
+  }
+}
+
+void Scheduler::try_decide() {
+  if (finished_ || reports_.empty()) return;
+  for (int gpu : active_) {
+    const SlotInfo& s = slot(gpu);
+    if (alive_member(s) && !reports_.count(s.rank)) return;
+  }
+  decide();
+}
+
+void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json) {
+  s.generation = d.generation;
+  s.rank = d.rank_of(s.gpu);
+  const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
+  if (s.pid < 0) {
+    set_state(s, SlotState::kRejoining, why + " (spawned)");
+    Effect e;
+    e.kind = Effect::Kind::kSpawn;
+    e.gpu = s.gpu;
+    e.generation = d.generation;
+    e.value = json;
+    effects_.push_back(std::move(e));
+  } else {
+    const bool held = (s.state == SlotState::kParked || s.state == SlotState::kOffloading) &&
+                      s.park_generation >= 0 && !s.will_exit;
+    GPURUN_CHECK(held, "joiner gpu {} in state {} (pid {})", s.gpu, to_string(s.state), s.pid);
+    // A held process (or one still offloading: it reads the wake key when it parks).
+    set_state(s, SlotState::kRejoining, why + " (woken)");
+    Effect e;
+    e.kind = Effect::Kind::kWriteKey;
+    e.key = keys::wake(s.gpu, s.park_generation);
+    e.value = json;
+    effects_.push_back(std::move(e));
+  }
+  s.park_generation = -1;
+}
+
+void Scheduler::decide() {
+  const std::vector<int> old = active_;
+  std::vector<int> failed, survivors;
+  for (int gpu : old) {
+    const SlotInfo& s = slot(gpu);
+    if (s.state == SlotState::kFailed) failed.push_back(gpu);
+    if (s.state == SlotState::kActive) survivors.push_back(gpu);
+  }
+  const std::vector<int> target = effective_desired();
+  Decision d = base_decision();
+  d.prev_generation = generation_;
+  d.round = round_;
+  const Report& first = reports_.begin()->second;
+  d.epoch = first.epoch;
+  d.step = first.step;
+  const std::string key = keys::decision(generation_, round_);
+  reports_.clear();
+  deadline_armed_ = false;
+
+  if (failed.empty() && target == old && survivors == old) {
+    d.kind = Decision::Kind::kContinue;
+    d.generation = generation_;
+    d.active = old;
+    publish(d, d.to_json(), key);
+    ++round_;
+    return;
+  }
+  d.kind = Decision::Kind::kResize;
+  d.generation = generation_ + 1;
+  d.active = target;
+  d.joiners = minus(target, survivors);
+  d.leavers = minus(survivors, target);
+  d.failed = failed;
+  const std::vector<int> stay = intersect(survivors, target);
+  const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
+  d.state_source_gpu = src_gpu;
+  d.state_source = src_gpu < 0 ? -1 : slot(src_gpu).rank;
+  const std::string json = d.to_json();
+  publish(d, json, key);
+
+  generation_ = d.generation;
+  round_ = 0;
+  active_ = target;
+  for (int gpu : d.leavers) {
+    SlotInfo& s = slot(gpu);
+    s.park_generation = d.generation;
+    s.will_exit = d.park_mode == ParkMode::kRelease;
+    set_state(
+        s, SlotState::kOffloading,
+        fmt::format("leaves at generation {} ({} mode)", d.generation, to_string(d.park_mode)));
+    s.rank = -1;
+    s.generation = d.generation;
+  }
+  for (int gpu : stay) {
+    SlotInfo& s = slot(gpu);
+    s.generation = d.generation;
+    s.rank = d.rank_of(gpu);
+  }
+  for (int gpu : d.joiners) {
+    SlotInfo& s = slot(gpu);
+    if (s.pid >= 0 && s.will_exit) {
+      // Its process is still exiting: spawn when it is gone.
+      s.spawn_pending = true;
+      s.generation = d.generation;
+      s.rank = d.rank_of(gpu);
+      continue;
+    }
+    bring_in(s, d, json);
+  }
+}
+
+void Scheduler::resume() {
+  const std::vector<int> target = effective_desired();
+  if (target.empty()) return;
+  Decision d = base_decision();
+  d.kind = Decision::Kind::kResize;
+  d.prev_generation = generation_;
+  d.generation = generation_ + 1;
+  d.round = -1;
+  if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
+  d.active = target;
+  d.joiners = target;
+  d.state_source = state_exists_ ? -1 : -2;
+  const std::string json = d.to_json();
+  publish(d, json, "");
+  generation_ = d.generation;
+  round_ = 0;
+  active_ = target;
+  reports_.clear();
+  deadline_armed_ = false;
+  for (int gpu : target) {
+    SlotInfo& s = slot(gpu);
+    if (s.pid >= 0 && s.will_exit) {
+      s.spawn_pending = true;
+      s.generation = d.generation;
+      s.rank = d.rank_of(gpu);
+      continue;
+    }
+    bring_in(s, d, json);
+  }
+}
+
+bool Scheduler::holds_job_open() const {
+  return !finished_ && generation_ >= 0 && active_.empty();
+}
+
+}  // namespace gpurun::control

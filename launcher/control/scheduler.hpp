@@ -1,0 +1,139 @@
+// gpurun::control::Scheduler — the supervisor's boundary logic, pure (no I/O,
+// no clock): desired config + reports + process exits in, effects out.
+// Protocol: docs/control-protocol.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "control/config.hpp"
+#include "control/decision.hpp"
+#include "control/slot_state.hpp"
+#include "supervisor/json_writer.hpp"
+
+namespace gpurun::control {
+
+/// Something the caller must do, in order, after a Scheduler call.
+struct Effect {
+  enum class Kind {
+    kWriteKey,     ///< store SET key = value
+    kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value)
+    kKill,         ///< SIGKILL the process group of `gpu` (stalled)
+    kArmDeadline,  ///< call on_deadline(generation, round) after `deadline`
+    kEvent,        ///< event log record: name = key, fields
+    kSay,          ///< console line (value, without "gpurun: ")
+  };
+  Kind kind = Kind::kSay;
+  std::string key;
+  std::string value;
+  int gpu = -1;
+  int64_t generation = -1;
+  int64_t round = -1;
+  std::chrono::milliseconds deadline{0};
+  supervisor::JsonObject fields;
+};
+
+/// Everything known about one slot.
+struct SlotInfo {
+  int gpu = 0;
+  SlotState state = SlotState::kParked;
+  int64_t generation = -1;       ///< generation it last joined or was assigned to
+  int rank = -1;                 ///< rank in `generation` while a member, else -1
+  int pid = -1;                  ///< live process, -1 when none
+  int64_t park_generation = -1;  ///< hold mode: its wake key's generation
+  bool spawn_pending = false;    ///< joiner waiting for its previous process to exit
+  bool will_exit = false;        ///< its process is expected to exit 0 (release / exit wake)
+  std::optional<std::pair<int64_t, int64_t>> last_boundary;  ///< (epoch, step) last reported
+  std::string reason;                                        ///< why it is FAILED / last change
+};
+
+/// Boundary decisions for one node's slots. Not thread-safe; the controller calls it from
+/// the supervisor's io thread. Every state change goes through transition() and produces a
+/// `worker_state` event effect.
+class Scheduler {
+ public:
+  /// `slots`: the slot ids of the node (0..nproc-1). `config`: the initial good config.
+  Scheduler(std::vector<int> slots, Config config);
+
+  /// Starts generation 0 (first attempt) or a new generation after a whole-set restart:
+  /// every slot is reset, members of the desired set are spawned (STARTING).
+  void start_attempt(int attempt);
+
+  /// A new good config: becomes the desired plan. Applied at the next boundary, or at once
+  /// when the job is paused (resume).
+  void config_loaded(Config config, const std::string& path);
+  /// A rejected config: recorded (last_config_error) and logged; nothing else changes.
+  void config_rejected(const std::string& path, const std::string& error);
+
+  /// `gpurun/gen/<g>/joined/<rank>` was written with `pid`.
+  void on_joined(int64_t generation, int rank, int pid);
+  /// A boundary report (already parsed). Stale or foreign reports are ignored (kSay effect).
+  void on_report(const Report& report);
+  /// `gpurun/slot/<gpu>/parked/<p>` was written (hold mode).
+  void on_parked(int gpu, int64_t park_generation);
+  /// The deadline armed for (generation, round) expired.
+  void on_deadline(int64_t generation, int64_t round);
+  /// A process was started for `gpu` (after a kSpawn effect, or by the supervisor).
+  void on_spawned(int gpu, int pid);
+  /// A slot's process ended. `clean` = exit code 0. `can_restart` = the supervisor would
+  /// restart the whole set for this failure. Returns true when the exit is absorbed by
+  /// elastic mode (a parked leaver, or a failure that only removes the slot); false when
+  /// the supervisor must treat it as before (success, or failure -> teardown/restart).
+  bool on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart);
+
+  /// Whether the job must stay up with no process running (paused, waiting for a resume).
+  bool holds_job_open() const;
+  /// Whether a member finished training (exit 0 while ACTIVE).
+  bool finished() const { return finished_; }
+
+  /// Takes the effects produced so far.
+  std::vector<Effect> take_effects();
+
+  // --- read access for status and tests ------------------------------------------
+  int64_t generation() const { return generation_; }
+  int64_t round() const { return round_; }
+  const std::vector<int>& active() const { return active_; }
+  /// Desired set (config, all slots when absent), without removing FAILED slots.
+  std::vector<int> desired() const;
+  const Config& config() const { return config_; }
+  const std::map<int, SlotInfo>& slots() const { return slots_; }
+  const std::string& last_config_error() const { return last_config_error_; }
+  const std::string& last_decision() const { return last_decision_; }
+
+ private:
+  SlotInfo& slot(int gpu);
+  void set_state(SlotInfo& s, SlotState to, const std::string& reason);
+  std::vector<int> effective_desired() const;
+  bool member(const SlotInfo& s) const;
+  bool alive_member(const SlotInfo& s) const;
+  void try_decide();
+  void decide();
+  void resume();
+  void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
+  void publish(const Decision& d, const std::string& json, const std::string& decision_key);
+  void wake_all_parked_to_exit(const std::string& why);
+  void check_all_gone();
+  Decision base_decision() const;
+  void say(std::string text);
+
+  std::vector<int> slot_ids_;
+  std::map<int, SlotInfo> slots_;
+  Config config_;
+  int64_t generation_ = -1;  ///< -1 before the first attempt
+  int64_t round_ = 0;
+  std::vector<int> active_;
+  std::map<int, Report> reports_;  ///< rank -> report of the open round
+  bool deadline_armed_ = false;
+  bool finished_ = false;
+  bool state_exists_ = false;  ///< some worker ever joined (state to keep)
+  std::optional<std::pair<int64_t, int64_t>> last_boundary_;
+  std::string last_config_error_;
+  std::string last_decision_;
+  std::vector<Effect> effects_;
+};
+
+}  // namespace gpurun::control

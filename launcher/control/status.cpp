@@ -1,0 +1,326 @@
+#include "control/status.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <boost/json.hpp>
+
+#include "supervisor/event_log.hpp"
+
+namespace gpurun::control {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using supervisor::JsonObject;
+
+namespace {
+
+std::string ids_json(const std::vector<int>& ids) {
+  return "[" + join_ids(ids) + "]";
+}
+
+bool pid_alive(int pid) {
+  return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+std::string render_status(const Scheduler& sch, const StatusSnapshot& snap) {
+  std::string slots = "[";
+  bool first = true;
+  for (const auto& [gpu, s] : sch.slots()) {
+    JsonObject o;
+    o.add("gpu", gpu);
+    if (static_cast<size_t>(gpu) < snap.physical_gpus.size())
+      o.add("physical_gpu", snap.physical_gpus[static_cast<size_t>(gpu)]);
+    else
+      o.add_null("physical_gpu");
+    o.add("state", to_string(s.state))
+        .add("generation", s.generation)
+        .add("rank", s.rank)
+        .add("pid", s.pid);
+    if (s.last_boundary)
+      o.add_raw("last_boundary", JsonObject()
+                                     .add("epoch", s.last_boundary->first)
+                                     .add("step", s.last_boundary->second)
+                                     .str());
+    else
+      o.add_null("last_boundary");
+    o.add("reason", s.reason);
+    slots += (first ? "" : ",") + o.str();
+    first = false;
+  }
+  slots += "]";
+  JsonObject root;
+  root.add("run_id", snap.run_id)
+      .add("run_dir", snap.run_dir)
+      .add("supervisor_pid", snap.supervisor_pid)
+      .add("updated", supervisor::EventLog::format_timestamp(std::chrono::system_clock::now()))
+      .add("config", snap.config_path)
+      .add("generation", sch.generation())
+      .add("round", sch.round())
+      .add_raw("current_active", ids_json(sch.active()))
+      .add_raw("desired_active", ids_json(sch.desired()))
+      .add("park_mode", to_string(sch.config().park_mode));
+  if (sch.last_config_error().empty())
+    root.add_null("last_config_error");
+  else
+    root.add("last_config_error", sch.last_config_error());
+  if (sch.last_decision().empty())
+    root.add_null("last_decision");
+  else
+    root.add_raw("last_decision", sch.last_decision());
+  root.add_raw("slots", slots);
+  return root.str();
+}
+
+bool write_status_file(const std::string& dir, const std::string& text, std::string& error) {
+  const std::string path = dir + "/status.json";
+  const std::string tmp = fmt::format("{}/.status.json.{}", dir, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = fmt::format("cannot write '{}': {}", tmp, std::strerror(errno));
+    return false;
+  }
+  const std::string body = text + "\n";
+  size_t off = 0;
+  while (off < body.size()) {
+    ssize_t n = ::write(fd, body.data() + off, body.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = fmt::format("cannot write '{}': {}", tmp, std::strerror(errno));
+      ::close(fd);
+      return false;
+    }
+    off += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+std::string registry_dir() {
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/gpurun";
+  return fmt::format("/tmp/gpurun-{}", ::getuid());
+}
+
+RunRegistration::RunRegistration(const std::string& run_id, const std::string& run_dir) {
+  std::string safe;
+  for (char c : run_id)
+    safe.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_');
+  const std::string dir = registry_dir();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  path_ = fmt::format("{}/{}.{}", dir, safe, ::getpid());
+  std::string err;
+  // The registry entry is small: reuse the atomic writer through a temp name.
+  const std::string tmp = path_ + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << run_id << "\n" << run_dir << "\n";
+  out.close();
+  if (!out || ::rename(tmp.c_str(), path_.c_str()) != 0) {
+    error_ = fmt::format("cannot register the run in '{}': {}", dir, std::strerror(errno));
+    path_.clear();
+  }
+}
+
+RunRegistration::~RunRegistration() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+namespace {
+
+struct RunEntry {
+  std::string run_id;
+  std::string run_dir;
+  int pid = 0;
+};
+
+std::vector<RunEntry> live_runs() {
+  std::vector<RunEntry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(registry_dir(), ec)) {
+    const std::string name = e.path().filename().string();
+    const auto dot = name.rfind('.');
+    if (dot == std::string::npos) continue;
+    int pid = 0;
+    try {
+      pid = std::stoi(name.substr(dot + 1));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (!pid_alive(pid)) continue;  // stale entry of a killed supervisor
+    std::ifstream in(e.path());
+    RunEntry r;
+    r.pid = pid;
+    std::getline(in, r.run_id);
+    std::getline(in, r.run_dir);
+    if (!r.run_dir.empty()) out.push_back(r);
+  }
+  return out;
+}
+
+/// pid -> used GPU memory in MiB from nvidia-smi; nullopt when nvidia-smi is unavailable.
+std::optional<std::map<int, long>> gpu_memory_by_pid() {
+  FILE* p = ::popen(
+      "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null",
+      "r");
+  if (!p) return std::nullopt;
+  std::map<int, long> out;
+  char line[256];
+  while (std::fgets(line, sizeof line, p)) {
+    int pid = 0;
+    long mib = 0;
+    if (std::sscanf(line, "%d , %ld", &pid, &mib) == 2) out[pid] += mib;
+  }
+  const int rc = ::pclose(p);
+  if (rc != 0) return std::nullopt;
+  return out;
+}
+
+std::string ids_text(const json::value* v) {
+  if (!v || !v->is_array()) return "-";
+  std::string s = "[";
+  for (size_t i = 0; i < v->as_array().size(); ++i)
+    s += (i ? ", " : "") + json::serialize(v->as_array()[i]);
+  return s + "]";
+}
+
+std::string field_text(const json::object& o, std::string_view k) {
+  const json::value* v = o.if_contains(k);
+  if (!v || v->is_null()) return "-";
+  if (v->is_string()) return std::string(v->as_string());
+  return json::serialize(*v);
+}
+
+void err(const std::string& msg) {
+  std::fprintf(stderr, "gpurun: error: %s\n", msg.c_str());
+}
+
+}  // namespace
+
+int status_command(const std::vector<std::string>& args) {
+  bool as_json = false;
+  std::optional<std::string> run_id, run_dir;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::optional<std::string> {
+      if (a.rfind(std::string(flag) + "=", 0) == 0) return a.substr(std::strlen(flag) + 1);
+      if (a == flag && i + 1 < args.size()) return args[++i];
+      return std::nullopt;
+    };
+    if (a == "--json") {
+      as_json = true;
+    } else if (a == "-h" || a == "--help") {
+      std::puts("usage: gpurun status [--json] [--run-id ID | --run-dir DIR]");
+      return 0;
+    } else if (a.rfind("--run-id", 0) == 0) {
+      run_id = value("--run-id");
+      if (!run_id) return err("--run-id needs a value"), 2;
+    } else if (a.rfind("--run-dir", 0) == 0) {
+      run_dir = value("--run-dir");
+      if (!run_dir) return err("--run-dir needs a value"), 2;
+    } else {
+      err(fmt::format("unknown argument '{}' for gpurun status (see gpurun status --help)", a));
+      return 2;
+    }
+  }
+  if (!run_dir) {
+    std::vector<RunEntry> runs;
+    for (auto& r : live_runs())
+      if (!run_id || r.run_id == *run_id) runs.push_back(r);
+    if (runs.empty()) {
+      err(run_id
+              ? fmt::format("no running gpurun with run id '{}' is registered in {}", *run_id,
+                            registry_dir())
+              : fmt::format("no running gpurun with --config is registered in {}", registry_dir()));
+      return 1;
+    }
+    if (runs.size() > 1) {
+      std::string list;
+      for (const auto& r : runs)
+        list += fmt::format("\n  run id {}  pid {}  run dir {}", r.run_id, r.pid, r.run_dir);
+      err(fmt::format("{} running gpurun jobs match; pick one with --run-id or --run-dir:{}",
+                      runs.size(), list));
+      return 1;
+    }
+    run_dir = runs.front().run_dir;
+  }
+  const fs::path file = fs::path(*run_dir) / "status.json";
+  const std::string text = slurp(file);
+  boost::system::error_code ec;
+  json::value root = json::parse(text, ec);
+  if (ec || !root.is_object()) {
+    err(fmt::format("cannot read '{}': {}", file.string(),
+                    text.empty() ? "missing or empty (is the job running with --config?)"
+                                 : "not a JSON object"));
+    return 1;
+  }
+  json::object& o = root.as_object();
+  const auto mem = gpu_memory_by_pid();
+  if (json::value* slots = o.if_contains("slots"); slots && slots->is_array()) {
+    for (auto& sv : slots->as_array()) {
+      if (!sv.is_object()) continue;
+      auto& so = sv.as_object();
+      const int64_t pid = so.contains("pid") && so["pid"].is_int64() ? so["pid"].as_int64() : -1;
+      if (mem && pid > 0) {
+        auto it = mem->find(static_cast<int>(pid));
+        so["gpu_memory_mib"] = it == mem->end() ? 0 : it->second;
+      } else {
+        so["gpu_memory_mib"] = nullptr;
+      }
+    }
+  }
+  if (as_json) {
+    std::puts(json::serialize(root).c_str());
+    return 0;
+  }
+  std::string out;
+  out += fmt::format("run {}  supervisor pid {}  run dir {}\n", field_text(o, "run_id"),
+                     field_text(o, "supervisor_pid"), field_text(o, "run_dir"));
+  out += fmt::format("config {}  updated {}\n", field_text(o, "config"), field_text(o, "updated"));
+  out += fmt::format("generation {}  round {}  park mode {}\n", field_text(o, "generation"),
+                     field_text(o, "round"), field_text(o, "park_mode"));
+  out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
+                     ids_text(o.if_contains("desired_active")));
+  out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}  {}\n", "GPU", "PHYS", "STATE",
+                     "GEN", "RANK", "PID", "MEM(MiB)", "LAST BOUNDARY");
+  if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array()) {
+    for (const auto& sv : slots->as_array()) {
+      if (!sv.is_object()) continue;
+      const auto& so = sv.as_object();
+      std::string boundary = "-";
+      if (const json::value* b = so.if_contains("last_boundary"); b && b->is_object())
+        boundary = fmt::format("epoch {} step {}", field_text(b->as_object(), "epoch"),
+                               field_text(b->as_object(), "step"));
+      std::string pid = field_text(so, "pid");
+      if (pid == "-1") pid = "-";
+      out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}  {}\n", field_text(so, "gpu"),
+                         field_text(so, "physical_gpu"), field_text(so, "state"),
+                         field_text(so, "generation"), field_text(so, "rank"), pid,
+                         field_text(so, "gpu_memory_mib"), boundary);
+    }
+  }
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace gpurun::control

@@ -1,0 +1,55 @@
+// `gpurun status`: the supervisor's <run_dir>/status.json, the registry of
+// running supervisors, and the command that reads them.
+// Reference: docs/control-protocol.md#gpurun-status.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "control/scheduler.hpp"
+
+namespace gpurun::control {
+
+/// Facts about the run that the scheduler does not hold.
+struct StatusSnapshot {
+  std::string run_id;
+  std::string run_dir;
+  std::string config_path;
+  int supervisor_pid = 0;
+  std::vector<std::string> physical_gpus;  ///< per slot; empty with --device cpu
+};
+
+/// status.json text (one JSON object, documented in docs/control-protocol.md).
+std::string render_status(const Scheduler& scheduler, const StatusSnapshot& snapshot);
+
+/// Writes `<dir>/status.json` atomically (temp file in `dir`, then rename). Returns false
+/// and sets `error` (a sentence naming the path) on failure. Blocks on file I/O.
+bool write_status_file(const std::string& dir, const std::string& json, std::string& error);
+
+/// The directory where running supervisors register: $XDG_RUNTIME_DIR/gpurun, else
+/// /tmp/gpurun-<uid>.
+std::string registry_dir();
+
+/// RAII registration `<registry_dir>/<run_id>.<pid>` holding the run directory; removed
+/// by the destructor. A failure to register is reported in `error()`, never thrown.
+class RunRegistration {
+ public:
+  RunRegistration(const std::string& run_id, const std::string& run_dir);
+  ~RunRegistration();
+  RunRegistration(const RunRegistration&) = delete;
+  RunRegistration& operator=(const RunRegistration&) = delete;
+  const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string error_;
+};
+
+/// `gpurun status [--json] [--run-id ID | --run-dir DIR]` (args after "status").
+/// Prints to stdout; errors to stderr as "gpurun: error: ...". Returns the exit status:
+/// 0, 1 when no (or more than one) running job matches or status.json is unreadable,
+/// 2 for a usage error.
+int status_command(const std::vector<std::string>& args);
+
+}  // namespace gpurun::control

@@ -1,0 +1,123 @@
+#include "control/worker_control.hpp"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace gpurun::control {
+
+namespace {
+
+std::string env_or_throw(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v)
+    throw ProtocolError(
+        fmt::format("environment variable {} is not set (is this worker "
+                    "started by gpurun --config?)",
+                    name));
+  return v;
+}
+
+int64_t env_int(const char* name) {
+  const std::string v = env_or_throw(name);
+  int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc{} || p != v.data() + v.size() || out < 0)
+    throw ProtocolError(
+        fmt::format("environment variable {}='{}' is not a non-negative integer", name, v));
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<WorkerControl> WorkerControl::from_env() {
+  const char* elastic = std::getenv("GPURUN_ELASTIC");
+  if (!elastic || std::string_view(elastic) != "1") return nullptr;
+  WorkerControlOptions o;
+  o.store.host = env_or_throw("GPURUN_STORE_ADDR");
+  o.store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT"));
+  o.gpu = static_cast<int>(env_int("GPURUN_SLOT"));
+  o.join_generation = env_int("GPURUN_JOIN_GENERATION");
+  return std::make_unique<WorkerControl>(std::move(o));
+}
+
+WorkerControl::WorkerControl(WorkerControlOptions options)
+    : opt_(std::move(options)),
+      client_(std::make_unique<store::Client>(opt_.store)),
+      generation_(opt_.join_generation) {}
+
+std::string WorkerControl::wait_get(const std::string& key) {
+  while (true) {
+    try {
+      client_->wait({key}, opt_.wait_chunk);
+      break;
+    } catch (const StoreTimeout&) {
+      // Keep waiting: the supervisor decides when a boundary is overdue.
+    }
+  }
+  return client_->get(key);
+}
+
+void WorkerControl::joined() {
+  const int r = current_.rank_of(opt_.gpu);
+  if (r < 0)
+    throw ProtocolError(fmt::format("slot {} is not a member of generation {} (active [{}])",
+                                    opt_.gpu, generation_, join_ids(current_.active)));
+  client_->set(keys::joined(generation_, r), std::to_string(::getpid()));
+}
+
+const Decision& WorkerControl::join() {
+  current_json_ = wait_get(keys::start(generation_));
+  current_ = Decision::from_json(current_json_);
+  round_ = 0;
+  joined();
+  return current_;
+}
+
+Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
+  Report r;
+  r.rank = rank();
+  r.gpu = opt_.gpu;
+  r.generation = generation_;
+  r.round = round_;
+  r.epoch = epoch;
+  r.step = step;
+  r.pid = static_cast<int>(::getpid());
+  if (r.rank < 0)
+    throw ProtocolError(
+        fmt::format("slot {} reports at a boundary but is not a member of "
+                    "generation {}",
+                    opt_.gpu, generation_));
+  client_->set(keys::report(generation_, round_, r.rank), r.to_json());
+  current_json_ = wait_get(keys::decision(generation_, round_));
+  Decision d = Decision::from_json(current_json_);
+  current_ = d;
+  if (d.kind == Decision::Kind::kContinue) {
+    ++round_;
+  } else {
+    if (d.is_leaver(opt_.gpu)) park_generation_ = d.generation;
+    generation_ = d.generation;
+    round_ = 0;
+  }
+  return d;
+}
+
+std::optional<Decision> WorkerControl::park_and_wait() {
+  GPURUN_CHECK(park_generation_ >= 0, "slot {} parks without having left", opt_.gpu);
+  client_->set(keys::parked(opt_.gpu, park_generation_), std::to_string(::getpid()));
+  const std::string json = wait_get(keys::wake(opt_.gpu, park_generation_));
+  Decision d = Decision::from_json(json);
+  park_generation_ = -1;
+  if (d.kind == Decision::Kind::kExit) return std::nullopt;
+  current_json_ = json;
+  current_ = d;
+  generation_ = d.generation;
+  round_ = 0;
+  joined();
+  return d;
+}
+
+}  // namespace gpurun::control

@@ -1,0 +1,30 @@
+// gpurun::supervisor::SlotController — the seam through which elastic mode
+// (gpurun::control::ElasticController, docs/control-protocol.md) decides which
+// slots run and how their exits count. Without one the Supervisor behaves as a
+// plain torchrun replacement.
+#pragma once
+
+#include "supervisor/process_spawner.hpp"
+
+namespace gpurun::supervisor {
+
+/// Called on the supervisor's io thread only.
+class SlotController {
+ public:
+  virtual ~SlotController() = default;
+  /// Attempt `attempt` begins with no process running: start the slots that should run
+  /// (Supervisor::spawn_slot).
+  virtual void on_attempt_start(int attempt) = 0;
+  /// The current process of slot `local_rank` was reaped. `can_restart`: the supervisor
+  /// would restart the whole set for a failure. Return true when elastic mode absorbs the
+  /// exit (a parked leaver, or a failure that only removes the slot): no teardown.
+  virtual bool on_worker_exit(int local_rank, ExitStatus status, bool can_restart) = 0;
+  /// True while the job must stay up although no process runs (paused).
+  virtual bool holds_job_open() const = 0;
+  /// True when a member finished training (decides the exit status after absorbed failures).
+  virtual bool succeeded() const = 0;
+  /// SIGHUP: reload the config.
+  virtual void on_reload_request() = 0;
+};
+
+}  // namespace gpurun::supervisor

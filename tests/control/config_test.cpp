@@ -1,0 +1,354 @@
+#include "control/config.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+namespace gpurun::control {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+const std::vector<int> kFourGpus{0, 1, 2, 3};
+
+Config with(void (*edit)(Config&)) {
+  Config c;
+  edit(c);
+  return c;
+}
+
+struct ValidCase {
+  std::string name;
+  std::string text;
+  Config expected;
+};
+
+struct InvalidCase {
+  std::string name;
+  std::string text;
+  std::string error;
+};
+
+std::string error_of(const std::string& text, const std::vector<int>& ids = kFourGpus) {
+  try {
+    parse_config(text, "config.toml", ids);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "gpurun-config-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST_CASE("parse_config: valid files give the expected settings") {
+  const std::vector<ValidCase> cases = {
+      {"empty file: defaults", "", Config{}},
+      {"comments only", "# nothing to see\n\n   # here\n", Config{}},
+      {"active_gpus is sorted", "active_gpus = [3, 1, 0]\n", with([](Config& c) {
+         c.active_gpus = std::vector<int>{0, 1, 3};
+       })},
+      {"empty active_gpus = pause", "active_gpus = []\n",
+       with([](Config& c) { c.active_gpus = std::vector<int>{}; })},
+      {"multi-line array with trailing comma", "active_gpus = [\n  2,  # third\n  0,\n]\n",
+       with([](Config& c) {
+         c.active_gpus = std::vector<int>{0, 2};
+       })},
+      {"park hold", "[park]\nmode = \"hold\"\n",
+       with([](Config& c) { c.park_mode = ParkMode::kHold; })},
+      {"park release as inline table", "park = { mode = \"release\" }\n", Config{}},
+      {"park as dotted key", "park.mode = \"hold\"\n",
+       with([](Config& c) { c.park_mode = ParkMode::kHold; })},
+      {"boundary every N steps", "[boundary]\nevery = 50\n",
+       with([](Config& c) { c.boundary = BoundarySpec{.every_epoch = false, .every_steps = 50}; })},
+      {"boundary every epoch", "[boundary]\nevery = \"epoch\"\n", Config{}},
+      {"integer deadline", "[boundary]\ndeadline_s = 30\n",
+       with([](Config& c) { c.boundary_deadline = 30s; })},
+      {"fractional deadline", "[boundary]\ndeadline_s = 2.5\n",
+       with([](Config& c) { c.boundary_deadline = 2500ms; })},
+      {"tiny deadline rounds up to 1 ms", "[boundary]\ndeadline_s = 0.0001\n",
+       with([](Config& c) { c.boundary_deadline = 1ms; })},
+      {"global batch", "[batch]\nglobal = 256\n", with([](Config& c) { c.global_batch = 256; })},
+      {"everything", R"(active_gpus = [0, 2]
+[park]
+mode = "hold"
+[boundary]
+every = 100
+deadline_s = 60
+[batch]
+global = 512
+)",
+       with([](Config& c) {
+         c.active_gpus = std::vector<int>{0, 2};
+         c.park_mode = ParkMode::kHold;
+         c.boundary = BoundarySpec{.every_epoch = false, .every_steps = 100};
+         c.boundary_deadline = 60s;
+         c.global_batch = 512;
+       })},
+      {"energy and restart sections are accepted with a warning",
+       "[energy]\ncost = \"zeus\"\n[restart]\nmax = 3\n", with([](Config& c) {
+         c.warnings = {"config.toml:1:2: [energy] is not yet used (ignored)",
+                       "config.toml:3:2: [restart] is not yet used (ignored)"};
+       })},
+      {"unknown keys warn in document order, with suggestions",
+       "zeta = 1\nactve_gpus = [0]\n[park]\nmod = \"hold\"\n[bogus]\nx = 1\n", with([](Config& c) {
+         c.warnings = {"config.toml:1:1: unknown key 'zeta' (ignored)",
+                       "config.toml:2:1: unknown key 'actve_gpus' (ignored); did you mean "
+                       "'active_gpus'?",
+                       "config.toml:4:1: unknown key 'park.mod' (ignored); did you mean "
+                       "'park.mode'?",
+                       "config.toml:5:2: unknown key 'bogus' (ignored)"};
+       })},
+      {"a nested key at top level gets a hint", "deadline = 5\n", with([](Config& c) {
+         c.warnings = {
+             "config.toml:1:1: unknown key 'deadline' (ignored); did you mean 'deadline_s' "
+             "under [boundary]?"};
+       })},
+      {"active_gpus below a table header belongs to that table",
+       "[park]\nmode = \"hold\"\nactive_gpus = [1]\n", with([](Config& c) {
+         c.park_mode = ParkMode::kHold;
+         c.warnings = {
+             "config.toml:3:1: unknown key 'park.active_gpus' (ignored); active_gpus is a "
+             "top-level key: move it above the first [table] header (here it belongs to "
+             "[park])"};
+       })},
+  };
+  for (const ValidCase& c : cases) {
+    CAPTURE(c.name);
+    const Config got = parse_config(c.text, "config.toml", kFourGpus);
+    CHECK(got.active_gpus == c.expected.active_gpus);
+    CHECK(got.park_mode == c.expected.park_mode);
+    CHECK(got.boundary == c.expected.boundary);
+    CHECK(got.global_batch == c.expected.global_batch);
+    CHECK(got.boundary_deadline == c.expected.boundary_deadline);
+    CHECK(got.warnings == c.expected.warnings);
+    CHECK(got == c.expected);
+  }
+}
+
+TEST_CASE("parse_config: invalid files give exact, actionable errors") {
+  const std::vector<InvalidCase> cases = {
+      {"id out of range", "active_gpus = [0, 1, 7]",
+       "config.toml:1:22: active_gpus: GPU id 7 is not available on this node; allowed: 0, 1, "
+       "2, 3"},
+      {"negative id", "active_gpus = [0, -1]",
+       "config.toml:1:19: active_gpus: GPU id -1 is negative; allowed: 0, 1, 2, 3"},
+      {"duplicate id", "active_gpus = [1, 2, 1]",
+       "config.toml:1:22: active_gpus: GPU id 1 is listed twice (first at line 1, column 16); "
+       "allowed: distinct ids from 0, 1, 2, 3"},
+      {"huge id", "active_gpus = [4294967296]",
+       "config.toml:1:16: active_gpus: GPU id 4294967296 is not available on this node; "
+       "allowed: 0, 1, 2, 3"},
+      {"active_gpus as a string", "active_gpus = \"0,1\"",
+       "config.toml:1:15: active_gpus: expected an array of GPU ids, found a string (\"0,1\"); "
+       "allowed: [] or a list of ids from 0, 1, 2, 3"},
+      {"active_gpus as an integer", "active_gpus = 2",
+       "config.toml:1:15: active_gpus: expected an array of GPU ids, found an integer (2); "
+       "allowed: [] or a list of ids from 0, 1, 2, 3"},
+      {"string element", "active_gpus = [0, \"1\"]",
+       "config.toml:1:19: active_gpus: expected integer GPU ids, found a string (\"1\"); "
+       "allowed: 0, 1, 2, 3"},
+      {"float element", "active_gpus = [0, 1.0]",
+       "config.toml:1:19: active_gpus: expected integer GPU ids, found a floating-point number "
+       "(1.0); allowed: 0, 1, 2, 3"},
+      {"nested array element", "active_gpus = [[0, 1]]",
+       "config.toml:1:16: active_gpus: expected integer GPU ids, found an array; allowed: 0, 1, "
+       "2, 3"},
+      {"unknown park mode", "[park]\nmode = \"hld\"",
+       "config.toml:2:8: park.mode: unknown park mode \"hld\"; allowed: \"release\", \"hold\""},
+      {"park mode is case-sensitive", "[park]\nmode = \"Hold\"",
+       "config.toml:2:8: park.mode: unknown park mode \"Hold\"; allowed: \"release\", \"hold\""},
+      {"park mode of the wrong type", "[park]\nmode = true",
+       "config.toml:2:8: park.mode: expected a string, found a boolean (true); allowed: "
+       "\"release\", \"hold\""},
+      {"park not a table", "park = \"hold\"",
+       "config.toml:1:8: park: expected a table, found a string (\"hold\"); allowed: [park] "
+       "with mode = \"release\" or \"hold\""},
+      {"zero steps", "[boundary]\nevery = 0",
+       "config.toml:2:9: boundary.every: step count 0 is not positive; allowed: \"epoch\" or a "
+       "positive integer number of steps"},
+      {"unknown every word", "[boundary]\nevery = \"epochs\"",
+       "config.toml:2:9: boundary.every: unknown value \"epochs\"; allowed: \"epoch\" or a "
+       "positive integer number of steps"},
+      {"fractional every", "[boundary]\nevery = 2.5",
+       "config.toml:2:9: boundary.every: expected \"epoch\" or an integer, found a "
+       "floating-point number (2.5); allowed: \"epoch\" or a positive integer number of steps"},
+      {"boundary not a table", "boundary = 10",
+       "config.toml:1:12: boundary: expected a table, found an integer (10); allowed: "
+       "[boundary] with every = \"epoch\" or a positive integer, and deadline_s = a positive "
+       "number of seconds"},
+      {"zero deadline", "[boundary]\ndeadline_s = 0",
+       "config.toml:2:14: boundary.deadline_s: 0 is not positive; allowed: a positive number of "
+       "seconds (default 300)"},
+      {"negative deadline", "[boundary]\ndeadline_s = -1.5",
+       "config.toml:2:14: boundary.deadline_s: -1.5 is not positive; allowed: a positive number "
+       "of seconds (default 300)"},
+      {"nan deadline", "[boundary]\ndeadline_s = nan",
+       "config.toml:2:14: boundary.deadline_s: nan is not positive; allowed: a positive number "
+       "of seconds (default 300)"},
+      {"infinite deadline", "[boundary]\ndeadline_s = inf",
+       "config.toml:2:14: boundary.deadline_s: inf is larger than 1000000000 seconds; allowed: "
+       "a positive number of seconds (default 300)"},
+      {"deadline as text", "[boundary]\ndeadline_s = \"5m\"",
+       "config.toml:2:14: boundary.deadline_s: expected a number, found a string (\"5m\"); "
+       "allowed: a positive number of seconds (default 300)"},
+      {"zero global batch", "[batch]\nglobal = 0",
+       "config.toml:2:10: batch.global: 0 is not positive; allowed: a positive integer (samples "
+       "per optimizer step, summed over the active GPUs)"},
+      {"float global batch", "[batch]\nglobal = 64.0",
+       "config.toml:2:10: batch.global: expected an integer, found a floating-point number "
+       "(64.0); allowed: a positive integer (samples per optimizer step, summed over the active "
+       "GPUs)"},
+      {"batch not a table", "batch = 64",
+       "config.toml:1:9: batch: expected a table, found an integer (64); allowed: [batch] with "
+       "global = a positive integer"},
+      {"array of tables instead of a table", "[[park]]\nmode = \"hold\"",
+       "config.toml:1:1: park: expected a table, found an array; allowed: [park] with mode = "
+       "\"release\" or \"hold\""},
+      {"every problem is listed, in document order", "[batch]\nglobal = -4\n[park]\nmode = \"x\"\n",
+       "config.toml:2:10: batch.global: -4 is not positive; allowed: a positive integer (samples "
+       "per optimizer step, summed over the active GPUs)\n"
+       "config.toml:4:8: park.mode: unknown park mode \"x\"; allowed: \"release\", \"hold\""},
+      {"two bad ids in one array", "active_gpus = [9, 0, 0]",
+       "config.toml:1:16: active_gpus: GPU id 9 is not available on this node; allowed: 0, 1, "
+       "2, 3\n"
+       "config.toml:1:22: active_gpus: GPU id 0 is listed twice (first at line 1, column 19); "
+       "allowed: distinct ids from 0, 1, 2, 3"},
+      {"unterminated array", "active_gpus = [0, 1\n",
+       "config.toml:1:21: syntax error: Error while parsing array: encountered end-of-file"},
+      {"duplicate key", "active_gpus = [0]\nactive_gpus = [1]\n",
+       "config.toml:2:15: syntax error: Error while parsing key-value pair: cannot redefine "
+       "existing array 'active_gpus'"},
+      {"bare word value", "[park]\nmode = hold\n",
+       "config.toml:2:8: syntax error: Error while parsing value: could not determine value "
+       "type"},
+  };
+  for (const InvalidCase& c : cases) {
+    CAPTURE(c.name);
+    CHECK(error_of(c.text) == c.error);
+  }
+}
+
+TEST_CASE("parse_config: the allowed ids are the ones the caller passes") {
+  // CUDA_VISIBLE_DEVICES=5,6 style: gpurun sees ids 5 and 6 only.
+  CHECK(error_of("active_gpus = [0]", {6, 5}) ==
+        std::string("config.toml:1:16: active_gpus: GPU id 0 is not available on this node; "
+                    "allowed: 5, 6"));
+  CHECK(parse_config("active_gpus = [6, 5]", "c", {5, 6}).active_gpus == std::vector<int>{5, 6});
+  CHECK(error_of("active_gpus = [0]", {}) ==
+        std::string("config.toml:1:16: active_gpus: GPU id 0 is not available on this node; "
+                    "allowed: none (this node has no GPU slots)"));
+}
+
+TEST_CASE("parse_config: the source name appears in every message") {
+  CHECK(error_of("active_gpus = [0, 1, 7]").rfind("config.toml:", 0) == 0);
+  try {
+    parse_config("[park]\nmode = 3\n", "/etc/gpurun/job.toml", kFourGpus);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).rfind("/etc/gpurun/job.toml:2:8: park.mode: ", 0) == 0);
+  }
+}
+
+TEST_CASE("load_config reads files, follows symlinks and reports unreadable ones") {
+  TempDir dir;
+  const fs::path file = dir.path() / "config.toml";
+  std::ofstream(file) << "active_gpus = [2]\n[park]\nmode = \"hold\"\n";
+
+  const Config direct = load_config(file, kFourGpus);
+  CHECK(direct.active_gpus == std::vector<int>{2});
+  CHECK(direct.park_mode == ParkMode::kHold);
+
+  fs::create_symlink("config.toml", dir.path() / "link.toml");
+  CHECK(load_config(dir.path() / "link.toml", kFourGpus) == direct);
+
+  const auto message_for = [&](const fs::path& path) -> std::string {
+    try {
+      load_config(path, kFourGpus);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const fs::path missing = dir.path() / "missing.toml";
+  CHECK(message_for(missing) ==
+        missing.string() + ": cannot read the config file: No such file or directory");
+  CHECK(message_for(dir.path()) ==
+        dir.path().string() + ": cannot read the config file: not a regular file");
+
+  const fs::path big = dir.path() / "big.toml";
+  std::ofstream(big) << std::string(kMaxConfigBytes + 1, '#');
+  CHECK(message_for(big) ==
+        big.string() + ": cannot read the config file: larger than the limit of 1048576 bytes");
+
+  const fs::path bad = dir.path() / "bad.toml";
+  std::ofstream(bad) << "active_gpus = [5]\n";
+  CHECK(message_for(bad) == bad.string() +
+                                ":1:16: active_gpus: GPU id 5 is not available on this node; "
+                                "allowed: 0, 1, 2, 3");
+}
+
+TEST_CASE("the repository's config.toml is valid, and so are its commented-out examples") {
+  const Config shipped = load_config(GPURUN_REPO_CONFIG, kFourGpus);
+  CHECK(shipped == Config{});  // as shipped it changes nothing: all slots, defaults, no warnings
+
+  std::ifstream in(GPURUN_REPO_CONFIG);
+  std::ostringstream uncommented;
+  const std::regex example_line(R"(^# ((\[[a-z]+\])|([a-z_]+ = .+))$)");
+  int examples = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch match;
+    if (std::regex_match(line, match, example_line)) {
+      line = match[1];
+      ++examples;
+    }
+    uncommented << line << "\n";
+  }
+  CHECK(examples == 3);
+  const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
+  CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
+  CHECK(all.global_batch == 256);
+  CHECK(all.warnings.empty());
+}
+
+TEST_CASE("describe() shows the effective settings") {
+  CHECK(describe(Config{}) ==
+        "active_gpus=all park=release boundary=epoch deadline_s=300 batch.global=none");
+  Config c;
+  c.active_gpus = std::vector<int>{0, 1};
+  c.park_mode = ParkMode::kHold;
+  c.boundary = BoundarySpec{.every_epoch = false, .every_steps = 20};
+  c.boundary_deadline = 2500ms;
+  c.global_batch = 256;
+  CHECK(describe(c) ==
+        "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 batch.global=256");
+  c.active_gpus = std::vector<int>{};
+  CHECK(describe(c).rfind("active_gpus=[] ", 0) == 0);
+}
+
+}  // namespace
+}  // namespace gpurun::control

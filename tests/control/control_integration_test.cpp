@@ -1,0 +1,434 @@
+// The real gpurun binary in elastic mode (--config) with fake workers
+// (fake_worker.cpp) on --device cpu: the test rewrites config.toml between
+// epochs and checks what every worker read and what the event log says.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "control/decision.hpp"
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using gpurun::control::Decision;
+
+namespace {
+
+const std::string kGpurun = GPURUN_BINARY;
+const std::string kWorker = GPURUN_FAKE_WORKER;
+constexpr auto kHangGuard = 60s;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  // temp + rename, like an editor
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+  }
+  fs::rename(tmp, p);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "gpurun-ctl-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// gpurun --device cpu --nproc N --config DIR/config.toml --event-log DIR/events.jsonl
+///        fake_worker DIR EPOCH_MS, output captured in DIR.
+struct Run {
+  fs::path dir;
+  pid_t pid = -1;
+  std::optional<int> status;
+
+  Run(const fs::path& d, int nproc, const std::string& config, int epoch_ms = 150,
+      std::vector<std::string> extra = {})
+      : dir(d) {
+    write_file(dir / "config.toml", config);
+    std::vector<std::string> args = {kGpurun,
+                                     "--device",
+                                     "cpu",
+                                     "--nproc",
+                                     std::to_string(nproc),
+                                     "--config",
+                                     (dir / "config.toml").string(),
+                                     "--event-log",
+                                     (dir / "events.jsonl").string(),
+                                     "--run-id",
+                                     "ctl-test",
+                                     "--master-port",
+                                     "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(kWorker);
+    args.push_back(dir.string());
+    args.push_back(std::to_string(epoch_ms));
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int o = ::open((dir / "gpurun.stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int e = ::open((dir / "gpurun.stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      ::setenv("XDG_RUNTIME_DIR", (dir / "xdg").c_str(), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(kGpurun.c_str(), argv.data());
+      ::_exit(126);
+    }
+  }
+  ~Run() {
+    if (!status && pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  bool wait(std::chrono::milliseconds limit) {
+    const auto end = Clock::now() + limit;
+    while (!status) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        status = st;
+        break;
+      }
+      if (Clock::now() >= end) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+    return true;
+  }
+  int code() const {
+    return !status ? -1 : WIFSIGNALED(*status) ? 128 + WTERMSIG(*status) : WEXITSTATUS(*status);
+  }
+  std::string diag() const {
+    return "--- gpurun stderr ---\n" + slurp(dir / "gpurun.stderr") + "--- events ---\n" +
+           slurp(dir / "events.jsonl");
+  }
+
+  std::vector<json::object> events(const std::string& name = "") const {
+    std::vector<json::object> out;
+    std::istringstream in(slurp(dir / "events.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      boost::system::error_code ec;
+      auto v = json::parse(line, ec);
+      if (ec || !v.is_object()) continue;
+      if (name.empty() || v.as_object()["event"].as_string() == name) out.push_back(v.as_object());
+    }
+    return out;
+  }
+  /// Resize decisions (and starts) so far, in order.
+  std::vector<json::object> resizes() const {
+    std::vector<json::object> out;
+    for (auto& e : events("decision"))
+      if (e.at("kind").as_string() != "continue") out.push_back(e);
+    return out;
+  }
+  /// Waits until `pred` holds, up to the hang guard.
+  void wait_for(const std::string& what, const std::function<bool()>& pred) {
+    const auto end = Clock::now() + kHangGuard;
+    while (!pred()) {
+      if (Clock::now() >= end) FAIL("timed out waiting for " << what << "\n" << diag());
+      if (wait(0ms))
+        FAIL("gpurun exited (" << code() << ") while waiting for " << what << "\n" << diag());
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  /// Waits for the n-th (1-based, counting the start) non-continue decision; returns it.
+  json::object wait_resize(size_t n) {
+    wait_for("resize decision #" + std::to_string(n), [&] { return resizes().size() >= n; });
+    return resizes()[n - 1];
+  }
+  /// Waits for at least `k` continue decisions after the latest resize (workers training).
+  void wait_continues(size_t k) {
+    wait_for(std::to_string(k) + " continue decisions", [&] {
+      size_t c = 0;
+      for (auto& e : events("decision")) c = e["kind"].as_string() == "continue" ? c + 1 : 0;
+      return c >= k;
+    });
+  }
+  /// Makes every worker finish at an epoch well ahead of now, then waits for gpurun.
+  int finish() {
+    long max_epoch = 0;
+    for (auto& e : events("decision")) max_epoch = std::max<long>(max_epoch, e["epoch"].as_int64());
+    write_file(dir / "stop", std::to_string(max_epoch + 3));
+    if (!wait(kHangGuard)) FAIL("gpurun did not finish\n" << diag());
+    return code();
+  }
+
+  /// store key -> every distinct value any worker read under it.
+  std::map<std::string, std::set<std::string>> reads() const {
+    std::map<std::string, std::set<std::string>> out;
+    for (const auto& f : fs::directory_iterator(dir)) {
+      if (f.path().filename().string().rfind("reads.", 0) != 0) continue;
+      std::istringstream in(slurp(f.path()));
+      for (std::string line; std::getline(in, line);) {
+        auto sp = line.find(' ');
+        out[line.substr(0, sp)].insert(line.substr(sp + 1));
+      }
+    }
+    return out;
+  }
+  /// Every key was read with identical bytes by all its readers.
+  void check_reads_identical() const {
+    auto r = reads();
+    CHECK(!r.empty());
+    for (const auto& [key, values] : r) {
+      INFO("key " << key);
+      CHECK(values.size() == 1);
+    }
+  }
+};
+
+std::string ids(const json::object& e, const char* field) {
+  return json::serialize(e.at(field));
+}
+
+std::string config(const std::string& active, const std::string& mode = "release",
+                   int deadline_s = 30) {
+  std::string c;
+  if (!active.empty()) c += "active_gpus = " + active + "\n";
+  c += "[park]\nmode = \"" + mode +
+       "\"\n[boundary]\nevery = \"epoch\"\ndeadline_s = " + std::to_string(deadline_s) + "\n";
+  return c;
+}
+
+/// Index of the first event named `name` (with `field` == `value` when given) at or after `from`.
+size_t find_event(const std::vector<json::object>& evs, size_t from, const std::string& name,
+                  const std::string& field = "", const std::string& value = "") {
+  for (size_t i = from; i < evs.size(); ++i) {
+    if (evs[i].at("event").as_string() != name) continue;
+    if (!field.empty() && json::serialize(evs[i].at(field)) != value) continue;
+    return i;
+  }
+  return evs.size();
+}
+
+}  // namespace
+
+TEST_CASE("elastic release mode: shrink, grow, bad config, swap, pause and resume") {
+  TempDir tmp;
+  Run run(tmp.path, 4, config(""));
+  json::object start = run.wait_resize(1);
+  CHECK(start["kind"].as_string() == "start");
+  CHECK(ids(start, "active") == "[0,1,2,3]");
+  run.wait_continues(1);
+
+  write_file(tmp.path / "config.toml", config("[0, 1]"));  // shrink 4 -> 2
+  auto shrink = run.wait_resize(2);
+  CHECK(ids(shrink, "active") == "[0,1]");
+  CHECK(ids(shrink, "leavers") == "[2,3]");
+  CHECK(shrink["state_source"].as_int64() == 0);
+  run.wait_continues(1);
+
+  write_file(tmp.path / "config.toml", "active_gpus = [0, 9]\n");  // bad: 9 out of range
+  run.wait_for("config_rejected", [&] { return !run.events("config_rejected").empty(); });
+  run.wait_continues(2);  // training carries on with the last good config
+  CHECK(run.resizes().size() == 2);
+
+  write_file(tmp.path / "config.toml", config("[0, 1, 2, 3]"));  // grow 2 -> 4
+  auto grow = run.wait_resize(3);
+  CHECK(ids(grow, "active") == "[0,1,2,3]");
+  CHECK(ids(grow, "joiners") == "[2,3]");
+  run.wait_continues(1);
+
+  write_file(tmp.path / "config.toml", config("[2, 3]"));  // shrink to [2,3] ...
+  auto to23 = run.wait_resize(4);
+  CHECK(ids(to23, "active") == "[2,3]");
+  CHECK(to23["state_source"].as_int64() == 2);  // rank 2 of the old generation = gpu 2 stays
+  run.wait_continues(1);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));  // ... then swap [2,3] -> [0,1]
+  auto swap = run.wait_resize(5);
+  CHECK(ids(swap, "active") == "[0,1]");
+  CHECK(ids(swap, "joiners") == "[0,1]");
+  CHECK(ids(swap, "leavers") == "[2,3]");
+  CHECK(swap["state_source"].as_int64() == 0);  // a leaver hands the state off
+  run.wait_continues(1);
+
+  write_file(tmp.path / "config.toml", config("[]"));  // pause
+  auto pause = run.wait_resize(6);
+  CHECK(ids(pause, "active") == "[]");
+  // Paused: every worker exited (release) yet gpurun keeps running.
+  run.wait_for("both leavers parked", [&] {
+    size_t parked = 0;
+    for (auto& e : run.events("worker_state"))
+      if (e["to"].as_string() == "PARKED" &&
+          e["generation"].as_int64() == pause["generation"].as_int64())
+        ++parked;
+    return parked >= 2;
+  });
+  std::this_thread::sleep_for(500ms);
+  CHECK(!run.wait(0ms));
+
+  write_file(tmp.path / "config.toml", config("[1, 3]"));  // resume on other GPUs
+  auto resume = run.wait_resize(7);
+  CHECK(ids(resume, "active") == "[1,3]");
+  CHECK(resume["state_source"].as_int64() == -1);  // from the host snapshot
+  CHECK(resume["round"].as_int64() == -1);
+  run.wait_continues(2);
+
+  CHECK(run.finish() == 0);
+  run.check_reads_identical();
+  // The event log tells the story in order.
+  auto evs = run.events();
+  size_t i = find_event(evs, 0, "config_loaded");
+  i = find_event(evs, i, "decision", "active", "[0,1]");
+  i = find_event(evs, i, "worker_state", "to", "\"OFFLOADING\"");
+  i = find_event(evs, i, "config_rejected");
+  i = find_event(evs, i, "decision", "active", "[0,1,2,3]");
+  i = find_event(evs, i, "worker_state", "to", "\"REJOINING\"");
+  i = find_event(evs, i, "decision", "active", "[]");
+  i = find_event(evs, i, "decision", "active", "[1,3]");
+  CHECK(i < evs.size());
+  auto shutdown = run.events("shutdown");
+  REQUIRE(shutdown.size() == 1);
+  CHECK(shutdown[0]["exit_code"].as_int64() == 0);
+}
+
+TEST_CASE("elastic hold mode: leavers stay parked and are woken, not respawned") {
+  TempDir tmp;
+  Run run(tmp.path, 3, config("", "hold"));
+  run.wait_resize(1);
+  run.wait_continues(1);
+  write_file(tmp.path / "config.toml", config("[0]", "hold"));
+  auto shrink = run.wait_resize(2);
+  CHECK(ids(shrink, "leavers") == "[1,2]");
+  run.wait_for("leavers parked", [&] {
+    size_t n = 0;
+    for (auto& e : run.events("worker_state")) n += e["to"].as_string() == "PARKED";
+    return n >= 2;
+  });
+  const size_t spawned = run.events("worker_started").size();
+  CHECK(spawned == 3);
+  write_file(tmp.path / "config.toml", config("[0, 1, 2]", "hold"));
+  auto grow = run.wait_resize(3);
+  CHECK(ids(grow, "joiners") == "[1,2]");
+  run.wait_continues(2);
+  CHECK(run.events("worker_started").size() == spawned);  // woken, not respawned
+  CHECK(run.finish() == 0);
+  run.check_reads_identical();
+}
+
+TEST_CASE("elastic failures: a dying joiner and a stalled worker are removed, the job goes on") {
+  TempDir tmp;
+  Run run(tmp.path, 4, config("[0, 1]", "release", 2));
+  run.wait_resize(1);
+  run.wait_continues(1);
+
+  write_file(tmp.path / "die_gpu2", "");
+  write_file(tmp.path / "config.toml", config("[0, 1, 2]", "release", 2));
+  auto grow = run.wait_resize(2);
+  CHECK(ids(grow, "joiners") == "[2]");
+  // Gpu 2 dies as a joiner: the next decision is redone without it.
+  auto redo = run.wait_resize(3);
+  CHECK(ids(redo, "active") == "[0,1]");
+  CHECK(ids(redo, "failed") == "[2]");
+  run.wait_continues(1);
+
+  write_file(tmp.path / "stall_gpu1", "");
+  auto stalled = run.wait_resize(4);  // after deadline_s = 2
+  CHECK(ids(stalled, "active") == "[0]");
+  CHECK(ids(stalled, "failed") == "[1]");
+  run.wait_continues(1);
+
+  CHECK(run.finish() == 0);
+  run.check_reads_identical();
+  bool stall_event = false, joiner_event = false;
+  for (auto& e : run.events("worker_state")) {
+    if (e["to"].as_string() != "FAILED") continue;
+    const std::string reason(e["reason"].as_string());
+    if (e["gpu"].as_int64() == 1 &&
+        reason.find("stalled past the boundary deadline") != std::string::npos)
+      stall_event = true;
+    if (e["gpu"].as_int64() == 2 && e["generation"].as_int64() == grow["generation"].as_int64())
+      joiner_event = true;
+  }
+  CHECK(stall_event);
+  CHECK(joiner_event);
+}
+
+TEST_CASE("gpurun status --json and the table against a live run") {
+  TempDir tmp;
+  Run run(tmp.path, 3, config("[0, 2]"));
+  run.wait_resize(1);
+  run.wait_continues(1);
+  auto capture = [&](const std::string& args) {
+    const std::string cmd = "XDG_RUNTIME_DIR=" + (tmp.path / "xdg").string() + " " + kGpurun +
+                            " status " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int rc = ::pclose(p);
+    return std::make_pair(WEXITSTATUS(rc), out);
+  };
+  auto [rc, text] = capture("--json");
+  INFO(text);
+  REQUIRE(rc == 0);
+  auto root = json::parse(text).as_object();
+  CHECK(root["run_id"].as_string() == "ctl-test");
+  CHECK(json::serialize(root["current_active"]) == "[0,2]");
+  CHECK(json::serialize(root["desired_active"]) == "[0,2]");
+  auto& slots = root["slots"].as_array();
+  REQUIRE(slots.size() == 3);
+  CHECK(slots[0].as_object()["state"].as_string() == "ACTIVE");
+  CHECK(slots[1].as_object()["state"].as_string() == "PARKED");
+  CHECK(slots[1].as_object()["pid"].as_int64() == -1);
+  CHECK(slots[2].as_object()["rank"].as_int64() == 1);
+  CHECK(slots[2].as_object()["pid"].as_int64() > 0);
+
+  auto [rc2, table] = capture("--run-id ctl-test");
+  INFO(table);
+  CHECK(rc2 == 0);
+  CHECK(table.find("ACTIVE") != std::string::npos);
+  CHECK(table.find("PARKED") != std::string::npos);
+  std::ofstream(tmp.path / "status-table.txt") << table;
+
+  auto [rc3, none] = capture("--run-id no-such-run");
+  CHECK(rc3 == 1);
+  CHECK(none.find("no running gpurun with run id 'no-such-run'") != std::string::npos);
+
+  CHECK(run.finish() == 0);
+  // Registration and status are gone with the run.
+  auto [rc4, after] = capture("");
+  CHECK(rc4 == 1);
+}
+
+TEST_CASE("a bad config at start is a usage error naming file:line:col; nothing starts") {
+  TempDir tmp;
+  Run run(tmp.path, 2, "active_gpus = [0, 5]\n");
+  REQUIRE(run.wait(kHangGuard));
+  CHECK(run.code() == 2);
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  CHECK(err.find("gpurun: error: " + (tmp.path / "config.toml").string() + ":1:") !=
+        std::string::npos);
+  CHECK(err.find("active_gpus") != std::string::npos);
+  CHECK(run.events("worker_started").empty());
+}

@@ -1,0 +1,68 @@
+#include "control/decision.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace gpurun::control;
+
+TEST_CASE("decision: canonical JSON, documented example, round trip") {
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 1;
+  d.prev_generation = 0;
+  d.round = 2;
+  d.epoch = 2;
+  d.step = 0;
+  d.active = {0, 1};
+  d.leavers = {2, 3};
+  d.state_source = 0;
+  d.state_source_gpu = 0;
+  const std::string want =
+      R"({"v":1,"kind":"resize","generation":1,"prev_generation":0,"round":2,"epoch":2,"step":0,)"
+      R"("active":[0,1],"joiners":[],"leavers":[2,3],"failed":[],"state_source":0,)"
+      R"("state_source_gpu":0,"park_mode":"release","every_steps":0,"global_batch":0})";
+  CHECK(d.to_json() == want);
+  CHECK(Decision::from_json(want) == d);
+  CHECK(d.rank_of(1) == 1);
+  CHECK(d.rank_of(2) == -1);
+  CHECK(d.is_leaver(3));
+  Decision e;
+  e.kind = Decision::Kind::kExit;
+  e.generation = 4;
+  CHECK(e.to_json() == R"({"v":1,"kind":"exit","generation":4})");
+  CHECK(Decision::from_json(e.to_json()).kind == Decision::Kind::kExit);
+}
+
+TEST_CASE("decision and report parse errors name the field") {
+  CHECK_THROWS_WITH_AS(Decision::from_json("nope"), "decision is not a JSON object: 'nope'",
+                       ProtocolError);
+  CHECK_THROWS_WITH_AS(Decision::from_json(R"({"kind":"resize"})"),
+                       R"(decision lacks the integer field 'generation': '{"kind":"resize"}')",
+                       ProtocolError);
+  CHECK_THROWS_AS(Decision::from_json(R"({"kind":"bogus","generation":1})"), ProtocolError);
+  Report r{1, 3, 2, 5, 7, 0, 4242};
+  CHECK(Report::from_json(r.to_json()) == r);
+  CHECK_THROWS_WITH_AS(Report::from_json(R"({"rank":1})"),
+                       R"(report lacks the integer field 'gpu': '{"rank":1}')", ProtocolError);
+}
+
+TEST_CASE("control keys carry the generation and parse back") {
+  CHECK(keys::report(3, 1, 0) == "gpurun/gen/3/round/1/report/0");
+  CHECK(keys::decision(3, 1) == "gpurun/gen/3/round/1/decision");
+  CHECK(keys::start(4) == "gpurun/gen/4/start");
+  CHECK(keys::wake(2, 5) == "gpurun/slot/2/wake/5");
+  auto k = keys::parse_gen_key("gpurun/gen/3/round/1/report/2");
+  CHECK(k.kind == keys::GenKey::Kind::kReport);
+  CHECK(k.generation == 3);
+  CHECK(k.round == 1);
+  CHECK(k.rank == 2);
+  k = keys::parse_gen_key("gpurun/gen/7/joined/1");
+  CHECK(k.kind == keys::GenKey::Kind::kJoined);
+  CHECK(k.generation == 7);
+  CHECK(k.rank == 1);
+  for (const char* other : {"gpurun/gen/3/round/1/decision", "gpurun/gen/3/start",
+                            "gpurun/gen/x/joined/1", "gpurun/gen/3/joined/1x", "foo"})
+    CHECK(keys::parse_gen_key(other).kind == keys::GenKey::Kind::kOther);
+  CHECK(parse_ids("0,2,3") == std::vector<int>{0, 2, 3});
+  CHECK(parse_ids("").empty());
+  CHECK_THROWS_AS(parse_ids("0,,1"), ProtocolError);
+}

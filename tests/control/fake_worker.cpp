@@ -1,0 +1,89 @@
+// A fake elastic worker for the control-protocol integration tests: speaks the
+// protocol through WorkerControl, trains nothing. Behaviour is steered by files
+// in the directory given as argv[1] (the test creates them):
+//   stop            contains an epoch E: exit 0 on reaching epoch E (before reporting)
+//   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
+//   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
+// Every decision read is appended to <dir>/reads.<gpu>.<pid>: "<store key> <json>".
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "control/worker_control.hpp"
+
+namespace fs = std::filesystem;
+using gpurun::control::Decision;
+using gpurun::control::WorkerControl;
+namespace keys = gpurun::control::keys;
+
+namespace {
+
+long stop_epoch(const fs::path& dir) {
+  std::ifstream in(dir / "stop");
+  long e = -1;
+  if (in >> e) return e;
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: fake_worker DIR EPOCH_MS\n");
+    return 2;
+  }
+  const fs::path dir = argv[1];
+  const auto epoch_time = std::chrono::milliseconds(std::stol(argv[2]));
+  auto wc = WorkerControl::from_env();
+  if (!wc) {
+    std::fprintf(stderr, "fake_worker: GPURUN_ELASTIC is not set\n");
+    return 2;
+  }
+  const int gpu = wc->gpu();
+  std::ofstream log(dir / ("reads." + std::to_string(gpu) + "." + std::to_string(::getpid())),
+                    std::ios::app);
+  auto record = [&](const std::string& key) {
+    log << key << " " << wc->current_json() << std::endl;
+  };
+  auto joined_as_joiner = [&](const Decision& d) {
+    if (d.generation > 0 && fs::exists(dir / ("die_gpu" + std::to_string(gpu)))) {
+      std::fprintf(stderr, "fake_worker gpu %d: dying as a joiner of generation %lld\n", gpu,
+                   static_cast<long long>(d.generation));
+      std::_Exit(3);
+    }
+  };
+
+  const Decision& start = wc->join();
+  record(keys::start(start.generation));
+  joined_as_joiner(start);
+  long epoch = start.epoch >= 0 ? start.epoch + 1 : 0;
+  while (true) {
+    std::this_thread::sleep_for(epoch_time);
+    const long stop = stop_epoch(dir);
+    if (stop >= 0 && epoch >= stop) {
+      std::printf("fake_worker gpu %d: finished at epoch %ld\n", gpu, epoch);
+      return 0;
+    }
+    if (fs::exists(dir / ("stall_gpu" + std::to_string(gpu)))) {
+      std::fprintf(stderr, "fake_worker gpu %d: stalling before boundary %ld\n", gpu, epoch);
+      while (true) ::pause();
+    }
+    const std::string key = keys::decision(wc->generation(), wc->round());
+    const Decision d = wc->report_and_wait(epoch, 0);
+    record(key);
+    ++epoch;
+    if (d.kind == Decision::Kind::kResize && d.is_leaver(gpu)) {
+      if (d.park_mode == gpurun::control::ParkMode::kRelease) return 0;
+      auto wake = wc->park_and_wait();
+      if (!wake) return 0;
+      record(keys::start(wake->generation));
+      joined_as_joiner(*wake);
+      epoch = wake->epoch + 1;
+    }
+  }
+}

@@ -1,0 +1,303 @@
+#include "control/scheduler.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using namespace gpurun::control;
+using namespace std::chrono_literals;
+
+namespace {
+
+Config cfg(std::optional<std::vector<int>> active, ParkMode mode = ParkMode::kRelease) {
+  Config c;
+  c.active_gpus = std::move(active);
+  c.park_mode = mode;
+  c.boundary_deadline = 2s;
+  return c;
+}
+
+/// Drives a Scheduler like the controller does, with fake pids (1000 + n).
+struct Harness {
+  Scheduler s;
+  std::vector<Effect> log;          // every effect so far
+  std::vector<Decision> decisions;  // every decision written (decision or start keys)
+  std::vector<int> spawned;         // gpus spawned, in order
+  std::vector<int> killed;
+  std::vector<std::string> wakes;  // wake keys written
+  int next_pid = 1000;
+
+  explicit Harness(Config c, int slots = 4) : s(ids(slots), c) {
+    s.config_loaded(c, "config.toml");
+    s.start_attempt(0);
+    drain();
+  }
+  static std::vector<int> ids(int n) {
+    std::vector<int> v;
+    for (int i = 0; i < n; ++i) v.push_back(i);
+    return v;
+  }
+  void drain() {
+    for (auto batch = s.take_effects(); !batch.empty(); batch = s.take_effects()) {
+      for (auto& e : batch) {
+        log.push_back(e);
+        if (e.kind == Effect::Kind::kSpawn) {
+          spawned.push_back(e.gpu);
+          s.on_spawned(e.gpu, next_pid++);
+        } else if (e.kind == Effect::Kind::kKill) {
+          killed.push_back(e.gpu);
+        } else if (e.kind == Effect::Kind::kWriteKey) {
+          if (e.key.find("/decision") != std::string::npos)
+            decisions.push_back(Decision::from_json(e.value));
+          else if (e.key.find("/start") != std::string::npos &&
+                   (decisions.empty() || decisions.back().to_json() != e.value))
+            decisions.push_back(Decision::from_json(e.value));
+          else if (e.key.find("/wake/") != std::string::npos)
+            wakes.push_back(e.key);
+        }
+      }
+    }
+  }
+  SlotState state(int gpu) const { return s.slots().at(gpu).state; }
+  void join_all() {
+    const auto active = s.active();
+    for (size_t r = 0; r < active.size(); ++r)
+      s.on_joined(s.generation(), static_cast<int>(r), s.slots().at(active[r]).pid);
+    drain();
+  }
+  void report(int gpu, int64_t epoch) {
+    Report r;
+    r.gpu = gpu;
+    r.rank = s.slots().at(gpu).rank;
+    r.generation = s.generation();
+    r.round = s.round();
+    r.epoch = epoch;
+    r.pid = s.slots().at(gpu).pid;
+    s.on_report(r);
+    drain();
+  }
+  /// Every member reports boundary `epoch`; returns the decision made.
+  Decision boundary(int64_t epoch) {
+    const size_t before = decisions.size();
+    for (int gpu : s.active()) report(gpu, epoch);
+    REQUIRE(decisions.size() == before + 1);
+    return decisions.back();
+  }
+  size_t events(const std::string& name) const {
+    size_t n = 0;
+    for (auto& e : log) n += e.kind == Effect::Kind::kEvent && e.key == name;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("scheduler: start spawns the desired slots only; an unchanged plan continues") {
+  Harness h(cfg(std::vector<int>{0, 2}));
+  CHECK(h.spawned == std::vector<int>{0, 2});
+  CHECK(h.state(0) == SlotState::kStarting);
+  CHECK(h.state(1) == SlotState::kParked);
+  REQUIRE(h.decisions.size() == 1);
+  CHECK(h.decisions[0].kind == Decision::Kind::kStart);
+  CHECK(h.decisions[0].state_source == -2);
+  h.join_all();
+  CHECK(h.state(2) == SlotState::kActive);
+  Decision d = h.boundary(0);
+  CHECK(d.kind == Decision::Kind::kContinue);
+  CHECK(d.generation == 0);
+  CHECK(d.round == 0);
+  CHECK(h.s.round() == 1);
+  d = h.boundary(1);
+  CHECK(d.round == 1);
+  CHECK(h.events("decision") == 3);
+}
+
+TEST_CASE("scheduler: decisions for shrink, grow, swap, pause and resume") {
+  struct Row {
+    std::vector<int> to;
+    std::vector<int> joiners, leavers;
+    int source;
+  };
+  // From [0,1,2,3], release mode, one change per boundary.
+  const std::vector<Row> table = {
+      {{0, 1}, {}, {2, 3}, 0},        // shrink 4 -> 2
+      {{0, 1, 2, 3}, {2, 3}, {}, 0},  // grow 2 -> 4
+      {{2, 3}, {}, {0, 1}, 2},        // shrink keeping 2,3: source = old rank of gpu 2
+      {{0, 1}, {0, 1}, {2, 3}, 0},    // swap: the lowest leaver (rank 0 = gpu 2) hands off
+  };
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  int64_t epoch = 0;
+  for (const Row& row : table) {
+    CAPTURE(join_ids(row.to));
+    h.s.config_loaded(cfg(row.to), "config.toml");
+    h.drain();
+    const int64_t g = h.s.generation();
+    Decision d = h.boundary(epoch++);
+    CHECK(d.kind == Decision::Kind::kResize);
+    CHECK(d.generation == g + 1);
+    CHECK(d.prev_generation == g);
+    CHECK(d.active == row.to);
+    CHECK(d.joiners == row.joiners);
+    CHECK(d.leavers == row.leavers);
+    CHECK(d.state_source == row.source);
+    for (int gpu : row.leavers) {
+      CHECK(h.state(gpu) == SlotState::kOffloading);
+      CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));  // release: parked
+      h.drain();
+      CHECK(h.state(gpu) == SlotState::kParked);
+    }
+    for (int gpu : row.joiners) CHECK(h.state(gpu) == SlotState::kRejoining);
+    h.join_all();
+    for (int gpu : row.to) CHECK(h.state(gpu) == SlotState::kActive);
+    CHECK(h.boundary(epoch++).kind == Decision::Kind::kContinue);
+  }
+}
+
+TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause holds the job") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  Decision d = h.boundary(0);
+  CHECK(d.leavers == std::vector<int>{2, 3});
+  CHECK(h.s.on_process_exit(2, true, "exit code 0", false));
+  CHECK(h.s.on_process_exit(3, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.state(2) == SlotState::kParked);
+  CHECK(h.s.slots().at(2).pid == -1);
+
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2, 3}), "c");
+  h.drain();
+  d = h.boundary(1);
+  CHECK(d.joiners == std::vector<int>{2, 3});
+  CHECK(h.spawned == std::vector<int>{0, 1, 2, 3, 2, 3});
+  CHECK(h.state(3) == SlotState::kRejoining);
+  h.join_all();
+  CHECK(h.state(3) == SlotState::kActive);
+
+  // Pause: everybody leaves, the job stays open with no process.
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  d = h.boundary(2);
+  CHECK(d.active.empty());
+  CHECK(d.state_source == 0);  // rank 0 writes the host snapshot
+  for (int gpu : {0, 1, 2, 3}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.s.holds_job_open());
+  // Resume at once (no boundary), from the snapshot.
+  const int64_t g = h.s.generation();
+  h.s.config_loaded(cfg(std::vector<int>{1}), "c");
+  h.drain();
+  CHECK_FALSE(h.s.holds_job_open());
+  CHECK(h.decisions.back().generation == g + 1);
+  CHECK(h.decisions.back().round == -1);
+  CHECK(h.decisions.back().state_source == -1);
+  CHECK(h.decisions.back().epoch == 2);
+  CHECK(h.spawned.back() == 1);
+}
+
+TEST_CASE("scheduler: a joiner whose old process is still exiting is spawned after it exits") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0}), "c");
+  h.drain();
+  h.boundary(0);
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  const size_t spawns = h.spawned.size();
+  Decision d = h.boundary(1);  // gpu 1 has not exited yet
+  CHECK(d.joiners == std::vector<int>{1});
+  CHECK(h.spawned.size() == spawns);
+  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.spawned.size() == spawns + 1);
+  CHECK(h.state(1) == SlotState::kRejoining);
+}
+
+TEST_CASE("scheduler: hold mode parks and wakes through the wake key, exit wakes at the end") {
+  Harness h(cfg(std::nullopt, ParkMode::kHold), 2);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0}, ParkMode::kHold), "c");
+  h.drain();
+  Decision d = h.boundary(0);
+  CHECK(d.park_mode == ParkMode::kHold);
+  h.s.on_parked(1, d.generation);
+  h.drain();
+  CHECK(h.state(1) == SlotState::kParked);
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}, ParkMode::kHold), "c");
+  h.drain();
+  d = h.boundary(1);
+  CHECK(h.spawned == std::vector<int>{0, 1});  // no respawn
+  REQUIRE(h.wakes.size() == 1);
+  CHECK(h.wakes[0] == keys::wake(1, d.generation - 1));
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0}, ParkMode::kHold), "c");
+  h.drain();
+  d = h.boundary(2);
+  h.s.on_parked(1, d.generation);
+  // Training finishes on gpu 0: the parked process is told to exit.
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.s.finished());
+  REQUIRE(h.wakes.size() == 2);
+  CHECK(h.wakes[1] == keys::wake(1, d.generation));
+}
+
+TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without them") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  // gpu 3 dies after 0..2 reported: the round completes without it.
+  h.report(0, 0);
+  h.report(1, 0);
+  h.report(2, 0);
+  CHECK(h.decisions.size() == 1);
+  CHECK(h.s.on_process_exit(3, false, "signal SIGKILL (9)", false));
+  h.drain();
+  REQUIRE(h.decisions.size() == 2);
+  Decision d = h.decisions.back();
+  CHECK(d.active == std::vector<int>{0, 1, 2});
+  CHECK(d.failed == std::vector<int>{3});
+  CHECK(h.state(3) == SlotState::kFailed);
+
+  // gpu 1 stalls: the deadline declares it FAILED, kills it, decides without it.
+  h.report(0, 1);
+  h.report(2, 1);
+  CHECK(h.decisions.size() == 2);
+  h.s.on_deadline(h.s.generation(), h.s.round());
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1});
+  REQUIRE(h.decisions.size() == 3);
+  CHECK(h.decisions.back().active == std::vector<int>{0, 2});
+  CHECK(h.decisions.back().failed == std::vector<int>{1});
+  // A late report of the stalled worker and a stale deadline change nothing.
+  Report late{1, 1, h.s.generation() - 1, 0, 1, 0, 1001};
+  h.s.on_report(late);
+  h.s.on_deadline(h.s.generation() - 1, 0);
+  h.drain();
+  CHECK(h.decisions.size() == 3);
+  // Its exit (SIGKILL) is absorbed.
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
+}
+
+TEST_CASE("scheduler: with restarts left a member's death is the supervisor's (not absorbed)") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  CHECK_FALSE(h.s.on_process_exit(1, false, "exit code 7", true));
+  // A worker that never joined (no protocol) is never absorbed.
+  Harness g(cfg(std::nullopt));
+  CHECK_FALSE(g.s.on_process_exit(0, false, "exit code 7", false));
+  CHECK(g.state(0) == SlotState::kFailed);
+}
+
+TEST_CASE("scheduler: a rejected config keeps the last good one") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.join_all();
+  h.s.config_rejected("config.toml", "config.toml:1:15: active_gpus: 9 is out of range");
+  h.drain();
+  CHECK(h.events("config_rejected") == 1);
+  CHECK(h.s.last_config_error().find("out of range") != std::string::npos);
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  h.s.config_loaded(cfg(std::vector<int>{0}), "config.toml");
+  CHECK(h.s.last_config_error().empty());
+}

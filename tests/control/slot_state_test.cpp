@@ -1,0 +1,54 @@
+#include "control/slot_state.hpp"
+
+#include <doctest/doctest.h>
+
+#include <set>
+#include <utility>
+
+using gpurun::control::IllegalTransition;
+using gpurun::control::kAllSlotStates;
+using gpurun::control::SlotState;
+using gpurun::control::to_string;
+using gpurun::control::transition;
+using gpurun::control::transition_allowed;
+
+TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal ones name both") {
+  using S = SlotState;
+  const std::set<std::pair<S, S>> legal = {
+      {S::kStarting, S::kActive},   {S::kStarting, S::kExited},      {S::kStarting, S::kFailed},
+      {S::kActive, S::kOffloading}, {S::kActive, S::kExited},        {S::kActive, S::kFailed},
+      {S::kOffloading, S::kParked}, {S::kOffloading, S::kRejoining}, {S::kOffloading, S::kFailed},
+      {S::kParked, S::kRejoining},  {S::kParked, S::kExited},        {S::kParked, S::kFailed},
+      {S::kRejoining, S::kActive},  {S::kRejoining, S::kExited},     {S::kRejoining, S::kFailed},
+  };
+  int walked = 0, allowed = 0;
+  for (S from : kAllSlotStates) {
+    for (S to : kAllSlotStates) {
+      ++walked;
+      CAPTURE(to_string(from));
+      CAPTURE(to_string(to));
+      if (legal.count({from, to})) {
+        ++allowed;
+        CHECK(transition_allowed(from, to));
+        CHECK(transition(from, to) == to);
+      } else {
+        CHECK_FALSE(transition_allowed(from, to));
+        const std::string want = "illegal slot state transition " + std::string(to_string(from)) +
+                                 " -> " + std::string(to_string(to));
+        CHECK_THROWS_WITH_AS(transition(from, to), want.c_str(), IllegalTransition);
+      }
+    }
+  }
+  CHECK(walked == 49);
+  CHECK(allowed == 15);
+}
+
+TEST_CASE("slot state names") {
+  CHECK(to_string(SlotState::kStarting) == "STARTING");
+  CHECK(to_string(SlotState::kActive) == "ACTIVE");
+  CHECK(to_string(SlotState::kOffloading) == "OFFLOADING");
+  CHECK(to_string(SlotState::kParked) == "PARKED");
+  CHECK(to_string(SlotState::kRejoining) == "REJOINING");
+  CHECK(to_string(SlotState::kExited) == "EXITED");
+  CHECK(to_string(SlotState::kFailed) == "FAILED");
+}
