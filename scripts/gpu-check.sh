@@ -15,13 +15,21 @@ step() { local name=$1; shift; local t0=$EPOCHREALTIME; "$@" >"$OUT/$name.log" 2
 
 step build bash -c 'cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build-gpu -j16'
 step unit_tests ctest --test-dir build-gpu --output-on-failure -j8 --timeout 300
-step record timeout 150 python3 scripts/conformance/record_relay.py "$FINAL/tcpstore_torch211.txt"
+[[ ${GPU_RECORD:-0} == 1 ]] && step record timeout 150 python3 scripts/conformance/record_relay.py "$FINAL/tcpstore_torch211.txt"
 G=build-gpu/launcher/gpurun
 step gloo_x4 timeout 120 $G --nproc 4 --device cpu --master-port 0 python3 scripts/conformance/allreduce.py gloo
 step nccl_x1 timeout 120 $G --nproc 1 --master-port 0 python3 scripts/conformance/allreduce.py nccl
 step torchrun_env timeout 60 python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29555 scripts/conformance/dump_env.py "$OUT/torchrun_env"
 step gpurun_env timeout 60 $G --nproc 2 --device cpu --master-port 29556 python3 scripts/conformance/dump_env.py "$OUT/gpurun_env"
 step env_diff python3 scripts/conformance/compare_env.py "$OUT/torchrun_env" "$OUT/gpurun_env"
+# gpurun status against a live CUDA run: the memory column comes from nvidia-smi.
+status_live() {
+  $G --nproc 1 --master-port 0 --run-id gpucheck python3 -c "import torch,time; x=torch.ones(1<<28, device='cuda'); print('allocated', x.numel()*4>>20, 'MiB', flush=True); time.sleep(12)" &
+  local pid=$!; sleep 8
+  $G status --run-id gpucheck; $G status --run-id gpucheck --json; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  wait $pid
+}
+step status_live status_live
 if [[ -x build-gpu/bench/store_bench ]]; then
   step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000,10000
   python3 bench/anchors/torch_store_server.py 29577 > "$OUT/torch_server.log" 2>&1 & TS=$!
@@ -30,5 +38,5 @@ if [[ -x build-gpu/bench/store_bench ]]; then
   kill $TS
 fi
 echo; echo "| step | result |"; echo "|---|---|"
-for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
+for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff status_live bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
 tar -C "$FINAL" -czf "$FINAL/logs.tar.gz" logs && rm -rf "$OUT"
