@@ -410,10 +410,6 @@ class Validator {
 
 }  // namespace
 
-std::string_view to_string(ParkMode mode) {
-  return mode == ParkMode::kHold ? "hold" : "release";
-}
-
 std::string describe(const Config& config) {
   const std::string gpus = config.active_gpus
                                ? fmt::format("[{}]", fmt::join(*config.active_gpus, ", "))

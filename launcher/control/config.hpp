@@ -12,19 +12,9 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "control/park_mode.hpp"
 
 namespace gpurun::control {
-
-/// What happens to a worker taken out of the active set (`[park] mode`).
-enum class ParkMode {
-  /// The process exits cleanly; its GPU shows no process of ours (0 MiB). Rejoin respawns it.
-  kRelease,
-  /// The process stays, blocked on the store with its CUDA context; rejoin is faster.
-  kHold,
-};
-
-/// "release" or "hold" (the spelling used in config.toml).
-std::string_view to_string(ParkMode mode);
 
 /// Where resize decisions may take effect (`[boundary] every`).
 struct BoundarySpec {
@@ -38,8 +28,9 @@ struct BoundarySpec {
 
 /// One parsed and validated config.toml. Defaults = an empty file.
 struct Config {
-  /// GPU ids to train on, sorted ascending and unique. nullopt (key absent) = every launched
-  /// slot; empty (`active_gpus = []`) = pause: every worker parked, state kept in host memory.
+  /// GPU ids to train on, sorted ascending and unique. nullopt (key absent) = the launch set
+  /// (the first --nproc slots); empty (`active_gpus = []`) = pause: every worker parked, state
+  /// kept in host memory.
   std::optional<std::vector<int>> active_gpus;
   /// `[park] mode`; default release.
   ParkMode park_mode = ParkMode::kRelease;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "control/config.hpp"
+#include "control/park_mode.hpp"
 
 namespace gpurun::control {
 

@@ -26,7 +26,7 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       events_(events),
       console_(console),
       opt_(std::move(options)),
-      scheduler_(opt_.slots, initial) {
+      scheduler_(opt_.slots, initial, opt_.launch) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
   backend_.set_write_observer(std::string(keys::kPrefix),
                               [this, alive = std::weak_ptr<int>(alive_)](const std::string& k) {
@@ -154,6 +154,9 @@ void ElasticController::run_effects() {
       switch (e.kind) {
         case Effect::Kind::kWriteKey:
           backend_.set(e.key, e.value);
+          break;
+        case Effect::Kind::kDeleteKey:
+          backend_.delete_key(e.key);
           break;
         case Effect::Kind::kSpawn:
           spawn(e.gpu, e.generation, e.value);

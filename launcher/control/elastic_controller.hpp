@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,12 @@ namespace gpurun::control {
 
 /// What the controller needs besides its collaborators.
 struct ElasticOptions {
-  std::filesystem::path config_path;       ///< --config
-  std::vector<int> slots;                  ///< slot ids 0..nproc-1
+  std::filesystem::path config_path;  ///< --config
+  /// Every slot id active_gpus may name: with --device cuda each visible GPU (0..visible-1),
+  /// with --device cpu 0..nproc-1.
+  std::vector<int> slots;
+  /// Slots trained on while active_gpus is absent: the first --nproc. nullopt = every slot.
+  std::optional<std::vector<int>> launch;
   std::vector<std::string> physical_gpus;  ///< per slot (plan.gpu_ids); empty with --device cpu
   std::string run_id;
   std::string run_dir;  ///< status.json lives here

@@ -28,10 +28,13 @@ std::vector<int> intersect(const std::vector<int>& a, const std::vector<int>& b)
 
 }  // namespace
 
-Scheduler::Scheduler(std::vector<int> slots, Config config)
+Scheduler::Scheduler(std::vector<int> slots, Config config, std::optional<std::vector<int>> launch)
     : slot_ids_(std::move(slots)), config_(std::move(config)) {
   std::sort(slot_ids_.begin(), slot_ids_.end());
   for (int gpu : slot_ids_) slots_[gpu].gpu = gpu;
+  launch_ = launch ? std::move(*launch) : slot_ids_;
+  std::sort(launch_.begin(), launch_.end());
+  launch_ = intersect(launch_, slot_ids_);
 }
 
 std::vector<Effect> Scheduler::take_effects() {
@@ -71,14 +74,16 @@ void Scheduler::set_state(SlotInfo& s, SlotState to, const std::string& reason) 
 }
 
 std::vector<int> Scheduler::desired() const {
-  if (!config_.active_gpus) return slot_ids_;
+  if (!config_.active_gpus) return launch_;
   return intersect(*config_.active_gpus, slot_ids_);
 }
 
 std::vector<int> Scheduler::effective_desired() const {
   std::vector<int> out;
-  for (int gpu : desired())
-    if (slots_.at(gpu).state != SlotState::kFailed) out.push_back(gpu);
+  for (int gpu : desired()) {
+    const SlotState st = slots_.at(gpu).state;
+    if (st != SlotState::kFailed && st != SlotState::kExited) out.push_back(gpu);
+  }
   return out;
 }
 
@@ -112,6 +117,7 @@ void Scheduler::publish(const Decision& d, const std::string& json,
   if (d.kind != Decision::Kind::kContinue) {
     write(keys::start(d.generation), json);
     write(std::string(keys::kGeneration), std::to_string(d.generation));
+    generation_keys_[d.generation] = static_cast<int>(d.active.size());
   }
   last_decision_ = json;
   Effect ev;
@@ -141,6 +147,19 @@ void Scheduler::start_attempt(int attempt) {
   reports_.clear();
   deadline_armed_ = false;
   finished_ = false;
+  exit_published_ = false;
+  // A new attempt: no process of the previous one is left to read its keys.
+  for (const DecidedRound& r : decided_) {
+    delete_key(keys::decision(r.generation, r.round));
+    for (int rank : r.ranks) delete_key(keys::report(r.generation, r.round, rank));
+  }
+  decided_.clear();
+  for (auto& [gpu, s] : slots_) {
+    if (s.park_generation >= 0) {
+      delete_key(keys::parked(gpu, s.park_generation));
+      delete_key(keys::wake(gpu, s.park_generation));
+    }
+  }
   const int64_t prev = generation_;
   generation_ = generation_ < 0 ? 0 : generation_ + 1;
   round_ = 0;
@@ -159,6 +178,7 @@ void Scheduler::start_attempt(int attempt) {
   if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
   const std::string json = d.to_json();
   publish(d, json, "");
+  collect_keys();  // the previous attempt's generations
   (void)attempt;
   for (int gpu : active_) {
     SlotInfo& s = slot(gpu);
@@ -215,6 +235,12 @@ void Scheduler::on_joined(int64_t generation, int rank, int pid) {
   state_exists_ = true;
   set_state(s, SlotState::kActive,
             fmt::format("joined generation {} as rank {}", generation, rank));
+  if (s.woken_from >= 0) {  // its park and wake keys are read
+    delete_key(keys::parked(s.gpu, s.woken_from));
+    delete_key(keys::wake(s.gpu, s.woken_from));
+    s.woken_from = -1;
+  }
+  moved_on(s.gpu);
 }
 
 void Scheduler::on_report(const Report& r) {
@@ -235,6 +261,7 @@ void Scheduler::on_report(const Report& r) {
   s.last_boundary = {r.epoch, r.step};
   last_boundary_ = s.last_boundary;
   reports_[r.rank] = r;
+  moved_on(s.gpu);  // it read every earlier decision
   if (!deadline_armed_) {
     deadline_armed_ = true;
     Effect e;
@@ -244,6 +271,10 @@ void Scheduler::on_report(const Report& r) {
     e.deadline = config_.boundary_deadline;
     effects_.push_back(std::move(e));
   }
+  if (finished_) {
+    publish_exit();
+    return;
+  }
   try_decide();
 }
 
@@ -251,8 +282,10 @@ void Scheduler::on_parked(int gpu, int64_t park_generation) {
   auto it = slots_.find(gpu);
   if (it == slots_.end()) return;
   SlotInfo& s = it->second;
-  if (s.state == SlotState::kOffloading && s.park_generation == park_generation)
+  if (s.state == SlotState::kOffloading && s.park_generation == park_generation) {
     set_state(s, SlotState::kParked, "parked (hold mode)");
+    moved_on(gpu);  // it read the decision that made it leave
+  }
 }
 
 void Scheduler::on_deadline(int64_t generation, int64_t round) {
@@ -276,7 +309,7 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
       effects_.push_back(std::move(e));
     }
   }
-  try_decide();
+  if (!finished_) try_decide();
   check_all_gone();
 }
 
@@ -287,21 +320,24 @@ void Scheduler::on_spawned(int gpu, int pid) {
 bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart) {
   SlotInfo& s = slot(gpu);
   s.pid = -1;
+  if (s.will_exit && s.park_generation >= 0 && s.state == SlotState::kParked) {
+    delete_key(keys::parked(gpu, s.park_generation));  // a held process told to exit
+    delete_key(keys::wake(gpu, s.park_generation));
+  }
   s.will_exit = false;
+  moved_on(gpu);
   bool absorbed = true;
   switch (s.state) {
     case SlotState::kStarting:
       // Never spoke the protocol: exactly the non-elastic behaviour.
       set_state(s, clean ? SlotState::kExited : SlotState::kFailed, how);
+      if (clean) begin_finish(s, how);
       absorbed = false;
       break;
     case SlotState::kActive:
       if (clean) {
         set_state(s, SlotState::kExited, "finished: " + how);
-        if (!finished_) {
-          finished_ = true;
-          wake_all_parked_to_exit("training finished");
-        }
+        begin_finish(s, how);
         absorbed = false;
       } else {
         set_state(s, SlotState::kFailed, how);
@@ -310,6 +346,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       break;
     case SlotState::kRejoining:
       set_state(s, clean ? SlotState::kExited : SlotState::kFailed, "joiner ended: " + how);
+      if (clean) begin_finish(s, how);
       absorbed = clean ? false : !can_restart;
       break;
     case SlotState::kOffloading:
@@ -404,6 +441,7 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
     e.key = keys::wake(s.gpu, s.park_generation);
     e.value = json;
     effects_.push_back(std::move(e));
+    s.woken_from = s.park_generation;
   }
   s.park_generation = -1;
 }
@@ -424,6 +462,7 @@ void Scheduler::decide() {
   d.epoch = first.epoch;
   d.step = first.step;
   const std::string key = keys::decision(generation_, round_);
+  remember_round();
   reports_.clear();
   deadline_armed_ = false;
 
@@ -433,6 +472,7 @@ void Scheduler::decide() {
     d.active = old;
     publish(d, d.to_json(), key);
     ++round_;
+    collect_keys();
     return;
   }
   d.kind = Decision::Kind::kResize;
@@ -477,6 +517,7 @@ void Scheduler::decide() {
     }
     bring_in(s, d, json);
   }
+  collect_keys();
 }
 
 void Scheduler::resume() {
@@ -507,6 +548,109 @@ void Scheduler::resume() {
       continue;
     }
     bring_in(s, d, json);
+  }
+  collect_keys();
+}
+
+void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {
+  if (finished_) return;
+  finished_ = true;
+  say(
+      fmt::format("gpu {} (rank {}) finished training ({}): the job is finishing; workers at "
+                  "boundary round {} of generation {} are told to exit",
+                  s.gpu, s.rank, how, round_, generation_));
+  wake_all_parked_to_exit("training finished");
+  if (!reports_.empty()) publish_exit();
+}
+
+void Scheduler::publish_exit() {
+  if (exit_published_) return;
+  exit_published_ = true;
+  Decision d;
+  d.kind = Decision::Kind::kExit;
+  d.generation = generation_;
+  d.prev_generation = generation_;
+  d.round = round_;
+  const Report& first = reports_.begin()->second;
+  d.epoch = first.epoch;
+  d.step = first.step;
+  d.active = active_;
+  const std::string json = d.to_json();
+  Effect w;
+  w.kind = Effect::Kind::kWriteKey;
+  w.key = keys::decision(generation_, round_);
+  w.value = json;
+  effects_.push_back(std::move(w));
+  last_decision_ = json;
+  Effect ev;
+  ev.kind = Effect::Kind::kEvent;
+  ev.key = "decision";
+  ev.fields.add("generation", d.generation)
+      .add("prev_generation", d.prev_generation)
+      .add("round", d.round)
+      .add("kind", to_string(d.kind))
+      .add_raw("active", ids_json(d.active))
+      .add_raw("joiners", "[]")
+      .add_raw("leavers", "[]")
+      .add_raw("failed", "[]")
+      .add("state_source", -2)
+      .add("epoch", d.epoch)
+      .add("step", d.step);
+  effects_.push_back(std::move(ev));
+}
+
+void Scheduler::delete_key(std::string key) {
+  Effect e;
+  e.kind = Effect::Kind::kDeleteKey;
+  e.key = std::move(key);
+  effects_.push_back(std::move(e));
+}
+
+void Scheduler::remember_round() {
+  DecidedRound r;
+  r.generation = generation_;
+  r.round = round_;
+  for (const auto& [rank, report] : reports_) {
+    r.ranks.push_back(rank);
+    r.unread.push_back(report.gpu);
+  }
+  std::sort(r.unread.begin(), r.unread.end());
+  decided_.push_back(std::move(r));
+}
+
+void Scheduler::moved_on(int gpu) {
+  for (DecidedRound& r : decided_) {
+    auto it = std::lower_bound(r.unread.begin(), r.unread.end(), gpu);
+    if (it != r.unread.end() && *it == gpu) r.unread.erase(it);
+  }
+  collect_keys();
+}
+
+void Scheduler::collect_keys() {
+  // Rounds every reporter is past: nobody reads their reports or decision again.
+  for (auto it = decided_.begin(); it != decided_.end();) {
+    if (!it->unread.empty()) {
+      ++it;
+      continue;
+    }
+    delete_key(keys::decision(it->generation, it->round));
+    for (int rank : it->ranks) delete_key(keys::report(it->generation, it->round, rank));
+    it = decided_.erase(it);
+  }
+  // Generations left behind whose rounds are all collected: their joiners have all joined
+  // (a later generation exists only after a decided round, or it had no members), so the
+  // start record and the joined keys are not read again.
+  for (auto it = generation_keys_.begin(); it != generation_keys_.end();) {
+    const int64_t g = it->first;
+    const bool pending = std::any_of(decided_.begin(), decided_.end(),
+                                     [g](const DecidedRound& r) { return r.generation == g; });
+    if (g >= generation_ || pending) {
+      ++it;
+      continue;
+    }
+    delete_key(keys::start(g));
+    for (int rank = 0; rank < it->second; ++rank) delete_key(keys::joined(g, rank));
+    it = generation_keys_.erase(it);
   }
 }
 

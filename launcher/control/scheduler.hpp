@@ -21,6 +21,7 @@ namespace gpurun::control {
 struct Effect {
   enum class Kind {
     kWriteKey,     ///< store SET key = value
+    kDeleteKey,    ///< store DELETE_KEY key (a key no process will read again)
     kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value)
     kKill,         ///< SIGKILL the process group of `gpu` (stalled)
     kArmDeadline,  ///< call on_deadline(generation, round) after `deadline`
@@ -45,6 +46,7 @@ struct SlotInfo {
   int rank = -1;                 ///< rank in `generation` while a member, else -1
   int pid = -1;                  ///< live process, -1 when none
   int64_t park_generation = -1;  ///< hold mode: its wake key's generation
+  int64_t woken_from = -1;       ///< hold mode: park generation it was woken from (keys to drop)
   bool spawn_pending = false;    ///< joiner waiting for its previous process to exit
   bool will_exit = false;        ///< its process is expected to exit 0 (release / exit wake)
   std::optional<std::pair<int64_t, int64_t>> last_boundary;  ///< (epoch, step) last reported
@@ -56,8 +58,11 @@ struct SlotInfo {
 /// `worker_state` event effect.
 class Scheduler {
  public:
-  /// `slots`: the slot ids of the node (0..nproc-1). `config`: the initial good config.
-  Scheduler(std::vector<int> slots, Config config);
+  /// `slots`: every slot id a config may name (with --device cuda every visible GPU, with
+  /// --device cpu 0..nproc-1). `config`: the initial good config. `launch`: the set used
+  /// while `active_gpus` is absent (the first --nproc slots); nullopt = every slot.
+  Scheduler(std::vector<int> slots, Config config,
+            std::optional<std::vector<int>> launch = std::nullopt);
 
   /// Starts generation 0 (first attempt) or a new generation after a whole-set restart:
   /// every slot is reset, members of the desired set are spawned (STARTING).
@@ -83,11 +88,14 @@ class Scheduler {
   /// restart the whole set for this failure. Returns true when the exit is absorbed by
   /// elastic mode (a parked leaver, or a failure that only removes the slot); false when
   /// the supervisor must treat it as before (success, or failure -> teardown/restart).
+  /// A member's exit 0 means it finished training: the job is finishing, and every report
+  /// of the open round (now or later) is answered with an `exit` decision.
   bool on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart);
 
   /// Whether the job must stay up with no process running (paused, waiting for a resume).
   bool holds_job_open() const;
-  /// Whether a member finished training (exit 0 while ACTIVE).
+  /// Whether the job is finishing: a member finished training (exit 0), or every member
+  /// failed.
   bool finished() const { return finished_; }
 
   /// Takes the effects produced so far.
@@ -97,7 +105,7 @@ class Scheduler {
   int64_t generation() const { return generation_; }
   int64_t round() const { return round_; }
   const std::vector<int>& active() const { return active_; }
-  /// Desired set (config, all slots when absent), without removing FAILED slots.
+  /// Desired set (config; the launch set when absent), without removing FAILED slots.
   std::vector<int> desired() const;
   const Config& config() const { return config_; }
   const std::map<int, SlotInfo>& slots() const { return slots_; }
@@ -115,12 +123,28 @@ class Scheduler {
   void resume();
   void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
   void publish(const Decision& d, const std::string& json, const std::string& decision_key);
+  void begin_finish(const SlotInfo& s, const std::string& how);
+  void publish_exit();
+  void remember_round();
+  void moved_on(int gpu);
+  void collect_keys();
+  void delete_key(std::string key);
   void wake_all_parked_to_exit(const std::string& why);
   void check_all_gone();
   Decision base_decision() const;
   void say(std::string text);
 
+  /// A decided round whose keys (reports, decision) still exist: deleted once every
+  /// reporter showed it read the decision (docs/control-protocol.md#key-lifetime).
+  struct DecidedRound {
+    int64_t generation = 0;
+    int64_t round = 0;
+    std::vector<int> ranks;   ///< report keys written
+    std::vector<int> unread;  ///< gpus that reported and may still read the decision (sorted)
+  };
+
   std::vector<int> slot_ids_;
+  std::vector<int> launch_;
   std::map<int, SlotInfo> slots_;
   Config config_;
   int64_t generation_ = -1;  ///< -1 before the first attempt
@@ -129,7 +153,10 @@ class Scheduler {
   std::map<int, Report> reports_;  ///< rank -> report of the open round
   bool deadline_armed_ = false;
   bool finished_ = false;
-  bool state_exists_ = false;  ///< some worker ever joined (state to keep)
+  bool exit_published_ = false;  ///< the open round was answered with `exit`
+  std::vector<DecidedRound> decided_;
+  std::map<int64_t, int> generation_keys_;  ///< generation -> |active|: start/joined keys exist
+  bool state_exists_ = false;               ///< some worker ever joined (state to keep)
   std::optional<std::pair<int64_t, int64_t>> last_boundary_;
   std::string last_config_error_;
   std::string last_decision_;

@@ -39,14 +39,34 @@ std::string slurp(const fs::path& p) {
 
 }  // namespace
 
+RunStatus run_status(const Scheduler& sch) {
+  RunStatus st;
+  st.elastic = true;
+  st.generation = sch.generation();
+  st.round = sch.round();
+  st.current_active = sch.active();
+  st.desired_active = sch.desired();
+  st.park_mode = sch.config().park_mode;
+  st.last_config_error = sch.last_config_error();
+  st.last_decision = sch.last_decision();
+  for (const auto& [gpu, s] : sch.slots())
+    st.slots.push_back(
+        SlotStatus{gpu, s.state, s.generation, s.rank, s.pid, s.last_boundary, s.reason});
+  return st;
+}
+
 std::string render_status(const Scheduler& sch, const StatusSnapshot& snap) {
+  return render_status(run_status(sch), snap);
+}
+
+std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
   std::string slots = "[";
   bool first = true;
-  for (const auto& [gpu, s] : sch.slots()) {
+  for (const SlotStatus& s : st.slots) {
     JsonObject o;
-    o.add("gpu", gpu);
-    if (static_cast<size_t>(gpu) < snap.physical_gpus.size())
-      o.add("physical_gpu", snap.physical_gpus[static_cast<size_t>(gpu)]);
+    o.add("gpu", s.gpu);
+    if (s.gpu >= 0 && static_cast<size_t>(s.gpu) < snap.physical_gpus.size())
+      o.add("physical_gpu", snap.physical_gpus[static_cast<size_t>(s.gpu)]);
     else
       o.add_null("physical_gpu");
     o.add("state", to_string(s.state))
@@ -70,20 +90,30 @@ std::string render_status(const Scheduler& sch, const StatusSnapshot& snap) {
       .add("run_dir", snap.run_dir)
       .add("supervisor_pid", snap.supervisor_pid)
       .add("updated", supervisor::EventLog::format_timestamp(std::chrono::system_clock::now()))
-      .add("config", snap.config_path)
-      .add("generation", sch.generation())
-      .add("round", sch.round())
-      .add_raw("current_active", ids_json(sch.active()))
-      .add_raw("desired_active", ids_json(sch.desired()))
-      .add("park_mode", to_string(sch.config().park_mode));
-  if (sch.last_config_error().empty())
+      .add("elastic", st.elastic);
+  if (snap.config_path.empty())
+    root.add_null("config");
+  else
+    root.add("config", snap.config_path);
+  root.add("generation", st.generation);
+  if (st.round)
+    root.add("round", *st.round);
+  else
+    root.add_null("round");
+  root.add_raw("current_active", ids_json(st.current_active))
+      .add_raw("desired_active", ids_json(st.desired_active));
+  if (st.park_mode)
+    root.add("park_mode", to_string(*st.park_mode));
+  else
+    root.add_null("park_mode");
+  if (st.last_config_error.empty())
     root.add_null("last_config_error");
   else
-    root.add("last_config_error", sch.last_config_error());
-  if (sch.last_decision().empty())
+    root.add("last_config_error", st.last_config_error);
+  if (st.last_decision.empty())
     root.add_null("last_decision");
   else
-    root.add_raw("last_decision", sch.last_decision());
+    root.add_raw("last_decision", st.last_decision);
   root.add_raw("slots", slots);
   return root.str();
 }
@@ -247,10 +277,9 @@ int status_command(const std::vector<std::string>& args) {
     for (auto& r : live_runs())
       if (!run_id || r.run_id == *run_id) runs.push_back(r);
     if (runs.empty()) {
-      err(run_id
-              ? fmt::format("no running gpurun with run id '{}' is registered in {}", *run_id,
-                            registry_dir())
-              : fmt::format("no running gpurun with --config is registered in {}", registry_dir()));
+      err(run_id ? fmt::format("no running gpurun with run id '{}' is registered in {}", *run_id,
+                               registry_dir())
+                 : fmt::format("no running gpurun is registered in {}", registry_dir()));
       return 1;
     }
     if (runs.size() > 1) {
@@ -269,8 +298,7 @@ int status_command(const std::vector<std::string>& args) {
   json::value root = json::parse(text, ec);
   if (ec || !root.is_object()) {
     err(fmt::format("cannot read '{}': {}", file.string(),
-                    text.empty() ? "missing or empty (is the job running with --config?)"
-                                 : "not a JSON object"));
+                    text.empty() ? "missing or empty (has the job ended?)" : "not a JSON object"));
     return 1;
   }
   json::object& o = root.as_object();
@@ -293,8 +321,11 @@ int status_command(const std::vector<std::string>& args) {
     return 0;
   }
   std::string out;
-  out += fmt::format("run {}  supervisor pid {}  run dir {}\n", field_text(o, "run_id"),
-                     field_text(o, "supervisor_pid"), field_text(o, "run_dir"));
+  const json::value* elastic = o.if_contains("elastic");
+  const bool plain = elastic && elastic->is_bool() && !elastic->as_bool();
+  out += fmt::format("run {}  supervisor pid {}  run dir {}{}\n", field_text(o, "run_id"),
+                     field_text(o, "supervisor_pid"), field_text(o, "run_dir"),
+                     plain ? "  (not elastic: no --config)" : "");
   out += fmt::format("config {}  updated {}\n", field_text(o, "config"), field_text(o, "updated"));
   out += fmt::format("generation {}  round {}  park mode {}\n", field_text(o, "generation"),
                      field_text(o, "round"), field_text(o, "park_mode"));

@@ -3,7 +3,9 @@
 // Reference: docs/control-protocol.md#gpurun-status.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "control/scheduler.hpp"
@@ -14,12 +16,40 @@ namespace gpurun::control {
 struct StatusSnapshot {
   std::string run_id;
   std::string run_dir;
-  std::string config_path;
+  std::string config_path;  ///< empty: a plain run (no --config)
   int supervisor_pid = 0;
   std::vector<std::string> physical_gpus;  ///< per slot; empty with --device cpu
 };
 
+/// One slot as status.json shows it.
+struct SlotStatus {
+  int gpu = 0;
+  SlotState state = SlotState::kStarting;
+  int64_t generation = -1;
+  int rank = -1;
+  int pid = -1;                                              ///< -1: no process
+  std::optional<std::pair<int64_t, int64_t>> last_boundary;  ///< (epoch, step)
+  std::string reason;
+};
+
+/// What status.json says about the job, elastic or plain.
+struct RunStatus {
+  bool elastic = false;
+  int64_t generation = 0;
+  std::optional<int64_t> round;  ///< nullopt for a plain run
+  std::vector<int> current_active;
+  std::vector<int> desired_active;
+  std::optional<ParkMode> park_mode;  ///< nullopt for a plain run
+  std::string last_config_error;      ///< empty: none
+  std::string last_decision;          ///< JSON object text; empty: none
+  std::vector<SlotStatus> slots;
+};
+
+/// The status of an elastic run, from its scheduler.
+RunStatus run_status(const Scheduler& scheduler);
+
 /// status.json text (one JSON object, documented in docs/control-protocol.md).
+std::string render_status(const RunStatus& status, const StatusSnapshot& snapshot);
 std::string render_status(const Scheduler& scheduler, const StatusSnapshot& snapshot);
 
 /// Writes `<dir>/status.json` atomically (temp file in `dir`, then rename). Returns false

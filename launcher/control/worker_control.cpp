@@ -97,6 +97,8 @@ Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
   current_ = d;
   if (d.kind == Decision::Kind::kContinue) {
     ++round_;
+  } else if (d.kind == Decision::Kind::kExit) {
+    // The job is finishing: nothing follows this decision.
   } else {
     if (d.is_leaver(opt_.gpu)) park_generation_ = d.generation;
     generation_ = d.generation;

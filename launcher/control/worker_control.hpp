@@ -42,8 +42,10 @@ class WorkerControl {
 
   /// At a boundary: SETs the report for (generation, round), blocks until the decision,
   /// returns it. After a `resize` this object follows it: generation(), rank(),
-  /// world_size() are the new generation's (when this slot stays a member). Throws
-  /// StoreError on a broken connection, ProtocolError on a bad decision.
+  /// world_size() are the new generation's (when this slot stays a member). Kind `exit`:
+  /// the job is finishing (another member finished training); the caller stops training
+  /// and exits 0; this object is then unusable. Throws StoreError on a broken connection,
+  /// ProtocolError on a bad decision.
   Decision report_and_wait(int64_t epoch, int64_t step);
 
   /// Hold mode, after the caller freed its GPU state: SETs gpurun/slot/<gpu>/parked/<G>,

@@ -32,8 +32,31 @@ std::optional<long long> to_int(std::string_view s, long long lo, long long hi) 
 int int_flag(std::string_view flag, std::string_view value, long long lo, long long hi,
              std::string_view want) {
   auto v = to_int(value, lo, hi);
-  if (!v) bad_value(flag, value, want);
+  if (!v) {
+    // A well-formed integer above the range (even one no integer type holds) says so,
+    // unless `want` already names the bound ("a port number 0-65535").
+    const bool digits = value.find_first_not_of("0123456789") == value.npos;
+    long long big = 0;
+    const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), big);
+    if (digits && p == value.data() + value.size() &&
+        (ec == std::errc::result_out_of_range || (ec == std::errc{} && big > hi)) &&
+        want.find(std::to_string(hi)) == std::string_view::npos)
+      throw UsageError(
+          fmt::format("invalid value '{}' for --{}: too large (at most {})", value, flag, hi));
+    bad_value(flag, value, want);
+  }
   return static_cast<int>(*v);
+}
+
+std::optional<std::string> run_id_problem(std::string_view id) {
+  if (id.empty()) return "a run id cannot be empty";
+  if (id.find_first_not_of('.') == std::string_view::npos)
+    return "a run id cannot be only dots ('.', '..')";
+  for (unsigned char c : id) {
+    if (c == '/') return "a run id names a directory under --log-dir and cannot contain '/'";
+    if (c < 0x20 || c == 0x7f) return "a run id cannot contain NUL or other control characters";
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -109,7 +132,12 @@ Options parse(const std::vector<std::string>& args) {
     }
   };
   const Setter run_id = [&](std::string_view f, std::string_view v) {
-    if (v.empty()) detail::bad_value(f, v, "a non-empty run id");
+    if (auto problem = detail::run_id_problem(v)) {
+      std::string shown;  // control characters shown as \xNN
+      for (unsigned char c : v)
+        shown += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, c);
+      throw UsageError(fmt::format("invalid value '{}' for --{}: {}", shown, f, *problem));
+    }
     o.run_id = std::string(v);
     o.run_id_given = true;
   };
@@ -147,6 +175,7 @@ Options parse(const std::vector<std::string>& args) {
         [&](std::string_view f, std::string_view v) {
           o.master_port =
               static_cast<uint16_t>(detail::int_flag(f, v, 0, 65535, "a port number 0-65535"));
+          o.master_port_given = true;
         }}},
       {"standalone", {false, [&](std::string_view, std::string_view) { o.standalone = true; }}},
       {"max-restarts",
@@ -275,6 +304,11 @@ Options parse(const std::vector<std::string>& args) {
                                  o.node_rank, o.nnodes));
   if (o.standalone && o.nnodes > 1)
     throw UsageError(fmt::format("--standalone runs a single node, but --nnodes is {}", o.nnodes));
+  if (o.standalone && o.master_port_given && o.master_port != 0)
+    throw UsageError(fmt::format(
+        "--standalone picks a free port itself and cannot be combined with --master-port {}; "
+        "drop one of them",
+        o.master_port));
   if (o.nnodes > 1 && o.node_rank > 0 && o.master_port == 0)
     throw UsageError(
         "--master-port 0 cannot be used on a node with --node-rank > 0: give the port that node 0 "
@@ -307,7 +341,8 @@ Supervision:
   --grace-period SECONDS  SIGTERM -> SIGKILL delay on teardown (default 30)
 
 Logs:
-  --log-dir DIR           keep DIR/<run_id>/attempt_<n>/<rank>/{stdout,stderr}.log
+  --log-dir DIR           keep DIR/<run_id>_XXXXXX/attempt_<n>/<rank>/{stdout,stderr}.log
+                          (a new unique directory per run, printed at start)
   --redirects SPEC        streams sent only to log files: 0 none, 1 stdout, 2 stderr,
                           3 both, or per local rank like 0:1,1:2
   --tee SPEC              streams sent to log files and the console (same syntax)

@@ -3,9 +3,8 @@
 #include <fstream>
 #include <iterator>
 
-// Boost.JSON in header-only mode: this is the one translation unit of gpurun
-// that compiles its implementation.
-#include <boost/json/src.hpp>
+// Boost.JSON's implementation is compiled once, in gpurun_json (common/json.cpp).
+#include <boost/json.hpp>
 
 namespace gpurun::supervisor {
 namespace {

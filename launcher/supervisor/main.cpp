@@ -19,12 +19,15 @@
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/status.hpp"
+#include "control/status_spawner.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/event_log.hpp"
+#include "supervisor/fd_limit.hpp"
 #include "supervisor/gpu_inventory.hpp"
 #include "supervisor/posix_spawner.hpp"
+#include "supervisor/run_dir.hpp"
 #include "supervisor/supervisor.hpp"
 #include "supervisor/worker_command.hpp"
 #include "supervisor/worker_env.hpp"
@@ -56,30 +59,6 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-/// Directory holding error files and logs: <log-dir>/<run_id>, or a fresh
-/// /tmp/gpurun-<run_id>-XXXXXX removed at exit. Throws gpurun::Error.
-std::string make_run_dir(const sv::Options& o, const std::string& run_id, bool& temporary) {
-  if (o.log_dir) {
-    std::string dir = *o.log_dir + "/" + run_id;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      throw gpurun::Error(fmt::format("cannot create log directory '{}': {}", dir, ec.message()));
-    temporary = false;
-    return std::filesystem::absolute(dir).string();
-  }
-  std::string safe;
-  for (char c : run_id)
-    safe.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_');
-  std::string tmpl = fmt::format(
-      "{}/gpurun-{}-XXXXXX", std::filesystem::temp_directory_path().string(), safe.substr(0, 64));
-  if (!::mkdtemp(tmpl.data()))
-    throw gpurun::Error(
-        fmt::format("cannot create run directory '{}': {}", tmpl, std::strerror(errno)));
-  temporary = true;
-  return tmpl;
-}
-
 int run(int argc, char** argv) {
   // A vanished console reader must not kill the supervisor (workers reset this).
   ::signal(SIGPIPE, SIG_IGN);
@@ -104,10 +83,15 @@ int run(int argc, char** argv) {
   }
 
   const sv::EnvMap inherited = sv::current_environment();
+  int gpus_counted = -1;  // nvidia-smi runs at most once
+  const auto count_gpus = [&] {
+    if (gpus_counted < 0) gpus_counted = sv::count_physical_gpus();
+    return gpus_counted;
+  };
   sv::JobPlan plan;
   try {
     plan = sv::make_plan(
-        opt, inherited, sv::count_physical_gpus,
+        opt, inherited, count_gpus,
         [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); },
         random_uuid);
   } catch (const gpurun::UsageError& e) {
@@ -116,15 +100,29 @@ int run(int argc, char** argv) {
   }
 
   // Elastic mode (--config): a bad initial config is a usage error naming file:line:col.
+  // Slots (the ids active_gpus may name): with --device cuda every visible GPU, with
+  // --device cpu the --nproc slots. --nproc only says which start while active_gpus is
+  // absent: the first nproc (docs/config.md#active_gpus).
   std::optional<gpurun::control::Config> config;
-  std::vector<int> slot_ids;
-  for (int i = 0; i < plan.nproc; ++i) slot_ids.push_back(i);
+  std::vector<int> slot_ids, launch_ids;
+  for (int i = 0; i < plan.nproc; ++i) launch_ids.push_back(i);
   if (opt.config) {
     if (plan.nnodes != 1) {
       print_err("error: --config (elastic mode) supports a single node; got --nnodes " +
                 std::to_string(plan.nnodes));
       return kExitUsage;
     }
+    if (plan.device == sv::Device::kCuda) {
+      const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
+      plan.gpu_ids = sv::slot_gpu_ids(
+          cvd != inherited.end() ? std::optional<std::string>(cvd->second) : std::nullopt,
+          count_gpus);
+      plan.nproc = static_cast<int>(plan.gpu_ids.size());
+      plan.world_size = plan.nproc;
+    }
+  }
+  for (int i = 0; i < plan.nproc; ++i) slot_ids.push_back(i);
+  if (opt.config) {
     try {
       config = gpurun::control::load_config(*opt.config, slot_ids);
     } catch (const gpurun::control::ConfigError& e) {
@@ -133,12 +131,25 @@ int run(int argc, char** argv) {
     }
   }
 
+  // gpurun holds a few descriptors per worker: raise the soft limit, refuse what cannot fit.
+  const sv::FdLimit fd_limit = sv::raise_fd_limit();
+  try {
+    sv::check_fd_budget(plan.nproc, opt.log_dir || opt.redirects.any() || opt.tee.any(), fd_limit);
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
+  }
+
   std::vector<std::string> wargv = sv::worker_argv(opt, inherited);
   const auto path_it = inherited.find("PATH");
   const auto exe = sv::find_executable(
       wargv[0], path_it != inherited.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
   if (!exe) {
     print_err(fmt::format("error: worker command '{}' not found or not executable", wargv[0]));
+    return kExitNotFound;
+  }
+  if (const auto script = sv::missing_script(opt)) {
+    print_err(fmt::format("error: worker script '{}' not found or not readable", *script));
     return kExitNotFound;
   }
   const std::string display_name = opt.command.front();
@@ -152,7 +163,7 @@ int run(int argc, char** argv) {
 
   sv::EventLog events;
   std::unique_ptr<gpurun::store::Server> store;
-  bool temporary_run_dir = false;
+  sv::RunDir run_dir;
   try {
     if (opt.event_log) events = sv::EventLog(*opt.event_log);
     if (plan.node_rank == 0) {
@@ -163,12 +174,21 @@ int run(int argc, char** argv) {
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
       plan.master_port = store->port();
     }
-    plan.run_dir = make_run_dir(opt, plan.run_id, temporary_run_dir);
+    if (!opt.log_dir) sv::remove_stale_run_dirs(sv::temp_run_base());  // left by kill -9
+    run_dir = sv::make_run_dir(opt.log_dir, plan.run_id);
+    plan.run_dir = run_dir.path;
   } catch (const gpurun::Error& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitLauncherError;
   }
 
+  const bool files_in_temp = run_dir.temporary && (opt.redirects.any() || opt.tee.any());
+  if (opt.log_dir)
+    print_err(fmt::format("logs: {}", run_dir.path));
+  else if (files_in_temp)
+    print_err(fmt::format(
+        "warning: --redirects/--tee without --log-dir: the log files go to {} (kept after exit)",
+        run_dir.path));
   if (plan.set_omp_num_threads)
     print_err(
         fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
@@ -183,7 +203,8 @@ int run(int argc, char** argv) {
                            .add("master_addr", plan.master_addr)
                            .add("master_port", static_cast<int>(plan.master_port))
                            .add("max_restarts", plan.max_restarts)
-                           .add("cmd", wargv));
+                           .add("cmd", opt.command)
+                           .add("executable", *exe));
 
   sv::SupervisorOptions so;
   so.plan = plan;
@@ -198,7 +219,20 @@ int run(int argc, char** argv) {
   so.prefix_template = opt.log_line_prefix_template;
 
   sv::FdConsole console;
-  sv::PosixSpawner spawner(io);
+  sv::PosixSpawner posix_spawner(io, sv::PosixSpawnerOptions{fd_limit.original});
+  // Plain runs keep status.json through the spawner; elastic runs through their controller.
+  std::unique_ptr<gpurun::control::StatusSpawner> status_spawner;
+  if (!config) {
+    gpurun::control::StatusSnapshot snap;
+    snap.run_id = plan.run_id;
+    snap.run_dir = plan.run_dir;
+    snap.supervisor_pid = static_cast<int>(::getpid());
+    snap.physical_gpus = plan.gpu_ids;
+    status_spawner = std::make_unique<gpurun::control::StatusSpawner>(posix_spawner, console,
+                                                                      plan.nproc, std::move(snap));
+  }
+  sv::ProcessSpawner& spawner =
+      status_spawner ? static_cast<sv::ProcessSpawner&>(*status_spawner) : posix_spawner;
   sv::Supervisor supervisor(io, so, spawner, console, events);
   std::unique_ptr<gpurun::control::ElasticController> elastic;
   std::unique_ptr<gpurun::control::RunRegistration> registration;
@@ -206,6 +240,7 @@ int run(int argc, char** argv) {
     gpurun::control::ElasticOptions eo;
     eo.config_path = std::filesystem::absolute(*opt.config);
     eo.slots = slot_ids;
+    eo.launch = launch_ids;
     eo.physical_gpus = plan.gpu_ids;
     eo.run_id = plan.run_id;
     eo.run_dir = plan.run_dir;
@@ -217,9 +252,10 @@ int run(int argc, char** argv) {
       return kExitLauncherError;
     }
     supervisor.set_controller(elastic.get());
-    registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
-    if (!registration->error().empty()) print_err("warning: " + registration->error());
   }
+  // Every run registers, so `gpurun status` finds it.
+  registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
+  if (!registration->error().empty()) print_err("warning: " + registration->error());
   supervisor.on_restart = [&](int) {
     if (store) store->reset_keyspace("gpurun/");
   };
@@ -249,10 +285,8 @@ int run(int argc, char** argv) {
   }
   registration.reset();
   elastic.reset();
-  if (temporary_run_dir) {
-    std::error_code ec;
-    std::filesystem::remove_all(plan.run_dir, ec);
-  }
+  sv::release_run_dir(run_dir, files_in_temp);
+  if (files_in_temp) print_err(fmt::format("log files kept in {}", run_dir.path));
   return code;
 }
 

@@ -45,23 +45,25 @@ struct Options {
   int nnodes = 1;     ///< static number of nodes
   int node_rank = 0;  ///< this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";
-  uint16_t master_port = 29500;  ///< 0 = bind a free port and tell the workers
-  bool standalone = false;       ///< localhost + free port + random run id
+  uint16_t master_port = 29500;    ///< 0 = bind a free port and tell the workers
+  bool master_port_given = false;  ///< --master-port was on the command line
+  bool standalone = false;         ///< localhost + free port + random run id
 
   // --- supervision --------------------------------------------------------
   int max_restarts = 0;                            ///< whole-set restarts after a failure
   std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL delay
 
   // --- logs ---------------------------------------------------------------
-  std::optional<std::string> log_dir;         ///< keeps <log_dir>/<run_id>/attempt_<n>/<rank>/
-  StdSpec redirects;                          ///< streams sent to files only
-  StdSpec tee;                                ///< streams sent to files and console
+  std::optional<std::string> log_dir;  ///< keeps <log_dir>/<run_id>_XXXXXX/attempt_<n>/<rank>/
+  StdSpec redirects;                   ///< streams sent to files only
+  StdSpec tee;                         ///< streams sent to files and console
   std::optional<std::set<int>> ranks_filter;  ///< console shows only these global ranks
   std::string log_line_prefix_template = "[rank${rank}]: ";
   std::optional<std::string> event_log;  ///< JSON-lines event file
 
   // --- identity / config --------------------------------------------------
-  std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID (torchrun's default)
+  std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID (torchrun's default); no '/', not
+                                ///< only dots, no control characters (it names a directory)
   bool run_id_given = false;
   std::optional<std::string> config;  ///< stored for a later issue
   Device device = Device::kCuda;

@@ -1,13 +1,22 @@
 #include "supervisor/posix_spawner.hpp"
 
+#include <dirent.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <boost/asio/read.hpp>
@@ -81,6 +90,7 @@ namespace bp = boost::process::v2;
 struct WorkerInit {
   pid_t parent = ::getpid();
   const char* const* envp = nullptr;
+  std::optional<rlimit> nofile;  // RLIMIT_NOFILE to give the worker
 
   template <typename Launcher>
   bp::error_code on_setup(Launcher& launcher, const bp::filesystem::path&, const char* const*(&)) {
@@ -88,13 +98,15 @@ struct WorkerInit {
     return {};
   }
 
-  // Runs in the child between fork and exec: async-signal-safe calls only.
+  // Runs in the child between clone and exec, on the parent's memory: system calls only,
+  // no allocation, no locks.
   template <typename Launcher>
   bp::error_code on_exec_setup(Launcher&, const bp::filesystem::path&, const char* const*(&)) {
     if (::setpgid(0, 0) != 0) return bp::error_code(errno, bp::system_category());
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
       return bp::error_code(errno, bp::system_category());
-    if (::getppid() != parent) ::_exit(127);  // gpurun died before prctl took effect
+    if (::getppid() != parent) ::_exit(127);           // gpurun died before prctl took effect
+    if (nofile) ::setrlimit(RLIMIT_NOFILE, &*nofile);  // the limit gpurun was started with
     // Ignored dispositions survive exec: give the worker a clean slate.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -107,6 +119,128 @@ struct WorkerInit {
   }
 };
 
+/// Boost.Process launcher that starts the child with clone(CLONE_VM | CLONE_VFORK) on a
+/// private stack, the way glibc's posix_spawn does, instead of fork(). fork() copies
+/// gpurun's page tables (64 KiB read buffers per worker) and Boost's default launcher
+/// re-registers every Asio descriptor in the child (notify_fork), so each spawn cost
+/// O(workers already started): 2,000 workers took 77 s. Here a spawn costs the exec plus
+/// copying the descriptor table. The child never touches the Asio reactor: it runs the
+/// initializers' on_exec_setup (async-signal-safe calls), closes every descriptor above
+/// stderr and execs; all signals stay blocked until handlers are reset to SIG_DFL.
+struct CloneLauncher : bp::posix::default_launcher {
+  template <typename Executor, typename... Inits>
+  bp::basic_process<Executor> launch(Executor exec, bp::error_code& ec,
+                                     const bp::filesystem::path& exe,
+                                     const std::vector<std::string>& args, Inits&... inits) {
+    const char* const* argv = build_argv_(exe, args);
+    ec = bp::posix::detail::on_setup(*this, exe, argv, inits...);
+    if (ec) {
+      bp::posix::detail::on_error(*this, exe, argv, ec, inits...);
+      return bp::basic_process<Executor>(exec);
+    }
+    struct Child {
+      CloneLauncher* self;
+      const bp::filesystem::path* exe;
+      const char* const* argv;
+      std::tuple<Inits&...> inits;
+      int error;  // errno of the failed step, written by the child before it exits
+    } child{this, &exe, argv, std::tuple<Inits&...>(inits...), 0};
+
+    constexpr size_t kStackBytes = 256 * 1024;
+    void* stack = ::mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
+      ec.assign(errno, bp::system_category());
+      bp::posix::detail::on_error(*this, exe, argv, ec, inits...);
+      return bp::basic_process<Executor>(exec);
+    }
+    // A signal handler must not run in the child (it shares our memory): block all
+    // signals across clone; the child resets handlers before unblocking.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    auto entry = +[](void* arg) -> int {
+      auto& c = *static_cast<Child*>(arg);
+      for (int sig = 1; sig < NSIG; ++sig) {
+        struct sigaction sa {};
+        if (::sigaction(sig, nullptr, &sa) != 0) continue;
+        if (sa.sa_handler == SIG_IGN || sa.sa_handler == SIG_DFL) continue;
+        sa = {};
+        sa.sa_handler = SIG_DFL;
+        ::sigaction(sig, &sa, nullptr);
+      }
+      const char* const* cmd = c.argv;
+      bp::error_code e = std::apply(
+          [&](auto&... in) {
+            return bp::posix::detail::on_exec_setup(*c.self, *c.exe, cmd, in...);
+          },
+          c.inits);
+      if (e) {
+        c.error = e.value() != 0 ? e.value() : EINVAL;
+        ::_exit(127);
+      }
+      ::syscall(SYS_close_range, 3u, ~0u, 0u);  // descriptors gpurun did not mark CLOEXEC
+      ::execve(c.exe->c_str(), const_cast<char* const*>(cmd),
+               const_cast<char* const*>(c.self->env));
+      c.error = errno;
+      ::_exit(127);
+    };
+    pid = ::clone(entry, static_cast<char*>(stack) + kStackBytes, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                  &child);
+    const int clone_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    ::munmap(stack, kStackBytes);
+    if (pid < 0) {
+      ec.assign(clone_errno, bp::system_category());
+    } else if (child.error != 0) {
+      ::waitpid(pid, nullptr, 0);  // it exited before exec: reap it here
+      ec.assign(child.error, bp::system_category());
+    }
+    if (ec) {
+      bp::posix::detail::on_error(*this, exe, argv, ec, inits...);
+      return bp::basic_process<Executor>(exec);
+    }
+    bp::basic_process<Executor> proc(exec, pid);
+    bp::posix::detail::on_success(*this, exe, argv, ec, inits...);
+    return proc;
+  }
+};
+
+/// Pids of direct children of this process, from /proc/self/task/*/children.
+std::vector<int> child_pids() {
+  std::vector<int> out;
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (!tasks) return out;
+  while (const dirent* e = ::readdir(tasks)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/children");
+    for (int pid; in >> pid;) out.push_back(pid);
+  }
+  ::closedir(tasks);
+  return out;
+}
+
+}  // namespace
+
+/// Reaps children of gpurun that are not workers: processes a worker left behind are
+/// re-parented to gpurun (PR_SET_CHILD_SUBREAPER) and would otherwise stay zombies,
+/// which keep their process group "alive" for killpg(pgid, 0). Worker pids are left to
+/// Boost.Process's own wait.
+struct PosixSpawner::Reaper {
+  std::set<int> workers;  // started and not yet reaped by Boost.Process
+  std::chrono::steady_clock::time_point last{};
+
+  void reap_orphans() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::milliseconds(5)) return;  // once per burst of polls
+    last = now;
+    for (int pid : child_pids())
+      if (workers.count(pid) == 0) ::waitpid(pid, nullptr, WNOHANG);
+  }
+};
+
+namespace {
+
 /// State shared with pending Asio handlers; outlives the handle if needed.
 struct PosixWorkerState : std::enable_shared_from_this<PosixWorkerState> {
   explicit PosixWorkerState(asio::io_context& io) : out(io), err(io) {}
@@ -117,6 +251,8 @@ struct PosixWorkerState : std::enable_shared_from_this<PosixWorkerState> {
   std::array<char, 64 * 1024> out_buf{};
   std::array<char, 64 * 1024> err_buf{};
   WorkerCallbacks cb;
+  std::shared_ptr<PosixSpawner::Reaper> reaper;
+  int pid = -1;
   bool detached = false;  // handle destroyed: drop notifications
 
   void read(StreamId id) {
@@ -146,6 +282,8 @@ struct PosixWorkerState : std::enable_shared_from_this<PosixWorkerState> {
         else
           st.code = WEXITSTATUS(raw);
       }
+      self->reaper->workers.erase(self->pid);
+      self->reaper->reap_orphans();
       if (!self->detached && self->cb.on_exit) self->cb.on_exit(st);
     });
   }
@@ -168,7 +306,10 @@ class PosixWorker : public WorkerProcess {
     throw ProcessError(fmt::format("cannot send {} to process group {}: {}", signal_name(sig), pid_,
                                    std::strerror(errno)));
   }
-  bool group_alive() const override { return ::killpg(pid_, 0) == 0 || errno == EPERM; }
+  bool group_alive() const override {
+    state_->reaper->reap_orphans();  // a zombie gpurun has not reaped still counts for killpg
+    return ::killpg(pid_, 0) == 0 || errno == EPERM;
+  }
 
  private:
   std::shared_ptr<PosixWorkerState> state_;
@@ -177,11 +318,20 @@ class PosixWorker : public WorkerProcess {
 
 }  // namespace
 
+PosixSpawner::PosixSpawner(boost::asio::io_context& io, PosixSpawnerOptions options)
+    : io_(io), options_(options), reaper_(std::make_shared<Reaper>()) {
+  // Orphans of the job become our children (and zombies we reap), not init's.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
+
+PosixSpawner::~PosixSpawner() = default;
+
 std::unique_ptr<WorkerProcess> PosixSpawner::spawn(const SpawnRequest& req,
                                                    WorkerCallbacks callbacks) {
   GPURUN_CHECK(!req.argv.empty(), "empty argv for rank {}", req.rank);
   auto state = std::make_shared<PosixWorkerState>(io_);
   state->cb = std::move(callbacks);
+  state->reaper = reaper_;
 
   std::vector<std::string> env_strings;
   env_strings.reserve(req.env.size());
@@ -193,15 +343,23 @@ std::unique_ptr<WorkerProcess> PosixSpawner::spawn(const SpawnRequest& req,
 
   WorkerInit init;
   init.envp = envp.data();
+  init.nofile = options_.worker_nofile;
   std::vector<std::string> args(req.argv.begin() + 1, req.argv.end());
-  try {
-    state->proc.emplace(io_.get_executor(), bp::filesystem::path(req.argv[0]), args,
-                        bp::process_stdio{{}, state->out, state->err}, init);
-  } catch (const boost::system::system_error& e) {
-    throw ProcessError(
-        fmt::format("cannot start rank {} ('{}'): {}", req.rank, req.argv[0], e.code().message()));
+  bp::error_code ec;
+  {
+    bp::process_stdio stdio{{}, state->out, state->err};
+    ec = stdio.out.ec ? stdio.out.ec : stdio.err.ec;  // pipe creation (EMFILE, ENFILE)
+    CloneLauncher launcher;
+    if (!ec)
+      state->proc.emplace(launcher.launch(io_.get_executor(), ec, bp::filesystem::path(req.argv[0]),
+                                          args, stdio, init));
   }
+  if (ec)
+    throw ProcessError(
+        fmt::format("cannot start rank {} ('{}'): {}", req.rank, req.argv[0], ec.message()));
   const int pid = state->proc->id();
+  state->pid = pid;
+  reaper_->workers.insert(pid);
   state->read(StreamId::kStdout);
   state->read(StreamId::kStderr);
   state->wait();

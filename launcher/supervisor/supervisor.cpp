@@ -36,6 +36,7 @@ struct Supervisor::Worker {
   bool console_err = true;
   std::string prefix;
   std::string error_file;
+  std::string start_error;  // why the process could not be started (no pid, no exit status)
 };
 
 struct Supervisor::Failure {
@@ -45,6 +46,7 @@ struct Supervisor::Failure {
   ExitStatus status;
   std::string reason;
   std::string error_file;
+  std::string start_error;  // non-empty: the worker never ran
   std::vector<std::string> tail;
 };
 
@@ -93,6 +95,15 @@ void Supervisor::say(const std::string& line) {
 }
 
 void Supervisor::start() {
+  if (opt_.ranks_filter) {
+    const int first = opt_.plan.node_rank * opt_.plan.nproc;
+    const auto it = opt_.ranks_filter->lower_bound(first);
+    if (it == opt_.ranks_filter->end() || *it >= first + opt_.plan.nproc)
+      say(fmt::format(
+          "warning: --ranks-filter names none of the ranks on this node ({}-{}): no worker output "
+          "will be shown on the console",
+          first, first + opt_.plan.nproc - 1));
+  }
   start_attempt();
 }
 
@@ -159,14 +170,17 @@ void Supervisor::start_attempt() {
     w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
     workers_.push_back(std::move(w));
   }
-  for (auto& wp : workers_) {
-    Worker& w = *wp;
-    if (phase_ != Phase::kRunning) {
-      // An earlier slot failed to start: do not start the rest.
-      w.exit = ExitStatus{0, 0};
-      w.out_open = w.err_open = false;
-      continue;
-    }
+  spawn_from(0);
+}
+
+void Supervisor::spawn_from(size_t first) {
+  // Spawns a batch, then yields to the io_context so that a signal (or a worker's early
+  // failure) is handled before the next batch: a shutdown stops spawning promptly.
+  const size_t batch = std::max<size_t>(1, opt_.spawn_batch);
+  size_t i = first;
+  for (; i < workers_.size() && i < first + batch; ++i) {
+    Worker& w = *workers_[i];
+    if (phase_ != Phase::kRunning) break;
     open_logs(w, false);
     std::error_code ec;
     std::filesystem::remove(w.error_file, ec);  // a stale report must not be mistaken for this one
@@ -190,9 +204,28 @@ void Supervisor::start_attempt() {
     } catch (const Error& e) {
       w.exit = ExitStatus{1, 0};
       w.out_open = w.err_open = false;
-      say(e.what());
-      record_failure(w, *w.exit, e.what());
+      w.start_error = e.what();
+      events_.emit("worker_start_failed", JsonObject()
+                                              .add("rank", w.rank)
+                                              .add("local_rank", w.local_rank)
+                                              .add("attempt", attempt_)
+                                              .add("reason", w.start_error));
+      // The reason is printed once, in the summary ("could not start: ...").
+      record_failure(w, *w.exit, fmt::format("rank {} could not start", w.rank));
     }
+  }
+  if (i < workers_.size() && phase_ == Phase::kRunning) {
+    asio::post(io_, [this, i, attempt = attempt_, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired() && attempt == attempt_ && phase_ != Phase::kDone) spawn_from(i);
+    });
+    return;
+  }
+  // Stopped early (a shutdown signal or a failure): the rest never start.
+  for (; i < workers_.size(); ++i) {
+    Worker& w = *workers_[i];
+    if (w.proc || w.exit) continue;
+    w.exit = ExitStatus{0, 0};
+    w.out_open = w.err_open = false;
   }
   check_progress();
 }
@@ -331,6 +364,7 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   failure_->status = status;
   failure_->reason = std::move(reason);
   failure_->error_file = w.error_file;
+  failure_->start_error = w.start_error;
   say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
                   opt_.grace_period.count()));
   stop_workers(SIGTERM);
@@ -499,8 +533,12 @@ void Supervisor::print_summary() {
                    opt_.plan.max_restarts));
   line("root cause (first observed failure):");
   line(fmt::format("  rank       : {} (local rank {})", f.rank, f.local_rank));
-  line(fmt::format("  pid        : {}", f.pid));
-  line(fmt::format("  exit       : {}", f.status.describe()));
+  if (!f.start_error.empty()) {
+    line(fmt::format("  exit       : could not start: {}", f.start_error));
+  } else {
+    line(fmt::format("  pid        : {}", f.pid));
+    line(fmt::format("  exit       : {}", f.status.describe()));
+  }
   auto report = read_error_file(f.error_file);
   if (report) {
     line(fmt::format("  error file : {}", f.error_file));

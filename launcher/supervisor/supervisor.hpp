@@ -41,6 +41,9 @@ struct SupervisorOptions {
   std::chrono::milliseconds drain_timeout{1'000};  ///< wait for pipes after the processes died
   std::chrono::milliseconds kill_timeout{2'000};   ///< wait for groups after SIGKILL
   std::chrono::milliseconds poll_interval{50};     ///< process-group liveness polling
+  /// Workers spawned per io_context turn: between batches signals and early exits are
+  /// handled, so a SIGINT during a large launch stops spawning within one batch.
+  std::size_t spawn_batch = 32;
 };
 
 /// Expands ${rank}, ${local_rank} and ${role_name} in a console prefix template.
@@ -99,6 +102,7 @@ class Supervisor {
   enum class Phase { kRunning, kStopping, kDraining, kDone };
 
   void start_attempt();
+  void spawn_from(std::size_t first);
   void open_logs(Worker& w, bool append);
   void on_output(Worker& w, StreamId stream, std::string_view bytes);
   void on_line(Worker& w, StreamId stream, std::string_view line);

@@ -48,4 +48,15 @@ std::optional<std::string> find_executable(const std::string& name, const std::s
   return std::nullopt;
 }
 
+std::optional<std::string> missing_script(const Options& o) {
+  if (o.module || o.no_python || o.command.empty() || !ends_with(o.command.front(), ".py"))
+    return std::nullopt;
+  const std::string& script = o.command.front();
+  struct stat st {};
+  if (::stat(script.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      ::access(script.c_str(), R_OK) == 0)
+    return std::nullopt;
+  return script;
+}
+
 }  // namespace gpurun::supervisor

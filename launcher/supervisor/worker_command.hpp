@@ -22,4 +22,10 @@ std::vector<std::string> worker_argv(const Options& options, const EnvMap& env);
 /// Returns nullopt when nothing executable is found.
 std::optional<std::string> find_executable(const std::string& name, const std::string& path_env);
 
+/// The script a `script.py` command runs through the interpreter (not with -m or
+/// --no-python), when it is not a readable file relative to the current directory;
+/// nullopt otherwise. gpurun then exits 127 like for a missing executable, instead of
+/// starting every worker only for python to exit 2.
+std::optional<std::string> missing_script(const Options& options);
+
 }  // namespace gpurun::supervisor

@@ -8,11 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -70,27 +72,22 @@ struct Run {
   pid_t pid = -1;
   std::optional<int> status;
 
-  Run(const fs::path& d, int nproc, const std::string& config, int epoch_ms = 150,
-      std::vector<std::string> extra = {})
+  /// `config` nullopt: a plain run (no --config) of `command` instead of fake_worker.
+  Run(const fs::path& d, int nproc, const std::optional<std::string>& config, int epoch_ms = 150,
+      std::vector<std::string> extra = {}, std::string device = "cpu",
+      std::map<std::string, std::string> env = {}, std::vector<std::string> command = {})
       : dir(d) {
-    write_file(dir / "config.toml", config);
-    std::vector<std::string> args = {kGpurun,
-                                     "--device",
-                                     "cpu",
-                                     "--nproc",
-                                     std::to_string(nproc),
-                                     "--config",
-                                     (dir / "config.toml").string(),
-                                     "--event-log",
-                                     (dir / "events.jsonl").string(),
-                                     "--run-id",
-                                     "ctl-test",
-                                     "--master-port",
-                                     "0"};
+    std::vector<std::string> args = {kGpurun, "--device", device, "--nproc", std::to_string(nproc)};
+    if (config) {
+      write_file(dir / "config.toml", *config);
+      args.push_back("--config");
+      args.push_back((dir / "config.toml").string());
+    }
+    for (const char* a : {"--event-log", "", "--run-id", "ctl-test", "--master-port", "0"})
+      args.push_back(*a ? std::string(a) : (dir / "events.jsonl").string());
     args.insert(args.end(), extra.begin(), extra.end());
-    args.push_back(kWorker);
-    args.push_back(dir.string());
-    args.push_back(std::to_string(epoch_ms));
+    if (command.empty()) command = {kWorker, dir.string(), std::to_string(epoch_ms)};
+    args.insert(args.end(), command.begin(), command.end());
     pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -99,6 +96,7 @@ struct Run {
       ::dup2(o, 1);
       ::dup2(e, 2);
       ::setenv("XDG_RUNTIME_DIR", (dir / "xdg").c_str(), 1);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -196,6 +194,32 @@ struct Run {
     }
     return out;
   }
+  /// Per slot, the gpurun variables each of its processes started with (env.<gpu>.<pid>).
+  std::map<int, std::vector<std::map<std::string, std::string>>> envs() const {
+    std::map<int, std::vector<std::map<std::string, std::string>>> out;
+    for (const auto& f : fs::directory_iterator(dir)) {
+      const std::string name = f.path().filename().string();
+      if (name.rfind("env.", 0) != 0) continue;
+      std::map<std::string, std::string> vars;
+      std::istringstream in(slurp(f.path()));
+      for (std::string line; std::getline(in, line);) {
+        auto eq = line.find('=');
+        vars[line.substr(0, eq)] = line.substr(eq + 1);
+      }
+      out[std::stoi(name.substr(4, name.find('.', 4) - 4))].push_back(vars);
+    }
+    return out;
+  }
+  /// Every store key count a worker saw after reading a decision (keys.<gpu>.<pid>).
+  std::vector<long> key_counts() const {
+    std::vector<long> out;
+    for (const auto& f : fs::directory_iterator(dir)) {
+      if (f.path().filename().string().rfind("keys.", 0) != 0) continue;
+      std::istringstream in(slurp(f.path()));
+      for (long n; in >> n;) out.push_back(n);
+    }
+    return out;
+  }
   /// Every key was read with identical bytes by all its readers.
   void check_reads_identical() const {
     auto r = reads();
@@ -218,6 +242,18 @@ std::string config(const std::string& active, const std::string& mode = "release
   c += "[park]\nmode = \"" + mode +
        "\"\n[boundary]\nevery = \"epoch\"\ndeadline_s = " + std::to_string(deadline_s) + "\n";
   return c;
+}
+
+/// `gpurun status ARGS` against the runs registered under DIR/xdg: (exit status, output).
+std::pair<int, std::string> gpurun_status(const fs::path& dir, const std::string& args) {
+  const std::string cmd =
+      "XDG_RUNTIME_DIR=" + (dir / "xdg").string() + " " + kGpurun + " status " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  return {WEXITSTATUS(rc), out};
 }
 
 /// Index of the first event named `name` (with `field` == `value` when given) at or after `from`.
@@ -431,4 +467,179 @@ TEST_CASE("a bad config at start is a usage error naming file:line:col; nothing 
         std::string::npos);
   CHECK(err.find("active_gpus") != std::string::npos);
   CHECK(run.events("worker_started").empty());
+}
+
+TEST_CASE("--device cpu: --nproc 4 with active_gpus = [0, 1] starts 2; growing spawns 2 and 3") {
+  TempDir tmp;
+  Run run(tmp.path, 4, config("[0, 1]"));
+  auto start = run.wait_resize(1);
+  CHECK(ids(start, "active") == "[0,1]");
+  run.wait_continues(1);
+  CHECK(run.events("worker_started").size() == 2);
+
+  write_file(tmp.path / "config.toml", config("[0, 1, 2, 3]"));
+  auto grow = run.wait_resize(2);
+  CHECK(ids(grow, "joiners") == "[2,3]");
+  run.wait_continues(1);
+  CHECK(run.events("worker_started").size() == 4);
+  auto envs = run.envs();
+  for (int gpu : {2, 3}) {
+    CAPTURE(gpu);
+    REQUIRE(envs[gpu].size() == 1);
+    auto& e = envs[gpu][0];
+    CHECK(e["LOCAL_RANK"] == std::to_string(gpu));
+    CHECK(e["GPURUN_SLOT"] == std::to_string(gpu));
+    CHECK(e["RANK"] == std::to_string(gpu));
+    CHECK(e["WORLD_SIZE"] == "4");
+    CHECK(e["GPURUN_JOIN_GENERATION"] == "1");
+    CHECK(e["GPURUN_GPU_ID"] == "<unset>");
+  }
+  CHECK(run.finish() == 0);
+  run.check_reads_identical();
+}
+
+TEST_CASE("--device cuda: every visible GPU is a slot; --nproc only sets how many start") {
+  // CUDA_VISIBLE_DEVICES names the GPUs, so no GPU is touched: fake workers never use CUDA.
+  TempDir tmp;
+  Run run(tmp.path, 2, config(""), 150, {}, "cuda", {{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}});
+  auto start = run.wait_resize(1);
+  CHECK(ids(start, "active") == "[0,1]");  // active_gpus absent: the first --nproc
+  run.wait_continues(1);
+  CHECK(run.events("worker_started").size() == 2);
+
+  auto [rc, text] = gpurun_status(tmp.path, "--json");
+  INFO(text);
+  REQUIRE(rc == 0);
+  auto root = json::parse(text).as_object();
+  CHECK(json::serialize(root["desired_active"]) == "[0,1]");
+  auto& slots = root["slots"].as_array();
+  REQUIRE(slots.size() == 4);  // every visible GPU
+  CHECK(slots[3].as_object()["physical_gpu"].as_string() == "7");
+  CHECK(slots[3].as_object()["state"].as_string() == "PARKED");
+
+  // GPUs 2 and 3 were never launched: they are spawned as joiners with their own device.
+  write_file(tmp.path / "config.toml", config("[0, 1, 2, 3]"));
+  auto grow = run.wait_resize(2);
+  CHECK(ids(grow, "active") == "[0,1,2,3]");
+  CHECK(ids(grow, "joiners") == "[2,3]");
+  run.wait_continues(1);
+  auto envs = run.envs();
+  for (int gpu : {0, 1, 2, 3}) {
+    CAPTURE(gpu);
+    REQUIRE(envs[gpu].size() == 1);
+    auto& e = envs[gpu][0];
+    CHECK(e["LOCAL_RANK"] == std::to_string(gpu));
+    CHECK(e["GPURUN_SLOT"] == std::to_string(gpu));
+    CHECK(e["GPURUN_GPU_ID"] == std::to_string(4 + gpu));  // its CUDA_VISIBLE_DEVICES entry
+    CHECK(e["CUDA_VISIBLE_DEVICES"] == "4,5,6,7");
+    CHECK(e["GPURUN_DEVICE"] == "cuda");
+  }
+  CHECK(envs[3][0]["WORLD_SIZE"] == "4");
+  CHECK(envs[3][0]["RANK"] == "3");
+  CHECK(run.finish() == 0);
+  run.check_reads_identical();
+}
+
+TEST_CASE("--device cuda: active_gpus at start decides the initial set, beyond --nproc") {
+  TempDir tmp;
+  Run run(tmp.path, 1, config("[1, 3]"), 150, {}, "cuda", {{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}});
+  auto start = run.wait_resize(1);
+  CHECK(ids(start, "active") == "[1,3]");
+  run.wait_continues(1);
+  auto envs = run.envs();
+  REQUIRE(envs[3].size() == 1);
+  CHECK(envs[3][0]["GPURUN_GPU_ID"] == "7");
+  CHECK(envs[3][0]["RANK"] == "1");
+  CHECK(envs.count(0) == 0);
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("a worker that finishes one epoch early ends the job; peers at the boundary exit") {
+  TempDir tmp;
+  Run run(tmp.path, 3, config("", "release", 30));
+  run.wait_resize(1);
+  run.wait_continues(2);
+  long max_epoch = 0;
+  for (auto& e : run.events("decision"))
+    max_epoch = std::max<long>(max_epoch, e["epoch"].as_int64());
+  write_file(tmp.path / "stop_gpu1", std::to_string(max_epoch + 2));
+  // Well within the 30 s boundary deadline: nobody waits for a decision that never comes.
+  REQUIRE(run.wait(10s));
+  CHECK(run.code() == 0);
+  auto evs = run.events("decision");
+  REQUIRE(!evs.empty());
+  CHECK(evs.back()["kind"].as_string() == "exit");
+  CHECK(ids(evs.back(), "active") == "[0,1,2]");
+  bool gpu1_exited = false;
+  for (auto& e : run.events("worker_state"))
+    if (e["gpu"].as_int64() == 1 && e["to"].as_string() == "EXITED") gpu1_exited = true;
+  CHECK(gpu1_exited);
+  // gpu 0 and gpu 2 read the same exit decision.
+  size_t exit_reads = 0;
+  for (const auto& [key, values] : run.reads())
+    for (const auto& v : values) exit_reads += v.find("\"kind\":\"exit\"") != std::string::npos;
+  CHECK(exit_reads == 1);
+  run.check_reads_identical();
+  CHECK(slurp(tmp.path / "gpurun.stderr").find("finished training") != std::string::npos);
+}
+
+TEST_CASE("the store's key count stays bounded over many boundaries and resizes") {
+  TempDir tmp;
+  Run run(tmp.path, 3, config(""), 20);
+  run.wait_resize(1);
+  run.wait_continues(20);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  run.wait_resize(2);
+  run.wait_continues(20);
+  write_file(tmp.path / "config.toml", config("[0, 1, 2]"));
+  run.wait_resize(3);
+  run.wait_continues(30);
+  CHECK(run.finish() == 0);
+  const std::vector<long> counts = run.key_counts();
+  REQUIRE(counts.size() > 150);
+  // generation, start, joined (<= 3), the last decision and its reports (<= 3), early
+  // reports of the next round (<= 3), a just-replaced generation's keys (<= 5).
+  const long most = *std::max_element(counts.begin(), counts.end());
+  MESSAGE("most store keys seen at a boundary: " << most);
+  CHECK(most <= 16);  // without deleting, ~4 more per boundary: > 250 here
+  run.check_reads_identical();
+}
+
+TEST_CASE("gpurun status finds a plain run (no --config)") {
+  TempDir tmp;
+  const std::string stop = (tmp.path / "stop").string();
+  // Local rank 1 finishes at once; local rank 0 runs until the test creates `stop`.
+  Run run(tmp.path, 2, std::nullopt, 0, {}, "cpu", {},
+          {"/bin/sh", "-c",
+           "[ \"$LOCAL_RANK\" = 1 ] && exit 0; while [ ! -e " + stop + " ]; do sleep 0.05; done"});
+  json::object root;
+  run.wait_for("rank 1 EXITED in gpurun status", [&] {
+    auto [rc, text] = gpurun_status(tmp.path, "--json");
+    if (rc != 0) return false;
+    root = json::parse(text).as_object();
+    auto& slots = root["slots"].as_array();
+    return slots.size() == 2 && slots[1].as_object()["state"].as_string() == "EXITED";
+  });
+  CHECK(root["run_id"].as_string() == "ctl-test");
+  CHECK(root["elastic"].as_bool() == false);
+  CHECK(root["config"].is_null());
+  CHECK(root["generation"].as_int64() == 0);
+  auto& slots = root["slots"].as_array();
+  auto& s0 = slots[0].as_object();
+  CHECK(s0["state"].as_string() == "ACTIVE");
+  CHECK(s0["rank"].as_int64() == 0);
+  CHECK(s0["pid"].as_int64() > 0);
+  CHECK(slots[1].as_object()["rank"].as_int64() == 1);
+  CHECK(slots[1].as_object()["pid"].as_int64() == -1);
+
+  auto [rc2, table] = gpurun_status(tmp.path, "");
+  INFO(table);
+  CHECK(rc2 == 0);
+  CHECK(table.find("not elastic") != std::string::npos);
+  CHECK(table.find("EXITED") != std::string::npos);
+
+  write_file(tmp.path / "stop", "");
+  REQUIRE(run.wait(kHangGuard));
+  CHECK(run.code() == 0);
+  CHECK(gpurun_status(tmp.path, "").first == 1);  // unregistered with the run
 }

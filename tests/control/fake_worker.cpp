@@ -2,13 +2,18 @@
 // protocol through WorkerControl, trains nothing. Behaviour is steered by files
 // in the directory given as argv[1] (the test creates them):
 //   stop            contains an epoch E: exit 0 on reaching epoch E (before reporting)
+//   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
 // Every decision read is appended to <dir>/reads.<gpu>.<pid>: "<store key> <json>".
+// At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
+// after each boundary it appends the store's key count to <dir>/keys.<gpu>.<pid>.
+// A decision of kind "exit" (the job is finishing) makes it exit 0.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -23,8 +28,8 @@ namespace keys = gpurun::control::keys;
 
 namespace {
 
-long stop_epoch(const fs::path& dir) {
-  std::ifstream in(dir / "stop");
+long stop_epoch(const fs::path& file) {
+  std::ifstream in(file);
   long e = -1;
   if (in >> e) return e;
   return -1;
@@ -45,8 +50,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int gpu = wc->gpu();
-  std::ofstream log(dir / ("reads." + std::to_string(gpu) + "." + std::to_string(::getpid())),
-                    std::ios::app);
+  const std::string me = std::to_string(gpu) + "." + std::to_string(::getpid());
+  std::ofstream log(dir / ("reads." + me), std::ios::app);
+  {
+    std::ofstream env(dir / ("env." + me));
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPURUN_SLOT",
+                             "GPURUN_GPU_ID", "GPURUN_DEVICE", "GPURUN_JOIN_GENERATION",
+                             "GPURUN_ACTIVE_GPUS", "CUDA_VISIBLE_DEVICES"}) {
+      const char* v = std::getenv(name);
+      env << name << "=" << (v ? v : "<unset>") << "\n";
+    }
+  }
+  std::ofstream key_counts(dir / ("keys." + me), std::ios::app);
   auto record = [&](const std::string& key) {
     log << key << " " << wc->current_json() << std::endl;
   };
@@ -64,8 +79,9 @@ int main(int argc, char** argv) {
   long epoch = start.epoch >= 0 ? start.epoch + 1 : 0;
   while (true) {
     std::this_thread::sleep_for(epoch_time);
-    const long stop = stop_epoch(dir);
-    if (stop >= 0 && epoch >= stop) {
+    const long stop = stop_epoch(dir / "stop");
+    const long my_stop = stop_epoch(dir / ("stop_gpu" + std::to_string(gpu)));
+    if ((stop >= 0 && epoch >= stop) || (my_stop >= 0 && epoch >= my_stop)) {
       std::printf("fake_worker gpu %d: finished at epoch %ld\n", gpu, epoch);
       return 0;
     }
@@ -76,6 +92,11 @@ int main(int argc, char** argv) {
     const std::string key = keys::decision(wc->generation(), wc->round());
     const Decision d = wc->report_and_wait(epoch, 0);
     record(key);
+    key_counts << wc->client().num_keys() << std::endl;
+    if (d.kind == Decision::Kind::kExit) {
+      std::printf("fake_worker gpu %d: told to exit at epoch %ld\n", gpu, epoch);
+      return 0;
+    }
     ++epoch;
     if (d.kind == Decision::Kind::kResize && d.is_leaver(gpu)) {
       if (d.park_mode == gpurun::control::ParkMode::kRelease) return 0;

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,9 +28,11 @@ struct Harness {
   std::vector<int> spawned;         // gpus spawned, in order
   std::vector<int> killed;
   std::vector<std::string> wakes;  // wake keys written
+  std::set<std::string> store;     // keys present in the store (workers' writes included)
   int next_pid = 1000;
 
-  explicit Harness(Config c, int slots = 4) : s(ids(slots), c) {
+  explicit Harness(Config c, int slots = 4, std::optional<std::vector<int>> launch = std::nullopt)
+      : s(ids(slots), c, std::move(launch)) {
     s.config_loaded(c, "config.toml");
     s.start_attempt(0);
     drain();
@@ -47,7 +51,10 @@ struct Harness {
           s.on_spawned(e.gpu, next_pid++);
         } else if (e.kind == Effect::Kind::kKill) {
           killed.push_back(e.gpu);
+        } else if (e.kind == Effect::Kind::kDeleteKey) {
+          store.erase(e.key);
         } else if (e.kind == Effect::Kind::kWriteKey) {
+          store.insert(e.key);
           if (e.key.find("/decision") != std::string::npos)
             decisions.push_back(Decision::from_json(e.value));
           else if (e.key.find("/start") != std::string::npos &&
@@ -62,8 +69,12 @@ struct Harness {
   SlotState state(int gpu) const { return s.slots().at(gpu).state; }
   void join_all() {
     const auto active = s.active();
-    for (size_t r = 0; r < active.size(); ++r)
+    for (size_t r = 0; r < active.size(); ++r) {
+      const SlotState st = s.slots().at(active[r]).state;
+      if (st != SlotState::kStarting && st != SlotState::kRejoining) continue;
+      store.insert(keys::joined(s.generation(), static_cast<int>(r)));
       s.on_joined(s.generation(), static_cast<int>(r), s.slots().at(active[r]).pid);
+    }
     drain();
   }
   void report(int gpu, int64_t epoch) {
@@ -74,6 +85,7 @@ struct Harness {
     r.round = s.round();
     r.epoch = epoch;
     r.pid = s.slots().at(gpu).pid;
+    store.insert(keys::report(r.generation, r.round, r.rank));
     s.on_report(r);
     drain();
   }
@@ -300,4 +312,94 @@ TEST_CASE("scheduler: a rejected config keeps the last good one") {
   CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
   h.s.config_loaded(cfg(std::vector<int>{0}), "config.toml");
   CHECK(h.s.last_config_error().empty());
+}
+
+TEST_CASE("scheduler: without active_gpus the launch set trains; the other slots can join") {
+  Harness h(cfg(std::nullopt), 4, std::vector<int>{0, 1});
+  CHECK(h.spawned == std::vector<int>{0, 1});
+  CHECK(h.s.desired() == std::vector<int>{0, 1});
+  CHECK(h.state(3) == SlotState::kParked);
+  h.join_all();
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2, 3}), "c");
+  h.drain();
+  Decision d = h.boundary(1);
+  CHECK(d.joiners == std::vector<int>{2, 3});
+  CHECK(h.spawned == std::vector<int>{0, 1, 2, 3});  // never launched: spawned
+  // Back to "absent": the launch set again.
+  h.join_all();
+  h.s.config_loaded(cfg(std::nullopt), "c");
+  h.drain();
+  CHECK(h.boundary(2).leavers == std::vector<int>{2, 3});
+}
+
+TEST_CASE("scheduler: a member's exit 0 while peers wait answers the round with exit") {
+  Harness h(cfg(std::nullopt), 3);
+  h.join_all();
+  h.boundary(0);
+  h.report(0, 1);
+  h.report(2, 1);
+  // gpu 1 finished training instead of reporting.
+  CHECK_FALSE(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.s.finished());
+  CHECK(h.state(1) == SlotState::kExited);
+  REQUIRE(h.decisions.back().kind == Decision::Kind::kExit);
+  CHECK(h.store.count(keys::decision(0, 1)) == 1);
+  CHECK(h.events("decision") == 3);  // start, continue, exit
+  // Peers exit 0: the job ends, no more decisions.
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", false));
+  CHECK_FALSE(h.s.on_process_exit(2, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.events("decision") == 3);  // start, continue, exit
+
+  // The finisher exits before anybody reported: later reports get the exit decision.
+  Harness g(cfg(std::nullopt), 3);
+  g.join_all();
+  CHECK_FALSE(g.s.on_process_exit(2, true, "exit code 0", false));
+  g.drain();
+  const size_t before = g.decisions.size();
+  g.report(0, 0);
+  REQUIRE(g.decisions.size() == before + 1);
+  CHECK(g.decisions.back().kind == Decision::Kind::kExit);
+  g.report(1, 0);  // the same key, written once
+  CHECK(g.decisions.size() == before + 1);
+}
+
+TEST_CASE("scheduler: round and generation keys are deleted once nobody reads them") {
+  Harness h(cfg(std::nullopt, ParkMode::kHold), 4);
+  h.join_all();
+  size_t most = 0;
+  int64_t epoch = 0;
+  const std::vector<std::vector<int>> plans = {{0, 1}, {0, 1, 2, 3}, {2, 3}, {0, 1, 2, 3}, {}};
+  for (const auto& plan : plans) {
+    for (int i = 0; i < 20; ++i) {
+      h.boundary(epoch++);
+      most = std::max(most, h.store.size());
+    }
+    h.s.config_loaded(cfg(plan, ParkMode::kHold), "c");
+    h.drain();
+    Decision d = h.boundary(epoch++);
+    for (int gpu : d.leavers) h.s.on_parked(gpu, d.generation);
+    h.drain();
+    h.join_all();
+    most = std::max(most, h.store.size());
+  }
+  // Paused: every process parked; resume, train, and check what is left.
+  h.s.config_loaded(cfg(std::vector<int>{1, 2}, ParkMode::kHold), "c");
+  h.drain();
+  h.join_all();
+  for (int i = 0; i < 5; ++i) h.boundary(epoch++);
+  // 4 workers: generation, start, joined x4, decision + reports x4 (+ parked/wake keys).
+  CHECK(most <= 16);
+  const std::string g = "gpurun/gen/" + std::to_string(h.s.generation()) + "/";
+  for (const auto& key : h.store) {
+    CAPTURE(key);
+    const bool current = key.rfind(g, 0) == 0;
+    CHECK((current || key == "gpurun/generation" || key.rfind("gpurun/slot/", 0) == 0));
+  }
+  // What remains of the current generation: its start, its joined keys, the last round.
+  CHECK(h.store.count(keys::start(h.s.generation())) == 1);
+  CHECK(h.store.count(keys::decision(h.s.generation(), h.s.round() - 1)) == 1);
+  CHECK(h.store.count(keys::decision(h.s.generation(), h.s.round() - 2)) == 0);
 }

@@ -294,6 +294,9 @@ TEST_CASE("client: server cut after n bytes -> clear StoreError, never a hang (e
   TestServer ts;
   int completed = 0, failed_connect = 0, failed_midway = 0;
   for (std::size_t n = 0;; ++n) {
+    // The previous iteration's proxy may still be delivering bytes to the
+    // server: wait until its session is gone, so no stale SET lands after the reset.
+    REQUIRE(eventually([&] { return ts.on_io([&] { return ts.server().num_sessions(); }) == 0; }));
     ts.on_io([&] { ts.server().reset_keyspace("\xff no key starts like this"); });
     CuttingProxy proxy(ts.port(), n);
     const std::string peer = "127.0.0.1:" + std::to_string(proxy.port());

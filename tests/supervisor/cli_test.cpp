@@ -197,3 +197,40 @@ TEST_CASE("cli: help text has examples and every flag") {
   }
   CHECK(version_text().rfind("gpurun ", 0) == 0);
 }
+
+TEST_CASE("cli: run ids that would escape --log-dir are refused") {
+  for (const std::string bad : {"../../escaped", "a/b", "/abs", ".", "..", "...", "x\ny"}) {
+    CAPTURE(bad);
+    const std::string err = error_of({"--run-id", bad, "x"});
+    CHECK(err.rfind("invalid value '", 0) == 0);
+    CHECK(err.find("for --run-id: a run id") != std::string::npos);
+  }
+  CHECK(error_of({"--run-id", "../x", "x"}) ==
+        "invalid value '../x' for --run-id: a run id names a directory under --log-dir and "
+        "cannot contain '/'");
+  CHECK(error_of({"--rdzv-id", std::string("a\x01", 2), "x"}) ==
+        "invalid value 'a\\x01' for --rdzv-id: a run id cannot contain NUL or other control "
+        "characters");
+  CHECK(error_of({"--run-id", std::string("a\0b", 3), "x"}).find("control characters") !=
+        std::string::npos);
+  CHECK(p({"--run-id", "job-1.2_x..y", "x"}).run_id == "job-1.2_x..y");
+}
+
+TEST_CASE("cli: integers beyond the range say too large") {
+  CHECK(error_of({"--max-restarts", "99999999999", "x"}) ==
+        "invalid value '99999999999' for --max-restarts: too large (at most 2147483647)");
+  CHECK(error_of({"--nproc", "99999999999999999999999", "x"}) ==
+        "invalid value '99999999999999999999999' for --nproc: too large (at most 1048576)");
+  CHECK(error_of({"--max-restarts", "-1", "x"}) ==
+        "invalid value '-1' for --max-restarts: expected a non-negative integer");
+  CHECK(p({"--max-restarts", "2147483647", "x"}).max_restarts == 2147483647);
+}
+
+TEST_CASE("cli: --standalone picks its own port") {
+  CHECK(error_of({"--standalone", "--master-port", "1234", "x"}) ==
+        "--standalone picks a free port itself and cannot be combined with --master-port 1234; "
+        "drop one of them");
+  CHECK(p({"--standalone", "--master-port", "0", "x"}).standalone);
+  CHECK(p({"--standalone", "x"}).standalone);
+  CHECK_FALSE(p({"x"}).master_port_given);
+}

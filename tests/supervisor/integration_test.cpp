@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,8 +59,10 @@ struct Gpurun {
   fs::path out, err;
   std::optional<int> status;  // raw waitpid status
 
+  /// `nofile`: RLIMIT_NOFILE {soft, hard} to start gpurun with.
   Gpurun(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-         const fs::path& dir, const std::string& tag = "gpurun") {
+         const fs::path& dir, const std::string& tag = "gpurun",
+         std::optional<rlimit> nofile = std::nullopt) {
     out = dir / (tag + ".stdout");
     err = dir / (tag + ".stderr");
     pid = ::fork();
@@ -70,6 +73,7 @@ struct Gpurun {
       ::dup2(o, 1);
       ::dup2(e, 2);
       for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      if (nofile && ::setrlimit(RLIMIT_NOFILE, &*nofile) != 0) ::_exit(125);
       std::vector<char*> argv;
       argv.push_back(const_cast<char*>(kGpurun.c_str()));
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -157,6 +161,35 @@ std::string worker(const std::string& name) {
   return kWorkers + "/" + name;
 }
 
+/// The run directory gpurun announced with "gpurun: logs: <dir>" (--log-dir runs).
+std::string announced_log_dir(const std::string& err) {
+  const std::string tag = "gpurun: logs: ";
+  const auto pos = err.find(tag);
+  if (pos == std::string::npos) return {};
+  return err.substr(pos + tag.size(), err.find('\n', pos) - pos - tag.size());
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
+    ++n;
+  return n;
+}
+
+/// Pids of live processes whose command line contains `needle`.
+std::vector<pid_t> pids_with_arg(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos && alive(std::stoi(name)))
+      out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("gpurun: environment per rank, logs and event log") {
@@ -169,6 +202,12 @@ TEST_CASE("gpurun: environment per rank, logs and event log") {
   REQUIRE(g.wait(30s));
   INFO(g.stderr_text());
   REQUIRE(g.code() == 0);
+  // The run's unique directory under --log-dir, announced once.
+  const std::string run_dir = announced_log_dir(g.stderr_text());
+  REQUIRE(!run_dir.empty());
+  CHECK(count_of(g.stderr_text(), "gpurun: logs: ") == 1);
+  CHECK(fs::path(run_dir).parent_path() == fs::absolute(logs));
+  CHECK(fs::path(run_dir).filename().string().rfind("envtest_", 0) == 0);
   std::set<std::string> ports;
   for (int r = 0; r < 3; ++r) {
     auto env = parse_env_file(dir.path / ("env." + std::to_string(r)));
@@ -188,7 +227,7 @@ TEST_CASE("gpurun: environment per rank, logs and event log") {
     CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "1");
     CHECK(env["TORCHELASTIC_ERROR_FILE"] ==
-          fs::absolute(logs).string() + "/envtest/attempt_0/" + std::to_string(r) + "/error.json");
+          run_dir + "/attempt_0/" + std::to_string(r) + "/error.json");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["GPURUN_RUN_ID"] == "envtest");
@@ -200,9 +239,9 @@ TEST_CASE("gpurun: environment per rank, logs and event log") {
     CHECK(env["OUT_DIR"] == dir.str());  // inherited
     CHECK(env.count("GPURUN_GPU_ID") == 0);
     ports.insert(env["MASTER_PORT"]);
-    CHECK(slurp(logs + "/envtest/attempt_0/" + std::to_string(r) + "/stdout.log") ==
+    CHECK(slurp(run_dir + "/attempt_0/" + std::to_string(r) + "/stdout.log") ==
           "stdout of rank " + std::to_string(r) + "\n");
-    CHECK(slurp(logs + "/envtest/attempt_0/" + std::to_string(r) + "/stderr.log") ==
+    CHECK(slurp(run_dir + "/attempt_0/" + std::to_string(r) + "/stderr.log") ==
           "stderr of rank " + std::to_string(r) + "\n");
   }
   REQUIRE(ports.size() == 1);
@@ -329,14 +368,31 @@ TEST_CASE("gpurun: SIGTERM leaves no process of the job, children included") {
 
 TEST_CASE("gpurun: kill -9 of gpurun -> every worker gone within 1 s") {
   TempDir dir;
+  // TMPDIR inside the test's own directory: the run dir that kill -9 leaves is removed with it.
+  const fs::path tmp = dir.path / "tmp";
+  fs::create_directories(tmp);
   Gpurun g({"--nproc", "3", "--device", "cpu", "--master-port", "0", worker("loop.sh")},
-           {{"OUT_DIR", dir.str()}}, dir.path);
+           {{"OUT_DIR", dir.str()}, {"TMPDIR", tmp.string()}}, dir.path);
   REQUIRE(wait_for([&] { return read_pids(dir.path, "pid.").size() == 3; }, 20s));
   const auto workers = read_pids(dir.path, "pid.");
   CHECK(!all_dead(workers));
   ::kill(g.pid, SIGKILL);
   REQUIRE(g.wait(5s));
   CHECK(wait_for([&] { return all_dead(workers); }, 1s));
+
+  // The dead run's temporary dir is left behind; the next gpurun removes it.
+  const fs::path runs = tmp / ("gpurun-" + std::to_string(::getuid())) / "runs";
+  auto entries = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(runs)) n += e.is_directory() ? 1 : 0;
+    return n;
+  };
+  CHECK(entries() == 1);
+  Gpurun next({"--nproc", "1", "--device", "cpu", "--master-port", "0", "true"},
+              {{"TMPDIR", tmp.string()}}, dir.path, "next");
+  REQUIRE(next.wait(20s));
+  CHECK(next.code() == 0);
+  CHECK(entries() == 0);
 }
 
 TEST_CASE("gpurun: --max-restarts 2 -> exactly two restarts, same count on every rank") {
@@ -408,4 +464,137 @@ TEST_CASE("gpurun: --master-port 0 -> two concurrent jobs, each store outliving 
   CHECK(jb.code() == 0);
   CHECK(slurp(a.path / "rank0.result") == "value-from-rank-1");
   CHECK(slurp(b.path / "rank0.result") == "value-from-rank-1");
+}
+
+TEST_CASE("gpurun: SIGINT during a large launch stops spawning and tears down what started") {
+  TempDir dir;
+  // A unique argument marks this job's workers in /proc.
+  const std::string mark = "30." + std::to_string(::getpid()) + "1";
+  Gpurun g({"--nproc", "1000", "--device", "cpu", "--master-port", "0", "--grace-period", "5",
+            "sleep", mark},
+           {{"TMPDIR", dir.str()}}, dir.path);
+  REQUIRE(wait_for([&] { return !pids_with_arg(mark).empty(); }, 20s));
+  std::this_thread::sleep_for(200ms);
+  ::kill(g.pid, SIGINT);
+  const auto t0 = Clock::now();
+  REQUIRE(g.wait(10s));  // before the fix: only after all 1000 were spawned
+  INFO(g.stderr_text());
+  CHECK(Clock::now() - t0 < 5s);
+  CHECK(g.code() == 130);
+  CHECK(pids_with_arg(mark).empty());
+}
+
+TEST_CASE("gpurun: --nproc beyond the fd limit is refused up front; the soft limit is raised") {
+  TempDir dir;
+  Gpurun low({"--nproc", "30", "--device", "cpu", "--master-port", "0", worker("loop.sh")},
+             {{"OUT_DIR", dir.str()}}, dir.path, "low", rlimit{40, 40});
+  REQUIRE(low.wait(10s));
+  const std::string err = low.stderr_text();
+  INFO(err);
+  CHECK(low.code() == 2);
+  CHECK(err.find("gpurun: error: --nproc 30 needs about 152 file descriptors (4 per worker + 32) "
+                 "but the limit (RLIMIT_NOFILE, hard limit 40) is 40") != std::string::npos);
+  CHECK(count_of(err, "\n") == 1);
+  CHECK(read_pids(dir.path, "pid.").empty());  // nothing started
+
+  // Soft 40, hard 4096: gpurun raises its own soft limit; workers get the original 40.
+  Gpurun raised({"--nproc", "30", "--device", "cpu", "--master-port", "0", worker("nofile.sh")},
+                {{"OUT_DIR", dir.str()}}, dir.path, "raised", rlimit{40, 4096});
+  REQUIRE(raised.wait(30s));
+  INFO(raised.stderr_text());
+  CHECK(raised.code() == 0);
+  CHECK(slurp(dir.path / "nofile.29") == "40\n");
+}
+
+TEST_CASE("gpurun: the same run id twice under --log-dir keeps both runs' logs") {
+  TempDir dir;
+  const std::string logs = dir.str() + "/logs";
+  std::vector<std::string> seen;
+  for (int i = 0; i < 2; ++i) {
+    Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--log-dir", logs, "sh",
+              "-c", "echo run " + std::to_string(i)},
+             {}, dir.path, "run" + std::to_string(i));
+    REQUIRE(g.wait(20s));
+    CHECK(g.code() == 0);
+    seen.push_back(announced_log_dir(g.stderr_text()));
+  }
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0] != seen[1]);
+  CHECK(fs::path(seen[0]).filename().string().rfind("none_", 0) == 0);
+  CHECK(slurp(seen[0] + "/attempt_0/0/stdout.log") == "run 0\n");
+  CHECK(slurp(seen[1] + "/attempt_0/0/stdout.log") == "run 1\n");
+}
+
+TEST_CASE("gpurun: a run id with '/' is a usage error and writes nothing") {
+  TempDir dir;
+  const std::string logs = dir.str() + "/a/b/logs";
+  Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--log-dir", logs, "--run-id",
+            "../../escaped", "true"},
+           {}, dir.path);
+  REQUIRE(g.wait(10s));
+  CHECK(g.code() == 2);
+  CHECK(g.stderr_text().find("for --run-id: a run id names a directory under --log-dir and "
+                             "cannot contain '/'") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path / "a"));
+}
+
+TEST_CASE("gpurun: --redirects without --log-dir warns and keeps the files") {
+  TempDir dir;
+  Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--redirects", "1", "sh", "-c",
+            "echo hidden"},
+           {{"TMPDIR", dir.str()}}, dir.path);
+  REQUIRE(g.wait(20s));
+  const std::string err = g.stderr_text();
+  INFO(err);
+  CHECK(g.code() == 0);
+  CHECK(g.stdout_text().empty());
+  const std::string tag =
+      "gpurun: warning: --redirects/--tee without --log-dir: the log files go to ";
+  const auto pos = err.find(tag);
+  REQUIRE(pos != std::string::npos);
+  CHECK(count_of(err, tag) == 1);
+  const std::string where =
+      err.substr(pos + tag.size(), err.find(' ', pos + tag.size()) - pos - tag.size());
+  CHECK(err.find("gpurun: log files kept in " + where + "\n") != std::string::npos);
+  CHECK(slurp(where + "/attempt_0/0/stdout.log") == "hidden\n");
+  // Kept logs are not "stale": a later run leaves them alone.
+  Gpurun next({"--nproc", "1", "--device", "cpu", "--master-port", "0", "true"},
+              {{"TMPDIR", dir.str()}}, dir.path, "next");
+  REQUIRE(next.wait(20s));
+  CHECK(fs::exists(where + "/attempt_0/0/stdout.log"));
+}
+
+TEST_CASE("gpurun: orphans of a failed worker are reaped; no wait for the grace period") {
+  TempDir dir;
+  Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--grace-period", "10",
+            worker("orphan_fail.sh")},
+           {{"OUT_DIR", dir.str()}}, dir.path);
+  REQUIRE(wait_for([&] { return fs::exists(dir.path / "child.0"); }, 20s));
+  const auto t0 = Clock::now();
+  REQUIRE(g.wait(20s));
+  const std::string err = g.stderr_text();
+  INFO(err);
+  CHECK(Clock::now() - t0 < 3s);  // not the 10 s grace period
+  CHECK(g.code() == 3);
+  CHECK(err.find("grace period") == std::string::npos);
+  CHECK(err.find("survived SIGKILL") == std::string::npos);
+  CHECK(all_dead(read_pids(dir.path, "child.")));
+}
+
+TEST_CASE("gpurun: a missing .py script exits 127; the event log records argv as typed") {
+  TempDir dir;
+  Gpurun g({"--device", "cpu", "--master-port", "0", "no_such_script.py"}, {}, dir.path);
+  REQUIRE(g.wait(10s));
+  CHECK(g.code() == 127);
+  CHECK(g.stderr_text() ==
+        "gpurun: error: worker script 'no_such_script.py' not found or not readable\n");
+
+  Gpurun ev({"--device", "cpu", "--master-port", "0", "--event-log", dir.str() + "/ev.jsonl", "sh",
+             "-c", "true"},
+            {}, dir.path, "ev");
+  REQUIRE(ev.wait(20s));
+  CHECK(ev.code() == 0);
+  const std::string log = slurp(dir.path / "ev.jsonl");
+  INFO(log);
+  CHECK(log.find("\"cmd\": [\"sh\", \"-c\", \"true\"], \"executable\": \"/") != std::string::npos);
 }

@@ -308,3 +308,70 @@ TEST_CASE("supervisor: prefix template expansion") {
   CHECK(expand_prefix("[rank${rank}]: ", 3, 1) == "[rank3]: ");
   CHECK(expand_prefix("${role_name}/${local_rank}|${rank}${x}", 5, 1) == "default/1|5${x}");
 }
+
+namespace {
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
+    ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("supervisor: a worker that cannot start is reported once, without a pid or exit code") {
+  Harness h(3);
+  h.spawner.fail_spawn = [](const SpawnRequest& r) { return r.rank == 1; };
+  h.sup->start();
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 1);
+  const std::string& err = h.console.err;
+  INFO(err);
+  CHECK(count_of(err, "fake failure") == 1);  // the spawner's reason, once
+  CHECK(err.find("gpurun: rank 1 could not start; stopping the other workers") !=
+        std::string::npos);
+  CHECK(
+      err.find("  exit       : could not start: cannot start rank 1 ('/bin/true'): fake failure") !=
+      std::string::npos);
+  CHECK(err.find("pid        : -1") == std::string::npos);
+  CHECK(err.find("exit code 1") == std::string::npos);
+}
+
+TEST_CASE("supervisor: a shutdown signal during a large launch stops spawning at once") {
+  Harness h(100, 0, [](SupervisorOptions& o) { o.spawn_batch = 4; });
+  h.sup->start();
+  CHECK(h.spawner.procs.size() == 4);  // the rest are spawned on later io_context turns
+  h.io.restart();
+  h.io.poll_one();  // one more turn: one more batch
+  const size_t started = h.spawner.procs.size();
+  CHECK(started == 8);
+  h.sup->handle_signal(SIGINT);  // as if the signal_set's handler ran between two batches
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 130);
+  CHECK(h.spawner.procs.size() == started);  // nothing spawned after the signal
+  for (const auto& p : h.spawner.procs) CHECK(p->signals == std::vector<int>{SIGINT});
+}
+
+TEST_CASE("supervisor: spawning yields between batches, then starts every worker") {
+  Harness h(10, 0, [](SupervisorOptions& o) { o.spawn_batch = 3; });
+  h.sup->start();
+  CHECK(h.spawner.procs.size() == 3);
+  h.settle();
+  REQUIRE(h.spawner.procs.size() == 10);
+  for (size_t i = 0; i < 10; ++i) CHECK(h.env(i, "RANK") == std::to_string(i));
+  for (size_t i = 0; i < 10; ++i) h.spawner.exit(i, {0, 0});
+  h.drive();
+  CHECK(h.sup->exit_code() == 0);
+}
+
+TEST_CASE("supervisor: --ranks-filter naming no rank of this node warns once") {
+  Harness none(2, 0, [](SupervisorOptions& o) { o.ranks_filter = std::set<int>{99}; });
+  none.sup->start();
+  CHECK(none.console.err ==
+        "gpurun: warning: --ranks-filter names none of the ranks on this node (0-1): no worker "
+        "output will be shown on the console\n");
+  Harness some(2, 0, [](SupervisorOptions& o) { o.ranks_filter = std::set<int>{1, 99}; });
+  some.sup->start();
+  CHECK(some.console.err.empty());
+}
