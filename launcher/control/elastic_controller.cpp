@@ -26,7 +26,12 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       events_(events),
       console_(console),
       opt_(std::move(options)),
-      scheduler_(opt_.slots, initial, opt_.launch) {
+      scheduler_(opt_.slots, initial, opt_.launch),
+      status_writer_(
+          io, opt_.run_dir, [this] { return render_current_status(); },
+          [this](const std::string& error) {
+            console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
+          }) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
   backend_.set_write_observer(std::string(keys::kPrefix),
                               [this, alive = std::weak_ptr<int>(alive_)](const std::string& k) {
@@ -194,16 +199,16 @@ void ElasticController::run_effects() {
   write_status();
 }
 
-void ElasticController::write_status() {
+void ElasticController::write_status() { status_writer_.publish(); }
+
+std::string ElasticController::render_current_status() const {
   StatusSnapshot snap;
   snap.run_id = opt_.run_id;
   snap.run_dir = opt_.run_dir;
   snap.config_path = opt_.config_path.string();
   snap.supervisor_pid = static_cast<int>(::getpid());
   snap.physical_gpus = opt_.physical_gpus;
-  std::string error;
-  if (!write_status_file(opt_.run_dir, render_status(scheduler_, snap), error))
-    console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
+  return render_status(scheduler_, snap);
 }
 
 }  // namespace gpurun::control

@@ -17,6 +17,7 @@
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
 #include "control/scheduler.hpp"
+#include "control/status.hpp"
 #include "store/backend.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/event_log.hpp"
@@ -64,6 +65,7 @@ class ElasticController : public supervisor::SlotController {
   void run_effects();
   void spawn(int gpu, int64_t generation, const std::string& decision_json);
   void write_status();
+  std::string render_current_status() const;
 
   boost::asio::io_context& io_;
   store::Backend& backend_;
@@ -73,6 +75,7 @@ class ElasticController : public supervisor::SlotController {
   ElasticOptions opt_;
   Scheduler scheduler_;
   std::unique_ptr<ConfigWatcher> watcher_;
+  StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };

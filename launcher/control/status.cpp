@@ -354,4 +354,43 @@ int status_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+StatusWriter::StatusWriter(boost::asio::io_context& io, std::string dir, Render render,
+                           std::function<void(const std::string&)> on_error,
+                           std::chrono::milliseconds min_interval)
+    : timer_(io),
+      dir_(std::move(dir)),
+      render_(std::move(render)),
+      on_error_(std::move(on_error)),
+      min_interval_(min_interval) {}
+
+StatusWriter::~StatusWriter() { timer_.cancel(); }
+
+void StatusWriter::publish() {
+  dirty_ = true;
+  if (armed_) return;
+  const auto due = last_write_ + min_interval_;
+  if (std::chrono::steady_clock::now() >= due) {
+    write_now();
+    return;
+  }
+  armed_ = true;
+  timer_.expires_at(due);
+  timer_.async_wait([this, alive = std::weak_ptr<int>(alive_)](boost::system::error_code ec) {
+    if (ec || alive.expired()) return;
+    armed_ = false;
+    if (dirty_) write_now();
+  });
+}
+
+void StatusWriter::flush() {
+  if (dirty_) write_now();
+}
+
+void StatusWriter::write_now() {
+  dirty_ = false;
+  last_write_ = std::chrono::steady_clock::now();
+  std::string error;
+  if (!write_status_file(dir_, render_(), error) && on_error_) on_error_(error);
+}
+
 }  // namespace gpurun::control

@@ -3,10 +3,16 @@
 // Reference: docs/control-protocol.md#gpurun-status.
 #pragma once
 
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "control/scheduler.hpp"
 
@@ -55,6 +61,41 @@ std::string render_status(const Scheduler& scheduler, const StatusSnapshot& snap
 /// Writes `<dir>/status.json` atomically (temp file in `dir`, then rename). Returns false
 /// and sets `error` (a sentence naming the path) on failure. Blocks on file I/O.
 bool write_status_file(const std::string& dir, const std::string& json, std::string& error);
+
+/// Coalesces status.json writes: publish() marks the status dirty and the file is
+/// rewritten at most once per `min_interval` (and at once when the last write is
+/// older), so a launch of N workers costs O(N) renders, not one full render per
+/// spawn and exit. While io runs, the last state is always written (by the timer,
+/// or by flush()); the destructor drops a pending write (the run is over). Runs on
+/// io's thread; file I/O happens in publish() only when no write was due.
+class StatusWriter {
+ public:
+  using Render = std::function<std::string()>;
+  /// `render` returns the status.json text; `on_error` gets a sentence on a failed write.
+  StatusWriter(boost::asio::io_context& io, std::string dir, Render render,
+               std::function<void(const std::string&)> on_error,
+               std::chrono::milliseconds min_interval = std::chrono::milliseconds(100));
+  ~StatusWriter();
+  StatusWriter(const StatusWriter&) = delete;
+  StatusWriter& operator=(const StatusWriter&) = delete;
+
+  void publish();
+  /// Writes now if anything is pending.
+  void flush();
+
+ private:
+  void write_now();
+
+  boost::asio::steady_timer timer_;
+  std::string dir_;
+  Render render_;
+  std::function<void(const std::string&)> on_error_;
+  std::chrono::milliseconds min_interval_;
+  std::chrono::steady_clock::time_point last_write_{};
+  bool dirty_ = false;
+  bool armed_ = false;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+};
 
 /// The directory where running supervisors register: $XDG_RUNTIME_DIR/gpurun, else
 /// /tmp/gpurun-<uid>.

@@ -6,9 +6,14 @@ namespace gpurun::control {
 
 namespace sv = gpurun::supervisor;
 
-StatusSpawner::StatusSpawner(sv::ProcessSpawner& inner, sv::Console& console, int nproc,
-                             StatusSnapshot snapshot)
+StatusSpawner::StatusSpawner(boost::asio::io_context& io, sv::ProcessSpawner& inner,
+                             sv::Console& console, int nproc, StatusSnapshot snapshot)
     : inner_(inner), console_(console), snapshot_(std::move(snapshot)) {
+  writer_ = std::make_unique<StatusWriter>(
+      io, snapshot_.run_dir, [this] { return render_status(status_, snapshot_); },
+      [this](const std::string& error) {
+        console_.write(sv::StreamId::kStderr, "gpurun: warning: " + error + "\n");
+      });
   status_.elastic = false;
   status_.generation = 0;
   for (int i = 0; i < nproc; ++i) {
@@ -57,10 +62,6 @@ std::unique_ptr<sv::WorkerProcess> StatusSpawner::spawn(const sv::SpawnRequest& 
   return proc;
 }
 
-void StatusSpawner::write() {
-  std::string error;
-  if (!write_status_file(snapshot_.run_dir, render_status(status_, snapshot_), error))
-    console_.write(sv::StreamId::kStderr, "gpurun: warning: " + error + "\n");
-}
+void StatusSpawner::write() { writer_->publish(); }
 
 }  // namespace gpurun::control

@@ -23,8 +23,9 @@ class StatusSpawner : public supervisor::ProcessSpawner {
  public:
   /// `nproc` slots (local ranks 0..nproc-1); `snapshot` names the run (config_path empty).
   /// Writes the first status.json (every slot STARTING).
-  StatusSpawner(supervisor::ProcessSpawner& inner, supervisor::Console& console, int nproc,
-                StatusSnapshot snapshot);
+  /// status.json writes are coalesced on `io` (StatusWriter).
+  StatusSpawner(boost::asio::io_context& io, supervisor::ProcessSpawner& inner,
+                supervisor::Console& console, int nproc, StatusSnapshot snapshot);
 
   std::unique_ptr<supervisor::WorkerProcess> spawn(const supervisor::SpawnRequest& request,
                                                    supervisor::WorkerCallbacks callbacks) override;
@@ -39,6 +40,7 @@ class StatusSpawner : public supervisor::ProcessSpawner {
   supervisor::Console& console_;
   StatusSnapshot snapshot_;
   RunStatus status_;
+  std::unique_ptr<StatusWriter> writer_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // callbacks check it via weak_ptr
 };
 
