@@ -173,6 +173,26 @@ void Supervisor::start_attempt() {
   spawn_from(0);
 }
 
+void Supervisor::launch(Worker& w, const EnvMap& overlay) {
+  SpawnRequest req;
+  req.rank = w.rank;
+  req.local_rank = w.local_rank;
+  req.argv = opt_.argv;
+  req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
+  for (const auto& [k, v] : overlay) req.env[k] = v;
+  WorkerCallbacks cb;
+  cb.on_output = [this, &w](StreamId s, std::string_view b) { on_output(w, s, b); };
+  cb.on_stream_closed = [this, &w](StreamId s) { on_stream_closed(w, s); };
+  cb.on_exit = [this, &w](ExitStatus st) { on_exit(w, st); };
+  w.proc = spawner_.spawn(req, std::move(cb));
+  w.pid = w.proc->pid();
+  events_.emit("worker_started", JsonObject()
+                                     .add("rank", w.rank)
+                                     .add("local_rank", w.local_rank)
+                                     .add("pid", w.pid)
+                                     .add("attempt", attempt_));
+}
+
 void Supervisor::spawn_from(size_t first) {
   // Spawns a batch, then yields to the io_context so that a signal (or a worker's early
   // failure) is handled before the next batch: a shutdown stops spawning promptly.
@@ -184,23 +204,8 @@ void Supervisor::spawn_from(size_t first) {
     open_logs(w, false);
     std::error_code ec;
     std::filesystem::remove(w.error_file, ec);  // a stale report must not be mistaken for this one
-    SpawnRequest req;
-    req.rank = w.rank;
-    req.local_rank = w.local_rank;
-    req.argv = opt_.argv;
-    req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
-    WorkerCallbacks cb;
-    cb.on_output = [this, &w](StreamId s, std::string_view b) { on_output(w, s, b); };
-    cb.on_stream_closed = [this, &w](StreamId s) { on_stream_closed(w, s); };
-    cb.on_exit = [this, &w](ExitStatus st) { on_exit(w, st); };
     try {
-      w.proc = spawner_.spawn(req, std::move(cb));
-      w.pid = w.proc->pid();
-      events_.emit("worker_started", JsonObject()
-                                         .add("rank", w.rank)
-                                         .add("local_rank", w.local_rank)
-                                         .add("pid", w.pid)
-                                         .add("attempt", attempt_));
+      launch(w, {});
     } catch (const Error& e) {
       w.exit = ExitStatus{1, 0};
       w.out_open = w.err_open = false;
@@ -245,24 +250,8 @@ int Supervisor::spawn_slot(int local_rank, const EnvMap& overlay) {
   slot = std::move(w);
   Worker& nw = *slot;
   open_logs(nw, respawn);
-  SpawnRequest req;
-  req.rank = nw.rank;
-  req.local_rank = nw.local_rank;
-  req.argv = opt_.argv;
-  req.env = build_worker_env(opt_.plan, nw.local_rank, attempt_, opt_.inherited);
-  for (const auto& [k, v] : overlay) req.env[k] = v;
-  WorkerCallbacks cb;
-  cb.on_output = [this, &nw](StreamId s, std::string_view b) { on_output(nw, s, b); };
-  cb.on_stream_closed = [this, &nw](StreamId s) { on_stream_closed(nw, s); };
-  cb.on_exit = [this, &nw](ExitStatus st) { on_exit(nw, st); };
   try {
-    nw.proc = spawner_.spawn(req, std::move(cb));
-    nw.pid = nw.proc->pid();
-    events_.emit("worker_started", JsonObject()
-                                       .add("rank", nw.rank)
-                                       .add("local_rank", nw.local_rank)
-                                       .add("pid", nw.pid)
-                                       .add("attempt", attempt_));
+    launch(nw, overlay);
     return nw.pid;
   } catch (const Error& e) {
     nw.out_open = nw.err_open = false;

@@ -103,6 +103,9 @@ class Supervisor {
 
   void start_attempt();
   void spawn_from(std::size_t first);
+  // Spawns `w` with its rank's environment plus `overlay`; sets proc and pid and logs
+  // worker_started. Throws gpurun::Error when the process cannot start.
+  void launch(Worker& w, const EnvMap& overlay);
   void open_logs(Worker& w, bool append);
   void on_output(Worker& w, StreamId stream, std::string_view bytes);
   void on_line(Worker& w, StreamId stream, std::string_view line);
