@@ -43,10 +43,10 @@ int main() try {
   gpurun::store::Client store(opts);
 
   const std::string prefix = fmt::format("demo/attempt{}/", attempt);
-  store.set(prefix + "rank/" + std::to_string(rank),
-            fmt::format("pid={} local_rank={} gpu={} device={}", getpid(),
-                        env_or("LOCAL_RANK", "?"), env_or("GPURUN_GPU_ID", "-"),
-                        env_or("GPURUN_DEVICE", "?")));
+  store.set(
+      prefix + "rank/" + std::to_string(rank),
+      fmt::format("pid={} local_rank={} gpu={} device={}", getpid(), env_or("LOCAL_RANK", "?"),
+                  env_or("GPURUN_GPU_ID", "-"), env_or("GPURUN_DEVICE", "?")));
   // Barrier: the last rank to arrive opens the gate.
   if (store.add(prefix + "arrived", 1) == world) store.set(prefix + "gate", "open");
   store.wait({prefix + "gate"});

@@ -50,11 +50,10 @@ class InvariantError : public std::logic_error {
 
 /// GPURUN_CHECK(cond, fmt, args...): throws gpurun::InvariantError with
 /// "file:line: check `cond` failed: <message>" when cond is false.
-#define GPURUN_CHECK(cond, ...)                                                            \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      throw ::gpurun::InvariantError(::fmt::format("{}:{}: check `{}` failed: {}", __FILE__, \
-                                                   __LINE__, #cond,                        \
-                                                   ::fmt::format(__VA_ARGS__)));           \
-    }                                                                                      \
+#define GPURUN_CHECK(cond, ...)                                                                   \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      throw ::gpurun::InvariantError(::fmt::format("{}:{}: check `{}` failed: {}", __FILE__,      \
+                                                   __LINE__, #cond, ::fmt::format(__VA_ARGS__))); \
+    }                                                                                             \
   } while (0)

@@ -199,7 +199,9 @@ void ElasticController::run_effects() {
   write_status();
 }
 
-void ElasticController::write_status() { status_writer_.publish(); }
+void ElasticController::write_status() {
+  status_writer_.publish();
+}
 
 std::string ElasticController::render_current_status() const {
   StatusSnapshot snap;

@@ -363,7 +363,9 @@ StatusWriter::StatusWriter(boost::asio::io_context& io, std::string dir, Render 
       on_error_(std::move(on_error)),
       min_interval_(min_interval) {}
 
-StatusWriter::~StatusWriter() { timer_.cancel(); }
+StatusWriter::~StatusWriter() {
+  timer_.cancel();
+}
 
 void StatusWriter::publish() {
   dirty_ = true;

@@ -62,6 +62,8 @@ std::unique_ptr<sv::WorkerProcess> StatusSpawner::spawn(const sv::SpawnRequest& 
   return proc;
 }
 
-void StatusSpawner::write() { writer_->publish(); }
+void StatusSpawner::write() {
+  writer_->publish();
+}
 
 }  // namespace gpurun::control

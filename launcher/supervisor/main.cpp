@@ -228,8 +228,8 @@ int run(int argc, char** argv) {
     snap.run_dir = plan.run_dir;
     snap.supervisor_pid = static_cast<int>(::getpid());
     snap.physical_gpus = plan.gpu_ids;
-    status_spawner = std::make_unique<gpurun::control::StatusSpawner>(
-        io, posix_spawner, console, plan.nproc, std::move(snap));
+    status_spawner = std::make_unique<gpurun::control::StatusSpawner>(io, posix_spawner, console,
+                                                                      plan.nproc, std::move(snap));
   }
   sv::ProcessSpawner& spawner =
       status_spawner ? static_cast<sv::ProcessSpawner&>(*status_spawner) : posix_spawner;
