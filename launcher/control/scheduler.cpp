@@ -319,6 +319,7 @@ void Scheduler::on_spawned(int gpu, int pid) {
 
 bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart) {
   SlotInfo& s = slot(gpu);
+  const int pid = s.pid;
   s.pid = -1;
   if (s.will_exit && s.park_generation >= 0 && s.state == SlotState::kParked) {
     delete_key(keys::parked(gpu, s.park_generation));  // a held process told to exit
@@ -342,12 +343,21 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       } else {
         set_state(s, SlotState::kFailed, how);
         absorbed = !can_restart;
+        if (absorbed) {
+          say(fmt::format(
+              "gpu {} (rank {} of generation {}, pid {}) {}; the job goes on without it", gpu,
+              s.rank, generation_, pid, how));
+        }
       }
       break;
     case SlotState::kRejoining:
       set_state(s, clean ? SlotState::kExited : SlotState::kFailed, "joiner ended: " + how);
       if (clean) begin_finish(s, how);
       absorbed = clean ? false : !can_restart;
+      if (!clean && absorbed) {
+        say(fmt::format("gpu {} (joining generation {}, pid {}) {}; the job goes on without it",
+                        gpu, generation_, pid, how));
+      }
       break;
     case SlotState::kOffloading:
       if (clean) {

@@ -107,6 +107,8 @@ class Scheduler {
   const std::vector<int>& active() const { return active_; }
   /// Desired set (config; the launch set when absent), without removing FAILED slots.
   std::vector<int> desired() const;
+  /// What the next decision aims for: desired() minus FAILED slots (docs/control-protocol.md).
+  std::vector<int> effective_desired() const;
   const Config& config() const { return config_; }
   const std::map<int, SlotInfo>& slots() const { return slots_; }
   const std::string& last_config_error() const { return last_config_error_; }
@@ -115,7 +117,6 @@ class Scheduler {
  private:
   SlotInfo& slot(int gpu);
   void set_state(SlotInfo& s, SlotState to, const std::string& reason);
-  std::vector<int> effective_desired() const;
   bool member(const SlotInfo& s) const;
   bool alive_member(const SlotInfo& s) const;
   void try_decide();

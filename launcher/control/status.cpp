@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
@@ -32,6 +33,21 @@ bool pid_alive(int pid) {
   return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
 }
 
+// Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), "" if
+// unknown. With the pid it names one process for good: a reused pid has another.
+std::string process_start_time(int pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const auto close = stat.rfind(')');  // the command name may hold spaces and ')'
+  if (close == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  for (int i = 3; i <= 22 && fields >> f; ++i) {
+    if (i == 22) return f;
+  }
+  return "";
+}
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -45,7 +61,7 @@ RunStatus run_status(const Scheduler& sch) {
   st.generation = sch.generation();
   st.round = sch.round();
   st.current_active = sch.active();
-  st.desired_active = sch.desired();
+  st.desired_active = sch.effective_desired();
   st.park_mode = sch.config().park_mode;
   st.last_config_error = sch.last_config_error();
   st.last_decision = sch.last_decision();
@@ -148,7 +164,8 @@ bool write_status_file(const std::string& dir, const std::string& text, std::str
 
 std::string registry_dir() {
   if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/gpurun";
-  return fmt::format("/tmp/gpurun-{}", ::getuid());
+  const char* tmp = std::getenv("TMPDIR");
+  return fmt::format("{}/gpurun-{}", tmp && *tmp ? tmp : "/tmp", ::getuid());
 }
 
 RunRegistration::RunRegistration(const std::string& run_id, const std::string& run_dir) {
@@ -163,7 +180,7 @@ RunRegistration::RunRegistration(const std::string& run_id, const std::string& r
   // The registry entry is small: reuse the atomic writer through a temp name.
   const std::string tmp = path_ + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
-  out << run_id << "\n" << run_dir << "\n";
+  out << run_id << "\n" << run_dir << "\n" << process_start_time(::getpid()) << "\n";
   out.close();
   if (!out || ::rename(tmp.c_str(), path_.c_str()) != 0) {
     error_ = fmt::format("cannot register the run in '{}': {}", dir, std::strerror(errno));
@@ -196,13 +213,22 @@ std::vector<RunEntry> live_runs() {
     } catch (const std::exception&) {
       continue;
     }
-    if (!pid_alive(pid)) continue;  // stale entry of a killed supervisor
     std::ifstream in(e.path());
     RunEntry r;
     r.pid = pid;
+    std::string started;
     std::getline(in, r.run_id);
     std::getline(in, r.run_dir);
-    if (!r.run_dir.empty()) out.push_back(r);
+    std::getline(in, started);
+    // Stale: the supervisor was killed (kill -9) and its pid is gone or now names
+    // another process, or its run directory is gone. Remove it, best effort.
+    const bool live = pid_alive(pid) && !r.run_dir.empty() && fs::exists(r.run_dir, ec) &&
+                      (started.empty() || started == process_start_time(pid));
+    if (!live) {
+      fs::remove(e.path(), ec);
+      continue;
+    }
+    out.push_back(r);
   }
   return out;
 }

@@ -408,6 +408,13 @@ TEST_CASE("elastic failures: a dying joiner and a stalled worker are removed, th
   }
   CHECK(stall_event);
   CHECK(joiner_event);
+  // Both removals are said on the console, not only in the event log.
+  std::ifstream err(tmp.path / "gpurun.stderr");
+  const std::string console((std::istreambuf_iterator<char>(err)), {});
+  INFO(console);
+  CHECK(console.find("gpu 2 (rank 2 of generation 1, pid") != std::string::npos);
+  CHECK(console.find("the job goes on without it") != std::string::npos);
+  CHECK(console.find("gpu 1 (rank 1, pid") != std::string::npos);  // the stall
 }
 
 TEST_CASE("gpurun status --json and the table against a live run") {
@@ -642,4 +649,35 @@ TEST_CASE("gpurun status finds a plain run (no --config)") {
   REQUIRE(run.wait(kHangGuard));
   CHECK(run.code() == 0);
   CHECK(gpurun_status(tmp.path, "").first == 1);  // unregistered with the run
+}
+
+TEST_CASE("gpurun status ignores and removes registrations left by a kill -9 or a reused pid") {
+  TempDir tmp;
+  const fs::path reg = tmp.path / "xdg" / "gpurun";
+  fs::create_directories(reg);
+  // A supervisor killed long ago: its pid (1, alive, but not a gpurun started then)
+  // and a run directory that is gone.
+  write_file(reg / "none.1", "none\n/nonexistent/gpurun-run-dir\n1\n");
+  // Our own pid with the wrong start time: the pid was reused by another process.
+  const fs::path rundir = tmp.path / "rundir";
+  fs::create_directories(rundir);
+  write_file(rundir / "status.json", "{}");
+  write_file(reg / ("reused." + std::to_string(::getpid())),
+             "reused\n" + rundir.string() + "\n12345\n");
+  auto [rc, text] = gpurun_status(tmp.path, "");
+  INFO(text);
+  CHECK(rc == 1);
+  CHECK(text.find("no running gpurun") != std::string::npos);
+  CHECK_FALSE(fs::exists(reg / "none.1"));
+  CHECK_FALSE(fs::exists(reg / ("reused." + std::to_string(::getpid()))));
+
+  // A live run next to the stale entries is found on its own, not "2 running jobs".
+  write_file(reg / "none.1", "none\n/nonexistent/gpurun-run-dir\n1\n");
+  const std::string stop = (tmp.path / "stop").string();
+  Run run(tmp.path, 1, std::nullopt, 0, {}, "cpu", {},
+          {"/bin/sh", "-c", "while [ ! -e " + stop + " ]; do sleep 0.05; done"});
+  run.wait_for("the live run in gpurun status",
+               [&] { return gpurun_status(tmp.path, "--json").first == 0; });
+  write_file(tmp.path / "stop", "");
+  REQUIRE(run.wait(kHangGuard));
 }
