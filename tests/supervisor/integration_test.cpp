@@ -309,6 +309,22 @@ TEST_CASE("gpurun: a worker exiting 7 makes gpurun exit 7 and name the rank") {
   CHECK(err.find("| rank 1 is failing on purpose") != std::string::npos);
 }
 
+TEST_CASE("gpurun: a worker's TORCHELASTIC_ERROR_FILE is the root cause in the summary") {
+  TempDir dir;
+  Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--grace-period", "2",
+            "python3", worker("error_file.py")},
+           {}, dir.path);
+  REQUIRE(g.wait(30s));
+  const std::string err = g.stderr_text();
+  INFO(err);
+  CHECK(g.code() == 1);
+  CHECK(err.find("root cause (first observed failure):") != std::string::npos);
+  CHECK(err.find("rank       : 0 (local rank 0)") != std::string::npos);
+  CHECK(err.find("message    : ValueError: loss is NaN at step 12") != std::string::npos);
+  CHECK(err.find("File \"train.py\", line 3") != std::string::npos);  // the traceback
+  CHECK(err.find("<not written>") == std::string::npos);
+}
+
 TEST_CASE("gpurun: a worker killing itself with SIGSEGV gives 139") {
   TempDir dir;
   Gpurun g(
