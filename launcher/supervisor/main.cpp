@@ -193,11 +193,12 @@ int run(int argc, char** argv) {
     print_err(
         fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
                     "machine; set OMP_NUM_THREADS yourself to tune it",
-                    plan.nproc));
+                    launch_ids.size()));
 
   events.emit("start", sv::JsonObject()
                            .add("run_id", plan.run_id)
-                           .add("nproc", plan.nproc)
+                           .add("nproc", static_cast<int64_t>(launch_ids.size()))
+                           .add("slots", plan.nproc)
                            .add("world_size", plan.world_size)
                            .add("node_rank", plan.node_rank)
                            .add("master_addr", plan.master_addr)

@@ -474,8 +474,8 @@ void Supervisor::finish_attempt() {
     const std::string reason = failure_->reason;
     ++attempt_;
     events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
-    say(fmt::format("restarting all {} workers (restart {} of at most {})", opt_.plan.nproc,
-                    attempt_, opt_.plan.max_restarts));
+    say(fmt::format("restarting the worker set (restart {} of at most {})", attempt_,
+                    opt_.plan.max_restarts));
     try {
       if (on_restart) on_restart(attempt_);
     } catch (const std::exception& e) {
