@@ -516,18 +516,19 @@ void Scheduler::decide() {
     s.generation = d.generation;
     s.rank = d.rank_of(gpu);
   }
-  for (int gpu : d.joiners) {
-    SlotInfo& s = slot(gpu);
-    if (s.pid >= 0 && s.will_exit) {
-      // Its process is still exiting: spawn when it is gone.
-      s.spawn_pending = true;
-      s.generation = d.generation;
-      s.rank = d.rank_of(gpu);
-      continue;
-    }
-    bring_in(s, d, json);
-  }
+  for (int gpu : d.joiners) admit(slot(gpu), d, json);
   collect_keys();
+}
+
+void Scheduler::admit(SlotInfo& s, const Decision& d, const std::string& json) {
+  if (s.pid >= 0 && s.will_exit) {
+    // Its process is still exiting: spawn when it is gone.
+    s.spawn_pending = true;
+    s.generation = d.generation;
+    s.rank = d.rank_of(s.gpu);
+    return;
+  }
+  bring_in(s, d, json);
 }
 
 void Scheduler::resume() {
@@ -549,16 +550,7 @@ void Scheduler::resume() {
   active_ = target;
   reports_.clear();
   deadline_armed_ = false;
-  for (int gpu : target) {
-    SlotInfo& s = slot(gpu);
-    if (s.pid >= 0 && s.will_exit) {
-      s.spawn_pending = true;
-      s.generation = d.generation;
-      s.rank = d.rank_of(gpu);
-      continue;
-    }
-    bring_in(s, d, json);
-  }
+  for (int gpu : target) admit(slot(gpu), d, json);
   collect_keys();
 }
 

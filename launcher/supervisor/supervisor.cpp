@@ -145,30 +145,23 @@ void Supervisor::start_attempt() {
   phase_ = Phase::kRunning;
   grace_armed_ = killed_ = drain_expired_ = kill_expired_ = false;
 
-  if (controller_) {
-    // Elastic mode: every slot starts without a process; the controller spawns members.
-    for (int local = 0; local < opt_.plan.nproc; ++local) {
-      auto w = std::make_unique<Worker>();
-      w->local_rank = local;
-      w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
-      w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank);
-      w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
-      w->exit = ExitStatus{0, 0};
-      w->out_open = w->err_open = false;
-      workers_.push_back(std::move(w));
-    }
-    controller_->on_attempt_start(attempt_);
-    check_progress();
-    return;
-  }
-
   for (int local = 0; local < opt_.plan.nproc; ++local) {
     auto w = std::make_unique<Worker>();
     w->local_rank = local;
     w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
     w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank);
     w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
+    if (controller_) {
+      // Elastic mode: every slot starts without a process; the controller spawns members.
+      w->exit = ExitStatus{0, 0};
+      w->out_open = w->err_open = false;
+    }
     workers_.push_back(std::move(w));
+  }
+  if (controller_) {
+    controller_->on_attempt_start(attempt_);
+    check_progress();
+    return;
   }
   spawn_from(0);
 }
