@@ -3,6 +3,8 @@
 // epochs and checks what every worker read and what the event log says.
 #include <doctest/doctest.h>
 
+#include "gpurun_process.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -37,10 +39,7 @@ const std::string kGpurun = GPURUN_BINARY;
 const std::string kWorker = GPURUN_FAKE_WORKER;
 constexpr auto kHangGuard = 60s;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using gpurun::testing::slurp;
 
 void write_file(const fs::path& p, const std::string& text) {
   // temp + rename, like an editor
@@ -52,79 +51,50 @@ void write_file(const fs::path& p, const std::string& text) {
   fs::rename(tmp, p);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "gpurun-ctl-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-ctl") {}
 };
 
 /// gpurun --device cpu --nproc N --config DIR/config.toml --event-log DIR/events.jsonl
 ///        fake_worker DIR EPOCH_MS, output captured in DIR.
 struct Run {
   fs::path dir;
-  pid_t pid = -1;
-  std::optional<int> status;
+  gpurun::testing::ChildProcess proc;
 
   /// `config` nullopt: a plain run (no --config) of `command` instead of fake_worker.
   Run(const fs::path& d, int nproc, const std::optional<std::string>& config, int epoch_ms = 150,
       std::vector<std::string> extra = {}, std::string device = "cpu",
       std::map<std::string, std::string> env = {}, std::vector<std::string> command = {})
-      : dir(d) {
-    std::vector<std::string> args = {kGpurun, "--device", device, "--nproc", std::to_string(nproc)};
+      : dir(d),
+        proc(args(d, nproc, config, epoch_ms, extra, device, command), with_xdg(d, env),
+             d / "gpurun.stdout", d / "gpurun.stderr") {}
+
+  bool wait(std::chrono::milliseconds limit) { return proc.wait(limit); }
+  int code() const { return proc.code(); }
+
+  static std::vector<std::string> args(const fs::path& dir, int nproc,
+                                       const std::optional<std::string>& config, int epoch_ms,
+                                       const std::vector<std::string>& extra,
+                                       const std::string& device,
+                                       std::vector<std::string> command) {
+    std::vector<std::string> a = {kGpurun, "--device", device, "--nproc", std::to_string(nproc)};
     if (config) {
       write_file(dir / "config.toml", *config);
-      args.push_back("--config");
-      args.push_back((dir / "config.toml").string());
+      a.push_back("--config");
+      a.push_back((dir / "config.toml").string());
     }
-    for (const char* a : {"--event-log", "", "--run-id", "ctl-test", "--master-port", "0"})
-      args.push_back(*a ? std::string(a) : (dir / "events.jsonl").string());
-    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* x : {"--event-log", "", "--run-id", "ctl-test", "--master-port", "0"})
+      a.push_back(*x ? std::string(x) : (dir / "events.jsonl").string());
+    a.insert(a.end(), extra.begin(), extra.end());
     if (command.empty()) command = {kWorker, dir.string(), std::to_string(epoch_ms)};
-    args.insert(args.end(), command.begin(), command.end());
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int o = ::open((dir / "gpurun.stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open((dir / "gpurun.stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      ::setenv("XDG_RUNTIME_DIR", (dir / "xdg").c_str(), 1);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(kGpurun.c_str(), argv.data());
-      ::_exit(126);
-    }
+    a.insert(a.end(), command.begin(), command.end());
+    return a;
   }
-  ~Run() {
-    if (!status && pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  bool wait(std::chrono::milliseconds limit) {
-    const auto end = Clock::now() + limit;
-    while (!status) {
-      int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        status = st;
-        break;
-      }
-      if (Clock::now() >= end) return false;
-      std::this_thread::sleep_for(20ms);
-    }
-    return true;
-  }
-  int code() const {
-    return !status ? -1 : WIFSIGNALED(*status) ? 128 + WTERMSIG(*status) : WEXITSTATUS(*status);
+  // Registrations go to DIR/xdg so `gpurun status` in a test sees only its own runs.
+  static std::map<std::string, std::string> with_xdg(const fs::path& dir,
+                                                     std::map<std::string, std::string> env) {
+    env.emplace("XDG_RUNTIME_DIR", (dir / "xdg").string());
+    return env;
   }
   std::string diag() const {
     return "--- gpurun stderr ---\n" + slurp(dir / "gpurun.stderr") + "--- events ---\n" +

@@ -1,6 +1,8 @@
 // Runs the real gpurun binary with tiny shell/python workers (tests/supervisor/workers).
 #include <doctest/doctest.h>
 
+#include "gpurun_process.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -33,83 +35,24 @@ namespace {
 const std::string kGpurun = GPURUN_BINARY;
 const std::string kWorkers = GPURUN_TEST_WORKERS;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using gpurun::testing::slurp;
+using gpurun::testing::TempDir;
 
-/// A unique scratch directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "gpurun-it-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
-
-/// One gpurun process with stdout/stderr captured to files.
-struct Gpurun {
-  pid_t pid = -1;
-  fs::path out, err;
-  std::optional<int> status;  // raw waitpid status
-
+/// One gpurun process with stdout/stderr captured to DIR/TAG.stdout and .stderr.
+struct Gpurun : gpurun::testing::ChildProcess {
   /// `nofile`: RLIMIT_NOFILE {soft, hard} to start gpurun with.
   Gpurun(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
          const fs::path& dir, const std::string& tag = "gpurun",
-         std::optional<rlimit> nofile = std::nullopt) {
-    out = dir / (tag + ".stdout");
-    err = dir / (tag + ".stderr");
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      if (nofile && ::setrlimit(RLIMIT_NOFILE, &*nofile) != 0) ::_exit(125);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(kGpurun.c_str()));
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(kGpurun.c_str(), argv.data());
-      ::_exit(126);
-    }
+         std::optional<rlimit> nofile = std::nullopt)
+      : ChildProcess(with_binary(args), env, dir / (tag + ".stdout"), dir / (tag + ".stderr"),
+                     nofile) {}
+
+ private:
+  static std::vector<std::string> with_binary(const std::vector<std::string>& args) {
+    std::vector<std::string> argv{kGpurun};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
   }
-  ~Gpurun() {
-    if (!status && pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  /// Waits up to `limit`; true when gpurun exited.
-  bool wait(std::chrono::milliseconds limit) {
-    const auto end = Clock::now() + limit;
-    while (!status) {
-      int st = 0;
-      pid_t r = ::waitpid(pid, &st, WNOHANG);
-      if (r == pid) {
-        status = st;
-        break;
-      }
-      if (Clock::now() >= end) return false;
-      std::this_thread::sleep_for(10ms);
-    }
-    return true;
-  }
-  /// Shell-style exit code (128+signal for a signal death); -1 if still running.
-  int code() const {
-    if (!status) return -1;
-    return WIFSIGNALED(*status) ? 128 + WTERMSIG(*status) : WEXITSTATUS(*status);
-  }
-  std::string stdout_text() const { return slurp(out); }
-  std::string stderr_text() const { return slurp(err); }
 };
 
 /// A pid counts as alive unless /proc has no entry or it is a zombie.

@@ -1,0 +1,107 @@
+// Test helpers shared by the integration tests that run the real gpurun binary:
+// a scratch directory and one child process with its output captured to files.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+namespace gpurun::testing {
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// A unique scratch directory (mkdtemp under the temp dir), removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix = "gpurun-it") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str() const { return path.string(); }
+};
+
+/// One child process running `argv` (argv[0] is the executable path) with `env` added
+/// to this process's environment and stdout/stderr written to the files `out`/`err`.
+/// Killed with SIGKILL by the destructor if it is still running.
+struct ChildProcess {
+  pid_t pid = -1;
+  std::filesystem::path out, err;
+  std::optional<int> status;  // raw waitpid status
+
+  /// `nofile`: RLIMIT_NOFILE {soft, hard} to start the child with.
+  ChildProcess(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
+               std::filesystem::path out_file, std::filesystem::path err_file,
+               std::optional<rlimit> nofile = std::nullopt)
+      : out(std::move(out_file)), err(std::move(err_file)) {
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      if (nofile && ::setrlimit(RLIMIT_NOFILE, &*nofile) != 0) ::_exit(125);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(126);
+    }
+  }
+  ~ChildProcess() {
+    if (!status && pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  /// Waits up to `limit`; true when the child exited.
+  bool wait(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!status) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        status = st;
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+  /// Shell-style exit code (128+signal for a signal death); -1 if still running.
+  int code() const {
+    if (!status) return -1;
+    return WIFSIGNALED(*status) ? 128 + WTERMSIG(*status) : WEXITSTATUS(*status);
+  }
+  std::string stdout_text() const { return slurp(out); }
+  std::string stderr_text() const { return slurp(err); }
+};
+
+}  // namespace gpurun::testing
