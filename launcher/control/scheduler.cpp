@@ -120,21 +120,7 @@ void Scheduler::publish(const Decision& d, const std::string& json,
     generation_keys_[d.generation] = static_cast<int>(d.active.size());
   }
   last_decision_ = json;
-  Effect ev;
-  ev.kind = Effect::Kind::kEvent;
-  ev.key = "decision";
-  ev.fields.add("generation", d.generation)
-      .add("prev_generation", d.prev_generation)
-      .add("round", d.round)
-      .add("kind", to_string(d.kind))
-      .add_raw("active", ids_json(d.active))
-      .add_raw("joiners", ids_json(d.joiners))
-      .add_raw("leavers", ids_json(d.leavers))
-      .add_raw("failed", ids_json(d.failed))
-      .add("state_source", d.state_source)
-      .add("epoch", d.epoch)
-      .add("step", d.step);
-  effects_.push_back(std::move(ev));
+  decision_event(d);
   if (d.kind != Decision::Kind::kContinue)
     say(
         fmt::format("generation {}: active [{}] (joiners [{}], leavers [{}], failed [{}], state "
@@ -584,6 +570,10 @@ void Scheduler::publish_exit() {
   w.value = json;
   effects_.push_back(std::move(w));
   last_decision_ = json;
+  decision_event(d);  // an exit decision has no joiners, leavers, failed or source
+}
+
+void Scheduler::decision_event(const Decision& d) {
   Effect ev;
   ev.kind = Effect::Kind::kEvent;
   ev.key = "decision";
@@ -592,10 +582,10 @@ void Scheduler::publish_exit() {
       .add("round", d.round)
       .add("kind", to_string(d.kind))
       .add_raw("active", ids_json(d.active))
-      .add_raw("joiners", "[]")
-      .add_raw("leavers", "[]")
-      .add_raw("failed", "[]")
-      .add("state_source", -2)
+      .add_raw("joiners", ids_json(d.joiners))
+      .add_raw("leavers", ids_json(d.leavers))
+      .add_raw("failed", ids_json(d.failed))
+      .add("state_source", d.state_source)
       .add("epoch", d.epoch)
       .add("step", d.step);
   effects_.push_back(std::move(ev));

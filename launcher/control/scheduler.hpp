@@ -123,6 +123,8 @@ class Scheduler {
   void decide();
   void resume();
   void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
+  // The `decision` event for the event log.
+  void decision_event(const Decision& d);
   // A joiner of `d`: brought in now, or once its previous process (told to exit) is gone.
   void admit(SlotInfo& s, const Decision& d, const std::string& json);
   void publish(const Decision& d, const std::string& json, const std::string& decision_key);
