@@ -171,12 +171,7 @@ void Scheduler::start_attempt(int attempt) {
     s.state = SlotState::kStarting;  // reset, not a transition (new attempt)
     s.generation = generation_;
     s.rank = d.rank_of(gpu);
-    Effect e;
-    e.kind = Effect::Kind::kSpawn;
-    e.gpu = gpu;
-    e.generation = generation_;
-    e.value = json;
-    effects_.push_back(std::move(e));
+    spawn_effect(gpu, generation_, json);
   }
 }
 
@@ -365,12 +360,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     s.spawn_pending = false;
     set_state(s, SlotState::kRejoining,
               fmt::format("respawned to join generation {}", generation_));
-    Effect e;
-    e.kind = Effect::Kind::kSpawn;
-    e.gpu = gpu;
-    e.generation = generation_;
-    e.value = last_decision_;
-    effects_.push_back(std::move(e));
+    spawn_effect(gpu, generation_, last_decision_);
   }
   try_decide();
   check_all_gone();
@@ -420,12 +410,7 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
   if (s.pid < 0) {
     set_state(s, SlotState::kRejoining, why + " (spawned)");
-    Effect e;
-    e.kind = Effect::Kind::kSpawn;
-    e.gpu = s.gpu;
-    e.generation = d.generation;
-    e.value = json;
-    effects_.push_back(std::move(e));
+    spawn_effect(s.gpu, d.generation, json);
   } else {
     const bool held = (s.state == SlotState::kParked || s.state == SlotState::kOffloading) &&
                       s.park_generation >= 0 && !s.will_exit;
@@ -589,6 +574,15 @@ void Scheduler::decision_event(const Decision& d) {
       .add("epoch", d.epoch)
       .add("step", d.step);
   effects_.push_back(std::move(ev));
+}
+
+void Scheduler::spawn_effect(int gpu, int64_t generation, const std::string& decision_json) {
+  Effect e;
+  e.kind = Effect::Kind::kSpawn;
+  e.gpu = gpu;
+  e.generation = generation;
+  e.value = decision_json;
+  effects_.push_back(std::move(e));
 }
 
 void Scheduler::delete_key(std::string key) {

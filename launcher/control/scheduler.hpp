@@ -125,6 +125,9 @@ class Scheduler {
   void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
   // The `decision` event for the event log.
   void decision_event(const Decision& d);
+  // Asks the supervisor to start a process on `gpu` that joins `generation` by reading
+  // `decision_json` (the decision that created it).
+  void spawn_effect(int gpu, int64_t generation, const std::string& decision_json);
   // A joiner of `d`: brought in now, or once its previous process (told to exit) is gone.
   void admit(SlotInfo& s, const Decision& d, const std::string& json);
   void publish(const Decision& d, const std::string& json, const std::string& decision_key);

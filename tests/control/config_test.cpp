@@ -13,6 +13,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpurun_process.hpp"
+
 namespace gpurun::control {
 namespace {
 
@@ -48,21 +50,8 @@ std::string error_of(const std::string& text, const std::vector<int>& ids = kFou
   return "(no error)";
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gpurun-config-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-config-test") {}
 };
 
 TEST_CASE("parse_config: valid files give the expected settings") {
@@ -276,15 +265,15 @@ TEST_CASE("parse_config: the source name appears in every message") {
 
 TEST_CASE("load_config reads files, follows symlinks and reports unreadable ones") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   std::ofstream(file) << "active_gpus = [2]\n[park]\nmode = \"hold\"\n";
 
   const Config direct = load_config(file, kFourGpus);
   CHECK(direct.active_gpus == std::vector<int>{2});
   CHECK(direct.park_mode == ParkMode::kHold);
 
-  fs::create_symlink("config.toml", dir.path() / "link.toml");
-  CHECK(load_config(dir.path() / "link.toml", kFourGpus) == direct);
+  fs::create_symlink("config.toml", dir.path / "link.toml");
+  CHECK(load_config(dir.path / "link.toml", kFourGpus) == direct);
 
   const auto message_for = [&](const fs::path& path) -> std::string {
     try {
@@ -294,18 +283,18 @@ TEST_CASE("load_config reads files, follows symlinks and reports unreadable ones
     }
     return "(no error)";
   };
-  const fs::path missing = dir.path() / "missing.toml";
+  const fs::path missing = dir.path / "missing.toml";
   CHECK(message_for(missing) ==
         missing.string() + ": cannot read the config file: No such file or directory");
-  CHECK(message_for(dir.path()) ==
-        dir.path().string() + ": cannot read the config file: not a regular file");
+  CHECK(message_for(dir.path) ==
+        dir.path.string() + ": cannot read the config file: not a regular file");
 
-  const fs::path big = dir.path() / "big.toml";
+  const fs::path big = dir.path / "big.toml";
   std::ofstream(big) << std::string(kMaxConfigBytes + 1, '#');
   CHECK(message_for(big) ==
         big.string() + ": cannot read the config file: larger than the limit of 1048576 bytes");
 
-  const fs::path bad = dir.path() / "bad.toml";
+  const fs::path bad = dir.path / "bad.toml";
   std::ofstream(bad) << "active_gpus = [5]\n";
   CHECK(message_for(bad) == bad.string() +
                                 ":1:16: active_gpus: GPU id 5 is not available on this node; "

@@ -15,7 +15,9 @@
 #include <string_view>
 
 #include <doctest/doctest.h>
+
 #include <boost/asio/io_context.hpp>
+#include "gpurun_process.hpp"
 
 namespace gpurun::control {
 namespace {
@@ -26,21 +28,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kHangGuard = 10s;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gpurun-watch-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-watch-test") {}
 };
 
 /// open(O_TRUNC) + write + close: how most programs (and `echo >`) rewrite a file in place.
@@ -119,7 +108,7 @@ class Watch {
 
 TEST_CASE("watcher: in-place write is seen once, after the writer is done") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0, 1]\n");
   Watch w(file, inotify_only());
   REQUIRE(w.watcher().using_inotify());
@@ -135,7 +124,7 @@ TEST_CASE("watcher: in-place write is seen once, after the writer is done") {
 
 TEST_CASE("watcher: temp file + rename (editor save) is seen") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0, 1]\n");
   Watch w(file, inotify_only());
   REQUIRE(w.watcher().using_inotify());
@@ -152,8 +141,8 @@ TEST_CASE("watcher: temp file + rename (editor save) is seen") {
 
 TEST_CASE("watcher: cp over the file is seen") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
-  const fs::path other = dir.path() / "other.toml";
+  const fs::path file = dir.path / "config.toml";
+  const fs::path other = dir.path / "other.toml";
   write_in_place(file, "active_gpus = [0, 1]\n");
   write_in_place(other, "active_gpus = [3]\n");
   Watch w(file, inotify_only());
@@ -168,7 +157,7 @@ TEST_CASE("watcher: cp over the file is seen") {
 
 TEST_CASE("watcher: sed -i is seen") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "[park]\nmode = \"release\"\n");
   Watch w(file, inotify_only());
   REQUIRE(w.watcher().using_inotify());
@@ -181,7 +170,7 @@ TEST_CASE("watcher: sed -i is seen") {
 TEST_CASE("watcher: Kubernetes ConfigMap symlink swap is seen, repeatedly") {
   // dir/config.toml -> ..data/config.toml, dir/..data -> ..ts1 (what the kubelet builds).
   TempDir dir;
-  const fs::path& d = dir.path();
+  const fs::path& d = dir.path;
   fs::create_directory(d / "..ts1");
   write_in_place(d / "..ts1" / "config.toml", "active_gpus = [0]\n");
   fs::create_directory_symlink("..ts1", d / "..data");
@@ -215,7 +204,7 @@ TEST_CASE("watcher: Kubernetes ConfigMap symlink swap is seen, repeatedly") {
 
 TEST_CASE("watcher: a burst of 20 writes yields exactly one call") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = []\n");
   WatcherOptions options = inotify_only();
   options.debounce = 200ms;
@@ -241,7 +230,7 @@ TEST_CASE("watcher: a burst of 20 writes yields exactly one call") {
 
 TEST_CASE("watcher: a file still open for writing is not reported half-written") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0, 1, 2, 3]\n");
   WatcherOptions options = inotify_only();
   options.debounce = 50ms;
@@ -266,13 +255,13 @@ TEST_CASE("watcher: a file still open for writing is not reported half-written")
 
 TEST_CASE("watcher: other files in the same directory are ignored") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0]\n");
   Watch w(file, inotify_only());
   REQUIRE(w.watcher().using_inotify());
 
-  for (int i = 0; i < 5; ++i) write_in_place(dir.path() / "events.jsonl", "{}\n");
-  write_via_rename(dir.path() / "notes.toml", "x = 1\n");
+  for (int i = 0; i < 5; ++i) write_in_place(dir.path / "events.jsonl", "{}\n");
+  write_via_rename(dir.path / "notes.toml", "x = 1\n");
   w.settle();
   CHECK(w.calls() == 0);
 
@@ -282,7 +271,7 @@ TEST_CASE("watcher: other files in the same directory are ignored") {
 
 TEST_CASE("watcher: a file created later, and a deleted file, are reported") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   Watch w(file, inotify_only());
   REQUIRE(w.watcher().using_inotify());
 
@@ -297,7 +286,7 @@ TEST_CASE("watcher: a file created later, and a deleted file, are reported") {
 
 TEST_CASE("watcher: request_reload (SIGHUP) calls on_change without any change") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0]\n");
   Watch w(file, inotify_only());
   w.settle();
@@ -316,7 +305,7 @@ TEST_CASE("watcher: request_reload (SIGHUP) calls on_change without any change")
 
 TEST_CASE("watcher: polling fallback sees replaced and rewritten files") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0]\n");
   WatcherOptions options;
   options.force_polling = true;
@@ -349,7 +338,7 @@ TEST_CASE("watcher: polling fallback sees replaced and rewritten files") {
 
 TEST_CASE("watcher: no call after the watcher is destroyed") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0]\n");
   WatcherOptions options = inotify_only();
   options.poll_interval = 20ms;
@@ -366,7 +355,7 @@ TEST_CASE("watcher: no call after the watcher is destroyed") {
 
 TEST_CASE("watcher: inotify plus the poll backstop report one change once") {
   TempDir dir;
-  const fs::path file = dir.path() / "config.toml";
+  const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0]\n");
   WatcherOptions options;
   options.debounce = 50ms;
