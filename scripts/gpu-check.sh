@@ -13,7 +13,8 @@ step() { local name=$1; shift; local t0=$EPOCHREALTIME; "$@" >"$OUT/$name.log" 2
   R[$name]="rc=$rc $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1fs", b-a}')"
   echo "== $name: ${R[$name]}"; tail -n 25 "$OUT/$name.log"; return $rc; }
 
-step build bash -c 'cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build-gpu -j16'
+TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=$TORCH_PREFIX -DGPURUN_WITH_CUDA=ON && cmake --build build-gpu -j16"
 step unit_tests ctest --test-dir build-gpu --output-on-failure -j8 --timeout 300
 [[ ${GPU_RECORD:-0} == 1 ]] && step record timeout 150 python3 scripts/conformance/record_relay.py "$FINAL/tcpstore_torch211.txt"
 G=build-gpu/launcher/gpurun
@@ -30,6 +31,8 @@ status_live() {
   wait $pid
 }
 step status_live status_live
+# The worker runtime on CUDA + NCCL: pause/resume in release and hold mode.
+step elastic scripts/gpu-elastic.sh build-gpu "$OUT/elastic"
 if [[ -x build-gpu/bench/store_bench ]]; then
   step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000,10000
   python3 bench/anchors/torch_store_server.py 29577 > "$OUT/torch_server.log" 2>&1 & TS=$!
@@ -38,5 +41,5 @@ if [[ -x build-gpu/bench/store_bench ]]; then
   kill $TS
 fi
 echo; echo "| step | result |"; echo "|---|---|"
-for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff status_live bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
+for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff status_live elastic bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
 tar -C "$FINAL" -czf "$FINAL/logs.tar.gz" logs && rm -rf "$OUT"

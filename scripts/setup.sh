@@ -9,6 +9,10 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config python3
   libboost1.81-dev      # Asio, Process v2 (header-only)
   libfmt-dev doctest-dev libtomlplusplus-dev
+  libtorch-dev          # LibTorch 1.13 (CPU): worker runtime, examples
+  libgloo-dev           # Gloo: CPU collectives of the worker runtime
+  zlib1g-dev            # reads the gzip-compressed IDX files directly
+  dataset-fashion-mnist # /usr/share/datasets/fashion-mnist: the main job's data
   procps psmisc         # ps/pkill used by the integration tests
 )
 

@@ -286,6 +286,7 @@ int run(int argc, char** argv) {
   }
   registration.reset();
   elastic.reset();
+  if (!plan.run_dir.empty()) sv::remove_snapshot(plan.run_dir);
   sv::release_run_dir(run_dir, files_in_temp);
   if (files_in_temp) print_err(fmt::format("log files kept in {}", run_dir.path));
   return code;

@@ -1,5 +1,9 @@
 #include "supervisor/worker_env.hpp"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "common/error.hpp"
@@ -110,12 +114,31 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set("GPURUN_SLOT", std::to_string(local_rank));
   set("GPURUN_DEVICE", plan.device == Device::kCuda ? "cuda" : "cpu");
   set("GPURUN_RUN_DIR", plan.run_dir);
+  if (!plan.run_dir.empty()) set("GPURUN_SNAPSHOT_PATH", snapshot_path(plan.run_dir));
   if (plan.device == Device::kCuda) {
     set("GPURUN_GPU_ID", plan.gpu_ids.at(static_cast<size_t>(local_rank)));
   } else {
     env.erase("GPURUN_GPU_ID");
   }
   return env;
+}
+
+std::string snapshot_path(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  const std::string name = fs::path(run_dir).filename().string();
+  if (::access("/dev/shm", W_OK | X_OK) == 0)
+    return fmt::format("/dev/shm/gpurun-{}-{}.snapshot", ::getuid(), name);
+  return run_dir + "/state.snapshot";
+}
+
+void remove_snapshot(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  const fs::path snap = snapshot_path(run_dir);
+  const std::string prefix = snap.filename().string();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(snap.parent_path(), ec)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+  }
 }
 
 EnvMap current_environment() {

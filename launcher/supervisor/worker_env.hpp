@@ -39,6 +39,13 @@ JobPlan make_plan(const Options& options, const EnvMap& inherited,
                   const std::function<int()>& count_gpus, const std::function<int()>& cpu_count,
                   const std::function<std::string()>& random_id);
 
+/// GPURUN_SNAPSHOT_PATH: where the worker runtime keeps the training state across a pause
+/// (active_gpus = []). In shared memory (/dev/shm/gpurun-<uid>-<run dir name>.snapshot) when
+/// /dev/shm is a writable directory, else <run_dir>/state.snapshot. The supervisor owns it:
+/// remove_snapshot() deletes it (and the writer's temporary files) when gpurun exits.
+std::string snapshot_path(const std::string& run_dir);
+void remove_snapshot(const std::string& run_dir);
+
 /// Path of TORCHELASTIC_ERROR_FILE for one worker of one attempt.
 std::string error_file_path(const JobPlan& plan, int attempt, int rank);
 

@@ -3,6 +3,7 @@
 // epochs and checks what every worker read and what the event log says.
 #include <doctest/doctest.h>
 
+#include "elastic_run.hpp"
 #include "gpurun_process.hpp"
 
 #include <fcntl.h>
@@ -41,15 +42,7 @@ constexpr auto kHangGuard = 60s;
 
 using gpurun::testing::slurp;
 
-void write_file(const fs::path& p, const std::string& text) {
-  // temp + rename, like an editor
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-  }
-  fs::rename(tmp, p);
-}
+using gpurun::testing::write_file;
 
 struct TempDir : gpurun::testing::TempDir {
   TempDir() : gpurun::testing::TempDir("gpurun-ctl") {}
@@ -57,91 +50,17 @@ struct TempDir : gpurun::testing::TempDir {
 
 /// gpurun --device cpu --nproc N --config DIR/config.toml --event-log DIR/events.jsonl
 ///        fake_worker DIR EPOCH_MS, output captured in DIR.
-struct Run {
-  fs::path dir;
-  gpurun::testing::ChildProcess proc;
-
+struct Run : gpurun::testing::ElasticRun {
   /// `config` nullopt: a plain run (no --config) of `command` instead of fake_worker.
   Run(const fs::path& d, int nproc, const std::optional<std::string>& config, int epoch_ms = 150,
       std::vector<std::string> extra = {}, std::string device = "cpu",
       std::map<std::string, std::string> env = {}, std::vector<std::string> command = {})
-      : dir(d),
-        proc(args(d, nproc, config, epoch_ms, extra, device, command), with_xdg(d, env),
-             d / "gpurun.stdout", d / "gpurun.stderr") {}
+      : ElasticRun(kGpurun, d, nproc, config,
+                   command.empty()
+                       ? std::vector<std::string>{kWorker, d.string(), std::to_string(epoch_ms)}
+                       : command,
+                   extra, device, env) {}
 
-  bool wait(std::chrono::milliseconds limit) { return proc.wait(limit); }
-  int code() const { return proc.code(); }
-
-  static std::vector<std::string> args(const fs::path& dir, int nproc,
-                                       const std::optional<std::string>& config, int epoch_ms,
-                                       const std::vector<std::string>& extra,
-                                       const std::string& device,
-                                       std::vector<std::string> command) {
-    std::vector<std::string> a = {kGpurun, "--device", device, "--nproc", std::to_string(nproc)};
-    if (config) {
-      write_file(dir / "config.toml", *config);
-      a.push_back("--config");
-      a.push_back((dir / "config.toml").string());
-    }
-    for (const char* x : {"--event-log", "", "--run-id", "ctl-test", "--master-port", "0"})
-      a.push_back(*x ? std::string(x) : (dir / "events.jsonl").string());
-    a.insert(a.end(), extra.begin(), extra.end());
-    if (command.empty()) command = {kWorker, dir.string(), std::to_string(epoch_ms)};
-    a.insert(a.end(), command.begin(), command.end());
-    return a;
-  }
-  // Registrations go to DIR/xdg so `gpurun status` in a test sees only its own runs.
-  static std::map<std::string, std::string> with_xdg(const fs::path& dir,
-                                                     std::map<std::string, std::string> env) {
-    env.emplace("XDG_RUNTIME_DIR", (dir / "xdg").string());
-    return env;
-  }
-  std::string diag() const {
-    return "--- gpurun stderr ---\n" + slurp(dir / "gpurun.stderr") + "--- events ---\n" +
-           slurp(dir / "events.jsonl");
-  }
-
-  std::vector<json::object> events(const std::string& name = "") const {
-    std::vector<json::object> out;
-    std::istringstream in(slurp(dir / "events.jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      boost::system::error_code ec;
-      auto v = json::parse(line, ec);
-      if (ec || !v.is_object()) continue;
-      if (name.empty() || v.as_object()["event"].as_string() == name) out.push_back(v.as_object());
-    }
-    return out;
-  }
-  /// Resize decisions (and starts) so far, in order.
-  std::vector<json::object> resizes() const {
-    std::vector<json::object> out;
-    for (auto& e : events("decision"))
-      if (e.at("kind").as_string() != "continue") out.push_back(e);
-    return out;
-  }
-  /// Waits until `pred` holds, up to the hang guard.
-  void wait_for(const std::string& what, const std::function<bool()>& pred) {
-    const auto end = Clock::now() + kHangGuard;
-    while (!pred()) {
-      if (Clock::now() >= end) FAIL("timed out waiting for " << what << "\n" << diag());
-      if (wait(0ms))
-        FAIL("gpurun exited (" << code() << ") while waiting for " << what << "\n" << diag());
-      std::this_thread::sleep_for(50ms);
-    }
-  }
-  /// Waits for the n-th (1-based, counting the start) non-continue decision; returns it.
-  json::object wait_resize(size_t n) {
-    wait_for("resize decision #" + std::to_string(n), [&] { return resizes().size() >= n; });
-    return resizes()[n - 1];
-  }
-  /// Waits for at least `k` continue decisions after the latest resize (workers training).
-  void wait_continues(size_t k) {
-    wait_for(std::to_string(k) + " continue decisions", [&] {
-      size_t c = 0;
-      for (auto& e : events("decision")) c = e["kind"].as_string() == "continue" ? c + 1 : 0;
-      return c >= k;
-    });
-  }
   /// Makes every worker finish at an epoch well ahead of now, then waits for gpurun.
   int finish() {
     long max_epoch = 0;

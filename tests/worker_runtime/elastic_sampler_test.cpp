@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "common/error.hpp"
@@ -132,4 +133,41 @@ TEST_CASE("elastic sampler: state is (epoch, cursor); a joiner continues where t
   CHECK_THROWS_AS(world.indices(3, 3), gpurun::Error);
   CHECK_THROWS_AS(joiner.load_state({1, 101}), gpurun::Error);
   CHECK_THROWS_AS(ElasticSampler(-1), gpurun::Error);
+}
+
+TEST_CASE("elastic sampler: windows of a global batch partition it for any world size") {
+  // The same global batches (same samples per optimizer step) whatever the world size:
+  // what makes an elastic run's loss match a fixed-size run's.
+  const int64_t n = 1000, global = 64;
+  auto batches_of = [&](std::vector<int> worlds) {  // world size per step (cycled)
+    gpurun::ElasticSampler s(n, {.seed = 3});
+    s.set_epoch(2);
+    std::vector<std::set<int64_t>> out;
+    for (size_t step = 0; s.remaining() > 0; ++step) {
+      const int w = worlds[step % worlds.size()];
+      const int64_t count = std::min(global, s.remaining());
+      std::set<int64_t> batch;
+      size_t total = 0;
+      for (int r = 0; r < w; ++r) {
+        auto idx = s.window_indices(count, r, w);
+        CHECK(idx.size() == static_cast<size_t>(count / w + (r < count % w ? 1 : 0)));
+        total += idx.size();
+        batch.insert(idx.begin(), idx.end());
+      }
+      CHECK(total == static_cast<size_t>(count));
+      CHECK(batch.size() == static_cast<size_t>(count));
+      out.push_back(batch);
+      s.advance(count);
+    }
+    return out;
+  };
+  const auto fixed = batches_of({4});
+  CHECK(fixed.size() == 16);  // ceil(1000 / 64)
+  CHECK(batches_of({1}) == fixed);
+  CHECK(batches_of({2, 3, 1, 4, 3}) == fixed);
+  gpurun::ElasticSampler s(10);
+  CHECK_THROWS_WITH_AS(s.window_indices(11, 0, 1),
+                       "ElasticSampler: a window of 11 samples does not fit at cursor 0 of 10 "
+                       "(epoch 0)",
+                       gpurun::Error);
 }

@@ -44,6 +44,14 @@ class ElasticSampler {
   /// This rank's indices of the rest of the epoch (from the cursor), in training order.
   /// Throws gpurun::Error unless 0 <= rank < world.
   std::vector<int64_t> indices(int rank, int world) const;
+  /// This rank's indices among the next `count` unconsumed samples (window positions
+  /// rank, rank + world, ... < count), in training order. Over all ranks of a world the
+  /// windows partition those `count` samples, whatever the world size: this is how a global
+  /// batch is split (then advance(count)). Throws gpurun::Error unless 0 <= rank < world
+  /// and 0 <= count <= dataset_size() - cursor().
+  std::vector<int64_t> window_indices(int64_t count, int rank, int world) const;
+  /// Samples of the current epoch not consumed yet.
+  int64_t remaining() const { return size_ - cursor_; }
   /// Number of indices(rank, world) would return, without building them.
   int64_t num_samples(int rank, int world) const;
 

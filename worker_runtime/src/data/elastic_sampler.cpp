@@ -79,6 +79,20 @@ std::vector<int64_t> ElasticSampler::indices(int rank, int world) const {
   return out;
 }
 
+std::vector<int64_t> ElasticSampler::window_indices(int64_t count, int rank, int world) const {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw Error(fmt::format("ElasticSampler: rank {} is not in a world of {}", rank, world));
+  if (count < 0 || count > size_ - cursor_)
+    throw Error(fmt::format(
+        "ElasticSampler: a window of {} samples does not fit at cursor {} of {} (epoch {})",
+        count, cursor_, size_, epoch_));
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(count / world + 1));
+  for (int64_t p = rank; p < count; p += world)
+    out.push_back(perm_[static_cast<size_t>(cursor_ + p)]);
+  return out;
+}
+
 void ElasticSampler::load_state(State s) {
   if (s.cursor < 0 || s.cursor > size_)
     throw Error(fmt::format("ElasticSampler: cursor {} does not fit a dataset of {} samples",

@@ -1,0 +1,324 @@
+// The worker runtime under the real gpurun (--device cpu, Gloo): elastic_trainer processes
+// train an MLP while the test rewrites config.toml. After every boundary the replicas'
+// state checksums must be identical (and equal to the state source's), every sample must be
+// trained on exactly once per epoch across resizes, and with `[batch] global` the loss of an
+// elastic run must match a fixed-size run's.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "elastic_run.hpp"
+#include "gpurun_process.hpp"
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using gpurun::testing::slurp;
+using gpurun::testing::write_file;
+
+namespace {
+
+const std::string kGpurun = GPURUN_BINARY;
+const std::string kTrainer = GPURUN_TRAINER;
+constexpr int64_t kSamples = 256;
+
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-rt") {}
+};
+
+std::string config(const std::string& active, const std::string& mode = "release",
+                   const std::string& extra = "") {
+  return "active_gpus = " + active + "\n[park]\nmode = \"" + mode +
+         "\"\n[boundary]\ndeadline_s = 60\n" + extra;
+}
+
+/// gpurun --device cpu --nproc N --config DIR/config.toml elastic_trainer DIR/out ARGS...
+struct TrainRun : gpurun::testing::ElasticRun {
+  TrainRun(const fs::path& d, int nproc, const std::string& cfg,
+           std::vector<std::string> trainer_args, std::map<std::string, std::string> env = {})
+      : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), {}, "cpu",
+                   with_trace(d, env), "rt-test") {
+    hang_guard = 120s;
+  }
+  static std::vector<std::string> command(const fs::path& d, std::vector<std::string> args) {
+    fs::create_directories(d / "out");
+    args.insert(args.begin(), {kTrainer, (d / "out").string()});
+    return args;
+  }
+  static std::map<std::string, std::string> with_trace(const fs::path& d,
+                                                       std::map<std::string, std::string> env) {
+    env.emplace("GPURUN_TRACE_DIR", (d / "trace").string());
+    env.emplace("GPURUN_COMM_TIMEOUT_MS", "20000");
+    return env;
+  }
+  fs::path out() const { return dir / "out"; }
+
+  std::string full_diag() const {
+    std::string s = diag();
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(dir / "trace", ec))
+      s += "--- " + f.path().filename().string() + " ---\n" + slurp(f.path());
+    return s + "--- gpurun stdout ---\n" + slurp(dir / "gpurun.stdout");
+  }
+
+  /// Every trace line of every slot.
+  std::vector<json::object> trace(const std::string& event) const {
+    std::vector<json::object> out;
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(dir / "trace", ec)) {
+      std::istringstream in(slurp(f.path()));
+      for (std::string line; std::getline(in, line);) {
+        boost::system::error_code jec;
+        auto v = json::parse(line, jec);
+        if (!jec && v.is_object() && v.as_object().at("event").as_string() == event)
+          out.push_back(v.as_object());
+      }
+    }
+    return out;
+  }
+
+  /// Stops the trainers a couple of epochs ahead and waits for gpurun.
+  int finish() {
+    int64_t max_epoch = 0;
+    for (auto& e : events("decision")) max_epoch = std::max<int64_t>(max_epoch, e["epoch"].as_int64());
+    write_file(out() / "stop", std::to_string(max_epoch + 2));
+    if (!wait(hang_guard)) FAIL("gpurun did not finish\n" << full_diag());
+    return code();
+  }
+
+  /// epoch -> how many times each sample index was trained on in it (all ranks, all processes).
+  std::map<int64_t, std::map<int64_t, int>> samples_per_epoch() const {
+    std::map<int64_t, std::map<int64_t, int>> out;
+    for (const auto& f : fs::directory_iterator(dir / "out")) {
+      if (f.path().filename().string().rfind("indices.", 0) != 0) continue;
+      std::istringstream in(slurp(f.path()));
+      for (std::string line; std::getline(in, line);) {
+        std::istringstream ls(line);
+        int64_t epoch = 0, idx = 0;
+        ls >> epoch;
+        while (ls >> idx) ++out[epoch][idx];
+      }
+    }
+    return out;
+  }
+
+  /// epoch -> mean training loss (from whichever slot was rank 0 in that epoch).
+  std::map<int64_t, double> losses() const {
+    std::map<int64_t, double> out;
+    for (const auto& f : fs::directory_iterator(dir / "out")) {
+      if (f.path().filename().string().rfind("loss.", 0) != 0) continue;
+      std::istringstream in(slurp(f.path()));
+      for (std::string line; std::getline(in, line);) {
+        std::istringstream ls(line);
+        int64_t epoch = 0;
+        double loss = 0;
+        ls >> epoch >> loss;
+        CHECK_MESSAGE(out.count(epoch) == 0, "epoch " << epoch << " reported twice");
+        out[epoch] = loss;
+      }
+    }
+    return out;
+  }
+
+  /// Asserts: for every generation, every rank that traced a checksum traced the same one.
+  /// Returns the number of generations checked.
+  size_t check_checksums() const {
+    std::map<int64_t, std::set<std::string>> sums;
+    std::map<int64_t, int> count;
+    for (auto& g : trace("generation")) {
+      if (!g.at("checksum").is_string()) continue;
+      const int64_t gen = g.at("generation").as_int64();
+      sums[gen].insert(std::string(g.at("checksum").as_string()));
+      ++count[gen];
+    }
+    for (const auto& [gen, s] : sums) {
+      INFO("generation " << gen << " traced by " << count[gen] << " ranks");
+      CHECK(s.size() == 1);
+    }
+    return sums.size();
+  }
+
+  /// Asserts: every epoch before `last` trained on each of the kSamples exactly once.
+  void check_samples(int64_t first, int64_t last) const {
+    auto per_epoch = samples_per_epoch();
+    for (int64_t e = first; e < last; ++e) {
+      INFO("epoch " << e);
+      const auto& m = per_epoch[e];
+      CHECK(m.size() == static_cast<size_t>(kSamples));
+      int dup = 0;
+      for (const auto& [idx, n] : m) {
+        dup += n != 1;
+        CHECK(idx >= 0);
+        CHECK(idx < kSamples);
+      }
+      CHECK(dup == 0);
+    }
+  }
+
+  std::string active_of(size_t n) { return json::serialize(wait_resize(n).at("active")); }
+};
+
+}  // namespace
+
+TEST_CASE("release mode: shrink, swap, pause, resume, grow; identical state after every boundary") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, config("[0, 1, 2]"), {"--epoch-ms", "150"});
+  CHECK(run.active_of(1) == "[0,1,2]");
+  run.wait_continues(1);
+  const std::vector<std::pair<std::string, std::string>> steps = {
+      {"[0, 1]", "[0,1]"},  // shrink: 2 leaves (its process exits)
+      {"[2]", "[2]"},       // swap: 0 and 1 leave, 2 joins and gets the state from 0
+      {"[]", "[]"},         // pause: the state goes to the host snapshot
+      {"[0, 2]", "[0,2]"},  // resume from the snapshot
+      {"[0, 1, 2]", "[0,1,2]"}};  // grow: 1 joins, receives from rank 0
+  size_t n = 1;
+  for (const auto& [cfg, want] : steps) {
+    write_file(run.dir / "config.toml", config(cfg));
+    CHECK(run.active_of(++n) == want);
+    if (want != "[]") run.wait_continues(2);
+    else std::this_thread::sleep_for(500ms);
+  }
+  const int rc = run.finish();
+  INFO(run.full_diag());
+  CHECK(rc == 0);
+  // Every generation: the replicas' checksums agree (start, 4 resizes with members).
+  CHECK(run.check_checksums() >= 5);
+  // The swap's joiner got the state from a leaver: traced as a source-leaver.
+  bool source_leaver = false;
+  for (auto& g : run.trace("generation"))
+    source_leaver |= g.at("role").as_string() == "source-leaver";
+  CHECK(source_leaver);
+  // Release mode: every leave ended its process.
+  CHECK(run.trace("exit").size() >= 4);  // 2 at the shrink, 0 and 1 at the swap, 2 at the pause
+  // Each epoch saw each sample once, across every resize; training went on (loss fell).
+  const auto losses = run.losses();
+  REQUIRE(losses.size() >= 8);
+  run.check_samples(0, losses.rbegin()->first + 1);
+  CHECK(losses.rbegin()->second < losses.begin()->second);
+  for (int64_t e = 0; e <= losses.rbegin()->first; ++e) CHECK_MESSAGE(losses.count(e), "epoch " << e);
+}
+
+TEST_CASE("hold mode: leavers park in place with their memory freed and rejoin with the current state") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, config("[0, 1, 2]", "hold"), {"--epoch-ms", "150"});
+  run.wait_continues(1);
+  write_file(run.dir / "config.toml", config("[0]", "hold"));
+  CHECK(run.active_of(2) == "[0]");
+  run.wait_continues(2);
+  write_file(run.dir / "config.toml", config("[0, 1, 2]", "hold"));
+  CHECK(run.active_of(3) == "[0,1,2]");
+  run.wait_continues(2);
+  const int rc = run.finish();
+  INFO(run.full_diag());
+  CHECK(rc == 0);
+  CHECK(run.check_checksums() >= 3);
+  // Slots 1 and 2 parked once each, and rejoined in the same process (one pid per slot).
+  const auto parked = run.trace("parked");
+  CHECK(parked.size() == 2);
+  for (auto& p : parked) CHECK(p.at("device_bytes").as_int64() == 0);
+  std::map<int64_t, std::set<int64_t>> pids;  // slot -> pids seen
+  for (auto& s : run.trace("start")) pids[s.at("gpu").as_int64()].insert(s.at("pid").as_int64());
+  CHECK(pids.size() == 3);
+  for (auto& [slot, p] : pids) CHECK(p.size() == 1);
+  int joins = 0;
+  for (auto& g : run.trace("generation")) joins += g.at("role").as_string() == "joiner";
+  CHECK(joins == 2);
+  const auto losses = run.losses();
+  run.check_samples(0, losses.rbegin()->first + 1);
+}
+
+TEST_CASE("[batch] global: the loss of an elastic run (step boundaries, 2->1->2) matches a fixed run") {
+  // Same seed and global batch 64 (micro-batch 16): every optimizer step trains on the same
+  // 64 samples whatever the world size, so the per-epoch loss may differ only by the order of
+  // floating-point sums: tolerance 1e-4 relative.
+  const std::string batch = "[batch]\nglobal = 64\n";
+  TempDir fixed_dir, elastic_dir;
+  std::map<int64_t, double> fixed, elastic;
+  {
+    TrainRun run(fixed_dir.path, 2, config("[0, 1]", "release", batch),
+                 {"--epochs", "6", "--micro", "16"});
+    REQUIRE(run.wait(120s));
+    INFO(run.full_diag());
+    CHECK(run.code() == 0);
+    fixed = run.losses();
+  }
+  {
+    auto cfg = [&](const std::string& active) {  // a boundary every 2 steps (4 steps/epoch)
+      return "active_gpus = " + active + "\n[boundary]\nevery = 2\ndeadline_s = 60\n" + batch;
+    };
+    TrainRun run(elastic_dir.path, 2, cfg("[0, 1]"),
+                 {"--epochs", "6", "--micro", "16", "--hold-at", "1:2", "--hold-at", "3:2"});
+    // Shrink to [1] at the boundary after step 2 of epoch 1, grow back after step 2 of epoch 3:
+    // both inside an epoch. The trainers wait there until the new config is loaded.
+    auto change_at = [&](const std::string& tag, const std::string& active, size_t n) {
+      run.wait_for("a trainer holding at " + tag, [&] {
+        for (const auto& f : fs::directory_iterator(run.out()))
+          if (f.path().filename().string().rfind("holding.", 0) == 0 && slurp(f.path()) == tag)
+            return true;
+        return false;
+      });
+      const size_t loads = run.events("config_loaded").size();
+      write_file(run.dir / "config.toml", cfg(active));
+      run.wait_for("the config reload", [&] { return run.events("config_loaded").size() > loads; });
+      write_file(run.out() / ("go." + tag), "");
+      return run.wait_resize(n);
+    };
+    const auto shrink = change_at("1.2", "[1]", 2);
+    CHECK(shrink.at("epoch").as_int64() == 1);
+    CHECK(shrink.at("step").as_int64() == 2);
+    const auto grow = change_at("3.2", "[0, 1]", 3);
+    CHECK(grow.at("epoch").as_int64() == 3);
+    CHECK(grow.at("step").as_int64() == 2);
+    REQUIRE(run.wait(120s));
+    INFO(run.full_diag());
+    CHECK(run.code() == 0);
+    elastic = run.losses();
+    CHECK(run.check_checksums() >= 3);
+    run.check_samples(0, 6);
+  }
+  REQUIRE(fixed.size() == 6);
+  REQUIRE(elastic.size() == 6);
+  for (int64_t e = 0; e < 6; ++e) {
+    INFO("epoch " << e << ": fixed " << fixed[e] << ", elastic " << elastic[e]);
+    CHECK(std::abs(fixed[e] - elastic[e]) <= 1e-4 * std::max(1.0, std::abs(fixed[e])));
+  }
+}
+
+TEST_CASE("a worker killed at a boundary: the others go on without it, the event log says so") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, config("[0, 1, 2]") , {"--epoch-ms", "400"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "5000"}});
+  run.wait_continues(2);
+  int64_t victim = -1;
+  for (auto& s : run.trace("start"))
+    if (s.at("gpu").as_int64() == 1) victim = s.at("pid").as_int64();
+  REQUIRE(victim > 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(static_cast<pid_t>(victim), SIGKILL);
+  const auto d = run.wait_resize(2);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  CHECK(json::serialize(d.at("failed")) == "[1]");
+  CHECK(json::serialize(d.at("active")) == "[0,2]");
+  CHECK(s < 10.0);
+  run.wait_continues(2);  // training goes on with two ranks
+  run.finish();
+  INFO(run.full_diag());
+  bool failed_logged = false;
+  for (auto& e : run.events("worker_state"))
+    failed_logged |= e.at("gpu").as_int64() == 1 && e.at("to").as_string() == "FAILED";
+  CHECK(failed_logged);
+  CHECK(run.check_checksums() >= 2);
+}

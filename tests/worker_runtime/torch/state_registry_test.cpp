@@ -1,0 +1,517 @@
+#include "state/state_registry.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "gpurun_process.hpp"  // TempDir
+
+using gpurun::StateExtension;
+using gpurun::rt::StateError;
+using gpurun::rt::StateRegistry;
+
+namespace {
+
+namespace optim = torch::optim;
+
+// A small model with parameters and buffers of two dtypes (BatchNorm's running stats, and its
+// 0-dim int64 batch counter).
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(int64_t hidden = 16)
+      : fc1(register_module("fc1", torch::nn::Linear(8, hidden))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(bn(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+enum class Kind { kAdam, kAdamW, kSgd, kRmsprop, kAdagrad };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kAdam:
+      return "Adam";
+    case Kind::kAdamW:
+      return "AdamW";
+    case Kind::kSgd:
+      return "SGD";
+    case Kind::kRmsprop:
+      return "RMSprop";
+    case Kind::kAdagrad:
+      return "Adagrad";
+  }
+  return "?";
+}
+
+// Two param groups with different lr; options chosen so that every state field is used
+// (amsgrad, momentum, centered) and step counts matter (bias correction, lr_decay).
+template <class Opt, class Options>
+std::unique_ptr<optim::Optimizer> two_groups(Net& net, Options first, Options second) {
+  std::vector<optim::OptimizerParamGroup> groups;
+  groups.emplace_back(net->fc1->parameters(), std::make_unique<Options>(first));
+  std::vector<torch::Tensor> rest = net->bn->parameters();
+  for (const auto& p : net->fc2->parameters()) rest.push_back(p);
+  groups.emplace_back(rest, std::make_unique<Options>(second));
+  return std::make_unique<Opt>(std::move(groups), first);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(Kind kind, Net& net) {
+  switch (kind) {
+    case Kind::kAdam:
+      return two_groups<optim::Adam>(net, optim::AdamOptions(1e-2).amsgrad(true).weight_decay(0.01),
+                                     optim::AdamOptions(3e-3).betas(std::make_tuple(0.8, 0.99)));
+    case Kind::kAdamW:
+      return two_groups<optim::AdamW>(net, optim::AdamWOptions(1e-2), optim::AdamWOptions(2e-3));
+    case Kind::kSgd:
+      return two_groups<optim::SGD>(net, optim::SGDOptions(0.05).momentum(0.9).nesterov(true),
+                                    optim::SGDOptions(0.02).momentum(0.5).dampening(0.1));
+    case Kind::kRmsprop:
+      return two_groups<optim::RMSprop>(net,
+                                        optim::RMSpropOptions(1e-2).momentum(0.5).centered(true),
+                                        optim::RMSpropOptions(5e-3));
+    case Kind::kAdagrad:
+      return two_groups<optim::Adagrad>(
+          net, optim::AdagradOptions(0.1).lr_decay(0.05).initial_accumulator_value(0.1),
+          optim::AdagradOptions(0.05));
+  }
+  return nullptr;
+}
+
+// User state with binary bytes (a NUL and a 0xff byte) that must arrive unchanged.
+struct BytesExtension : StateExtension {
+  std::string bytes;
+  std::string save() const override { return bytes; }
+  void load(std::string_view b) override { bytes = std::string(b); }
+};
+
+// One rank: a model, its optimizer, scalars and an extension, all tracked.
+struct Side {
+  Net net{nullptr};
+  std::unique_ptr<optim::Optimizer> opt;
+  StateRegistry reg;
+  int64_t epoch = 0;
+  double loss_scale = 1.0;
+  std::shared_ptr<BytesExtension> ext = std::make_shared<BytesExtension>();
+
+  Side(Kind kind, uint64_t seed, int64_t hidden = 16) {
+    torch::manual_seed(seed);
+    net = Net(hidden);
+    opt = make_optimizer(kind, net);
+    reg.track_module(*net);
+    reg.track_optimizer(*opt);
+    reg.track_scalar("epoch", &epoch);
+    reg.track_scalar("loss_scale", &loss_scale);
+    reg.track_extension("scheduler", ext);
+  }
+
+  // One training step on batch number `i` (the same data on every side).
+  void step(int i) {
+    torch::manual_seed(1000 + i);
+    const auto x = torch::randn({6, 8});
+    const auto y = torch::randn({6, 4});
+    opt->zero_grad();
+    torch::mse_loss(net->forward(x), y).backward();
+    opt->step();
+  }
+
+  std::vector<torch::Tensor> module_tensors() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : net->parameters()) out.push_back(p);
+    for (const auto& b : net->buffers()) out.push_back(b);
+    return out;
+  }
+};
+
+bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const auto ca = a.contiguous().cpu();
+  const auto cb = b.contiguous().cpu();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+bool same_module_state(const Side& a, const Side& b) {
+  const auto ta = a.module_tensors();
+  const auto tb = b.module_tensors();
+  if (ta.size() != tb.size()) return false;
+  for (size_t i = 0; i < ta.size(); ++i) {
+    if (!bitwise_equal(ta[i], tb[i])) return false;
+  }
+  return true;
+}
+
+// What a handoff does: the receiver takes the source's manifest, then every tensor is copied
+// in canonical order (a broadcast, in the runtime).
+void receive(const Side& source, Side& receiver) {
+  receiver.reg.apply_manifest(source.reg.manifest(), torch::kCPU);
+  const auto from = source.reg.tensors();
+  const auto to = receiver.reg.tensors();
+  REQUIRE(from.size() == to.size());
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < from.size(); ++i) {
+    REQUIRE(from[i].sizes() == to[i].sizes());
+    REQUIRE((from[i].scalar_type() == to[i].scalar_type()));
+    to[i].copy_(from[i]);
+  }
+}
+
+const Kind kAllKinds[] = {Kind::kAdam, Kind::kAdamW, Kind::kSgd, Kind::kRmsprop, Kind::kAdagrad};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const StateError& e) {
+    return e.what();
+  }
+  FAIL("no StateError was thrown");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("state registry: a receiver gets the source's exact training state, per optimizer") {
+  for (Kind kind : kAllKinds) {
+    CAPTURE(kind_name(kind));
+    Side source(kind, 1);
+    for (int i = 0; i < 3; ++i) source.step(i);
+    source.epoch = 7;
+    source.loss_scale = 0.125;
+    source.ext->bytes = std::string("sched\0\xff", 7);
+    source.opt->param_groups()[1].options().set_lr(0.0123);  // as a scheduler would
+
+    Side receiver(kind, 2);  // different init, fresh optimizer (no state yet, except Adagrad)
+    CHECK_FALSE(same_module_state(source, receiver));
+    CHECK(source.reg.checksum() != receiver.reg.checksum());
+
+    receive(source, receiver);
+    CHECK(receiver.reg.checksum() == source.reg.checksum());
+    CHECK(receiver.reg.manifest() == source.reg.manifest());
+    CHECK(receiver.reg.nbytes() == source.reg.nbytes());
+    CHECK(receiver.opt->state().size() == source.opt->state().size());
+    CHECK(receiver.opt->param_groups()[1].options().get_lr() == 0.0123);
+    CHECK(receiver.epoch == 7);
+    CHECK(receiver.loss_scale == 0.125);
+    CHECK(receiver.ext->bytes == std::string("sched\0\xff", 7));
+
+    // The state really moved (moments, step counts, options): the next step is bitwise equal.
+    source.step(3);
+    receiver.step(3);
+    CHECK(same_module_state(source, receiver));
+    CHECK(receiver.reg.checksum() == source.reg.checksum());
+
+    // Control: copying only the module tensors is not enough, so the check above can fail.
+    Side params_only(kind, 3);
+    {
+      torch::NoGradGuard no_grad;
+      const auto from = source.module_tensors();
+      const auto to = params_only.module_tensors();
+      for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    }
+    source.step(4);
+    params_only.step(4);
+    CHECK_FALSE(same_module_state(source, params_only));
+  }
+}
+
+TEST_CASE("state registry: the manifest is deterministic and does not depend on values") {
+  Side a(Kind::kAdam, 1);
+  Side b(Kind::kAdam, 2);
+  CHECK(a.reg.manifest() == b.reg.manifest());
+  a.step(0);
+  CHECK(a.reg.manifest() != b.reg.manifest());  // state entries and step counts appeared
+  b.step(0);
+  CHECK(a.reg.manifest() == b.reg.manifest());
+  const auto m = a.reg.manifest();
+  CHECK(m.find('\n') == std::string::npos);
+  CHECK(m.find("\"model.fc1.weight\"") != std::string::npos);
+  CHECK(m.find("\"max_exp_avg_sq\"") != std::string::npos);
+}
+
+TEST_CASE("state registry: canonical order is modules by name, then optimizer state") {
+  Side s(Kind::kAdam, 1);
+  s.step(0);
+  const auto ts = s.reg.tensors();
+  // 4 (fc1, fc2 weight+bias) + 2 (bn weight, bias) parameters, 3 bn buffers; then Adam with
+  // amsgrad on group 0 (fc1: 3 fields each) and without on group 1 (2 fields each).
+  REQUIRE(ts.size() == 9 + 2 * 3 + 4 * 2);
+  // Sorted names: bn.bias, bn.num_batches_tracked, bn.running_mean, bn.running_var,
+  // bn.weight, fc1.bias, fc1.weight, fc2.bias, fc2.weight.
+  CHECK(ts[0].data_ptr() == s.net->bn->bias.data_ptr());
+  CHECK((ts[1].scalar_type() == torch::kLong));
+  CHECK(ts[1].dim() == 0);
+  CHECK(ts[6].data_ptr() == s.net->fc1->weight.data_ptr());
+  CHECK(ts[8].data_ptr() == s.net->fc2->weight.data_ptr());
+  // Optimizer state follows parameter order: fc1.weight's exp_avg first.
+  const auto& st = static_cast<const optim::AdamParamState&>(
+      *s.opt->state().begin()->second);  // any entry: all are AdamParamState
+  CHECK(st.exp_avg().defined());
+  CHECK(ts[9].sizes() == s.net->fc1->weight.sizes());
+  // References, not copies: writing into tensors() changes the model.
+  ts[6].fill_(3.0F);
+  CHECK(s.net->fc1->weight.min().item<float>() == 3.0F);
+  int64_t total = 0;
+  for (const auto& t : ts) total += static_cast<int64_t>(t.nbytes());
+  CHECK(s.reg.nbytes() == total);
+}
+
+TEST_CASE("state registry: checksum is bitwise sensitive") {
+  Side s(Kind::kAdam, 1);
+  for (int i = 0; i < 2; ++i) s.step(i);
+  const uint64_t base = s.reg.checksum();
+  CHECK(s.reg.checksum() == base);  // stable
+
+  SUBCASE("one bit of one parameter element") {
+    auto* words = static_cast<uint32_t*>(s.net->fc2->weight.data_ptr());
+    words[5] ^= 1U << 0;
+    CHECK(s.reg.checksum() != base);
+    words[5] ^= 1U << 0;
+    CHECK(s.reg.checksum() == base);
+  }
+  SUBCASE("one bit of the int64 batch counter") {
+    auto* counter = s.net->bn->num_batches_tracked.data_ptr<int64_t>();
+    *counter ^= int64_t{1} << 40;
+    CHECK(s.reg.checksum() != base);
+  }
+  SUBCASE("two elements swapped") {
+    auto w = s.net->fc1->weight.detach().view({-1});
+    float* p = w.data_ptr<float>();
+    REQUIRE(p[2] != p[9]);
+    std::swap(p[2], p[9]);
+    CHECK(s.reg.checksum() != base);
+    std::swap(p[2], p[9]);
+    CHECK(s.reg.checksum() == base);
+  }
+  SUBCASE("two optimizer-state elements swapped") {
+    const auto ts = s.reg.tensors();
+    float* p = ts.back().data_ptr<float>();
+    REQUIRE(ts.back().numel() > 3);
+    REQUIRE(p[0] != p[3]);
+    std::swap(p[0], p[3]);
+    CHECK(s.reg.checksum() != base);
+  }
+  SUBCASE("a step count") {
+    auto& st = static_cast<optim::AdamParamState&>(*s.opt->state().begin()->second);
+    st.step(st.step() + 1);
+    CHECK(s.reg.checksum() != base);
+  }
+  SUBCASE("a learning rate") {
+    auto& o = s.opt->param_groups()[0].options();
+    o.set_lr(std::nextafter(o.get_lr(), 1.0));
+    CHECK(s.reg.checksum() != base);
+  }
+  SUBCASE("a scalar") {
+    s.epoch += 1;
+    CHECK(s.reg.checksum() != base);
+    s.epoch -= 1;
+    s.loss_scale = -s.loss_scale;
+    CHECK(s.reg.checksum() != base);
+  }
+}
+
+TEST_CASE("state registry: release frees everything; materialize and a new handoff restore it") {
+  for (Kind kind : {Kind::kAdam, Kind::kAdagrad}) {
+    CAPTURE(kind_name(kind));
+    Side source(kind, 1);
+    Side rank(kind, 2);
+    for (int i = 0; i < 2; ++i) {
+      source.step(i);
+      rank.step(i);
+    }
+    const auto param_impl = rank.net->fc1->weight.unsafeGetTensorImpl();
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages;
+    for (const auto& t : rank.reg.tensors()) storages.push_back(t.storage().getWeakStorageImpl());
+    REQUIRE(rank.net->fc1->weight.grad().defined());
+
+    rank.reg.release();
+    CHECK(rank.reg.tensors().empty());
+    CHECK(rank.reg.nbytes() == 0);
+    CHECK(rank.opt->state().empty());
+    for (const auto& t : rank.module_tensors()) CHECK(t.storage().nbytes() == 0);
+    CHECK_FALSE(rank.net->fc1->weight.grad().defined());
+    for (const auto& w : storages) CHECK(w.expired());  // nothing pins the old memory
+    CHECK_THROWS_AS(rank.reg.manifest(), StateError);
+    CHECK_THROWS_AS(rank.reg.checksum(), StateError);
+
+    rank.reg.materialize(torch::kCPU);
+    CHECK(rank.net->fc1->weight.sizes() == torch::IntArrayRef({16, 8}));
+    CHECK(rank.net->fc1->weight.unsafeGetTensorImpl() == param_impl);  // identity kept
+    CHECK(rank.net->fc1->weight.requires_grad());
+
+    receive(source, rank);
+    CHECK(rank.reg.checksum() == source.reg.checksum());
+    source.step(5);
+    rank.step(5);
+    CHECK(same_module_state(source, rank));
+  }
+}
+
+TEST_CASE("state registry: apply_manifest on a released rank allocates by itself") {
+  Side source(Kind::kRmsprop, 1);
+  source.step(0);
+  Side rank(Kind::kRmsprop, 2);
+  rank.reg.release();
+  receive(source, rank);  // no materialize(): apply_manifest gives every tensor storage
+  CHECK(rank.reg.checksum() == source.reg.checksum());
+}
+
+TEST_CASE("state registry: entries the source does not have are removed on the receiver") {
+  Side source(Kind::kSgd, 1);  // fresh: no momentum buffers yet
+  Side receiver(Kind::kSgd, 2);
+  receiver.step(0);
+  REQUIRE_FALSE(receiver.opt->state().empty());
+  receive(source, receiver);
+  CHECK(receiver.opt->state().empty());
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
+  source.step(1);
+  receiver.step(1);
+  CHECK(same_module_state(source, receiver));
+}
+
+TEST_CASE("state registry: snapshot round trip") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  for (Kind kind : kAllKinds) {
+    CAPTURE(kind_name(kind));
+    Side source(kind, 1);
+    for (int i = 0; i < 3; ++i) source.step(i);
+    source.epoch = 4;
+    source.ext->bytes = "extension bytes";
+    source.reg.write_snapshot(path);
+    CHECK(std::filesystem::file_size(path) >= static_cast<uintmax_t>(source.reg.nbytes()));
+    for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+      CHECK(e.path().filename() == "state.snap");  // no temporary left behind
+    }
+
+    Side restored(kind, 2);
+    restored.reg.release();  // a paused rank
+    restored.reg.read_snapshot(path, torch::kCPU);
+    CHECK(restored.reg.checksum() == source.reg.checksum());
+    CHECK(restored.epoch == 4);
+    CHECK(restored.ext->bytes == "extension bytes");
+    source.step(3);
+    restored.step(3);
+    CHECK(same_module_state(source, restored));
+  }
+}
+
+TEST_CASE("state registry: damaged snapshots and mismatched models fail with clear errors") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);
+  const std::string good = read_file(path);
+  Side receiver(Kind::kAdam, 2);
+
+  SUBCASE("truncated") {
+    write_file(path, good.substr(0, good.size() - 100));
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find("truncated") != std::string::npos);
+    write_file(path, good.substr(0, 10));
+    CHECK(error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); }).find("truncated") !=
+          std::string::npos);
+  }
+  SUBCASE("wrong magic") {
+    std::string bad = good;
+    bad[0] = 'X';
+    write_file(path, bad);
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find("magic") != std::string::npos);
+  }
+  SUBCASE("missing file") {
+    std::string msg;
+    try {
+      receiver.reg.read_snapshot(path + ".nope", torch::kCPU);
+    } catch (const gpurun::Error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find(path + ".nope") != std::string::npos);
+  }
+  SUBCASE("a model with a different shape") {
+    Side wider(Kind::kAdam, 2, /*hidden=*/17);
+    const auto before = wider.reg.checksum();
+    const auto msg = error_of([&] { wider.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find("model.bn.bias") != std::string::npos);  // the first mismatch by name
+    CHECK(msg.find("[16]") != std::string::npos);
+    CHECK(msg.find("[17]") != std::string::npos);
+    CHECK(wider.reg.checksum() == before);  // nothing was changed
+    const auto direct =
+        error_of([&] { wider.reg.apply_manifest(source.reg.manifest(), torch::kCPU); });
+    CHECK(direct.find("model.bn.bias") != std::string::npos);
+  }
+  SUBCASE("another optimizer type") {
+    Side sgd(Kind::kSgd, 2);
+    const auto msg = error_of([&] { sgd.reg.apply_manifest(source.reg.manifest(), torch::kCPU); });
+    CHECK(msg.find("Adam") != std::string::npos);
+    CHECK(msg.find("SGD") != std::string::npos);
+  }
+  SUBCASE("not a manifest") {
+    CHECK(error_of([&] {
+            receiver.reg.apply_manifest("{\"format\":", torch::kCPU);
+          }).find("malformed") != std::string::npos);
+  }
+}
+
+TEST_CASE("state registry: unsupported optimizers and bad tracking fail loudly") {
+  torch::manual_seed(0);
+  Net net;
+  StateRegistry reg;
+  reg.track_module(*net);
+  optim::LBFGS lbfgs(net->parameters());
+  const auto msg = error_of([&] { reg.track_optimizer(lbfgs); });
+  CHECK(msg.find("LBFGS") != std::string::npos);
+
+  CHECK_THROWS_AS(reg.track_module(*net), StateError);  // same prefix twice
+  CHECK(error_of([&] { reg.track_module(*net, "again"); }).find("already tracked") !=
+        std::string::npos);
+
+  Net other;
+  optim::SGD untracked(other->parameters(), optim::SGDOptions(0.1));
+  CHECK(error_of([&] { reg.track_optimizer(untracked); }).find("does not belong") !=
+        std::string::npos);
+
+  int64_t a = 0;
+  double b = 0;
+  reg.track_scalar("x", &a);
+  CHECK_THROWS_AS(reg.track_scalar("x", &b), StateError);
+  CHECK_THROWS_AS(reg.track_extension("x", std::make_shared<BytesExtension>()), StateError);
+}
+
+TEST_CASE("state registry: scalars and extensions must match by name and type") {
+  Side source(Kind::kAdam, 1);
+  StateRegistry other;
+  torch::manual_seed(3);
+  Net net;
+  auto opt = make_optimizer(Kind::kAdam, net);
+  other.track_module(*net);
+  other.track_optimizer(*opt);
+  double epoch_as_double = 0;  // same name, other type
+  double loss_scale = 0;
+  other.track_scalar("epoch", &epoch_as_double);
+  other.track_scalar("loss_scale", &loss_scale);
+  other.track_extension("scheduler", std::make_shared<BytesExtension>());
+  CHECK(error_of([&] { other.apply_manifest(source.reg.manifest(), torch::kCPU); }).find("epoch") !=
+        std::string::npos);
+}

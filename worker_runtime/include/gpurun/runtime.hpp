@@ -1,0 +1,185 @@
+// gpurun::Runtime — makes a LibTorch training binary elastic under `gpurun --config`.
+//
+//   auto rt = gpurun::Runtime::from_env();
+//   Net model; model->to(rt->device());
+//   torch::optim::AdamW opt(model->parameters(), 1e-3);
+//   rt->track(*model, opt);
+//   auto& sampler = rt->sampler(train_size, {.seed = 42});
+//   for (int64_t epoch : rt->epochs(max_epochs)) {
+//     for (const gpurun::Step& step : rt->steps(micro_batch)) {
+//       opt.zero_grad();
+//       for (size_t i = 0; i < step.micro_batches.size(); ++i) {
+//         auto loss = loss_of(step.micro_batches[i]) * step.weight(i);
+//         loss.backward();
+//       }
+//       rt->all_reduce_gradients();
+//       opt.step();
+//     }
+//   }
+//
+// Every end of an iteration of epochs() (and, with `[boundary] every = N`, every N steps of
+// steps()) is a boundary: the rank reports to the supervisor and follows its decision
+// (docs/control-protocol.md). A rank that leaves does not return into user code: in release
+// mode its process exits 0 inside the loop; in hold mode it blocks there, with its GPU memory
+// freed, until it is woken as a joiner (then the loop continues with the current state) or
+// told to exit. A joiner receives the current model, optimizer state, tracked scalars and
+// sampler position from the decision's state source before its first epoch.
+// Design and guarantees: docs/worker-runtime.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "gpurun/elastic_sampler.hpp"
+#include "gpurun/state.hpp"
+
+namespace gpurun {
+
+/// Worker-side states (docs/control-protocol.md): ACTIVE → OFFLOADING → PARKED →
+/// REJOINING → ACTIVE; EXITED is final.
+enum class WorkerState { kActive, kOffloading, kParked, kRejoining, kExited };
+const char* to_string(WorkerState s);
+/// The transition table: true for the legal (from, to) pairs.
+bool worker_transition_allowed(WorkerState from, WorkerState to);
+
+struct RuntimeOptions {
+  /// Gradient all-reduce bucket size in bytes (DDP's default: 25 MiB).
+  int64_t bucket_bytes = 25 << 20;
+  /// Deadline of one communicator rendezvous or collective.
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};
+  /// After every start and resize: all-gather a checksum of the whole state and throw
+  /// StateError naming the ranks when replicas differ.
+  bool verify_state = true;
+  /// Per-rank JSONL trace of boundaries (timings, checksums). Empty: $GPURUN_TRACE_DIR
+  /// (file <dir>/gpu<slot>.jsonl), none when unset.
+  std::string trace_dir;
+};
+
+/// One optimizer step of this rank: the sample indices it trains on, split in
+/// micro-batches of at most the micro-batch size (possibly none: at the end of an epoch a
+/// rank may get no sample; it must still call all_reduce_gradients()).
+struct Step {
+  int64_t epoch = 0;
+  int64_t index = 0;        ///< optimizer step within the epoch, from 0
+  int64_t global_step = 0;  ///< optimizer steps since the start of training
+  /// Samples of this step over the whole world (the global batch; less at an epoch's end).
+  int64_t global_samples = 0;
+  int world_size = 1;
+  std::vector<std::vector<int64_t>> micro_batches;
+  /// Factor for the mean loss of micro-batch i, so that after all_reduce_gradients()
+  /// (an average over the world) the gradient is d/dθ of the mean loss over the
+  /// global_samples: |micro_batch i| · world_size / global_samples.
+  double weight(size_t i) const;
+  int64_t samples() const;  ///< this rank's samples in the step
+};
+
+class Runtime {
+ public:
+  /// Reads the worker environment gpurun sets (docs/cli.md, docs/control-protocol.md):
+  /// elastic when GPURUN_ELASTIC=1 (joins the generation GPURUN_JOIN_GENERATION through the
+  /// store), a static world from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT otherwise, and a
+  /// world of one when none is set. Device: cuda:<LOCAL_RANK-th visible GPU> when
+  /// GPURUN_DEVICE=cuda, else CPU. Blocks while connecting (store timeout). Throws
+  /// gpurun::Error naming the variable for bad environment, StoreError when the store
+  /// cannot be reached.
+  static std::unique_ptr<Runtime> from_env(RuntimeOptions options = {});
+  ~Runtime();
+
+  at::Device device() const;
+  int rank() const;        ///< rank in the current generation
+  int world_size() const;  ///< active workers in the current generation
+  int64_t generation() const;
+  int gpu_id() const;      ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
+  bool elastic() const;
+  WorkerState state() const;
+  /// Slots of the current generation, sorted (rank = index).
+  std::vector<int> active_gpus() const;
+
+  /// Registers the state that moves at a handoff. Call once, before epochs(), after the
+  /// model is on device(). The optimizer may be Adam, AdamW, SGD, RMSprop or Adagrad
+  /// (StateError otherwise). Param-group options (lr, …) move with it; LibTorch's
+  /// LRScheduler keeps its step count private, so drive the learning rate from a tracked
+  /// step counter (track_scalar) instead.
+  void track(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  void track(torch::nn::Module& module);
+  void track_scalar(const std::string& name, int64_t* value);
+  void track_scalar(const std::string& name, double* value);
+  void track_extension(const std::string& name, std::shared_ptr<StateExtension> extension);
+
+  /// The sampler of the training set; its position (epoch, consumed samples) is part of the
+  /// handed-off state. Call once, before epochs().
+  ElasticSampler& sampler(int64_t dataset_size, ElasticSamplerOptions options = {});
+
+  class EpochRange;
+  class StepRange;
+  /// Epochs from the current one (0, or the state source's for a joiner) to max_epochs-1;
+  /// each increment is a boundary. Ends early when the job is finishing (another worker
+  /// finished, or the supervisor said exit).
+  EpochRange epochs(int64_t max_epochs);
+  /// The optimizer steps of the current epoch from the sampler's position. Global batch:
+  /// `[batch] global` from config.toml when set, else micro_batch × world_size.
+  /// drop_last (sampler option) drops a final step smaller than the global batch.
+  StepRange steps(int64_t micro_batch);
+
+  /// Averages every tracked parameter's gradient over the active world, bucketed
+  /// (RuntimeOptions::bucket_bytes). Undefined gradients count as zeros (and become zeros).
+  /// Blocks until done (CUDA: until enqueued on the current stream). Throws CommError when a
+  /// peer fails.
+  void all_reduce_gradients();
+  /// Element-wise sum over the active world of a few numbers (metrics: loss sums, counts).
+  std::vector<double> all_reduce_sum(std::vector<double> values);
+  /// Checksum of the tracked state (see StateRegistry): equal on every rank after a boundary.
+  uint64_t state_checksum();
+
+  /// The one-line form: for each epoch, train_one_epoch(epoch). Same semantics as epochs().
+  void run(int64_t max_epochs, const std::function<void(int64_t epoch)>& train_one_epoch);
+
+  struct Impl;
+
+ private:
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Runtime::EpochRange {
+ public:
+  class iterator {
+   public:
+    using value_type = int64_t;
+    using difference_type = std::ptrdiff_t;
+    int64_t operator*() const;
+    iterator& operator++();
+    bool operator==(std::default_sentinel_t) const;
+    Runtime::Impl* rt = nullptr;
+  };
+  iterator begin();
+  std::default_sentinel_t end() { return {}; }
+  Runtime::Impl* rt = nullptr;
+  int64_t max_epochs = 0;
+};
+
+class Runtime::StepRange {
+ public:
+  class iterator {
+   public:
+    using value_type = Step;
+    using difference_type = std::ptrdiff_t;
+    const Step& operator*() const;
+    const Step* operator->() const { return &**this; }
+    iterator& operator++();
+    bool operator==(std::default_sentinel_t) const;
+    Runtime::Impl* rt = nullptr;
+  };
+  iterator begin();
+  std::default_sentinel_t end() { return {}; }
+  Runtime::Impl* rt = nullptr;
+  int64_t micro_batch = 0;
+};
+
+}  // namespace gpurun

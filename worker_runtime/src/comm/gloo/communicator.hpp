@@ -1,0 +1,69 @@
+// gpurun::rt::GlooCommunicator — Communicator over Gloo's TCP transport, for CPU tensors of
+// processes on this node (elastic mode is single-node: the transport binds 127.0.0.1).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace gpurun::rt {
+
+/// Rendezvous (see make_gloo_communicator), then blocking collectives on CPU tensors.
+/// Every collective blocks the calling thread until it completed on this rank or failed.
+/// One thread at a time may run collectives; abort() may be called from any thread.
+/// Any Gloo failure (I/O error, peer closed, timeout) throws CommError and closes this
+/// rank's connections, so that peers blocked in the same collective fail promptly too.
+class GlooCommunicator final : public Communicator {
+ public:
+  /// Takes a connected context (made by make_gloo_communicator).
+  GlooCommunicator(std::shared_ptr<::gloo::Context> context, CommOptions options);
+  ~GlooCommunicator() override;
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  CommBackend backend() const override { return CommBackend::kGloo; }
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  at::Device device() const override { return at::kCPU; }
+
+  void all_reduce_sum(at::Tensor& t) override;
+  void broadcast(at::Tensor& t, int root) override;
+  std::vector<int64_t> all_gather_int64(int64_t value) override;
+  void barrier() override;
+  void synchronize() override;
+  void abort() noexcept override;
+
+ private:
+  // Runs one Gloo collective `fn` (given the next tag); converts Gloo errors to CommError.
+  template <class Fn>
+  void run(const char* op, Fn&& fn);
+  void check_tensor(const char* op, const at::Tensor& t) const;
+  void ensure_usable(const char* op) const;
+  [[noreturn]] void fail(const char* op, const std::string& what);
+
+  std::shared_ptr<::gloo::Context> context_;
+  CommOptions options_;
+  uint32_t next_tag_ = 0;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;  // guards failure_
+  std::string failure_;    // first failure; non-empty = unusable
+};
+
+/// Rendezvous of one Gloo group through the store at options.store under options.prefix:
+/// each rank sets "<prefix>/joined/<rank>" and its transport addresses, connects to every
+/// peer (full mesh over 127.0.0.1), runs a barrier, then deletes the keys it set.
+/// Blocks until all options.size ranks connected, or options.timeout passed: CommError
+/// naming the prefix and the ranks that had not joined (the keys this rank set are deleted
+/// on that path too). Throws gpurun::Error for a non-CPU device.
+std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options);
+
+}  // namespace gpurun::rt

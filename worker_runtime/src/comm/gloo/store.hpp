@@ -1,0 +1,52 @@
+// gpurun::rt::GlooStore — Gloo's rendezvous store interface over one dedicated connection to
+// the supervisor's TCPStore, with every key under a prefix. Records the keys it set so that
+// the group can delete them once everyone has connected.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+#include "store/client.hpp"
+
+namespace gpurun::rt {
+
+/// Adapter used only during the rendezvous of one Gloo group. Not thread-safe: one instance
+/// per rendezvous, used by the thread that runs it.
+///
+/// Keys: Gloo's key `k` is stored as "<prefix>/<k>". Values are raw bytes.
+/// Errors: the store client's gpurun::StoreError / StoreTimeout pass through Gloo unchanged
+/// (GlooCommunicator turns them into CommError).
+class GlooStore final : public ::gloo::rendezvous::Store {
+ public:
+  /// Opens its own connection (blocks up to options.timeout; throws StoreError).
+  GlooStore(const store::ClientOptions& options, std::string prefix);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  /// Blocks until `key` exists (up to the client timeout).
+  std::vector<char> get(const std::string& key) override;
+  /// Blocks until every key exists, up to the client timeout.
+  void wait(const std::vector<std::string>& keys) override;
+  /// Blocks until every key exists, up to `timeout`.
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+  /// True iff "<prefix>/<key>" exists now (does not block).
+  bool exists(const std::string& key);
+  /// Deletes every key this instance set. Best effort: never throws; returns how many
+  /// deletions failed (connection lost).
+  int delete_own_keys() noexcept;
+  /// The full store keys this instance set, in order.
+  const std::vector<std::string>& own_keys() const { return own_keys_; }
+
+ private:
+  std::string full_key(const std::string& key) const { return prefix_ + "/" + key; }
+
+  store::Client client_;
+  std::string prefix_;
+  std::vector<std::string> own_keys_;
+};
+
+}  // namespace gpurun::rt

@@ -1,0 +1,49 @@
+// The one translation unit that chooses between the CUDA implementations of the compat seam
+// (comm/nccl/cuda_memory.cpp) and their CPU fallbacks.
+#include "compat/torch_compat.hpp"
+
+#ifndef GPURUN_HAVE_NCCL
+#error "GPURUN_HAVE_NCCL must be 0 or 1 (set by CMake on gpurun_worker_runtime)"
+#endif
+
+namespace gpurun::rt::compat {
+
+bool have_cuda_build() noexcept {
+  return GPURUN_HAVE_NCCL != 0;
+}
+
+#if GPURUN_HAVE_NCCL
+
+void release_cached_device_memory() {
+  detail::cuda::release_cached_device_memory();
+}
+
+HostRegistration::HostRegistration(void* ptr, size_t bytes, bool read_only) noexcept {
+  if (ptr != nullptr && bytes > 0 && detail::cuda::host_register(ptr, bytes, read_only)) {
+    ptr_ = ptr;
+  }
+}
+
+HostRegistration::~HostRegistration() {
+  if (ptr_ != nullptr) detail::cuda::host_unregister(ptr_);
+}
+
+#else  // CPU build: nothing is cached on a device and nothing needs page-locking.
+
+void release_cached_device_memory() {}
+
+HostRegistration::HostRegistration(void* /*ptr*/, size_t /*bytes*/, bool /*read_only*/) noexcept {}
+
+HostRegistration::~HostRegistration() = default;
+
+#endif
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    HostRegistration old(std::move(*this));
+    ptr_ = std::exchange(other.ptr_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace gpurun::rt::compat

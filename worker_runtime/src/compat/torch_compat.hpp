@@ -1,0 +1,91 @@
+// gpurun::rt::compat — the one place where the worker runtime meets differences between the
+// LibTorch versions it builds against (Debian's 1.13 CPU build, 2.11 + CUDA 13 on the GPU
+// machine) and between CPU and CUDA builds. Everything else calls these functions and stays
+// free of version checks and of CUDA headers. Internal header.
+//
+// Differences handled here:
+//   * Optimizer::state() key: std::string (the TensorImpl address printed by
+//     c10::guts::to_string) in 1.13; void* (the TensorImpl address) in 2.x.
+//   * CUDA-only calls (caching allocator, cuBLAS workspaces, cudaHostRegister): implemented
+//     in comm/nccl/cuda_memory.cpp, compiled only in CUDA builds; torch_compat.cpp picks them
+//     or the CPU fallbacks (GPURUN_HAVE_NCCL), so no other file needs a CUDA #if.
+#pragma once
+
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <torch/torch.h>
+
+namespace gpurun::rt::compat {
+
+/// The map type of torch::optim::Optimizer::state() in this LibTorch version.
+using OptimizerStateMap =
+    std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using OptimizerStateKey = OptimizerStateMap::key_type;
+
+namespace detail {
+
+template <class Key>
+Key state_key_of(c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    // LibTorch 1.13: c10::guts::to_string(TensorImpl*), which streams the pointer, i.e. the
+    // `const void*` overload of operator<< (same text, no dependency on c10::guts).
+    std::ostringstream os;
+    os << static_cast<const void*>(impl);
+    return os.str();
+  } else {
+    // LibTorch 2.x: the TensorImpl address itself (void*).
+    return static_cast<Key>(impl);
+  }
+}
+
+}  // namespace detail
+
+/// The key under which `optimizer.state()` stores the state of `param` (same TensorImpl as the
+/// optimizer's own copy of the parameter). Never throws (1.13: may allocate).
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
+  return detail::state_key_of<OptimizerStateKey>(param.unsafeGetTensorImpl());
+}
+
+/// True in builds with the CUDA code paths (GPURUN_HAVE_NCCL=1).
+bool have_cuda_build() noexcept;
+
+/// Returns the CUDA caching allocator's unused cached blocks to the driver
+/// (c10::cuda::CUDACachingAllocator::emptyCache) and drops cuBLAS workspaces
+/// (at::cuda::clearCublasWorkspaces), so that freed tensors stop counting in nvidia-smi.
+/// Blocks until the allocator is done (it synchronises the devices it frees on).
+/// No-op in CPU builds. Throws c10::Error on a CUDA failure.
+void release_cached_device_memory();
+
+/// Page-locks a host range for fast device<->host copies (cudaHostRegister; read_only:
+/// cudaHostRegisterReadOnly, for mappings opened PROT_READ) and unregisters it on
+/// destruction. Best effort: when registration is impossible (CPU build, no device,
+/// the driver refuses), pinned() is false and copies still work, only slower. Never throws.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(void* ptr, size_t bytes, bool read_only) noexcept;
+  ~HostRegistration();
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  HostRegistration(HostRegistration&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+
+  bool pinned() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  void* ptr_ = nullptr;  ///< registered base address; nullptr when not pinned
+};
+
+namespace detail::cuda {
+// Defined in comm/nccl/cuda_memory.cpp, which exists only in CUDA builds: call the
+// functions above instead (torch_compat.cpp selects these or the CPU fallbacks).
+void release_cached_device_memory();
+bool host_register(void* ptr, size_t bytes, bool read_only) noexcept;
+void host_unregister(void* ptr) noexcept;
+}  // namespace detail::cuda
+
+}  // namespace gpurun::rt::compat

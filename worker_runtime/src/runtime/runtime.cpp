@@ -1,0 +1,674 @@
+// gpurun::Runtime: the boundary loop, the worker-side state machine and the state handoff.
+// Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
+#include "gpurun/runtime.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/communicator.hpp"
+#include "comm/gradient_sync.hpp"
+#include "common/error.hpp"
+#include "compat/torch_compat.hpp"
+#include "control/worker_control.hpp"
+#include "runtime/trace.hpp"
+#include "state/state_registry.hpp"
+
+namespace gpurun {
+
+using control::Decision;
+using rt::Communicator;
+using rt::Trace;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const auto v = env(name);
+  if (!v) return fallback;
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(*v, &used);
+    if (used == v->size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("environment variable {}={:?} is not an integer", name, *v));
+}
+
+std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+int index_of(const std::vector<int>& v, int x) {
+  const auto it = std::find(v.begin(), v.end(), x);
+  return it == v.end() ? -1 : static_cast<int>(it - v.begin());
+}
+
+/// Thrown inside the runtime when a leaver in hold mode was told to exit, to unwind to the
+/// loop that ends; never escapes to user code.
+struct ExitRequested {};
+
+}  // namespace
+
+double Step::weight(size_t i) const {
+  GPURUN_CHECK(i < micro_batches.size(), "micro-batch {} of {}", i, micro_batches.size());
+  if (global_samples == 0) return 0.0;
+  return static_cast<double>(micro_batches[i].size()) * world_size /
+         static_cast<double>(global_samples);
+}
+
+int64_t Step::samples() const {
+  int64_t n = 0;
+  for (const auto& mb : micro_batches) n += static_cast<int64_t>(mb.size());
+  return n;
+}
+
+struct Runtime::Impl {
+  RuntimeOptions opt;
+  std::unique_ptr<control::WorkerControl> control;  // null unless elastic
+  store::ClientOptions store;
+  at::Device device = at::kCPU;
+  rt::CommBackend backend = rt::CommBackend::kGloo;
+  int slot = 0;
+  int rank = 0;
+  int world = 1;
+  int64_t generation = 0;
+  int64_t restart_count = 0;
+  std::vector<int> active{0};
+  WorkerState state = WorkerState::kActive;
+  std::string snapshot_path;
+  Trace trace;
+
+  rt::StateRegistry registry;
+  bool tracked = false;
+  std::vector<at::Tensor> params;  // parameters that take part in gradient averaging
+  std::optional<ElasticSampler> sampler;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<rt::GradientSync> grads;
+
+  // Position of training, tracked as scalars so it moves with the state.
+  int64_t epoch = 0;          // epoch in progress (or next to start)
+  int64_t step_in_epoch = 0;  // optimizer steps done in it
+  int64_t global_step = 0;
+  int64_t sampler_epoch = 0, sampler_cursor = 0;
+
+  int64_t every_steps = 0;
+  int64_t global_batch = 0;
+  int64_t max_epochs = 0;
+  bool started = false;
+  bool finishing = false;  // the job is finishing: loops end
+  bool jumped = false;     // a hold-mode rejoin moved the position to another epoch
+  Step step;               // current step of a StepRange
+  int64_t step_count = 0;  // samples of the world in `step`
+  int64_t range_epoch = -1;
+  int64_t range_micro = 0;
+  bool step_valid = false;
+
+  // ---- state transitions -------------------------------------------------------------
+  void set_state(WorkerState to, const std::string& why) {
+    GPURUN_CHECK(worker_transition_allowed(state, to), "worker state {} -> {} ({})",
+                 to_string(state), to_string(to), why);
+    trace.write("state", {{"from", Trace::str(to_string(state))},
+                          {"to", Trace::str(to_string(to))},
+                          {"gpu", Trace::num(int64_t{slot})},
+                          {"reason", Trace::str(why)}});
+    state = to;
+  }
+
+  // ---- position <-> tracked scalars ----------------------------------------------------
+  void sync_out() {
+    if (sampler) {
+      sampler_epoch = sampler->epoch();
+      sampler_cursor = sampler->cursor();
+    }
+  }
+  void sync_in() {
+    if (sampler) sampler->load_state({sampler_epoch, sampler_cursor});
+  }
+
+  // ---- communicators ------------------------------------------------------------------
+  std::unique_ptr<Communicator> make_comm(const std::string& purpose, const std::vector<int>& group,
+                                          int64_t gen) {
+    rt::CommOptions o;
+    o.store = store;
+    o.prefix = control ? fmt::format("gpurun/gen/{}/comm/{}", gen, purpose)
+                       : fmt::format("gpurun/static/{}/comm/{}", restart_count, purpose);
+    o.rank = control ? index_of(group, slot) : rank;
+    o.size = static_cast<int>(group.size());
+    o.device = device;
+    o.timeout = opt.comm_timeout;
+    GPURUN_CHECK(o.rank >= 0, "slot {} is not in group [{}]", slot, fmt::join(group, ","));
+    return rt::make_communicator(backend, o);
+  }
+
+  // ---- state handoff ------------------------------------------------------------------
+  /// Broadcasts the whole state from `root` of `c`: manifest (length, bytes), then every
+  /// tensor in canonical order. Receivers first give their state the root's layout.
+  int64_t broadcast_state(Communicator& c, int root) {
+    sync_out();
+    std::string manifest;
+    if (c.rank() == root) manifest = registry.manifest();
+    const auto bytes_opts = at::TensorOptions().dtype(at::kByte);
+    at::Tensor len = at::full({1}, static_cast<int64_t>(manifest.size()),
+                              at::TensorOptions().dtype(at::kLong).device(device));
+    c.broadcast(len, root);
+    const int64_t n = len.to(at::kCPU).item<int64_t>();
+    at::Tensor buf = at::empty({n}, bytes_opts);
+    if (c.rank() == root) std::memcpy(buf.data_ptr(), manifest.data(), manifest.size());
+    at::Tensor dbuf = buf.to(device);
+    c.broadcast(dbuf, root);
+    if (c.rank() != root) {
+      buf = dbuf.to(at::kCPU);
+      manifest.assign(static_cast<const char*>(buf.data_ptr()), static_cast<size_t>(n));
+      registry.apply_manifest(manifest, device);
+      sync_in();
+    }
+    for (at::Tensor& t : registry.tensors()) {
+      at::Tensor ref = t;
+      c.broadcast(ref, root);
+    }
+    c.synchronize();
+    return registry.nbytes();
+  }
+
+  /// All-gathers the state checksum over `c`; throws StateError naming the ranks that
+  /// differ from `root` (the state source) when replicas are not identical.
+  uint64_t verify(Communicator& c, int root, const std::string& what) {
+    sync_out();
+    const uint64_t mine = registry.checksum();
+    if (!opt.verify_state) return mine;
+    const std::vector<int64_t> all = c.all_gather_int64(static_cast<int64_t>(mine));
+    const uint64_t want = static_cast<uint64_t>(all.at(static_cast<size_t>(root)));
+    std::vector<std::string> bad;
+    for (size_t r = 0; r < all.size(); ++r)
+      if (static_cast<uint64_t>(all[r]) != want)
+        bad.push_back(fmt::format("rank {} has {}", r, hex(static_cast<uint64_t>(all[r]))));
+    if (!bad.empty())
+      throw rt::StateError(fmt::format(
+          "state checksum mismatch {} (generation {}): rank {} (the source) has {}, {}", what,
+          generation, root, hex(want), fmt::join(bad, ", ")));
+    return mine;
+  }
+
+  // ---- generations --------------------------------------------------------------------
+  void adopt(const Decision& d) {
+    generation = d.generation;
+    active = d.active;
+    rank = d.rank_of(slot);
+    world = static_cast<int>(d.active.size());
+    every_steps = d.every_steps;
+    global_batch = d.global_batch;
+  }
+
+  /// Enter the generation created by `d` (a resize decision seen at a boundary, or the
+  /// start record / wake of a joiner). `have_state`: this process holds the current state.
+  void enter(const Decision& d, bool have_state) {
+    const auto t0 = Clock::now();
+    const int src = d.state_source_gpu;
+    const bool member = d.is_member(slot);
+    if (grads) grads->set_communicator(nullptr);
+    comm.reset();  // the old generation's communicator ends here
+    std::string role = !member ? "leaver" : (have_state ? "member" : "joiner");
+    if (slot == src) role = member ? "source" : "source-leaver";
+    int64_t moved = 0;
+    std::optional<uint64_t> checksum;
+
+    if (d.active.empty()) {  // pause: the source keeps the state in the host snapshot
+      if (slot == src) {
+        sync_out();
+        registry.write_snapshot(snapshot_path);
+        checksum = registry.checksum();
+        moved = registry.nbytes();
+      }
+      trace_resize(d, role, t0, moved, checksum);
+      leave(d);
+      return;
+    }
+
+    bool verified = false;
+    if (d.state_source >= 0 && !d.joiners.empty()) {
+      std::vector<int> group = d.active;
+      if (!contains(group, src)) group.insert(std::upper_bound(group.begin(), group.end(), src), src);
+      if (contains(group, slot)) {
+        const bool same = group == d.active;
+        auto c = make_comm(same ? "train" : "handoff", group, d.generation);
+        const int root = index_of(group, src);
+        moved = broadcast_state(*c, root);
+        checksum = verify(*c, root, "after the handoff");
+        verified = true;
+        if (same) comm = std::move(c);
+      }
+    } else if (d.state_source == -1 && member) {  // resume from the pause snapshot
+      registry.read_snapshot(snapshot_path, device);
+      sync_in();
+      moved = registry.nbytes();
+    }
+
+    if (!member) {
+      trace_resize(d, role, t0, moved, checksum);
+      leave(d);
+      return;
+    }
+    adopt(d);
+    if (!comm) comm = make_comm("train", d.active, d.generation);
+    if (d.state_source == -2) moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
+    if (!verified) {
+      const int root = std::max(0, index_of(d.active, src));
+      checksum = verify(*comm, root, "after the boundary");
+    }
+    if (grads) grads->set_communicator(comm.get());
+    if (state != WorkerState::kActive) set_state(WorkerState::kActive, "joined generation " + std::to_string(generation));
+    trace_resize(d, role, t0, moved, checksum);
+  }
+
+  void trace_resize(const Decision& d, const std::string& role, Clock::time_point t0,
+                    int64_t bytes, std::optional<uint64_t> checksum) {
+    trace.write("generation", {{"generation", Trace::num(d.generation)},
+                               {"kind", Trace::str(std::string(control::to_string(d.kind)))},
+                               {"role", Trace::str(role)},
+                               {"gpu", Trace::num(int64_t{slot})},
+                               {"rank", Trace::num(int64_t{d.rank_of(slot)})},
+                               {"world", Trace::num(static_cast<int64_t>(d.active.size()))},
+                               {"active", Trace::ints(d.active)},
+                               {"state_source_gpu", Trace::num(int64_t{d.state_source_gpu})},
+                               {"epoch", Trace::num(epoch)},
+                               {"step", Trace::num(step_in_epoch)},
+                               {"bytes", Trace::num(bytes)},
+                               {"checksum", checksum ? Trace::str(hex(*checksum)) : "null"},
+                               {"ms", Trace::num(ms_since(t0))}});
+  }
+
+  /// OFFLOADING → release: exit 0 | hold: free GPU memory, park, rejoin when woken.
+  void leave(const Decision& d) {
+    const auto t0 = Clock::now();
+    set_state(WorkerState::kOffloading, "left in generation " + std::to_string(d.generation));
+    comm.reset();
+    if (grads) {
+      grads->set_communicator(nullptr);
+      grads->release();
+    }
+    if (d.park_mode == control::ParkMode::kRelease) {
+      trace.write("exit", {{"reason", Trace::str("release mode: a leaver's process exits")},
+                           {"ms", Trace::num(ms_since(t0))}});
+      set_state(WorkerState::kExited, "release mode");
+      std::fflush(nullptr);
+      std::exit(0);
+    }
+    registry.release();
+    if (device.is_cuda()) rt::compat::release_cached_device_memory();
+    set_state(WorkerState::kParked, "hold mode");
+    trace.write("parked", {{"ms", Trace::num(ms_since(t0))},
+                           {"device_bytes", Trace::num(registry.nbytes())}});
+    std::optional<Decision> wake = control->park_and_wait();
+    if (!wake) {
+      set_state(WorkerState::kExited, "told to exit while parked");
+      throw ExitRequested{};
+    }
+    set_state(WorkerState::kRejoining, "woken for generation " + std::to_string(wake->generation));
+    enter(*wake, /*have_state=*/false);
+  }
+
+  // ---- boundaries ---------------------------------------------------------------------
+  void ensure_started() {
+    if (started) return;
+    GPURUN_CHECK(tracked, "Runtime::track() must be called before epochs()/steps()");
+    started = true;
+    if (control) {
+      const Decision& d = control->current();
+      state = WorkerState::kRejoining;  // a joiner until it holds the state
+      enter(d, /*have_state=*/d.state_source == -2);
+      return;
+    }
+    if (world > 1) {
+      comm = make_comm("train", active, 0);
+      broadcast_state(*comm, 0);
+      verify(*comm, 0, "at the start");
+      if (grads) grads->set_communicator(comm.get());
+    }
+  }
+
+  /// A boundary: report, wait for the decision, follow it. Returns false when the job is
+  /// finishing (loops end).
+  bool boundary(int64_t report_epoch, int64_t report_step) {
+    if (!control || finishing) return !finishing;
+    const auto t0 = Clock::now();
+    const Decision d = control->report_and_wait(report_epoch, report_step);
+    const double wait_ms = ms_since(t0);
+    trace.write("boundary", {{"generation", Trace::num(d.prev_generation)},
+                             {"round", Trace::num(d.round)},
+                             {"epoch", Trace::num(report_epoch)},
+                             {"step", Trace::num(report_step)},
+                             {"kind", Trace::str(std::string(control::to_string(d.kind)))},
+                             {"rank", Trace::num(int64_t{rank})},
+                             {"world", Trace::num(int64_t{world})},
+                             {"wait_ms", Trace::num(wait_ms)}});
+    switch (d.kind) {
+      case Decision::Kind::kContinue:
+        every_steps = d.every_steps;
+        global_batch = d.global_batch;
+        return true;
+      case Decision::Kind::kExit:
+        finishing = true;
+        return false;
+      case Decision::Kind::kResize: {
+        const int64_t e = epoch;
+        try {
+          enter(d, /*have_state=*/true);
+        } catch (const ExitRequested&) {
+          finishing = true;
+          return false;
+        } catch (const rt::CommError& err) {
+          // A peer failed during the handoff or the new communicator's rendezvous. This rank
+          // holds the state: report again in the new generation; the supervisor removes the
+          // failed rank and decides without it.
+          if (!d.is_member(slot)) throw;
+          adopt(d);
+          return recover(err.what());
+        }
+        if (epoch != e) jumped = true;  // rejoined (hold mode) at another epoch
+        return true;
+      }
+      case Decision::Kind::kStart:
+        break;
+    }
+    throw control::ProtocolError(fmt::format("unexpected decision kind {} at a boundary",
+                                             control::to_string(d.kind)));
+  }
+
+  /// After a failed collective: drop the communicator and report at once (same position);
+  /// the supervisor answers without the rank that failed. Returns like boundary().
+  bool recover(const std::string& why) {
+    if (comm) comm->abort();
+    comm.reset();
+    if (grads) grads->set_communicator(nullptr);
+    trace.write("comm_failure", {{"generation", Trace::num(generation)},
+                                 {"epoch", Trace::num(epoch)},
+                                 {"step", Trace::num(step_in_epoch)},
+                                 {"error", Trace::str(why)}});
+    std::fprintf(stderr, "gpurun worker (slot %d): %s; reporting to the supervisor to go on without the failed rank\n",
+                 slot, why.c_str());
+    return boundary(epoch, step_in_epoch);
+  }
+
+  // ---- steps --------------------------------------------------------------------------
+  void build_step() {
+    step_valid = false;
+    if (!sampler) throw Error("Runtime::steps(): call Runtime::sampler() first");
+    if (finishing || epoch != range_epoch) return;
+    if (sampler->epoch() != epoch) sampler->set_epoch(epoch);
+    const int64_t g = global_batch > 0 ? global_batch : range_micro * world;
+    const int64_t remaining = sampler->remaining();
+    if (remaining == 0) return;
+    if (remaining < g && sampler_drop_last) return;
+    step_count = std::min(g, remaining);
+    const std::vector<int64_t> mine = sampler->window_indices(step_count, rank, world);
+    step.epoch = epoch;
+    step.index = step_in_epoch;
+    step.global_step = global_step;
+    step.global_samples = step_count;
+    step.world_size = world;
+    step.micro_batches.clear();
+    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(range_micro))
+      step.micro_batches.emplace_back(
+          mine.begin() + static_cast<std::ptrdiff_t>(i),
+          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), i + static_cast<size_t>(range_micro))));
+    step_valid = true;
+  }
+
+  void next_step() {
+    sampler->advance(step_count);
+    ++step_in_epoch;
+    ++global_step;
+    step_valid = false;
+    const bool epoch_left = sampler->remaining() > 0;
+    if (every_steps > 0 && step_in_epoch % every_steps == 0 && epoch_left) {
+      if (!boundary(epoch, step_in_epoch)) return;
+    }
+    build_step();
+  }
+
+  bool sampler_drop_last = false;
+};
+
+// ---- Runtime ---------------------------------------------------------------------------
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Runtime::~Runtime() = default;
+
+std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
+  auto m = std::make_unique<Impl>();
+  m->opt = options;
+  if (env("GPURUN_COMM_TIMEOUT_MS"))
+    m->opt.comm_timeout = std::chrono::milliseconds(env_int("GPURUN_COMM_TIMEOUT_MS", 0));
+  const std::string dev = env("GPURUN_DEVICE").value_or("cpu");
+  if (dev != "cpu" && dev != "cuda")
+    throw Error(fmt::format("environment variable GPURUN_DEVICE={:?}: expected cpu or cuda", dev));
+  m->slot = static_cast<int>(env_int("GPURUN_SLOT", env_int("LOCAL_RANK", 0)));
+  if (dev == "cuda") {
+    if (!torch::cuda::is_available())
+      throw Error("GPURUN_DEVICE=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
+                  "CUDA_VISIBLE_DEVICES is empty)");
+    m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(m->slot));
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(m->device);
+    m->backend = rt::CommBackend::kNccl;
+  }
+  m->store.host = env("GPURUN_STORE_ADDR").value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
+  m->store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
+  m->restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  if (auto p = env("GPURUN_SNAPSHOT_PATH")) {
+    m->snapshot_path = *p;
+  } else if (auto d = env("GPURUN_RUN_DIR")) {
+    m->snapshot_path = *d + "/state.snapshot";
+  } else {
+    m->snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
+  }
+  const std::string trace_dir = !options.trace_dir.empty() ? options.trace_dir
+                                                           : env("GPURUN_TRACE_DIR").value_or("");
+  if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
+
+  m->control = control::WorkerControl::from_env();
+  if (m->control) {
+    const Decision& d = m->control->join();
+    m->adopt(d);
+    if (m->rank < 0)
+      throw Error(fmt::format("slot {} is not a member of generation {}", m->slot, d.generation));
+  } else {
+    m->rank = static_cast<int>(env_int("RANK", 0));
+    m->world = static_cast<int>(env_int("WORLD_SIZE", 1));
+    if (m->world < 1 || m->rank < 0 || m->rank >= m->world)
+      throw Error(fmt::format("environment: RANK={} is not in WORLD_SIZE={}", m->rank, m->world));
+    m->active.clear();
+    for (int r = 0; r < m->world; ++r) m->active.push_back(r);
+  }
+  if (m->world > 1 || m->control) {
+    if (!rt::comm_backend_available(m->backend))
+      throw Error(fmt::format("this build of the gpurun worker runtime has no {} communicator "
+                              "(device {})",
+                              rt::to_string(m->backend), m->device.str()));
+  }
+  m->trace.write("start", {{"gpu", Trace::num(int64_t{m->slot})},
+                           {"generation", Trace::num(m->generation)},
+                           {"rank", Trace::num(int64_t{m->rank})},
+                           {"world", Trace::num(int64_t{m->world})},
+                           {"device", Trace::str(m->device.str())}});
+  return std::unique_ptr<Runtime>(new Runtime(std::move(m)));
+}
+
+at::Device Runtime::device() const { return impl_->device; }
+int Runtime::rank() const { return impl_->rank; }
+int Runtime::world_size() const { return impl_->world; }
+int64_t Runtime::generation() const { return impl_->generation; }
+int Runtime::gpu_id() const { return impl_->slot; }
+bool Runtime::elastic() const { return impl_->control != nullptr; }
+WorkerState Runtime::state() const { return impl_->state; }
+std::vector<int> Runtime::active_gpus() const { return impl_->active; }
+
+void Runtime::track(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  track(module);
+  impl_->registry.track_optimizer(optimizer);
+}
+
+void Runtime::track(torch::nn::Module& module) {
+  Impl& m = *impl_;
+  if (m.tracked) throw Error("Runtime::track(): the state is already tracked (call it once)");
+  m.registry.track_module(module);
+  m.registry.track_scalar("gpurun.epoch", &m.epoch);
+  m.registry.track_scalar("gpurun.step_in_epoch", &m.step_in_epoch);
+  m.registry.track_scalar("gpurun.global_step", &m.global_step);
+  m.registry.track_scalar("gpurun.sampler.epoch", &m.sampler_epoch);
+  m.registry.track_scalar("gpurun.sampler.cursor", &m.sampler_cursor);
+  for (const at::Tensor& p : module.parameters())
+    if (p.requires_grad()) m.params.push_back(p);
+  m.grads = std::make_unique<rt::GradientSync>(m.params, m.opt.bucket_bytes);
+  m.tracked = true;
+}
+
+void Runtime::track_scalar(const std::string& name, int64_t* value) {
+  impl_->registry.track_scalar(name, value);
+}
+void Runtime::track_scalar(const std::string& name, double* value) {
+  impl_->registry.track_scalar(name, value);
+}
+void Runtime::track_extension(const std::string& name, std::shared_ptr<StateExtension> extension) {
+  impl_->registry.track_extension(name, std::move(extension));
+}
+
+ElasticSampler& Runtime::sampler(int64_t dataset_size, ElasticSamplerOptions options) {
+  Impl& m = *impl_;
+  if (m.sampler) throw Error("Runtime::sampler(): already created (call it once)");
+  if (m.started) throw Error("Runtime::sampler(): call it before epochs()");
+  m.sampler.emplace(dataset_size, options);
+  m.sampler_drop_last = options.drop_last;
+  return *m.sampler;
+}
+
+Runtime::EpochRange Runtime::epochs(int64_t max_epochs) {
+  impl_->max_epochs = max_epochs;
+  impl_->ensure_started();
+  EpochRange r;
+  r.rt = impl_.get();
+  r.max_epochs = max_epochs;
+  return r;
+}
+
+Runtime::StepRange Runtime::steps(int64_t micro_batch) {
+  if (micro_batch < 1) throw Error(fmt::format("Runtime::steps(): micro_batch {} < 1", micro_batch));
+  impl_->ensure_started();
+  StepRange r;
+  r.rt = impl_.get();
+  r.micro_batch = micro_batch;
+  return r;
+}
+
+void Runtime::all_reduce_gradients() {
+  Impl& m = *impl_;
+  m.ensure_started();
+  // After a hold-mode rejoin at another epoch the rest of the old epoch's body runs alone.
+  if (!m.comm || m.world == 1 || m.jumped) return;
+  try {
+    m.grads->average();
+  } catch (const rt::CommError& err) {
+    if (!m.control) throw;
+    // A peer died mid-step: go on with the survivors; this step's gradient is averaged over
+    // them (the failed rank's samples of this step are not trained on).
+    if (!m.recover(err.what())) return;
+    if (m.comm && m.world > 1) m.grads->average();
+  }
+}
+
+std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
+  Impl& m = *impl_;
+  m.ensure_started();
+  if (!m.comm || values.empty() || m.jumped) return values;
+  at::Tensor t = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                               at::TensorOptions().dtype(at::kDouble))
+                     .to(m.device, /*non_blocking=*/false, /*copy=*/true);
+  m.comm->all_reduce_sum(t);
+  m.comm->synchronize();
+  t = t.to(at::kCPU).contiguous();
+  std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
+  return values;
+}
+
+uint64_t Runtime::state_checksum() {
+  impl_->sync_out();
+  return impl_->registry.checksum();
+}
+
+void Runtime::run(int64_t max_epochs, const std::function<void(int64_t)>& train_one_epoch) {
+  for (int64_t e : epochs(max_epochs)) train_one_epoch(e);
+}
+
+// ---- ranges ----------------------------------------------------------------------------
+
+Runtime::EpochRange::iterator Runtime::EpochRange::begin() {
+  iterator it;
+  it.rt = rt;
+  rt->range_epoch = -1;
+  return it;
+}
+
+int64_t Runtime::EpochRange::iterator::operator*() const { return rt->epoch; }
+
+Runtime::EpochRange::iterator& Runtime::EpochRange::iterator::operator++() {
+  Impl& m = *rt;
+  if (m.jumped) {  // already past a boundary (rejoined at another position)
+    m.jumped = false;
+    return *this;
+  }
+  const int64_t finished = m.epoch;
+  ++m.epoch;
+  m.step_in_epoch = 0;
+  if (m.sampler) m.sampler->set_epoch(m.epoch);
+  if (m.epoch < m.max_epochs) m.boundary(finished, 0);
+  m.jumped = false;  // the position after this boundary is where the loop goes on
+  return *this;
+}
+
+bool Runtime::EpochRange::iterator::operator==(std::default_sentinel_t) const {
+  return rt->finishing || rt->epoch >= rt->max_epochs;
+}
+
+Runtime::StepRange::iterator Runtime::StepRange::begin() {
+  rt->range_epoch = rt->epoch;
+  rt->range_micro = micro_batch;
+  rt->build_step();
+  iterator it;
+  it.rt = rt;
+  return it;
+}
+
+const Step& Runtime::StepRange::iterator::operator*() const {
+  GPURUN_CHECK(rt->step_valid, "dereferencing a finished StepRange");
+  return rt->step;
+}
+
+Runtime::StepRange::iterator& Runtime::StepRange::iterator::operator++() {
+  rt->next_step();
+  return *this;
+}
+
+bool Runtime::StepRange::iterator::operator==(std::default_sentinel_t) const {
+  return !rt->step_valid;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,35 @@
+// Worker-side state machine of the runtime: one enum, one transition table.
+#include "gpurun/runtime.hpp"
+
+namespace gpurun {
+
+const char* to_string(WorkerState s) {
+  switch (s) {
+    case WorkerState::kActive: return "ACTIVE";
+    case WorkerState::kOffloading: return "OFFLOADING";
+    case WorkerState::kParked: return "PARKED";
+    case WorkerState::kRejoining: return "REJOINING";
+    case WorkerState::kExited: return "EXITED";
+  }
+  return "?";
+}
+
+bool worker_transition_allowed(WorkerState from, WorkerState to) {
+  using S = WorkerState;
+  switch (from) {
+    case S::kActive:  // a resize makes it leave; exit ends the job
+      return to == S::kOffloading || to == S::kExited;
+    case S::kOffloading:  // release mode: the process exits (EXITED); hold mode: parks
+      return to == S::kParked || to == S::kExited;
+    case S::kParked:  // woken as a joiner, or told to exit
+      return to == S::kRejoining || to == S::kExited;
+    case S::kRejoining:  // state received (ACTIVE); the joiner may also be a leaver of a
+                         // later decision only after joining, so no other edge
+      return to == S::kActive || to == S::kExited;
+    case S::kExited:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,94 @@
+#include "state/mapped_file.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace gpurun::rt {
+namespace {
+
+[[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
+  throw Error(fmt::format("state snapshot: {} '{}' failed: {}", what, path, std::strerror(err)));
+}
+
+}  // namespace
+
+MappedFile MappedFile::create(const std::string& path, size_t bytes) {
+  GPURUN_CHECK(bytes > 0, "mapping an empty file '{}'", path);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw_io("creating", path, errno);
+  MappedFile file(path, fd, nullptr, bytes);  // closes fd if anything below throws
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    throw Error(fmt::format("state snapshot: reserving {} bytes for '{}' failed: {}", bytes, path,
+                            std::strerror(err)));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw_io("mapping", path, errno);
+  file.data_ = static_cast<uint8_t*>(p);
+  return file;
+}
+
+MappedFile MappedFile::open_read_only(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_io("opening", path, errno);
+  MappedFile file(path, fd, nullptr, 0);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_io("stat of", path, errno);
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) throw_io("mapping", path, errno);
+    file.data_ = static_cast<uint8_t*>(p);
+  }
+  return file;
+}
+
+MappedFile::~MappedFile() {
+  reset();
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void MappedFile::sync() {
+  if (data_ != nullptr && ::msync(data_, size_, MS_SYNC) != 0) throw_io("msync of", path_, errno);
+  if (fd_ >= 0 && ::fsync(fd_) != 0) throw_io("fsync of", path_, errno);
+}
+
+void MappedFile::close() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  if (fd_ >= 0) {
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) throw_io("closing", path_, errno);
+  }
+}
+
+void MappedFile::reset() noexcept {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+}
+
+}  // namespace gpurun::rt

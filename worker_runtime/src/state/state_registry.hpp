@@ -1,0 +1,110 @@
+// gpurun::rt::StateRegistry — the training state that moves at a boundary: a module's
+// parameters and buffers, its optimizer's per-parameter state and step counts and the
+// param-group options (lr, …), plus user scalars and extensions. It describes the state
+// (manifest), lists its tensors in one canonical order (what a handoff broadcasts),
+// checksums it, frees and re-creates its device memory, and writes/reads the host snapshot
+// used across a pause. Internal header: the public face is gpurun::Runtime::track*.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "gpurun/state.hpp"
+
+namespace gpurun::rt {
+
+/// The state of two ranks does not match (different model, optimizer, or a corrupted
+/// snapshot). what() names the first difference: tensor name, expected vs actual.
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
+class StateRegistry {
+ public:
+  StateRegistry();
+  ~StateRegistry();
+  StateRegistry(const StateRegistry&) = delete;
+  StateRegistry& operator=(const StateRegistry&) = delete;
+
+  /// Tracks every parameter and buffer of `module` (recursively, named "<prefix>.<name>").
+  /// Throws StateError if called twice with the same prefix.
+  void track_module(torch::nn::Module& module, const std::string& prefix = "model");
+
+  /// Tracks `optimizer`: each param group's options (lr, betas, eps, weight_decay, … as
+  /// numbers) and each parameter's state (Adam/AdamW: step, exp_avg, exp_avg_sq,
+  /// max_exp_avg_sq; SGD: momentum_buffer; RMSprop: step, square_avg, momentum_buffer,
+  /// grad_avg; Adagrad: step, sum). Every parameter of the optimizer must belong to a
+  /// tracked module (StateError naming it otherwise). An optimizer of another type
+  /// (LBFGS, a user subclass) → StateError naming the type: gpurun cannot move its state.
+  void track_optimizer(torch::optim::Optimizer& optimizer, const std::string& name = "optimizer");
+
+  /// A plain number that moves with the state (epoch counters, global step, …). The
+  /// pointee must outlive the registry. Names are unique across scalars and extensions.
+  void track_scalar(const std::string& name, int64_t* value);
+  void track_scalar(const std::string& name, double* value);
+  void track_extension(const std::string& name, std::shared_ptr<StateExtension> extension);
+
+  /// Everything a receiver needs to give its state the source's layout and values of the
+  /// non-tensor parts: tensor names, shapes, dtypes (canonical order); which optimizer
+  /// state entries exist and their step counts; param-group options; scalar values;
+  /// extension bytes. Deterministic bytes (UTF-8 JSON, one line) for equal states.
+  std::string manifest() const;
+
+  /// On a receiver: checks that the tracked modules match the manifest (names, shapes,
+  /// dtypes: StateError naming the first mismatch), creates/drops optimizer state entries
+  /// so they match, allocates every tensor that has no storage on `device` (uninitialised:
+  /// the caller fills them, e.g. by broadcast), sets step counts, param-group options,
+  /// scalars, and loads extensions. Afterwards tensors() lists the same shapes and dtypes
+  /// as the source's.
+  void apply_manifest(const std::string& manifest, const at::Device& device);
+
+  /// Every tracked tensor in canonical order: module parameters and buffers (tracking
+  /// order, then name order), then optimizer state tensors per parameter in parameter
+  /// order (fixed field order per optimizer type). References, not copies: writing into
+  /// them (broadcast, copy_) changes the training state. Contiguous.
+  std::vector<at::Tensor> tensors() const;
+
+  /// Total bytes of tensors().
+  int64_t nbytes() const;
+
+  /// 64-bit checksum of the state: bitwise over every tensor of tensors() (computed on the
+  /// tensors' device: integer sums of the raw 32-bit words, plain and position-weighted,
+  /// per tensor, mixed with splitmix64), plus step counts, param-group options and
+  /// scalars. Equal states give equal checksums on any device type; blocks until the
+  /// device work is done.
+  uint64_t checksum() const;
+
+  /// Frees the state's device memory (OFFLOADING for a rank that keeps its process): every
+  /// parameter and buffer gets an empty tensor (its shape is remembered), gradients and
+  /// optimizer state entries are dropped. The module objects stay valid; tensors() is empty
+  /// until apply_manifest() or materialize() (so nothing of it pins device memory).
+  void release();
+
+  /// After release(): parameters and buffers get uninitialised storage of their
+  /// remembered shapes on `device` (the caller fills them).
+  void materialize(const at::Device& device);
+
+  /// Writes manifest + tensor bytes to `path` (a file, typically on /dev/shm), atomically
+  /// (temporary file + rename). Throws gpurun::Error naming the path on I/O errors.
+  void write_snapshot(const std::string& path) const;
+
+  /// Reads a snapshot written by write_snapshot: apply_manifest + fills every tensor on
+  /// `device`. Throws StateError (layout mismatch, size mismatch, truncated file) or
+  /// gpurun::Error (I/O), naming the path.
+  void read_snapshot(const std::string& path, const at::Device& device);
+
+  bool empty() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpurun::rt
