@@ -14,7 +14,7 @@ step() { local name=$1; shift; local t0=$EPOCHREALTIME; "$@" >"$OUT/$name.log" 2
   echo "== $name: ${R[$name]}"; tail -n 25 "$OUT/$name.log"; return $rc; }
 
 TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=$TORCH_PREFIX -DGPURUN_WITH_CUDA=ON && cmake --build build-gpu -j16"
+step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=$TORCH_PREFIX -DGPURUN_WITH_CUDA=ON && cmake --build build-gpu -j16 -- -k 0"
 step unit_tests ctest --test-dir build-gpu --output-on-failure -j8 --timeout 300
 [[ ${GPU_RECORD:-0} == 1 ]] && step record timeout 150 python3 scripts/conformance/record_relay.py "$FINAL/tcpstore_torch211.txt"
 G=build-gpu/launcher/gpurun

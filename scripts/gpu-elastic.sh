@@ -11,7 +11,7 @@ G=$B/launcher/gpurun; T=$B/tests/worker_runtime/elastic_trainer
 MODEL="--width 4096 --depth 8 --samples 4096 --micro 256 --epoch-ms 200"
 
 smi() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';'; }
-count() { grep -c "\"event\": \"decision\".*\"kind\": \"$2\"" "$1" 2>/dev/null || true; }
+count() { local n; n=$(grep -c "\"event\": \"decision\".*\"kind\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
 wait_count() {  # FILE KIND N TIMEOUT_S
   local end=$((SECONDS + $4)); while (( $(count "$1" "$2") < $3 )); do
     (( SECONDS > end )) && { echo "timeout waiting for $3 $2 decisions in $1"; return 1; }; sleep 0.1; done; }

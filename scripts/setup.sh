@@ -11,6 +11,7 @@ PACKAGES=(
   libfmt-dev doctest-dev libtomlplusplus-dev
   libtorch-dev          # LibTorch 1.13 (CPU): worker runtime, examples
   libgloo-dev           # Gloo: CPU collectives of the worker runtime
+  libopenblas0-pthread  # an optimised BLAS for LibTorch (Debian links the reference one)
   zlib1g-dev            # reads the gzip-compressed IDX files directly
   dataset-fashion-mnist # /usr/share/datasets/fashion-mnist: the main job's data
   procps psmisc         # ps/pkill used by the integration tests

@@ -2,6 +2,8 @@
 // a scratch directory and one child process with its output captured to files.
 #pragma once
 
+#include <ftw.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -27,6 +29,19 @@ inline std::string slurp(const std::filesystem::path& p) {
 }
 
 /// A unique scratch directory (mkdtemp under the temp dir), removed at the end of the test.
+/// Recursive delete with nftw. Not std::filesystem::remove_all: the LibTorch 2.11 wheel's
+/// libtorch.so exports its own copy of that function, which crashes when called from a test
+/// linked against it.
+inline void remove_tree(const std::string& root) {
+  ::nftw(
+      root.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        ::remove(p);  // best effort, like remove_all with an error_code: go on
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
+}
+
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& prefix = "gpurun-it") {
@@ -34,10 +49,7 @@ struct TempDir {
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     path = tmpl;
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+  ~TempDir() { remove_tree(path.string()); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string str() const { return path.string(); }

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include "common/error.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/gpu_inventory.hpp"
@@ -49,6 +51,8 @@ TEST_CASE("env: torchrun's variables per rank") {
       {"GPURUN_SLOT", "3"},
       {"GPURUN_DEVICE", "cpu"},
       {"GPURUN_RUN_DIR", "/tmp/run"},
+      // /dev/shm here (a writable directory on Linux); the run dir where there is none
+      {"GPURUN_SNAPSHOT_PATH", gpurun::supervisor::snapshot_path("/tmp/run")},
   };
   for (const auto& [k, v] : expected_subset) {
     CAPTURE(k);
@@ -57,6 +61,10 @@ TEST_CASE("env: torchrun's variables per rank") {
   }
   CHECK_FALSE(env.count("GPURUN_GPU_ID"));  // --device cpu has no GPU
   CHECK(env.size() == expected_subset.size());
+  CHECK(env.at("GPURUN_SNAPSHOT_PATH") ==
+        (::access("/dev/shm", W_OK) == 0
+             ? "/dev/shm/gpurun-" + std::to_string(::getuid()) + "-run.snapshot"
+             : "/tmp/run/state.snapshot"));
 }
 
 TEST_CASE("env: inherited values win where torchrun lets them") {

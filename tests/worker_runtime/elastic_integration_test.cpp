@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,8 +50,8 @@ std::string config(const std::string& active, const std::string& mode = "release
 struct TrainRun : gpurun::testing::ElasticRun {
   TrainRun(const fs::path& d, int nproc, const std::string& cfg,
            std::vector<std::string> trainer_args, std::map<std::string, std::string> env = {})
-      : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), {}, "cpu",
-                   with_trace(d, env), "rt-test") {
+      : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), {}, "cpu", with_trace(d, env),
+                   "rt-test") {
     hang_guard = 120s;
   }
   static std::vector<std::string> command(const fs::path& d, std::vector<std::string> args) {
@@ -93,7 +94,8 @@ struct TrainRun : gpurun::testing::ElasticRun {
   /// Stops the trainers a couple of epochs ahead and waits for gpurun.
   int finish() {
     int64_t max_epoch = 0;
-    for (auto& e : events("decision")) max_epoch = std::max<int64_t>(max_epoch, e["epoch"].as_int64());
+    for (auto& e : events("decision"))
+      max_epoch = std::max<int64_t>(max_epoch, e["epoch"].as_int64());
     write_file(out() / "stop", std::to_string(max_epoch + 2));
     if (!wait(hang_guard)) FAIL("gpurun did not finish\n" << full_diag());
     return code();
@@ -179,17 +181,19 @@ TEST_CASE("release mode: shrink, swap, pause, resume, grow; identical state afte
   CHECK(run.active_of(1) == "[0,1,2]");
   run.wait_continues(1);
   const std::vector<std::pair<std::string, std::string>> steps = {
-      {"[0, 1]", "[0,1]"},  // shrink: 2 leaves (its process exits)
-      {"[2]", "[2]"},       // swap: 0 and 1 leave, 2 joins and gets the state from 0
-      {"[]", "[]"},         // pause: the state goes to the host snapshot
-      {"[0, 2]", "[0,2]"},  // resume from the snapshot
+      {"[0, 1]", "[0,1]"},        // shrink: 2 leaves (its process exits)
+      {"[2]", "[2]"},             // swap: 0 and 1 leave, 2 joins and gets the state from 0
+      {"[]", "[]"},               // pause: the state goes to the host snapshot
+      {"[0, 2]", "[0,2]"},        // resume from the snapshot
       {"[0, 1, 2]", "[0,1,2]"}};  // grow: 1 joins, receives from rank 0
   size_t n = 1;
   for (const auto& [cfg, want] : steps) {
     write_file(run.dir / "config.toml", config(cfg));
     CHECK(run.active_of(++n) == want);
-    if (want != "[]") run.wait_continues(2);
-    else std::this_thread::sleep_for(500ms);
+    if (want != "[]")
+      run.wait_continues(2);
+    else
+      std::this_thread::sleep_for(500ms);
   }
   const int rc = run.finish();
   INFO(run.full_diag());
@@ -208,10 +212,17 @@ TEST_CASE("release mode: shrink, swap, pause, resume, grow; identical state afte
   REQUIRE(losses.size() >= 8);
   run.check_samples(0, losses.rbegin()->first + 1);
   CHECK(losses.rbegin()->second < losses.begin()->second);
-  for (int64_t e = 0; e <= losses.rbegin()->first; ++e) CHECK_MESSAGE(losses.count(e), "epoch " << e);
+  for (int64_t e = 0; e <= losses.rbegin()->first; ++e)
+    CHECK_MESSAGE(losses.count(e), "epoch " << e);
+  // The pause's host snapshot (in /dev/shm) is gone with gpurun.
+  const std::string prefix = "gpurun-" + std::to_string(::getuid()) + "-gpurun-rt-test-";
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator("/dev/shm", ec))
+    CHECK_MESSAGE(f.path().filename().string().rfind(prefix, 0) != 0, f.path());
 }
 
-TEST_CASE("hold mode: leavers park in place with their memory freed and rejoin with the current state") {
+TEST_CASE(
+    "hold mode: leavers park in place with their memory freed and rejoin with the current state") {
   TempDir tmp;
   TrainRun run(tmp.path, 3, config("[0, 1, 2]", "hold"), {"--epoch-ms", "150"});
   run.wait_continues(1);
@@ -240,7 +251,8 @@ TEST_CASE("hold mode: leavers park in place with their memory freed and rejoin w
   run.check_samples(0, losses.rbegin()->first + 1);
 }
 
-TEST_CASE("[batch] global: the loss of an elastic run (step boundaries, 2->1->2) matches a fixed run") {
+TEST_CASE(
+    "[batch] global: the loss of an elastic run (step boundaries, 2->1->2) matches a fixed run") {
   // Same seed and global batch 64 (micro-batch 16): every optimizer step trains on the same
   // 64 samples whatever the world size, so the per-epoch loss may differ only by the order of
   // floating-point sums: tolerance 1e-4 relative.
@@ -299,7 +311,7 @@ TEST_CASE("[batch] global: the loss of an elastic run (step boundaries, 2->1->2)
 
 TEST_CASE("a worker killed at a boundary: the others go on without it, the event log says so") {
   TempDir tmp;
-  TrainRun run(tmp.path, 3, config("[0, 1, 2]") , {"--epoch-ms", "400"},
+  TrainRun run(tmp.path, 3, config("[0, 1, 2]"), {"--epoch-ms", "400"},
                {{"GPURUN_COMM_TIMEOUT_MS", "5000"}});
   run.wait_continues(2);
   int64_t victim = -1;
@@ -309,7 +321,8 @@ TEST_CASE("a worker killed at a boundary: the others go on without it, the event
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(static_cast<pid_t>(victim), SIGKILL);
   const auto d = run.wait_resize(2);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   CHECK(json::serialize(d.at("failed")) == "[1]");
   CHECK(json::serialize(d.at("active")) == "[0,2]");
   CHECK(s < 10.0);

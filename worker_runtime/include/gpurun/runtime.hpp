@@ -95,7 +95,7 @@ class Runtime {
   int rank() const;        ///< rank in the current generation
   int world_size() const;  ///< active workers in the current generation
   int64_t generation() const;
-  int gpu_id() const;      ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
+  int gpu_id() const;  ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
   bool elastic() const;
   WorkerState state() const;
   /// Slots of the current generation, sorted (rank = index).
@@ -126,6 +126,12 @@ class Runtime {
   /// `[batch] global` from config.toml when set, else micro_batch × world_size.
   /// drop_last (sampler option) drops a final step smaller than the global batch.
   StepRange steps(int64_t micro_batch);
+
+  /// This rank's micro-batches (sample indices) of the steps from the sampler's position up to
+  /// the next boundary (the end of the epoch, or the next `[boundary] every` step), exactly as
+  /// steps(micro_batch) will deal them if no resize happens — what a prefetching data loader
+  /// needs. Does not change any state; no communication.
+  std::vector<std::vector<int64_t>> upcoming_micro_batches(int64_t micro_batch) const;
 
   /// Averages every tracked parameter's gradient over the active world, bucketed
   /// (RuntimeOptions::bucket_bytes). Undefined gradients count as zeros (and become zeros).

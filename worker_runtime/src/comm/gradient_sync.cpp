@@ -3,6 +3,9 @@
 #include <map>
 #include <utility>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace gpurun::rt {
 
 GradientSync::GradientSync(std::vector<at::Tensor> params, GradientSyncOptions options)

@@ -54,9 +54,13 @@ int64_t env_int(const char* name, int64_t fallback) {
   throw Error(fmt::format("environment variable {}={:?} is not an integer", name, *v));
 }
 
-std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 int index_of(const std::vector<int>& v, int x) {
   const auto it = std::find(v.begin(), v.end(), x);
@@ -203,9 +207,9 @@ struct Runtime::Impl {
       if (static_cast<uint64_t>(all[r]) != want)
         bad.push_back(fmt::format("rank {} has {}", r, hex(static_cast<uint64_t>(all[r]))));
     if (!bad.empty())
-      throw rt::StateError(fmt::format(
-          "state checksum mismatch {} (generation {}): rank {} (the source) has {}, {}", what,
-          generation, root, hex(want), fmt::join(bad, ", ")));
+      throw rt::StateError(
+          fmt::format("state checksum mismatch {} (generation {}): rank {} (the source) has {}, {}",
+                      what, generation, root, hex(want), fmt::join(bad, ", ")));
     return mine;
   }
 
@@ -247,7 +251,8 @@ struct Runtime::Impl {
     bool verified = false;
     if (d.state_source >= 0 && !d.joiners.empty()) {
       std::vector<int> group = d.active;
-      if (!contains(group, src)) group.insert(std::upper_bound(group.begin(), group.end(), src), src);
+      if (!contains(group, src))
+        group.insert(std::upper_bound(group.begin(), group.end(), src), src);
       if (contains(group, slot)) {
         const bool same = group == d.active;
         auto c = make_comm(same ? "train" : "handoff", group, d.generation);
@@ -276,12 +281,13 @@ struct Runtime::Impl {
       checksum = verify(*comm, root, "after the boundary");
     }
     if (grads) grads->set_communicator(comm.get());
-    if (state != WorkerState::kActive) set_state(WorkerState::kActive, "joined generation " + std::to_string(generation));
+    if (state != WorkerState::kActive)
+      set_state(WorkerState::kActive, "joined generation " + std::to_string(generation));
     trace_resize(d, role, t0, moved, checksum);
   }
 
-  void trace_resize(const Decision& d, const std::string& role, Clock::time_point t0,
-                    int64_t bytes, std::optional<uint64_t> checksum) {
+  void trace_resize(const Decision& d, const std::string& role, Clock::time_point t0, int64_t bytes,
+                    std::optional<uint64_t> checksum) {
     trace.write("generation", {{"generation", Trace::num(d.generation)},
                                {"kind", Trace::str(std::string(control::to_string(d.kind)))},
                                {"role", Trace::str(role)},
@@ -390,8 +396,8 @@ struct Runtime::Impl {
       case Decision::Kind::kStart:
         break;
     }
-    throw control::ProtocolError(fmt::format("unexpected decision kind {} at a boundary",
-                                             control::to_string(d.kind)));
+    throw control::ProtocolError(
+        fmt::format("unexpected decision kind {} at a boundary", control::to_string(d.kind)));
   }
 
   /// After a failed collective: drop the communicator and report at once (same position);
@@ -404,7 +410,9 @@ struct Runtime::Impl {
                                  {"epoch", Trace::num(epoch)},
                                  {"step", Trace::num(step_in_epoch)},
                                  {"error", Trace::str(why)}});
-    std::fprintf(stderr, "gpurun worker (slot %d): %s; reporting to the supervisor to go on without the failed rank\n",
+    std::fprintf(stderr,
+                 "gpurun worker (slot %d): %s; reporting to the supervisor to go on without the "
+                 "failed rank\n",
                  slot, why.c_str());
     return boundary(epoch, step_in_epoch);
   }
@@ -430,7 +438,8 @@ struct Runtime::Impl {
     for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(range_micro))
       step.micro_batches.emplace_back(
           mine.begin() + static_cast<std::ptrdiff_t>(i),
-          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), i + static_cast<size_t>(range_micro))));
+          mine.begin() + static_cast<std::ptrdiff_t>(
+                             std::min(mine.size(), i + static_cast<size_t>(range_micro))));
     step_valid = true;
   }
 
@@ -465,14 +474,16 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   m->slot = static_cast<int>(env_int("GPURUN_SLOT", env_int("LOCAL_RANK", 0)));
   if (dev == "cuda") {
     if (!torch::cuda::is_available())
-      throw Error("GPURUN_DEVICE=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
-                  "CUDA_VISIBLE_DEVICES is empty)");
+      throw Error(
+          "GPURUN_DEVICE=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
+          "CUDA_VISIBLE_DEVICES is empty)");
     m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(m->slot));
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(m->device);
     m->backend = rt::CommBackend::kNccl;
   }
   m->store.host = env("GPURUN_STORE_ADDR").value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
-  m->store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
+  m->store.port =
+      static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
   m->restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   if (auto p = env("GPURUN_SNAPSHOT_PATH")) {
     m->snapshot_path = *p;
@@ -481,8 +492,8 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   } else {
     m->snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
   }
-  const std::string trace_dir = !options.trace_dir.empty() ? options.trace_dir
-                                                           : env("GPURUN_TRACE_DIR").value_or("");
+  const std::string trace_dir =
+      !options.trace_dir.empty() ? options.trace_dir : env("GPURUN_TRACE_DIR").value_or("");
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
 
   m->control = control::WorkerControl::from_env();
@@ -501,9 +512,10 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   }
   if (m->world > 1 || m->control) {
     if (!rt::comm_backend_available(m->backend))
-      throw Error(fmt::format("this build of the gpurun worker runtime has no {} communicator "
-                              "(device {})",
-                              rt::to_string(m->backend), m->device.str()));
+      throw Error(
+          fmt::format("this build of the gpurun worker runtime has no {} communicator "
+                      "(device {})",
+                      rt::to_string(m->backend), m->device.str()));
   }
   m->trace.write("start", {{"gpu", Trace::num(int64_t{m->slot})},
                            {"generation", Trace::num(m->generation)},
@@ -513,14 +525,30 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   return std::unique_ptr<Runtime>(new Runtime(std::move(m)));
 }
 
-at::Device Runtime::device() const { return impl_->device; }
-int Runtime::rank() const { return impl_->rank; }
-int Runtime::world_size() const { return impl_->world; }
-int64_t Runtime::generation() const { return impl_->generation; }
-int Runtime::gpu_id() const { return impl_->slot; }
-bool Runtime::elastic() const { return impl_->control != nullptr; }
-WorkerState Runtime::state() const { return impl_->state; }
-std::vector<int> Runtime::active_gpus() const { return impl_->active; }
+at::Device Runtime::device() const {
+  return impl_->device;
+}
+int Runtime::rank() const {
+  return impl_->rank;
+}
+int Runtime::world_size() const {
+  return impl_->world;
+}
+int64_t Runtime::generation() const {
+  return impl_->generation;
+}
+int Runtime::gpu_id() const {
+  return impl_->slot;
+}
+bool Runtime::elastic() const {
+  return impl_->control != nullptr;
+}
+WorkerState Runtime::state() const {
+  return impl_->state;
+}
+std::vector<int> Runtime::active_gpus() const {
+  return impl_->active;
+}
 
 void Runtime::track(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
   track(module);
@@ -571,12 +599,37 @@ Runtime::EpochRange Runtime::epochs(int64_t max_epochs) {
 }
 
 Runtime::StepRange Runtime::steps(int64_t micro_batch) {
-  if (micro_batch < 1) throw Error(fmt::format("Runtime::steps(): micro_batch {} < 1", micro_batch));
+  if (micro_batch < 1)
+    throw Error(fmt::format("Runtime::steps(): micro_batch {} < 1", micro_batch));
   impl_->ensure_started();
   StepRange r;
   r.rt = impl_.get();
   r.micro_batch = micro_batch;
   return r;
+}
+
+std::vector<std::vector<int64_t>> Runtime::upcoming_micro_batches(int64_t micro_batch) const {
+  const Impl& m = *impl_;
+  if (micro_batch < 1)
+    throw Error(fmt::format("Runtime::upcoming_micro_batches(): micro_batch {} < 1", micro_batch));
+  if (!m.sampler) throw Error("Runtime::upcoming_micro_batches(): call Runtime::sampler() first");
+  ElasticSampler s = *m.sampler;  // a copy: planning changes nothing
+  if (s.epoch() != m.epoch) s.set_epoch(m.epoch);
+  std::vector<std::vector<int64_t>> out;
+  const int64_t g = m.global_batch > 0 ? m.global_batch : micro_batch * m.world;
+  for (int64_t done = m.step_in_epoch; s.remaining() > 0;) {
+    if (s.remaining() < g && m.sampler_drop_last) break;
+    const int64_t count = std::min(g, s.remaining());
+    const std::vector<int64_t> mine = s.window_indices(count, m.rank, m.world);
+    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(micro_batch))
+      out.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(i),
+                       mine.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                          mine.size(), i + static_cast<size_t>(micro_batch))));
+    s.advance(count);
+    ++done;
+    if (m.every_steps > 0 && done % m.every_steps == 0) break;
+  }
+  return out;
 }
 
 void Runtime::all_reduce_gradients() {
@@ -599,13 +652,25 @@ std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
   Impl& m = *impl_;
   m.ensure_started();
   if (!m.comm || values.empty() || m.jumped) return values;
-  at::Tensor t = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
-                               at::TensorOptions().dtype(at::kDouble))
-                     .to(m.device, /*non_blocking=*/false, /*copy=*/true);
-  m.comm->all_reduce_sum(t);
-  m.comm->synchronize();
-  t = t.to(at::kCPU).contiguous();
-  std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
+  const std::vector<double> mine = values;
+  auto sum = [&] {
+    at::Tensor t = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                                 at::TensorOptions().dtype(at::kDouble))
+                       .to(m.device, /*non_blocking=*/false, /*copy=*/true);
+    m.comm->all_reduce_sum(t);
+    m.comm->synchronize();
+    t = t.to(at::kCPU).contiguous();
+    std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
+  };
+  try {
+    sum();
+  } catch (const rt::CommError& err) {
+    if (!m.control) throw;
+    // A peer died: sum over the survivors instead (docs/worker-runtime.md, Failures).
+    if (!m.recover(err.what()) || !m.comm || m.jumped) return mine;
+    values = mine;
+    sum();
+  }
   return values;
 }
 
@@ -627,7 +692,9 @@ Runtime::EpochRange::iterator Runtime::EpochRange::begin() {
   return it;
 }
 
-int64_t Runtime::EpochRange::iterator::operator*() const { return rt->epoch; }
+int64_t Runtime::EpochRange::iterator::operator*() const {
+  return rt->epoch;
+}
 
 Runtime::EpochRange::iterator& Runtime::EpochRange::iterator::operator++() {
   Impl& m = *rt;

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/error.hpp"
 
@@ -17,7 +18,8 @@ Trace::Trace(const std::string& dir, int slot) {
   std::filesystem::create_directories(dir, ec);
   const std::string path = fmt::format("{}/gpu{}.jsonl", dir, slot);
   f_ = std::fopen(path.c_str(), "a");
-  if (!f_) throw Error(fmt::format("cannot open the trace file {}: {}", path, std::strerror(errno)));
+  if (!f_)
+    throw Error(fmt::format("cannot open the trace file {}: {}", path, std::strerror(errno)));
 }
 
 Trace::~Trace() {
@@ -36,7 +38,9 @@ std::string Trace::num(double v) {
   if (!std::isfinite(v)) return "null";
   return fmt::format("{:.6g}", v);
 }
-std::string Trace::num(int64_t v) { return std::to_string(v); }
+std::string Trace::num(int64_t v) {
+  return std::to_string(v);
+}
 
 std::string Trace::str(const std::string& v) {
   std::string out = "\"";
@@ -53,14 +57,17 @@ std::string Trace::str(const std::string& v) {
   return out + "\"";
 }
 
-std::string Trace::ints(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ",")); }
+std::string Trace::ints(const std::vector<int>& v) {
+  return fmt::format("[{}]", fmt::join(v, ","));
+}
 
 void Trace::write(const std::string& event, const std::vector<Field>& fields) {
   if (!f_) return;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
-  std::string line = fmt::format("{{\"t_ms\":{},\"event\":{},\"pid\":{}", ms, str(event), ::getpid());
+  std::string line =
+      fmt::format("{{\"t_ms\":{},\"event\":{},\"pid\":{}", ms, str(event), ::getpid());
   for (const auto& [k, v] : fields) line += fmt::format(",{}:{}", str(k), v);
   line += "}\n";
   std::fwrite(line.data(), 1, line.size(), f_);

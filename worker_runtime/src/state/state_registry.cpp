@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string_view>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 
+#include <c10/util/Type.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <boost/json.hpp>
@@ -97,6 +100,12 @@ std::optional<std::string> base64_decode(std::string_view in) {
     if (pad < 1) out.push_back(static_cast<char>(v & 0xff));
   }
   return out;
+}
+
+// Whether a tensor on `actual` is where the caller asked for `requested` ("cuda" without an
+// index means the current device of that type, which a tensor's device always names).
+bool on_requested_device(const at::Device& actual, const at::Device& requested) {
+  return requested.has_index() ? actual == requested : actual.type() == requested.type();
 }
 
 std::string dtype_name(at::ScalarType t) {
@@ -693,7 +702,7 @@ void StateRegistry::apply_manifest(const std::string& manifest, const at::Device
   torch::NoGradGuard no_grad;
   for (auto& mod : m.modules) {
     for (auto& t : mod.tensors) {
-      const bool fits = !m.released && t.tensor.device() == device &&
+      const bool fits = !m.released && on_requested_device(t.tensor.device(), device) &&
                         t.tensor.sizes() == c10::IntArrayRef(t.shape) &&
                         t.tensor.scalar_type() == t.dtype;
       if (fits) continue;
@@ -730,7 +739,7 @@ void StateRegistry::apply_manifest(const std::string& manifest, const at::Device
           continue;
         }
         const at::Tensor current = a.field(*entry, f);
-        const bool fits = current.defined() && current.device() == device &&
+        const bool fits = current.defined() && on_requested_device(current.device(), device) &&
                           current.sizes() == c10::IntArrayRef(fs.shape) &&
                           current.scalar_type() == fs.dtype && current.is_contiguous();
         if (!fits) {
@@ -826,12 +835,12 @@ void StateRegistry::release() {
   bool on_device = false;
   torch::NoGradGuard no_grad;
   for (const auto& opt : m.optimizers) {
-    for (const auto& [key, s] : opt.optimizer->state()) {
-      for (size_t i = 0; s && i < opt.adapter->field_names().size(); ++i) {
-        if (opt.adapter->owns(*s)) {
-          const at::Tensor f = opt.adapter->field(*s, i);
-          on_device = on_device || (f.defined() && !f.is_cpu());
-        }
+    for (const auto& entry : opt.optimizer->state()) {
+      const auto* s = entry.second.get();
+      if (s == nullptr || !opt.adapter->owns(*s)) continue;
+      for (size_t i = 0; i < opt.adapter->field_names().size(); ++i) {
+        const at::Tensor f = opt.adapter->field(*s, i);
+        on_device = on_device || (f.defined() && !f.is_cpu());
       }
     }
     opt.optimizer->state().clear();
@@ -854,7 +863,7 @@ void StateRegistry::materialize(const at::Device& device) {
   torch::NoGradGuard no_grad;
   for (auto& mod : m.modules) {
     for (auto& t : mod.tensors) {
-      const bool fits = !m.released && t.tensor.device() == device;
+      const bool fits = !m.released && on_requested_device(t.tensor.device(), device);
       if (fits) continue;
       t.tensor.set_data(at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device)));
       if (t.is_parameter) t.tensor.mutable_grad() = at::Tensor();

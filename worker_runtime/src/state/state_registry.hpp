@@ -55,6 +55,7 @@ class StateRegistry {
   /// non-tensor parts: tensor names, shapes, dtypes (canonical order); which optimizer
   /// state entries exist and their step counts; param-group options; scalar values;
   /// extension bytes. Deterministic bytes (UTF-8 JSON, one line) for equal states.
+  /// Throws StateError after release() (a released rank is never a state source).
   std::string manifest() const;
 
   /// On a receiver: checks that the tracked modules match the manifest (names, shapes,
@@ -78,7 +79,8 @@ class StateRegistry {
   /// tensors' device: integer sums of the raw 32-bit words, plain and position-weighted,
   /// per tensor, mixed with splitmix64), plus step counts, param-group options and
   /// scalars. Equal states give equal checksums on any device type; blocks until the
-  /// device work is done.
+  /// device work is done. Extensions are not included (their bytes need not be canonical).
+  /// Throws StateError after release().
   uint64_t checksum() const;
 
   /// Frees the state's device memory (OFFLOADING for a rank that keeps its process): every
@@ -88,7 +90,9 @@ class StateRegistry {
   void release();
 
   /// After release(): parameters and buffers get uninitialised storage of their
-  /// remembered shapes on `device` (the caller fills them).
+  /// remembered shapes on `device` (the caller fills them). Optimizer state stays empty
+  /// until apply_manifest() (which also allocates by itself, so materialize() is optional
+  /// before a handoff); Adagrad cannot step without it.
   void materialize(const at::Device& device);
 
   /// Writes manifest + tensor bytes to `path` (a file, typically on /dev/shm), atomically

@@ -20,7 +20,7 @@ void release_cached_device_memory() {
 bool host_register(void* ptr, size_t bytes, bool read_only) noexcept {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();  // clear the sticky-free error state for later CUDA calls
+    (void)cudaGetLastError();  // so that the next CUDA call does not report this error
     return false;
   }
   const unsigned int flags = read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault;

@@ -1,0 +1,248 @@
+// fmnist_train — the main job: a Vision Transformer (or a small CNN) trained on Fashion-MNIST
+// under gpurun, elastic through the worker runtime. Rank 0 draws a progress line per epoch
+// and evaluates on all 10,000 test images (sharded over the active ranks, then reduced).
+//
+//   gpurun --nproc 2 --device cpu --config config.toml fmnist_train --model tiny --epochs 5
+//   gpurun --nproc 1 --config config.toml fmnist_train --model b --epochs 2 --micro 256
+//
+// Options (defaults in brackets):
+//   --model NAME        cnn | tiny | small | b | h                                [tiny]
+//   --epochs N                                                                   [5]
+//   --micro B           micro-batch per rank; the global batch is [batch] global
+//                       in config.toml, else B x active ranks                    [64]
+//   --lr X, --weight-decay X   AdamW                                             [1e-3, 0.05]
+//   --seed N            model init and the sampler's shuffle                     [42]
+//   --data DIR          the four .gz IDX files                [/usr/share/datasets/fashion-mnist]
+//   --checkpoint PATH   rank 0 saves the model there at the end (and every
+//                       --checkpoint-every N epochs); elasticity never needs it
+//   --metrics PATH      rank 0 appends one JSON line per epoch (epoch, gpus, losses,
+//                       accuracies, images/s)
+//   --limit-train N     train on the first N training images only (quick runs)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include "fashion_mnist/dataset.hpp"
+#include "fashion_mnist/models.hpp"
+#include "fashion_mnist/progress.hpp"
+#include "gpurun/runtime.hpp"
+
+namespace fm = gpurun::fashion_mnist;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string model = "tiny";
+  int64_t epochs = 5;
+  int64_t micro = 64;
+  double lr = 1e-3;
+  double weight_decay = 0.05;
+  uint64_t seed = 42;
+  std::string data = fm::kDefaultDataDir;
+  std::string checkpoint;
+  int64_t checkpoint_every = 0;
+  std::string metrics;
+  int64_t limit_train = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "usage: fmnist_train [--model cnn|tiny|small|b|h] [--epochs N] [--micro B] "
+          "[--lr X] [--weight-decay X] [--seed N] [--data DIR] [--checkpoint PATH] "
+          "[--checkpoint-every N] [--metrics PATH] [--limit-train N]\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw gpurun::Error(fmt::format("fmnist_train: {} needs a value", k));
+    const std::string v = argv[++i];
+    try {
+      if (k == "--model")
+        a.model = v;
+      else if (k == "--epochs")
+        a.epochs = std::stoll(v);
+      else if (k == "--micro")
+        a.micro = std::stoll(v);
+      else if (k == "--lr")
+        a.lr = std::stod(v);
+      else if (k == "--weight-decay")
+        a.weight_decay = std::stod(v);
+      else if (k == "--seed")
+        a.seed = std::stoull(v);
+      else if (k == "--data")
+        a.data = v;
+      else if (k == "--checkpoint")
+        a.checkpoint = v;
+      else if (k == "--checkpoint-every")
+        a.checkpoint_every = std::stoll(v);
+      else if (k == "--metrics")
+        a.metrics = v;
+      else if (k == "--limit-train")
+        a.limit_train = std::stoll(v);
+      else
+        throw gpurun::Error(fmt::format("fmnist_train: unknown option {} (see --help)", k));
+    } catch (const std::logic_error&) {
+      throw gpurun::Error(fmt::format("fmnist_train: {} {:?} is not a valid value", k, v));
+    }
+  }
+  if (a.epochs < 1 || a.micro < 1)
+    throw gpurun::Error("fmnist_train: --epochs and --micro must be at least 1");
+  return a;
+}
+
+/// Images to the device, upsampled there (bicubic) when the model wants more than 28 px.
+torch::Tensor to_model_input(const fm::Batch& b, const torch::Device& dev, int64_t size) {
+  torch::Tensor x = b.images.to(dev, /*non_blocking=*/true);
+  if (size != x.size(-1)) {
+    namespace F = torch::nn::functional;
+    x = F::interpolate(x, F::InterpolateFuncOptions()
+                              .size(std::vector<int64_t>{size, size})
+                              .mode(torch::kBicubic)
+                              .align_corners(false));
+  }
+  return x;
+}
+
+int run(const Args& a) {
+  auto rt = gpurun::Runtime::from_env();
+  const torch::Device dev = rt->device();
+  if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
+
+  fm::FashionMnist data = fm::FashionMnist::load(a.data);
+  if (a.limit_train > 0 && a.limit_train < data.train.size()) {
+    data.train.images = data.train.images.slice(0, 0, a.limit_train);
+    data.train.labels = data.train.labels.slice(0, 0, a.limit_train);
+  }
+  torch::manual_seed(a.seed);
+  std::shared_ptr<fm::Classifier> model = fm::make_model(a.model);
+  model->to(dev);
+  torch::optim::AdamW opt(model->parameters(),
+                          torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));
+  rt->track(*model, opt);
+  rt->sampler(data.train.size(), {.seed = a.seed});
+  const int64_t img = model->input_size();
+  fm::BatchOptions bopt{.stats = data.stats, .pin_memory = dev.is_cuda()};
+
+  fm::ProgressLine progress(std::cout, {.tty = fm::ProgressLine::stdout_is_tty()});
+  if (rt->rank() == 0)
+    std::cout << fmt::format(
+                     "fmnist_train: model {} ({:.2f} M parameters), {} train / {} test "
+                     "images, device {}, {} epochs\n",
+                     a.model, fm::count_parameters(*model) / 1e6, data.train.size(),
+                     data.test.size(), dev.str(), a.epochs)
+              << std::flush;
+
+  for (int64_t epoch : rt->epochs(a.epochs)) {
+    const bool printer = rt->rank() == 0;
+    const auto t0 = Clock::now();
+    double loss_sum = 0, correct = 0, seen = 0;
+    int64_t mb_done = 0;  // micro-batches done: the progress line's iterations
+    std::optional<fm::BatchLoader> loader;
+    size_t left = 0;  // micro-batches of the loader's segment not consumed yet
+    auto plan_total = [&] {
+      return static_cast<int64_t>(rt->upcoming_micro_batches(a.micro).size());
+    };
+    if (printer)
+      progress.begin_epoch(static_cast<int>(epoch) + 1, static_cast<int>(a.epochs), plan_total(),
+                           rt->active_gpus());
+    model->train();
+    for (const gpurun::Step& step : rt->steps(a.micro)) {
+      if (left == 0) {  // a segment up to the next boundary, prepared ahead on loader threads
+        auto plan = rt->upcoming_micro_batches(a.micro);
+        left = plan.size();
+        if (printer) progress.set_total(mb_done + static_cast<int64_t>(left));
+        loader.reset();
+        loader.emplace(data.train, std::move(plan), bopt,
+                       fm::BatchLoaderOptions{.threads = fm::loader_threads(rt->world_size())});
+      }
+      opt.zero_grad();
+      for (size_t i = 0; i < step.micro_batches.size(); ++i) {
+        std::optional<fm::Batch> b = loader->next();
+        --left;
+        ++mb_done;
+        GPURUN_CHECK(b && b->labels.size(0) == static_cast<int64_t>(step.micro_batches[i].size()),
+                     "loader out of step with the runtime at step {}", step.index);
+        const torch::Tensor y = b->labels.to(dev, true);
+        const torch::Tensor logits = model->forward(to_model_input(*b, dev, img));
+        const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
+        (loss * step.weight(i)).backward();
+        const double n = static_cast<double>(y.size(0));
+        loss_sum += loss.item<double>() * n;
+        correct += logits.argmax(1).eq(y).sum().item<double>();
+        seen += n;
+      }
+      rt->all_reduce_gradients();
+      opt.step();
+      if (printer && seen > 0) progress.update(mb_done, {loss_sum / seen, correct / seen});
+    }
+    const double train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    // Evaluate on every test image: rank r of W takes r, r + W, ...; sums reduced.
+    model->eval();
+    double vloss = 0, vcorrect = 0, vn = 0;
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<int64_t> mine;
+      for (int64_t i = rt->rank(); i < data.test.size(); i += rt->world_size()) mine.push_back(i);
+      for (size_t s = 0; s < mine.size(); s += 500) {
+        std::vector<int64_t> idx(
+            mine.begin() + static_cast<std::ptrdiff_t>(s),
+            mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), s + 500)));
+        const fm::Batch b = fm::make_batch(data.test, idx, bopt);
+        const torch::Tensor y = b.labels.to(dev, true);
+        const torch::Tensor logits = model->forward(to_model_input(b, dev, img));
+        vloss +=
+            torch::nn::functional::cross_entropy(
+                logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                .item<double>();
+        vcorrect += logits.argmax(1).eq(y).sum().item<double>();
+        vn += static_cast<double>(idx.size());
+      }
+    }
+    const auto tot = rt->all_reduce_sum({loss_sum, correct, seen, vloss, vcorrect, vn});
+    if (rt->rank() == 0) {
+      const fm::EpochStats val{tot[3] / std::max(1.0, tot[5]), tot[4] / std::max(1.0, tot[5])};
+      progress.end_epoch(val);
+      if (!a.metrics.empty()) {
+        std::ofstream m(a.metrics, std::ios::app);
+        m << fmt::format(
+            "{{\"epoch\":{},\"gpus\":[{}],\"generation\":{},\"train_loss\":{:.6f},"
+            "\"train_acc\":{:.6f},\"val_loss\":{:.6f},\"val_acc\":{:.6f},\"images_per_s\":{:.1f}}}"
+            "\n",
+            epoch, fmt::join(rt->active_gpus(), ","), rt->generation(),
+            tot[0] / std::max(1.0, tot[2]), tot[1] / std::max(1.0, tot[2]), val.loss, val.accuracy,
+            tot[2] / std::max(1e-9, train_seconds));
+      }
+      if (!a.checkpoint.empty() && a.checkpoint_every > 0 && (epoch + 1) % a.checkpoint_every == 0)
+        torch::save(std::static_pointer_cast<torch::nn::Module>(model), a.checkpoint);
+    }
+  }
+  if (rt->rank() == 0 && !a.checkpoint.empty()) {
+    torch::save(std::static_pointer_cast<torch::nn::Module>(model), a.checkpoint);
+    std::cout << "fmnist_train: model saved to " << a.checkpoint << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fmnist_train: %s\n", e.what());
+    return 1;
+  }
+}

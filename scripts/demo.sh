@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The main job: a Vision Transformer learns Fashion-MNIST under gpurun with 2 CPU workers,
+# and the demo resizes it live by rewriting a copy of config.toml: after the first epoch the
+# job shrinks to one worker, after the second it grows back to two. Run after scripts/setup.sh.
+#
+#   scripts/demo.sh [fmnist_train options]     e.g. --model cnn --epochs 6
+#
+# Environment: GPURUN_BUILD_DIR (default build), DEMO_MIN_ACCURACY (e.g. 0.80: exit 1 when
+# the final test accuracy is lower, or when the two resizes did not happen; used by CI),
+# DEMO_KEEP=1 keeps the work directory (config, event log, metrics).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${GPURUN_BUILD_DIR:-build}
+for f in "$B/launcher/gpurun" "$B/examples/fashion_mnist/fmnist_train"; do
+  [[ -x $f ]] || { echo "demo: $f is missing: run scripts/setup.sh first" >&2; exit 2; }
+done
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpurun-demo-XXXXXX")
+[[ ${DEMO_KEEP:-0} == 1 ]] || trap 'rm -rf "$work"' EXIT
+cfg=$work/config.toml
+set_active() {  # the repo's commented config.toml with active_gpus set (first line)
+  { echo "active_gpus = $1"; grep -v '^active_gpus' config.toml; } > "$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+}
+resizes() { grep -c '"event": "decision".*"kind": "resize"' "$work/events.jsonl" 2>/dev/null || true; }
+wait_resizes() {  # N: wait until N resize decisions are in the event log (or gpurun ended)
+  while (( $(resizes) < $1 )); do kill -0 "$pid" 2>/dev/null || return 1; sleep 0.2; done
+}
+
+set_active "[0, 1]"
+echo "demo: gpurun --nproc 2 --device cpu --config $cfg fmnist_train --model tiny --epochs 3 $*"
+"$B/launcher/gpurun" --nproc 2 --device cpu --config "$cfg" --event-log "$work/events.jsonl" \
+  --run-id "demo-$$" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
+  --metrics "$work/metrics.jsonl" "$@" &
+pid=$!
+# Written while epoch 1 runs: applies at its end (the first boundary).
+sleep 2; set_active "[0]"; echo "demo: config.toml now says active_gpus = [0] (shrink after this epoch)"
+if wait_resizes 1; then
+  set_active "[0, 1]"; echo "demo: config.toml now says active_gpus = [0, 1] (grow after this epoch)"
+  wait_resizes 2 || true
+fi
+rc=0; wait "$pid" || rc=$?
+n=$(resizes)
+acc=$(tail -n 1 "$work/metrics.jsonl" 2>/dev/null | sed -n 's/.*"val_acc":\([0-9.]*\).*/\1/p')
+echo "demo: gpurun exit status $rc, $n live resizes, final test accuracy ${acc:-?}"
+echo "demo: per epoch (gpus, test accuracy):"
+sed -n 's/.*"epoch":\([0-9]*\),"gpus":\(\[[0-9,]*\]\).*"val_acc":\([0-9.]*\).*/  epoch \1  gpus \2  test acc \3/p' \
+  "$work/metrics.jsonl" 2>/dev/null || true
+if [[ -n ${DEMO_MIN_ACCURACY:-} ]]; then
+  ok=$(awk -v a="${acc:-0}" -v m="$DEMO_MIN_ACCURACY" 'BEGIN{print (a >= m) ? 1 : 0}')
+  (( rc == 0 && n >= 2 && ok == 1 )) || { echo "demo: FAILED (want exit 0, 2 resizes, accuracy >= $DEMO_MIN_ACCURACY)"; exit 1; }
+fi
+exit "$rc"
