@@ -10,12 +10,7 @@ export NCCL_NVLS_ENABLE=0
 G=$B/launcher/gpurun; T=$B/tests/worker_runtime/elastic_trainer
 MODEL="--width 4096 --depth 8 --samples 4096 --micro 256 --epoch-ms 200"
 
-smi() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';'; }
-count() { local n; n=$(grep -c "\"event\": \"decision\".*\"kind\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
-wait_count() {  # FILE KIND N TIMEOUT_S
-  local end=$((SECONDS + $4)); while (( $(count "$1" "$2") < $3 )); do
-    (( SECONDS > end )) && { echo "timeout waiting for $3 $2 decisions in $1"; return 1; }; sleep 0.1; done; }
-cfg() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\ndeadline_s = 120\n' "$1" "$2" > "$3"; }
+source "$(dirname "$0")/lib-events.sh"
 
 scenario() {  # MODE
   local mode=$1 d=$OUT/$1; rm -rf "$d"; mkdir -p "$d/out"

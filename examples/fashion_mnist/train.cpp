@@ -11,6 +11,8 @@
 //   --micro B           micro-batch per rank; the global batch is [batch] global
 //                       in config.toml, else B x active ranks                    [64]
 //   --lr X, --weight-decay X   AdamW                                             [1e-3, 0.05]
+//   --warmup-steps N    linear learning-rate warmup over the first N optimizer
+//                       steps (ViT-B/H need it: without, they stay at chance)   [0]
 //   --seed N            model init and the sampler's shuffle                     [42]
 //   --data DIR          the four .gz IDX files                [/usr/share/datasets/fashion-mnist]
 //   --checkpoint PATH   rank 0 saves the model there at the end (and every
@@ -47,6 +49,7 @@ struct Args {
   int64_t micro = 64;
   double lr = 1e-3;
   double weight_decay = 0.05;
+  int64_t warmup_steps = 0;
   uint64_t seed = 42;
   std::string data = fm::kDefaultDataDir;
   std::string checkpoint;
@@ -62,7 +65,7 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf(
           "usage: fmnist_train [--model cnn|tiny|small|b|h] [--epochs N] [--micro B] "
-          "[--lr X] [--weight-decay X] [--seed N] [--data DIR] [--checkpoint PATH] "
+          "[--lr X] [--weight-decay X] [--warmup-steps N] [--seed N] [--data DIR] [--checkpoint PATH] "
           "[--checkpoint-every N] [--metrics PATH] [--limit-train N]\n");
       std::exit(0);
     }
@@ -166,6 +169,10 @@ int run(const Args& a) {
         loader.reset();
         loader.emplace(data.train, std::move(plan), bopt,
                        fm::BatchLoaderOptions{.threads = fm::loader_threads(rt->world_size())});
+      }
+      if (a.warmup_steps > 0) {  // a function of the global step, which moves with the state
+        const double f = std::min(1.0, static_cast<double>(step.global_step + 1) / a.warmup_steps);
+        for (auto& g : opt.param_groups()) g.options().set_lr(a.lr * f);
       }
       opt.zero_grad();
       for (size_t i = 0; i < step.micro_batches.size(); ++i) {
