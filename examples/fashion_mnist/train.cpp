@@ -65,11 +65,12 @@ Args parse(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::printf(
           "usage: fmnist_train [--model cnn|tiny|small|b|h] [--epochs N] [--micro B] "
-          "[--lr X] [--weight-decay X] [--warmup-steps N] [--seed N] [--data DIR] [--checkpoint PATH] "
+          "[--lr X] [--weight-decay X] [--warmup-steps N] [--seed N] [--data DIR] [--checkpoint "
+          "PATH] "
           "[--checkpoint-every N] [--metrics PATH] [--limit-train N]\n");
       std::exit(0);
     }
-    if (i + 1 >= argc) throw gpurun::Error(fmt::format("fmnist_train: {} needs a value", k));
+    if (i + 1 >= argc) throw gpurun::Error(fmt::format("{} needs a value", k));
     const std::string v = argv[++i];
     try {
       if (k == "--model")
@@ -82,6 +83,8 @@ Args parse(int argc, char** argv) {
         a.lr = std::stod(v);
       else if (k == "--weight-decay")
         a.weight_decay = std::stod(v);
+      else if (k == "--warmup-steps")
+        a.warmup_steps = std::stoll(v);
       else if (k == "--seed")
         a.seed = std::stoull(v);
       else if (k == "--data")
@@ -95,13 +98,12 @@ Args parse(int argc, char** argv) {
       else if (k == "--limit-train")
         a.limit_train = std::stoll(v);
       else
-        throw gpurun::Error(fmt::format("fmnist_train: unknown option {} (see --help)", k));
+        throw gpurun::Error(fmt::format("unknown option {} (see --help)", k));
     } catch (const std::logic_error&) {
-      throw gpurun::Error(fmt::format("fmnist_train: {} {:?} is not a valid value", k, v));
+      throw gpurun::Error(fmt::format("{} {:?} is not a valid value", k, v));
     }
   }
-  if (a.epochs < 1 || a.micro < 1)
-    throw gpurun::Error("fmnist_train: --epochs and --micro must be at least 1");
+  if (a.epochs < 1 || a.micro < 1) throw gpurun::Error("--epochs and --micro must be at least 1");
   return a;
 }
 
