@@ -171,6 +171,21 @@ struct TrainRun : gpurun::testing::ElasticRun {
   }
 
   std::string active_of(size_t n) { return json::serialize(wait_resize(n).at("active")); }
+
+  /// For each (config active_gpus, expected decision active set): rewrites config.toml, waits
+  /// for that resize decision, then for two boundaries of training (half a second for a pause).
+  void resize_through(const std::vector<std::pair<std::string, std::string>>& steps,
+                      const std::string& mode) {
+    size_t n = resizes().size();
+    for (const auto& [active, want] : steps) {
+      write_file(dir / "config.toml", config(active, mode));
+      CHECK(active_of(++n) == want);
+      if (want != "[]")
+        wait_continues(2);
+      else
+        std::this_thread::sleep_for(500ms);
+    }
+  }
 };
 
 }  // namespace
@@ -186,15 +201,7 @@ TEST_CASE("release mode: shrink, swap, pause, resume, grow; identical state afte
       {"[]", "[]"},               // pause: the state goes to the host snapshot
       {"[0, 2]", "[0,2]"},        // resume from the snapshot
       {"[0, 1, 2]", "[0,1,2]"}};  // grow: 1 joins, receives from rank 0
-  size_t n = 1;
-  for (const auto& [cfg, want] : steps) {
-    write_file(run.dir / "config.toml", config(cfg));
-    CHECK(run.active_of(++n) == want);
-    if (want != "[]")
-      run.wait_continues(2);
-    else
-      std::this_thread::sleep_for(500ms);
-  }
+  run.resize_through(steps, "release");
   const int rc = run.finish();
   INFO(run.full_diag());
   CHECK(rc == 0);
@@ -231,15 +238,7 @@ TEST_CASE("hold mode: shrink, grow, pause, resume, swap; leavers park with their
       {"[]", "[]"},              // pause: everyone parks, 0 writes the snapshot
       {"[1, 2]", "[1,2]"},       // resume two of them from the snapshot
       {"[0]", "[0]"}};           // swap: 0 woken, receives from 1; 1 and 2 park again
-  size_t n = 1;
-  for (const auto& [cfg, want] : steps) {
-    write_file(run.dir / "config.toml", config(cfg, "hold"));
-    CHECK(run.active_of(++n) == want);
-    if (want != "[]")
-      run.wait_continues(2);
-    else
-      std::this_thread::sleep_for(500ms);
-  }
+  run.resize_through(steps, "hold");
   const int rc = run.finish();
   INFO(run.full_diag());
   CHECK(rc == 0);
