@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -48,7 +49,8 @@ std::string config(const std::string& active, const std::string& mode = "release
 
 /// gpurun --device cpu --nproc N --config DIR/config.toml elastic_trainer DIR/out ARGS...
 struct TrainRun : gpurun::testing::ElasticRun {
-  TrainRun(const fs::path& d, int nproc, const std::string& cfg,
+  /// `cfg` nullopt: a plain (static, not elastic) run.
+  TrainRun(const fs::path& d, int nproc, const std::optional<std::string>& cfg,
            std::vector<std::string> trainer_args, std::map<std::string, std::string> env = {})
       : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), {}, "cpu", with_trace(d, env),
                    "rt-test") {
@@ -342,4 +344,17 @@ TEST_CASE("a worker killed at a boundary: the others go on without it, the event
     failed_logged |= e.at("gpu").as_int64() == 1 && e.at("to").as_string() == "FAILED";
   CHECK(failed_logged);
   CHECK(run.check_checksums() >= 2);
+}
+
+TEST_CASE("without --config: a static data-parallel job (rank 0's state broadcast, one world)") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, std::nullopt, {"--epochs", "3"});
+  REQUIRE(run.wait(120s));
+  INFO(run.full_diag());
+  CHECK(run.code() == 0);
+  // The three ranks start from different seeds; after the start broadcast they agree.
+  CHECK(run.trace("generation").size() == 3);
+  CHECK(run.check_checksums() == 1);
+  CHECK(run.samples_per_epoch().size() == 3);
+  run.check_samples(0, 3);
 }

@@ -344,11 +344,20 @@ struct Runtime::Impl {
       enter(d, /*have_state=*/d.state_source == -2);
       return;
     }
-    if (world > 1) {
+    if (world > 1) {  // a static data-parallel job: rank 0's initial state, as DDP does
+      const auto t0 = Clock::now();
       comm = make_comm("train", active, 0);
-      broadcast_state(*comm, 0);
-      verify(*comm, 0, "at the start");
+      const int64_t moved = broadcast_state(*comm, 0);
+      const uint64_t sum = verify(*comm, 0, "at the start");
       if (grads) grads->set_communicator(comm.get());
+      trace.write("generation", {{"generation", Trace::num(int64_t{0})},
+                                 {"kind", Trace::str("static")},
+                                 {"role", Trace::str(rank == 0 ? "source" : "member")},
+                                 {"rank", Trace::num(int64_t{rank})},
+                                 {"world", Trace::num(int64_t{world})},
+                                 {"bytes", Trace::num(moved)},
+                                 {"checksum", Trace::str(hex(sum))},
+                                 {"ms", Trace::num(ms_since(t0))}});
     }
   }
 
