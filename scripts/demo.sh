@@ -28,22 +28,26 @@ wait_resizes() {  # N: wait until N resize decisions are in the event log (or gp
 set_active "[0, 1]"
 echo "demo: gpurun --nproc 2 --device cpu --config $cfg fmnist_train --model tiny --epochs 3 $*"
 "$B/launcher/gpurun" --nproc 2 --device cpu --config "$cfg" --event-log "$work/events.jsonl" \
-  --run-id "demo-$$" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
+  --master-port 0 --run-id "demo-$$" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
   --metrics "$work/metrics.jsonl" "$@" &
 pid=$!
 # Written while epoch 1 runs: applies at its end (the first boundary).
-sleep 2; set_active "[0]"; echo "demo: config.toml now says active_gpus = [0] (shrink after this epoch)"
+sleep 2
+if kill -0 "$pid" 2>/dev/null; then
+  set_active "[0]"; echo "demo: config.toml now says active_gpus = [0] (shrink after this epoch)"
+fi
 if wait_resizes 1; then
   set_active "[0, 1]"; echo "demo: config.toml now says active_gpus = [0, 1] (grow after this epoch)"
   wait_resizes 2 || true
 fi
 rc=0; wait "$pid" || rc=$?
 n=$(resizes)
-acc=$(tail -n 1 "$work/metrics.jsonl" 2>/dev/null | sed -n 's/.*"val_acc":\([0-9.]*\).*/\1/p')
+acc=$( (tail -n 1 "$work/metrics.jsonl" 2>/dev/null || true) | sed -n 's/.*"val_acc":\([0-9.]*\).*/\1/p')
 echo "demo: gpurun exit status $rc, $n live resizes, final test accuracy ${acc:-?}"
 echo "demo: per epoch (gpus, test accuracy):"
-sed -n 's/.*"epoch":\([0-9]*\),"gpus":\(\[[0-9,]*\]\).*"val_acc":\([0-9.]*\).*/  epoch \1  gpus \2  test acc \3/p' \
-  "$work/metrics.jsonl" 2>/dev/null || true
+awk -F'[:,]' '{ match($0, /"gpus":\[[0-9,]*\]/); g = substr($0, RSTART + 7, RLENGTH - 7);
+  match($0, /"val_acc":[0-9.]*/); a = substr($0, RSTART + 10, RLENGTH - 10);
+  printf "  epoch %d  gpus %s  test acc %s\n", $2 + 1, g, a }' "$work/metrics.jsonl" 2>/dev/null || true
 if [[ -n ${DEMO_MIN_ACCURACY:-} ]]; then
   ok=$(awk -v a="${acc:-0}" -v m="$DEMO_MIN_ACCURACY" 'BEGIN{print (a >= m) ? 1 : 0}')
   (( rc == 0 && n >= 2 && ok == 1 )) || { echo "demo: FAILED (want exit 0, 2 resizes, accuracy >= $DEMO_MIN_ACCURACY)"; exit 1; }

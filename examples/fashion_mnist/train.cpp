@@ -156,6 +156,7 @@ int run(const Args& a) {
     int64_t mb_done = 0;  // micro-batches done: the progress line's iterations
     std::optional<fm::BatchLoader> loader;
     size_t left = 0;  // micro-batches of the loader's segment not consumed yet
+    int64_t plan_generation = -1;
     auto plan_total = [&] {
       return static_cast<int64_t>(rt->upcoming_micro_batches(a.micro).size());
     };
@@ -164,7 +165,11 @@ int run(const Args& a) {
                            rt->active_gpus());
     model->train();
     for (const gpurun::Step& step : rt->steps(a.micro)) {
+      // A resize inside the epoch (a step boundary, or survivors going on after a peer died
+      // mid-step) deals the samples anew: drop what was prepared for the old world.
+      if (rt->generation() != plan_generation) left = 0;
       if (left == 0) {  // a segment up to the next boundary, prepared ahead on loader threads
+        plan_generation = rt->generation();
         auto plan = rt->upcoming_micro_batches(a.micro);
         left = plan.size();
         if (printer) progress.set_total(mb_done + static_cast<int64_t>(left));

@@ -10,6 +10,13 @@ using supervisor::JsonObject;
 
 namespace {
 
+/// Where a generation's state comes from, for the console: the decision's state_source in words.
+std::string state_from(const Decision& d) {
+  if (d.state_source >= 0) return fmt::format("gpu {}", d.state_source_gpu);
+  if (d.state_source == -1) return "the pause snapshot";
+  return "a fresh start";
+}
+
 std::string ids_json(const std::vector<int>& ids) {
   return "[" + join_ids(ids) + "]";
 }
@@ -124,9 +131,9 @@ void Scheduler::publish(const Decision& d, const std::string& json,
   if (d.kind != Decision::Kind::kContinue)
     say(
         fmt::format("generation {}: active [{}] (joiners [{}], leavers [{}], failed [{}], state "
-                    "source {})",
+                    "from {})",
                     d.generation, join_ids(d.active, ", "), join_ids(d.joiners, ", "),
-                    join_ids(d.leavers, ", "), join_ids(d.failed, ", "), d.state_source));
+                    join_ids(d.leavers, ", "), join_ids(d.failed, ", "), state_from(d)));
 }
 
 void Scheduler::start_attempt(int attempt) {

@@ -1,4 +1,5 @@
 #include "supervisor/run_dir.hpp"
+#include "supervisor/worker_env.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -96,6 +97,7 @@ int remove_stale_run_dirs(const std::string& base) {
     std::string started;
     if (!(in >> pid >> started) || pid <= 0) continue;              // kept logs, or being created
     if (pid == ::getpid() || start_time(pid) == started) continue;  // owner still runs
+    remove_snapshot(e.path().string());  // a pause's state in /dev/shm, if the owner left one
     std::error_code rm;
     fs::remove_all(e.path(), rm);
     if (!rm) ++removed;

@@ -25,8 +25,9 @@ RunDir make_run_dir(const std::optional<std::string>& log_dir, const std::string
 std::string temp_run_base();
 
 /// Removes the directories under `base` whose `owner` process is gone (a gpurun killed
-/// with SIGKILL cannot clean up after itself). Directories without an owner file (kept
-/// logs) are left alone. Returns how many were removed; errors are ignored.
+/// with SIGKILL cannot clean up after itself), and the pause snapshot each of them may have
+/// left (worker_env.hpp: snapshot_path). Directories without an owner file (kept logs) are
+/// left alone. Returns how many were removed; errors are ignored.
 int remove_stale_run_dirs(const std::string& base);
 
 /// At exit: a temporary directory is removed, or, with `keep`, kept (its owner file is

@@ -487,8 +487,13 @@ void Supervisor::finish_attempt() {
   } else if (shutdown_signal_) {
     finish(128 + shutdown_signal_, fmt::format("received {}", signal_name(shutdown_signal_)));
   } else if (absorbed_failure_ && controller_ && !controller_->succeeded()) {
-    finish(absorbed_failure_->status.shell_code(),
-           absorbed_failure_->reason + " (every elastic worker failed)");
+    // Every elastic worker failed: the same root-cause summary as a plain run's failure,
+    // naming the first worker that failed.
+    failure_ = std::move(absorbed_failure_);
+    for (auto& w : workers_)
+      if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());
+    print_summary();
+    finish(failure_->status.shell_code(), failure_->reason + " (every elastic worker failed)");
   } else {
     finish(0, "all workers succeeded");
   }

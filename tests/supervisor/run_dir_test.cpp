@@ -1,4 +1,5 @@
 #include "supervisor/run_dir.hpp"
+#include "supervisor/worker_env.hpp"
 
 #include <doctest/doctest.h>
 
@@ -78,7 +79,17 @@ TEST_CASE("run dir: temporary dirs live under $TMPDIR/gpurun-<uid>/runs and stal
   std::ofstream(reused / "owner") << 1 << " 999999999999\n";
   const fs::path kept = fs::path(base) / "gpurun-none-kept00";
   fs::create_directories(kept);
+  // The dead owner had paused an elastic job: its state snapshot (in /dev/shm) goes too;
+  // the live run's stays.
+  const std::string stale_snapshot = snapshot_path(stale.string());
+  const std::string live_snapshot = snapshot_path(mine.path);
+  std::ofstream(stale_snapshot) << "state";
+  std::ofstream(live_snapshot) << "state";
   CHECK(remove_stale_run_dirs(base) == 2);
+  CHECK_FALSE(fs::exists(stale_snapshot));
+  CHECK(fs::exists(live_snapshot));
+  remove_snapshot(mine.path);
+  CHECK_FALSE(fs::exists(live_snapshot));
   CHECK_FALSE(fs::exists(stale));
   CHECK_FALSE(fs::exists(reused));
   CHECK(fs::exists(kept));
