@@ -33,6 +33,9 @@ status_live() {
 step status_live status_live
 # The worker runtime on CUDA + NCCL: pause/resume in release and hold mode.
 step elastic scripts/gpu-elastic.sh build-gpu "$OUT/elastic"
+# The main job: ViT-B on Fashion-MNIST (224 px), paused to [] after epoch 1 and resumed.
+step main_job timeout 900 scripts/gpu-main-job.sh build-gpu "$OUT/main" --model b --epochs 3 \
+  --micro 256 --lr 3e-4 --warmup-steps 200
 if [[ -x build-gpu/bench/store_bench ]]; then
   step bench_gpurun timeout 200 build-gpu/bench/store_bench --threads 16 --ops 20000 --rendezvous 2000,10000
   python3 bench/anchors/torch_store_server.py 29577 > "$OUT/torch_server.log" 2>&1 & TS=$!
@@ -41,5 +44,5 @@ if [[ -x build-gpu/bench/store_bench ]]; then
   kill $TS
 fi
 echo; echo "| step | result |"; echo "|---|---|"
-for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff status_live elastic bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
+for k in build unit_tests record gloo_x4 nccl_x1 torchrun_env gpurun_env env_diff status_live elastic main_job bench_gpurun bench_torch; do echo "| $k | ${R[$k]:-skipped} |"; done
 tar -C "$FINAL" -czf "$FINAL/logs.tar.gz" logs && rm -rf "$OUT"
