@@ -301,7 +301,10 @@ TEST_CASE("elastic failures: a dying joiner and a stalled worker are removed, th
   std::ifstream err(tmp.path / "gpurun.stderr");
   const std::string console((std::istreambuf_iterator<char>(err)), {});
   INFO(console);
-  CHECK(console.find("gpu 2 (rank 2 of generation 1, pid") != std::string::npos);
+  // The joiner dies right after joining: the supervisor may see its exit before or after it
+  // saw the joined key, and says "rank 2 of generation 1" or "joining generation 1".
+  CHECK((console.find("gpu 2 (rank 2 of generation 1, pid") != std::string::npos ||
+         console.find("gpu 2 (joining generation 1, pid") != std::string::npos));
   CHECK(console.find("the job goes on without it") != std::string::npos);
   CHECK(console.find("gpu 1 (rank 1, pid") != std::string::npos);  // the stall
 }
