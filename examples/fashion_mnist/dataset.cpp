@@ -200,4 +200,15 @@ std::optional<Batch> BatchLoader::next() {
   return std::move(ready.batch);
 }
 
+BatchLoader::IndexBatches chunk_indices(const std::vector<int64_t>& order, int64_t batch) {
+  GPURUN_CHECK(batch >= 1, "batch size {}", batch);
+  BatchLoader::IndexBatches batches;
+  for (size_t i = 0; i < order.size(); i += static_cast<size_t>(batch)) {
+    const size_t end = std::min(order.size(), i + static_cast<size_t>(batch));
+    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
+                         order.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  return batches;
+}
+
 }  // namespace gpurun::fashion_mnist

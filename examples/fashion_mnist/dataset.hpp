@@ -152,4 +152,7 @@ class BatchLoader {
   std::vector<std::thread> threads_;
 };
 
+/// Consecutive batches of `batch` indices of `order` (the last one may be shorter); batch >= 1.
+BatchLoader::IndexBatches chunk_indices(const std::vector<int64_t>& order, int64_t batch);
+
 }  // namespace gpurun::fashion_mnist

@@ -88,39 +88,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// Consecutive batches of `batch` indices (the last one may be shorter).
-fm::BatchLoader::IndexBatches chunk(const std::vector<int64_t>& order, int64_t batch) {
-  fm::BatchLoader::IndexBatches batches;
-  for (size_t i = 0; i < order.size(); i += static_cast<size_t>(batch)) {
-    const size_t end = std::min(order.size(), i + static_cast<size_t>(batch));
-    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
-                         order.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return batches;
-}
-
-fm::EpochStats evaluate(fm::Classifier& model, const fm::Split& split,
-                        const fm::BatchOptions& options, int threads, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  model.eval();
-  std::vector<int64_t> order(static_cast<size_t>(split.size()));
-  std::iota(order.begin(), order.end(), 0);
-  fm::BatchLoader loader(split, chunk(order, 500), options, {.threads = threads});
-  double loss_sum = 0.0;
-  int64_t correct = 0;
-  while (auto b = loader.next()) {
-    const auto labels = b->labels.to(device, /*non_blocking=*/true);
-    const auto logits = model.forward(b->images.to(device, /*non_blocking=*/true));
-    loss_sum +=
-        torch::nn::functional::cross_entropy(
-            logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-            .item<double>();
-    correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
-  }
-  const auto n = static_cast<double>(split.size());
-  return {loss_sum / n, static_cast<double>(correct) / n};
-}
-
 int run(const Args& args) {
   if (args.threads > 0) torch::set_num_threads(args.threads);
   torch::manual_seed(args.seed);
@@ -156,7 +123,7 @@ int run(const Args& args) {
     if (args.train_limit > 0 && args.train_limit < data.train.size()) {
       epoch_order.resize(static_cast<size_t>(args.train_limit));
     }
-    auto batches = chunk(epoch_order, args.batch);
+    auto batches = fm::chunk_indices(epoch_order, args.batch);
     const auto steps = static_cast<int64_t>(batches.size());
     const auto start = std::chrono::steady_clock::now();
     fm::BatchLoader train_loader(data.train, std::move(batches), batch_options,
@@ -183,7 +150,10 @@ int run(const Args& args) {
     }
     train_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    progress.end_epoch(evaluate(*model, data.test, batch_options, loader, device));
+    std::vector<int64_t> all(static_cast<size_t>(data.test.size()));
+    std::iota(all.begin(), all.end(), 0);
+    const fm::EvalSums val = fm::evaluate(*model, data.test, all, batch_options, loader, device);
+    progress.end_epoch(fm::EpochStats{val.loss / val.count, val.correct / val.count});
   }
   fmt::print(
       "fmnist_local: {} epochs of {}, {:.1f} s/epoch of training (test evaluation not "

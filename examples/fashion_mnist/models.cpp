@@ -204,4 +204,33 @@ int64_t count_parameters(const torch::nn::Module& model) {
   return n;
 }
 
+torch::Tensor model_input(const Batch& batch, const torch::Device& device, int64_t size) {
+  torch::Tensor x = batch.images.to(device, /*non_blocking=*/true);
+  if (x.size(-1) == size) return x;
+  namespace F = torch::nn::functional;
+  return F::interpolate(x, F::InterpolateFuncOptions()
+                               .size(std::vector<int64_t>{size, size})
+                               .mode(torch::kBicubic)
+                               .align_corners(false));
+}
+
+EvalSums evaluate(Classifier& model, const Split& split, const std::vector<int64_t>& indices,
+                  const BatchOptions& options, int threads, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  EvalSums sums;
+  BatchLoader loader(split, chunk_indices(indices, 500), options, {.threads = threads});
+  while (auto b = loader.next()) {
+    const torch::Tensor labels = b->labels.to(device, /*non_blocking=*/true);
+    const torch::Tensor logits = model.forward(model_input(*b, device, model.input_size()));
+    sums.loss +=
+        torch::nn::functional::cross_entropy(
+            logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
+    sums.correct += logits.argmax(1).eq(labels).sum().item<double>();
+    sums.count += static_cast<double>(labels.size(0));
+  }
+  return sums;
+}
+
 }  // namespace gpurun::fashion_mnist

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "fashion_mnist/dataset.hpp"
 
 namespace gpurun::fashion_mnist {
 
@@ -102,5 +103,22 @@ std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_clas
 
 /// Total elements of model->parameters().
 int64_t count_parameters(const torch::nn::Module& model);
+
+/// `batch.images` on `device`, resized there (bicubic, align_corners=false) to size x size when
+/// they are not that size already (28 px images for a 224 px ViT). The copy is non-blocking.
+torch::Tensor model_input(const Batch& batch, const torch::Device& device, int64_t size);
+
+/// Sums over evaluated samples (reduce them across ranks before dividing).
+struct EvalSums {
+  double loss = 0.0;     ///< summed cross-entropy, nats
+  double correct = 0.0;  ///< correct top-1 predictions
+  double count = 0.0;    ///< samples evaluated
+};
+
+/// Evaluates `model` (switched to eval mode, no autograd) on the samples `indices` of `split`,
+/// in batches of 500 prepared on `threads` loader threads, on `device` (inputs resized there by
+/// model_input). Blocks until done. Throws what make_batch or the model throws.
+EvalSums evaluate(Classifier& model, const Split& split, const std::vector<int64_t>& indices,
+                  const BatchOptions& options, int threads, const torch::Device& device);
 
 }  // namespace gpurun::fashion_mnist

@@ -107,19 +107,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// Images to the device, upsampled there (bicubic) when the model wants more than 28 px.
-torch::Tensor to_model_input(const fm::Batch& b, const torch::Device& dev, int64_t size) {
-  torch::Tensor x = b.images.to(dev, /*non_blocking=*/true);
-  if (size != x.size(-1)) {
-    namespace F = torch::nn::functional;
-    x = F::interpolate(x, F::InterpolateFuncOptions()
-                              .size(std::vector<int64_t>{size, size})
-                              .mode(torch::kBicubic)
-                              .align_corners(false));
-  }
-  return x;
-}
-
 int run(const Args& a) {
   auto rt = gpurun::Runtime::from_env();
   const torch::Device dev = rt->device();
@@ -189,7 +176,7 @@ int run(const Args& a) {
         GPURUN_CHECK(b && b->labels.size(0) == static_cast<int64_t>(step.micro_batches[i].size()),
                      "loader out of step with the runtime at step {}", step.index);
         const torch::Tensor y = b->labels.to(dev, true);
-        const torch::Tensor logits = model->forward(to_model_input(*b, dev, img));
+        const torch::Tensor logits = model->forward(fm::model_input(*b, dev, img));
         const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
         (loss * step.weight(i)).backward();
         const double n = static_cast<double>(y.size(0));
@@ -204,28 +191,11 @@ int run(const Args& a) {
     const double train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
     // Evaluate on every test image: rank r of W takes r, r + W, ...; sums reduced.
-    model->eval();
-    double vloss = 0, vcorrect = 0, vn = 0;
-    {
-      torch::NoGradGuard no_grad;
-      std::vector<int64_t> mine;
-      for (int64_t i = rt->rank(); i < data.test.size(); i += rt->world_size()) mine.push_back(i);
-      for (size_t s = 0; s < mine.size(); s += 500) {
-        std::vector<int64_t> idx(
-            mine.begin() + static_cast<std::ptrdiff_t>(s),
-            mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), s + 500)));
-        const fm::Batch b = fm::make_batch(data.test, idx, bopt);
-        const torch::Tensor y = b.labels.to(dev, true);
-        const torch::Tensor logits = model->forward(to_model_input(b, dev, img));
-        vloss +=
-            torch::nn::functional::cross_entropy(
-                logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                .item<double>();
-        vcorrect += logits.argmax(1).eq(y).sum().item<double>();
-        vn += static_cast<double>(idx.size());
-      }
-    }
-    const auto tot = rt->all_reduce_sum({loss_sum, correct, seen, vloss, vcorrect, vn});
+    std::vector<int64_t> mine;
+    for (int64_t i = rt->rank(); i < data.test.size(); i += rt->world_size()) mine.push_back(i);
+    const fm::EvalSums v =
+        fm::evaluate(*model, data.test, mine, bopt, fm::loader_threads(rt->world_size()), dev);
+    const auto tot = rt->all_reduce_sum({loss_sum, correct, seen, v.loss, v.correct, v.count});
     if (rt->rank() == 0) {
       const fm::EpochStats val{tot[3] / std::max(1.0, tot[5]), tot[4] / std::max(1.0, tot[5])};
       progress.end_epoch(val);

@@ -59,6 +59,7 @@ class ElasticSampler {
   /// Samples of the current epoch already consumed by the world.
   int64_t cursor() const { return cursor_; }
   int64_t dataset_size() const { return size_; }
+  const ElasticSamplerOptions& options() const { return options_; }
 
   /// What a joiner needs to continue exactly where the world is: (epoch, cursor). The
   /// permutation is recomputed from the seed, so the state is two integers.

@@ -104,7 +104,6 @@ struct Runtime::Impl {
 
   rt::StateRegistry registry;
   bool tracked = false;
-  std::vector<at::Tensor> params;  // parameters that take part in gradient averaging
   std::optional<ElasticSampler> sampler;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<rt::GradientSync> grads;
@@ -186,10 +185,7 @@ struct Runtime::Impl {
       registry.apply_manifest(manifest, device);
       sync_in();
     }
-    for (at::Tensor& t : registry.tensors()) {
-      at::Tensor ref = t;
-      c.broadcast(ref, root);
-    }
+    for (at::Tensor& t : registry.tensors()) c.broadcast(t, root);
     c.synchronize();
     return registry.nbytes();
   }
@@ -427,28 +423,60 @@ struct Runtime::Impl {
   }
 
   // ---- steps --------------------------------------------------------------------------
+  /// One optimizer step's share of the epoch, dealt from sampler position `s`.
+  struct Window {
+    int64_t count = 0;  // samples of the whole world: the global batch, less at the end
+    std::vector<std::vector<int64_t>> micro_batches;  // this rank's, at most `micro` each
+  };
+  /// The next step's window, nullopt at the end of the epoch (with drop_last: also before a
+  /// last window smaller than the global batch). Global batch: `[batch] global`, else
+  /// micro × world.
+  std::optional<Window> next_window(const ElasticSampler& s, int64_t micro) const {
+    const int64_t g = global_batch > 0 ? global_batch : micro * world;
+    const int64_t remaining = s.remaining();
+    if (remaining == 0 || (remaining < g && s.options().drop_last)) return std::nullopt;
+    Window w;
+    w.count = std::min(g, remaining);
+    const std::vector<int64_t> mine = s.window_indices(w.count, rank, world);
+    const auto at = [&](size_t i) {
+      return mine.begin() + static_cast<std::ptrdiff_t>(std::min(i, mine.size()));
+    };
+    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(micro))
+      w.micro_batches.emplace_back(at(i), at(i + static_cast<size_t>(micro)));
+    return w;
+  }
+
+  /// Runs collective `op` on the current communicator. When a peer failed during it: reports
+  /// at once (recover()), follows the decision without the failed rank, and runs `op` once
+  /// more on the new communicator. Returns false when `op` could not be run to the end (the
+  /// job is finishing, or no peer is left to run it with).
+  template <class Op>
+  bool run_collective(Op&& op) {
+    try {
+      op();
+      return true;
+    } catch (const rt::CommError& err) {
+      if (!control) throw;
+      if (!recover(err.what()) || !comm || world == 1 || jumped) return false;
+    }
+    op();
+    return true;
+  }
+
   void build_step() {
     step_valid = false;
     if (!sampler) throw Error("Runtime::steps(): call Runtime::sampler() first");
     if (finishing || epoch != range_epoch) return;
     if (sampler->epoch() != epoch) sampler->set_epoch(epoch);
-    const int64_t g = global_batch > 0 ? global_batch : range_micro * world;
-    const int64_t remaining = sampler->remaining();
-    if (remaining == 0) return;
-    if (remaining < g && sampler_drop_last) return;
-    step_count = std::min(g, remaining);
-    const std::vector<int64_t> mine = sampler->window_indices(step_count, rank, world);
+    std::optional<Window> w = next_window(*sampler, range_micro);
+    if (!w) return;
+    step_count = w->count;
     step.epoch = epoch;
     step.index = step_in_epoch;
     step.global_step = global_step;
     step.global_samples = step_count;
     step.world_size = world;
-    step.micro_batches.clear();
-    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(range_micro))
-      step.micro_batches.emplace_back(
-          mine.begin() + static_cast<std::ptrdiff_t>(i),
-          mine.begin() + static_cast<std::ptrdiff_t>(
-                             std::min(mine.size(), i + static_cast<size_t>(range_micro))));
+    step.micro_batches = std::move(w->micro_batches);
     step_valid = true;
   }
 
@@ -463,8 +491,6 @@ struct Runtime::Impl {
     }
     build_step();
   }
-
-  bool sampler_drop_last = false;
 };
 
 // ---- Runtime ---------------------------------------------------------------------------
@@ -573,9 +599,10 @@ void Runtime::track(torch::nn::Module& module) {
   m.registry.track_scalar("gpurun.global_step", &m.global_step);
   m.registry.track_scalar("gpurun.sampler.epoch", &m.sampler_epoch);
   m.registry.track_scalar("gpurun.sampler.cursor", &m.sampler_cursor);
+  std::vector<at::Tensor> params;  // those that take part in gradient averaging
   for (const at::Tensor& p : module.parameters())
-    if (p.requires_grad()) m.params.push_back(p);
-  m.grads = std::make_unique<rt::GradientSync>(m.params, m.opt.bucket_bytes);
+    if (p.requires_grad()) params.push_back(p);
+  m.grads = std::make_unique<rt::GradientSync>(std::move(params), m.opt.bucket_bytes);
   m.tracked = true;
 }
 
@@ -594,7 +621,6 @@ ElasticSampler& Runtime::sampler(int64_t dataset_size, ElasticSamplerOptions opt
   if (m.sampler) throw Error("Runtime::sampler(): already created (call it once)");
   if (m.started) throw Error("Runtime::sampler(): call it before epochs()");
   m.sampler.emplace(dataset_size, options);
-  m.sampler_drop_last = options.drop_last;
   return *m.sampler;
 }
 
@@ -625,16 +651,11 @@ std::vector<std::vector<int64_t>> Runtime::upcoming_micro_batches(int64_t micro_
   ElasticSampler s = *m.sampler;  // a copy: planning changes nothing
   if (s.epoch() != m.epoch) s.set_epoch(m.epoch);
   std::vector<std::vector<int64_t>> out;
-  const int64_t g = m.global_batch > 0 ? m.global_batch : micro_batch * m.world;
-  for (int64_t done = m.step_in_epoch; s.remaining() > 0;) {
-    if (s.remaining() < g && m.sampler_drop_last) break;
-    const int64_t count = std::min(g, s.remaining());
-    const std::vector<int64_t> mine = s.window_indices(count, m.rank, m.world);
-    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(micro_batch))
-      out.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(i),
-                       mine.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                          mine.size(), i + static_cast<size_t>(micro_batch))));
-    s.advance(count);
+  for (int64_t done = m.step_in_epoch;;) {
+    std::optional<Impl::Window> w = m.next_window(s, micro_batch);
+    if (!w) break;
+    for (auto& mb : w->micro_batches) out.push_back(std::move(mb));
+    s.advance(w->count);
     ++done;
     if (m.every_steps > 0 && done % m.every_steps == 0) break;
   }
@@ -646,15 +667,9 @@ void Runtime::all_reduce_gradients() {
   m.ensure_started();
   // After a hold-mode rejoin at another epoch the rest of the old epoch's body runs alone.
   if (!m.comm || m.world == 1 || m.jumped) return;
-  try {
-    m.grads->average();
-  } catch (const rt::CommError& err) {
-    if (!m.control) throw;
-    // A peer died mid-step: go on with the survivors; this step's gradient is averaged over
-    // them (the failed rank's samples of this step are not trained on).
-    if (!m.recover(err.what())) return;
-    if (m.comm && m.world > 1) m.grads->average();
-  }
+  // A peer that dies mid-step: the survivors go on; this step's gradient is averaged over them
+  // (the failed rank's samples of this step are not trained on).
+  m.run_collective([&] { m.grads->average(); });
 }
 
 std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
@@ -662,7 +677,9 @@ std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
   m.ensure_started();
   if (!m.comm || values.empty() || m.jumped) return values;
   const std::vector<double> mine = values;
-  auto sum = [&] {
+  // A peer that dies: the sum is over the survivors (docs/worker-runtime.md, Failures).
+  const bool summed = m.run_collective([&] {
+    values = mine;
     at::Tensor t = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
                                  at::TensorOptions().dtype(at::kDouble))
                        .to(m.device, /*non_blocking=*/false, /*copy=*/true);
@@ -670,17 +687,8 @@ std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
     m.comm->synchronize();
     t = t.to(at::kCPU).contiguous();
     std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
-  };
-  try {
-    sum();
-  } catch (const rt::CommError& err) {
-    if (!m.control) throw;
-    // A peer died: sum over the survivors instead (docs/worker-runtime.md, Failures).
-    if (!m.recover(err.what()) || !m.comm || m.jumped) return mine;
-    values = mine;
-    sum();
-  }
-  return values;
+  });
+  return summed ? values : mine;
 }
 
 uint64_t Runtime::state_checksum() {
@@ -697,7 +705,6 @@ void Runtime::run(int64_t max_epochs, const std::function<void(int64_t)>& train_
 Runtime::EpochRange::iterator Runtime::EpochRange::begin() {
   iterator it;
   it.rt = rt;
-  rt->range_epoch = -1;
   return it;
 }
 
