@@ -2,6 +2,7 @@
 // Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
 #include "gpurun/runtime.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -501,6 +502,12 @@ Runtime::~Runtime() = default;
 std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   auto m = std::make_unique<Impl>();
   m->opt = options;
+  // A peer that dies leaves half-open sockets: writing to one must surface as a CommError
+  // (survivors go on), not kill this process with SIGPIPE. Left alone if the program set its
+  // own handler.
+  struct sigaction pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
   if (env("GPURUN_COMM_TIMEOUT_MS"))
     m->opt.comm_timeout = std::chrono::milliseconds(env_int("GPURUN_COMM_TIMEOUT_MS", 0));
   const std::string dev = env("GPURUN_DEVICE").value_or("cpu");
