@@ -20,6 +20,8 @@
 //   --metrics PATH      rank 0 appends one JSON line per epoch (epoch, gpus, losses,
 //                       accuracies, images/s)
 //   --limit-train N     train on the first N training images only (quick runs)
+//   --bf16              CUDA only: forward pass and loss under bfloat16 autocast
+//                       (gpurun::CudaAutocast); weights, gradients and AdamW stay float32
 #include <unistd.h>
 
 #include <chrono>
@@ -36,6 +38,7 @@
 #include "fashion_mnist/dataset.hpp"
 #include "fashion_mnist/models.hpp"
 #include "fashion_mnist/progress.hpp"
+#include "gpurun/autocast.hpp"
 #include "gpurun/runtime.hpp"
 
 namespace fm = gpurun::fashion_mnist;
@@ -56,6 +59,7 @@ struct Args {
   int64_t checkpoint_every = 0;
   std::string metrics;
   int64_t limit_train = 0;
+  bool bf16 = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -67,8 +71,12 @@ Args parse(int argc, char** argv) {
           "usage: fmnist_train [--model cnn|tiny|small|b|h] [--epochs N] [--micro B] "
           "[--lr X] [--weight-decay X] [--warmup-steps N] [--seed N] [--data DIR] [--checkpoint "
           "PATH] "
-          "[--checkpoint-every N] [--metrics PATH] [--limit-train N]\n");
+          "[--checkpoint-every N] [--metrics PATH] [--limit-train N] [--bf16]\n");
       std::exit(0);
+    }
+    if (k == "--bf16") {
+      a.bf16 = true;
+      continue;
     }
     if (i + 1 >= argc) throw gpurun::Error(fmt::format("{} needs a value", k));
     const std::string v = argv[++i];
@@ -111,6 +119,9 @@ int run(const Args& a) {
   auto rt = gpurun::Runtime::from_env();
   const torch::Device dev = rt->device();
   if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
+  const bool bf16 = a.bf16 && dev.is_cuda();
+  if (a.bf16 && !bf16 && rt->rank() == 0)
+    std::cout << "fmnist_train: --bf16 ignored on device " << dev.str() << " (CUDA only)\n";
 
   fm::FashionMnist data = fm::FashionMnist::load(a.data);
   if (a.limit_train > 0 && a.limit_train < data.train.size()) {
@@ -131,9 +142,9 @@ int run(const Args& a) {
   if (rt->rank() == 0)
     std::cout << fmt::format(
                      "fmnist_train: model {} ({:.2f} M parameters), {} train / {} test "
-                     "images, device {}, {} epochs\n",
+                     "images, device {}{}, {} epochs\n",
                      a.model, fm::count_parameters(*model) / 1e6, data.train.size(),
-                     data.test.size(), dev.str(), a.epochs)
+                     data.test.size(), dev.str(), bf16 ? " (bf16 autocast)" : "", a.epochs)
               << std::flush;
 
   for (int64_t epoch : rt->epochs(a.epochs)) {
@@ -176,8 +187,12 @@ int run(const Args& a) {
         GPURUN_CHECK(b && b->labels.size(0) == static_cast<int64_t>(step.micro_batches[i].size()),
                      "loader out of step with the runtime at step {}", step.index);
         const torch::Tensor y = b->labels.to(dev, true);
-        const torch::Tensor logits = model->forward(fm::model_input(*b, dev, img));
-        const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
+        torch::Tensor logits, loss;
+        {
+          gpurun::CudaAutocast autocast(bf16);
+          logits = model->forward(fm::model_input(*b, dev, img));
+          loss = torch::nn::functional::cross_entropy(logits, y);
+        }
         (loss * step.weight(i)).backward();
         const double n = static_cast<double>(y.size(0));
         loss_sum += loss.item<double>() * n;
@@ -193,8 +208,11 @@ int run(const Args& a) {
     // Evaluate on every test image: rank r of W takes r, r + W, ...; sums reduced.
     std::vector<int64_t> mine;
     for (int64_t i = rt->rank(); i < data.test.size(); i += rt->world_size()) mine.push_back(i);
-    const fm::EvalSums v =
-        fm::evaluate(*model, data.test, mine, bopt, fm::loader_threads(rt->world_size()), dev);
+    fm::EvalSums v;
+    {
+      gpurun::CudaAutocast autocast(bf16);
+      v = fm::evaluate(*model, data.test, mine, bopt, fm::loader_threads(rt->world_size()), dev);
+    }
     const auto tot = rt->all_reduce_sum({loss_sum, correct, seen, v.loss, v.correct, v.count});
     if (rt->rank() == 0) {
       const fm::EpochStats val{tot[3] / std::max(1.0, tot[5]), tot[4] / std::max(1.0, tot[5])};
