@@ -12,8 +12,8 @@ GPURUN_TRACE_DIR=$OUT/trace "$B/launcher/gpurun" --device cuda --nproc 1 --confi
   --event-log "$OUT/events.jsonl" --master-port 0 "$B/examples/fashion_mnist/fmnist_train" \
   --metrics "$OUT/metrics.jsonl" "$@" > "$OUT/gpurun.log" 2>&1 &
 gp=$!
-( sleep 45; echo "training: $(smi)" >> "$OUT/smi.txt" ) &
 wait_count "$OUT/events.jsonl" start 1 120 || { kill $gp; exit 1; }
+sleep 20; echo "training: $(smi)" >> "$OUT/smi.txt"   # inside epoch 1 (ViT-B: ~30 s on an H200)
 cfg "[]" release "$OUT/config.toml"        # pause at the end of epoch 1
 wait_count "$OUT/events.jsonl" resize 1 900 || { kill $gp; exit 1; }
 sleep 3; echo "paused: $(smi)" >> "$OUT/smi.txt"

@@ -28,7 +28,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDataDir = fm::kDefaultDataDir;
+// The real dataset: Debian's dataset-fashion-mnist, or GPURUN_FMNIST_DIR (machines without the
+// package, e.g. the GPU machine, carry a copy).
+const fs::path kDataDir = std::getenv("GPURUN_FMNIST_DIR") != nullptr
+                              ? fs::path(std::getenv("GPURUN_FMNIST_DIR"))
+                              : fs::path(fm::kDefaultDataDir);
 
 // Loaded once for the whole executable (~0.5 s).
 const fm::FashionMnist& dataset() {
