@@ -1,10 +1,13 @@
 // store_bench: throughput and rendezvous time of a TCPStore-protocol store.
 //
 //   store_bench [--host H --port P] [--threads N] [--ops M] [--rendezvous K[,K...]]
+//               [--server-threads S] [--json PATH]
 //
-// Without --port it starts gpurun's store in-process on 127.0.0.1 (port 0).
-// With --host/--port it targets any TCPStore server, e.g. torch's own
-// (bench/anchors/torch_store_server.py), so both can be compared on one machine.
+// Without --port it starts gpurun's store in a child process on 127.0.0.1
+// (port 0) with S reactor threads (default: ServerOptions' default,
+// min(cores, 8)). With --host/--port it targets any TCPStore server, e.g.
+// torch's own (bench/anchors/torch_store_server.py), so both can be compared
+// on one machine. --json writes the results to PATH as one JSON object.
 //   throughput: N threads, one connection each, M ops each cycling
 //               SET, GET (= WAIT + GET), ADD, WAIT on a present key.
 //   rendezvous: K connections (handshake untimed), then each ADDs a counter
@@ -21,11 +24,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -51,6 +56,20 @@ struct Args {
   int threads = 8;
   int ops = 20000;
   std::vector<int> rendezvous;
+  std::size_t server_threads = 0;  // 0 = ServerOptions' default
+  std::string json_path;
+};
+
+struct ThroughputResult {
+  double seconds = 0;
+  double ops_per_s = 0;
+  int errors = 0;
+};
+
+struct RendezvousResult {
+  int connections = 0;
+  double connect_handshake_ms = 0;  // all K connections: TCP connect + VALIDATE + PING echo
+  double barrier_ms = 0;            // ADD + WAIT until the last connection is released
 };
 
 Args parse(int argc, char** argv) {
@@ -69,6 +88,10 @@ Args parse(int argc, char** argv) {
       a.threads = std::stoi(next());
     } else if (f == "--ops") {
       a.ops = std::stoi(next());
+    } else if (f == "--server-threads") {
+      a.server_threads = static_cast<std::size_t>(std::stoul(next()));
+    } else if (f == "--json") {
+      a.json_path = next();
     } else if (f == "--rendezvous") {
       std::string list = next();
       for (std::size_t p = 0; p < list.size();) {
@@ -78,7 +101,8 @@ Args parse(int argc, char** argv) {
       }
     } else {
       throw std::runtime_error("unknown flag " + f +
-                               " (flags: --host --port --threads --ops --rendezvous K[,K])");
+                               " (flags: --host --port --threads --ops --rendezvous K[,K] "
+                               "--server-threads S --json PATH)");
     }
   }
   return a;
@@ -156,7 +180,7 @@ class Conn {
   int fd_ = -1;
 };
 
-void throughput(const Args& a, uint16_t port) {
+ThroughputResult throughput(const Args& a, uint16_t port) {
   std::vector<std::thread> threads;
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
@@ -205,9 +229,10 @@ void throughput(const Args& a, uint16_t port) {
   const double total = double(a.threads) * a.ops;
   std::printf("throughput: %d threads x %d ops (set/get/add/wait) in %.3f s = %.0f ops/s%s\n",
               a.threads, a.ops, s, total / s, errors ? " (WITH ERRORS)" : "");
+  return ThroughputResult{s, total / s, errors.load()};
 }
 
-void rendezvous(const Args& a, uint16_t port, int k) {
+RendezvousResult rendezvous(const Args& a, uint16_t port, int k) {
   const auto setup_start = Clock::now();
   std::vector<std::unique_ptr<Conn>> conns;
   conns.reserve(static_cast<std::size_t>(k));
@@ -245,16 +270,49 @@ void rendezvous(const Args& a, uint16_t port, int k) {
   const auto start = Clock::now();
   go = true;
   for (auto& th : threads) th.join();
+  const double released = seconds_since(start);
   std::printf(
       "rendezvous: %d connections: ADD + WAIT barrier released all in %.1f ms "
       "(connect+handshake of all: %.1f ms)\n",
-      k, seconds_since(start) * 1e3, setup * 1e3);
+      k, released * 1e3, setup * 1e3);
+  return RendezvousResult{k, setup * 1e3, released * 1e3};
+}
+
+void write_json(const std::string& path, const std::string& target, std::size_t server_threads,
+                const Args& a, const ThroughputResult* tp,
+                const std::vector<RendezvousResult>& rdzv) {
+  std::string out = "{\n";
+  out += fmt::format("  \"target\": \"{}\",\n", target);
+  out += fmt::format("  \"server_threads\": {},\n",
+                     server_threads == 0 ? std::string("null") : std::to_string(server_threads));
+  if (tp != nullptr) {
+    out += fmt::format(
+        "  \"throughput\": {{\"client_threads\": {}, \"ops_per_thread\": {}, \"seconds\": "
+        "{:.3f}, \"ops_per_s\": {:.0f}, \"errors\": {}}},\n",
+        a.threads, a.ops, tp->seconds, tp->ops_per_s, tp->errors);
+  } else {
+    out += "  \"throughput\": null,\n";
+  }
+  out += "  \"rendezvous\": [";
+  for (std::size_t i = 0; i < rdzv.size(); ++i) {
+    const auto& r = rdzv[i];
+    out += fmt::format(
+        "{}\n    {{\"connections\": {}, \"connect_handshake_ms\": {:.1f}, \"barrier_ms\": "
+        "{:.1f}, \"total_ms\": {:.1f}}}",
+        i == 0 ? "" : ",", r.connections, r.connect_handshake_ms, r.barrier_ms,
+        r.connect_handshake_ms + r.barrier_ms);
+  }
+  out += rdzv.empty() ? "]\n}\n" : "\n  ]\n}\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path);
 }
 
 // Runs gpurun's store in a child process (its own file-descriptor limit and
 // CPU, like torch's server in its own Python process) and returns its port.
 // Called before any thread exists, so fork() is safe.
-pid_t fork_server(uint16_t& port) {
+pid_t fork_server(uint16_t& port, std::size_t threads, std::size_t& threads_used) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
   const pid_t pid = ::fork();
@@ -265,18 +323,24 @@ pid_t fork_server(uint16_t& port) {
     boost::asio::io_context io;
     store::ServerOptions o;
     o.hosts = {"127.0.0.1"};
+    o.threads = threads;
     o.log = [](const std::string& l) { std::fprintf(stderr, "store: %s\n", l.c_str()); };
     store::Server server(io, o);
     const uint16_t p = server.port();
+    const auto used = static_cast<uint32_t>(server.threads());
     if (::write(fds[1], &p, sizeof(p)) != sizeof(p)) ::_exit(1);
+    if (::write(fds[1], &used, sizeof(used)) != sizeof(used)) ::_exit(1);
     ::close(fds[1]);
     io.run();
     ::_exit(0);
   }
   ::close(fds[1]);
-  if (::read(fds[0], &port, sizeof(port)) != sizeof(port)) {
+  uint32_t used = 0;
+  if (::read(fds[0], &port, sizeof(port)) != sizeof(port) ||
+      ::read(fds[0], &used, sizeof(used)) != sizeof(used)) {
     throw std::runtime_error("store child process did not start");
   }
+  threads_used = used;
   ::close(fds[0]);
   return pid;
 }
@@ -289,16 +353,27 @@ int main(int argc, char** argv) {
     raise_nofile();
     uint16_t port = a.port;
     pid_t child = -1;
+    std::size_t server_threads = 0;
+    std::string target;
     if (port == 0) {
-      child = fork_server(port);
+      child = fork_server(port, a.server_threads, server_threads);
       a.host = "127.0.0.1";
-      std::printf("target: gpurun store in a child process (pid %d) on 127.0.0.1:%u\n",
-                  static_cast<int>(child), port);
+      target = "gpurun";
+      std::printf(
+          "target: gpurun store in a child process (pid %d) on 127.0.0.1:%u, %zu reactor "
+          "thread(s)\n",
+          static_cast<int>(child), port, server_threads);
     } else {
+      target = fmt::format("external {}:{}", a.host, port);
       std::printf("target: external store at %s:%u\n", a.host.c_str(), port);
     }
-    if (a.threads > 0 && a.ops > 0) throughput(a, port);
-    for (int k : a.rendezvous) rendezvous(a, port, k);
+    std::optional<ThroughputResult> tp;
+    if (a.threads > 0 && a.ops > 0) tp = throughput(a, port);
+    std::vector<RendezvousResult> rdzv;
+    for (int k : a.rendezvous) rdzv.push_back(rendezvous(a, port, k));
+    if (!a.json_path.empty()) {
+      write_json(a.json_path, target, server_threads, a, tp ? &*tp : nullptr, rdzv);
+    }
     if (child > 0) {
       ::kill(child, SIGTERM);
       ::waitpid(child, nullptr, 0);

@@ -43,6 +43,17 @@ std::optional<int64_t> parse_leading_int64(std::string_view s) {
 
 Backend::Backend(Limits limits, Notify notify) : limits_(limits), notify_(std::move(notify)) {}
 
+void Backend::set_notify(Notify notify) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  notify_ = std::move(notify);
+}
+
+void Backend::set_write_observer(std::string prefix, WriteObserver observer) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  observer_prefix_ = std::move(prefix);
+  observer_ = std::move(observer);
+}
+
 bool Backend::present(const std::string& key) const {
   if (kv_.count(key) != 0) return true;
   auto q = queues_.find(key);
@@ -50,12 +61,18 @@ bool Backend::present(const std::string& key) const {
 }
 
 void Backend::set(const std::string& key, std::string value) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  set_locked(key, std::move(value));
+}
+
+void Backend::set_locked(const std::string& key, std::string value) {
   kv_[key] = std::move(value);
   wake_all(key);
 }
 
 std::string Backend::compare_set(const std::string& key, const std::string& expected,
                                  std::string desired) {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::string reply;
   auto it = kv_.find(key);
   if (it == kv_.end()) {
@@ -76,11 +93,17 @@ std::string Backend::compare_set(const std::string& key, const std::string& expe
 }
 
 std::string Backend::get(const std::string& key) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return get_locked(key);
+}
+
+std::string Backend::get_locked(const std::string& key) const {
   auto it = kv_.find(key);
   return it == kv_.end() ? std::string() : it->second;
 }
 
 int64_t Backend::add(const std::string& key, int64_t delta) {
+  const std::lock_guard<std::mutex> lock(mu_);
   int64_t current = 0;
   auto it = kv_.find(key);
   if (it != kv_.end()) {
@@ -102,10 +125,12 @@ int64_t Backend::add(const std::string& key, int64_t delta) {
 }
 
 bool Backend::check(const std::vector<std::string>& keys) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   return std::all_of(keys.begin(), keys.end(), [this](const auto& k) { return present(k); });
 }
 
 bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys) {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> missing;
   for (const auto& k : keys) {
     if (!present(k)) missing.push_back(k);
@@ -171,6 +196,11 @@ void Backend::wake_one(const std::string& key) {
 }
 
 void Backend::cancel_waits(ConnectionId conn) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  cancel_waits_locked(conn);
+}
+
+void Backend::cancel_waits_locked(ConnectionId conn) {
   auto conn_it = waits_by_conn_.find(conn);
   if (conn_it != waits_by_conn_.end()) {
     for (WaitId id : conn_it->second) {
@@ -190,34 +220,50 @@ void Backend::cancel_waits(ConnectionId conn) {
   registrations_by_conn_.erase(conn);
 }
 
+int64_t Backend::num_keys() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(kv_.size());
+}
+
+std::size_t Backend::num_pending_waits() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return waits_.size();
+}
+
 bool Backend::delete_key(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(mu_);
   return kv_.erase(key) != 0;
 }
 
 void Backend::append(const std::string& key, std::string_view value) {
+  const std::lock_guard<std::mutex> lock(mu_);
   kv_[key].append(value);
   wake_all(key);
 }
 
 std::vector<std::string> Backend::multi_get(const std::vector<std::string>& keys) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> out;
   out.reserve(keys.size());
-  for (const auto& k : keys) out.push_back(get(k));
+  for (const auto& k : keys) out.push_back(get_locked(k));
   return out;
 }
 
 void Backend::multi_set(const std::vector<std::string>& keys, std::vector<std::string> values) {
   GPURUN_CHECK(keys.size() == values.size(), "MULTI_SET with {} keys and {} values", keys.size(),
                values.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) set(keys[i], std::move(values[i]));
+  const std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < keys.size(); ++i) set_locked(keys[i], std::move(values[i]));
 }
 
 void Backend::queue_push(const std::string& key, std::string value) {
+  const std::lock_guard<std::mutex> lock(mu_);
   queues_[key].push_back(std::move(value));
   wake_one(key);
 }
 
 std::pair<int64_t, std::optional<std::string>> Backend::queue_pop(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(mu_);
   auto it = queues_.find(key);
   if (it == queues_.end() || it->second.empty()) return {0, std::nullopt};
   const auto len = static_cast<int64_t>(it->second.size());
@@ -228,11 +274,13 @@ std::pair<int64_t, std::optional<std::string>> Backend::queue_pop(const std::str
 }
 
 int64_t Backend::queue_len(const std::string& key) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   auto it = queues_.find(key);
   return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
 std::vector<std::string> Backend::list_keys() const {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> out;
   out.reserve(kv_.size());
   for (const auto& [k, v] : kv_) out.push_back(k);
@@ -240,12 +288,14 @@ std::vector<std::string> Backend::list_keys() const {
 }
 
 void Backend::reset_keyspace(std::string_view keep_prefix) {
+  const std::lock_guard<std::mutex> lock(mu_);
   auto drop = [keep_prefix](const auto& entry) { return !entry.first.starts_with(keep_prefix); };
   std::erase_if(kv_, drop);
   std::erase_if(queues_, drop);
 }
 
 std::size_t Backend::pending_waits(ConnectionId conn) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   auto it = registrations_by_conn_.find(conn);
   return it == registrations_by_conn_.end() ? 0 : it->second;
 }

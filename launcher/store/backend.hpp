@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,32 +21,39 @@ namespace gpurun::store {
 /// Identifies one client connection to the backend (assigned by the caller).
 using ConnectionId = uint64_t;
 
-/// Single-threaded store state. Not thread-safe: the server calls it from its
-/// io_context thread only. Operations never block; a WAIT that cannot be
-/// answered at once is registered, and completion is reported later through
-/// the notify callback.
+/// The store state. Thread-safe: every public member function takes one
+/// internal mutex for its whole duration, so each operation is atomic and all
+/// operations are totally ordered (the server's reactor threads and the
+/// supervisor's elastic controller call it concurrently). Operations never
+/// block beyond that mutex; a WAIT that cannot be answered at once is
+/// registered, and completion is reported later through the notify callback.
 class Backend {
  public:
-  /// Called synchronously (from inside the mutating call that completed the
-  /// wait) when a pending WAIT of `conn` is satisfied; the receiver must send
-  /// STOP_WAITING (0) to that connection. One call per completed WAIT.
+  /// Called synchronously, with the backend's mutex held, from inside the
+  /// mutating call that completed the wait (on whichever thread made that
+  /// call), when a pending WAIT of `conn` is satisfied; the receiver must send
+  /// STOP_WAITING (0) to that connection. One call per completed WAIT. Because
+  /// the mutex is held, the receiver can queue the reply before any later
+  /// operation of `conn` (e.g. its CANCEL_WAIT) is applied; it must be quick
+  /// and must not call back into the backend.
   using Notify = std::function<void(ConnectionId conn)>;
 
   /// `limits.max_pending_waits_per_connection` bounds registrations per
   /// connection; the other limits are enforced by the frame decoder.
   explicit Backend(Limits limits = {}, Notify notify = {});
 
-  void set_notify(Notify notify) { notify_ = std::move(notify); }
+  void set_notify(Notify notify);
 
   /// Called synchronously after every write that wakes waiters (SET, COMPARE_SET, ADD,
   /// APPEND, each key of MULTI_SET) to a key starting with the prefix given to
-  /// set_write_observer, with that key. Runs inside the mutating call: the observer must
-  /// not call back into the backend (post the work instead). One observer; empty = none.
+  /// set_write_observer, with that key. Runs inside the mutating call, with the
+  /// backend's mutex held, on the thread that made the call (any store reactor
+  /// thread): the observer must be thread-safe and must not call back into the
+  /// backend (post the work instead). One observer; empty = none. Once
+  /// set_write_observer returns, the previous observer is no longer running
+  /// and will not be called again.
   using WriteObserver = std::function<void(const std::string& key)>;
-  void set_write_observer(std::string prefix, WriteObserver observer) {
-    observer_prefix_ = std::move(prefix);
-    observer_ = std::move(observer);
-  }
+  void set_write_observer(std::string prefix, WriteObserver observer);
 
   /// SET: store `value` and wake waiters on `key`.
   void set(const std::string& key, std::string value);
@@ -84,7 +92,7 @@ class Backend {
   void drop_connection(ConnectionId conn) { cancel_waits(conn); }
 
   /// GETNUMKEYS: number of KV entries (queues excluded).
-  int64_t num_keys() const { return static_cast<int64_t>(kv_.size()); }
+  int64_t num_keys() const;
 
   /// DELETE_KEY: true if the KV entry existed. Does not wake waiters.
   bool delete_key(const std::string& key);
@@ -119,7 +127,7 @@ class Backend {
   std::size_t pending_waits(ConnectionId conn) const;
 
   /// Number of pending WAIT requests over all connections.
-  std::size_t num_pending_waits() const { return waits_.size(); }
+  std::size_t num_pending_waits() const;
 
  private:
   using WaitId = uint64_t;
@@ -129,6 +137,10 @@ class Backend {
     std::vector<std::string> keys;  // registered keys (with repeats)
   };
 
+  // The helpers below expect mu_ to be held by the caller.
+  void set_locked(const std::string& key, std::string value);
+  std::string get_locked(const std::string& key) const;
+  void cancel_waits_locked(ConnectionId conn);
   // A key was written: count down every wait registered on it.
   void wake_all(const std::string& key);
   // Count down the first wait registered on key (queue push).
@@ -137,6 +149,8 @@ class Backend {
   bool present(const std::string& key) const;
   void forget(WaitId id);
 
+  // Guards every member below; held for the whole of each public call.
+  mutable std::mutex mu_;
   Limits limits_;
   Notify notify_;
   std::string observer_prefix_;

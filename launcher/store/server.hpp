@@ -1,6 +1,7 @@
 // gpurun::store::Server — TCPStore-compatible server (torch >= 2.3 clients) on
-// a single-threaded Boost.Asio io_context. Protocol and limits:
-// docs/store-protocol.md.
+// Boost.Asio: one reactor thread with its own io_context per core (up to 8),
+// sessions spread round-robin over them, one thread-safe Backend shared by
+// all. Protocol, limits and threading: docs/store-protocol.md.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,10 @@
 
 namespace gpurun::store {
 
+/// Default ServerOptions::threads: min(std::thread::hardware_concurrency(), 8),
+/// at least 1.
+std::size_t default_server_threads();
+
 /// Where and how the server listens.
 struct ServerOptions {
   /// Addresses to listen on, all on the same port. The first address picks the
@@ -34,42 +39,71 @@ struct ServerOptions {
   int backlog = 8192;
   /// Request size limits (defaults = torch's libuv server).
   Limits limits{};
+  /// Reactor threads serving the connections. 1 = no thread of its own:
+  /// everything (accept, every session) runs on the io_context passed to the
+  /// constructor, which must then be run by exactly one thread. N >= 2 = the
+  /// server starts N threads, each running its own io_context; the acceptor
+  /// hands new connections to them round-robin, and a session stays on its
+  /// thread for its whole life. 0 = default_server_threads().
+  std::size_t threads = default_server_threads();
   /// Receives one line per notable event (session closed for a bad frame,
-  /// skipped listen address, accept failure). Runs on io's thread. Empty = silent.
+  /// skipped listen address, accept failure). Runs on io's thread (with
+  /// threads >= 2 the line is posted there, so io must be run to see it; lines
+  /// still queued when the Server is destroyed are dropped). Empty = silent.
   std::function<void(const std::string&)> log;
 };
 
 /// Listener plus one session per client connection, Beast-style: each session
 /// reads, decodes and answers requests in order through a single-writer
 /// queue; a malformed request closes only that session (logged with the peer
-/// endpoint and the reason). All handlers run on the io_context's thread;
-/// the io_context must be run by exactly one thread.
+/// endpoint and the reason).
+///
+/// Threading: each session runs on one reactor thread (see
+/// ServerOptions::threads); its replies are written in request order. The
+/// Backend is shared and locked per operation. A WAIT released by a write on
+/// another thread gets its STOP_WAITING queued on the waiter's session while
+/// the backend is still locked, then written by the waiter's thread, so no
+/// wake-up is lost and a CANCEL_WAIT's 1 never precedes a crossed 0.
+/// Construct, close() and destroy the Server on io's thread (the thread that
+/// runs io, or any one thread while io is not running); the other members are
+/// thread-safe.
 class Server {
  public:
-  /// Binds and starts accepting on `io` immediately (handlers run on io's thread).
-  /// Throws gpurun::StoreError naming host and port (e.g. "cannot listen on
-  /// 127.0.0.1:29500: Address already in use") on failure.
+  /// Binds and starts accepting immediately (on io, or on the first reactor
+  /// thread when options.threads >= 2), then starts the reactor threads.
+  /// Keeps io from running out of work until close(), as the acceptor on io
+  /// did when the server was single-threaded. Throws gpurun::StoreError naming host and port (e.g.
+  /// "cannot listen on 127.0.0.1:29500: Address already in use") on failure.
   Server(boost::asio::io_context& io, ServerOptions options);
-  /// Closes listeners and sessions (same as close()).
+  /// Closes listeners and sessions (same as close()), then stops and joins
+  /// the reactor threads.
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
   /// The bound port (useful with port 0).
   uint16_t port() const;
-  /// Stops accepting and closes every session; idempotent. Call on io's thread.
+  /// Number of reactor threads (ServerOptions::threads, 0 resolved).
+  std::size_t threads() const;
+  /// Stops accepting and closes every session; idempotent. Blocks until every
+  /// reactor thread has closed its sessions (they stay running until the
+  /// destructor). Call on io's thread.
   void close();
   /// Drops every key and queue whose name does not start with `keep_prefix`
-  /// (Backend::reset_keyspace). Call on io's thread.
+  /// (Backend::reset_keyspace). Thread-safe.
   void reset_keyspace(std::string_view keep_prefix);
-  /// Number of open client sessions. Call on io's thread.
+  /// Number of open client sessions. Thread-safe; a session closed on a
+  /// reactor thread leaves the count shortly after its socket closes.
   std::size_t num_sessions() const;
-  /// The store state, for in-process access; io's thread only.
+  /// The store state, for in-process access. Thread-safe (Backend locks every
+  /// operation); valid while the Server lives.
   Backend& backend();
 
   struct Impl;
+  class Reactors;
 
  private:
+  std::unique_ptr<Reactors> reactors_;  // destroyed after impl_ (see ~Server)
   std::shared_ptr<Impl> impl_;
 };
 

@@ -3,6 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -214,15 +218,61 @@ TEST_CASE("backend: reset_keyspace keeps keys and queues under the prefix only")
 TEST_CASE("write observer sees writes under its prefix only, after the value is stored") {
   gpurun::store::Backend b;
   std::vector<std::string> seen;
-  b.set_write_observer("gpurun/",
-                       [&](const std::string& key) { seen.push_back(key + "=" + b.get(key)); });
+  // The observer runs with the backend locked, so it cannot read the store
+  // itself; a read posted from it (as the elastic controller does) runs later.
+  std::vector<std::string> posted;
+  b.set_write_observer("gpurun/", [&](const std::string& key) { posted.push_back(key); });
+  auto run_posted = [&] {
+    for (const auto& k : posted) seen.push_back(k + "=" + b.get(k));
+    posted.clear();
+  };
   b.set("gpurun/a", "1");
+  run_posted();
   b.set("other/a", "2");
+  run_posted();
   b.add("gpurun/n", 5);
+  run_posted();
   b.append("gpurun/a", "x");
+  run_posted();
   b.compare_set("gpurun/c", "", "y");
+  run_posted();
   b.multi_set({"gpurun/m", "zzz"}, {"3", "4"});
+  run_posted();
   b.queue_push("gpurun/q", "v");  // queues are not KV writes
+  run_posted();
   CHECK(seen == std::vector<std::string>{"gpurun/a=1", "gpurun/n=5", "gpurun/a=1x", "gpurun/c=y",
                                          "gpurun/m=3"});
+}
+
+TEST_CASE("backend: concurrent writers and waiters on many threads lose no count and no wake-up") {
+  std::mutex mu;
+  std::map<gpurun::store::ConnectionId, int> woken;
+  gpurun::store::Backend b({}, [&](gpurun::store::ConnectionId c) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++woken[c];
+  });
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&b, t] {
+      const auto conn = static_cast<gpurun::store::ConnectionId>(t + 1);
+      for (int i = 0; i < kRounds; ++i) {
+        b.add("counter", 1);
+        // Wait on a key the next thread sets (this round's), then set ours.
+        const std::string mine = "k/" + std::to_string(t) + "/" + std::to_string(i);
+        const std::string next =
+            "k/" + std::to_string((t + 1) % kThreads) + "/" + std::to_string(i);
+        if (b.wait(conn, {next})) b.cancel_waits(conn);  // present already: nothing pending
+        b.set(mine, "v");
+        if (i % 64 == 0) b.cancel_waits(conn);  // a CANCEL_WAIT racing a wake
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(b.get("counter") == std::to_string(kThreads * kRounds));
+  CHECK(b.num_keys() == kThreads * kRounds + 1);
+  CHECK(b.num_pending_waits() == 0);  // every key was set: each wait was woken or cancelled
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [conn, n] : woken) CHECK(n <= kRounds);
 }

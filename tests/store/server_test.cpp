@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +21,16 @@ using testing::frame;
 using testing::RawConn;
 using testing::TestServer;
 using testing::validate_frame;
+
+namespace {
+
+ServerOptions with_threads(std::size_t n) {
+  ServerOptions o;
+  o.threads = n;
+  return o;
+}
+
+}  // namespace
 
 TEST_CASE("server: port 0 picks a port; a torch handshake gets its PING echoed") {
   TestServer ts;
@@ -208,6 +221,178 @@ TEST_CASE("server: close() drops clients; their next call fails with a StoreErro
   ts.on_io([&] { ts.server().close(); });  // idempotent
   CHECK_THROWS_AS(c.get("/a"), StoreError);
   CHECK(ts.on_io([&] { return ts.server().num_sessions(); }) == 0);
+}
+
+// ---- Several reactor threads ------------------------------------------------------
+// Connections to one address are handed to the reactors round-robin in accept
+// order, so clients connected one after another (all to 127.0.0.1) land on
+// reactors 0, 1, 2, ...
+
+TEST_CASE("server: threads option: default, 0 and 1 resolve as documented") {
+  CHECK(default_server_threads() >= 1);
+  CHECK(default_server_threads() <= 8);
+  TestServer dflt(with_threads(0));
+  CHECK(dflt.server().threads() == default_server_threads());
+  TestServer one(with_threads(1));
+  CHECK(one.server().threads() == 1);
+  Client c(one.client_options());
+  c.set("/a", "1");
+  CHECK(c.get("/a") == "1");
+}
+
+TEST_CASE("server: concurrent SET/ADD from clients on every reactor thread give exact counts") {
+  for (std::size_t threads : {std::size_t{1}, std::size_t{4}}) {
+    CAPTURE(threads);
+    TestServer ts(with_threads(threads));
+    CHECK(ts.server().threads() == threads);
+    constexpr int kClients = 16;
+    constexpr int kOps = 300;
+    std::vector<std::thread> clients;
+    std::atomic<int> failures{0};
+    for (int i = 0; i < kClients; ++i) {
+      clients.emplace_back([&, i] {
+        try {
+          Client c(ts.client_options());
+          for (int j = 0; j < kOps; ++j) {
+            c.add("/total", 1);
+            c.add("/by/" + std::to_string(i), 2);
+            c.set("/last/" + std::to_string(i), std::to_string(j));
+            c.append("/log", "x");
+          }
+          if (c.get("/last/" + std::to_string(i)) != std::to_string(kOps - 1)) ++failures;
+        } catch (const std::exception&) {
+          ++failures;
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+    CHECK(failures == 0);
+    Client c(ts.client_options());
+    CHECK(c.add("/total", 0) == kClients * kOps);
+    for (int i = 0; i < kClients; ++i) CHECK(c.add("/by/" + std::to_string(i), 0) == 2 * kOps);
+    CHECK(c.get("/log").size() == static_cast<std::size_t>(kClients * kOps));
+    CHECK(c.num_keys() == 2 + 2 * kClients);
+  }
+}
+
+TEST_CASE("server: a WAIT is released by a SET issued on another reactor thread") {
+  TestServer ts(with_threads(2));
+  Client waiter(ts.client_options());  // reactor 0
+  Client setter(ts.client_options());  // reactor 1
+  std::string got;
+  std::thread t([&] { got = waiter.get("/late"); });
+  CHECK(eventually([&] { return ts.server().backend().num_pending_waits() == 1; }));
+  setter.set("/late", "here");
+  t.join();
+  CHECK(got == "here");
+
+  // Ping-pong: each side waits for a key only the other side (thread) writes.
+  // A lost wake-up hangs one side and fails the hang guard.
+  constexpr int kRounds = 500;
+  std::thread pong([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      setter.wait({"/ping/" + std::to_string(i)});
+      setter.set("/pong/" + std::to_string(i), "1");
+    }
+  });
+  for (int i = 0; i < kRounds; ++i) {
+    waiter.set("/ping/" + std::to_string(i), "1");
+    waiter.wait({"/pong/" + std::to_string(i)});
+  }
+  pong.join();
+  CHECK(ts.server().backend().num_pending_waits() == 0);
+}
+
+TEST_CASE("server: CANCEL_WAIT racing a SET on another thread never answers 1 before a 0") {
+  TestServer ts(with_threads(4));
+  RawConn raw(ts.port());  // reactor 0
+  raw.send(validate_frame());
+  Client setter(ts.client_options());  // reactor 1
+  int crossed = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = "/race/" + std::to_string(i);
+    std::thread t([&] { setter.set(key, "v"); });
+    raw.send(frame({QueryType::kWait, {key}, {}, 0, 0}) +
+             frame({QueryType::kCancelWait, {}, {}, 0, 0}) +
+             frame({QueryType::kPing, {}, {}, 0, static_cast<uint32_t>(i)}));
+    t.join();
+    std::string first = raw.read(1);
+    if (first == std::string(1, '\x00')) {
+      ++crossed;
+      first = raw.read(1);
+    }
+    REQUIRE(first == std::string(1, '\x01'));
+    // Nothing else (no late STOP_WAITING) comes before the PING's echo.
+    std::string echo = raw.read(4);
+    REQUIRE(echo.size() == 4);
+    uint32_t n = 0;
+    std::memcpy(&n, echo.data(), 4);
+    REQUIRE(n == static_cast<uint32_t>(i));
+  }
+  MESSAGE("STOP_WAITING crossed the CANCEL_WAIT in " << crossed << " of 300 rounds");
+  CHECK(ts.server().backend().num_pending_waits() == 0);
+}
+
+TEST_CASE("server: a malformed frame closes only its session; sessions on other threads go on") {
+  TestServer ts(with_threads(4));
+  std::vector<std::unique_ptr<Client>> good;
+  for (int i = 0; i < 3; ++i) good.push_back(std::make_unique<Client>(ts.client_options()));
+  RawConn bad(ts.port());  // the 4th connection: the 4th reactor
+  // A waiter on the bad connection: its close must drop the wait, not wake anyone.
+  bad.send(validate_frame() + frame({QueryType::kWait, {"/never"}, {}, 0, 0}));
+  CHECK(eventually([&] { return ts.server().backend().num_pending_waits() == 1; }));
+  bad.send(std::string(1, '\xc8'));
+  CHECK(bad.closed_by_peer());
+  CHECK(eventually([&] { return ts.log_contains("unknown command byte 200"); }));
+  CHECK(eventually([&] { return ts.server().num_sessions() == 3; }));
+  CHECK(ts.server().backend().num_pending_waits() == 0);
+  for (int i = 0; i < 3; ++i) {
+    good[static_cast<std::size_t>(i)]->set("/g" + std::to_string(i), "ok");
+    CHECK(good[static_cast<std::size_t>(i)]->get("/g" + std::to_string(i)) == "ok");
+  }
+}
+
+TEST_CASE("server: close() with sessions and waits on every reactor thread") {
+  auto ts = std::make_unique<TestServer>(with_threads(4));
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 8; ++i) clients.push_back(std::make_unique<Client>(ts->client_options()));
+  std::vector<std::unique_ptr<RawConn>> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.push_back(std::make_unique<RawConn>(ts->port()));
+    waiters.back()->send(validate_frame() + frame({QueryType::kWait, {"/never"}, {}, 0, 0}));
+  }
+  CHECK(eventually([&] { return ts->server().backend().num_pending_waits() == 4; }));
+  CHECK(ts->server().num_sessions() == 12);
+  ts->on_io([&] { ts->server().close(); });
+  CHECK(ts->server().num_sessions() == 0);  // close() waits for every thread
+  CHECK(ts->server().backend().num_pending_waits() == 0);
+  for (auto& w : waiters) CHECK(w->closed_by_peer());
+  for (auto& c : clients) CHECK_THROWS_AS(c->get("/a"), StoreError);
+  RawConn late(ts->port());
+  CHECK_FALSE(late.connected());
+  ts.reset();  // joins the reactor threads
+}
+
+TEST_CASE("server: destroying a busy multi-threaded server joins its threads") {
+  for (int round = 0; round < 5; ++round) {
+    auto ts = std::make_unique<TestServer>(with_threads(4));
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> load;
+    for (int i = 0; i < 4; ++i) {
+      load.emplace_back([&] {
+        try {
+          Client c(ts->client_options());
+          while (!stop) c.add("/n", 1);
+        } catch (const std::exception&) {
+          // the server went away under the client: expected
+        }
+      });
+    }
+    CHECK(eventually([&] { return ts->server().num_sessions() == 4; }));
+    ts.reset();
+    stop = true;
+    for (auto& t : load) t.join();
+  }
 }
 
 }  // namespace gpurun::store
