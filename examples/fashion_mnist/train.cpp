@@ -10,7 +10,8 @@
 //   --epochs N                                                                   [5]
 //   --micro B           micro-batch per rank; the global batch is [batch] global
 //                       in config.toml, else B x active ranks                    [64]
-//   --lr X, --weight-decay X   AdamW                                             [1e-3, 0.05]
+//   --lr X, --weight-decay X   AdamW (stepped by gpurun::FusedAdamW: torch's fused kernel
+//                       on CUDA with LibTorch >= 2, AdamW::step() otherwise)     [1e-3, 0.05]
 //   --warmup-steps N    linear learning-rate warmup over the first N optimizer
 //                       steps (ViT-B/H need it: without, they stay at chance)   [0]
 //   --seed N            model init and the sampler's shuffle                     [42]
@@ -39,6 +40,7 @@
 #include "fashion_mnist/models.hpp"
 #include "fashion_mnist/progress.hpp"
 #include "gpurun/autocast.hpp"
+#include "gpurun/fused_adamw.hpp"
 #include "gpurun/runtime.hpp"
 
 namespace fm = gpurun::fashion_mnist;
@@ -133,6 +135,7 @@ int run(const Args& a) {
   model->to(dev);
   torch::optim::AdamW opt(model->parameters(),
                           torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));
+  gpurun::FusedAdamW fused_step(opt);  // torch's fused kernel on CUDA (LibTorch >= 2)
   rt->track(*model, opt);
   rt->sampler(data.train.size(), {.seed = a.seed});
   const int64_t img = model->input_size();
@@ -200,7 +203,7 @@ int run(const Args& a) {
         seen += n;
       }
       rt->all_reduce_gradients();
-      opt.step();
+      fused_step.step();
       if (printer && seen > 0) progress.update(mb_done, {loss_sum / seen, correct / seen});
     }
     const double train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

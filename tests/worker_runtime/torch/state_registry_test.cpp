@@ -1,6 +1,8 @@
 #include "state/state_registry.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -12,6 +14,8 @@
 #include <torch/torch.h>
 
 #include "gpurun_process.hpp"  // TempDir
+#include "state/snapshot_file.hpp"
+#include "state/snapshot_format.hpp"
 
 using gpurun::StateExtension;
 using gpurun::rt::StateError;
@@ -174,6 +178,12 @@ std::string read_file(const std::string& path) {
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The inode number of `path` (0 if there is none): a new file, or the same one rewritten.
+uint64_t inode_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -431,6 +441,14 @@ TEST_CASE("state registry: damaged snapshots and mismatched models fail with cle
     CHECK(error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); }).find("truncated") !=
           std::string::npos);
   }
+  SUBCASE("a changed manifest byte") {
+    std::string bad = good;
+    bad[gpurun::rt::SnapshotHeader::kBytes + 3] ^= 0x01;
+    write_file(path, bad);
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find("corrupt") != std::string::npos);
+  }
   SUBCASE("wrong magic") {
     std::string bad = good;
     bad[0] = 'X';
@@ -514,4 +532,153 @@ TEST_CASE("state registry: scalars and extensions must match by name and type") 
   other.track_extension("scheduler", std::make_shared<BytesExtension>());
   CHECK(error_of([&] { other.apply_manifest(source.reg.manifest(), torch::kCPU); }).find("epoch") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "state registry: repeated snapshots are written in place into one file and read back exactly") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdamW, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);
+  CHECK(source.reg.last_snapshot_stats().created);
+  const uint64_t inode = inode_of(path);
+  const auto file_bytes = std::filesystem::file_size(path);
+  for (int i = 1; i <= 3; ++i) {
+    CAPTURE(i);
+    source.step(i);
+    source.epoch = i;
+    source.ext->bytes = std::string(static_cast<size_t>(i) * 300, 'x');  // the manifest grows
+    source.reg.write_snapshot(path);
+    const auto& st = source.reg.last_snapshot_stats();
+    CHECK(!st.created);  // no new file, no new mapping: only copies
+    CHECK(!st.mapped);
+    CHECK(st.tensor_bytes == source.reg.nbytes());
+    CHECK(inode_of(path) == inode);
+    CHECK(std::filesystem::file_size(path) == file_bytes);
+
+    Side restored(Kind::kAdamW, 2);
+    restored.reg.read_snapshot(path, torch::kCPU);
+    CHECK(restored.reg.last_snapshot_stats().mapped);
+    CHECK(restored.reg.checksum() == source.reg.checksum());
+    CHECK(restored.epoch == i);
+    CHECK(restored.ext->bytes == source.ext->bytes);
+    CHECK(same_module_state(source, restored));
+  }
+  // Hold mode: the writer releases its state and reads it back from the mapping it kept.
+  const uint64_t before = source.reg.checksum();
+  source.reg.release();
+  source.reg.read_snapshot(path, torch::kCPU);
+  CHECK(!source.reg.last_snapshot_stats().mapped);
+  CHECK(source.reg.checksum() == before);
+  source.step(9);
+  source.reg.write_snapshot(path);
+  CHECK(inode_of(path) == inode);
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    CHECK(e.path().filename() == "state.snap");  // no temporary left behind
+  }
+}
+
+TEST_CASE("state registry: a snapshot interrupted before its commit is refused") {
+  using gpurun::rt::SnapshotFile;
+  using gpurun::rt::SnapshotHeader;
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);  // snapshot #1, committed
+  source.step(1);
+
+  // What write_snapshot does up to its copies, by a writer that dies before committing: the
+  // committed snapshot #1 must not be read as valid either (its bytes are being overwritten).
+  {
+    SnapshotFile file = SnapshotFile::open(path);
+    std::vector<uint64_t> sizes, offsets;
+    for (const auto& t : source.reg.tensors()) sizes.push_back(t.nbytes());
+    const std::string manifest = source.reg.manifest();
+    file.begin(SnapshotHeader::plan(manifest.size(), sizes, offsets), manifest);
+  }
+  Side receiver(Kind::kAdam, 2);
+  const uint64_t untouched = receiver.reg.checksum();
+  const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+  CHECK(msg.find(path) != std::string::npos);
+  CHECK(msg.find("incomplete") != std::string::npos);
+  CHECK(msg.find("pid " + std::to_string(::getpid())) != std::string::npos);
+  CHECK(msg.find("snapshot #2") != std::string::npos);
+  CHECK(receiver.reg.checksum() == untouched);  // nothing was applied
+
+  // The next complete write is valid again.
+  source.reg.write_snapshot(path);
+  receiver.reg.read_snapshot(path, torch::kCPU);
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
+}
+
+TEST_CASE("state registry: a much larger or smaller state re-creates the snapshot file") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side small(Kind::kAdam, 1);
+  small.step(0);
+  Side large(Kind::kAdam, 1, /*hidden=*/4096);
+  large.step(0);
+
+  small.reg.write_snapshot(path);
+  const uint64_t small_inode = inode_of(path);
+  const auto small_bytes = std::filesystem::file_size(path);
+
+  large.reg.write_snapshot(path);  // does not fit the small file
+  CHECK(large.reg.last_snapshot_stats().created);
+  CHECK(inode_of(path) != small_inode);
+  const auto large_bytes = std::filesystem::file_size(path);
+  CHECK(large_bytes > small_bytes);
+  CHECK(large_bytes >= static_cast<uintmax_t>(large.reg.nbytes()));
+  Side large_copy(Kind::kAdam, 2, 4096);
+  large_copy.reg.read_snapshot(path, torch::kCPU);
+  CHECK(large_copy.reg.checksum() == large.reg.checksum());
+
+  small.reg.write_snapshot(path);  // its old file was replaced; the large one is far too big
+  CHECK(small.reg.last_snapshot_stats().created);
+  CHECK(std::filesystem::file_size(path) == small_bytes);
+  Side small_copy(Kind::kAdam, 2);
+  small_copy.reg.read_snapshot(path, torch::kCPU);
+  CHECK(small_copy.reg.checksum() == small.reg.checksum());
+
+  large.reg.write_snapshot(path);  // its kept mapping is of a replaced file: a new one again
+  CHECK(large.reg.last_snapshot_stats().created);
+  large_copy.reg.read_snapshot(path, torch::kCPU);
+  CHECK(large_copy.reg.checksum() == large.reg.checksum());
+}
+
+TEST_CASE("state registry: prepare_snapshot maps ahead and never replaces an existing file") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.prepare_snapshot(path);
+  CHECK(source.reg.last_snapshot_stats().created);
+  CHECK(std::filesystem::file_size(path) >= static_cast<uintmax_t>(source.reg.nbytes()));
+  Side receiver(Kind::kAdam, 2);
+  CHECK(error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); }).find("no snapshot yet") !=
+        std::string::npos);
+
+  const uint64_t inode = inode_of(path);
+  source.reg.write_snapshot(path);  // only copies
+  CHECK(!source.reg.last_snapshot_stats().created);
+  CHECK(!source.reg.last_snapshot_stats().mapped);
+  CHECK(inode_of(path) == inode);
+
+  // Another rank prepares the same path: it maps the file and leaves the snapshot in it.
+  Side other(Kind::kAdam, 3);
+  other.step(0);
+  other.reg.prepare_snapshot(path);
+  CHECK(!other.reg.last_snapshot_stats().created);
+  CHECK(other.reg.last_snapshot_stats().mapped);
+  // A state that does not fit leaves the file alone (the first write will replace it).
+  Side large(Kind::kAdam, 1, /*hidden=*/4096);
+  large.step(0);
+  large.reg.prepare_snapshot(path);
+  CHECK(!large.reg.last_snapshot_stats().created);
+  CHECK(large.reg.last_snapshot_stats().file_bytes == 0);
+  CHECK(inode_of(path) == inode);
+  receiver.reg.read_snapshot(path, torch::kCPU);
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
 }

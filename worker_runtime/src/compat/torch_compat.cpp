@@ -2,6 +2,8 @@
 // (comm/nccl/cuda_memory.cpp) and their CPU fallbacks.
 #include "compat/torch_compat.hpp"
 
+#include "common/error.hpp"
+
 #ifndef GPURUN_HAVE_NCCL
 #error "GPURUN_HAVE_NCCL must be 0 or 1 (set by CMake on gpurun_worker_runtime)"
 #endif
@@ -44,6 +46,34 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
     ptr_ = std::exchange(other.ptr_, nullptr);
   }
   return *this;
+}
+
+// ---- host <-> device copies of a state snapshot
+
+void copy_host(const std::vector<HostCopy>& copies, bool to_host) {
+  at::NoGradGuard no_grad;  // parameters are written in place
+  bool any_cuda = false;
+  for (const HostCopy& c : copies) {
+    GPURUN_CHECK(c.tensor.is_contiguous(), "snapshot copy of a non-contiguous {}-dim tensor",
+                 c.tensor.dim());
+    if (c.tensor.is_cuda()) {
+      any_cuda = true;
+      continue;
+    }
+    if (c.tensor.numel() == 0) continue;
+    const at::Tensor host =
+        at::from_blob(c.host, c.tensor.sizes(), at::TensorOptions().dtype(c.tensor.scalar_type()));
+    if (to_host) {
+      host.copy_(c.tensor);
+    } else {
+      c.tensor.copy_(host);
+    }
+  }
+#if GPURUN_HAVE_NCCL
+  if (any_cuda) detail::cuda::copy_host_async(copies, to_host);
+#else
+  GPURUN_CHECK(!any_cuda, "a CUDA tensor in a build without CUDA");
+#endif
 }
 
 }  // namespace gpurun::rt::compat

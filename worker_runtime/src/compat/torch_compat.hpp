@@ -12,10 +12,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -86,6 +88,28 @@ namespace detail::cuda {
 void release_cached_device_memory();
 bool host_register(void* ptr, size_t bytes, bool read_only) noexcept;
 void host_unregister(void* ptr) noexcept;
+}  // namespace detail::cuda
+
+// ---- host <-> device copies of a state snapshot (StateRegistry::write_snapshot/read_snapshot)
+
+/// One tensor and the host bytes it is copied to or from.
+struct HostCopy {
+  at::Tensor tensor;        ///< contiguous; any device
+  uint8_t* host = nullptr;  ///< tensor.nbytes() bytes (page-locked or not)
+};
+
+/// Copies every tensor's bytes to its host range (to_host) or every host range into its
+/// tensor (!to_host), and blocks until all of them are done. CUDA tensors (CUDA builds): one
+/// cudaMemcpyAsync per tensor on one side stream per device, ordered after the work already
+/// queued on that device's current stream, one synchronise at the end; fastest when the host
+/// ranges are page-locked (HostRegistration). Other tensors: plain copies (at::Tensor::copy_).
+/// Throws c10::Error on a CUDA failure, gpurun::InvariantError for a non-contiguous tensor.
+void copy_host(const std::vector<HostCopy>& copies, bool to_host);
+
+namespace detail::cuda {
+// Defined in comm/nccl/cuda_memory.cpp (CUDA builds only): the CUDA tensors of `copies`
+// (others are skipped), as copy_host describes.
+void copy_host_async(const std::vector<HostCopy>& copies, bool to_host);
 }  // namespace detail::cuda
 
 }  // namespace gpurun::rt::compat

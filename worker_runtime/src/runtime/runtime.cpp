@@ -101,6 +101,7 @@ struct Runtime::Impl {
   std::vector<int> active{0};
   WorkerState state = WorkerState::kActive;
   std::string snapshot_path;
+  bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE=1: map the snapshot file ahead
   Trace trace;
 
   rt::StateRegistry registry;
@@ -377,6 +378,7 @@ struct Runtime::Impl {
       case Decision::Kind::kContinue:
         every_steps = d.every_steps;
         global_batch = d.global_batch;
+        if (prepare_snapshot) prepare_snapshot_once();
         return true;
       case Decision::Kind::kExit:
         finishing = true;
@@ -404,6 +406,23 @@ struct Runtime::Impl {
     }
     throw control::ProtocolError(
         fmt::format("unexpected decision kind {} at a boundary", control::to_string(d.kind)));
+  }
+
+  /// GPURUN_SNAPSHOT_PREPARE=1, at the first `continue` boundary (the optimizer has made its
+  /// state, so the size is final): create/map/page-lock the pause snapshot file now, so that a
+  /// pause only copies. Host memory: the file (~ the state's bytes) stays in /dev/shm for the
+  /// run. A failure (a full /dev/shm) is traced, not fatal: the pause will try again.
+  void prepare_snapshot_once() {
+    prepare_snapshot = false;
+    const auto t0 = Clock::now();
+    try {
+      registry.prepare_snapshot(snapshot_path);
+      trace.write("snapshot_prepared",
+                  {{"file_bytes", Trace::num(registry.last_snapshot_stats().file_bytes)},
+                   {"ms", Trace::num(ms_since(t0))}});
+    } catch (const Error& e) {
+      trace.write("snapshot_prepared", {{"error", Trace::str(e.what())}});
+    }
   }
 
   /// After a failed collective: drop the communicator and report at once (same position);
@@ -534,6 +553,7 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   } else {
     m->snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
   }
+  m->prepare_snapshot = env("GPURUN_SNAPSHOT_PREPARE").value_or("0") == "1";
   const std::string trace_dir =
       !options.trace_dir.empty() ? options.trace_dir : env("GPURUN_TRACE_DIR").value_or("");
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);

@@ -24,12 +24,12 @@ MappedFile MappedFile::create(const std::string& path, size_t bytes) {
   GPURUN_CHECK(bytes > 0, "mapping an empty file '{}'", path);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw_io("creating", path, errno);
-  MappedFile file(path, fd, nullptr, bytes);  // closes fd if anything below throws
+  MappedFile file(path, fd, nullptr, bytes, true);  // closes fd if anything below throws
   if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
     throw Error(fmt::format("state snapshot: reserving {} bytes for '{}' failed: {}", bytes, path,
                             std::strerror(err)));
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) throw_io("mapping", path, errno);
   file.data_ = static_cast<uint8_t*>(p);
   return file;
@@ -38,7 +38,7 @@ MappedFile MappedFile::create(const std::string& path, size_t bytes) {
 MappedFile MappedFile::open_read_only(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_io("opening", path, errno);
-  MappedFile file(path, fd, nullptr, 0);
+  MappedFile file(path, fd, nullptr, 0, false);
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_io("stat of", path, errno);
   file.size_ = static_cast<size_t>(st.st_size);
@@ -50,6 +50,48 @@ MappedFile MappedFile::open_read_only(const std::string& path) {
   return file;
 }
 
+MappedFile MappedFile::open_read_write(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw_io("opening", path, errno);
+  MappedFile file(path, fd, nullptr, 0, true);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_io("stat of", path, errno);
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* p = ::mmap(nullptr, file.size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) throw_io("mapping", path, errno);
+    file.data_ = static_cast<uint8_t*>(p);
+  }
+  return file;
+}
+
+bool MappedFile::is_at(const std::string& path) const noexcept {
+  if (fd_ < 0) return false;
+  struct stat named {
+  }, mine{};
+  if (::stat(path.c_str(), &named) != 0 || ::fstat(fd_, &mine) != 0) return false;
+  return named.st_dev == mine.st_dev && named.st_ino == mine.st_ino &&
+         static_cast<size_t>(mine.st_size) == size_;
+}
+
+bool MappedFile::move_to(const std::string& path, bool replace) {
+  if (replace) {
+    if (::rename(path_.c_str(), path.c_str()) != 0) {
+      throw Error(fmt::format("state snapshot: renaming '{}' to '{}' failed: {}", path_, path,
+                              std::strerror(errno)));
+    }
+  } else {
+    if (::link(path_.c_str(), path.c_str()) != 0) {
+      if (errno == EEXIST) return false;
+      throw Error(fmt::format("state snapshot: linking '{}' to '{}' failed: {}", path_, path,
+                              std::strerror(errno)));
+    }
+    ::unlink(path_.c_str());
+  }
+  path_ = path;
+  return true;
+}
+
 MappedFile::~MappedFile() {
   reset();
 }
@@ -58,7 +100,8 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      writable_(std::exchange(other.writable_, false)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -67,6 +110,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    writable_ = std::exchange(other.writable_, false);
   }
   return *this;
 }
@@ -74,6 +118,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 void MappedFile::sync() {
   if (data_ != nullptr && ::msync(data_, size_, MS_SYNC) != 0) throw_io("msync of", path_, errno);
   if (fd_ >= 0 && ::fsync(fd_) != 0) throw_io("fsync of", path_, errno);
+}
+
+void MappedFile::sync_range(size_t offset, size_t bytes) {
+  if (data_ == nullptr || bytes == 0) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  if (::msync(data_ + begin, offset + bytes - begin, MS_SYNC) != 0)
+    throw_io("msync of", path_, errno);
 }
 
 void MappedFile::close() {

@@ -1,6 +1,6 @@
 // gpurun::rt::MappedFile — a whole file mapped into memory (RAII: unmapped and closed on
-// destruction). Used for state snapshots: tensors are copied straight between the mapping and
-// their device. Internal header.
+// destruction). Used for state snapshots (SnapshotFile): tensors are copied straight between
+// the mapping and their device. Internal header.
 #pragma once
 
 #include <cstddef>
@@ -13,13 +13,20 @@ class MappedFile {
  public:
   /// Creates `path` (must not exist; mode 0600, close-on-exec) with `bytes` bytes, reserves
   /// the space (posix_fallocate: a full /dev/shm fails here with ENOSPC instead of SIGBUS on
-  /// a later write) and maps it read-write, shared. Throws gpurun::Error naming the path and
-  /// the errno text.
+  /// a later write) and maps it read-write, shared, its page tables filled at once
+  /// (MAP_POPULATE: one batched pass instead of a page fault per 4 KiB at the first copy).
+  /// Throws gpurun::Error naming the path and the errno text.
   static MappedFile create(const std::string& path, size_t bytes);
 
   /// Opens `path` and maps it whole, read-only (private). Throws gpurun::Error naming the
   /// path on I/O errors. size() is the file's size at open time.
   static MappedFile open_read_only(const std::string& path);
+
+  /// Opens the existing file `path` and maps it whole, read-write, shared (writes reach the
+  /// file and every other mapping of it), page tables filled at once (MAP_POPULATE). Throws
+  /// gpurun::Error naming the path (errno text; EACCES/EROFS when the file cannot be written:
+  /// open_read_only() still may).
+  static MappedFile open_read_write(const std::string& path);
 
   MappedFile() = default;
   ~MappedFile();
@@ -31,23 +38,39 @@ class MappedFile {
   uint8_t* data() const noexcept { return data_; }
   size_t size() const noexcept { return size_; }
   const std::string& path() const noexcept { return path_; }
+  bool writable() const noexcept { return writable_; }
+
+  /// Whether `path` still names this file (same device and inode) with the size it was
+  /// mapped with: false once it was replaced, removed or truncated. Never throws.
+  bool is_at(const std::string& path) const noexcept;
+
+  /// Gives the file the name `path` (this object's path() becomes it): replace = true renames
+  /// over whatever is there (a mapping of the old file elsewhere keeps the old file);
+  /// replace = false links the file there only if `path` does not exist (false then, and
+  /// the file keeps its name). Throws gpurun::Error naming both paths on other errors.
+  bool move_to(const std::string& path, bool replace);
 
   /// Writes the mapping back and fsyncs the file (blocks; cheap on tmpfs). Throws
   /// gpurun::Error naming the path.
   void sync();
 
+  /// Writes bytes [offset, offset + bytes) of the mapping back (msync, whole pages; blocks).
+  /// Throws gpurun::Error naming the path.
+  void sync_range(size_t offset, size_t bytes);
+
   /// Unmaps and closes now (idempotent); close() errors are reported as gpurun::Error.
   void close();
 
  private:
-  MappedFile(std::string path, int fd, uint8_t* data, size_t size)
-      : path_(std::move(path)), fd_(fd), data_(data), size_(size) {}
+  MappedFile(std::string path, int fd, uint8_t* data, size_t size, bool writable)
+      : path_(std::move(path)), fd_(fd), data_(data), size_(size), writable_(writable) {}
   void reset() noexcept;
 
   std::string path_;
   int fd_ = -1;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  bool writable_ = false;
 };
 
 }  // namespace gpurun::rt

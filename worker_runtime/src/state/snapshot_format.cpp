@@ -21,9 +21,37 @@ T get(const uint8_t* in, size_t at) {
 
 // Field offsets of the header.
 constexpr size_t kVersionAt = 8, kHeaderSizeAt = 12, kManifestAt = 16, kCountAt = 24, kDataAt = 32,
-                 kTotalAt = 40;
+                 kDataEndAt = 40, kFileAt = 48, kHashAt = 56, kPidAt = 64;
+
+constexpr uint64_t kPage = 4096;
+
+constexpr uint64_t round_up_page(uint64_t n) {
+  return (n + kPage - 1) / kPage * kPage;
+}
 
 }  // namespace
+
+uint64_t snapshot_hash(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t snapshot_spare_bytes(uint64_t manifest_bytes) {
+  return round_up_page((uint64_t{64} << 10) + manifest_bytes);
+}
+
+uint64_t snapshot_file_bytes(uint64_t data_end, uint64_t manifest_bytes) {
+  return round_up_page(data_end + snapshot_spare_bytes(manifest_bytes));
+}
+
+bool snapshot_fits(uint64_t file_bytes, uint64_t data_end, uint64_t manifest_bytes) {
+  return data_end <= file_bytes &&
+         file_bytes <= round_up_page(data_end + 2 * snapshot_spare_bytes(manifest_bytes));
+}
 
 SnapshotHeader SnapshotHeader::plan(uint64_t manifest_bytes,
                                     const std::vector<uint64_t>& tensor_bytes,
@@ -39,7 +67,8 @@ SnapshotHeader SnapshotHeader::plan(uint64_t manifest_bytes,
     offsets.push_back(at);
     end = at + n;
   }
-  h.total_bytes = end;
+  h.data_end = end;
+  h.file_bytes = end;
   return h;
 }
 
@@ -51,7 +80,12 @@ void SnapshotHeader::encode(uint8_t* out) const {
   put<uint64_t>(out, kManifestAt, manifest_bytes);
   put<uint64_t>(out, kCountAt, tensor_count);
   put<uint64_t>(out, kDataAt, data_offset);
-  put<uint64_t>(out, kTotalAt, total_bytes);
+  put<uint64_t>(out, kDataEndAt, data_end);
+  put<uint64_t>(out, kFileAt, file_bytes);
+  put<uint64_t>(out, kHashAt, manifest_hash);
+  put<uint64_t>(out, kPidAt, writer_pid);
+  put<uint64_t>(out, kSequenceAt, sequence);
+  put<uint64_t>(out, kCommitAt, committed ? kCommitted : 0);
 }
 
 SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
@@ -79,21 +113,45 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
   h.manifest_bytes = get<uint64_t>(data, kManifestAt);
   h.tensor_count = get<uint64_t>(data, kCountAt);
   h.data_offset = get<uint64_t>(data, kDataAt);
-  h.total_bytes = get<uint64_t>(data, kTotalAt);
-  if (h.total_bytes != file_bytes) {
+  h.data_end = get<uint64_t>(data, kDataEndAt);
+  h.file_bytes = get<uint64_t>(data, kFileAt);
+  h.manifest_hash = get<uint64_t>(data, kHashAt);
+  h.writer_pid = get<uint64_t>(data, kPidAt);
+  h.sequence = get<uint64_t>(data, kSequenceAt);
+  h.committed = get<uint64_t>(data, kCommitAt) == kCommitted;
+  if (!h.committed) {
+    if (h.sequence == 0) {
+      throw StateError(
+          fmt::format("state snapshot '{}' holds no snapshot yet: the file was prepared but no "
+                      "state was ever written to it",
+                      path));
+    }
+    throw StateError(fmt::format(
+        "state snapshot '{}' is incomplete: its writer (pid {}) stopped before committing "
+        "snapshot #{} (interrupted pause); the state in it cannot be resumed from",
+        path, h.writer_pid, h.sequence));
+  }
+  if (h.file_bytes != file_bytes) {
     throw StateError(fmt::format(
         "state snapshot '{}' has {} bytes but its header says {} ({}): the file was {} or "
         "overwritten while being read",
-        path, file_bytes, h.total_bytes,
-        file_bytes < h.total_bytes ? "truncated" : "trailing bytes",
-        file_bytes < h.total_bytes ? "truncated" : "appended to"));
+        path, file_bytes, h.file_bytes, file_bytes < h.file_bytes ? "truncated" : "trailing bytes",
+        file_bytes < h.file_bytes ? "truncated" : "appended to"));
   }
   if (h.manifest_bytes > file_bytes - kBytes ||
-      h.data_offset != snapshot_align(kBytes + h.manifest_bytes) || h.data_offset > file_bytes) {
+      h.data_offset != snapshot_align(kBytes + h.manifest_bytes) || h.data_offset > h.data_end ||
+      h.data_end > file_bytes) {
     throw StateError(fmt::format(
-        "state snapshot '{}' is corrupt: manifest of {} bytes and data offset {} do not fit a "
+        "state snapshot '{}' is corrupt: manifest of {} bytes, data from {} to {} do not fit a "
         "file of {} bytes",
-        path, h.manifest_bytes, h.data_offset, file_bytes));
+        path, h.manifest_bytes, h.data_offset, h.data_end, file_bytes));
+  }
+  const std::string_view manifest(reinterpret_cast<const char*>(data) + kBytes, h.manifest_bytes);
+  if (const uint64_t actual = snapshot_hash(manifest); actual != h.manifest_hash) {
+    throw StateError(fmt::format(
+        "state snapshot '{}' is corrupt: its manifest ({} bytes) hashes to {:016x}, its header "
+        "says {:016x}",
+        path, h.manifest_bytes, actual, h.manifest_hash));
   }
   return h;
 }

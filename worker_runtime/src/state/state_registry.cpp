@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <algorithm>
+
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -23,6 +26,7 @@
 #include "compat/torch_compat.hpp"
 #include "state/mapped_file.hpp"
 #include "state/optimizer_adapter.hpp"
+#include "state/snapshot_file.hpp"
 #include "state/snapshot_format.hpp"
 #include "state/state_checksum.hpp"
 
@@ -248,6 +252,8 @@ struct StateRegistry::Impl {
   std::map<std::string, Scalar> scalars;  ///< name order = manifest order
   std::map<std::string, std::shared_ptr<StateExtension>> extensions;
   bool released = false;
+  std::optional<SnapshotFile> snapshot;  ///< the mapped snapshot file, kept across snapshots
+  SnapshotStats stats;                   ///< of the last snapshot call
 
   void check_name_free(const std::string& name) const {
     if (scalars.count(name) != 0 || extensions.count(name) != 0) {
@@ -876,70 +882,107 @@ void StateRegistry::materialize(const at::Device& device) {
 
 namespace {
 
-// Removes a temporary file unless dismissed.
-class UnlinkGuard {
- public:
-  explicit UnlinkGuard(std::string path) : path_(std::move(path)) {}
-  ~UnlinkGuard() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  UnlinkGuard(const UnlinkGuard&) = delete;
-  UnlinkGuard& operator=(const UnlinkGuard&) = delete;
-  void dismiss() { path_.clear(); }
+using SteadyClock = std::chrono::steady_clock;
 
- private:
-  std::string path_;
-};
+double seconds_since(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
 
 bool any_on_device(const std::vector<at::Tensor>& tensors) {
   return std::any_of(tensors.begin(), tensors.end(),
                      [](const at::Tensor& t) { return !t.is_cpu(); });
 }
 
-// A CPU tensor over `bytes` of the mapping with `like`'s shape and dtype (no copy, no ownership).
-at::Tensor host_view(uint8_t* bytes, const at::Tensor& like) {
-  return at::from_blob(bytes, like.sizes(), at::TensorOptions().dtype(like.scalar_type()));
+// Size of the file `path`, or nullopt when there is none (or it is not a regular file).
+std::optional<uint64_t> file_size_at(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// One snapshot's layout: its manifest, its tensors (canonical order) and their file offsets.
+struct SnapshotPlan {
+  std::string manifest;
+  std::vector<at::Tensor> tensors;
+  std::vector<uint64_t> offsets;
+  SnapshotHeader header;
+  int64_t tensor_bytes = 0;
+
+  SnapshotPlan(std::string manifest_text, std::vector<at::Tensor> ts)
+      : manifest(std::move(manifest_text)), tensors(std::move(ts)) {
+    std::vector<uint64_t> sizes;
+    for (const at::Tensor& t : tensors) {
+      sizes.push_back(t.nbytes());
+      tensor_bytes += static_cast<int64_t>(t.nbytes());
+    }
+    header = SnapshotHeader::plan(manifest.size(), sizes, offsets);
+  }
+
+  // Every tensor with its range of the mapping at `base`.
+  std::vector<compat::HostCopy> copies(uint8_t* base) const {
+    std::vector<compat::HostCopy> out;
+    for (size_t i = 0; i < tensors.size(); ++i) out.push_back({tensors[i], base + offsets[i]});
+    return out;
+  }
+};
+
+// The kept mapping of `path` if it is still that file and it fits a snapshot of `plan` (writable,
+// snapshot_fits), else the existing file at `path` if it fits, else a new file replacing it.
+SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::string& path,
+                                 const SnapshotPlan& plan, StateRegistry::SnapshotStats& st) {
+  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
+  const auto fits = [&](uint64_t file_bytes) {
+    return snapshot_fits(file_bytes, end, manifest_bytes);
+  };
+  if (kept && !(kept->is_at(path) && kept->writable() && fits(kept->size()))) kept.reset();
+  if (kept) return *kept;
+  const auto t0 = SteadyClock::now();
+  if (const auto size = file_size_at(path);
+      size && fits(*size) && ::access(path.c_str(), W_OK) == 0) {
+    kept = SnapshotFile::open(path);
+    st.mapped = true;
+  } else {
+    kept = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes), /*replace=*/true);
+    st.created = true;
+  }
+  st.setup_seconds = seconds_since(t0);
+  return *kept;
 }
 
 }  // namespace
 
 void StateRegistry::write_snapshot(const std::string& path) const {
-  impl_->check_not_released("write_snapshot()");
-  const std::string manifest_text = manifest();
-  const std::vector<at::Tensor> ts = tensors();
-  std::vector<uint64_t> sizes;
-  for (const at::Tensor& t : ts) sizes.push_back(t.nbytes());
-  std::vector<uint64_t> offsets;
-  const SnapshotHeader header = SnapshotHeader::plan(manifest_text.size(), sizes, offsets);
-
-  static std::atomic<uint64_t> counter{0};
-  const std::string temp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
-  UnlinkGuard remove_temp(temp);
-  {
-    MappedFile file = MappedFile::create(temp, header.total_bytes);
-    {
-      // Page-locked while device tensors are copied into it (CUDA builds; else a no-op).
-      const compat::HostRegistration pinned(any_on_device(ts) ? file.data() : nullptr, file.size(),
-                                            /*read_only=*/false);
-      header.encode(file.data());
-      std::memcpy(file.data() + SnapshotHeader::kBytes, manifest_text.data(), manifest_text.size());
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < ts.size(); ++i) {
-        if (ts[i].numel() > 0) host_view(file.data() + offsets[i], ts[i]).copy_(ts[i]);
-      }
-    }
-    file.sync();
-    file.close();
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    throw Error(fmt::format("state snapshot: renaming '{}' to '{}' failed: {}", temp, path,
-                            std::strerror(errno)));
-  }
-  remove_temp.dismiss();
+  const auto t0 = SteadyClock::now();
+  Impl& m = *impl_;
+  m.check_not_released("write_snapshot()");
+  const SnapshotPlan plan(manifest(), tensors());
+  SnapshotStats st;
+  st.tensor_bytes = plan.tensor_bytes;
+  SnapshotFile& file = snapshot_for_write(m.snapshot, path, plan, st);
+  if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
+  file.begin(plan.header, plan.manifest);
+  const auto t_copy = SteadyClock::now();
+  compat::copy_host(plan.copies(file.data()), /*to_host=*/true);
+  st.copy_seconds = seconds_since(t_copy);
+  file.commit();
+  st.file_bytes = static_cast<int64_t>(file.size());
+  st.pinned = file.pinned();
+  st.total_seconds = seconds_since(t0);
+  m.stats = st;
 }
 
 void StateRegistry::read_snapshot(const std::string& path, const at::Device& device) {
-  MappedFile file = MappedFile::open_read_only(path);
+  const auto t0 = SteadyClock::now();
+  Impl& m = *impl_;
+  SnapshotStats st;
+  if (m.snapshot && !m.snapshot->is_at(path)) m.snapshot.reset();
+  if (!m.snapshot) {
+    const auto t_open = SteadyClock::now();
+    m.snapshot = SnapshotFile::open(path);
+    st.mapped = true;
+    st.setup_seconds = seconds_since(t_open);
+  }
+  SnapshotFile& file = *m.snapshot;
   const SnapshotHeader header = SnapshotHeader::decode(file.data(), file.size(), path);
   const std::string manifest_text(
       reinterpret_cast<const char*>(file.data()) + SnapshotHeader::kBytes, header.manifest_bytes);
@@ -949,24 +992,70 @@ void StateRegistry::read_snapshot(const std::string& path, const at::Device& dev
     throw StateError(fmt::format("state snapshot '{}': {}", path, e.what()));
   }
 
-  const std::vector<at::Tensor> ts = tensors();
-  std::vector<uint64_t> sizes;
-  for (const at::Tensor& t : ts) sizes.push_back(t.nbytes());
-  std::vector<uint64_t> offsets;
-  const SnapshotHeader expected = SnapshotHeader::plan(header.manifest_bytes, sizes, offsets);
-  if (expected.tensor_count != header.tensor_count || expected.total_bytes != header.total_bytes) {
+  const SnapshotPlan plan(manifest_text, tensors());
+  if (plan.header.tensor_count != header.tensor_count || plan.header.data_end != header.data_end) {
     throw StateError(fmt::format(
-        "state snapshot '{}' is corrupt: its manifest describes {} tensors in {} bytes, its "
-        "header {} tensors in {} bytes",
-        path, expected.tensor_count, expected.total_bytes, header.tensor_count,
-        header.total_bytes));
+        "state snapshot '{}' is corrupt: its manifest describes {} tensors ending at byte {}, "
+        "its header {} tensors ending at byte {}",
+        path, plan.header.tensor_count, plan.header.data_end, header.tensor_count,
+        header.data_end));
   }
-  const compat::HostRegistration pinned(any_on_device(ts) ? file.data() : nullptr, file.size(),
-                                        /*read_only=*/true);
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (ts[i].numel() > 0) ts[i].copy_(host_view(file.data() + offsets[i], ts[i]));
+  if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
+  const auto t_copy = SteadyClock::now();
+  compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
+  st.copy_seconds = seconds_since(t_copy);
+  st.tensor_bytes = plan.tensor_bytes;
+  st.file_bytes = static_cast<int64_t>(file.size());
+  st.pinned = file.pinned();
+  st.total_seconds = seconds_since(t0);
+  m.stats = st;
+}
+
+void StateRegistry::prepare_snapshot(const std::string& path) {
+  const auto t0 = SteadyClock::now();
+  Impl& m = *impl_;
+  m.check_not_released("prepare_snapshot()");
+  const SnapshotPlan plan(manifest(), tensors());
+  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
+  SnapshotStats st;
+  if (m.snapshot && !(m.snapshot->is_at(path) && m.snapshot->writable() &&
+                      snapshot_fits(m.snapshot->size(), end, manifest_bytes))) {
+    m.snapshot.reset();
   }
+  if (!m.snapshot) {
+    const auto t_setup = SteadyClock::now();
+    std::optional<SnapshotFile> made;
+    if (!file_size_at(path)) {
+      made = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes),
+                                  /*replace=*/false);  // nullopt: another rank was first
+      st.created = made.has_value();
+    }
+    if (!made) {
+      // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
+      const auto size = file_size_at(path);
+      if (size && snapshot_fits(*size, end, manifest_bytes) && ::access(path.c_str(), W_OK) == 0) {
+        made = SnapshotFile::open(path);
+        st.mapped = true;
+      }
+    }
+    st.setup_seconds = seconds_since(t_setup);
+    m.snapshot = std::move(made);
+  }
+  if (m.snapshot) {
+    if (any_on_device(plan.tensors)) st.pin_seconds = m.snapshot->pin();
+    st.file_bytes = static_cast<int64_t>(m.snapshot->size());
+    st.pinned = m.snapshot->pinned();
+  }
+  st.total_seconds = seconds_since(t0);
+  m.stats = st;
+}
+
+const StateRegistry::SnapshotStats& StateRegistry::last_snapshot_stats() const {
+  return impl_->stats;
+}
+
+void StateRegistry::close_snapshot() noexcept {
+  impl_->snapshot.reset();
 }
 
 }  // namespace gpurun::rt

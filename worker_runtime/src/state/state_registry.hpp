@@ -95,14 +95,55 @@ class StateRegistry {
   /// before a handoff); Adagrad cannot step without it.
   void materialize(const at::Device& device);
 
-  /// Writes manifest + tensor bytes to `path` (a file, typically on /dev/shm), atomically
-  /// (temporary file + rename). Throws gpurun::Error naming the path on I/O errors.
+  /// Writes manifest + tensor bytes to `path` (a file, typically on /dev/shm; layout:
+  /// state/snapshot_format.hpp). The file is mapped (and page-locked when the state is on a
+  /// device) once and kept: later snapshots to the same path are written in place, copying
+  /// only (device tensors: asynchronous copies on a side stream, one synchronise). A new file
+  /// (reserved with posix_fallocate, renamed over the old one) is made only when none exists
+  /// or the state no longer fits the old one (much larger or much smaller: snapshot_fits).
+  /// Crash-safe: the file is marked incomplete before it changes and committed last, so an
+  /// interrupted write leaves a file read_snapshot refuses, never a half-written state.
+  /// Blocks until the bytes are in the file. Throws gpurun::Error naming the path on I/O
+  /// errors (a full /dev/shm: at the reservation), StateError after release().
   void write_snapshot(const std::string& path) const;
 
   /// Reads a snapshot written by write_snapshot: apply_manifest + fills every tensor on
-  /// `device`. Throws StateError (layout mismatch, size mismatch, truncated file) or
-  /// gpurun::Error (I/O), naming the path.
+  /// `device` (device tensors: asynchronous copies on a side stream, one synchronise). Keeps
+  /// the mapping (page-locked for a device), so that the next write_snapshot to `path` only
+  /// copies. Throws StateError (incomplete snapshot, layout mismatch, size mismatch,
+  /// truncated or corrupt file) or gpurun::Error (I/O), naming the path.
   void read_snapshot(const std::string& path, const at::Device& device);
+
+  /// Optional: gets `path` ready so that the first write_snapshot(path) only copies. Maps the
+  /// file there if it fits the current state (it is not changed: it may hold a snapshot to
+  /// resume from); creates one sized for the current state (plus spare room) where none
+  /// exists (never replacing one, so ranks that prepare one path share one file); page-locks
+  /// the mapping when the state is on a device. Cost: the file takes about nbytes() of host
+  /// memory (tmpfs) from now until it is removed, page-locked while this registry maps it,
+  /// and the call takes the reservation and registration time a first write would. Size it
+  /// after the optimizer's first step (Adam's moments do not exist before): a file too small
+  /// for the real state is replaced at the first write. Throws gpurun::Error on I/O errors,
+  /// StateError after release().
+  void prepare_snapshot(const std::string& path);
+
+  /// What the last write_snapshot / read_snapshot / prepare_snapshot did and how long its
+  /// parts took (seconds, steady clock). Zero-initialised before the first one.
+  struct SnapshotStats {
+    int64_t tensor_bytes = 0;  ///< tensor bytes copied (0 for prepare_snapshot)
+    int64_t file_bytes = 0;    ///< size of the snapshot file
+    bool created = false;      ///< this call created (and reserved) the file
+    bool mapped = false;       ///< this call mapped an existing file (not kept from before)
+    bool pinned = false;       ///< the mapping is page-locked (CUDA build, device state)
+    double setup_seconds = 0;  ///< create + posix_fallocate + mmap, or open + mmap
+    double pin_seconds = 0;    ///< page-locking the mapping (cudaHostRegister)
+    double copy_seconds = 0;   ///< tensor copies, the final synchronise included
+    double total_seconds = 0;  ///< the whole call (manifest, checks, msync, commit, ...)
+  };
+  const SnapshotStats& last_snapshot_stats() const;
+
+  /// Unmaps (and unregisters) the kept snapshot file now; the file itself stays. The next
+  /// snapshot call maps it again. Never throws.
+  void close_snapshot() noexcept;
 
   bool empty() const;
 

@@ -1,12 +1,19 @@
 // CUDA side of the compat seam (compat/torch_compat.hpp): compiled only in CUDA builds
 // (this directory is added by CMake when GPURUN_HAVE_NCCL). Checked against LibTorch 2.x
 // headers: c10::cuda::CUDACachingAllocator::emptyCache() (2.x adds an optional mempool id
-// argument, defaulted) and at::cuda::clearCublasWorkspaces() (ATen/cuda/CUDAContext.h).
+// argument, defaulted), at::cuda::clearCublasWorkspaces() (ATen/cuda/CUDAContext.h),
+// c10::cuda::getStreamFromPool(bool, DeviceIndex), at::cuda::CUDAEvent::record/block.
 #include "compat/torch_compat.hpp"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
 
 namespace gpurun::rt::compat::detail::cuda {
 
@@ -23,7 +30,9 @@ bool host_register(void* ptr, size_t bytes, bool read_only) noexcept {
     (void)cudaGetLastError();  // so that the next CUDA call does not report this error
     return false;
   }
-  const unsigned int flags = read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault;
+  // Portable: page-locked for every device's context, not only the current one.
+  const unsigned int flags =
+      cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
   if (cudaHostRegister(ptr, bytes, flags) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
@@ -33,6 +42,40 @@ bool host_register(void* ptr, size_t bytes, bool read_only) noexcept {
 
 void host_unregister(void* ptr) noexcept {
   if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void copy_host_async(const std::vector<HostCopy>& copies, bool to_host) {
+  // One side stream per device the tensors live on (one, in a worker), each made to wait for
+  // what that device's current stream has queued (the last optimizer step, or the allocation
+  // of freshly materialised tensors).
+  std::vector<c10::DeviceIndex> devices;
+  std::vector<c10::cuda::CUDAStream> streams;
+  for (const HostCopy& c : copies) {
+    if (!c.tensor.is_cuda()) continue;
+    const c10::DeviceIndex d = c.tensor.device().index();
+    if (std::find(devices.begin(), devices.end(), d) != devices.end()) continue;
+    c10::cuda::CUDAGuard guard(d);
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d);
+    at::cuda::CUDAEvent queued;
+    queued.record(c10::cuda::getCurrentCUDAStream(d));
+    queued.block(side);
+    devices.push_back(d);
+    streams.push_back(side);
+  }
+  for (const HostCopy& c : copies) {
+    if (!c.tensor.is_cuda() || c.tensor.numel() == 0) continue;
+    const size_t k = static_cast<size_t>(
+        std::find(devices.begin(), devices.end(), c.tensor.device().index()) - devices.begin());
+    c10::cuda::CUDAGuard guard(devices[k]);
+    void* device_ptr = c.tensor.data_ptr();
+    C10_CUDA_CHECK(cudaMemcpyAsync(
+        to_host ? static_cast<void*>(c.host) : device_ptr,
+        to_host ? device_ptr : static_cast<const void*>(c.host), c.tensor.nbytes(),
+        to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, streams[k].stream()));
+  }
+  // The one wait: the host bytes (to_host) or the tensors (!to_host) are complete after it, so
+  // the current streams may use the tensors without further ordering.
+  for (c10::cuda::CUDAStream& s : streams) s.synchronize();
 }
 
 }  // namespace gpurun::rt::compat::detail::cuda

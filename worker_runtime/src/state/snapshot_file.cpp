@@ -1,0 +1,98 @@
+#include "state/snapshot_file.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+
+namespace gpurun::rt {
+namespace {
+
+// The commit word of the mapped header, stored with release order: every byte written before
+// (header, manifest; the tensors' device copies are complete before commit() runs) is visible
+// to any process that sees the word.
+void store_commit(uint8_t* header, uint64_t value) {
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(header + SnapshotHeader::kCommitAt))
+      .store(value, std::memory_order_release);
+}
+
+uint64_t sequence_of(const uint8_t* data, size_t bytes) {
+  if (bytes < SnapshotHeader::kBytes ||
+      std::memcmp(data, SnapshotHeader::kMagic, sizeof SnapshotHeader::kMagic) != 0)
+    return 0;
+  uint64_t sequence = 0;
+  std::memcpy(&sequence, data + SnapshotHeader::kSequenceAt, sizeof sequence);
+  return sequence;
+}
+
+}  // namespace
+
+std::optional<SnapshotFile> SnapshotFile::create(const std::string& path, uint64_t file_bytes,
+                                                 bool replace) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string temp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+  MappedFile file = MappedFile::create(temp, file_bytes);
+  try {
+    SnapshotHeader empty;  // no snapshot yet: sequence 0, not committed
+    empty.file_bytes = file_bytes;
+    empty.encode(file.data());
+    if (!file.move_to(path, replace)) {
+      ::unlink(temp.c_str());
+      return std::nullopt;
+    }
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
+  return SnapshotFile(std::move(file));
+}
+
+SnapshotFile SnapshotFile::open(const std::string& path) {
+  if (::access(path.c_str(), W_OK) == 0) return SnapshotFile(MappedFile::open_read_write(path));
+  return SnapshotFile(MappedFile::open_read_only(path));
+}
+
+SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
+  if (this != &other) {
+    registration_ = std::move(other.registration_);  // unregisters ours while still mapped
+    file_ = std::move(other.file_);
+  }
+  return *this;
+}
+
+double SnapshotFile::pin() {
+  if (pinned() || data() == nullptr) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  registration_ = compat::HostRegistration(data(), size(), /*read_only=*/!writable());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void SnapshotFile::begin(SnapshotHeader header, std::string_view manifest) {
+  GPURUN_CHECK(writable(), "writing a snapshot into the read-only mapping of '{}'", file_.path());
+  GPURUN_CHECK(
+      header.data_end <= size() && header.data_offset >= SnapshotHeader::kBytes + manifest.size(),
+      "snapshot of {} bytes in '{}' of {} bytes", header.data_end, file_.path(), size());
+  uint8_t* d = data();
+  header.sequence = sequence_of(d, size()) + 1;
+  store_commit(d, 0);
+  file_.sync_range(0, SnapshotHeader::kBytes);  // the old snapshot is void before it changes
+  header.file_bytes = size();
+  header.manifest_hash = snapshot_hash(manifest);
+  header.writer_pid = static_cast<uint64_t>(::getpid());
+  header.committed = false;
+  header.encode(d);
+  std::memcpy(d + SnapshotHeader::kBytes, manifest.data(), manifest.size());
+}
+
+void SnapshotFile::commit() {
+  file_.sync();
+  store_commit(data(), SnapshotHeader::kCommitted);
+  file_.sync_range(0, SnapshotHeader::kBytes);
+}
+
+}  // namespace gpurun::rt

@@ -1,0 +1,71 @@
+// gpurun::rt::SnapshotFile — the host side of state snapshots: one file (normally on /dev/shm)
+// created, reserved, mapped and page-locked once, then written and read in place by every
+// snapshot of the process (hold mode parks many times; a release-mode process that resumed
+// from the file writes the next pause into it). Layout and commit protocol:
+// snapshot_format.hpp. Internal header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "compat/torch_compat.hpp"
+#include "state/mapped_file.hpp"
+#include "state/snapshot_format.hpp"
+
+namespace gpurun::rt {
+
+class SnapshotFile {
+ public:
+  /// Creates a snapshot file of `file_bytes` bytes named `path`: a temporary file next to it
+  /// (mode 0600), reserved with posix_fallocate (a full /dev/shm fails here with ENOSPC),
+  /// mapped read-write and shared, stamped with a header that holds no snapshot, then named
+  /// `path`. replace = true renames it over any file there (processes that mapped the old
+  /// file keep theirs until they see it is gone: is_at); replace = false only links it where
+  /// no file exists and returns std::nullopt when one does (the temporary is removed).
+  /// Not page-locked yet (pin). Throws gpurun::Error naming the path on I/O errors.
+  static std::optional<SnapshotFile> create(const std::string& path, uint64_t file_bytes,
+                                            bool replace);
+
+  /// Maps the existing file `path` whole: read-write and shared where the file may be
+  /// written, else read-only. Throws gpurun::Error naming the path on I/O errors.
+  static SnapshotFile open(const std::string& path);
+
+  SnapshotFile(SnapshotFile&&) noexcept = default;
+  SnapshotFile& operator=(SnapshotFile&& other) noexcept;
+
+  uint8_t* data() const noexcept { return file_.data(); }
+  size_t size() const noexcept { return file_.size(); }
+  bool writable() const noexcept { return file_.writable(); }
+
+  /// Whether `path` still names this file with its mapped size (MappedFile::is_at).
+  bool is_at(const std::string& path) const noexcept { return file_.is_at(path); }
+
+  /// Page-locks the whole mapping for device copies (compat::HostRegistration: cudaHostRegister
+  /// in CUDA builds with a device, nothing otherwise). Idempotent; returns the seconds it took
+  /// (0 when already done). Never throws: without page-locking copies still work, slower.
+  double pin();
+  bool pinned() const noexcept { return registration_.pinned(); }
+
+  /// Starts writing a snapshot: clears the commit word (and syncs that page), so that the file
+  /// stops being a valid snapshot before any of it changes, then writes `header` (uncommitted;
+  /// file_bytes, manifest_hash, writer_pid and the next sequence number are filled in here)
+  /// and `manifest`. The caller then writes the tensors at the header's offsets and calls
+  /// commit(). Requires writable() and header.data_end <= size(). Throws gpurun::Error on I/O
+  /// errors.
+  void begin(SnapshotHeader header, std::string_view manifest);
+
+  /// Ends the snapshot begun by begin(): syncs the file (msync; cheap on tmpfs), then sets the
+  /// commit word and syncs its page. Throws gpurun::Error naming the path on I/O errors.
+  void commit();
+
+ private:
+  explicit SnapshotFile(MappedFile file) : file_(std::move(file)) {}
+
+  MappedFile file_;
+  compat::HostRegistration registration_;  ///< after file_: unregistered before unmapping
+};
+
+}  // namespace gpurun::rt
