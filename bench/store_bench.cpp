@@ -10,9 +10,10 @@
 // on one machine. --json writes the results to PATH as one JSON object.
 //   throughput: N threads, one connection each, M ops each cycling
 //               SET, GET (= WAIT + GET), ADD, WAIT on a present key.
-//   rendezvous: K connections (handshake untimed), then each ADDs a counter
-//               and WAITs on a barrier key that the last arriver SETs (the
-//               torch store-based barrier); prints the time until all K are released.
+//   rendezvous: K connections opened and handshaken by 16 threads at once (timed:
+//               "connect+handshake"), then each ADDs a counter and WAITs on a barrier
+//               key that the last arriver SETs (the torch store-based barrier); prints
+//               the time until all K are released.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
@@ -233,14 +234,23 @@ ThroughputResult throughput(const Args& a, uint16_t port) {
 }
 
 RendezvousResult rendezvous(const Args& a, uint16_t port, int k) {
+  // K workers connect at about the same time (each its own process in a real job): 16
+  // threads here each open and handshake every 16th connection.
+  const int nthreads = std::min(16, k);
   const auto setup_start = Clock::now();
-  std::vector<std::unique_ptr<Conn>> conns;
-  conns.reserve(static_cast<std::size_t>(k));
-  for (int i = 0; i < k; ++i) conns.push_back(std::make_unique<Conn>(a.host, port));
+  std::vector<std::unique_ptr<Conn>> conns(static_cast<std::size_t>(k));
+  {
+    std::vector<std::thread> openers;
+    for (int t = 0; t < nthreads; ++t)
+      openers.emplace_back([&, t] {
+        for (int i = t; i < k; i += nthreads)
+          conns[static_cast<std::size_t>(i)] = std::make_unique<Conn>(a.host, port);
+      });
+    for (auto& th : openers) th.join();
+  }
   const double setup = seconds_since(setup_start);
   const std::string counter = fmt::format("/bench/rdzv{}/{}", k, ::getpid());
   const std::string barrier = counter + ":last_worker";
-  const int nthreads = std::min(16, k);
   std::atomic<int> started{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;

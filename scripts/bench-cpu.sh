@@ -71,13 +71,14 @@ else:
         ops_per_s=tp, server_threads=n)
 row(f"store throughput, {clients} clients, 1 reactor thread", f"{tp1:,.0f} ops/s ({n} threads: {tp / tp1:.2f}x)",
     "reference", "INFO", ops_per_s=tp1, server_threads=1, multi_over_single=tp / tp1)
-# The rendezvous target: all K connections connected and handshaken (VALIDATE +
-# PING echo) in < 2 s; the barrier (ADD + WAIT released by the last SET) is shown beside it.
+# The rendezvous target, read strictly: all K connections connected (by 16 client
+# threads at once, as K workers would) and handshaken (VALIDATE + PING echo), then the
+# barrier (ADD + WAIT released by the last SET): the whole < 2 s.
 for r in multi["rendezvous"]:
     k, setup, barrier = r["connections"], r["connect_handshake_ms"] / 1e3, r["barrier_ms"] / 1e3
     row(f"rendezvous, {k:,} connections: connect+handshake (+ barrier)",
         f"{setup:.2f} s (+ {barrier:.2f} s = {setup + barrier:.2f} s)",
-        "< 2 s connect+handshake", "PASS" if setup < 2 else "FAIL", seconds=setup,
+        "< 2 s in all", "PASS" if setup + barrier < 2 else "FAIL", seconds=setup + barrier,
         connect_handshake_ms=r["connect_handshake_ms"], barrier_ms=r["barrier_ms"],
         total_ms=r["total_ms"], connections=k)
 

@@ -7,9 +7,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <boost/asio/dispatch.hpp>
@@ -31,6 +33,9 @@ using boost::system::error_code;
 namespace {
 
 // Bytes read from a socket per read operation.
+// Read buffer per session: small at first (thousands of idle rendezvous connections), grown
+// to the large size the first time a read fills it (a client sending big values).
+constexpr std::size_t kFirstReadBytes = 4 * 1024;
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
 // A session stops reading while this many reply bytes wait to be written, so a
 // client that sends without reading cannot grow the server's memory unbounded.
@@ -163,7 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
         executor_(socket_.get_executor()),
         id_(id),
         decoder_(server_->options.limits),
-        buf_(std::make_unique<std::array<uint8_t, kReadChunkBytes>>()) {
+        buf_(kFirstReadBytes) {
     error_code ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("unknown peer") : format_endpoint(ep.address(), ep.port());
@@ -212,7 +217,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closing_ || reading_) return;
     reading_ = true;
     socket_.async_read_some(
-        asio::buffer(*buf_),
+        asio::buffer(buf_),
         [self = shared_from_this()](error_code ec, std::size_t n) { self->on_read(ec, n); });
   }
 
@@ -220,14 +225,28 @@ class Session : public std::enable_shared_from_this<Session> {
     reading_ = false;
     if (closing_) return;
     if (ec) {
-      if (ec == asio::error::eof) {
+      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+        // A client going away (also with replies it did not read) is not an error.
         close(decoder_.mid_request() ? "connection closed in the middle of a request" : "");
       } else if (ec != asio::error::operation_aborted) {
         close(fmt::format("read failed: {}", ec.message()));
       }
       return;
     }
-    std::span<const uint8_t> input(buf_->data(), n);
+    const bool filled = n == buf_.size();
+    handle_input(std::span<const uint8_t>(buf_.data(), n));
+    if (filled && buf_.size() < kReadChunkBytes) buf_.resize(kReadChunkBytes);
+    if (closing_) return;
+    queue_replies();
+    start_write();
+    if (backlog_.empty() && unsent_bytes() <= kMaxUnsentReplyBytes) do_read();
+  }
+
+  // Decodes and handles the requests in `input` in order. Stops early when the replies not yet
+  // written pass kMaxUnsentReplyBytes (a client sending requests without reading the answers):
+  // the rest of `input` waits in backlog_ until the writes drain, so one connection's memory
+  // stays bounded by the limit plus one reply. May close the session (bad request).
+  void handle_input(std::span<const uint8_t> input) {
     Request req;
     while (!closing_) {
       const auto status = decoder_.decode(input, req);
@@ -244,11 +263,27 @@ class Session : public std::enable_shared_from_this<Session> {
         close(e.what(), true);
         return;
       }
+      if (!input.empty() && replies_.size() + unsent_bytes() > kMaxUnsentReplyBytes) {
+        backlog_.assign(input.begin(), input.end());
+        return;
+      }
     }
-    if (closing_) return;
-    queue_replies();
-    start_write();
-    if (unsent_bytes() <= kMaxUnsentReplyBytes) do_read();
+  }
+
+  // After a write: handles the backlog once the unsent replies are under the limit again,
+  // then reads more.
+  void resume_input() {
+    if (closing_ || unsent_bytes() > kMaxUnsentReplyBytes) return;
+    if (!backlog_.empty()) {
+      std::vector<uint8_t> input;
+      input.swap(backlog_);
+      handle_input(input);
+      if (closing_) return;
+      queue_replies();
+      start_write();
+      if (!backlog_.empty() || unsent_bytes() > kMaxUnsentReplyBytes) return;
+    }
+    do_read();
   }
 
   // Moves the replies produced so far in this read (replies_) to the outbox.
@@ -375,12 +410,15 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (ec) {
-      if (ec != asio::error::operation_aborted)
+      if (ec == asio::error::broken_pipe || ec == asio::error::connection_reset) {
+        close("");  // the client went away without reading its replies: not an error
+      } else if (ec != asio::error::operation_aborted) {
         close(fmt::format("write failed: {}", ec.message()));
+      }
       return;
     }
     start_write();
-    if (unsent_bytes() <= kMaxUnsentReplyBytes) do_read();
+    resume_input();
   }
 
   std::shared_ptr<Server::Impl> server_;
@@ -389,8 +427,9 @@ class Session : public std::enable_shared_from_this<Session> {
   ConnectionId id_;
   std::string peer_;
   FrameDecoder decoder_;
-  std::unique_ptr<std::array<uint8_t, kReadChunkBytes>> buf_;
-  std::string replies_;  // replies produced by the read being handled, not yet queued
+  std::vector<uint8_t> buf_;      // read buffer (kFirstReadBytes, grown to kReadChunkBytes)
+  std::vector<uint8_t> backlog_;  // requests read but not handled yet: replies over the limit
+  std::string replies_;           // replies produced by the read being handled, not yet queued
   bool reading_ = false;
   bool writing_ = false;
   bool closed_ = false;  // socket closed

@@ -170,7 +170,7 @@ int run(int argc, char** argv) {
       gpurun::store::ServerOptions so;
       if (!is_loopback(plan.master_addr)) so.hosts = {"::"};
       so.port = plan.master_port;
-      so.log = [](const std::string& line) { print_err("store: " + line); };
+      so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
       plan.master_port = store->port();
     }

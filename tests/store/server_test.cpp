@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +24,15 @@ using testing::TestServer;
 using testing::validate_frame;
 
 namespace {
+
+// This process's resident set size (VmRSS of /proc/self/status), in KiB.
+int64_t resident_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return 0;
+}
 
 ServerOptions with_threads(std::size_t n) {
   ServerOptions o;
@@ -392,6 +402,42 @@ TEST_CASE("server: destroying a busy multi-threaded server joins its threads") {
     ts.reset();
     stop = true;
     for (auto& t : load) t.join();
+  }
+}
+
+TEST_CASE("server: requests sent without reading the replies wait once 16 MiB are unsent") {
+  // 80 GETs of a 1 MiB value in one send: 80 MiB of replies. The session handles requests
+  // until its unsent replies pass the limit, keeps the rest, and answers them as the client
+  // reads: memory stays near the limit (the server runs in this process: its resident size
+  // grows by far less than 80 MiB), every reply arrives, in order, and the connection stays.
+  for (std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+    CAPTURE(threads);
+    TestServer ts(with_threads(threads));
+    Client c(ts.client_options());
+    std::string value(1u << 20, '\0');
+    for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>(i * 131 % 251);
+    c.set("/v", value);
+    REQUIRE(c.get("/v") == value);  // SET has no reply: a round trip makes sure it landed
+
+    RawConn raw(ts.port());
+    std::string requests = validate_frame();
+    constexpr int kGets = 80;
+    for (int i = 0; i < kGets; ++i) requests += frame({QueryType::kGet, {"/v"}, {}, 0, 0});
+    const int64_t rss_before = resident_kib();
+    raw.send(requests);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the server stall
+    CHECK(resident_kib() - rss_before < 48 * 1024);
+    for (int i = 0; i < kGets; ++i) {
+      const std::string len = raw.read(8);
+      REQUIRE(len.size() == 8);
+      uint64_t n = 0;
+      std::memcpy(&n, len.data(), 8);
+      REQUIRE(n == value.size());
+      REQUIRE(raw.read(value.size()) == value);
+    }
+    raw.send(frame({QueryType::kGet, {"/v"}, {}, 0, 0}));  // still served afterwards
+    CHECK(raw.read(8 + value.size()).size() == 8 + value.size());
+    CHECK_FALSE(ts.log_contains("closed connection"));
   }
 }
 
