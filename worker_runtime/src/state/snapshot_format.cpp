@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "state/state_checksum.hpp"
 #include "state/state_registry.hpp"
 
 namespace gpurun::rt {
@@ -32,12 +33,7 @@ constexpr uint64_t round_up_page(uint64_t n) {
 }  // namespace
 
 uint64_t snapshot_hash(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
+  return fnv1a64(bytes);
 }
 
 uint64_t snapshot_spare_bytes(uint64_t manifest_bytes) {

@@ -9,15 +9,6 @@ namespace {
 // Words summed per chunk: bounds the int64 temporaries to 2 × 128 MiB per chunk.
 constexpr int64_t kChunkWords = int64_t{16} << 20;
 
-uint64_t fnv1a(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 // Folds `value` into `h`, order-dependently.
 uint64_t fold(uint64_t h, uint64_t value) {
   return splitmix64(h ^ splitmix64(value));
@@ -36,7 +27,7 @@ void StateChecksum::add_tensor(const at::Tensor& t) {
   TensorEntry entry;
   entry.meta.push_back(static_cast<uint64_t>(t.dim()));
   for (int64_t s : t.sizes()) entry.meta.push_back(static_cast<uint64_t>(s));
-  entry.meta.push_back(fnv1a(c10::toString(t.scalar_type())));
+  entry.meta.push_back(fnv1a64(c10::toString(t.scalar_type())));
 
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(t.device());
   at::Tensor plain = at::zeros({}, long_opts);
@@ -69,7 +60,7 @@ void StateChecksum::add(double value) {
 
 void StateChecksum::add(std::string_view bytes) {
   values_.push_back(bytes.size());
-  values_.push_back(fnv1a(bytes));
+  values_.push_back(fnv1a64(bytes));
 }
 
 uint64_t StateChecksum::finish() const {
@@ -103,6 +94,15 @@ uint64_t StateChecksum::finish() const {
     h = fold(h, static_cast<uint64_t>(sums[k++]));
   }
   for (uint64_t v : values_) h = fold(h, v);
+  return h;
+}
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
   return h;
 }
 

@@ -47,4 +47,8 @@ class StateChecksum {
 /// splitmix64's output function of `x` (a bijection on 64-bit words).
 uint64_t splitmix64(uint64_t x);
 
+/// FNV-1a, 64-bit (Fowler, Noll, Vo; offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+/// of `bytes`. Used for metadata (dtype names, manifests), not for tensor data.
+uint64_t fnv1a64(std::string_view bytes);
+
 }  // namespace gpurun::rt
