@@ -15,7 +15,10 @@ OUT=${OUT:-bench-out}
 BENCH=${STORE_BENCH:-build/bench/store_bench}
 CLIENT_THREADS=${CLIENT_THREADS:-16}
 OPS=${OPS:-20000}
-[[ -x $BENCH ]] || scripts/setup.sh
+if [[ ! -x $BENCH ]]; then
+  [[ -n ${STORE_BENCH:-} ]] && { echo "bench-cpu: STORE_BENCH=$BENCH is not an executable" >&2; exit 2; }
+  scripts/setup.sh  # builds build/ (and installs what is missing)
+fi
 mkdir -p "$OUT"
 
 server_threads=()
