@@ -236,6 +236,12 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool filled = n == buf_.size();
     handle_input(std::span<const uint8_t>(buf_.data(), n));
     if (filled && buf_.size() < kReadChunkBytes) buf_.resize(kReadChunkBytes);
+    after_input();
+  }
+
+  // After handle_input(): sends the replies and reads on unless requests wait in the backlog
+  // or too many replies are unsent (on_write resumes then).
+  void after_input() {
     if (closing_) return;
     queue_replies();
     start_write();
@@ -274,16 +280,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // then reads more.
   void resume_input() {
     if (closing_ || unsent_bytes() > kMaxUnsentReplyBytes) return;
-    if (!backlog_.empty()) {
-      std::vector<uint8_t> input;
-      input.swap(backlog_);
-      handle_input(input);
-      if (closing_) return;
-      queue_replies();
-      start_write();
-      if (!backlog_.empty() || unsent_bytes() > kMaxUnsentReplyBytes) return;
+    if (backlog_.empty()) {
+      do_read();
+      return;
     }
-    do_read();
+    std::vector<uint8_t> input;
+    input.swap(backlog_);
+    handle_input(input);
+    after_input();
   }
 
   // Moves the replies produced so far in this read (replies_) to the outbox.
