@@ -926,20 +926,33 @@ struct SnapshotPlan {
   }
 };
 
-// The kept mapping of `path` if it is still that file and it fits a snapshot of `plan` (writable,
-// snapshot_fits), else the existing file at `path` if it fits, else a new file replacing it.
+// Whether the kept mapping `f` can take a snapshot of `end` bytes with a manifest of
+// `manifest_bytes` at `path`: it is still the file there, writable, and it fits.
+bool still_fits(const SnapshotFile& f, const std::string& path, uint64_t end,
+                uint64_t manifest_bytes) {
+  return f.is_at(path) && f.writable() && snapshot_fits(f.size(), end, manifest_bytes);
+}
+
+// The existing file at `path` mapped, when it is a writable regular file that fits such a
+// snapshot; else nullopt.
+std::optional<SnapshotFile> open_if_fits(const std::string& path, uint64_t end,
+                                         uint64_t manifest_bytes) {
+  const auto size = file_size_at(path);
+  if (!size || !snapshot_fits(*size, end, manifest_bytes) || ::access(path.c_str(), W_OK) != 0)
+    return std::nullopt;
+  return SnapshotFile::open(path);
+}
+
+// The kept mapping of `path` if it still fits a snapshot of `plan`, else the existing file at
+// `path` if it fits, else a new file replacing it.
 SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::string& path,
                                  const SnapshotPlan& plan, StateRegistry::SnapshotStats& st) {
   const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
-  const auto fits = [&](uint64_t file_bytes) {
-    return snapshot_fits(file_bytes, end, manifest_bytes);
-  };
-  if (kept && !(kept->is_at(path) && kept->writable() && fits(kept->size()))) kept.reset();
+  if (kept && !still_fits(*kept, path, end, manifest_bytes)) kept.reset();
   if (kept) return *kept;
   const auto t0 = SteadyClock::now();
-  if (const auto size = file_size_at(path);
-      size && fits(*size) && ::access(path.c_str(), W_OK) == 0) {
-    kept = SnapshotFile::open(path);
+  kept = open_if_fits(path, end, manifest_bytes);
+  if (kept) {
     st.mapped = true;
   } else {
     kept = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes), /*replace=*/true);
@@ -1018,28 +1031,20 @@ void StateRegistry::prepare_snapshot(const std::string& path) {
   const SnapshotPlan plan(manifest(), tensors());
   const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
   SnapshotStats st;
-  if (m.snapshot && !(m.snapshot->is_at(path) && m.snapshot->writable() &&
-                      snapshot_fits(m.snapshot->size(), end, manifest_bytes))) {
-    m.snapshot.reset();
-  }
+  if (m.snapshot && !still_fits(*m.snapshot, path, end, manifest_bytes)) m.snapshot.reset();
   if (!m.snapshot) {
     const auto t_setup = SteadyClock::now();
-    std::optional<SnapshotFile> made;
     if (!file_size_at(path)) {
-      made = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes),
-                                  /*replace=*/false);  // nullopt: another rank was first
-      st.created = made.has_value();
+      m.snapshot = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes),
+                                        /*replace=*/false);  // nullopt: another rank was first
+      st.created = m.snapshot.has_value();
     }
-    if (!made) {
+    if (!m.snapshot) {
       // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
-      const auto size = file_size_at(path);
-      if (size && snapshot_fits(*size, end, manifest_bytes) && ::access(path.c_str(), W_OK) == 0) {
-        made = SnapshotFile::open(path);
-        st.mapped = true;
-      }
+      m.snapshot = open_if_fits(path, end, manifest_bytes);
+      st.mapped = m.snapshot.has_value();
     }
     st.setup_seconds = seconds_since(t_setup);
-    m.snapshot = std::move(made);
   }
   if (m.snapshot) {
     if (any_on_device(plan.tensors)) st.pin_seconds = m.snapshot->pin();
