@@ -15,6 +15,7 @@ PACKAGES=(
   zlib1g-dev            # reads the gzip-compressed IDX files directly
   dataset-fashion-mnist # /usr/share/datasets/fashion-mnist: the main job's data
   procps psmisc         # ps/pkill used by the integration tests
+  gnuplot-nox           # draws `gpurun report`'s PNG (docs/energy.md#plots)
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

@@ -157,7 +157,9 @@ class Validator {
         check_boundary(node, config);
       } else if (name == "batch") {
         check_batch(node, config);
-      } else if (name == "energy" || name == "restart") {
+      } else if (name == "energy") {
+        check_energy(node, config);
+      } else if (name == "restart") {
         warn(key.source(), fmt::format("[{}] is not yet used (ignored)", name));
       } else {
         warn_unknown_top_level(key);
@@ -367,6 +369,133 @@ class Validator {
               kGlobalAllowed);
       } else {
         config.global_batch = integer->get();
+      }
+    }
+  }
+
+  // ---- [energy] (docs/energy.md) ----------------------------------------------------------
+  /// A number (integer or float) under [energy], or nullopt after an error.
+  std::optional<double> number(const toml::node& value, std::string_view key,
+                               std::string_view allowed) {
+    if (const auto* integer = value.as_integer()) return static_cast<double>(integer->get());
+    if (const auto* real = value.as_floating_point()) {
+      if (std::isfinite(real->get())) return real->get();
+      error(value.source(), key, fmt::format("{} is not a finite number", float_text(real->get())),
+            allowed);
+      return std::nullopt;
+    }
+    error(value.source(), key, fmt::format("expected a number, found {}", found_phrase(value)),
+          allowed);
+    return std::nullopt;
+  }
+
+  std::optional<std::string> text(const toml::node& value, std::string_view key,
+                                  std::string_view allowed) {
+    if (const auto* t = value.as_string()) {
+      if (!t->get().empty()) return t->get();
+      error(value.source(), key, "is empty", allowed);
+      return std::nullopt;
+    }
+    error(value.source(), key, fmt::format("expected a string, found {}", found_phrase(value)),
+          allowed);
+    return std::nullopt;
+  }
+
+  std::optional<int64_t> positive_int(const toml::node& value, std::string_view key,
+                                      std::string_view allowed) {
+    const auto* integer = value.as_integer();
+    if (integer == nullptr) {
+      error(value.source(), key, fmt::format("expected an integer, found {}", found_phrase(value)),
+            allowed);
+    } else if (integer->get() <= 0) {
+      error(value.source(), key, fmt::format("{} is not positive", integer->get()), allowed);
+    } else {
+      return integer->get();
+    }
+    return std::nullopt;
+  }
+
+  void check_energy(const toml::node& node, Config& config) {
+    const auto* table = section(node, "energy", "[energy] with the keys of docs/energy.md");
+    if (table == nullptr) return;
+    EnergyConfig& e = config.energy;
+    e.present = true;
+    for (auto&& [key, value] : *table) {
+      const std::string_view k = key.str();
+      if (k == "monitor") {
+        if (const auto* b = value.as_boolean()) {
+          e.monitor = b->get();
+        } else {
+          error(value.source(), "energy.monitor",
+                fmt::format("expected true or false, found {}", found_phrase(value)),
+                "true, false");
+        }
+      } else if (k == "period_s" || k == "window_s") {
+        const bool period = k == "period_s";
+        const std::string name = fmt::format("energy.{}", k);
+        const std::string_view allowed =
+            period ? "a number of seconds from 0.01 to 60" : "a number of seconds from 1 to 86400";
+        const double lo = period ? 0.01 : 1, hi = period ? 60 : 86400;
+        if (auto v = number(value, name, allowed)) {
+          if (*v < lo || *v > hi) {
+            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)),
+                  allowed);
+          } else {
+            (period ? e.period : e.window) =
+                std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000.0)));
+          }
+        }
+      } else if (k == "eta_knob") {
+        if (auto v = number(value, "energy.eta_knob", "a number from 0 to 1")) {
+          if (*v < 0 || *v > 1)
+            error(value.source(), "energy.eta_knob",
+                  fmt::format("{} is outside [0, 1]", float_text(*v)), "a number from 0 to 1");
+          else
+            e.eta = *v;
+        }
+      } else if (k == "cost_threshold") {
+        if (auto v = number(value, "energy.cost_threshold", "a positive number of joules")) {
+          if (*v <= 0)
+            error(value.source(), "energy.cost_threshold",
+                  fmt::format("{} is not positive", float_text(*v)), "a positive number of joules");
+          else
+            e.cost_threshold_j = *v;
+        }
+      } else if (k == "cost_threshold_factor") {
+        if (auto v = number(value, "energy.cost_threshold_factor", "a number >= 1")) {
+          if (*v < 1)
+            error(value.source(), "energy.cost_threshold_factor",
+                  fmt::format("{} is smaller than 1", float_text(*v)), "a number >= 1");
+          else
+            e.cost_threshold_factor = *v;
+        }
+      } else if (k == "history" || k == "job" || k == "profile_cache") {
+        if (auto v = text(value, fmt::format("energy.{}", k), "a non-empty string"))
+          (k == "history" ? e.history : k == "job" ? e.job : e.profile_cache) = *v;
+      } else if (k == "power_limit_watts") {
+        constexpr std::string_view allowed = R"("auto" or a number of watts from 1 to 10000)";
+        if (const auto* t = value.as_string()) {
+          if (t->get() == "auto")
+            e.auto_limit = true;
+          else
+            error(value.source(), "energy.power_limit_watts",
+                  fmt::format("unknown value {}", quote_value(t->get())), allowed);
+        } else if (auto v = number(value, "energy.power_limit_watts", allowed)) {
+          if (*v < 1 || *v > 10000)
+            error(value.source(), "energy.power_limit_watts",
+                  fmt::format("{} is out of range", float_text(*v)), allowed);
+          else
+            e.power_limit_w = static_cast<unsigned>(std::lround(*v));
+        }
+      } else if (k == "profile_warmup_steps" || k == "profile_measure_steps") {
+        const std::string name = fmt::format("energy.{}", k);
+        if (auto v = positive_int(value, name, "a positive integer"))
+          (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
+      } else {
+        warn_unknown_nested("energy", key,
+                            {"monitor", "period_s", "window_s", "eta_knob", "cost_threshold",
+                             "cost_threshold_factor", "history", "job", "power_limit_watts",
+                             "profile_warmup_steps", "profile_measure_steps", "profile_cache"});
       }
     }
   }

@@ -26,6 +26,43 @@ struct BoundarySpec {
   friend bool operator==(const BoundarySpec&, const BoundarySpec&) = default;
 };
 
+/// `[energy]`: the supervisor's GPU energy monitor, Zeus' cost, early stop and power limits
+/// (docs/energy.md). Read when the job starts; later edits of this table take effect at the
+/// next run (the reload says so).
+struct EnergyConfig {
+  bool present = false;  ///< an [energy] table was given
+  bool monitor = true;   ///< `monitor`: false turns the monitor off
+  /// `period_s` (default 0.1): how often each GPU's energy counter and power are read. The
+  /// H200's counter changes every 100 ms, and one read costs ~4 ms, so faster buys nothing.
+  std::chrono::milliseconds period{100};
+  /// `window_s` (default 60): the length of a time window for workers that report no
+  /// boundaries (workers without the runtime).
+  std::chrono::milliseconds window{std::chrono::seconds(60)};
+  /// `eta_knob` η in [0, 1] (default 0.5): cost = η·E + (1−η)·MaxPower·T (Zeus, NSDI'23).
+  double eta = 0.5;
+  /// `cost_threshold` (J): stop at the epoch boundary where the predicted total cost after one
+  /// more epoch would exceed it. Wins over cost_threshold_factor.
+  std::optional<double> cost_threshold_j;
+  /// `cost_threshold_factor` β (default 2.0): threshold = β × the best total cost of earlier
+  /// completed runs of the same job in `history`.
+  double cost_threshold_factor = 2.0;
+  /// `history` (path, relative to the config file's directory): JSON lines, one per run.
+  std::string history;
+  /// `job` (default: the worker command line): the key of this job in history and the power-
+  /// limit cache.
+  std::string job;
+  /// `power_limit_watts`: a fixed limit for every active GPU (W), or "auto" (auto_limit).
+  std::optional<unsigned> power_limit_w;
+  bool auto_limit = false;
+  int64_t profile_warmup_steps = 10;   ///< `profile_warmup_steps`, per limit tried
+  int64_t profile_measure_steps = 40;  ///< `profile_measure_steps`, per limit tried
+  /// `profile_cache` (path, relative to the config file): chosen limits per
+  /// (program, job, GPU model, GPU count); default `<config dir>/.gpurun-power-cache.json`.
+  std::string profile_cache;
+
+  friend bool operator==(const EnergyConfig&, const EnergyConfig&) = default;
+};
+
 /// One parsed and validated config.toml. Defaults = an empty file.
 struct Config {
   /// GPU ids to train on, sorted ascending and unique. nullopt (key absent) = the launch set
@@ -42,6 +79,8 @@ struct Config {
   /// `[boundary] deadline_s` (seconds in the file, default 300): a worker that has not
   /// reported at a boundary by then is declared stalled. Fractions round up to whole ms.
   std::chrono::milliseconds boundary_deadline{std::chrono::seconds(300)};
+  /// `[energy]` (docs/energy.md).
+  EnergyConfig energy;
   /// Non-fatal findings in document order, e.g.
   /// "config.toml:7:1: unknown key 'actve_gpus' (ignored); did you mean 'active_gpus'?".
   std::vector<std::string> warnings;

@@ -139,8 +139,8 @@ Decision Decision::from_json(std::string_view text) {
 
 std::string Report::to_json() const {
   return fmt::format(
-      R"({{"v":1,"rank":{},"gpu":{},"generation":{},"round":{},"epoch":{},"step":{},"pid":{}}})",
-      rank, gpu, generation, round, epoch, step, pid);
+      R"({{"v":1,"rank":{},"gpu":{},"generation":{},"round":{},"epoch":{},"step":{},"pid":{},"time_ms":{}}})",
+      rank, gpu, generation, round, epoch, step, pid, time_ms);
 }
 
 Report Report::from_json(std::string_view text) {
@@ -155,6 +155,8 @@ Report Report::from_json(std::string_view text) {
   r.epoch = get_int(o, "epoch", what, text);
   r.step = get_int(o, "step", what, text);
   r.pid = static_cast<int>(get_int(o, "pid", what, text));
+  // Optional: reports of workers built before it existed have none (0 = unknown).
+  if (o.contains("time_ms")) r.time_ms = get_int(o, "time_ms", what, text);
   return r;
 }
 

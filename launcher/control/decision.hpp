@@ -63,6 +63,9 @@ struct Report {
   int64_t epoch = 0;
   int64_t step = 0;
   int pid = 0;
+  /// When the worker reached the boundary: Unix time in milliseconds (the worker's
+  /// system_clock); 0 = not given. The energy monitor ends a window there.
+  int64_t time_ms = 0;
 
   std::string to_json() const;
   /// Throws ProtocolError.

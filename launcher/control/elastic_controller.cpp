@@ -49,6 +49,11 @@ ElasticController::~ElasticController() {
   backend_.set_write_observer({}, {});
 }
 
+void ElasticController::set_energy_hooks(EnergyHooks hooks) {
+  energy_ = std::move(hooks);
+  if (energy_.boundary) scheduler_.on_boundary = energy_.boundary;
+}
+
 void ElasticController::on_attempt_start(int attempt) {
   deadlines_.clear();
   scheduler_.start_attempt(attempt);
@@ -56,8 +61,16 @@ void ElasticController::on_attempt_start(int attempt) {
 }
 
 bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool can_restart) {
+  const bool was_finished = scheduler_.finished();
   const bool absorbed =
       scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
+  if (!was_finished && scheduler_.finished() && status.success() &&
+      scheduler_.stop_reason().empty() && energy_.training_finished) {
+    // The last epoch ended with this exit: the one after the last end-of-epoch boundary, or
+    // the epoch of the last step boundary.
+    const auto& b = scheduler_.last_boundary();
+    energy_.training_finished(!b ? 0 : b->second == 0 ? b->first + 1 : b->first);
+  }
   run_effects();
   return absorbed;
 }
@@ -190,6 +203,10 @@ void ElasticController::run_effects() {
       }
     }
   }
+  if (energy_.active_changed && scheduler_.active() != energy_active_) {
+    energy_active_ = scheduler_.active();
+    energy_.active_changed(energy_active_);
+  }
   // Timers of rounds already decided are no longer needed.
   for (auto it = deadlines_.begin(); it != deadlines_.end();) {
     const bool current =
@@ -210,6 +227,7 @@ std::string ElasticController::render_current_status() const {
   snap.config_path = opt_.config_path.string();
   snap.supervisor_pid = static_cast<int>(::getpid());
   snap.physical_gpus = opt_.physical_gpus;
+  snap.energy = opt_.energy_status;
   return render_status(scheduler_, snap);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +39,20 @@ struct ElasticOptions {
   std::string run_id;
   std::string run_dir;  ///< status.json lives here
   WatcherOptions watcher;
+  /// Per-slot energy columns for status.json; empty = no energy monitor.
+  std::function<std::map<int, SlotEnergyStatus>()> energy_status;
+};
+
+/// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks
+/// so that control does not depend on energy. Every callback runs on the io thread.
+struct EnergyHooks {
+  /// The GPUs trained on changed (a start, resize, pause or resume): charge these from now.
+  std::function<void(const std::vector<int>& active)> active_changed;
+  /// A boundary round is complete, before its decision: close the window; a returned
+  /// sentence stops the job at this boundary (Zeus' early stop).
+  std::function<std::optional<std::string>(const BoundaryInfo&)> boundary;
+  /// A member finished training (exit 0) after its last epoch `final_epoch`.
+  std::function<void(int64_t final_epoch)> training_finished;
 };
 
 /// Runs on the supervisor's io thread (every method and callback). The backend, supervisor,
@@ -58,6 +73,10 @@ class ElasticController : public supervisor::SlotController {
   void on_reload_request() override;
 
   const Scheduler& scheduler() const { return scheduler_; }
+  /// Installs the energy monitor's hooks; call before the supervisor starts.
+  void set_energy_hooks(EnergyHooks hooks);
+  /// Rewrites status.json (coalesced): the energy columns change without protocol events.
+  void publish_status() { write_status(); }
 
  private:
   void reload(const char* why);
@@ -77,6 +96,8 @@ class ElasticController : public supervisor::SlotController {
   std::unique_ptr<ConfigWatcher> watcher_;
   StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
+  EnergyHooks energy_;
+  std::vector<int> energy_active_;  // the set last given to energy_.active_changed
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

@@ -408,6 +408,24 @@ void Scheduler::try_decide() {
     const SlotInfo& s = slot(gpu);
     if (alive_member(s) && !reports_.count(s.rank)) return;
   }
+  if (on_boundary) {
+    BoundaryInfo b;
+    b.generation = generation_;
+    b.round = round_;
+    b.epoch = reports_.begin()->second.epoch;
+    b.step = reports_.begin()->second.step;
+    b.active = active_;
+    for (const auto& [rank, r] : reports_) b.time_ms = std::max(b.time_ms, r.time_ms);
+    if (std::optional<std::string> why = on_boundary(b)) {
+      finished_ = true;
+      stop_reason_ = *why;
+      say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", b.epoch,
+                      b.step, *why));
+      wake_all_parked_to_exit("the job was stopped");
+      publish_exit();
+      return;
+    }
+  }
   decide();
 }
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,6 +54,16 @@ struct SlotInfo {
   std::string reason;                                        ///< why it is FAILED / last change
 };
 
+/// A boundary round that every live member has reported, about to be decided.
+struct BoundaryInfo {
+  int64_t generation = 0;
+  int64_t round = 0;
+  int64_t epoch = 0;  ///< as reported: step 0 = the end of epoch `epoch`
+  int64_t step = 0;   ///< > 0: a `[boundary] every = N` boundary inside the epoch
+  std::vector<int> active;  ///< the generation's active set (the ranks that trained)
+  int64_t time_ms = 0;      ///< latest report's Unix time (ms); 0 when no report gave one
+};
+
 /// Boundary decisions for one node's slots. Not thread-safe; the controller calls it from
 /// the supervisor's io thread. Every state change goes through transition() and produces a
 /// `worker_state` event effect.
@@ -97,6 +108,18 @@ class Scheduler {
   /// Whether the job is finishing: a member finished training (exit 0), or every member
   /// failed.
   bool finished() const { return finished_; }
+
+  /// Called once per boundary round when every live member has reported, before the round is
+  /// decided (the energy monitor closes its window here). A returned sentence stops the job at
+  /// this boundary: the round is answered with `exit` (workers leave their epochs() loop
+  /// normally), parked workers are told to exit, and stop_reason() keeps the sentence.
+  std::function<std::optional<std::string>(const BoundaryInfo&)> on_boundary;
+  /// Why the job was stopped through on_boundary; empty when it was not.
+  const std::string& stop_reason() const { return stop_reason_; }
+  /// The last boundary any member reported (epoch, step); nullopt before the first.
+  const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const {
+    return last_boundary_;
+  }
 
   /// Takes the effects produced so far.
   std::vector<Effect> take_effects();
@@ -168,6 +191,7 @@ class Scheduler {
   std::optional<std::pair<int64_t, int64_t>> last_boundary_;
   std::string last_config_error_;
   std::string last_decision_;
+  std::string stop_reason_;
   std::vector<Effect> effects_;
 };
 

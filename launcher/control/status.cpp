@@ -78,6 +78,8 @@ std::string render_status(const Scheduler& sch, const StatusSnapshot& snap) {
 std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
   std::string slots = "[";
   bool first = true;
+  const std::map<int, SlotEnergyStatus> energy =
+      snap.energy ? snap.energy() : std::map<int, SlotEnergyStatus>{};
   for (const SlotStatus& s : st.slots) {
     JsonObject o;
     o.add("gpu", s.gpu);
@@ -97,6 +99,17 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     else
       o.add_null("last_boundary");
     o.add("reason", s.reason);
+    if (snap.energy) {
+      if (auto it = energy.find(s.gpu); it != energy.end()) {
+        o.add("power_w", it->second.power_w).add("epoch_energy_j", it->second.epoch_energy_j);
+        if (it->second.power_limit_w)
+          o.add("power_limit_w", static_cast<int64_t>(*it->second.power_limit_w));
+        else
+          o.add_null("power_limit_w");
+      } else {
+        o.add_null("power_w").add_null("epoch_energy_j").add_null("power_limit_w");
+      }
+    }
     slots += (first ? "" : ",") + o.str();
     first = false;
   }
@@ -358,8 +371,26 @@ int status_command(const std::vector<std::string>& args) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
-  out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}  {}\n", "GPU", "PHYS", "STATE",
-                     "GEN", "RANK", "PID", "MEM(MiB)", "LAST BOUNDARY");
+  // Energy columns when the run has a monitor (docs/energy.md#status).
+  bool with_energy = false;
+  if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array())
+    for (const auto& sv : slots->as_array())
+      with_energy = with_energy || (sv.is_object() && sv.as_object().contains("power_w"));
+  const auto energy_cols = [&](const json::object* so) -> std::string {
+    if (!with_energy) return "";
+    if (!so) return fmt::format(" {:>8} {:>12}", "POWER(W)", "EPOCH E(J)");
+    const auto num = [&](const char* key, int digits) -> std::string {
+      const json::value* v = so->if_contains(key);
+      if (!v || v->is_null()) return "-";
+      const double d = v->is_double() ? v->as_double()
+                       : v->is_int64() ? static_cast<double>(v->as_int64())
+                                       : 0.0;
+      return fmt::format("{:.{}f}", d, digits);
+    };
+    return fmt::format(" {:>8} {:>12}", num("power_w", 1), num("epoch_energy_j", 0));
+  };
+  out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}{}  {}\n", "GPU", "PHYS", "STATE",
+                     "GEN", "RANK", "PID", "MEM(MiB)", energy_cols(nullptr), "LAST BOUNDARY");
   if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array()) {
     for (const auto& sv : slots->as_array()) {
       if (!sv.is_object()) continue;
@@ -370,10 +401,11 @@ int status_command(const std::vector<std::string>& args) {
                                field_text(b->as_object(), "step"));
       std::string pid = field_text(so, "pid");
       if (pid == "-1") pid = "-";
-      out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}  {}\n", field_text(so, "gpu"),
-                         field_text(so, "physical_gpu"), field_text(so, "state"),
-                         field_text(so, "generation"), field_text(so, "rank"), pid,
-                         field_text(so, "gpu_memory_mib"), boundary);
+      out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}{}  {}\n",
+                         field_text(so, "gpu"), field_text(so, "physical_gpu"),
+                         field_text(so, "state"), field_text(so, "generation"),
+                         field_text(so, "rank"), pid, field_text(so, "gpu_memory_mib"),
+                         energy_cols(&so), boundary);
     }
   }
   std::fputs(out.c_str(), stdout);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,13 @@
 
 namespace gpurun::control {
 
+/// A slot's energy columns (docs/energy.md#status), from the supervisor's energy monitor.
+struct SlotEnergyStatus {
+  double power_w = 0;         ///< last reading, W
+  double epoch_energy_j = 0;  ///< charged energy since the current epoch began, J
+  std::optional<unsigned> power_limit_w;  ///< a limit gpurun set, W; nullopt: unchanged
+};
+
 /// Facts about the run that the scheduler does not hold.
 struct StatusSnapshot {
   std::string run_id;
@@ -25,6 +33,8 @@ struct StatusSnapshot {
   std::string config_path;  ///< empty: a plain run (no --config)
   int supervisor_pid = 0;
   std::vector<std::string> physical_gpus;  ///< per slot; empty with --device cpu
+  /// Per-slot energy columns; empty function = no energy monitor (fields absent).
+  std::function<std::map<int, SlotEnergyStatus>()> energy;
 };
 
 /// One slot as status.json shows it.

@@ -31,6 +31,8 @@ class StatusSpawner : public supervisor::ProcessSpawner {
                                                    supervisor::WorkerCallbacks callbacks) override;
 
   const RunStatus& status() const { return status_; }
+  /// Rewrites status.json (coalesced): the energy columns change without process events.
+  void publish_status() { write(); }
 
  private:
   void set(int local_rank, SlotState to, int pid, const std::string& reason);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -86,6 +87,9 @@ Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
   r.epoch = epoch;
   r.step = step;
   r.pid = static_cast<int>(::getpid());
+  r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
   if (r.rank < 0)
     throw ProtocolError(
         fmt::format("slot {} reports at a boundary but is not a member of "

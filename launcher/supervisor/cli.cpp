@@ -235,6 +235,24 @@ Options parse(const std::vector<std::string>& args) {
           if (v.empty()) detail::bad_value(f, v, "a file path");
           o.event_log = std::string(v);
         }}},
+      {"energy",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v == "auto")
+            o.energy = EnergyMode::kAuto;
+          else if (v == "on")
+            o.energy = EnergyMode::kOn;
+          else if (v == "off")
+            o.energy = EnergyMode::kOff;
+          else
+            detail::bad_value(f, v, "auto, on or off");
+        }}},
+      {"energy-summary",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v.empty()) detail::bad_value(f, v, "a file path");
+          o.energy_summary = std::string(v);
+        }}},
       {"device",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -350,6 +368,12 @@ Logs:
   --log-line-prefix-template T  console prefix (default "[rank${rank}]: "),
                           with ${rank}, ${local_rank}, ${role_name}
   --event-log FILE        append JSON-lines events (start, worker_started, ...)
+
+Energy (docs/energy.md):
+  --energy auto|on|off    GPU energy monitor through NVML (default auto: on with
+                          --device cuda when NVML loads; on: also --device cpu, slot i
+                          standing for visible GPU i, e.g. with a fake NVML)
+  --energy-summary FILE   write the run's energy/time/cost summary (JSON) at exit
 
 Identity:
   --run-id, --rdzv-id ID  TORCHELASTIC_RUN_ID (default none)

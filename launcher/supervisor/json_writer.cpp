@@ -1,5 +1,7 @@
 #include "supervisor/json_writer.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 namespace gpurun::supervisor {
@@ -125,6 +127,22 @@ JsonObject& JsonObject::add_raw(std::string_view k, std::string_view json) {
   key(k);
   body_ += json;
   return *this;
+}
+
+JsonObject& JsonObject::add(std::string_view k, double value) {
+  key(k);
+  if (std::isfinite(value))
+    body_ += fmt::format("{}", value);
+  else
+    body_ += "null";
+  return *this;
+}
+
+JsonObject JsonObject::from_object(std::string_view object_json) {
+  JsonObject o;
+  if (object_json.size() >= 2 && object_json.front() == '{' && object_json.back() == '}')
+    o.body_ = std::string(object_json.substr(1, object_json.size() - 2));
+  return o;
 }
 
 }  // namespace gpurun::supervisor

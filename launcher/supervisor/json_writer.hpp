@@ -28,6 +28,10 @@ class JsonObject {
   JsonObject& add(std::string_view key, bool value);
   JsonObject& add(std::string_view key, const std::vector<std::string>& values);
   JsonObject& add_null(std::string_view key);
+  /// A finite double in its shortest round-trip form; NaN/inf as null.
+  JsonObject& add(std::string_view key, double value);
+  /// The members of `object_json` (one JSON object, "{...}", valid JSON) as an object to extend.
+  static JsonObject from_object(std::string_view object_json);
   /// Inserts `json` verbatim (must be valid JSON).
   JsonObject& add_raw(std::string_view key, std::string_view json);
 

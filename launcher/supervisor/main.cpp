@@ -14,12 +14,20 @@
 #include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "common/error.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
+#include "control/progress.hpp"
+#include "energy/early_stop.hpp"
+#include "energy/gpu_map.hpp"
+#include "energy/monitor.hpp"
+#include "energy/nvml.hpp"
+#include "energy/power_guard.hpp"
+#include "report/report.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
@@ -40,6 +48,8 @@ namespace sv = gpurun::supervisor;
 constexpr int kExitLauncherError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitNotFound = 127;
+/// The energy monitor stopped the job early (Zeus' cost threshold); docs/cli.md#exit-status.
+constexpr int kExitEarlyStop = 3;
 
 void print_err(const std::string& msg) {
   std::fprintf(stderr, "gpurun: %s\n", msg.c_str());
@@ -59,12 +69,122 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
+std::map<int, gpurun::control::SlotEnergyStatus> energy_status(
+    const gpurun::energy::EnergyMonitor& m) {
+  std::map<int, gpurun::control::SlotEnergyStatus> out;
+  for (const auto& [slot, e] : m.status())
+    out[slot] = gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
+  return out;
+}
+
+/// Paths in [energy] are relative to the config file's directory.
+std::string beside_config(const std::optional<std::string>& config, const std::string& path) {
+  if (path.empty() || !config || std::filesystem::path(path).is_absolute()) return path;
+  return (std::filesystem::absolute(*config).parent_path() / path).string();
+}
+
+/// What the energy monitor needs from main; nullptr + a console line when it cannot run.
+/// Blocks for NVML's (and CUDA's) initialisation.
+std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
+    asio::io_context& io, sv::EventLog& events, const sv::Options& opt, const sv::JobPlan& plan,
+    const sv::EnvMap& inherited, const std::optional<gpurun::control::Config>& config,
+    const std::vector<int>& slots, const std::string& program,
+    const gpurun::control::ProgressFile* progress) {
+  namespace en = gpurun::energy;
+  const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
+  if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) return nullptr;
+  const bool asked = opt.energy == sv::EnergyMode::kOn || ec.present || opt.energy_summary;
+  if (opt.energy == sv::EnergyMode::kAuto && plan.device != sv::Device::kCuda) {
+    if (asked)
+      print_err("energy: monitoring off: --device cpu has no GPU (use --energy on to monitor "
+                "the visible GPUs anyway, e.g. with a fake NVML)");
+    return nullptr;
+  }
+  std::string why;
+  std::unique_ptr<en::Nvml> nvml = en::Nvml::open(why);
+  if (!nvml) {
+    print_err(fmt::format("energy: monitoring off: {}", why));
+    return nullptr;
+  }
+  const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
+  std::optional<std::vector<std::string>> visible;
+  if (cvd != inherited.end()) visible = sv::parse_visible_devices(cvd->second);
+  // Index entries (or none) are resolved through CUDA's own order.
+  bool need_cuda = !visible;
+  if (visible)
+    for (const std::string& e : *visible) need_cuda = need_cuda || e.rfind("GPU-", 0) != 0;
+  std::optional<std::vector<std::string>> cuda_uuids;
+  if (need_cuda) {
+    std::string cuda_why;
+    cuda_uuids = en::cuda_visible_uuids(cuda_why);
+    if (!cuda_uuids && !cuda_why.empty()) print_err(fmt::format("energy: {}", cuda_why));
+  }
+  std::vector<en::MonitoredGpu> gpus;
+  try {
+    std::string warning;
+    gpus = en::map_slots(*nvml, slots, visible, cuda_uuids, warning);
+    if (!warning.empty()) print_err(fmt::format("energy: warning: {}", warning));
+  } catch (const gpurun::Error& e) {
+    print_err(fmt::format("energy: monitoring off: {}", e.what()));
+    return nullptr;
+  }
+  if (gpus.empty()) {
+    print_err("energy: monitoring off: no GPU to monitor");
+    return nullptr;
+  }
+  en::MonitorOptions mo;
+  mo.period = ec.period;
+  mo.window = ec.window;
+  mo.time_windows = !config;  // workers without boundaries (no --config)
+  mo.eta = ec.eta;
+  mo.job = !ec.job.empty() ? ec.job : fmt::format("{}", fmt::join(opt.command, " "));
+  mo.history = beside_config(opt.config, ec.history);
+  std::optional<double> best;
+  if (!mo.history.empty() && !ec.cost_threshold_j) {
+    try {
+      best = en::best_cost(mo.history, mo.job);
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("energy: warning: history not used for the threshold: {}", e.what()));
+    }
+  }
+  mo.threshold = en::threshold_from(ec.cost_threshold_j, ec.cost_threshold_factor, best,
+                                    mo.history.empty() ? "history" : mo.history);
+  if (mo.threshold && !config) {
+    print_err("energy: warning: early stop needs epoch boundaries (--config and the worker "
+              "runtime); this run is monitored only");
+    mo.threshold.reset();
+  }
+  mo.fixed_limit_w = ec.power_limit_w;
+  mo.auto_limit = ec.auto_limit;
+  mo.warmup_steps = ec.profile_warmup_steps;
+  mo.measure_steps = ec.profile_measure_steps;
+  mo.profile_cache = beside_config(
+      opt.config, !ec.profile_cache.empty() ? ec.profile_cache
+                                            : (config ? ".gpurun-power-cache.json" : ""));
+  mo.program = program;
+  mo.summary_path = opt.energy_summary.value_or("");
+  print_err(fmt::format(
+      "energy: monitoring {} GPU{} every {} ms through {} (η = {}{})", gpus.size(),
+      gpus.size() == 1 ? "" : "s", ec.period.count(), nvml->library(), mo.eta,
+      mo.threshold ? fmt::format(", early stop above {:.0f} J{}", mo.threshold->cost_j,
+                                 mo.threshold->origin.empty() ? "" : " = " + mo.threshold->origin)
+                   : ""));
+  return std::make_unique<en::EnergyMonitor>(
+      io, events, [](const std::string& line) { print_err("energy: " + line); }, std::move(nvml),
+      std::move(gpus), std::move(mo), progress);
+}
+
 int run(int argc, char** argv) {
   // A vanished console reader must not kill the supervisor (workers reset this).
   ::signal(SIGPIPE, SIG_IGN);
 
   if (argc >= 2 && std::string_view(argv[1]) == "status")
     return gpurun::control::status_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc >= 2 && std::string_view(argv[1]) == "report")
+    return gpurun::report::report_command(std::vector<std::string>(argv + 2, argv + argc));
+  // The power-limit guard helper gpurun starts for itself (docs/energy.md#power-limits).
+  if (argc >= 2 && std::string_view(argv[1]) == "__power-guard")
+    return gpurun::energy::power_guard_main();
 
   sv::Options opt;
   try {
@@ -207,11 +327,27 @@ int run(int argc, char** argv) {
                            .add("cmd", opt.command)
                            .add("executable", *exe));
 
+  // Energy (docs/energy.md): the workers' step progress file, then the monitor.
+  std::unique_ptr<gpurun::control::ProgressFile> progress;
+  std::unique_ptr<gpurun::energy::EnergyMonitor> energy;
+  if (config) {
+    try {
+      progress = std::make_unique<gpurun::control::ProgressFile>(plan.run_dir + "/progress",
+                                                                 plan.nproc);
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("warning: {} (no step progress for the power-limit profiler)",
+                            e.what()));
+    }
+  }
+  energy = make_energy_monitor(io, events, opt, plan, inherited, config,
+                               config ? slot_ids : launch_ids, *exe, progress.get());
+
   sv::SupervisorOptions so;
   so.plan = plan;
   so.argv = wargv;
   so.display_name = display_name;
   so.inherited = inherited;
+  if (progress) so.inherited["GPURUN_PROGRESS_FILE"] = progress->path();
   so.grace_period = opt.grace_period;
   so.keep_logs = opt.log_dir.has_value();
   so.redirects = opt.redirects;
@@ -229,6 +365,9 @@ int run(int argc, char** argv) {
     snap.run_dir = plan.run_dir;
     snap.supervisor_pid = static_cast<int>(::getpid());
     snap.physical_gpus = plan.gpu_ids;
+    if (energy) snap.energy = [&energy] {
+      return energy ? energy_status(*energy) : std::map<int, gpurun::control::SlotEnergyStatus>{};
+    };
     status_spawner = std::make_unique<gpurun::control::StatusSpawner>(io, posix_spawner, console,
                                                                       plan.nproc, std::move(snap));
   }
@@ -245,6 +384,9 @@ int run(int argc, char** argv) {
     eo.physical_gpus = plan.gpu_ids;
     eo.run_id = plan.run_id;
     eo.run_dir = plan.run_dir;
+    if (energy) eo.energy_status = [&energy] {
+      return energy ? energy_status(*energy) : std::map<int, gpurun::control::SlotEnergyStatus>{};
+    };
     try {
       elastic = std::make_unique<gpurun::control::ElasticController>(
           io, store->backend(), supervisor, events, console, std::move(*config), eo);
@@ -253,6 +395,41 @@ int run(int argc, char** argv) {
       return kExitLauncherError;
     }
     supervisor.set_controller(elastic.get());
+    if (energy) {
+      gpurun::control::EnergyHooks hooks;
+      hooks.active_changed = [&energy](const std::vector<int>& active) {
+        energy->set_active(active);
+      };
+      hooks.boundary =
+          [&energy](const gpurun::control::BoundaryInfo& b) -> std::optional<std::string> {
+        const double t = b.time_ms > 0 ? static_cast<double>(b.time_ms) / 1000.0
+                                       : gpurun::energy::EnergyMonitor::now_s();
+        energy->close_window(t, b.step == 0 ? "epoch" : "steps", b.generation, b.epoch, b.step);
+        if (b.step != 0) return std::nullopt;
+        return energy->end_epoch(b.epoch);
+      };
+      hooks.training_finished = [&energy](int64_t final_epoch) {
+        energy->close_window(gpurun::energy::EnergyMonitor::now_s(), "epoch", -1, final_epoch, 0);
+        energy->end_epoch(final_epoch);
+      };
+      elastic->set_energy_hooks(std::move(hooks));
+    }
+  } else if (energy) {
+    energy->set_active(launch_ids);
+  }
+  // status.json's energy columns change without protocol events: refresh it every second.
+  asio::steady_timer status_refresh(io);
+  std::function<void(const boost::system::error_code&)> refresh =
+      [&](const boost::system::error_code& ec) {
+        if (ec || supervisor.done()) return;
+        if (elastic) elastic->publish_status();
+        if (status_spawner) status_spawner->publish_status();
+        status_refresh.expires_after(std::chrono::seconds(1));
+        status_refresh.async_wait(refresh);
+      };
+  if (energy) {
+    status_refresh.expires_after(std::chrono::seconds(1));
+    status_refresh.async_wait(refresh);
   }
   // Every run registers, so `gpurun status` finds it.
   registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
@@ -260,9 +437,11 @@ int run(int argc, char** argv) {
   supervisor.on_restart = [&](int) {
     if (store) store->reset_keyspace("gpurun/");
   };
-  supervisor.on_done = [&](int) {
+  supervisor.on_done = [&](int exit_code) {
     boost::system::error_code ignored;
     signals.cancel(ignored);
+    status_refresh.cancel();
+    if (energy) energy->finish(exit_code);
     if (store) store->close();
     io.stop();
   };
@@ -284,8 +463,14 @@ int run(int argc, char** argv) {
     print_err(fmt::format("internal error: {}", e.what()));
     code = kExitLauncherError;
   }
+  if (energy && energy->stopped_early() && code == 0) {
+    print_err(fmt::format("energy: the job was stopped early by its cost threshold (exit status {})",
+                          kExitEarlyStop));
+    code = kExitEarlyStop;
+  }
   registration.reset();
   elastic.reset();
+  energy.reset();  // restores any power limit it changed
   if (!plan.run_dir.empty()) sv::remove_snapshot(plan.run_dir);
   sv::release_run_dir(run_dir, files_in_temp);
   if (files_in_temp) print_err(fmt::format("log files kept in {}", run_dir.path));

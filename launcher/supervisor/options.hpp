@@ -37,6 +37,9 @@ struct StdSpec {
   bool any() const { return all != kNone || !per_rank.empty(); }
 };
 
+/// --energy: whether the supervisor monitors GPU energy (docs/energy.md).
+enum class EnergyMode { kAuto, kOn, kOff };
+
 /// Parsed command line. Every default here is the documented default.
 struct Options {
   // --- topology -----------------------------------------------------------
@@ -65,8 +68,12 @@ struct Options {
   std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID (torchrun's default); no '/', not
                                 ///< only dots, no control characters (it names a directory)
   bool run_id_given = false;
-  std::optional<std::string> config;  ///< stored for a later issue
+  std::optional<std::string> config;  ///< elastic mode: the control file (docs/config.md)
   Device device = Device::kCuda;
+  /// auto: on with --device cuda when NVML loads; on: always (a clear message when NVML is
+  /// absent); off: never.
+  EnergyMode energy = EnergyMode::kAuto;
+  std::optional<std::string> energy_summary;  ///< --energy-summary FILE
 
   // --- worker command -----------------------------------------------------
   bool module = false;               ///< -m: run `python3 -u -m <command...>`

@@ -98,10 +98,50 @@ global = 512
          c.boundary_deadline = 60s;
          c.global_batch = 512;
        })},
-      {"energy and restart sections are accepted with a warning",
+      {"restart section is accepted with a warning; unknown energy keys warn",
        "[energy]\ncost = \"zeus\"\n[restart]\nmax = 3\n", with([](Config& c) {
-         c.warnings = {"config.toml:1:2: [energy] is not yet used (ignored)",
+         c.energy.present = true;
+         c.warnings = {"config.toml:2:1: unknown key 'energy.cost' (ignored)",
                        "config.toml:3:2: [restart] is not yet used (ignored)"};
+       })},
+      {"energy: every key", R"([energy]
+monitor = true
+period_s = 0.2
+window_s = 30
+eta_knob = 0.25
+cost_threshold = 5e4
+cost_threshold_factor = 1.5
+history = "hist.jsonl"
+job = "vit-b"
+power_limit_watts = 300
+profile_warmup_steps = 5
+profile_measure_steps = 20
+profile_cache = "cache.json"
+)",
+       with([](Config& c) {
+         c.energy.present = true;
+         c.energy.period = 200ms;
+         c.energy.window = 30s;
+         c.energy.eta = 0.25;
+         c.energy.cost_threshold_j = 5e4;
+         c.energy.cost_threshold_factor = 1.5;
+         c.energy.history = "hist.jsonl";
+         c.energy.job = "vit-b";
+         c.energy.power_limit_w = 300;
+         c.energy.profile_warmup_steps = 5;
+         c.energy.profile_measure_steps = 20;
+         c.energy.profile_cache = "cache.json";
+       })},
+      {"energy: automatic power limit, monitor off", "[energy]\npower_limit_watts = \"auto\"\nmonitor = false\n",
+       with([](Config& c) {
+         c.energy.present = true;
+         c.energy.auto_limit = true;
+         c.energy.monitor = false;
+       })},
+      {"energy: a typo gets a suggestion", "[energy]\neta_knb = 0.5\n", with([](Config& c) {
+         c.energy.present = true;
+         c.warnings = {"config.toml:2:1: unknown key 'energy.eta_knb' (ignored); did you mean "
+                       "'energy.eta_knob'?"};
        })},
       {"unknown keys warn in document order, with suggestions",
        "zeta = 1\nactve_gpus = [0]\n[park]\nmod = \"hold\"\n[bogus]\nx = 1\n", with([](Config& c) {
@@ -212,6 +252,26 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "config.toml:2:10: batch.global: expected an integer, found a floating-point number "
        "(64.0); allowed: a positive integer (samples per optimizer step, summed over the active "
        "GPUs)"},
+      {"eta outside [0, 1]", "[energy]\neta_knob = 1.5",
+       "config.toml:2:12: energy.eta_knob: 1.5 is outside [0, 1]; allowed: a number from 0 to 1"},
+      {"unknown power limit word", "[energy]\npower_limit_watts = \"max\"",
+       "config.toml:2:21: energy.power_limit_watts: unknown value \"max\"; allowed: \"auto\" or a "
+       "number of watts from 1 to 10000"},
+      {"negative cost threshold", "[energy]\ncost_threshold = -3",
+       "config.toml:2:18: energy.cost_threshold: -3.0 is not positive; allowed: a positive number "
+       "of joules"},
+      {"factor below 1", "[energy]\ncost_threshold_factor = 0.5",
+       "config.toml:2:25: energy.cost_threshold_factor: 0.5 is smaller than 1; allowed: a number "
+       ">= 1"},
+      {"period too short", "[energy]\nperiod_s = 0.001",
+       "config.toml:2:12: energy.period_s: 0.001 is out of range; allowed: a number of seconds "
+       "from 0.01 to 60"},
+      {"zero warmup steps", "[energy]\nprofile_warmup_steps = 0",
+       "config.toml:2:24: energy.profile_warmup_steps: 0 is not positive; allowed: a positive "
+       "integer"},
+      {"monitor not a boolean", "[energy]\nmonitor = \"yes\"",
+       "config.toml:2:11: energy.monitor: expected true or false, found a string (\"yes\"); "
+       "allowed: true, false"},
       {"batch not a table", "batch = 64",
        "config.toml:1:9: batch: expected a table, found an integer (64); allowed: [batch] with "
        "global = a positive integer"},

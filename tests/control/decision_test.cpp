@@ -39,8 +39,13 @@ TEST_CASE("decision and report parse errors name the field") {
                        R"(decision lacks the integer field 'generation': '{"kind":"resize"}')",
                        ProtocolError);
   CHECK_THROWS_AS(Decision::from_json(R"({"kind":"bogus","generation":1})"), ProtocolError);
-  Report r{1, 3, 2, 5, 7, 0, 4242};
+  Report r{1, 3, 2, 5, 7, 0, 4242, 1'764'000'000'123};
   CHECK(Report::from_json(r.to_json()) == r);
+  // A report without time_ms (an older worker) parses, with time 0 = unknown.
+  const Report old = Report::from_json(
+      R"({"v":1,"rank":1,"gpu":3,"generation":2,"round":5,"epoch":7,"step":0,"pid":4242})");
+  CHECK(old.time_ms == 0);
+  CHECK(old.pid == 4242);
   CHECK_THROWS_WITH_AS(Report::from_json(R"({"rank":1})"),
                        R"(report lacks the integer field 'gpu': '{"rank":1}')", ProtocolError);
 }

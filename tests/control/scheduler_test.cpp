@@ -403,3 +403,36 @@ TEST_CASE("scheduler: round and generation keys are deleted once nobody reads th
   CHECK(h.store.count(keys::decision(h.s.generation(), h.s.round() - 1)) == 1);
   CHECK(h.store.count(keys::decision(h.s.generation(), h.s.round() - 2)) == 0);
 }
+
+TEST_CASE("scheduler: on_boundary sees each complete round once, before the decision; a reason "
+          "stops the job there") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.join_all();
+  std::vector<BoundaryInfo> seen;
+  std::optional<std::string> answer;
+  h.s.on_boundary = [&](const BoundaryInfo& b) {
+    seen.push_back(b);
+    return answer;
+  };
+  // Epoch 0 ends: the hook runs once (after the second report), the round continues.
+  h.report(0, 0);
+  CHECK(seen.empty());
+  h.report(1, 0);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].generation == 0);
+  CHECK(seen[0].round == 0);
+  CHECK(seen[0].epoch == 0);
+  CHECK(seen[0].active == std::vector<int>{0, 1});
+  CHECK(h.decisions.back().kind == Decision::Kind::kContinue);
+  CHECK(h.s.stop_reason().empty());
+  // Epoch 1 ends and the hook answers with a reason: the round is answered with exit.
+  answer = "the predicted cost passes the threshold";
+  const Decision stop = h.boundary(1);
+  CHECK(seen.size() == 2);
+  CHECK(stop.kind == Decision::Kind::kExit);
+  CHECK(h.s.finished());
+  CHECK(h.s.stop_reason() == "the predicted cost passes the threshold");
+  // The members' clean exits are the end of a finished job, not failures.
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", true));
+  CHECK(h.s.slots().at(0).state == SlotState::kExited);
+}

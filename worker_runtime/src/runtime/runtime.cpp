@@ -20,6 +20,7 @@
 #include "comm/gradient_sync.hpp"
 #include "common/error.hpp"
 #include "compat/torch_compat.hpp"
+#include "control/progress.hpp"
 #include "control/worker_control.hpp"
 #include "runtime/trace.hpp"
 #include "state/state_registry.hpp"
@@ -115,6 +116,9 @@ struct Runtime::Impl {
   int64_t step_in_epoch = 0;  // optimizer steps done in it
   int64_t global_step = 0;
   int64_t sampler_epoch = 0, sampler_cursor = 0;
+  // Step progress for the supervisor's power-limit profiler (GPURUN_PROGRESS_FILE; null
+  // when not given): two relaxed atomic stores per step.
+  std::unique_ptr<control::ProgressWriter> progress;
 
   int64_t every_steps = 0;
   int64_t global_batch = 0;
@@ -504,6 +508,7 @@ struct Runtime::Impl {
     sampler->advance(step_count);
     ++step_in_epoch;
     ++global_step;
+    if (progress) progress->step(static_cast<uint64_t>(global_step));
     step_valid = false;
     const bool epoch_left = sampler->remaining() > 0;
     if (every_steps > 0 && step_in_epoch % every_steps == 0 && epoch_left) {
@@ -558,6 +563,7 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
       !options.trace_dir.empty() ? options.trace_dir : env("GPURUN_TRACE_DIR").value_or("");
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
 
+  m->progress = control::ProgressWriter::from_env();
   m->control = control::WorkerControl::from_env();
   if (m->control) {
     const Decision& d = m->control->join();

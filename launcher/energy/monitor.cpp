@@ -1,0 +1,460 @@
+#include "energy/monitor.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <set>
+
+#include <fmt/format.h>
+#include <boost/asio/post.hpp>
+
+namespace gpurun::energy {
+
+namespace {
+
+// How old (s) a window may be and still take a new active set instead of being closed: the
+// decision that changes the set follows the boundary that opened the window within ms.
+constexpr double kFreshWindowS = 0.25;
+
+}  // namespace
+
+double EnergyMonitor::now_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& events,
+                             std::function<void(const std::string&)> say,
+                             std::unique_ptr<Nvml> nvml, std::vector<MonitoredGpu> gpus,
+                             MonitorOptions options, const control::ProgressFile* progress)
+    : io_(io),
+      events_(events),
+      say_(std::move(say)),
+      nvml_(std::move(nvml)),
+      gpus_(std::move(gpus)),
+      opt_(std::move(options)),
+      progress_(progress) {
+  std::string gpus_json = "[";
+  for (const MonitoredGpu& g : gpus_) {
+    series_[g.slot];
+    max_limit_w_[g.slot] = g.max_limit_mw / 1000.0;
+    unsigned limit_mw = 0;
+    try {
+      limit_mw = nvml_->power_limit_mw(g.device);
+    } catch (const NvmlError&) {
+    }
+    gpus_json += fmt::format(
+        R"({}{{"slot":{},"uuid":{},"name":{},"min_limit_w":{},"max_limit_w":{},"power_limit_w":{}}})",
+        gpus_json.size() > 1 ? "," : "", g.slot, detail::json_string(g.uuid),
+        detail::json_string(g.name), detail::json_number(g.min_limit_mw / 1000.0),
+        detail::json_number(g.max_limit_mw / 1000.0), detail::json_number(limit_mw / 1000.0));
+  }
+  gpus_json += "]";
+  emit_json("energy_monitor",
+            fmt::format(R"({{"gpus":{},"period_s":{},"library":{}}})", gpus_json,
+                        detail::json_number(opt_.period.count() / 1000.0),
+                        detail::json_string(nvml_->library())));
+  window_t0_ = now_s();
+
+  // Power limits: fixed, from the cache, or profiled. Each needs the guard first.
+  if (opt_.fixed_limit_w) {
+    apply_limit(*opt_.fixed_limit_w, "fixed");
+  } else if (opt_.auto_limit && !gpus_.empty()) {
+    ProfileKey key{opt_.program, opt_.job, gpus_.front().name, static_cast<int>(gpus_.size()),
+                   opt_.eta};
+    std::optional<unsigned> cached;
+    if (!opt_.profile_cache.empty()) {
+      try {
+        cached = cached_limit(opt_.profile_cache, key);
+      } catch (const Error& e) {
+        say_(fmt::format("warning: the power-limit cache cannot be read, profiling again: {}",
+                         e.what()));
+      }
+    }
+    if (cached) {
+      say_(fmt::format("power limit {} W from the cache {} (no profiling)", *cached,
+                       opt_.profile_cache));
+      apply_limit(*cached, "cache");
+    } else if (!progress_) {
+      say_("power_limit_watts = \"auto\" needs the workers' step progress (the worker "
+           "runtime): the limits stay as they are");
+    } else {
+      ProfilerOptions po;
+      unsigned lo = 0, hi = UINT32_MAX;
+      double max_power = 0;
+      for (const MonitoredGpu& g : gpus_) {
+        lo = std::max(lo, g.min_limit_mw / 1000);
+        hi = std::min(hi, g.max_limit_mw / 1000);
+        max_power += g.max_limit_mw / 1000.0;
+      }
+      po.max_w = hi;
+      po.min_w = lo;
+      po.warmup_steps = opt_.warmup_steps;
+      po.measure_steps = opt_.measure_steps;
+      po.eta = opt_.eta;
+      po.max_power_w = max_power;
+      profiler_ = std::make_unique<PowerProfiler>(po);
+      say_(fmt::format(
+          "profiling power limits from {} W down to {} W in 25 W steps ({} warm-up + {} "
+          "measured steps each)",
+          hi, lo, opt_.warmup_steps, opt_.measure_steps));
+      apply_limit(profiler_->limit_w(), "profiling");
+      if (limits_denied_) profiler_.reset();
+    }
+  }
+  if (opt_.time_windows) arm_time_window();
+  thread_ = std::thread([this] { run(); });
+}
+
+EnergyMonitor::~EnergyMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  restore_limits();
+  guard_.reset();  // the helper exits; nothing is left for it to restore
+}
+
+// ---- sampling thread ---------------------------------------------------------------------
+
+void EnergyMonitor::run() {
+  auto next = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  while (!stop_) {
+    lock.unlock();
+    sample_once();
+    lock.lock();
+    next += opt_.period;
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now;  // a slow read: do not try to catch up
+    stop_cv_.wait_until(lock, next, [this] { return stop_; });
+  }
+}
+
+void EnergyMonitor::sample_once() {
+  std::vector<std::pair<int, Sample>> taken;
+  for (const MonitoredGpu& g : gpus_) {
+    try {
+      const uint64_t mj = nvml_->total_energy_mj(g.device);
+      const unsigned mw = nvml_->power_mw(g.device);
+      taken.push_back({g.slot, Sample{now_s(), mj / 1000.0, mw / 1000.0}});
+    } catch (const NvmlError& e) {
+      static std::set<int> warned;  // sampling thread only
+      if (warned.insert(g.slot).second)
+        post_event("energy_error", fmt::format(R"({{"slot":{},"error":{}}})", g.slot,
+                                               detail::json_string(e.what())));
+    }
+  }
+  double t = taken.empty() ? now_s() : taken.back().second.t_s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [slot, s] : taken) {
+      series_[slot].add(s);
+      last_power_w_[slot] = s.power_w;
+      // Keep what the open window (and a margin) needs.
+      series_[slot].drop_before(std::min(window_t0_, s.t_s) - 10.0);
+    }
+  }
+  samples_ += taken.size();
+  drive_profiler(t);
+}
+
+void EnergyMonitor::drive_profiler(double t) {
+  if (!profiler_ || !progress_) return;
+  std::vector<int> active;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (profiler_->done()) return;
+    active = active_for_thread_;
+  }
+  if (active.empty()) return;
+  uint64_t steps = 0;
+  for (int slot : active) steps = std::max(steps, progress_->read(slot).steps);
+  if (steps == 0) return;  // training has not started: nothing to measure yet
+  // The profiler is shared with set_active() (interrupt): every use under mu_.
+  std::vector<ProfileRow> finished, all;
+  unsigned before = 0, now_w = 0;
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    double energy = 0;
+    for (int slot : active) {
+      auto it = series_.find(slot);
+      if (it != series_.end() && !it->second.empty()) energy += it->second.energy_at(t);
+    }
+    before = profiler_->limit_w();
+    profiler_->observe(t, static_cast<int64_t>(steps), energy);
+    while (std::optional<ProfileRow> row = profiler_->take_finished_row()) finished.push_back(*row);
+    done = profiler_->done();
+    now_w = done ? profiler_->chosen_w() : profiler_->limit_w();
+    if (done) all = profiler_->rows();
+  }
+  for (const ProfileRow& row : finished) post_event("power_profile", row.to_json_fields());
+  if (done) {
+    boost::asio::post(io_, [this, now_w, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired())
+        say_(fmt::format("power-limit profile done: {} W has the lowest cost per step (η = {})",
+                         now_w, opt_.eta));
+    });
+    apply_limit(now_w, "profile");
+    if (!opt_.profile_cache.empty() && !gpus_.empty()) {
+      try {
+        store_limit(opt_.profile_cache,
+                    ProfileKey{opt_.program, opt_.job, gpus_.front().name,
+                               static_cast<int>(gpus_.size()), opt_.eta},
+                    now_w, all);
+      } catch (const Error& e) {
+        post_event("energy_error",
+                   fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+      }
+    }
+  } else if (now_w != before) {
+    apply_limit(now_w, "profiling");
+  }
+}
+
+// ---- power limits --------------------------------------------------------------------------
+
+void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
+  if (limits_denied_) return;
+  if (!guard_) {
+    try {
+      guard_ = std::make_unique<PowerGuard>(opt_.guard_exe);
+    } catch (const Error& e) {
+      limits_denied_ = true;
+      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+      boost::asio::post(io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired())
+          say_("the power-limit guard could not start, so no limit is changed (monitoring "
+               "only): " + msg);
+      });
+      return;
+    }
+  }
+  for (const MonitoredGpu& g : gpus_) {
+    const unsigned mw =
+        std::clamp(watts * 1000u, g.min_limit_mw, std::max(g.min_limit_mw, g.max_limit_mw));
+    try {
+      if (!originals_mw_.count(g.uuid)) {
+        const unsigned orig = nvml_->power_limit_mw(g.device);
+        guard_->remember(OriginalLimit{g.uuid, orig});  // safe before anything changes
+        originals_mw_[g.uuid] = orig;
+      }
+      nvml_->set_power_limit_mw(g.device, mw);
+    } catch (const NvmlError& e) {
+      limits_denied_ = true;
+      const std::string msg =
+          e.no_permission()
+              ? fmt::format("cannot set power limits ({}): this needs root or CAP_SYS_ADMIN; "
+                            "monitoring only",
+                            e.what())
+              : fmt::format("cannot set power limits ({}); monitoring only", e.what());
+      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
+      boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) say_(msg);
+      });
+      restore_limits();
+      return;
+    } catch (const Error& e) {  // the guard is gone: change nothing more
+      limits_denied_ = true;
+      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+      restore_limits();
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_w_ = watts;
+  }
+  post_event("power_limit",
+             fmt::format(R"({{"limit_w":{},"source":{}}})", watts, detail::json_string(source)));
+}
+
+void EnergyMonitor::restore_limits() {
+  for (const MonitoredGpu& g : gpus_) {
+    auto it = originals_mw_.find(g.uuid);
+    if (it == originals_mw_.end()) continue;
+    try {
+      nvml_->set_power_limit_mw(g.device, it->second);
+      if (guard_) guard_->forget(g.uuid);
+    } catch (const Error&) {
+      // Left recorded with the guard: it tries again when gpurun's pipe closes.
+    }
+    originals_mw_.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_w_.reset();
+}
+
+std::optional<unsigned> EnergyMonitor::limit_in_force() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_w_;
+}
+
+// ---- io thread -----------------------------------------------------------------------------
+
+void EnergyMonitor::post_event(std::string name, std::string fields_json) {
+  boost::asio::post(io_, [this, name = std::move(name), f = std::move(fields_json),
+                          alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) emit_json(name, f);
+  });
+}
+
+void EnergyMonitor::emit_json(const std::string& name, const std::string& fields_json) {
+  // fields_json is one object; the event log puts its members after "event".
+  events_.emit(name, supervisor::JsonObject::from_object(fields_json));
+}
+
+void EnergyMonitor::set_active(std::vector<int> active) {
+  std::sort(active.begin(), active.end());
+  active.erase(std::unique(active.begin(), active.end()), active.end());
+  if (active == window_active_) return;
+  const double t = now_s();
+  // A window that just opened (at the boundary whose decision made this change, or at start)
+  // takes the new set; an older one is closed first, so no window mixes two sets.
+  if (t - window_t0_ > kFreshWindowS)
+    close_window(t, window_active_.empty() ? "pause" : "partial", generation_, -1, -1);
+  std::lock_guard<std::mutex> lock(mu_);
+  window_active_ = active;
+  active_for_thread_ = active;
+  // A measurement across a resize would mix two worlds: the profiler measures this limit again.
+  if (profiler_ && !profiler_->done()) profiler_->interrupt();
+}
+
+WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, int64_t generation,
+                                         int64_t epoch, int64_t step) {
+  const double t1 = std::max(t_s, window_t0_);
+  WindowRecord rec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<int, const EnergySeries*> series;
+    for (int slot : window_active_) series[slot] = &series_[slot];
+    rec = account_window(kind, generation, epoch, step, window_t0_, t1, window_active_, series,
+                         max_limit_w_, opt_.eta, limit_w_);
+    for (const GpuWindow& g : rec.gpus) epoch_energy_j_[g.slot] += g.energy_j;
+    window_t0_ = t1;
+  }
+  generation_ = generation;
+  tracker_.add_window(rec);
+  emit_json("energy", rec.to_json_fields());
+  return rec;
+}
+
+std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch) {
+  const EpochRecord rec = tracker_.end_epoch(epoch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_energy_j_.clear();
+  }
+  emit_json("energy_epoch",
+            rec.to_json_fields(opt_.threshold ? std::optional<double>(opt_.threshold->cost_j)
+                                              : std::nullopt));
+  if (!opt_.threshold || stopped_early_) return std::nullopt;
+  std::optional<std::string> why = tracker_.stop_reason(*opt_.threshold);
+  if (!why) return std::nullopt;
+  stopped_early_ = true;
+  emit_json("early_stop",
+            fmt::format(R"({{"epoch":{},"reason":{},"cost_total":{},"predicted_next_cost":{},"threshold":{}}})",
+                        epoch, detail::json_string(*why), detail::json_number(rec.cost_total),
+                        detail::json_number(rec.predicted_next_cost),
+                        detail::json_number(opt_.threshold->cost_j)));
+  return why;
+}
+
+void EnergyMonitor::arm_time_window() {
+  window_timer_ = std::make_unique<boost::asio::steady_timer>(io_, opt_.window);
+  window_timer_->async_wait(
+      [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+        if (ec || alive.expired() || finished_) return;
+        close_window(now_s(), "time", generation_, -1, -1);
+        arm_time_window();
+      });
+}
+
+void EnergyMonitor::finish(int exit_code) {
+  if (finished_) return;
+  finished_ = true;
+  if (window_timer_) window_timer_->cancel();
+  const double t = now_s();
+  if (t - window_t0_ > 1e-3)
+    close_window(t, opt_.time_windows ? "time" : "exit", generation_, -1, -1);
+  const CostSummary s = tracker_.summary();
+  std::string gpu_energy = "{";
+  for (const auto& [slot, j] : s.gpu_energy_j)
+    gpu_energy += fmt::format("{}\"{}\":{}", gpu_energy.size() > 1 ? "," : "", slot,
+                              detail::json_number(j));
+  gpu_energy += "}";
+  const std::string fields = fmt::format(
+      R"({{"seconds":{},"energy_j":{},"cost":{},"eta":{},"epochs":{},"gpu_energy_j":{},"stopped_early":{},"exit_code":{}}})",
+      detail::json_number(s.seconds), detail::json_number(s.energy_j), detail::json_number(s.cost),
+      detail::json_number(opt_.eta), s.epochs, gpu_energy, stopped_early_ ? "true" : "false",
+      exit_code);
+  emit_json("energy_summary", fields);
+  if (!opt_.summary_path.empty()) {
+    std::string epochs = "[";
+    for (const EpochRecord& e : tracker_.epochs())
+      epochs += (epochs.size() > 1 ? "," : "") +
+                e.to_json_fields(opt_.threshold ? std::optional<double>(opt_.threshold->cost_j)
+                                                : std::nullopt);
+    epochs += "]";
+    std::string gpus = "[";
+    for (const MonitoredGpu& g : gpus_)
+      gpus += fmt::format(R"({}{{"slot":{},"uuid":{},"name":{}}})", gpus.size() > 1 ? "," : "",
+                          g.slot, detail::json_string(g.uuid), detail::json_string(g.name));
+    gpus += "]";
+    const std::string text =
+        fmt::format(R"({{"summary":{},"gpus":{},"epochs":{}}})", fields, gpus, epochs) + "\n";
+    const std::string tmp = opt_.summary_path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    const int saved = errno;
+    if (fd >= 0) ::close(fd);
+    ok = ok && ::rename(tmp.c_str(), opt_.summary_path.c_str()) == 0;
+    if (!ok)
+      say_(fmt::format("warning: cannot write the energy summary {}: {}", opt_.summary_path,
+                       std::strerror(saved ? saved : errno)));
+  }
+  if (!opt_.history.empty()) {
+    HistoryEntry h;
+    h.job = opt_.job;
+    h.cost = s.cost;
+    h.energy_j = s.energy_j;
+    h.seconds = s.seconds;
+    h.epochs = s.epochs;
+    h.completed = !stopped_early_ && exit_code == 0;
+    try {
+      append_history(opt_.history, h);
+    } catch (const Error& e) {
+      say_(fmt::format("warning: {}", e.what()));
+    }
+  }
+}
+
+std::map<int, SlotEnergy> EnergyMonitor::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<int, SlotEnergy> out;
+  const double t = now_s();
+  for (const MonitoredGpu& g : gpus_) {
+    SlotEnergy& e = out[g.slot];
+    auto p = last_power_w_.find(g.slot);
+    e.power_w = p != last_power_w_.end() ? p->second : 0;
+    auto it = epoch_energy_j_.find(g.slot);
+    e.epoch_energy_j = it != epoch_energy_j_.end() ? it->second : 0;
+    const bool charged =
+        std::find(window_active_.begin(), window_active_.end(), g.slot) != window_active_.end();
+    auto s = series_.find(g.slot);
+    if (charged && s != series_.end() && !s->second.empty())
+      e.epoch_energy_j += s->second.energy_between(window_t0_, t);
+    e.power_limit_w = limit_w_;
+  }
+  return out;
+}
+
+}  // namespace gpurun::energy

@@ -1,0 +1,149 @@
+// gpurun::energy::EnergyMonitor — the supervisor's GPU energy monitor (the Zeus multi-GPU
+// design with gpurun's supervisor as the master process): one sampling thread reads every
+// job GPU's NVML energy counter and power each period; the io thread turns boundaries into
+// windows, epochs, Zeus' cost and the early-stop decision; power limits (fixed, or Zeus'
+// just-in-time profile) are set by this object only and restored through a PowerGuard.
+// docs/energy.md.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "control/progress.hpp"
+#include "energy/cost.hpp"
+#include "energy/early_stop.hpp"
+#include "energy/energy_series.hpp"
+#include "energy/gpu_map.hpp"
+#include "energy/nvml.hpp"
+#include "energy/power_guard.hpp"
+#include "energy/power_profiler.hpp"
+#include "supervisor/event_log.hpp"
+
+namespace gpurun::energy {
+
+/// Everything the monitor is told at start (docs/energy.md has the matching [energy] keys).
+struct MonitorOptions {
+  std::chrono::milliseconds period{100};  ///< sampling period per GPU
+  std::chrono::milliseconds window{std::chrono::seconds(60)};  ///< time windows (no boundaries)
+  bool time_windows = false;  ///< workers report no boundaries: close a window every `window`
+  double eta = 0.5;           ///< Zeus' η
+  std::optional<CostThreshold> threshold;  ///< early stop; nullopt = none
+  std::string history;                     ///< history file to append to at exit ("" = none)
+  std::string job;                         ///< key in history and the power-limit cache
+  std::optional<unsigned> fixed_limit_w;   ///< [energy] power_limit_watts = N
+  bool auto_limit = false;                 ///< power_limit_watts = "auto"
+  int64_t warmup_steps = 10, measure_steps = 40;  ///< per profiled limit
+  std::string profile_cache;                      ///< "" = no cache
+  std::string program;                            ///< the worker executable (cache key)
+  std::string summary_path;                       ///< --energy-summary FILE ("" = none)
+  std::string guard_exe = "/proc/self/exe";       ///< the binary run as `__power-guard`
+};
+
+/// What `gpurun status` shows per slot.
+struct SlotEnergy {
+  double power_w = 0;         ///< last reading, W
+  double epoch_energy_j = 0;  ///< since the current epoch began (charged time only), J
+  std::optional<unsigned> power_limit_w;
+};
+
+/// Life: construct on the io thread after the GPUs are mapped; every public method runs on
+/// the io thread except status(), which any thread may call. Events go to `events` on the io
+/// thread; `say` prints a "gpurun: energy: …" line. The destructor stops the sampling thread
+/// and restores every power limit it changed (the guard covers a kill -9).
+class EnergyMonitor {
+ public:
+  EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& events,
+                std::function<void(const std::string&)> say, std::unique_ptr<Nvml> nvml,
+                std::vector<MonitoredGpu> gpus, MonitorOptions options,
+                const control::ProgressFile* progress);
+  ~EnergyMonitor();
+  EnergyMonitor(const EnergyMonitor&) = delete;
+  EnergyMonitor& operator=(const EnergyMonitor&) = delete;
+
+  /// The GPUs charged from now on change to `active` (slots; [] while paused). The open window
+  /// is closed first when it has charged any time (kind "partial", or "pause" when it had no
+  /// GPU), so windows never straddle two active sets.
+  void set_active(std::vector<int> active);
+  /// Closes the open window at Unix time `t_s` as `kind` ("epoch" | "steps" | "time" |
+  /// "exit") ending at boundary (generation, epoch, step), emits its `energy` event, adds it to
+  /// the current epoch and opens the next window at t_s with the same active set.
+  WindowRecord close_window(double t_s, const std::string& kind, int64_t generation,
+                            int64_t epoch, int64_t step);
+  /// Ends epoch `epoch` (after close_window of its last window): `energy_epoch` event, and the
+  /// early-stop check. Returns the reason (also an `early_stop` event) when the job must stop.
+  std::optional<std::string> end_epoch(int64_t epoch);
+  /// Closes what is open, emits `energy_summary`, writes --energy-summary, appends to the
+  /// history (completed = !stopped_early && exit_code == 0). Idempotent.
+  void finish(int exit_code);
+  bool stopped_early() const { return stopped_early_; }
+
+  /// Per slot, for `gpurun status`. Thread-safe.
+  std::map<int, SlotEnergy> status() const;
+  const std::vector<MonitoredGpu>& gpus() const { return gpus_; }
+  /// Samples taken so far over all GPUs (tests, the benchmark).
+  uint64_t samples() const { return samples_.load(); }
+
+  /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows.
+  static double now_s();
+
+ private:
+  void run();  // the sampling thread
+  void sample_once();
+  void drive_profiler(double t);
+  void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
+  void restore_limits();
+  void post_event(std::string name, std::string fields_json);
+  void emit_json(const std::string& name, const std::string& fields_json);
+  void arm_time_window();
+  std::optional<unsigned> limit_in_force() const;
+
+  boost::asio::io_context& io_;
+  supervisor::EventLog& events_;
+  std::function<void(const std::string&)> say_;
+  std::unique_ptr<Nvml> nvml_;
+  std::vector<MonitoredGpu> gpus_;
+  MonitorOptions opt_;
+  const control::ProgressFile* progress_;
+
+  mutable std::mutex mu_;  // series_, last_power_, active_for_thread_, limit_w_, profiler_
+  std::map<int, EnergySeries> series_;
+  std::map<int, double> last_power_w_;
+  std::vector<int> active_for_thread_;
+  std::optional<unsigned> limit_w_;  // the limit gpurun set on every job GPU
+  std::unique_ptr<PowerProfiler> profiler_;
+  bool limits_denied_ = false;
+  std::map<std::string, unsigned> originals_mw_;  // uuid -> original limit we changed
+  std::unique_ptr<PowerGuard> guard_;
+
+  // io thread only
+  double window_t0_ = 0;
+  std::vector<int> window_active_;
+  int64_t generation_ = 0;
+  CostTracker tracker_;
+  std::map<int, double> epoch_energy_j_;  // mirrored into status under mu_
+  bool stopped_early_ = false;
+  bool finished_ = false;
+  std::map<int, double> max_limit_w_;
+  std::unique_ptr<boost::asio::steady_timer> window_timer_;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+
+  std::atomic<uint64_t> samples_{0};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace gpurun::energy

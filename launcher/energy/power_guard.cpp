@@ -1,0 +1,302 @@
+#include "energy/power_guard.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace gpurun::energy {
+
+namespace {
+
+constexpr int kCommandFd = 3;  // the helper reads commands here
+constexpr int kAckFd = 4;      // and answers here
+constexpr auto kAckTimeout = std::chrono::seconds(10);
+constexpr auto kExitTimeout = std::chrono::seconds(30);
+
+/// The signals the helper ignores (it must outlive gpurun's own shutdown and terminal).
+constexpr int kIgnored[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+/// Moves `fd` above the helper's fixed descriptors (0–4), keeping it close-on-exec.
+void lift(int& fd) {
+  if (fd > kAckFd) return;
+  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  if (moved < 0) throw Error(fmt::format("power guard: fcntl(F_DUPFD_CLOEXEC) failed: {}",
+                                         errno_text(errno)));
+  ::close(fd);
+  fd = moved;
+}
+
+/// write() all of `data` with SIGPIPE blocked for this thread, so a helper that died gives
+/// EPIPE instead of killing the caller. Returns 0 or the errno.
+int write_all_nosigpipe(int fd, const std::string& data) {
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigset_t pending;
+  sigemptyset(&pending);
+  ::sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  int err = 0;
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == EPIPE && !was_pending) {
+    const timespec zero{};
+    ::sigtimedwait(&pipe_set, nullptr, &zero);  // consume the SIGPIPE we caused
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return err;
+}
+
+/// "700" or "612.5" (W) from milliwatts.
+std::string watts(unsigned mw) { return fmt::format("{}", mw / 1000.0); }
+
+void say(const std::string& line) {
+  const std::string text = "gpurun power guard: " + line + "\n";
+  (void)!::write(2, text.data(), text.size());  // one write: line-atomic on a shared stderr
+}
+
+}  // namespace
+
+PowerGuard::PowerGuard(const std::string& exe) {
+  int cmd[2], ack[2];
+  if (::pipe2(cmd, O_CLOEXEC) != 0)
+    throw Error(fmt::format("power guard: pipe2 failed: {}", errno_text(errno)));
+  if (::pipe2(ack, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(cmd[0]);
+    ::close(cmd[1]);
+    throw Error(fmt::format("power guard: pipe2 failed: {}", errno_text(e)));
+  }
+  auto close_all = [&] {
+    for (int fd : {cmd[0], cmd[1], ack[0], ack[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  try {
+    for (int* fd : {&cmd[0], &cmd[1], &ack[0], &ack[1]}) lift(*fd);
+  } catch (...) {
+    close_all();
+    throw;
+  }
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawnattr_init(&attr);
+  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  ::posix_spawn_file_actions_adddup2(&actions, cmd[0], kCommandFd);  // dup2 clears CLOEXEC
+  ::posix_spawn_file_actions_adddup2(&actions, ack[1], kAckFd);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // Descriptors gpurun did not mark close-on-exec (e.g. a worker's pipe) stay out of the
+  // helper, which would otherwise keep them open for as long as it lives.
+  ::posix_spawn_file_actions_addclosefrom_np(&actions, kAckFd + 1);
+#endif
+  // Own session: not in gpurun's process group or on its terminal, so neither a group kill
+  // nor Ctrl-C reaches it. The ignored signals are blocked until power_guard_main() sets
+  // SIG_IGN; every other disposition is reset to the default.
+  sigset_t defaults, mask;
+  sigfillset(&defaults);
+  sigemptyset(&mask);
+  for (int sig : kIgnored) {
+    sigdelset(&defaults, sig);
+    sigaddset(&mask, sig);
+  }
+  ::posix_spawnattr_setsigdefault(&attr, &defaults);
+  ::posix_spawnattr_setsigmask(&attr, &mask);
+  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                        POSIX_SPAWN_SETSIGMASK);
+
+  std::string arg0 = exe, arg1 = "__power-guard";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::posix_spawnattr_destroy(&attr);
+  ::close(cmd[0]);
+  ::close(ack[1]);
+  if (rc != 0) {
+    ::close(cmd[1]);
+    ::close(ack[0]);
+    throw Error(fmt::format("power guard: cannot start '{} __power-guard': {}", exe,
+                            errno_text(rc)));
+  }
+  pid_ = pid;
+  to_guard_ = cmd[1];
+  from_guard_ = ack[0];
+}
+
+PowerGuard::~PowerGuard() { finish(); }
+
+void PowerGuard::request(const std::string& line) {
+  if (finished_ || to_guard_ < 0)
+    throw Error(fmt::format("power guard (pid {}): already finished, cannot send '{}'", pid_,
+                            line));
+  if (const int e = write_all_nosigpipe(to_guard_, line + "\n"); e != 0)
+    throw Error(fmt::format("power guard (pid {}) is gone: sending '{}' failed: {}", pid_, line,
+                            errno_text(e)));
+  // The answer is one line; read it a byte at a time (a few bytes, rare calls).
+  std::string answer;
+  const auto deadline = std::chrono::steady_clock::now() + kAckTimeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      throw Error(fmt::format("power guard (pid {}) did not acknowledge '{}' within {} s", pid_,
+                              line, kAckTimeout.count()));
+    pollfd p{from_guard_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      throw Error(fmt::format("power guard (pid {}): poll failed: {}", pid_, errno_text(errno)));
+    if (r == 0) continue;
+    char c = 0;
+    const ssize_t n = ::read(from_guard_, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw Error(fmt::format("power guard (pid {}) exited before acknowledging '{}'", pid_, line));
+    if (c == '\n') break;
+    answer += c;
+  }
+  if (answer != "ok")
+    throw Error(fmt::format("power guard (pid {}) refused '{}': {}", pid_, line, answer));
+}
+
+void PowerGuard::remember(const OriginalLimit& limit) {
+  request(fmt::format("remember {} {}", limit.uuid, limit.milliwatts));
+}
+
+void PowerGuard::forget(const std::string& uuid) { request(fmt::format("forget {}", uuid)); }
+
+int PowerGuard::finish() {
+  if (finished_) return exit_status_;
+  finished_ = true;
+  if (to_guard_ >= 0) ::close(to_guard_);  // EOF: the helper restores and exits
+  to_guard_ = -1;
+  if (pid_ > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + kExitTimeout;
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        exit_status_ = WIFEXITED(status)     ? WEXITSTATUS(status)
+                       : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                             : -1;
+        break;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 || std::chrono::steady_clock::now() >= deadline) break;  // ECHILD, or slow
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  if (from_guard_ >= 0) ::close(from_guard_);
+  from_guard_ = -1;
+  return exit_status_;
+}
+
+int power_guard_main() {
+  for (int sig : kIgnored) ::signal(sig, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  if (::fcntl(kCommandFd, F_GETFD) < 0 || ::fcntl(kAckFd, F_GETFD) < 0) {
+    say("started without its pipes (fds 3 and 4); gpurun starts it itself, do not run it by hand");
+    return 2;
+  }
+
+  // Remembered originals, in the order gpurun reported them.
+  std::vector<std::pair<std::string, unsigned>> originals;
+  auto reply = [](const std::string& text) {
+    const std::string line = text + "\n";
+    (void)!::write(kAckFd, line.data(), line.size());  // gpurun gone: EPIPE, ignored
+  };
+  auto handle = [&](const std::string& line) {
+    std::istringstream in(line);
+    std::string verb, uuid;
+    in >> verb >> uuid;
+    if (verb == "remember") {
+      unsigned long mw = 0;
+      if (uuid.empty() || !(in >> mw) || mw == 0 || mw > 0xFFFFFFFFul)
+        return reply("error 'remember' needs a GPU UUID and a limit in milliwatts: " + line);
+      bool known = false;
+      for (const auto& o : originals) known = known || o.first == uuid;
+      if (!known) originals.emplace_back(uuid, static_cast<unsigned>(mw));
+      return reply("ok");
+    }
+    if (verb == "forget" && !uuid.empty()) {
+      std::erase_if(originals, [&](const auto& o) { return o.first == uuid; });
+      return reply("ok");
+    }
+    reply("error unknown command: " + line);
+  };
+
+  std::string buffer;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(kCommandFd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EOF: gpurun finished or died
+    buffer.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buffer.find('\n')) != std::string::npos) {
+      handle(buffer.substr(0, nl));
+      buffer.erase(0, nl + 1);
+    }
+  }
+  ::close(kCommandFd);
+  ::close(kAckFd);
+  if (originals.empty()) return 0;
+
+  std::string why_not;
+  const auto nvml = Nvml::open(why_not);
+  if (!nvml) {
+    for (const auto& [uuid, mw] : originals)
+      say(fmt::format("could not restore {} to {} W: {}", uuid, watts(mw), why_not));
+    return 1;
+  }
+  bool failed = false;
+  for (const auto& [uuid, mw] : originals) {
+    try {
+      const NvmlDevice d = nvml->device_by_uuid(uuid);
+      if (nvml->power_limit_mw(d) == mw) {
+        say(fmt::format("{} already at its original {} W", uuid, watts(mw)));
+        continue;
+      }
+      nvml->set_power_limit_mw(d, mw);
+      say(fmt::format("restored {} to {} W", uuid, watts(mw)));
+    } catch (const std::exception& e) {
+      say(fmt::format("could not restore {} to {} W: {}", uuid, watts(mw), e.what()));
+      failed = true;
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace gpurun::energy

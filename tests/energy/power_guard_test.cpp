@@ -1,0 +1,221 @@
+// PowerGuard (energy/power_guard.hpp): the real `gpurun __power-guard` helper restoring power
+// limits of fake GPUs, on a clean exit and after kill -9 of the process that owns the guard.
+#include "energy/power_guard.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "common/error.hpp"
+#include "fake_nvml/fake_nvml_state.hpp"
+#include "gpurun_process.hpp"
+
+namespace fake = gpurun::testing::fake_nvml;
+using namespace gpurun::energy;
+using namespace std::chrono_literals;
+using gpurun::testing::slurp;
+using gpurun::testing::TempDir;
+
+namespace {
+
+/// Two fake H200s (limit 700 W) and an open Nvml on them.
+struct Gpus {
+  TempDir dir{"gpurun-guard"};
+  std::string path = (dir.path / "state").string();
+  std::string err_path = (dir.path / "guard.err").string();
+  std::unique_ptr<Nvml> nvml;
+  explicit Gpus(const fake::State& s = fake::h200s(2, fake::unix_now())) {
+    fake::write_state(path, s);
+    ::setenv("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML, 1);
+    ::setenv("GPURUN_FAKE_NVML_STATE", path.c_str(), 1);
+    std::string why_not;
+    nvml = Nvml::open(why_not);
+    REQUIRE_MESSAGE(nvml != nullptr, why_not);
+  }
+  NvmlDevice dev(unsigned i) const { return nvml->device_by_index(i); }
+  double limit_w(unsigned i) const { return fake::current_limit_w(path, i); }
+
+  /// A PowerGuard whose helper writes its stderr to err_path.
+  std::unique_ptr<PowerGuard> guard() const {
+    const int saved = ::dup(2);
+    const int f = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    REQUIRE(f >= 0);
+    ::dup2(f, 2);
+    ::close(f);
+    auto g = std::make_unique<PowerGuard>(GPURUN_BINARY);
+    ::dup2(saved, 2);
+    ::close(saved);
+    return g;
+  }
+};
+
+/// True when `pid` has exited (gone, or a zombie nobody reaped yet).
+bool exited(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren == std::string::npos || line.substr(close_paren + 2, 1) == "Z";
+}
+
+template <typename Pred>
+bool wait_until(Pred pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+}  // namespace
+
+TEST_CASE("power guard: remembered limits come back when the guard is destroyed") {
+  Gpus gpus;
+  {
+    auto guard = gpus.guard();
+    for (unsigned i : {0u, 1u}) {
+      guard->remember({gpus.nvml->uuid(gpus.dev(i)), gpus.nvml->power_limit_mw(gpus.dev(i))});
+      gpus.nvml->set_power_limit_mw(gpus.dev(i), 450000 + i * 50000);
+    }
+    CHECK(gpus.limit_w(0) == 450.0);
+    CHECK(gpus.limit_w(1) == 500.0);
+    CHECK(guard->finish() == 0);
+    CHECK(guard->finish() == 0);  // idempotent
+  }
+  CHECK(gpus.limit_w(0) == 700.0);
+  CHECK(gpus.limit_w(1) == 700.0);
+  const std::string err = slurp(gpus.err_path);
+  CHECK(err.find("gpurun power guard: restored " + fake::test_uuid(0) + " to 700 W\n") !=
+        std::string::npos);
+  CHECK(err.find("gpurun power guard: restored " + fake::test_uuid(1) + " to 700 W\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("power guard: a forgotten GPU is left alone; a second remember keeps the original") {
+  Gpus gpus;
+  {
+    auto guard = gpus.guard();
+    const std::string u0 = gpus.nvml->uuid(gpus.dev(0)), u1 = gpus.nvml->uuid(gpus.dev(1));
+    guard->remember({u0, 700000});
+    gpus.nvml->set_power_limit_mw(gpus.dev(0), 400000);
+    guard->forget(u0);  // gpurun says it handled GPU 0 itself
+    guard->remember({u1, 700000});
+    gpus.nvml->set_power_limit_mw(gpus.dev(1), 450000);
+    guard->remember({u1, 450000});  // e.g. a later profiling step: the original stays 700 W
+    gpus.nvml->set_power_limit_mw(gpus.dev(1), 300000);
+  }
+  CHECK(gpus.limit_w(0) == 400.0);
+  CHECK(gpus.limit_w(1) == 700.0);
+  CHECK(slurp(gpus.err_path).find(fake::test_uuid(0)) == std::string::npos);
+}
+
+TEST_CASE("power guard: a failed restore is reported and gives exit status 1") {
+  Gpus gpus;
+  auto guard = gpus.guard();
+  guard->remember({fake::test_uuid(0), 700000});
+  gpus.nvml->set_power_limit_mw(gpus.dev(0), 500000);
+  fake::update_state(gpus.path, [](fake::State& s) {
+    s.errors.push_back({"nvmlDeviceSetPowerManagementLimit", 4, {}});
+  });
+  CHECK(guard->finish() == 1);
+  CHECK(gpus.limit_w(0) == 500.0);
+  CHECK(slurp(gpus.err_path).find("gpurun power guard: could not restore " + fake::test_uuid(0) +
+                                  " to 700 W: nvmlDeviceSetPowerManagementLimit on GPU " +
+                                  fake::test_uuid(0)) != std::string::npos);
+}
+
+TEST_CASE("power guard: the helper has its own session and ignores SIGINT, SIGTERM, SIGHUP") {
+  Gpus gpus;
+  auto guard = gpus.guard();
+  const pid_t pid = guard->pid();
+  REQUIRE(pid > 1);
+  CHECK(::getsid(pid) == pid);
+  CHECK(::getsid(pid) != ::getsid(0));
+  std::this_thread::sleep_for(100ms);  // past exec and power_guard_main's SIG_IGN
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) REQUIRE(::kill(pid, sig) == 0);
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(exited(pid));
+  guard->remember({fake::test_uuid(1), 700000});  // still answers
+  gpus.nvml->set_power_limit_mw(gpus.dev(1), 600000);
+  CHECK(guard->finish() == 0);
+  CHECK(gpus.limit_w(1) == 700.0);
+}
+
+TEST_CASE("power guard: a helper that is gone makes remember() throw, not kill the caller") {
+  Gpus gpus;
+  auto guard = gpus.guard();
+  const pid_t pid = guard->pid();
+  REQUIRE(pid > 1);
+  REQUIRE(::kill(pid, SIGKILL) == 0);  // our own child, started by this test just above
+  REQUIRE(wait_until([&] { return exited(pid); }, 5000ms));
+  CHECK_THROWS_AS(guard->remember({fake::test_uuid(0), 700000}), gpurun::Error);
+  CHECK(guard->finish() == 128 + SIGKILL);
+}
+
+TEST_CASE("power guard: kill -9 of the process owning the guard still restores the limit") {
+  Gpus gpus;
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  const pid_t owner = ::fork();
+  REQUIRE(owner >= 0);
+  if (owner == 0) {
+    // The owner, standing in for gpurun: guard, remember, lower the limit, then wait to die.
+    ::close(ready[0]);
+    const int f = ::open(gpus.err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (f >= 0) ::dup2(f, 2);
+    try {
+      PowerGuard guard(GPURUN_BINARY);
+      std::string why_not;
+      auto nvml = Nvml::open(why_not);
+      if (!nvml) ::_exit(3);
+      const NvmlDevice d = nvml->device_by_index(1);
+      guard.remember({nvml->uuid(d), nvml->power_limit_mw(d)});
+      nvml->set_power_limit_mw(d, 350000);
+      const pid_t helper = guard.pid();
+      if (::write(ready[1], &helper, sizeof helper) != sizeof helper) ::_exit(4);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(5);
+    }
+  }
+  ::close(ready[1]);
+  pid_t helper = -1;
+  pollfd p{ready[0], POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 10000) == 1);
+  REQUIRE(::read(ready[0], &helper, sizeof helper) == sizeof helper);
+  ::close(ready[0]);
+  REQUIRE(helper > 1);
+  CHECK(gpus.limit_w(1) == 350.0);
+  CHECK(::getsid(helper) == helper);
+
+  REQUIRE(::kill(owner, SIGKILL) == 0);  // the child forked above
+  int status = 0;
+  REQUIRE(::waitpid(owner, &status, 0) == owner);
+  CHECK(WIFSIGNALED(status));
+
+  CHECK(wait_until([&] { return gpus.limit_w(1) == 700.0; }, 5000ms));
+  CHECK(gpus.limit_w(0) == 700.0);
+  CHECK(wait_until([&] { return exited(helper); }, 5000ms));
+  CHECK(slurp(gpus.err_path).find("gpurun power guard: restored " + fake::test_uuid(1) +
+                                  " to 700 W") != std::string::npos);
+}
+
+TEST_CASE("power guard: `gpurun __power-guard` run by hand refuses without its pipes") {
+  TempDir dir("gpurun-guard");
+  gpurun::testing::ChildProcess p({GPURUN_BINARY, "__power-guard"}, {}, dir.path / "out",
+                                  dir.path / "err");
+  REQUIRE(p.wait(10000ms));
+  CHECK(p.code() == 2);
+  CHECK(p.stderr_text().find("started without its pipes") != std::string::npos);
+}
