@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <boost/json.hpp>
 
 #include "common/error.hpp"
 
@@ -18,7 +18,9 @@ std::string json_number(double v) {
   return fmt::format("{}", v);  // shortest representation that reads back to v
 }
 
-std::string json_string(const std::string& s) { return boost::json::serialize(boost::json::value(s)); }
+std::string json_string(const std::string& s) {
+  return boost::json::serialize(boost::json::value(s));
+}
 
 }  // namespace detail
 
@@ -38,9 +40,9 @@ std::string WindowRecord::to_json_fields() const {
   for (std::size_t i = 0; i < gpus.size(); ++i) {
     const GpuWindow& g = gpus[i];
     if (i) out += ", ";
-    out += fmt::format("{{\"slot\": {}, \"energy_j\": {}, \"power_integral_j\": {}, \"avg_power_w\": {}}}",
-                       g.slot, json_number(g.energy_j), json_number(g.power_integral_j),
-                       json_number(g.avg_power_w));
+    out += fmt::format(
+        "{{\"slot\": {}, \"energy_j\": {}, \"power_integral_j\": {}, \"avg_power_w\": {}}}", g.slot,
+        json_number(g.energy_j), json_number(g.power_integral_j), json_number(g.avg_power_w));
   }
   out += "]";
   out += ", \"energy_j\": " + json_number(energy_j);

@@ -33,16 +33,16 @@ struct GpuWindow {
 
 /// One accounted window: the fields of the `energy` event (docs/energy.md#events).
 struct WindowRecord {
-  std::string kind;  ///< "epoch", "steps" or "time"
+  std::string kind;                                ///< "epoch", "steps" or "time"
   int64_t generation = -1, epoch = -1, step = -1;  ///< the boundary that ended it; -1 unknown
   double t0_s = 0, t1_s = 0;                       ///< Unix s
   std::vector<int> active;                         ///< slots charged, ascending
   std::vector<GpuWindow> gpus;                     ///< one per active slot, same order
-  double energy_j = 0;     ///< Σ gpus[i].energy_j, J
-  double avg_power_w = 0;  ///< energy_j / seconds, W
-  double max_power_w = 0;  ///< Σ of the active GPUs' maximum power limits, W
-  double eta = 0.5;        ///< Zeus' η used for cost
-  double cost = 0;         ///< zeus_cost(energy_j, seconds(), max_power_w, eta), J
+  double energy_j = 0;                             ///< Σ gpus[i].energy_j, J
+  double avg_power_w = 0;                          ///< energy_j / seconds, W
+  double max_power_w = 0;                 ///< Σ of the active GPUs' maximum power limits, W
+  double eta = 0.5;                       ///< Zeus' η used for cost
+  double cost = 0;                        ///< zeus_cost(energy_j, seconds(), max_power_w, eta), J
   std::optional<unsigned> power_limit_w;  ///< the one limit in force on the active GPUs, W
 
   /// t1_s − t0_s, s.

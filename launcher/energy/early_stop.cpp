@@ -1,14 +1,14 @@
 #include "energy/early_stop.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fcntl.h>
 #include <fstream>
-#include <unistd.h>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 #include "common/error.hpp"
 
@@ -169,8 +169,8 @@ void append_history(const std::filesystem::path& history, const HistoryEntry& e)
   line += fmt::format(", \"epochs\": {}, \"completed\": {}}}\n", e.epochs, e.completed);
   const int fd = ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
-    throw Error(fmt::format("cannot open the energy history {} for appending: {}",
-                            history.string(), std::strerror(errno)));
+    throw Error(fmt::format("cannot open the energy history {} for appending: {}", history.string(),
+                            std::strerror(errno)));
   }
   ssize_t n;
   do {
@@ -183,8 +183,8 @@ void append_history(const std::filesystem::path& history, const HistoryEntry& e)
                             n < 0 ? std::strerror(write_errno) : "short write (disk full?)"));
   }
   if (!closed) {
-    throw Error(fmt::format("cannot append to the energy history {}: close: {}",
-                            history.string(), std::strerror(errno)));
+    throw Error(fmt::format("cannot append to the energy history {}: close: {}", history.string(),
+                            std::strerror(errno)));
   }
 }
 

@@ -18,14 +18,14 @@ namespace gpurun::energy {
 /// One finished epoch (the `energy_epoch` event of docs/energy.md#events).
 struct EpochRecord {
   int64_t epoch = -1;
-  double seconds = 0;                    ///< Σ window seconds, s
-  double energy_j = 0;                   ///< Σ window energy over the charged GPUs, J
-  std::map<int, double> gpu_energy_j;    ///< slot → J
-  double active_gpus = 0;                ///< time-weighted mean number of charged GPUs
-  double max_power_w = 0;                ///< time-weighted mean of the windows' max_power_w, W
-  double cost = 0;                       ///< Σ window costs (Zeus), J
-  double cost_total = 0;                 ///< Σ cost of all finished epochs up to this one, J
-  double predicted_next_cost = 0;        ///< CostTracker::predicted_next_cost() after it, J
+  double seconds = 0;                  ///< Σ window seconds, s
+  double energy_j = 0;                 ///< Σ window energy over the charged GPUs, J
+  std::map<int, double> gpu_energy_j;  ///< slot → J
+  double active_gpus = 0;              ///< time-weighted mean number of charged GPUs
+  double max_power_w = 0;              ///< time-weighted mean of the windows' max_power_w, W
+  double cost = 0;                     ///< Σ window costs (Zeus), J
+  double cost_total = 0;               ///< Σ cost of all finished epochs up to this one, J
+  double predicted_next_cost = 0;      ///< CostTracker::predicted_next_cost() after it, J
 
   /// The `energy_epoch` event's fields as one JSON object (order of docs/energy.md), with
   /// "threshold" set to `threshold_j` or null. gpu_energy_j keys are slot numbers as strings.
@@ -106,10 +106,10 @@ class CostTracker {
 
 /// One line of the history file: a finished (or early-stopped) run of a job.
 struct HistoryEntry {
-  std::string job;     ///< the job's name (the key Zeus' β is applied per)
-  double cost = 0;     ///< Zeus cost of the whole run, J
-  double energy_j = 0; ///< J
-  double seconds = 0;  ///< s
+  std::string job;      ///< the job's name (the key Zeus' β is applied per)
+  double cost = 0;      ///< Zeus cost of the whole run, J
+  double energy_j = 0;  ///< J
+  double seconds = 0;   ///< s
   int64_t epochs = 0;
   bool completed = false;  ///< false when stopped early or failed: not a candidate for best
 };

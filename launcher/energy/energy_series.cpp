@@ -8,7 +8,9 @@ namespace gpurun::energy {
 
 namespace {
 
-double clamp_power(double w) { return std::isfinite(w) && w > 0 ? w : 0.0; }
+double clamp_power(double w) {
+  return std::isfinite(w) && w > 0 ? w : 0.0;
+}
 
 }  // namespace
 

@@ -67,8 +67,8 @@ class EnergySeries {
  private:
   struct Point {
     double t_s;
-    double energy_j;  // continuous counter: raw reading + offset_j_
-    double power_w;   // clamped to >= 0
+    double energy_j;          // continuous counter: raw reading + offset_j_
+    double power_w;           // clamped to >= 0
     double power_integral_j;  // trapezoid integral of power from the first sample ever added
   };
   // The integral of the power readings from the first stored point to t (negative before it).

@@ -115,8 +115,9 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
     return *nvml_uuids;
   };
   auto describe = [&](int slot, const std::string& entry) {
-    return visible ? fmt::format("slot {} (CUDA_VISIBLE_DEVICES entry '{}')", slot, entry)
-                   : fmt::format("slot {} (CUDA device {}, CUDA_VISIBLE_DEVICES unset)", slot, slot);
+    return visible
+               ? fmt::format("slot {} (CUDA_VISIBLE_DEVICES entry '{}')", slot, entry)
+               : fmt::format("slot {} (CUDA device {}, CUDA_VISIBLE_DEVICES unset)", slot, slot);
   };
   bool warned_fallback = false;
 
@@ -140,10 +141,10 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
       for (const auto& u : all_uuids())
         if (u.rfind(entry, 0) == 0) matches.push_back(u);
       if (matches.empty())
-        throw Error(fmt::format("{}: no GPU with that UUID; NVML ({}) knows {}",
-                                describe(slot, entry), nvml.library(),
-                                all_uuids().empty() ? std::string("no GPU")
-                                                    : fmt::format("{}", fmt::join(all_uuids(), ", "))));
+        throw Error(fmt::format(
+            "{}: no GPU with that UUID; NVML ({}) knows {}", describe(slot, entry), nvml.library(),
+            all_uuids().empty() ? std::string("no GPU")
+                                : fmt::format("{}", fmt::join(all_uuids(), ", "))));
       if (matches.size() > 1)
         throw Error(fmt::format("{}: the UUID prefix is ambiguous, it matches {}",
                                 describe(slot, entry), fmt::join(matches, ", ")));
@@ -179,8 +180,8 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
         uuid = nvml.uuid(device);
       }
     } else {
-      throw Error(fmt::format("{}: not a GPU index, GPU-… UUID or MIG-… name",
-                              describe(slot, entry)));
+      throw Error(
+          fmt::format("{}: not a GPU index, GPU-… UUID or MIG-… name", describe(slot, entry)));
     }
     MonitoredGpu g;
     g.slot = slot;

@@ -14,9 +14,9 @@ namespace gpurun::energy {
 
 /// One slot's GPU as the monitor sees it.
 struct MonitoredGpu {
-  int slot = 0;           ///< worker slot (local rank / GPU id in config.toml)
-  std::string uuid;       ///< "GPU-…"
-  std::string name;       ///< NVML device name, e.g. "NVIDIA H200"
+  int slot = 0;      ///< worker slot (local rank / GPU id in config.toml)
+  std::string uuid;  ///< "GPU-…"
+  std::string name;  ///< NVML device name, e.g. "NVIDIA H200"
   NvmlDevice device = nullptr;
   unsigned min_limit_mw = 0, max_limit_mw = 0;  ///< power-limit constraints
 };

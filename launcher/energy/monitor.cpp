@@ -175,9 +175,16 @@ void EnergyMonitor::drive_profiler(double t) {
     active = active_for_thread_;
   }
   if (active.empty()) return;
-  uint64_t steps = 0;
-  for (int slot : active) steps = std::max(steps, progress_->read(slot).steps);
+  // The most advanced rank's step count, observed at the end of that step (the worker's
+  // clock, which is this one): steps are timed exactly, not to the sampling period.
+  control::Progress latest;
+  for (int slot : active) {
+    const control::Progress p = progress_->read(slot);
+    if (p.steps > latest.steps) latest = p;
+  }
+  const uint64_t steps = latest.steps;
   if (steps == 0) return;  // training has not started: nothing to measure yet
+  if (latest.time_ns > 0) t = std::min(t, static_cast<double>(latest.time_ns) * 1e-9);
   // The profiler is shared with set_active() (interrupt): every use under mu_.
   std::vector<ProfileRow> finished, all;
   unsigned before = 0, now_w = 0;
@@ -331,6 +338,7 @@ void EnergyMonitor::set_active(std::vector<int> active) {
 WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, int64_t generation,
                                          int64_t epoch, int64_t step) {
   const double t1 = std::max(t_s, window_t0_);
+  if (generation < 0) generation = generation_;  // not known to the caller: the last one
   WindowRecord rec;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -127,14 +127,15 @@ Nvml::~Nvml() {
   if (impl_) impl_->shutdown();  // ~Impl dlclose()s
 }
 
-const std::string& Nvml::library() const { return impl_->library; }
+const std::string& Nvml::library() const {
+  return impl_->library;
+}
 
 unsigned Nvml::device_count() const {
   unsigned n = 0;
   if (const nvmlReturn_t rc = impl_->get_count(&n); rc != kNvmlSuccess)
-    throw NvmlError(fmt::format("nvmlDeviceGetCount_v2 of {}: {}", impl_->library,
-                                impl_->describe(rc)),
-                    rc);
+    throw NvmlError(
+        fmt::format("nvmlDeviceGetCount_v2 of {}: {}", impl_->library, impl_->describe(rc)), rc);
   return n;
 }
 
@@ -192,8 +193,7 @@ std::pair<unsigned, unsigned> Nvml::power_limit_constraints_mw(NvmlDevice d) con
 
 unsigned Nvml::default_power_limit_mw(NvmlDevice d) const {
   unsigned mw = 0;
-  impl_->check(impl_->default_power_limit(d, &mw), "nvmlDeviceGetPowerManagementDefaultLimit",
-               d);
+  impl_->check(impl_->default_power_limit(d, &mw), "nvmlDeviceGetPowerManagementDefaultLimit", d);
   return mw;
 }
 

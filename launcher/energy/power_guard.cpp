@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,14 +34,16 @@ constexpr auto kExitTimeout = std::chrono::seconds(30);
 /// The signals the helper ignores (it must outlive gpurun's own shutdown and terminal).
 constexpr int kIgnored[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 /// Moves `fd` above the helper's fixed descriptors (0–4), keeping it close-on-exec.
 void lift(int& fd) {
   if (fd > kAckFd) return;
   const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
-  if (moved < 0) throw Error(fmt::format("power guard: fcntl(F_DUPFD_CLOEXEC) failed: {}",
-                                         errno_text(errno)));
+  if (moved < 0)
+    throw Error(fmt::format("power guard: fcntl(F_DUPFD_CLOEXEC) failed: {}", errno_text(errno)));
   ::close(fd);
   fd = moved;
 }
@@ -76,7 +79,9 @@ int write_all_nosigpipe(int fd, const std::string& data) {
 }
 
 /// "700" or "612.5" (W) from milliwatts.
-std::string watts(unsigned mw) { return fmt::format("{}", mw / 1000.0); }
+std::string watts(unsigned mw) {
+  return fmt::format("{}", mw / 1000.0);
+}
 
 void say(const std::string& line) {
   const std::string text = "gpurun power guard: " + line + "\n";
@@ -131,8 +136,8 @@ PowerGuard::PowerGuard(const std::string& exe) {
   }
   ::posix_spawnattr_setsigdefault(&attr, &defaults);
   ::posix_spawnattr_setsigmask(&attr, &mask);
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                        POSIX_SPAWN_SETSIGMASK);
+  ::posix_spawnattr_setflags(&attr,
+                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
 
   std::string arg0 = exe, arg1 = "__power-guard";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
@@ -145,20 +150,22 @@ PowerGuard::PowerGuard(const std::string& exe) {
   if (rc != 0) {
     ::close(cmd[1]);
     ::close(ack[0]);
-    throw Error(fmt::format("power guard: cannot start '{} __power-guard': {}", exe,
-                            errno_text(rc)));
+    throw Error(
+        fmt::format("power guard: cannot start '{} __power-guard': {}", exe, errno_text(rc)));
   }
   pid_ = pid;
   to_guard_ = cmd[1];
   from_guard_ = ack[0];
 }
 
-PowerGuard::~PowerGuard() { finish(); }
+PowerGuard::~PowerGuard() {
+  finish();
+}
 
 void PowerGuard::request(const std::string& line) {
   if (finished_ || to_guard_ < 0)
-    throw Error(fmt::format("power guard (pid {}): already finished, cannot send '{}'", pid_,
-                            line));
+    throw Error(
+        fmt::format("power guard (pid {}): already finished, cannot send '{}'", pid_, line));
   if (const int e = write_all_nosigpipe(to_guard_, line + "\n"); e != 0)
     throw Error(fmt::format("power guard (pid {}) is gone: sending '{}' failed: {}", pid_, line,
                             errno_text(e)));
@@ -193,7 +200,9 @@ void PowerGuard::remember(const OriginalLimit& limit) {
   request(fmt::format("remember {} {}", limit.uuid, limit.milliwatts));
 }
 
-void PowerGuard::forget(const std::string& uuid) { request(fmt::format("forget {}", uuid)); }
+void PowerGuard::forget(const std::string& uuid) {
+  request(fmt::format("forget {}", uuid));
+}
 
 int PowerGuard::finish() {
   if (finished_) return exit_status_;
@@ -226,7 +235,11 @@ int power_guard_main() {
   sigset_t mask;
   sigemptyset(&mask);
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
-  if (::fcntl(kCommandFd, F_GETFD) < 0 || ::fcntl(kAckFd, F_GETFD) < 0) {
+  auto is_pipe = [](int fd) {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+  };
+  if (!is_pipe(kCommandFd) || !is_pipe(kAckFd)) {
     say("started without its pipes (fds 3 and 4); gpurun starts it itself, do not run it by hand");
     return 2;
   }

@@ -5,8 +5,8 @@
 // it was told about that gpurun did not report as restored, then exits.
 #pragma once
 
-#include <string>
 #include <sys/types.h>
+#include <string>
 #include <vector>
 
 #include "energy/nvml.hpp"

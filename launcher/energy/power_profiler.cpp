@@ -1,5 +1,6 @@
 #include "energy/power_profiler.hpp"
 
+#include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -7,11 +8,10 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
-#include <unistd.h>
 #include <utility>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 #include "common/error.hpp"
 #include "energy/cost.hpp"
@@ -44,9 +44,9 @@ PowerProfiler::PowerProfiler(const ProfilerOptions& options) : opt_(options) {
   }
   if (opt_.step_w == 0) throw Error("power profiler: the limit step must be at least 1 W");
   if (opt_.warmup_steps < 0 || opt_.measure_steps < 1) {
-    throw Error(fmt::format(
-        "power profiler: warm-up steps ({}) must be ≥ 0 and measured steps ({}) ≥ 1",
-        opt_.warmup_steps, opt_.measure_steps));
+    throw Error(
+        fmt::format("power profiler: warm-up steps ({}) must be ≥ 0 and measured steps ({}) ≥ 1",
+                    opt_.warmup_steps, opt_.measure_steps));
   }
   if (!(opt_.eta >= 0.0 && opt_.eta <= 1.0)) {
     throw Error(fmt::format("power profiler: eta {} is outside [0, 1]", opt_.eta));
@@ -79,7 +79,9 @@ void PowerProfiler::transition(Phase to) {
                phase_name(static_cast<int>(phase_)), phase_name(static_cast<int>(to)));
 }
 
-unsigned PowerProfiler::limit_w() const { return done() ? chosen_w_ : limits_[index_]; }
+unsigned PowerProfiler::limit_w() const {
+  return done() ? chosen_w_ : limits_[index_];
+}
 
 unsigned PowerProfiler::chosen_w() const {
   GPURUN_CHECK(done(), "chosen_w() before profiling is done ({} of {} limits measured)",
@@ -94,7 +96,8 @@ void PowerProfiler::interrupt() {
 void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j) {
   if (done()) return;
   const Mark now{t_s, steps_done, energy_j};
-  if (last_ && (now.steps < last_->steps || now.energy_j < last_->energy_j || now.t_s < last_->t_s)) {
+  if (last_ &&
+      (now.steps < last_->steps || now.energy_j < last_->energy_j || now.t_s < last_->t_s)) {
     interrupt();
   }
   last_ = now;
@@ -105,6 +108,7 @@ void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j) {
       return;
     case Phase::kWarmup:
       if (now.steps - mark_.steps >= opt_.warmup_steps) {
+        mark_ = now;
         transition(Phase::kMeasure);
       }
       return;

@@ -17,13 +17,13 @@ namespace gpurun::energy {
 
 /// Profiler settings (defaults: Zeus' ZEUS_PROFILE_PARAMS "10,40" and a 25 W step).
 struct ProfilerOptions {
-  unsigned max_w = 0;           ///< highest limit to try (the GPUs' maximum), W
-  unsigned min_w = 0;           ///< lowest limit to try (the GPUs' minimum), W
-  unsigned step_w = 25;         ///< distance between tried limits, W
-  int64_t warmup_steps = 10;    ///< steps ignored after each limit change
-  int64_t measure_steps = 40;   ///< steps measured per limit
-  double eta = 0.5;             ///< Zeus' η in [0, 1]
-  double max_power_w = 0;       ///< Σ over the active GPUs of their maximum limit, W
+  unsigned max_w = 0;          ///< highest limit to try (the GPUs' maximum), W
+  unsigned min_w = 0;          ///< lowest limit to try (the GPUs' minimum), W
+  unsigned step_w = 25;        ///< distance between tried limits, W
+  int64_t warmup_steps = 10;   ///< steps ignored after each limit change
+  int64_t measure_steps = 40;  ///< steps measured per limit
+  double eta = 0.5;            ///< Zeus' η in [0, 1]
+  double max_power_w = 0;      ///< Σ over the active GPUs of their maximum limit, W
 };
 
 /// One measured limit (the `power_profile` event of docs/energy.md#events).
@@ -92,8 +92,8 @@ class PowerProfiler {
   std::vector<unsigned> limits_;
   std::size_t index_ = 0;  // limit being profiled
   Phase phase_ = Phase::kStart;
-  Mark mark_;                        // warm-up or measurement start
-  std::optional<Mark> last_;         // previous observation, to detect a counter going back
+  Mark mark_;                 // warm-up or measurement start
+  std::optional<Mark> last_;  // previous observation, to detect a counter going back
   std::vector<ProfileRow> rows_;
   std::deque<ProfileRow> unread_;
   unsigned chosen_w_ = 0;

@@ -38,8 +38,8 @@ TEST_CASE("account_window: two GPUs at 300 W and 200 W for 10 s") {
   const EnergySeries g0 = constant_power(300), g1 = constant_power(200);
   const std::map<int, const EnergySeries*> series{{0, &g0}, {1, &g1}};
   const std::map<int, double> max_limit{{0, 700}, {1, 700}};
-  const WindowRecord r = account_window("epoch", 3, 1, 469, 0.0, 10.0, {1, 0}, series, max_limit,
-                                        0.5, 250u);
+  const WindowRecord r =
+      account_window("epoch", 3, 1, 469, 0.0, 10.0, {1, 0}, series, max_limit, 0.5, 250u);
   // E = 300·10 + 200·10 = 5000 J; MaxPower = 700 + 700 = 1400 W;
   // cost = 0.5·5000 + 0.5·1400·10 = 9500 J; average power 5000/10 = 500 W.
   CHECK(r.seconds() == doctest::Approx(10));
@@ -107,11 +107,13 @@ TEST_CASE("account_window with edges between samples") {
   const std::map<int, double> max_limit{{0, 700}, {1, 700}};
   // [2.55, 7.55]: 5 s, edges in the middle of 100 ms steps. E = 300·5 + 200·5 = 2500 J,
   // cost = 0.5·2500 + 0.5·1400·5 = 1250 + 3500 = 4750 J.
-  const WindowRecord r = account_window("time", 1, -1, -1, 2.55, 7.55, {0, 1}, series, max_limit, 0.5);
+  const WindowRecord r =
+      account_window("time", 1, -1, -1, 2.55, 7.55, {0, 1}, series, max_limit, 0.5);
   CHECK(r.energy_j == doctest::Approx(2500));
   CHECK(r.cost == doctest::Approx(4750));
   // η = 0.8 on the same window: 0.8·2500 + 0.2·1400·5 = 2000 + 1400 = 3400 J.
-  const WindowRecord r8 = account_window("time", 1, -1, -1, 2.55, 7.55, {0, 1}, series, max_limit, 0.8);
+  const WindowRecord r8 =
+      account_window("time", 1, -1, -1, 2.55, 7.55, {0, 1}, series, max_limit, 0.8);
   CHECK(r8.cost == doctest::Approx(3400));
   CHECK(r8.eta == doctest::Approx(0.8));
 }
@@ -119,8 +121,9 @@ TEST_CASE("account_window with edges between samples") {
 TEST_CASE("account_window rejects an active slot without a series or a max limit") {
   const EnergySeries g0 = constant_power(300);
   const std::map<int, const EnergySeries*> series{{0, &g0}};
-  CHECK_THROWS_AS(account_window("time", 1, -1, -1, 0, 10, {0, 1}, series, {{0, 700}, {1, 700}}, 0.5),
-                  gpurun::InvariantError);
+  CHECK_THROWS_AS(
+      account_window("time", 1, -1, -1, 0, 10, {0, 1}, series, {{0, 700}, {1, 700}}, 0.5),
+      gpurun::InvariantError);
   CHECK_THROWS_AS(account_window("time", 1, -1, -1, 0, 10, {0}, series, {}, 0.5),
                   gpurun::InvariantError);
   CHECK_THROWS_AS(account_window("time", 1, -1, -1, 10, 0, {0}, series, {{0, 700}}, 0.5),
@@ -138,9 +141,9 @@ TEST_CASE("to_json_fields has exactly the fields of the energy event") {
   std::set<std::string> keys;
   for (const auto& kv : o) keys.insert(std::string(kv.key()));
   // docs/energy.md#events, `energy`.
-  CHECK(keys == std::set<std::string>{"kind", "generation", "epoch", "step", "t0", "t1",
-                                      "seconds", "active", "gpus", "energy_j", "avg_power_w",
-                                      "max_power_w", "eta", "cost", "power_limit_w"});
+  CHECK(keys == std::set<std::string>{"kind", "generation", "epoch", "step", "t0", "t1", "seconds",
+                                      "active", "gpus", "energy_j", "avg_power_w", "max_power_w",
+                                      "eta", "cost", "power_limit_w"});
   CHECK(o.at("kind").as_string() == "epoch");
   CHECK(o.at("generation").to_number<int64_t>() == 3);
   CHECK(o.at("step").to_number<int64_t>() == 469);

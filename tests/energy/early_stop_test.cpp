@@ -2,10 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <string>
-#include <unistd.h>
 
 #include <boost/json.hpp>
 
@@ -135,11 +135,12 @@ TEST_CASE("CostTracker: epoch sums, time-weighted means, and the predictor") {
   CHECK(t.cost_total() == doctest::Approx(75000));  // finished epochs only
 }
 
-TEST_CASE("stop_reason: never before the first epoch, then exactly when total + predicted > threshold") {
+TEST_CASE(
+    "stop_reason: never before the first epoch, then exactly when total + predicted > threshold") {
   CostTracker t;
   CHECK_FALSE(t.stop_reason(0.0).has_value());   // nothing finished yet, even at threshold 0
   CHECK_FALSE(t.stop_reason(-1.0).has_value());  // … or below any cost
-  t.add_window(window(0, 10, {0}, 250u));         // cost 0.5·3000 + 0.5·700·10 = 5000 J
+  t.add_window(window(0, 10, {0}, 250u));        // cost 0.5·3000 + 0.5·700·10 = 5000 J
   CHECK_FALSE(t.stop_reason(0.0).has_value());   // the epoch is still open
   t.end_epoch(1);
   t.add_window(window(10, 10, {0}, 250u));
@@ -221,8 +222,9 @@ TEST_CASE("history: append, best over completed runs of one job, bad lines named
   CHECK(what_of([&] { best_cost(bad, "vit"); }).find(bad.string() + ":1: \"cost\"") !=
         std::string::npos);
 
-  CHECK(what_of([&] { append_history(dir.path / "no" / "such" / "dir.jsonl", {"x", 1, 1, 1, 1, true}); })
-            .find("cannot open the energy history") != std::string::npos);
+  CHECK(what_of([&] {
+          append_history(dir.path / "no" / "such" / "dir.jsonl", {"x", 1, 1, 1, 1, true});
+        }).find("cannot open the energy history") != std::string::npos);
 }
 
 TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {
@@ -235,8 +237,8 @@ TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {
   CHECK(o.at("gpu_energy_j").as_object().at("3").to_number<double>() == doctest::Approx(3000));
   CHECK(o.at("cost").to_number<double>() == doctest::Approx(0.5 * 6000 + 0.5 * 1400 * 10));
   CHECK(o.at("threshold").to_number<double>() == 12345.0);
-  for (const char* k : {"seconds", "energy_j", "active_gpus", "max_power_w", "cost_total",
-                        "predicted_next_cost"}) {
+  for (const char* k :
+       {"seconds", "energy_j", "active_gpus", "max_power_w", "cost_total", "predicted_next_cost"}) {
     CHECK_MESSAGE(o.contains(k), k);
   }
   o = boost::json::parse(e.to_json_fields(std::nullopt)).as_object();

@@ -133,16 +133,24 @@ TEST_CASE("nvml: the energy counter only moves every energy_period_ms (100 ms)")
     reads.push_back(nvml->total_energy_mj(d));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  REQUIRE(reads.size() >= 10);
+  // Unquantised, two reads 5 ms apart would differ by 1.25 J; quantised, most are equal.
+  size_t equal_pairs = 0;
+  for (size_t i = 1; i < reads.size(); ++i) {
+    CHECK(reads[i] >= reads[i - 1]);
+    if (reads[i] == reads[i - 1]) ++equal_pairs;
+  }
+  CHECK(equal_pairs * 2 > reads.size());
   std::set<uint64_t> distinct(reads.begin(), reads.end());
-  for (uint64_t mj : distinct) CHECK(mj % 25000 == 0);
-  // 450 ms of reads span 4 or 5 (at most 6 with scheduling slack) periods of 100 ms, not ~60.
-  CHECK(distinct.size() >= 4);
-  CHECK(distinct.size() <= 6);
-  CHECK(reads.size() > 20);
-  for (size_t i = 1; i < reads.size(); ++i) CHECK(reads[i] >= reads[i - 1]);
-  // About 1 s after t0: 250 J plus what accrued while reading (≤ 0.6 s more).
+  for (uint64_t mj : distinct) CHECK(mj % 25000 == 0);  // 250 W * a multiple of 0.1 s
+  CHECK(distinct.size() >= 2);                          // it does move
+  CHECK(distinct.size() <= static_cast<size_t>(elapsed_ms / 100 + 2));
+  // About 1 s after t0: 250 J, plus what accrued while reading.
   CHECK(*distinct.begin() >= 250000);
-  CHECK(*distinct.rbegin() <= 250000 + 25000 * 7);
+  CHECK(*distinct.rbegin() <= 250000 + 250 * static_cast<uint64_t>(elapsed_ms + 200));
 }
 
 TEST_CASE("nvml: the actual draw is capped by a limit set through NVML, and energy follows") {
@@ -162,7 +170,7 @@ TEST_CASE("nvml: the actual draw is capped by a limit set through NVML, and ener
   void* dl = ::dlopen(GPURUN_FAKE_NVML, RTLD_NOW);
   REQUIRE(dl != nullptr);
   auto relative_speed = reinterpret_cast<SpeedFn>(::dlsym(dl, "gpurunFakeNvmlRelativeSpeed"));
-  REQUIRE(relative_speed != nullptr);
+  REQUIRE(reinterpret_cast<void*>(relative_speed) != nullptr);
   CHECK(relative_speed(0, &speed) == 0);
   CHECK(speed == doctest::Approx(std::sqrt(400.0 / 600.0)));
   // The energy since the change accrues at 400 W: the fake's own formula agrees with the

@@ -130,9 +130,10 @@ TEST_CASE("power guard: a failed restore is reported and gives exit status 1") {
   });
   CHECK(guard->finish() == 1);
   CHECK(gpus.limit_w(0) == 500.0);
-  CHECK(slurp(gpus.err_path).find("gpurun power guard: could not restore " + fake::test_uuid(0) +
-                                  " to 700 W: nvmlDeviceSetPowerManagementLimit on GPU " +
-                                  fake::test_uuid(0)) != std::string::npos);
+  CHECK(slurp(gpus.err_path)
+            .find("gpurun power guard: could not restore " + fake::test_uuid(0) +
+                  " to 700 W: nvmlDeviceSetPowerManagementLimit on GPU " + fake::test_uuid(0)) !=
+        std::string::npos);
 }
 
 TEST_CASE("power guard: the helper has its own session and ignores SIGINT, SIGTERM, SIGHUP") {
@@ -207,8 +208,9 @@ TEST_CASE("power guard: kill -9 of the process owning the guard still restores t
   CHECK(wait_until([&] { return gpus.limit_w(1) == 700.0; }, 5000ms));
   CHECK(gpus.limit_w(0) == 700.0);
   CHECK(wait_until([&] { return exited(helper); }, 5000ms));
-  CHECK(slurp(gpus.err_path).find("gpurun power guard: restored " + fake::test_uuid(1) +
-                                  " to 700 W") != std::string::npos);
+  CHECK(slurp(gpus.err_path)
+            .find("gpurun power guard: restored " + fake::test_uuid(1) + " to 700 W") !=
+        std::string::npos);
 }
 
 TEST_CASE("power guard: `gpurun __power-guard` run by hand refuses without its pipes") {

@@ -2,13 +2,13 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
 #include <boost/json.hpp>
 
@@ -71,7 +71,7 @@ ProfilerOptions options(double eta) {
   o.step_w = 100;
   o.eta = eta;
   o.max_power_w = 700;  // one GPU, maximum limit 700 W
-  return o;            // warmup 10, measure 40 (the defaults)
+  return o;             // warmup 10, measure 40 (the defaults)
 }
 
 struct TempDir {
@@ -116,7 +116,8 @@ TEST_CASE("limits to try: max, max − step, … while ≥ min") {
   o.min_w = 700;
   CHECK(PowerProfiler(o).limits() == std::vector<unsigned>{700});
   o.min_w = 800;  // above max
-  CHECK(what_of([&] { PowerProfiler{o}; }).find("at least the lowest (800 W)") != std::string::npos);
+  CHECK(what_of([&] { PowerProfiler{o}; }).find("at least the lowest (800 W)") !=
+        std::string::npos);
   o = options(0.5);
   o.measure_steps = 0;
   CHECK_THROWS_AS(PowerProfiler{o}, gpurun::Error);
@@ -248,7 +249,13 @@ TEST_CASE("profile cache: store, replace, look up by every key field, bad file n
   const auto doc = boost::json::parse(slurp(c)).as_object();
   const auto& entries = doc.at("entries").as_array();
   CHECK(entries.size() == 2);
-  CHECK(entries.at(0).as_object().at("rows").as_array().at(0).as_object().at("energy_j")
+  CHECK(entries.at(0)
+            .as_object()
+            .at("rows")
+            .as_array()
+            .at(0)
+            .as_object()
+            .at("energy_j")
             .to_number<double>() == 2250.0);
   // No temporary file left behind.
   int files = 0;

@@ -58,8 +58,7 @@ std::vector<unsigned> g_cuda_visible;  // CUDA ordinal after CUDA_VISIBLE_DEVICE
 
 std::string state_path() {
   const char* p = std::getenv("GPURUN_FAKE_NVML_STATE");
-  if (p == nullptr || *p == '\0')
-    throw std::runtime_error("GPURUN_FAKE_NVML_STATE is not set");
+  if (p == nullptr || *p == '\0') throw std::runtime_error("GPURUN_FAKE_NVML_STATE is not set");
   return p;
 }
 
@@ -76,7 +75,9 @@ fake::State load() {
   return s;
 }
 
-double seconds_since_t0(const fake::State& s) { return fake::unix_now() - *s.t0; }
+double seconds_since_t0(const fake::State& s) {
+  return fake::unix_now() - *s.t0;
+}
 
 void report(const char* function, const std::exception& e) {
   std::fprintf(stderr, "fake NVML: %s: %s\n", function, e.what());
@@ -122,7 +123,9 @@ int copy_string(const std::string& v, char* out, unsigned length) {
   return kSuccess;
 }
 
-unsigned to_mw(double w) { return static_cast<unsigned>(std::llround(w * 1000.0)); }
+unsigned to_mw(double w) {
+  return static_cast<unsigned>(std::llround(w * 1000.0));
+}
 
 /// CUDA ordinals visible to this process: CUDA_VISIBLE_DEVICES over cuda_order.
 std::vector<unsigned> cuda_visible(const fake::State& s) {
@@ -196,19 +199,32 @@ __attribute__((visibility("default"))) int nvmlShutdown() {
 
 __attribute__((visibility("default"))) const char* nvmlErrorString(int result) {
   switch (result) {
-    case 0: return "Success";
-    case 1: return "Uninitialized";
-    case 2: return "Invalid Argument";
-    case 3: return "Not Supported";
-    case 4: return "Insufficient Permissions";
-    case 5: return "Already Initialized";
-    case 6: return "Not Found";
-    case 7: return "Insufficient Size";
-    case 8: return "Insufficient External Power";
-    case 9: return "Driver Not Loaded";
-    case 10: return "Timeout";
-    case 15: return "GPU is lost";
-    default: return "Unknown Error";
+    case 0:
+      return "Success";
+    case 1:
+      return "Uninitialized";
+    case 2:
+      return "Invalid Argument";
+    case 3:
+      return "Not Supported";
+    case 4:
+      return "Insufficient Permissions";
+    case 5:
+      return "Already Initialized";
+    case 6:
+      return "Not Found";
+    case 7:
+      return "Insufficient Size";
+    case 8:
+      return "Insufficient External Power";
+    case 9:
+      return "Driver Not Loaded";
+    case 10:
+      return "Timeout";
+    case 15:
+      return "GPU is lost";
+    default:
+      return "Unknown Error";
   }
 }
 
@@ -244,27 +260,25 @@ __attribute__((visibility("default"))) int nvmlDeviceGetHandleByUUID(const char*
 
 __attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* device, char* uuid,
                                                              unsigned length) {
-  return device_call("nvmlDeviceGetUUID", device, [&](fake::State&, fake::Gpu& g) {
-    return copy_string(g.uuid, uuid, length);
-  });
+  return device_call("nvmlDeviceGetUUID", device,
+                     [&](fake::State&, fake::Gpu& g) { return copy_string(g.uuid, uuid, length); });
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetName(void* device, char* name,
                                                              unsigned length) {
-  return device_call("nvmlDeviceGetName", device, [&](fake::State&, fake::Gpu& g) {
-    return copy_string(g.name, name, length);
-  });
+  return device_call("nvmlDeviceGetName", device,
+                     [&](fake::State&, fake::Gpu& g) { return copy_string(g.name, name, length); });
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetTotalEnergyConsumption(
     void* device, unsigned long long* energy_mj) {
-  return device_call(
-      "nvmlDeviceGetTotalEnergyConsumption", device, [&](fake::State& s, fake::Gpu& g) {
-        if (energy_mj == nullptr) return kInvalidArgument;
-        *energy_mj = fake::counter_mj(g, seconds_since_t0(s), s.energy_period_ms);
-        fake::update_state(state_path(), [](fake::State& w) { ++w.energy_reads; });
-        return kSuccess;
-      });
+  return device_call("nvmlDeviceGetTotalEnergyConsumption", device,
+                     [&](fake::State& s, fake::Gpu& g) {
+                       if (energy_mj == nullptr) return kInvalidArgument;
+                       *energy_mj = fake::counter_mj(g, seconds_since_t0(s), s.energy_period_ms);
+                       fake::update_state(state_path(), [](fake::State& w) { ++w.energy_reads; });
+                       return kSuccess;
+                     });
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* device, unsigned* mw) {
@@ -277,12 +291,11 @@ __attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* device,
 
 __attribute__((visibility("default"))) int nvmlDeviceGetPowerManagementLimit(void* device,
                                                                              unsigned* mw) {
-  return device_call("nvmlDeviceGetPowerManagementLimit", device,
-                     [&](fake::State&, fake::Gpu& g) {
-                       if (mw == nullptr) return kInvalidArgument;
-                       *mw = to_mw(fake::current_limit_w(g));
-                       return kSuccess;
-                     });
+  return device_call("nvmlDeviceGetPowerManagementLimit", device, [&](fake::State&, fake::Gpu& g) {
+    if (mw == nullptr) return kInvalidArgument;
+    *mw = to_mw(fake::current_limit_w(g));
+    return kSuccess;
+  });
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetPowerManagementLimitConstraints(
@@ -308,19 +321,18 @@ __attribute__((visibility("default"))) int nvmlDeviceGetPowerManagementDefaultLi
 
 __attribute__((visibility("default"))) int nvmlDeviceSetPowerManagementLimit(void* device,
                                                                              unsigned mw) {
-  return device_call(
-      "nvmlDeviceSetPowerManagementLimit", device, [&](fake::State&, fake::Gpu& g) {
-        if (mw < to_mw(g.min_w) || mw > to_mw(g.max_w)) return kInvalidArgument;
-        const unsigned index = g.index;
-        // Re-read under the exclusive lock: another process may have changed it meanwhile.
-        fake::update_state(state_path(), [&](fake::State& w) {
-          fake::Gpu& gw = w.gpus.at(index);
-          double at = std::max(0.0, fake::unix_now() - *w.t0);
-          if (!gw.limits.empty()) at = std::max(at, gw.limits.back().first);
-          gw.limits.emplace_back(at, mw / 1000.0);
-        });
-        return kSuccess;
-      });
+  return device_call("nvmlDeviceSetPowerManagementLimit", device, [&](fake::State&, fake::Gpu& g) {
+    if (mw < to_mw(g.min_w) || mw > to_mw(g.max_w)) return kInvalidArgument;
+    const unsigned index = g.index;
+    // Re-read under the exclusive lock: another process may have changed it meanwhile.
+    fake::update_state(state_path(), [&](fake::State& w) {
+      fake::Gpu& gw = w.gpus.at(index);
+      double at = std::max(0.0, fake::unix_now() - *w.t0);
+      if (!gw.limits.empty()) at = std::max(at, gw.limits.back().first);
+      gw.limits.emplace_back(at, mw / 1000.0);
+    });
+    return kSuccess;
+  });
 }
 
 // ---------------------------------------------------------------- test extras

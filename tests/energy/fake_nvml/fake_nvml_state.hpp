@@ -61,10 +61,10 @@ struct Gpu {
   std::string name = "NVIDIA H200";
   double min_w = 200, max_w = 700, default_w = 700;  ///< limit constraints and default, W
   double limit_w = 700;                              ///< limit at t0, W
-  double full_w = 600;        ///< uncapped draw when `draw` is empty, W
-  double speed_exp = 0.5;     ///< exponent of gpurunFakeNvmlRelativeSpeed
-  std::vector<std::pair<double, double>> draw;    ///< (s since t0, uncapped W), time order
-  std::vector<std::pair<double, double>> limits;  ///< (s since t0, W) set since t0
+  double full_w = 600;                               ///< uncapped draw when `draw` is empty, W
+  double speed_exp = 0.5;                            ///< exponent of gpurunFakeNvmlRelativeSpeed
+  std::vector<std::pair<double, double>> draw;       ///< (s since t0, uncapped W), time order
+  std::vector<std::pair<double, double>> limits;     ///< (s since t0, W) set since t0
 };
 
 /// `error <function> <code> [gpu=<index>]`.
@@ -155,8 +155,7 @@ inline double energy_j(const Gpu& g, double s) {
     if (p.first > 0 && p.first < s) cuts.push_back(p.first);
   std::sort(cuts.begin(), cuts.end());
   double e = 0;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i)
-    e += actual_w(g, cuts[i]) * (cuts[i + 1] - cuts[i]);
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) e += actual_w(g, cuts[i]) * (cuts[i + 1] - cuts[i]);
   return e;
 }
 
@@ -279,17 +278,28 @@ inline State parse(std::string_view text) {
         const size_t eq = words[i].find('=');
         if (eq == std::string::npos) throw bad("'" + words[i] + "' is not key=value");
         const std::string k = words[i].substr(0, eq), v = words[i].substr(eq + 1);
-        if (k == "uuid") g.uuid = v;
-        else if (k == "name") g.name = v;
-        else if (k == "min_w") g.min_w = to_num(v, lineno, k);
-        else if (k == "max_w") g.max_w = to_num(v, lineno, k);
-        else if (k == "default_w") g.default_w = to_num(v, lineno, k);
-        else if (k == "limit_w") g.limit_w = to_num(v, lineno, k);
-        else if (k == "full_w") g.full_w = to_num(v, lineno, k);
-        else if (k == "speed_exp") g.speed_exp = to_num(v, lineno, k);
-        else if (k == "draw") g.draw = detail::to_schedule(v, lineno, k);
-        else if (k == "limits") g.limits = detail::to_schedule(v, lineno, k);
-        else throw bad("unknown gpu key '" + k + "'");
+        if (k == "uuid")
+          g.uuid = v;
+        else if (k == "name")
+          g.name = v;
+        else if (k == "min_w")
+          g.min_w = to_num(v, lineno, k);
+        else if (k == "max_w")
+          g.max_w = to_num(v, lineno, k);
+        else if (k == "default_w")
+          g.default_w = to_num(v, lineno, k);
+        else if (k == "limit_w")
+          g.limit_w = to_num(v, lineno, k);
+        else if (k == "full_w")
+          g.full_w = to_num(v, lineno, k);
+        else if (k == "speed_exp")
+          g.speed_exp = to_num(v, lineno, k);
+        else if (k == "draw")
+          g.draw = detail::to_schedule(v, lineno, k);
+        else if (k == "limits")
+          g.limits = detail::to_schedule(v, lineno, k);
+        else
+          throw bad("unknown gpu key '" + k + "'");
       }
       if (g.uuid.empty()) throw bad("gpu " + std::to_string(g.index) + " has no uuid=");
       s.gpus.push_back(std::move(g));
@@ -347,7 +357,8 @@ inline State parse(std::string_view text) {
 
 /// The canonical text of `s` (what the fake writes back).
 inline std::string serialize(const State& s) {
-  std::string out = "# gpurun fake NVML state (format: tests/energy/fake_nvml/fake_nvml_state.hpp)\n";
+  std::string out =
+      "# gpurun fake NVML state (format: tests/energy/fake_nvml/fake_nvml_state.hpp)\n";
   if (s.t0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "t0=%.6f\n", *s.t0);
@@ -411,7 +422,8 @@ class LockedFile {
     for (;;) {
       const ssize_t n = ::pread(fd_, buf, sizeof buf, off);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw std::runtime_error(std::string("fake NVML state read: ") + std::strerror(errno));
+      if (n < 0)
+        throw std::runtime_error(std::string("fake NVML state read: ") + std::strerror(errno));
       if (n == 0) break;
       text.append(buf, static_cast<size_t>(n));
       off += n;
@@ -424,10 +436,11 @@ class LockedFile {
       throw std::runtime_error(std::string("fake NVML state truncate: ") + std::strerror(errno));
     size_t done = 0;
     while (done < text.size()) {
-      const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done,
-                                 static_cast<off_t>(done));
+      const ssize_t n =
+          ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw std::runtime_error(std::string("fake NVML state write: ") + std::strerror(errno));
+      if (n < 0)
+        throw std::runtime_error(std::string("fake NVML state write: ") + std::strerror(errno));
       done += static_cast<size_t>(n);
     }
   }

@@ -1,0 +1,414 @@
+// The supervisor's energy monitor under the real gpurun, against the fake NVML
+// (tests/energy/fake_nvml): per-slot energy through CUDA_VISIBLE_DEVICES, windows across a
+// shrink and a grow, Zeus' cost, early stop (threshold and history), power limits (fixed,
+// restored at exit / SIGTERM / kill -9, no privilege) and the automatic profile with its cache.
+// docs/energy.md.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <doctest/doctest.h>
+
+#include "elastic_run.hpp"
+#include "fake_nvml_state.hpp"
+#include "gpurun_process.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+namespace fake = gpurun::testing::fake_nvml;
+using gpurun::testing::ElasticRun;
+using gpurun::testing::TempDir;
+using gpurun::testing::write_file;
+using namespace std::chrono_literals;
+
+double num(const json::value& v) {
+  if (v.is_double()) return v.as_double();
+  if (v.is_int64()) return static_cast<double>(v.as_int64());
+  if (v.is_uint64()) return static_cast<double>(v.as_uint64());
+  FAIL("not a number: " << json::serialize(v));
+  return 0;
+}
+
+std::vector<int> ints(const json::value& v) {
+  std::vector<int> out;
+  for (const auto& x : v.as_array()) out.push_back(static_cast<int>(num(x)));
+  return out;
+}
+
+/// The fake GPUs of a test: a state file plus the environment that points gpurun at it.
+struct FakeGpus {
+  std::string state;
+  explicit FakeGpus(const fs::path& dir, const fake::State& s)
+      : state((dir / "nvml_state.txt").string()) {
+    fake::write_state(state, s);
+  }
+  std::map<std::string, std::string> env(std::map<std::string, std::string> extra = {}) const {
+    extra.emplace("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML);
+    extra.emplace("GPURUN_CUDA_LIBRARY", GPURUN_FAKE_NVML);
+    extra.emplace("GPURUN_FAKE_NVML_STATE", state);
+    return extra;
+  }
+  double limit(unsigned index) const { return fake::current_limit_w(state, index); }
+};
+
+fake::State gpus_drawing(std::vector<double> watts) {
+  fake::State s = fake::h200s(static_cast<unsigned>(watts.size()));
+  for (size_t i = 0; i < watts.size(); ++i) s.gpus[i].full_w = watts[i];
+  return s;
+}
+
+json::object read_json(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str()).as_object();
+}
+
+/// Zeus' cost by hand: η·E + (1−η)·MaxPower·T.
+double zeus(double e, double t, double max_power, double eta) {
+  return eta * e + (1 - eta) * max_power * t;
+}
+
+void wait_until(const std::string& what, const std::function<bool()>& pred,
+                std::chrono::milliseconds limit = 30s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) FAIL("timed out waiting for " << what);
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("plain run: each slot's energy is its own GPU's, through CUDA_VISIBLE_DEVICES and "
+          "CUDA's order, by UUID") {
+  TempDir dir("gpurun-energy");
+  // NVML 0, 1, 2 draw 100, 200, 300 W. CUDA enumerates them as NVML 2, 0, 1 (not NVML's order),
+  // so CUDA_VISIBLE_DEVICES=1,0 means slot 0 = NVML 0 (100 W), slot 1 = NVML 2 (300 W).
+  fake::State s = gpus_drawing({100, 200, 300});
+  s.cuda_order = {2, 0, 1};
+  FakeGpus gpus(dir.path, s);
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::nullopt, {"/bin/sleep", "2"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env({{"CUDA_VISIBLE_DEVICES", "1,0"}}));
+  REQUIRE(run.wait(30s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  const auto monitor = run.events("energy_monitor");
+  REQUIRE(monitor.size() == 1);
+  const auto& mg = monitor[0].at("gpus").as_array();
+  REQUIRE(mg.size() == 2);
+  CHECK(mg[0].as_object().at("uuid").as_string() == fake::test_uuid(0));
+  CHECK(mg[1].as_object().at("uuid").as_string() == fake::test_uuid(2));
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  const double t = num(sum.at("seconds"));
+  CHECK(t > 1.9);
+  const auto& per = sum.at("gpu_energy_j").as_object();
+  // Within one 100 ms counter step (and the edges) of P·T.
+  CHECK(num(per.at("0")) == doctest::Approx(100 * t).epsilon(0.08));
+  CHECK(num(per.at("1")) == doctest::Approx(300 * t).epsilon(0.08));
+  // Cost by hand: η = 0.5, MaxPower = 2 × 700 W.
+  CHECK(num(sum.at("cost")) ==
+        doctest::Approx(zeus(num(sum.at("energy_j")), t, 1400, 0.5)).epsilon(1e-6));
+  // "time" windows only: a plain run has no boundaries.
+  for (const auto& w : run.events("energy")) CHECK(w.at("kind").as_string() == "time");
+
+  SUBCASE("UUIDs and a UUID prefix in CUDA_VISIBLE_DEVICES") {
+    TempDir d2("gpurun-energy");
+    FakeGpus g2(d2.path, s);
+    const std::string cvd = fake::test_uuid(1) + "," + fake::test_uuid(2).substr(0, 12);
+    ElasticRun r2(GPURUN_BINARY, d2.path, 2, std::nullopt, {"/bin/sleep", "1"},
+                  {"--energy", "on", "--energy-summary", (d2.path / "summary.json").string()},
+                  "cpu", g2.env({{"CUDA_VISIBLE_DEVICES", cvd}}));
+    REQUIRE(r2.wait(30s));
+    REQUIRE_MESSAGE(r2.code() == 0, r2.diag());
+    const json::object s2 = read_json(d2.path / "summary.json").at("summary").as_object();
+    const double t2 = num(s2.at("seconds"));
+    CHECK(num(s2.at("gpu_energy_j").as_object().at("0")) ==
+          doctest::Approx(200 * t2).epsilon(0.1));
+    CHECK(num(s2.at("gpu_energy_j").as_object().at("1")) ==
+          doctest::Approx(300 * t2).epsilon(0.1));
+  }
+}
+
+TEST_CASE("no NVML: one clear line, monitoring off, the job goes on") {
+  TempDir dir("gpurun-energy");
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::nullopt, {"/bin/true"}, {"--energy", "on"},
+                 "cpu", {{"GPURUN_NVML_LIBRARY", (dir.path / "no-such-libnvidia-ml.so").string()}});
+  REQUIRE(run.wait(30s));
+  CHECK(run.code() == 0);
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK(err.find("gpurun: energy: monitoring off:") != std::string::npos);
+  CHECK(err.find("no-such-libnvidia-ml.so") != std::string::npos);
+  CHECK(run.events("energy_monitor").empty());
+}
+
+TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is not charged and "
+          "MaxPower follows the active set") {
+  TempDir d2("gpurun-energy");
+  FakeGpus g2(d2.path, gpus_drawing({300, 200}));
+  ElasticRun r2(GPURUN_BINARY, d2.path, 2, std::string("active_gpus = [0, 1]\n"),
+                {GPURUN_FAKE_WORKER, d2.str(), "400"},
+                {"--energy", "on", "--energy-summary", (d2.path / "summary.json").string()},
+                "cpu", g2.env());
+  r2.wait_continues(1);
+  write_file(d2.path / "config.toml", "active_gpus = [0]\n");
+  r2.wait_resize(2);
+  r2.wait_continues(2);
+  write_file(d2.path / "config.toml", "active_gpus = [0, 1]\n");
+  r2.wait_resize(3);
+  r2.wait_continues(1);
+  {
+    std::ofstream(d2.path / "stop") << 7;
+  }
+  REQUIRE(r2.wait(60s));
+  REQUIRE_MESSAGE(r2.code() == 0, r2.diag());
+
+  bool saw_one = false, saw_two = false;
+  for (const auto& w : r2.events("energy")) {
+    const std::vector<int> active = ints(w.at("active"));
+    const double e = num(w.at("energy_j")), t = num(w.at("seconds"));
+    const double max_power = num(w.at("max_power_w"));
+    // MaxPower = Σ of the active GPUs' maximum limits (700 W each).
+    CHECK(max_power == doctest::Approx(700.0 * static_cast<double>(active.size())));
+    // The event's cost is Zeus' formula of its own energy and time.
+    CHECK(num(w.at("cost")) == doctest::Approx(zeus(e, t, max_power, 0.5)).epsilon(1e-9));
+    const auto& g = w.at("gpus").as_array();
+    REQUIRE(g.size() == active.size());
+    double sum = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const auto& o = g[i].as_object();
+      const int slot = static_cast<int>(num(o.at("slot")));
+      CHECK(slot == active[i]);
+      const double watts = slot == 0 ? 300 : 200;
+      // Each GPU's energy is its draw over the window, to within one counter step per edge.
+      CHECK(num(o.at("energy_j")) == doctest::Approx(watts * t).epsilon(0.02).scale(watts * 0.25));
+      sum += num(o.at("energy_j"));
+    }
+    CHECK(e == doctest::Approx(sum));
+    if (w.at("kind").as_string() == "epoch" && t > 0.2) {
+      saw_one = saw_one || active == std::vector<int>{0};
+      saw_two = saw_two || active == std::vector<int>{0, 1};
+    }
+  }
+  CHECK(saw_one);
+  CHECK(saw_two);
+  // One energy_epoch per epoch trained: 0..7 (fake_worker trains epoch 7, then stops on
+  // reaching the stop epoch without reporting its boundary: the exit ends epoch 7).
+  const auto epochs = r2.events("energy_epoch");
+  REQUIRE(epochs.size() == 8);
+  double total = 0;
+  for (size_t i = 0; i < epochs.size(); ++i) {
+    CHECK(num(epochs[i].at("epoch")) == static_cast<double>(i));
+    total += num(epochs[i].at("cost"));
+    CHECK(num(epochs[i].at("cost_total")) == doctest::Approx(total));
+  }
+  // While slot 1 was parked it drew 200 W but was charged nothing: its energy is less than
+  // 200 W over the whole run.
+  const json::object sum = read_json(d2.path / "summary.json").at("summary").as_object();
+  const double run_s = num(sum.at("seconds"));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("1")) < 200 * run_s - 200 * 0.6);
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) ==
+        doctest::Approx(300 * run_s).epsilon(0.05));
+}
+
+TEST_CASE("early stop from the history: the second run of a job stops at β × the first run's "
+          "cost, with the documented status") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300}));
+  const std::string cfg =
+      "[energy]\nhistory = \"history.jsonl\"\njob = \"test-job\"\ncost_threshold_factor = 1.0\n";
+  {
+    std::ofstream(dir.path / "stop") << 3;
+    ElasticRun first(GPURUN_BINARY, dir.path, 1, cfg, {GPURUN_FAKE_WORKER, dir.str(), "300"},
+                     {"--energy", "on"}, "cpu", gpus.env());
+    REQUIRE(first.wait(60s));
+    REQUIRE_MESSAGE(first.code() == 0, first.diag());
+    CHECK(first.events("early_stop").empty());
+  }
+  std::string history = gpurun::testing::slurp(dir.path / "history.jsonl");
+  REQUIRE(std::count(history.begin(), history.end(), '\n') == 1);
+  const json::object h1 = json::parse(history).as_object();
+  CHECK(h1.at("completed").as_bool());
+  CHECK(h1.at("job").as_string() == "test-job");
+  const double best = num(h1.at("cost"));
+  REQUIRE(best > 0);
+
+  std::ofstream(dir.path / "stop") << 30;  // would train 30 epochs
+  fs::remove(dir.path / "events.jsonl");   // the event log appends: read only this run's
+  ElasticRun second(GPURUN_BINARY, dir.path, 1, cfg, {GPURUN_FAKE_WORKER, dir.str(), "300"},
+                    {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(second.wait(60s));
+  CHECK_MESSAGE(second.code() == 3, second.diag());
+  const auto stops = second.events("early_stop");
+  REQUIRE(stops.size() == 1);
+  const int64_t stop_epoch = static_cast<int64_t>(num(stops[0].at("epoch")));
+  CHECK(stop_epoch < 29);
+  CHECK(num(stops[0].at("threshold")) == doctest::Approx(best));
+  // The rule: stop at the first epoch whose cost so far + the predicted next epoch passes it.
+  for (const auto& e : second.events("energy_epoch")) {
+    const double predicted_total = num(e.at("cost_total")) + num(e.at("predicted_next_cost"));
+    if (static_cast<int64_t>(num(e.at("epoch"))) < stop_epoch)
+      CHECK(predicted_total <= best);
+    else if (static_cast<int64_t>(num(e.at("epoch"))) == stop_epoch)
+      CHECK(predicted_total > best);
+  }
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK(err.find("stopped early by its cost threshold (exit status 3)") != std::string::npos);
+  history = gpurun::testing::slurp(dir.path / "history.jsonl");
+  REQUIRE(std::count(history.begin(), history.end(), '\n') == 2);
+  const json::object h2 = json::parse(history.substr(history.find('\n') + 1)).as_object();
+  CHECK_FALSE(h2.at("completed").as_bool());  // an early-stopped run never becomes the best
+}
+
+#ifdef GPURUN_ENERGY_WORKER
+TEST_CASE("early stop with the worker runtime: every worker leaves epochs() normally and runs "
+          "its code after the loop") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300, 300}));
+  // Per epoch ≈ 0.5·600·T + 0.5·1400·T = 1000·T J, T ≈ 0.5 s: the threshold is passed after a
+  // few epochs, long before 60.
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::string("[energy]\ncost_threshold = 4000\n"),
+                 {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "60", "--steps", "10",
+                  "--step-ms", "100"},
+                 {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(120s));
+  CHECK_MESSAGE(run.code() == 3, run.diag());
+  const auto stops = run.events("early_stop");
+  REQUIRE(stops.size() == 1);
+  const int64_t e = static_cast<int64_t>(num(stops[0].at("epoch")));
+  CHECK(e < 59);
+  // Both ranks ran their post-loop code after e + 1 epochs.
+  for (int slot : {0, 1}) {
+    std::ifstream in(dir.path / ("after_loop." + std::to_string(slot)));
+    int64_t done = -1;
+    REQUIRE_MESSAGE(static_cast<bool>(in >> done), "slot " << slot << "\n" << run.diag());
+    CHECK(done == e + 1);
+  }
+  const auto decisions = run.events("decision");
+  REQUIRE(!decisions.empty());
+  CHECK(decisions.back().at("kind").as_string() == "exit");
+}
+
+TEST_CASE("power_limit_watts = \"auto\": the profile chooses what a hand calculation on its "
+          "measurements chooses, caches it, and the next run skips profiling") {
+  TempDir dir("gpurun-energy");
+  // One GPU whose limits range over 450–600 W: 7 limits in 25 W steps. Uncapped it draws
+  // 600 W; under a limit L it draws L and runs (L/600)^0.9 as fast.
+  fake::State s = gpus_drawing({600});
+  s.gpus[0].min_w = 450;
+  s.gpus[0].max_w = 600;
+  s.gpus[0].default_w = 600;
+  s.gpus[0].limit_w = 600;
+  s.gpus[0].speed_exp = 0.9;
+  FakeGpus gpus(dir.path, s);
+  const std::string cfg =
+      "[energy]\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
+      "profile_measure_steps = 10\nprofile_cache = \"power-cache.json\"\njob = \"auto-test\"\n";
+  const std::vector<std::string> worker = {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "8",
+                                           "--steps", "20", "--step-ms", "60"};
+  unsigned chosen = 0;
+  {
+    ElasticRun run(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu",
+                   gpus.env());
+    REQUIRE(run.wait(120s));
+    REQUIRE_MESSAGE(run.code() == 0, run.diag());
+    const auto rows = run.events("power_profile");
+    REQUIRE_MESSAGE(rows.size() == 7, run.diag());
+    double best_cost = 1e300;
+    unsigned best_limit = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      const unsigned limit = static_cast<unsigned>(num(r.at("limit_w")));
+      CHECK(limit == 600 - 25 * i);
+      const double steps = num(r.at("steps")), sec = num(r.at("seconds"));
+      const double energy = num(r.at("energy_j"));
+      CHECK(steps >= 10);
+      // The measurement sees the simulated GPU: it draws its limit.
+      CHECK(energy / sec == doctest::Approx(static_cast<double>(limit)).epsilon(0.15));
+      // Cost per step by hand: η·E/steps + (1−η)·MaxPower·T/steps, MaxPower = 600 W.
+      const double cost = 0.5 * energy / steps + 0.5 * 600 * sec / steps;
+      CHECK(num(r.at("cost_per_step")) == doctest::Approx(cost).epsilon(1e-6));
+      if (cost < best_cost) {
+        best_cost = cost;
+        best_limit = limit;
+      }
+    }
+    const auto limits = run.events("power_limit");
+    REQUIRE(!limits.empty());
+    bool found = false;
+    for (const auto& l : limits)
+      if (l.at("source").as_string() == "profile") {
+        chosen = static_cast<unsigned>(num(l.at("limit_w")));
+        found = true;
+      }
+    REQUIRE_MESSAGE(found, run.diag());
+    CHECK(chosen == best_limit);
+    // Restored at exit.
+    CHECK(gpus.limit(0) == doctest::Approx(600));
+  }
+  fs::remove(dir.path / "events.jsonl");  // the event log appends: read only this run's
+  ElasticRun again(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu",
+                   gpus.env());
+  REQUIRE(again.wait(120s));
+  REQUIRE_MESSAGE(again.code() == 0, again.diag());
+  CHECK_MESSAGE(again.events("power_profile").empty(), again.diag());
+  const auto limits = again.events("power_limit");
+  REQUIRE(!limits.empty());
+  CHECK(limits.front().at("source").as_string() == "cache");
+  CHECK(static_cast<unsigned>(num(limits.front().at("limit_w"))) == chosen);
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr").find("from the cache") !=
+        std::string::npos);
+}
+#endif
+
+TEST_CASE("a fixed power limit is set while the job runs and restored at exit, after SIGTERM "
+          "and after kill -9 of gpurun") {
+  const std::string cfg = "[energy]\npower_limit_watts = 400\n";
+  for (const std::string how : {"exit", "SIGTERM", "SIGKILL"}) {
+    CAPTURE(how);
+    TempDir dir("gpurun-energy");
+    FakeGpus gpus(dir.path, gpus_drawing({600, 600}));
+    if (how == "exit") std::ofstream(dir.path / "stop") << 12;
+    ElasticRun run(GPURUN_BINARY, dir.path, 2, cfg, {GPURUN_FAKE_WORKER, dir.str(), "200"},
+                   {"--energy", "on", "--grace-period", "2"}, "cpu", gpus.env());
+    wait_until("the limit to be set", [&] { return gpus.limit(0) == 400 && gpus.limit(1) == 400; });
+    if (how == "SIGTERM") ::kill(run.proc.pid, SIGTERM);
+    if (how == "SIGKILL") ::kill(run.proc.pid, SIGKILL);
+    REQUIRE(run.wait(60s));
+    if (how == "exit") CHECK_MESSAGE(run.code() == 0, run.diag());
+    if (how == "SIGKILL") {
+      // gpurun is gone; its guard restores the limits when gpurun's pipe closes.
+      wait_until("the guard to restore the limits",
+                 [&] { return gpus.limit(0) == 700 && gpus.limit(1) == 700; }, 10s);
+    }
+    CHECK(gpus.limit(0) == 700);
+    CHECK(gpus.limit(1) == 700);
+  }
+}
+
+TEST_CASE("no privilege to set power limits: one clear message, monitoring only, the job goes "
+          "on") {
+  TempDir dir("gpurun-energy");
+  fake::State s = gpus_drawing({500});
+  s.errors.push_back({"nvmlDeviceSetPowerManagementLimit", 4, std::nullopt});
+  FakeGpus gpus(dir.path, s);
+  std::ofstream(dir.path / "stop") << 2;
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("[energy]\npower_limit_watts = 400\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "200"}, {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK(err.find("needs root or CAP_SYS_ADMIN; monitoring only") != std::string::npos);
+  CHECK(gpus.limit(0) == 700);
+  CHECK(run.events("energy_epoch").size() == 3);  // monitoring went on: epochs 0, 1, 2
+}
