@@ -118,7 +118,7 @@ EnergyMonitor::~EnergyMonitor() {
   }
   stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  restore_limits();
+  restore_limits(/*from_destructor=*/true);
   guard_.reset();  // the helper exits; nothing is left for it to restore
 }
 
@@ -284,16 +284,27 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
              fmt::format(R"({{"limit_w":{},"source":{}}})", watts, detail::json_string(source)));
 }
 
-void EnergyMonitor::restore_limits() {
+void EnergyMonitor::restore_limits(bool from_destructor) {
   for (const MonitoredGpu& g : gpus_) {
     auto it = originals_mw_.find(g.uuid);
     if (it == originals_mw_.end()) continue;
+    std::string fields;
     try {
       nvml_->set_power_limit_mw(g.device, it->second);
       if (guard_) guard_->forget(g.uuid);
-    } catch (const Error&) {
+      fields = fmt::format(R"({{"limit_w":{},"source":"restore","slot":{},"uuid":{}}})",
+                           detail::json_number(it->second / 1000.0), g.slot,
+                           detail::json_string(g.uuid));
+    } catch (const Error& e) {
       // Left recorded with the guard: it tries again when gpurun's pipe closes.
+      fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
     }
+    // The destructor runs after the io loop: write the event at once.
+    const std::string name = fields.rfind(R"({"error")", 0) == 0 ? "energy_error" : "power_limit";
+    if (from_destructor)
+      emit_json(name, fields);
+    else
+      post_event(name, fields);
     originals_mw_.erase(it);
   }
   std::lock_guard<std::mutex> lock(mu_);

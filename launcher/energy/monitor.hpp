@@ -103,7 +103,7 @@ class EnergyMonitor {
   void sample_once();
   void drive_profiler(double t);
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
-  void restore_limits();
+  void restore_limits(bool from_destructor = false);
   void post_event(std::string name, std::string fields_json);
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
