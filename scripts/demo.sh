@@ -8,6 +8,8 @@
 # Environment: GPURUN_BUILD_DIR (default build), DEMO_MIN_ACCURACY (e.g. 0.80: exit 1 when
 # the final test accuracy is lower, or when the two resizes did not happen; used by CI),
 # DEMO_KEEP=1 keeps the work directory (config, event log, metrics).
+# DEMO_ENERGY=PNG: the same run with the energy monitor on two simulated GPUs (the fake NVML of
+# the test build, 300 W and 250 W: docs/energy.md), then `gpurun report` draws PNG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${GPURUN_BUILD_DIR:-build}
@@ -25,10 +27,22 @@ wait_resizes() {  # N: wait until N resize decisions are in the event log (or gp
   while (( $(resizes) < $1 )); do kill -0 "$pid" 2>/dev/null || return 1; sleep 0.2; done
 }
 
+energy_args=()
+if [[ -n ${DEMO_ENERGY:-} ]]; then
+  fake=$B/tests/energy/libgpurun_fake_nvml.so
+  [[ -f $fake ]] || { echo "demo: $fake is missing (a test build makes it)" >&2; exit 2; }
+  export GPURUN_NVML_LIBRARY=$fake GPURUN_CUDA_LIBRARY=$fake GPURUN_FAKE_NVML_STATE=$work/nvml.txt
+  printf '%s\n' \
+    'gpu 0 uuid=GPU-a0000000-1111-2222-3333-000000000000 name="Simulated H200" min_w=200 max_w=700 default_w=700 limit_w=700 full_w=300' \
+    'gpu 1 uuid=GPU-a1010101-1111-2222-3333-000000000001 name="Simulated H200" min_w=200 max_w=700 default_w=700 limit_w=700 full_w=250' \
+    > "$work/nvml.txt"
+  energy_args=(--energy on --energy-summary "$work/energy.json")
+fi
+
 set_active "[0, 1]"
 echo "demo: gpurun --nproc 2 --device cpu --config $cfg fmnist_train --model tiny --epochs 3 $*"
 "$B/launcher/gpurun" --nproc 2 --device cpu --config "$cfg" --event-log "$work/events.jsonl" \
-  --master-port 0 --run-id "demo-$$" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
+  --master-port 0 --run-id "demo-$$" "${energy_args[@]}" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
   --metrics "$work/metrics.jsonl" "$@" &
 pid=$!
 # Written while epoch 1 runs: applies at its end (the first boundary).
@@ -48,6 +62,9 @@ echo "demo: per epoch (gpus, test accuracy):"
 awk -F'[:,]' '{ match($0, /"gpus":\[[0-9,]*\]/); g = substr($0, RSTART + 7, RLENGTH - 7);
   match($0, /"val_acc":[0-9.]*/); a = substr($0, RSTART + 10, RLENGTH - 10);
   printf "  epoch %d  gpus %s  test acc %s\n", $2 + 1, g, a }' "$work/metrics.jsonl" 2>/dev/null || true
+if [[ -n ${DEMO_ENERGY:-} ]]; then
+  "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" --title "main job on two simulated GPUs (fake NVML)"
+fi
 if [[ -n ${DEMO_MIN_ACCURACY:-} ]]; then
   ok=$(awk -v a="${acc:-0}" -v m="$DEMO_MIN_ACCURACY" 'BEGIN{print (a >= m) ? 1 : 0}')
   (( rc == 0 && n >= 2 && ok == 1 )) || { echo "demo: FAILED (want exit 0, 2 resizes, accuracy >= $DEMO_MIN_ACCURACY)"; exit 1; }

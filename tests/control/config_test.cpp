@@ -377,10 +377,17 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 3);
+  CHECK(examples == 10);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);
+  CHECK(all.energy.present);
+  CHECK(all.energy.eta == 0.5);
+  CHECK(all.energy.cost_threshold_j == 5e6);
+  CHECK(all.energy.history == "runs.jsonl");
+  CHECK(all.energy.cost_threshold_factor == 2.0);
+  CHECK(all.energy.auto_limit);
+  CHECK(all.energy.job == "vit-b-bs256");
   CHECK(all.warnings.empty());
 }
 
