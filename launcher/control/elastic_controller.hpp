@@ -40,7 +40,7 @@ struct ElasticOptions {
   std::string run_dir;  ///< status.json lives here
   WatcherOptions watcher;
   /// Per-slot energy columns for status.json; empty = no energy monitor.
-  std::function<std::map<int, SlotEnergyStatus>()> energy_status;
+  std::function<EnergyStatus()> energy_status;
 };
 
 /// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks

@@ -78,8 +78,8 @@ std::string render_status(const Scheduler& sch, const StatusSnapshot& snap) {
 std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
   std::string slots = "[";
   bool first = true;
-  const std::map<int, SlotEnergyStatus> energy =
-      snap.energy ? snap.energy() : std::map<int, SlotEnergyStatus>{};
+  const EnergyStatus est = snap.energy ? snap.energy() : EnergyStatus{};
+  const std::map<int, SlotEnergyStatus>& energy = est.slots;
   for (const SlotStatus& s : st.slots) {
     JsonObject o;
     o.add("gpu", s.gpu);
@@ -144,6 +144,15 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
   else
     root.add_raw("last_decision", st.last_decision);
   root.add_raw("slots", slots);
+  if (snap.energy) {
+    JsonObject e;
+    e.add("epochs", est.epochs).add("cost_total_j", est.cost_total_j);
+    if (est.threshold_j)
+      e.add("threshold_j", *est.threshold_j);
+    else
+      e.add_null("threshold_j");
+    root.add_raw("energy", e.str());
+  }
   return root.str();
 }
 
@@ -371,6 +380,13 @@ int status_command(const std::vector<std::string>& args) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  if (const json::value* e = o.if_contains("energy"); e && e->is_object())
+    out += fmt::format("energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",
+                       field_text(e->as_object(), "epochs"),
+                       field_text(e->as_object(), "cost_total_j"),
+                       field_text(e->as_object(), "threshold_j") == "null"
+                           ? std::string("none")
+                           : field_text(e->as_object(), "threshold_j") + " J");
   // Energy columns when the run has a monitor (docs/energy.md#status).
   bool with_energy = false;
   if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array())

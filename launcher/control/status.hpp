@@ -26,6 +26,14 @@ struct SlotEnergyStatus {
   std::optional<unsigned> power_limit_w;  ///< a limit gpurun set, W; nullopt: unchanged
 };
 
+/// The run's energy (docs/energy.md#status).
+struct EnergyStatus {
+  std::map<int, SlotEnergyStatus> slots;
+  int64_t epochs = 0;                  ///< finished epochs
+  double cost_total_j = 0;             ///< Zeus cost of the finished epochs, J
+  std::optional<double> threshold_j;   ///< early-stop threshold, J
+};
+
 /// Facts about the run that the scheduler does not hold.
 struct StatusSnapshot {
   std::string run_id;
@@ -33,8 +41,8 @@ struct StatusSnapshot {
   std::string config_path;  ///< empty: a plain run (no --config)
   int supervisor_pid = 0;
   std::vector<std::string> physical_gpus;  ///< per slot; empty with --device cpu
-  /// Per-slot energy columns; empty function = no energy monitor (fields absent).
-  std::function<std::map<int, SlotEnergyStatus>()> energy;
+  /// Energy columns and totals; empty function = no energy monitor (fields absent).
+  std::function<EnergyStatus()> energy;
 };
 
 /// One slot as status.json shows it.

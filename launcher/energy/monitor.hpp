@@ -89,6 +89,12 @@ class EnergyMonitor {
   void finish(int exit_code);
   bool stopped_early() const { return stopped_early_; }
 
+  /// Finished epochs, their Zeus cost (J) and the threshold (J), for `gpurun status`. Io thread.
+  int64_t epochs_finished() const { return static_cast<int64_t>(tracker_.epochs().size()); }
+  double cost_total_j() const { return tracker_.cost_total(); }
+  std::optional<double> threshold_j() const {
+    return opt_.threshold ? std::optional<double>(opt_.threshold->cost_j) : std::nullopt;
+  }
   /// Per slot, for `gpurun status`. Thread-safe.
   std::map<int, SlotEnergy> status() const;
   const std::vector<MonitoredGpu>& gpus() const { return gpus_; }

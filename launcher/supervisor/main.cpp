@@ -69,11 +69,14 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-std::map<int, gpurun::control::SlotEnergyStatus> energy_status(
-    const gpurun::energy::EnergyMonitor& m) {
-  std::map<int, gpurun::control::SlotEnergyStatus> out;
+/// The monitor's figures for status.json (io thread: the totals are the io thread's).
+gpurun::control::EnergyStatus energy_status(const gpurun::energy::EnergyMonitor& m) {
+  gpurun::control::EnergyStatus out;
   for (const auto& [slot, e] : m.status())
-    out[slot] = gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
+    out.slots[slot] = gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
+  out.epochs = m.epochs_finished();
+  out.cost_total_j = m.cost_total_j();
+  out.threshold_j = m.threshold_j();
   return out;
 }
 
@@ -366,7 +369,7 @@ int run(int argc, char** argv) {
     snap.supervisor_pid = static_cast<int>(::getpid());
     snap.physical_gpus = plan.gpu_ids;
     if (energy) snap.energy = [&energy] {
-      return energy ? energy_status(*energy) : std::map<int, gpurun::control::SlotEnergyStatus>{};
+      return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
     };
     status_spawner = std::make_unique<gpurun::control::StatusSpawner>(io, posix_spawner, console,
                                                                       plan.nproc, std::move(snap));
@@ -385,7 +388,7 @@ int run(int argc, char** argv) {
     eo.run_id = plan.run_id;
     eo.run_dir = plan.run_dir;
     if (energy) eo.energy_status = [&energy] {
-      return energy ? energy_status(*energy) : std::map<int, gpurun::control::SlotEnergyStatus>{};
+      return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
     };
     try {
       elastic = std::make_unique<gpurun::control::ElasticController>(

@@ -161,6 +161,32 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
                 {"--energy", "on", "--energy-summary", (d2.path / "summary.json").string()},
                 "cpu", g2.env());
   r2.wait_continues(1);
+  {
+    // `gpurun status` while it trains: power and the epoch's energy per GPU, the cost so far.
+    std::this_thread::sleep_for(1200ms);  // status.json is refreshed every second
+    gpurun::testing::ChildProcess status({GPURUN_BINARY, "status"},
+                                         {{"XDG_RUNTIME_DIR", (d2.path / "xdg").string()}},
+                                         d2.path / "status.out", d2.path / "status.err");
+    REQUIRE(status.wait(20s));
+    const std::string text = status.stdout_text();
+    CHECK_MESSAGE(text.find("POWER(W)") != std::string::npos, text << status.stderr_text());
+    CHECK(text.find("EPOCH E(J)") != std::string::npos);
+    CHECK(text.find("300.0") != std::string::npos);  // slot 0's draw
+    CHECK(text.find("200.0") != std::string::npos);  // slot 1's draw
+    CHECK(text.find("energy: ") != std::string::npos);
+    CHECK(text.find("Zeus cost so far") != std::string::npos);
+    gpurun::testing::ChildProcess js({GPURUN_BINARY, "status", "--json"},
+                                     {{"XDG_RUNTIME_DIR", (d2.path / "xdg").string()}},
+                                     d2.path / "status.json.out", d2.path / "status.json.err");
+    REQUIRE(js.wait(20s));
+    const json::object st = json::parse(js.stdout_text()).as_object();
+    const auto& slots = st.at("slots").as_array();
+    REQUIRE(slots.size() == 2);
+    CHECK(num(slots[0].as_object().at("power_w")) == doctest::Approx(300));
+    CHECK(num(slots[1].as_object().at("power_w")) == doctest::Approx(200));
+    CHECK(num(slots[0].as_object().at("epoch_energy_j")) > 0);
+    CHECK(num(st.at("energy").as_object().at("epochs")) >= 1);
+  }
   write_file(d2.path / "config.toml", "active_gpus = [0]\n");
   r2.wait_resize(2);
   r2.wait_continues(2);
@@ -191,7 +217,9 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
       CHECK(slot == active[i]);
       const double watts = slot == 0 ? 300 : 200;
       // Each GPU's energy is its draw over the window, to within one counter step per edge.
-      CHECK(num(o.at("energy_j")) == doctest::Approx(watts * t).epsilon(0.02).scale(watts * 0.25));
+      // (≤ 0.3 s of draw: the 100 ms counter step at each edge, plus a late sample on a busy
+      // machine.)
+      CHECK(std::abs(num(o.at("energy_j")) - watts * t) <= watts * 0.3 + 0.02 * watts * t);
       sum += num(o.at("energy_j"));
     }
     CHECK(e == doctest::Approx(sum));
@@ -202,10 +230,13 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
   }
   CHECK(saw_one);
   CHECK(saw_two);
-  // One energy_epoch per epoch trained: 0..7 (fake_worker trains epoch 7, then stops on
-  // reaching the stop epoch without reporting its boundary: the exit ends epoch 7).
+  // One energy_epoch per epoch trained, 0..E: fake_worker trains epoch E ≥ 7, then stops on
+  // reaching the stop epoch without reporting its boundary (the exit ends epoch E).
   const auto epochs = r2.events("energy_epoch");
-  REQUIRE(epochs.size() == 8);
+  const auto reports = r2.events("decision");
+  REQUIRE(epochs.size() >= 8);
+  // Every boundary decided (all but the start) ended one epoch; the exit ended the last.
+  CHECK(epochs.size() == reports.size());
   double total = 0;
   for (size_t i = 0; i < epochs.size(); ++i) {
     CHECK(num(epochs[i].at("epoch")) == static_cast<double>(i));
