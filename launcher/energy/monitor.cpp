@@ -59,7 +59,7 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
             fmt::format(R"({{"gpus":{},"period_s":{},"library":{}}})", gpus_json,
                         detail::json_number(opt_.period.count() / 1000.0),
                         detail::json_string(nvml_->library())));
-  window_t0_ = now_s();
+  window_t0_ = opt_.start_s > 0 ? std::min(opt_.start_s, now_s()) : now_s();
 
   // Power limits: fixed, from the cache, or profiled. Each needs the guard first.
   if (opt_.fixed_limit_w) {
@@ -337,8 +337,9 @@ void EnergyMonitor::set_active(std::vector<int> active) {
   const double t = now_s();
   // A window that just opened (at the boundary whose decision made this change, or at start)
   // takes the new set; an older one is closed first, so no window mixes two sets.
-  if (t - window_t0_ > kFreshWindowS)
+  if (have_active_ && t - window_t0_ > kFreshWindowS)
     close_window(t, window_active_.empty() ? "pause" : "partial", generation_, -1, -1);
+  have_active_ = true;  // the first set is charged from the job's start
   std::lock_guard<std::mutex> lock(mu_);
   window_active_ = active;
   active_for_thread_ = active;

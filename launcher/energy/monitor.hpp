@@ -49,6 +49,7 @@ struct MonitorOptions {
   std::string program;                            ///< the worker executable (cache key)
   std::string summary_path;                       ///< --energy-summary FILE ("" = none)
   std::string guard_exe = "/proc/self/exe";       ///< the binary run as `__power-guard`
+  double start_s = 0;  ///< Unix s the first window starts at (the job's start); 0 = now
 };
 
 /// What `gpurun status` shows per slot.
@@ -136,6 +137,7 @@ class EnergyMonitor {
   // io thread only
   double window_t0_ = 0;
   std::vector<int> window_active_;
+  bool have_active_ = false;  // set_active() was called (the first set opens the job's window)
   int64_t generation_ = 0;
   CostTracker tracker_;
   std::map<int, double> epoch_energy_j_;  // mirrored into status under mu_

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -86,28 +87,38 @@ std::string beside_config(const std::optional<std::string>& config, const std::s
   return (std::filesystem::absolute(*config).parent_path() / path).string();
 }
 
-/// What the energy monitor needs from main; nullptr + a console line when it cannot run.
-/// Blocks for NVML's (and CUDA's) initialisation.
-std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
-    asio::io_context& io, sv::EventLog& events, const sv::Options& opt, const sv::JobPlan& plan,
-    const sv::EnvMap& inherited, const std::optional<gpurun::control::Config>& config,
-    const std::vector<int>& slots, const std::string& program,
-    const gpurun::control::ProgressFile* progress) {
-  namespace en = gpurun::energy;
+/// Whether gpurun should monitor energy at all (cheap; says why not when the user asked).
+bool energy_wanted(const sv::Options& opt, const sv::JobPlan& plan,
+                   const std::optional<gpurun::control::Config>& config) {
   const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
-  if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) return nullptr;
+  if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) return false;
   const bool asked = opt.energy == sv::EnergyMode::kOn || ec.present || opt.energy_summary;
   if (opt.energy == sv::EnergyMode::kAuto && plan.device != sv::Device::kCuda) {
     if (asked)
       print_err("energy: monitoring off: --device cpu has no GPU (use --energy on to monitor "
                 "the visible GPUs anyway, e.g. with a fake NVML)");
-    return nullptr;
+    return false;
   }
+  return true;
+}
+
+/// NVML opened and the slots' GPUs found.
+struct DiscoveredGpus {
+  std::unique_ptr<gpurun::energy::Nvml> nvml;
+  std::vector<gpurun::energy::MonitoredGpu> gpus;
+};
+
+/// Opens NVML and maps `slots` to its devices by UUID (docs/energy.md#which-gpu-is-a-slots).
+/// nullopt after a console line saying why monitoring is off. Blocks for NVML's and CUDA's
+/// initialisation (up to ~1 s): main runs it on its own thread while the workers start.
+std::optional<DiscoveredGpus> discover_gpus(const sv::EnvMap& inherited,
+                                            const std::vector<int>& slots) {
+  namespace en = gpurun::energy;
   std::string why;
   std::unique_ptr<en::Nvml> nvml = en::Nvml::open(why);
   if (!nvml) {
     print_err(fmt::format("energy: monitoring off: {}", why));
-    return nullptr;
+    return std::nullopt;
   }
   const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
   std::optional<std::vector<std::string>> visible;
@@ -122,19 +133,33 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
     cuda_uuids = en::cuda_visible_uuids(cuda_why);
     if (!cuda_uuids && !cuda_why.empty()) print_err(fmt::format("energy: {}", cuda_why));
   }
-  std::vector<en::MonitoredGpu> gpus;
+  DiscoveredGpus d;
   try {
     std::string warning;
-    gpus = en::map_slots(*nvml, slots, visible, cuda_uuids, warning);
+    d.gpus = en::map_slots(*nvml, slots, visible, cuda_uuids, warning);
     if (!warning.empty()) print_err(fmt::format("energy: warning: {}", warning));
   } catch (const gpurun::Error& e) {
     print_err(fmt::format("energy: monitoring off: {}", e.what()));
-    return nullptr;
+    return std::nullopt;
   }
-  if (gpus.empty()) {
+  if (d.gpus.empty()) {
     print_err("energy: monitoring off: no GPU to monitor");
-    return nullptr;
+    return std::nullopt;
   }
+  d.nvml = std::move(nvml);
+  return d;
+}
+
+/// The monitor over `found`, with the settings of [energy] (config) and the command line.
+/// `start_s`: when the job started (its first window's start).
+std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
+    asio::io_context& io, sv::EventLog& events, const sv::Options& opt,
+    const std::optional<gpurun::control::Config>& config, DiscoveredGpus found,
+    const std::string& program, const gpurun::control::ProgressFile* progress, double start_s) {
+  namespace en = gpurun::energy;
+  const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
+  std::vector<en::MonitoredGpu> gpus = std::move(found.gpus);
+  std::unique_ptr<en::Nvml> nvml = std::move(found.nvml);
   en::MonitorOptions mo;
   mo.period = ec.period;
   mo.window = ec.window;
@@ -166,6 +191,7 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
                                             : (config ? ".gpurun-power-cache.json" : ""));
   mo.program = program;
   mo.summary_path = opt.energy_summary.value_or("");
+  mo.start_s = start_s;
   print_err(fmt::format(
       "energy: monitoring {} GPU{} every {} ms through {} (η = {}{})", gpus.size(),
       gpus.size() == 1 ? "" : "s", ec.period.count(), nvml->library(), mo.eta,
@@ -342,8 +368,15 @@ int run(int argc, char** argv) {
                             e.what()));
     }
   }
-  energy = make_energy_monitor(io, events, opt, plan, inherited, config,
-                               config ? slot_ids : launch_ids, *exe, progress.get());
+  // NVML and CUDA initialise on their own thread while the workers start (it can take ~1 s).
+  const bool monitor_energy = energy_wanted(opt, plan, config);
+  const double job_start_s = gpurun::energy::EnergyMonitor::now_s();
+  std::future<std::optional<DiscoveredGpus>> discovery;
+  if (monitor_energy)
+    discovery = std::async(std::launch::async, discover_gpus, std::cref(inherited),
+                           config ? slot_ids : launch_ids);
+  // [energy] settings, kept for when discovery is done (config is moved into the controller).
+  const std::optional<gpurun::control::Config> energy_config = config;
 
   sv::SupervisorOptions so;
   so.plan = plan;
@@ -368,7 +401,7 @@ int run(int argc, char** argv) {
     snap.run_dir = plan.run_dir;
     snap.supervisor_pid = static_cast<int>(::getpid());
     snap.physical_gpus = plan.gpu_ids;
-    if (energy) snap.energy = [&energy] {
+    if (monitor_energy) snap.energy = [&energy] {
       return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
     };
     status_spawner = std::make_unique<gpurun::control::StatusSpawner>(io, posix_spawner, console,
@@ -387,7 +420,7 @@ int run(int argc, char** argv) {
     eo.physical_gpus = plan.gpu_ids;
     eo.run_id = plan.run_id;
     eo.run_dir = plan.run_dir;
-    if (energy) eo.energy_status = [&energy] {
+    if (monitor_energy) eo.energy_status = [&energy] {
       return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
     };
     try {
@@ -398,13 +431,15 @@ int run(int argc, char** argv) {
       return kExitLauncherError;
     }
     supervisor.set_controller(elastic.get());
-    if (energy) {
+    if (monitor_energy) {
+      // The monitor may not exist yet (or ever: no NVML): every hook checks.
       gpurun::control::EnergyHooks hooks;
       hooks.active_changed = [&energy](const std::vector<int>& active) {
-        energy->set_active(active);
+        if (energy) energy->set_active(active);
       };
       hooks.boundary =
           [&energy](const gpurun::control::BoundaryInfo& b) -> std::optional<std::string> {
+        if (!energy) return std::nullopt;
         const double t = b.time_ms > 0 ? static_cast<double>(b.time_ms) / 1000.0
                                        : gpurun::energy::EnergyMonitor::now_s();
         energy->close_window(t, b.step == 0 ? "epoch" : "steps", b.generation, b.epoch, b.step);
@@ -412,13 +447,12 @@ int run(int argc, char** argv) {
         return energy->end_epoch(b.epoch);
       };
       hooks.training_finished = [&energy](int64_t final_epoch) {
+        if (!energy) return;
         energy->close_window(gpurun::energy::EnergyMonitor::now_s(), "epoch", -1, final_epoch, 0);
         energy->end_epoch(final_epoch);
       };
       elastic->set_energy_hooks(std::move(hooks));
     }
-  } else if (energy) {
-    energy->set_active(launch_ids);
   }
   // status.json's energy columns change without protocol events: refresh it every second.
   asio::steady_timer status_refresh(io);
@@ -430,7 +464,7 @@ int run(int argc, char** argv) {
         status_refresh.expires_after(std::chrono::seconds(1));
         status_refresh.async_wait(refresh);
       };
-  if (energy) {
+  if (monitor_energy) {
     status_refresh.expires_after(std::chrono::seconds(1));
     status_refresh.async_wait(refresh);
   }
@@ -460,6 +494,14 @@ int run(int argc, char** argv) {
   int code = kExitLauncherError;
   try {
     supervisor.start();
+    if (discovery.valid()) {
+      // The workers are starting; the monitor begins with the job's start time.
+      if (std::optional<DiscoveredGpus> found = discovery.get(); found && !supervisor.done()) {
+        energy = make_energy_monitor(io, events, opt, energy_config, std::move(*found), *exe,
+                                     progress.get(), job_start_s);
+        energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
+      }
+    }
     if (!supervisor.done()) io.run();
     code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
   } catch (const std::exception& e) {

@@ -252,6 +252,40 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
         doctest::Approx(300 * run_s).epsilon(0.05));
 }
 
+TEST_CASE("elastic: a paused job is not charged; the pause is a window of its own") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({400}));
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("active_gpus = [0]\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "200"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env());
+  run.wait_continues(1);
+  write_file(dir.path / "config.toml", "active_gpus = []\n");
+  run.wait_resize(2);
+  std::this_thread::sleep_for(1500ms);  // paused: the GPU still draws 400 W, not ours
+  write_file(dir.path / "config.toml", "active_gpus = [0]\n");
+  run.wait_resize(3);
+  run.wait_continues(1);
+  std::ofstream(dir.path / "stop") << 0;  // the next epoch start ends it
+  REQUIRE(run.wait(60s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  double paused_s = 0;
+  for (const auto& w : run.events("energy")) {
+    if (!w.at("active").as_array().empty()) continue;
+    CHECK(w.at("kind").as_string() == "pause");
+    CHECK(num(w.at("energy_j")) == 0);
+    CHECK(num(w.at("cost")) == 0);
+    CHECK(num(w.at("max_power_w")) == 0);
+    paused_s += num(w.at("seconds"));
+  }
+  CHECK(paused_s > 1.4);
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  const double run_s = num(sum.at("seconds"));
+  // Charged: the run's time minus the pause, at 400 W.
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) ==
+        doctest::Approx(400 * (run_s - paused_s)).epsilon(0.05));
+}
+
 TEST_CASE("early stop from the history: the second run of a job stops at β × the first run's "
           "cost, with the documented status") {
   TempDir dir("gpurun-energy");
