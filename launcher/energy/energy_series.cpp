@@ -37,18 +37,22 @@ bool EnergySeries::add(const Sample& s) {
   return true;
 }
 
+EnergySeries::Around EnergySeries::around(double t_s) const {
+  // first.t_s < t_s < last.t_s: b is the first point after t, a the one before (a.t ≤ t < b.t).
+  auto b = std::upper_bound(samples_.begin(), samples_.end(), t_s,
+                            [](double t, const Point& p) { return t < p.t_s; });
+  auto a = std::prev(b);
+  return {&*a, &*b, (t_s - a->t_s) / (b->t_s - a->t_s)};
+}
+
 double EnergySeries::energy_at(double t_s) const {
   if (samples_.empty()) return 0.0;
   const Point& first = samples_.front();
   const Point& last = samples_.back();
   if (t_s <= first.t_s) return first.energy_j - first.power_w * (first.t_s - t_s);
   if (t_s >= last.t_s) return last.energy_j + last.power_w * (t_s - last.t_s);
-  // first.t_s < t_s < last.t_s: b is the first point after t, a the one before (a.t ≤ t < b.t).
-  auto b = std::upper_bound(samples_.begin(), samples_.end(), t_s,
-                            [](double t, const Point& p) { return t < p.t_s; });
-  auto a = std::prev(b);
-  const double f = (t_s - a->t_s) / (b->t_s - a->t_s);
-  return a->energy_j + f * (b->energy_j - a->energy_j);
+  const Around s = around(t_s);
+  return s.a->energy_j + s.f * (s.b->energy_j - s.a->energy_j);
 }
 
 double EnergySeries::energy_between(double t0_s, double t1_s) const {
@@ -60,12 +64,9 @@ double EnergySeries::integral_to(double t_s) const {
   const Point& last = samples_.back();
   if (t_s <= first.t_s) return first.power_integral_j - first.power_w * (first.t_s - t_s);
   if (t_s >= last.t_s) return last.power_integral_j + last.power_w * (t_s - last.t_s);
-  auto b = std::upper_bound(samples_.begin(), samples_.end(), t_s,
-                            [](double t, const Point& p) { return t < p.t_s; });
-  auto a = std::prev(b);
-  const double f = (t_s - a->t_s) / (b->t_s - a->t_s);
-  const double p_t = a->power_w + f * (b->power_w - a->power_w);
-  return a->power_integral_j + (a->power_w + p_t) / 2 * (t_s - a->t_s);
+  const Around s = around(t_s);
+  const double p_t = s.a->power_w + s.f * (s.b->power_w - s.a->power_w);
+  return s.a->power_integral_j + (s.a->power_w + p_t) / 2 * (t_s - s.a->t_s);
 }
 
 double EnergySeries::power_integral(double t0_s, double t1_s) const {

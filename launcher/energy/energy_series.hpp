@@ -71,6 +71,13 @@ class EnergySeries {
     double power_w;           // clamped to >= 0
     double power_integral_j;  // trapezoid integral of power from the first sample ever added
   };
+  // The two points around t (first.t_s < t < last.t_s) and t's fraction of the way from a to b.
+  struct Around {
+    const Point* a;
+    const Point* b;
+    double f;
+  };
+  Around around(double t_s) const;
   // The integral of the power readings from the first stored point to t (negative before it).
   double integral_to(double t_s) const;
 

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpurun_process.hpp"
+
 #include <unistd.h>
 #include <fstream>
 #include <functional>
@@ -33,19 +35,9 @@ WindowRecord window(double t0, double seconds, std::vector<int> active,
   return w;
 }
 
-// A fresh directory under /tmp, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("gpurun-early-stop-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A fresh directory under the temp dir, removed at scope exit (the tests' shared one).
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-early-stop-test") {}
 };
 
 std::string what_of(const std::function<void()>& f) {

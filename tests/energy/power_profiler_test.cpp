@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpurun_process.hpp"
+
 #include <unistd.h>
 #include <algorithm>
 #include <cmath>
@@ -74,18 +76,9 @@ ProfilerOptions options(double eta) {
   return o;             // warmup 10, measure 40 (the defaults)
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("gpurun-profiler-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A fresh directory under the temp dir, removed at scope exit (the tests' shared one).
+struct TempDir : gpurun::testing::TempDir {
+  TempDir() : gpurun::testing::TempDir("gpurun-profiler-test") {}
 };
 
 std::string what_of(const std::function<void()>& f) {
