@@ -3,6 +3,8 @@
 # reads NVML (counters, power, limits); nothing on the GPU is changed.
 #   1. the monitor's cost on step time: vit_step_bench (runtime mode, ViT-B, bf16) under
 #      gpurun --config with [energy] monitor = false / true, alternated, 3 rounds each;
+#   0. launch -> first all-reduce (bench/first_allreduce, elastic) with --energy off / on,
+#      alternated, 5 each: NVML + CUDA discovery runs beside the workers' start;
 #   2. the main job (fmnist_train ViT-B, 2 epochs) with the monitor on: per-epoch energy from
 #      the NVML counter (gpurun's `energy` events) against (a) the monitor's own integrated
 #      power samples and (b) an independent 20 ms power sampler (nvidia-ml-py) run beside it.
@@ -13,16 +15,39 @@ cd "$(dirname "$0")/.."
 OUT=${1:?out dir}; DATA=${2:-/usr/share/datasets/fashion-mnist}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 B=${GPURUN_BUILD:-build-gpu}
-if [[ ! -x $B/launcher/gpurun || ! -x $B/bench/vit_step_bench ]]; then
+if [[ ! -x $B/launcher/gpurun || ! -x $B/bench/vit_step_bench || ! -x $B/bench/first_allreduce ]]; then
   TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
   t0=$(date +%s)
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
     -DGPURUN_WITH_CUDA=ON -DGPURUN_BUILD_TESTS=OFF > "$OUT/cmake.log" 2>&1 &&
-    cmake --build "$B" -j16 --target gpurun fmnist_train vit_step_bench > "$OUT/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target gpurun fmnist_train vit_step_bench first_allreduce > "$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
 G=$B/launcher/gpurun
+
+# 0. Launch cost of the monitor: wall time of the whole command, energy off / on alternated.
+printf '' > "$OUT/launch.toml"
+for rep in 1 2 3 4 5; do
+  for e in off on; do
+    t0=$(date +%s.%N)
+    "$G" --device cuda --nproc 1 --config "$OUT/launch.toml" --master-port 0 --energy "$e" \
+      "$B/bench/first_allreduce" > "$OUT/launch_${e}_$rep.log" 2>&1
+    echo "$e $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" >> "$OUT/launch.txt"
+  done
+done
+# Live status columns and the slot -> GPU mapping by UUID on the real driver.
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
+printf '[energy]\n' > "$OUT/status.toml"
+CUDA_VISIBLE_DEVICES=$uuid XDG_RUNTIME_DIR=$OUT/xdg "$G" --device cuda --nproc 1 \
+  --config "$OUT/status.toml" --master-port 0 --event-log "$OUT/status.events.jsonl" \
+  "$B/bench/vit_step_bench" --mode runtime --model b --micro 128 --warmup 10 --steps 150 \
+  > "$OUT/status_run.log" 2>&1 &
+sp=$!
+sleep 12
+XDG_RUNTIME_DIR=$OUT/xdg "$G" status > "$OUT/status.txt" 2>&1
+wait $sp
+echo "cvd uuid $uuid -> monitored $(grep -o '"uuid":"[^"]*"' "$OUT/status.events.jsonl" | head -1)" >> "$OUT/status.txt"
 
 # 1. Monitor on/off, alternated (A B A B A B) so drift hits both alike.
 for round in 1 2 3; do
@@ -68,9 +93,17 @@ def ips(mon):
     for f in sorted(glob.glob(f"{out}/vit_{mon}_*.json")):
         v.append(json.load(open(f))["images_per_s"])
     return v
+launch = {"off": [], "on": []}
+for line in open(f"{out}/launch.txt"):
+    k, v = line.split()
+    launch[k].append(float(v))
 off, on = ips("false"), ips("true")
 print("| measurement | value |")
 print("|---|---|")
+if launch["off"] and launch["on"]:
+    mo, mn = statistics.median(launch["off"]), statistics.median(launch["on"])
+    print(f"| launch -> first all-reduce, energy off (median of {len(launch['off'])}) | {mo:.3f} s ({', '.join(f'{x:.2f}' for x in launch['off'])}) |")
+    print(f"| launch -> first all-reduce, energy on (median of {len(launch['on'])}) | {mn:.3f} s ({', '.join(f'{x:.2f}' for x in launch['on'])}); on/off {mn / mo:.3f} |")
 if off and on:
     print(f"| ViT-B images/s, monitor off (3 runs) | {', '.join(f'{x:.1f}' for x in off)} |")
     print(f"| ViT-B images/s, monitor on (3 runs) | {', '.join(f'{x:.1f}' for x in on)} |")
@@ -107,3 +140,4 @@ if mon:
     g = mon[0]["gpus"][0]
     print(f"| GPU | {g['name']} {g['uuid']}, limits {g['min_limit_w']}-{g['max_limit_w']} W, current {g['power_limit_w']} W (read only) |")
 PY
+cat "$OUT/status.txt"

@@ -146,8 +146,7 @@ void EnergyMonitor::sample_once() {
       const unsigned mw = nvml_->power_mw(g.device);
       taken.push_back({g.slot, Sample{now_s(), mj / 1000.0, mw / 1000.0}});
     } catch (const NvmlError& e) {
-      static std::set<int> warned;  // sampling thread only
-      if (warned.insert(g.slot).second)
+      if (read_failed_.insert(g.slot).second)  // once per GPU
         post_event("energy_error", fmt::format(R"({{"slot":{},"error":{}}})", g.slot,
                                                detail::json_string(e.what())));
     }

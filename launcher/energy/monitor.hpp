@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,6 +148,7 @@ class EnergyMonitor {
   std::unique_ptr<boost::asio::steady_timer> window_timer_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 
+  std::set<int> read_failed_;  // sampling thread: slots whose failed reads were reported
   std::atomic<uint64_t> samples_{0};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
