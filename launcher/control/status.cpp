@@ -384,7 +384,7 @@ int status_command(const std::vector<std::string>& args) {
     out += fmt::format("energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",
                        field_text(e->as_object(), "epochs"),
                        field_text(e->as_object(), "cost_total_j"),
-                       field_text(e->as_object(), "threshold_j") == "null"
+                       field_text(e->as_object(), "threshold_j") == "-"
                            ? std::string("none")
                            : field_text(e->as_object(), "threshold_j") + " J");
   // Energy columns when the run has a monitor (docs/energy.md#status).

@@ -175,6 +175,7 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
     CHECK(text.find("200.0") != std::string::npos);  // slot 1's draw
     CHECK(text.find("energy: ") != std::string::npos);
     CHECK(text.find("Zeus cost so far") != std::string::npos);
+    CHECK(text.find("early-stop threshold none") != std::string::npos);  // none configured
     gpurun::testing::ChildProcess js({GPURUN_BINARY, "status", "--json"},
                                      {{"XDG_RUNTIME_DIR", (d2.path / "xdg").string()}},
                                      d2.path / "status.json.out", d2.path / "status.json.err");
