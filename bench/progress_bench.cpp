@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "control/progress.hpp"
+#include "gpurun/control/progress.hpp"
 
 int main(int argc, char** argv) {
   long long steps = 20'000'000;

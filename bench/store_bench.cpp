@@ -42,8 +42,8 @@
 #include <netinet/tcp.h>
 #include <boost/asio/io_context.hpp>
 
-#include "store/client.hpp"
-#include "store/frame_codec.hpp"
+#include "gpurun/store/client.hpp"
+#include "gpurun/store/frame_codec.hpp"
 #include "store/server.hpp"
 
 namespace store = gpurun::store;

@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
-#include "store/client.hpp"
+#include "gpurun/error.hpp"
+#include "gpurun/store/client.hpp"
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "fashion_mnist/idx.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::fashion_mnist {
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::fashion_mnist {
 

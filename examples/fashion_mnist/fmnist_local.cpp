@@ -17,10 +17,10 @@
 #include <string_view>
 #include <vector>
 
-#include "common/error.hpp"
 #include "fashion_mnist/dataset.hpp"
 #include "fashion_mnist/models.hpp"
 #include "fashion_mnist/progress.hpp"
+#include "gpurun/check.hpp"
 
 namespace fm = gpurun::fashion_mnist;
 

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace gpurun::fashion_mnist {
 namespace detail {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::fashion_mnist {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "common/error.hpp"
 #include "fashion_mnist/dataset.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::fashion_mnist {
 

@@ -40,6 +40,7 @@
 #include "fashion_mnist/models.hpp"
 #include "fashion_mnist/progress.hpp"
 #include "gpurun/autocast.hpp"
+#include "gpurun/check.hpp"
 #include "gpurun/fused_adamw.hpp"
 #include "gpurun/runtime.hpp"
 
@@ -206,6 +207,9 @@ int run(const Args& a) {
       fused_step.step();
       if (printer && seen > 0) progress.update(mb_done, {loss_sum / seen, correct / seen});
     }
+    // This rank left the job (a resize in release mode, or told to exit while parked): it
+    // did not train to the end, so it evaluates and writes nothing.
+    if (rt->left()) break;
     const double train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
     // Evaluate on every test image: rank r of W takes r, r + W, ...; sums reduced.
@@ -234,6 +238,7 @@ int run(const Args& a) {
         torch::save(std::static_pointer_cast<torch::nn::Module>(model), a.checkpoint);
     }
   }
+  if (rt->left()) return 0;
   if (rt->rank() == 0 && !a.checkpoint.empty()) {
     torch::save(std::static_pointer_cast<torch::nn::Module>(model), a.checkpoint);
     std::cout << "fmnist_train: model saved to " << a.checkpoint << "\n";

@@ -8,12 +8,12 @@
 #include <boost/asio/post.hpp>
 
 #include "control/status.hpp"
+#include "gpurun/env_names.hpp"
 
 namespace gpurun::control {
 
 namespace asio = boost::asio;
 using supervisor::ExitStatus;
-using supervisor::JsonObject;
 using supervisor::StreamId;
 
 ElasticController::ElasticController(asio::io_context& io, store::Backend& backend,
@@ -93,6 +93,10 @@ void ElasticController::reload(const char* why) {
     if (c == scheduler_.config() && scheduler_.last_config_error().empty()) return;
     console_.write(StreamId::kStderr,
                    fmt::format("gpurun: config reloaded ({}): {}\n", why, describe(c)));
+    if (c.energy != scheduler_.config().energy)
+      console_.write(StreamId::kStderr,
+                     "gpurun: note: [energy] changed: the energy monitor keeps the settings it "
+                     "started with; the change takes effect at the next run\n");
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   } catch (const ConfigError& e) {
     scheduler_.config_rejected(opt_.config_path.string(), e.what());
@@ -156,10 +160,10 @@ void ElasticController::spawn(int gpu, int64_t generation, const std::string& js
   env["WORLD_SIZE"] = world;
   env["ROLE_WORLD_SIZE"] = world;
   env["LOCAL_WORLD_SIZE"] = world;
-  env["GPURUN_ELASTIC"] = "1";
-  env["GPURUN_JOIN_GENERATION"] = std::to_string(generation);
-  env["GPURUN_ACTIVE_GPUS"] = join_ids(d.active);
-  env["GPURUN_PARK_MODE"] = std::string(to_string(d.park_mode));
+  env[env::kElastic] = "1";
+  env[env::kJoinGeneration] = std::to_string(generation);
+  env[env::kActiveGpus] = join_ids(d.active);
+  env[env::kParkMode] = std::string(to_string(d.park_mode));
   const int pid = supervisor_.spawn_slot(gpu, env);
   if (pid > 0) scheduler_.on_spawned(gpu, pid);
 }

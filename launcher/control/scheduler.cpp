@@ -4,9 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/check.hpp"
+
 namespace gpurun::control {
 
-using supervisor::JsonObject;
 
 namespace {
 

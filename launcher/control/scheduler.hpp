@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "control/config.hpp"
-#include "control/decision.hpp"
 #include "control/slot_state.hpp"
-#include "supervisor/json_writer.hpp"
+#include "gpurun/control/decision.hpp"
+#include "gpurun/json_writer.hpp"
 
 namespace gpurun::control {
 
@@ -36,7 +36,7 @@ struct Effect {
   int64_t generation = -1;
   int64_t round = -1;
   std::chrono::milliseconds deadline{0};
-  supervisor::JsonObject fields;
+  JsonObject fields;
 };
 
 /// Everything known about one slot.

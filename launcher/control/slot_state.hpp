@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::control {
 

@@ -21,7 +21,6 @@ namespace gpurun::control {
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
-using supervisor::JsonObject;
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::store {
 

@@ -1,6 +1,6 @@
 // gpurun::store::Backend — the store's state and semantics (KV map, per-key
 // FIFO queues, pending waits), independent of any network code.
-// Semantics: shared/specs/tcpstore-wire.md §4; summary in docs/store-protocol.md.
+// Semantics: docs/store-protocol.md.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "store/frame_codec.hpp"
+#include "gpurun/store/frame_codec.hpp"
 
 namespace gpurun::store {
 

@@ -22,7 +22,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::store {
 

@@ -14,8 +14,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "gpurun/store/frame_codec.hpp"
 #include "store/backend.hpp"
-#include "store/frame_codec.hpp"
 
 namespace gpurun::store {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 #ifndef GPURUN_VERSION
 #define GPURUN_VERSION "0.1.0"

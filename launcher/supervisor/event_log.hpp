@@ -7,9 +7,12 @@
 #include <string>
 #include <string_view>
 
-#include "supervisor/json_writer.hpp"
+#include "gpurun/json_writer.hpp"
 
 namespace gpurun::supervisor {
+
+/// The event log takes its fields as a gpurun::JsonObject (<gpurun/json_writer.hpp>).
+using ::gpurun::JsonObject;
 
 /// Appends one JSON object per line: {"ts": "<RFC 3339 UTC, ms>", "event": "<name>", ...fields}.
 /// Each record is written with a single write(2) on an O_APPEND descriptor, so

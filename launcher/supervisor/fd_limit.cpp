@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::supervisor {
 

@@ -1,6 +1,6 @@
 #include "supervisor/line_splitter.hpp"
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::supervisor {
 

@@ -22,7 +22,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/readable_pipe.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 #include "supervisor/boost_process.hpp"
 
 namespace gpurun::supervisor {

@@ -6,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
+#include "gpurun/env_names.hpp"
 #include "supervisor/gpu_inventory.hpp"
 
 extern char** environ;
@@ -108,17 +109,17 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set("TORCHELASTIC_ERROR_FILE", error_file_path(plan, attempt, rank));
   if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (plan.set_omp_num_threads) set("OMP_NUM_THREADS", "1");
-  set("GPURUN_RUN_ID", plan.run_id);
-  set("GPURUN_STORE_ADDR", plan.master_addr);
-  set("GPURUN_STORE_PORT", std::to_string(plan.master_port));
-  set("GPURUN_SLOT", std::to_string(local_rank));
-  set("GPURUN_DEVICE", plan.device == Device::kCuda ? "cuda" : "cpu");
-  set("GPURUN_RUN_DIR", plan.run_dir);
-  if (!plan.run_dir.empty()) set("GPURUN_SNAPSHOT_PATH", snapshot_path(plan.run_dir));
+  set(env::kRunId, plan.run_id);
+  set(env::kStoreAddr, plan.master_addr);
+  set(env::kStorePort, std::to_string(plan.master_port));
+  set(env::kSlot, std::to_string(local_rank));
+  set(env::kDevice, plan.device == Device::kCuda ? "cuda" : "cpu");
+  set(env::kRunDir, plan.run_dir);
+  if (!plan.run_dir.empty()) set(env::kSnapshotPath, snapshot_path(plan.run_dir));
   if (plan.device == Device::kCuda) {
-    set("GPURUN_GPU_ID", plan.gpu_ids.at(static_cast<size_t>(local_rank)));
+    set(env::kGpuId, plan.gpu_ids.at(static_cast<size_t>(local_rank)));
   } else {
-    env.erase("GPURUN_GPU_ID");
+    env.erase(env::kGpuId);
   }
   return env;
 }

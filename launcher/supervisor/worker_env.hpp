@@ -1,5 +1,5 @@
-// The environment each worker process gets: torchrun's set (specs/tcpstore-wire.md
-// §7) plus GPURUN_* variables for the worker runtime. Pure functions, no I/O.
+// The environment each worker process gets: torchrun's set (docs/cli.md#worker-environment)
+// plus GPURUN_* variables for the worker runtime. Pure functions, no I/O.
 #pragma once
 
 #include <cstdint>

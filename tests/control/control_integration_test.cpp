@@ -26,7 +26,7 @@
 
 #include <boost/json.hpp>
 
-#include "control/decision.hpp"
+#include "gpurun/control/decision.hpp"
 
 namespace fs = std::filesystem;
 namespace json = boost::json;

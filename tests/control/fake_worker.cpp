@@ -19,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "control/worker_control.hpp"
+#include "gpurun/control/worker_control.hpp"
 
 namespace fs = std::filesystem;
 using gpurun::control::Decision;

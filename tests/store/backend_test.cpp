@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::store {
 namespace {

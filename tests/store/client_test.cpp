@@ -1,4 +1,4 @@
-#include "store/client.hpp"
+#include "gpurun/store/client.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.hpp"
-#include "test_util.hpp"
+#include "gpurun/error.hpp"
+#include "testing/store_server.hpp"
 
 namespace gpurun::store {
 

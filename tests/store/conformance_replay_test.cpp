@@ -10,7 +10,7 @@
 
 #include <doctest/doctest.h>
 
-#include "test_util.hpp"
+#include "testing/store_server.hpp"
 
 namespace gpurun::store {
 namespace {

@@ -1,4 +1,4 @@
-#include "store/frame_codec.hpp"
+#include "gpurun/store/frame_codec.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::store {
 namespace {

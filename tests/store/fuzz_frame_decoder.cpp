@@ -8,7 +8,7 @@
 #include <span>
 #include <string>
 
-#include "store/frame_codec.hpp"
+#include "gpurun/store/frame_codec.hpp"
 
 using gpurun::store::FrameDecoder;
 using gpurun::store::Limits;

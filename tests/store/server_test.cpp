@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.hpp"
-#include "store/client.hpp"
-#include "test_util.hpp"
+#include "gpurun/error.hpp"
+#include "gpurun/store/client.hpp"
+#include "testing/store_server.hpp"
 
 namespace gpurun::store {
 

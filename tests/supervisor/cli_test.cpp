@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 using gpurun::UsageError;
 using namespace gpurun::supervisor;

@@ -8,9 +8,10 @@
 #include <fstream>
 #include <regex>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 using namespace gpurun::supervisor;
+using gpurun::append_json_string;
 using std::chrono::milliseconds;
 using std::chrono::system_clock;
 

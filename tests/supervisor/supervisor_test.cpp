@@ -8,19 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "supervisor/fake_spawner.hpp"
+#include "testing/capture_console.hpp"
+#include "testing/fake_spawner.hpp"
 
 using namespace gpurun::supervisor;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct CaptureConsole : Console {
-  std::string out, err;
-  void write(StreamId s, std::string_view text) override {
-    (s == StreamId::kStdout ? out : err).append(text);
-  }
-};
 
 struct Harness {
   boost::asio::io_context io;

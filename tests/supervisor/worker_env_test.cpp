@@ -4,7 +4,7 @@
 
 #include <unistd.h>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/gpu_inventory.hpp"
 

@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 using gpurun::ElasticSampler;
 using gpurun::ElasticSamplerOptions;

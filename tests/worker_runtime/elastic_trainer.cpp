@@ -141,12 +141,17 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
+    if (rt->left()) break;  // left at a step boundary: write nothing more
     if (rt->rank() == 0) {
       std::ofstream loss(out / ("loss." + std::to_string(rt->gpu_id())), std::ios::app);
       loss << epoch << ' ' << std::setprecision(17) << epoch_loss_sum / epoch_count << ' ' << rt->world_size() << ' '
            << rt->generation() << '\n';
     }
     if (epoch_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(epoch_ms));
+  }
+  if (rt->left()) {  // a leaver (release mode, or told to exit while parked)
+    std::printf("elastic_trainer gpu %d: left the job\n", rt->gpu_id());
+    return 0;
   }
   std::printf("elastic_trainer gpu %d: done\n", rt->gpu_id());
   return 0;

@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "../../store/test_util.hpp"
-#include "common/error.hpp"
-#include "store/client.hpp"
+#include "gpurun/check.hpp"
+#include "gpurun/store/client.hpp"
+#include "testing/store_server.hpp"
 
 namespace gpurun::rt {
 

@@ -12,9 +12,9 @@
 
 #include <torch/torch.h>
 
-#include "../../store/test_util.hpp"
 #include "comm/communicator.hpp"
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
+#include "testing/store_server.hpp"
 
 namespace gpurun::rt {
 

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun/runtime.hpp"
 
 namespace {

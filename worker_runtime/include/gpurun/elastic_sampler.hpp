@@ -1,6 +1,7 @@
 // gpurun::ElasticSampler — which dataset indices each rank trains on, so that every
 // sample is seen exactly once per epoch whatever resizes happen at boundaries.
-// Design: docs/design.md ("Elastic data"); used by the worker runtime.
+// Design: docs/worker-runtime.md#what-happens-at-a-boundary (how steps deal the sampler's
+// permutation); used by the worker runtime.
 #pragma once
 
 #include <cstdint>

@@ -19,11 +19,26 @@
 //
 // Every end of an iteration of epochs() (and, with `[boundary] every = N`, every N steps of
 // steps()) is a boundary: the rank reports to the supervisor and follows its decision
-// (docs/control-protocol.md). A rank that leaves does not return into user code: in release
-// mode its process exits 0 inside the loop; in hold mode it blocks there, with its GPU memory
+// (docs/control-protocol.md). A rank that leaves in hold mode blocks there, with its GPU memory
 // freed, until it is woken as a joiner (then the loop continues with the current state) or
-// told to exit. A joiner receives the current model, optimizer state, tracked scalars and
-// sampler position from the decision's state source before its first epoch.
+// told to exit. A rank that has left the job for good (release mode, or told to exit while
+// parked) sees its loops end: steps() and epochs() finish, left() is true, and the program
+// should skip what assumes it trained to the end (evaluation, checkpoints) and return from
+// main promptly — the process ending is what gives its GPU back:
+//
+//   for (int64_t epoch : rt->epochs(max_epochs)) {
+//     for (const gpurun::Step& step : rt->steps(micro_batch)) { ... }
+//     if (rt->left()) break;   // a step boundary may end the epoch's steps early
+//     evaluate(); ...
+//   }
+//   if (rt->left()) return 0;  // not trained to the end: write nothing
+//   save(model);
+//
+// A joiner receives the current model, optimizer state, tracked scalars and sampler
+// position from the decision's state source before its first epoch.
+// Errors: every recoverable failure is a gpurun::Error (<gpurun/error.hpp>, included here);
+// a collective that fails throws gpurun::CommError, replicas that differ gpurun::StateError,
+// so a training binary can `catch (const gpurun::CommError&)`. Policy: docs/errors.md.
 // Design and guarantees: docs/worker-runtime.md.
 #pragma once
 
@@ -37,12 +52,21 @@
 #include <torch/torch.h>
 
 #include "gpurun/elastic_sampler.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun/state.hpp"
 
 namespace gpurun {
 
+class Runtime;
+namespace detail {
+struct RuntimeSeams;
+/// Internal (tests): a Runtime over given seams; see worker_runtime/src/runtime/runtime_seams.hpp.
+std::unique_ptr<Runtime> make_runtime(RuntimeSeams seams);
+}  // namespace detail
+
 /// Worker-side states (docs/control-protocol.md): ACTIVE → OFFLOADING → PARKED →
-/// REJOINING → ACTIVE; EXITED is final.
+/// REJOINING → ACTIVE; EXITED is final. An elastic process starts REJOINING (a joiner until it
+/// holds the state) and is ACTIVE once epochs() started it; a static job is always ACTIVE.
 enum class WorkerState { kActive, kOffloading, kParked, kRejoining, kExited };
 const char* to_string(WorkerState s);
 /// The transition table: true for the legal (from, to) pairs.
@@ -98,6 +122,14 @@ class Runtime {
   int gpu_id() const;  ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
   bool elastic() const;
   WorkerState state() const;
+  /// True once this rank has left the job before the end of training: a leaver of a resize in
+  /// release mode, or a hold-mode leaver told to exit while parked (state() == kExited). Its
+  /// loops have ended (epochs() and steps() return no more), it holds no usable copy of the
+  /// trained state (hold mode: its tensors were freed), rank()/world_size() are those of the
+  /// generation it left, and collectives are local. Check it after the loop and skip what
+  /// assumes training went to the end. False for a rank whose loop ended because the job is
+  /// finishing (it holds the final state). Not thread-safe with the training loop.
+  bool left() const;
   /// Slots of the current generation, sorted (rank = index).
   std::vector<int> active_gpus() const;
 
@@ -120,7 +152,7 @@ class Runtime {
   class StepRange;
   /// Epochs from the current one (0, or the state source's for a joiner) to max_epochs-1;
   /// each increment is a boundary. Ends early when the job is finishing (another worker
-  /// finished, or the supervisor said exit).
+  /// finished, or the supervisor said exit), and when this rank left (left() is then true).
   EpochRange epochs(int64_t max_epochs);
   /// The optimizer steps of the current epoch from the sampler's position. Global batch:
   /// `[batch] global` from config.toml when set, else micro_batch × world_size.
@@ -149,6 +181,7 @@ class Runtime {
   struct Impl;
 
  private:
+  friend std::unique_ptr<Runtime> detail::make_runtime(detail::RuntimeSeams seams);
   explicit Runtime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

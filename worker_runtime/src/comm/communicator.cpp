@@ -1,6 +1,8 @@
 // Backend names and the factory that picks the communicator compiled into this build.
 #include "comm/communicator.hpp"
 
+#include <fmt/format.h>
+
 #if GPURUN_HAVE_GLOO
 #include "comm/gloo/communicator.hpp"
 #endif

@@ -13,18 +13,13 @@
 
 #include <ATen/ATen.h>
 
-#include "common/error.hpp"
-#include "store/client.hpp"
+#include "gpurun/error.hpp"
+#include "gpurun/store/client.hpp"
 
 namespace gpurun::rt {
 
-/// A collective failed: a peer died or closed its connection, a timeout passed, or the
-/// communicator was aborted. what() names the operation, the group and the rank.
-/// After it the communicator is unusable (abort() it and make a new one).
-class CommError : public Error {
- public:
-  using Error::Error;
-};
+/// Declared in <gpurun/error.hpp> (public: users catch it); named here as before.
+using ::gpurun::CommError;
 
 enum class CommBackend { kGloo, kNccl };
 /// "gloo" / "nccl".

@@ -2,7 +2,7 @@
 // (comm/nccl/cuda_memory.cpp) and their CPU fallbacks.
 #include "compat/torch_compat.hpp"
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 #ifndef GPURUN_HAVE_NCCL
 #error "GPURUN_HAVE_NCCL must be 0 or 1 (set by CMake on gpurun_worker_runtime)"

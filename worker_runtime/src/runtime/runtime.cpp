@@ -18,11 +18,15 @@
 
 #include "comm/communicator.hpp"
 #include "comm/gradient_sync.hpp"
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 #include "compat/torch_compat.hpp"
-#include "control/progress.hpp"
-#include "control/worker_control.hpp"
+#include "gpurun/control/progress.hpp"
+#include "gpurun/control/worker_control.hpp"
+#include "runtime/control_client.hpp"
+#include "runtime/runtime_env.hpp"
+#include "runtime/runtime_seams.hpp"
 #include "runtime/trace.hpp"
+#include "runtime/worker_state.hpp"
 #include "state/state_registry.hpp"
 
 namespace gpurun {
@@ -38,24 +42,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::string(v);
-}
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const auto v = env(name);
-  if (!v) return fallback;
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(*v, &used);
-    if (used == v->size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw Error(fmt::format("environment variable {}={:?} is not an integer", name, *v));
-}
-
 std::string hex(uint64_t v) {
   return fmt::format("{:016x}", v);
 }
@@ -69,8 +55,9 @@ int index_of(const std::vector<int>& v, int x) {
   return it == v.end() ? -1 : static_cast<int>(it - v.begin());
 }
 
-/// Thrown inside the runtime when a leaver in hold mode was told to exit, to unwind to the
-/// loop that ends; never escapes to user code.
+/// Thrown inside the runtime when this rank has left the job (a release-mode leaver, or a
+/// hold-mode one told to exit while parked), to unwind to the loop that then ends; never
+/// escapes to user code.
 struct ExitRequested {};
 
 }  // namespace
@@ -90,7 +77,9 @@ int64_t Step::samples() const {
 
 struct Runtime::Impl {
   RuntimeOptions opt;
-  std::unique_ptr<control::WorkerControl> control;  // null unless elastic
+  std::unique_ptr<rt::ControlClient> control;  // null unless elastic
+  rt::CommFactory comm_factory;                // rt::make_communicator unless a test's fake
+  rt::StateObserver on_state;                  // tests: every state change; may be empty
   store::ClientOptions store;
   at::Device device = at::kCPU;
   rt::CommBackend backend = rt::CommBackend::kGloo;
@@ -133,14 +122,15 @@ struct Runtime::Impl {
   bool step_valid = false;
 
   // ---- state transitions -------------------------------------------------------------
+  // The only place `state` changes (besides its initial value): through the table.
   void set_state(WorkerState to, const std::string& why) {
-    GPURUN_CHECK(worker_transition_allowed(state, to), "worker state {} -> {} ({})",
-                 to_string(state), to_string(to), why);
-    trace.write("state", {{"from", Trace::str(to_string(state))},
+    const WorkerState from = state;
+    state = rt::transition(from, to, why);
+    trace.write("state", {{"from", Trace::str(to_string(from))},
                           {"to", Trace::str(to_string(to))},
                           {"gpu", Trace::num(int64_t{slot})},
                           {"reason", Trace::str(why)}});
-    state = to;
+    if (on_state) on_state(from, to, why);
   }
 
   // ---- position <-> tracked scalars ----------------------------------------------------
@@ -166,7 +156,7 @@ struct Runtime::Impl {
     o.device = device;
     o.timeout = opt.comm_timeout;
     GPURUN_CHECK(o.rank >= 0, "slot {} is not in group [{}]", slot, fmt::join(group, ","));
-    return rt::make_communicator(backend, o);
+    return comm_factory(backend, o);
   }
 
   // ---- state handoff ------------------------------------------------------------------
@@ -305,7 +295,8 @@ struct Runtime::Impl {
                                {"ms", Trace::num(ms_since(t0))}});
   }
 
-  /// OFFLOADING → release: exit 0 | hold: free GPU memory, park, rejoin when woken.
+  /// OFFLOADING → release: EXITED, the loops end (the process then ends normally) | hold:
+  /// free GPU memory, park, rejoin when woken (or EXITED when told to exit).
   void leave(const Decision& d) {
     const auto t0 = Clock::now();
     set_state(WorkerState::kOffloading, "left in generation " + std::to_string(d.generation));
@@ -315,11 +306,13 @@ struct Runtime::Impl {
       grads->release();
     }
     if (d.park_mode == control::ParkMode::kRelease) {
-      trace.write("exit", {{"reason", Trace::str("release mode: a leaver's process exits")},
+      // No std::exit: epochs() ends, user code after the loop (which checks left()) and the
+      // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
+      trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
                            {"ms", Trace::num(ms_since(t0))}});
-      set_state(WorkerState::kExited, "release mode");
-      std::fflush(nullptr);
-      std::exit(0);
+      set_state(WorkerState::kExited, "release mode: left in generation " +
+                                          std::to_string(d.generation));
+      throw ExitRequested{};
     }
     registry.release();
     if (device.is_cuda()) rt::compat::release_cached_device_memory();
@@ -341,9 +334,14 @@ struct Runtime::Impl {
     GPURUN_CHECK(tracked, "Runtime::track() must be called before epochs()/steps()");
     started = true;
     if (control) {
+      // An elastic process starts REJOINING (make_runtime): a joiner until it holds the
+      // state; enter() makes it ACTIVE through the table.
       const Decision& d = control->current();
-      state = WorkerState::kRejoining;  // a joiner until it holds the state
-      enter(d, /*have_state=*/d.state_source == -2);
+      try {
+        enter(d, /*have_state=*/d.state_source == -2);
+      } catch (const ExitRequested&) {  // not a member of its start generation: never here
+        finishing = true;
+      }
       return;
     }
     if (world > 1) {  // a static data-parallel job: rank 0's initial state, as DDP does
@@ -524,21 +522,35 @@ Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Runtime::~Runtime() = default;
 
 std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
-  auto m = std::make_unique<Impl>();
-  m->opt = options;
   // A peer that dies leaves half-open sockets: writing to one must surface as a CommError
   // (survivors go on), not kill this process with SIGPIPE. Left alone if the program set its
   // own handler.
   struct sigaction pipe {};
   if (::sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_DFL)
     ::signal(SIGPIPE, SIG_IGN);
-  if (env("GPURUN_COMM_TIMEOUT_MS"))
-    m->opt.comm_timeout = std::chrono::milliseconds(env_int("GPURUN_COMM_TIMEOUT_MS", 0));
-  const std::string dev = env("GPURUN_DEVICE").value_or("cpu");
-  if (dev != "cpu" && dev != "cuda")
-    throw Error(fmt::format("environment variable GPURUN_DEVICE={:?}: expected cpu or cuda", dev));
-  m->slot = static_cast<int>(env_int("GPURUN_SLOT", env_int("LOCAL_RANK", 0)));
-  if (dev == "cuda") {
+  detail::RuntimeSeams seams;
+  seams.options = std::move(options);
+  seams.env = rt::RuntimeEnv::from_env();
+  seams.progress = control::ProgressWriter::from_env();
+  if (auto wc = control::WorkerControl::from_env())
+    seams.control = rt::make_worker_control_client(std::move(wc));
+  const rt::CommBackend backend = seams.env.cuda ? rt::CommBackend::kNccl : rt::CommBackend::kGloo;
+  if ((seams.env.world > 1 || seams.control) && !rt::comm_backend_available(backend))
+    throw Error(
+        fmt::format("this build of the gpurun worker runtime has no {} communicator "
+                    "(device {})",
+                    rt::to_string(backend), seams.env.cuda ? "cuda" : "cpu"));
+  seams.make_comm = &rt::make_communicator;
+  return detail::make_runtime(std::move(seams));
+}
+
+std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
+  auto m = std::make_unique<Runtime::Impl>();
+  const rt::RuntimeEnv& e = seams.env;
+  m->opt = std::move(seams.options);
+  if (e.comm_timeout) m->opt.comm_timeout = *e.comm_timeout;
+  m->slot = e.slot;
+  if (e.cuda) {
     if (!torch::cuda::is_available())
       throw Error(
           "GPURUN_DEVICE=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
@@ -547,43 +559,29 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(m->device);
     m->backend = rt::CommBackend::kNccl;
   }
-  m->store.host = env("GPURUN_STORE_ADDR").value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
-  m->store.port =
-      static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
-  m->restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
-  if (auto p = env("GPURUN_SNAPSHOT_PATH")) {
-    m->snapshot_path = *p;
-  } else if (auto d = env("GPURUN_RUN_DIR")) {
-    m->snapshot_path = *d + "/state.snapshot";
-  } else {
-    m->snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
-  }
-  m->prepare_snapshot = env("GPURUN_SNAPSHOT_PREPARE").value_or("0") == "1";
-  const std::string trace_dir =
-      !options.trace_dir.empty() ? options.trace_dir : env("GPURUN_TRACE_DIR").value_or("");
+  m->store = e.store;
+  m->restart_count = e.restart_count;
+  m->snapshot_path = e.snapshot_path;
+  m->prepare_snapshot = e.prepare_snapshot;
+  const std::string trace_dir = !m->opt.trace_dir.empty() ? m->opt.trace_dir : e.trace_dir;
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
-
-  m->progress = control::ProgressWriter::from_env();
-  m->control = control::WorkerControl::from_env();
+  m->comm_factory = seams.make_comm ? std::move(seams.make_comm) : &rt::make_communicator;
+  m->on_state = std::move(seams.on_state);
+  m->progress = std::move(seams.progress);
+  m->control = std::move(seams.control);
   if (m->control) {
+    m->state = WorkerState::kRejoining;  // initial state: a joiner until it holds the state
     const Decision& d = m->control->join();
     m->adopt(d);
     if (m->rank < 0)
       throw Error(fmt::format("slot {} is not a member of generation {}", m->slot, d.generation));
   } else {
-    m->rank = static_cast<int>(env_int("RANK", 0));
-    m->world = static_cast<int>(env_int("WORLD_SIZE", 1));
+    m->rank = e.rank;
+    m->world = e.world;
     if (m->world < 1 || m->rank < 0 || m->rank >= m->world)
       throw Error(fmt::format("environment: RANK={} is not in WORLD_SIZE={}", m->rank, m->world));
     m->active.clear();
     for (int r = 0; r < m->world; ++r) m->active.push_back(r);
-  }
-  if (m->world > 1 || m->control) {
-    if (!rt::comm_backend_available(m->backend))
-      throw Error(
-          fmt::format("this build of the gpurun worker runtime has no {} communicator "
-                      "(device {})",
-                      rt::to_string(m->backend), m->device.str()));
   }
   m->trace.write("start", {{"gpu", Trace::num(int64_t{m->slot})},
                            {"generation", Trace::num(m->generation)},
@@ -613,6 +611,9 @@ bool Runtime::elastic() const {
 }
 WorkerState Runtime::state() const {
   return impl_->state;
+}
+bool Runtime::left() const {
+  return impl_->state == WorkerState::kExited;
 }
 std::vector<int> Runtime::active_gpus() const {
   return impl_->active;

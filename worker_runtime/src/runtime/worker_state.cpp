@@ -1,5 +1,9 @@
-// Worker-side state machine of the runtime: one enum, one transition table.
-#include "gpurun/runtime.hpp"
+// Worker-side state machine of the runtime: one enum, one transition table, one transition().
+#include "runtime/worker_state.hpp"
+
+#include <fmt/format.h>
+
+#include "gpurun/error.hpp"
 
 namespace gpurun {
 
@@ -33,3 +37,14 @@ bool worker_transition_allowed(WorkerState from, WorkerState to) {
 }
 
 }  // namespace gpurun
+
+namespace gpurun::rt {
+
+WorkerState transition(WorkerState from, WorkerState to, std::string_view why) {
+  if (!worker_transition_allowed(from, to))
+    throw InvariantError(fmt::format("illegal worker state transition {} -> {} ({})",
+                                     to_string(from), to_string(to), why));
+  return to;
+}
+
+}  // namespace gpurun::rt

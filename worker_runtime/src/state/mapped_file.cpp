@@ -9,7 +9,7 @@
 #include <cstring>
 #include <utility>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::rt {
 namespace {

@@ -6,6 +6,7 @@
 #include <c10/util/Type.h>
 #include <fmt/format.h>
 
+#include "gpurun/check.hpp"
 #include "state/state_registry.hpp"
 
 namespace gpurun::rt {

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::rt {
 namespace {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "state/state_checksum.hpp"
 #include "state/state_registry.hpp"
 

@@ -24,6 +24,7 @@
 #include <boost/json.hpp>
 
 #include "compat/torch_compat.hpp"
+#include "gpurun/check.hpp"
 #include "state/mapped_file.hpp"
 #include "state/optimizer_adapter.hpp"
 #include "state/snapshot_file.hpp"

@@ -14,17 +14,13 @@
 
 #include <torch/torch.h>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun/state.hpp"
 
 namespace gpurun::rt {
 
-/// The state of two ranks does not match (different model, optimizer, or a corrupted
-/// snapshot). what() names the first difference: tensor name, expected vs actual.
-class StateError : public Error {
- public:
-  using Error::Error;
-};
+/// Declared in <gpurun/error.hpp> (public: users catch it); named here as before.
+using ::gpurun::StateError;
 
 class StateRegistry {
  public:

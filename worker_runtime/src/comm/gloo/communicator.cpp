@@ -18,6 +18,7 @@
 #include <gloo/types.h>
 
 #include "comm/gloo/store.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::rt {
 

@@ -9,7 +9,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "store/client.hpp"
+#include "gpurun/store/client.hpp"
 
 namespace gpurun::rt {
 

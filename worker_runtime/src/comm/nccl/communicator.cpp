@@ -16,7 +16,7 @@
 #include <fmt/ranges.h>
 #include <nccl.h>
 
-#include "store/client.hpp"
+#include "gpurun/store/client.hpp"
 
 namespace gpurun::rt {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace gpurun::supervisor {
+namespace gpurun {
 
 /// Appends `s` to `out` as a JSON string literal (quotes, escapes, \u00XX for
 /// control bytes). Bytes >= 0x80 are copied as they are (UTF-8 passes through).
@@ -44,4 +44,4 @@ class JsonObject {
   std::string body_;
 };
 
-}  // namespace gpurun::supervisor
+}  // namespace gpurun

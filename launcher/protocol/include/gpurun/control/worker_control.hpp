@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "control/decision.hpp"
-#include "store/client.hpp"
+#include "gpurun/control/decision.hpp"
+#include "gpurun/store/client.hpp"
 
 namespace gpurun::control {
 

@@ -1,11 +1,11 @@
-#include "supervisor/fake_spawner.hpp"
+#include "testing/fake_spawner.hpp"
 
 #include <signal.h>
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::supervisor {
 

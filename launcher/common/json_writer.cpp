@@ -1,10 +1,10 @@
-#include "supervisor/json_writer.hpp"
+#include "gpurun/json_writer.hpp"
 
 #include <cmath>
 
 #include <fmt/format.h>
 
-namespace gpurun::supervisor {
+namespace gpurun {
 
 namespace {
 
@@ -145,4 +145,4 @@ JsonObject JsonObject::from_object(std::string_view object_json) {
   return o;
 }
 
-}  // namespace gpurun::supervisor
+}  // namespace gpurun

@@ -1,4 +1,4 @@
-#include "store/frame_codec.hpp"
+#include "gpurun/store/frame_codec.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::store {
 

@@ -1,4 +1,4 @@
-#include "control/decision.hpp"
+#include "gpurun/control/decision.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/error.hpp"
-#include "control/park_mode.hpp"
+#include "gpurun/control/park_mode.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::control {
 

@@ -1,4 +1,4 @@
-#include "control/worker_control.hpp"
+#include "gpurun/control/worker_control.hpp"
 
 #include <unistd.h>
 
@@ -7,6 +7,9 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+
+#include "gpurun/check.hpp"
+#include "gpurun/env_names.hpp"
 
 namespace gpurun::control {
 
@@ -35,13 +38,13 @@ int64_t env_int(const char* name) {
 }  // namespace
 
 std::unique_ptr<WorkerControl> WorkerControl::from_env() {
-  const char* elastic = std::getenv("GPURUN_ELASTIC");
+  const char* elastic = std::getenv(env::kElastic);
   if (!elastic || std::string_view(elastic) != "1") return nullptr;
   WorkerControlOptions o;
-  o.store.host = env_or_throw("GPURUN_STORE_ADDR");
-  o.store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT"));
-  o.gpu = static_cast<int>(env_int("GPURUN_SLOT"));
-  o.join_generation = env_int("GPURUN_JOIN_GENERATION");
+  o.store.host = env_or_throw(env::kStoreAddr);
+  o.store.port = static_cast<uint16_t>(env_int(env::kStorePort));
+  o.gpu = static_cast<int>(env_int(env::kSlot));
+  o.join_generation = env_int(env::kJoinGeneration);
   return std::make_unique<WorkerControl>(std::move(o));
 }
 

@@ -1,6 +1,6 @@
-// gpurun::store frame codec: the TCPStore wire format (docs/store-protocol.md,
-// shared/specs/tcpstore-wire.md §1-§2). One codec serves the server (request
-// decoding, reply encoding) and the client (request encoding, reply decoding).
+// gpurun::store frame codec: the TCPStore wire format (docs/store-protocol.md). One codec
+// serves the server (request decoding, reply encoding) and the client (request encoding,
+// reply decoding).
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,11 @@
-// gpurun::Error — the one base of every recoverable error gpurun throws.
-// Policy: docs/errors.md. Invariants use GPURUN_CHECK (file:line + values).
+// gpurun::Error and its subclasses: every recoverable error gpurun throws, on the launcher
+// and on the worker side (gpurun::Runtime throws CommError and StateError; catch them from
+// <gpurun/runtime.hpp>). Policy: docs/errors.md. Invariants use GPURUN_CHECK
+// (<gpurun/check.hpp>: file:line + values). This header needs nothing but the standard library.
 #pragma once
 
 #include <stdexcept>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace gpurun {
 
@@ -40,6 +40,21 @@ class ProcessError : public Error {
   using Error::Error;
 };
 
+/// Worker runtime: a collective failed — a peer died or closed its connection, a timeout
+/// passed, or the communicator was aborted. what() names the operation, the group and the
+/// rank. After it the communicator is unusable (the runtime aborts it and makes a new one).
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Worker runtime: the state of two ranks does not match (different model, optimizer, or a
+/// corrupted snapshot). what() names the first difference: tensor name, expected vs actual.
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Thrown by GPURUN_CHECK: a broken invariant, i.e. a gpurun bug.
 class InvariantError : public std::logic_error {
  public:
@@ -47,13 +62,3 @@ class InvariantError : public std::logic_error {
 };
 
 }  // namespace gpurun
-
-/// GPURUN_CHECK(cond, fmt, args...): throws gpurun::InvariantError with
-/// "file:line: check `cond` failed: <message>" when cond is false.
-#define GPURUN_CHECK(cond, ...)                                                                   \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      throw ::gpurun::InvariantError(::fmt::format("{}:{}: check `{}` failed: {}", __FILE__,      \
-                                                   __LINE__, #cond, ::fmt::format(__VA_ARGS__))); \
-    }                                                                                             \
-  } while (0)

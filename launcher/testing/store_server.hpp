@@ -1,5 +1,6 @@
-// Helpers shared by the store tests: a server on its own io thread, a raw
-// socket for hand-written frames, and polling with a generous deadline.
+// TestServer and helpers for store-client tests (store, comm, gradient sync): a real
+// gpurun::store::Server on its own io thread, a raw socket for hand-written frames, polling
+// with a generous deadline.
 #pragma once
 
 #include <arpa/inet.h>
@@ -22,7 +23,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
-#include "store/client.hpp"
+#include "gpurun/store/client.hpp"
 #include "store/server.hpp"
 
 namespace gpurun::store::testing {

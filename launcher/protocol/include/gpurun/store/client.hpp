@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "store/frame_codec.hpp"
+#include "gpurun/store/frame_codec.hpp"
 
 namespace gpurun::store {
 

@@ -17,17 +17,18 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "common/error.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
-#include "control/progress.hpp"
 #include "energy/early_stop.hpp"
 #include "energy/gpu_map.hpp"
 #include "energy/monitor.hpp"
 #include "energy/nvml.hpp"
 #include "energy/power_guard.hpp"
+#include "gpurun/control/progress.hpp"
+#include "gpurun/env_names.hpp"
+#include "gpurun/error.hpp"
 #include "report/report.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
@@ -49,8 +50,6 @@ namespace sv = gpurun::supervisor;
 constexpr int kExitLauncherError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitNotFound = 127;
-/// The energy monitor stopped the job early (Zeus' cost threshold); docs/cli.md#exit-status.
-constexpr int kExitEarlyStop = 3;
 
 void print_err(const std::string& msg) {
   std::fprintf(stderr, "gpurun: %s\n", msg.c_str());
@@ -91,7 +90,14 @@ std::string beside_config(const std::optional<std::string>& config, const std::s
 bool energy_wanted(const sv::Options& opt, const sv::JobPlan& plan,
                    const std::optional<gpurun::control::Config>& config) {
   const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
-  if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) return false;
+  if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) {
+    if (opt.energy_summary)
+      print_err(fmt::format("energy: no summary will be written to {}: monitoring is off ({})",
+                            *opt.energy_summary,
+                            opt.energy == sv::EnergyMode::kOff ? "--energy off"
+                                                               : "[energy] monitor = false"));
+    return false;
+  }
   const bool asked = opt.energy == sv::EnergyMode::kOn || ec.present || opt.energy_summary;
   if (opt.energy == sv::EnergyMode::kAuto && plan.device != sv::Device::kCuda) {
     if (asked)
@@ -163,7 +169,6 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   en::MonitorOptions mo;
   mo.period = ec.period;
   mo.window = ec.window;
-  mo.time_windows = !config;  // workers without boundaries (no --config)
   mo.eta = ec.eta;
   mo.job = !ec.job.empty() ? ec.job : fmt::format("{}", fmt::join(opt.command, " "));
   mo.history = beside_config(opt.config, ec.history);
@@ -191,6 +196,10 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
                                             : (config ? ".gpurun-power-cache.json" : ""));
   mo.program = program;
   mo.summary_path = opt.energy_summary.value_or("");
+  // The guard runs this binary: its real path (ps shows it), /proc/self/exe as a fallback.
+  std::error_code ec_exe;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec_exe);
+  if (!ec_exe) mo.guard_exe = self.string();
   mo.start_s = start_s;
   print_err(fmt::format(
       "energy: monitoring {} GPU{} every {} ms through {} (η = {}{})", gpus.size(),
@@ -383,7 +392,7 @@ int run(int argc, char** argv) {
   so.argv = wargv;
   so.display_name = display_name;
   so.inherited = inherited;
-  if (progress) so.inherited["GPURUN_PROGRESS_FILE"] = progress->path();
+  if (progress) so.inherited[gpurun::env::kProgressFile] = progress->path();
   so.grace_period = opt.grace_period;
   so.keep_logs = opt.log_dir.has_value();
   so.redirects = opt.redirects;
@@ -434,8 +443,8 @@ int run(int argc, char** argv) {
     if (monitor_energy) {
       // The monitor may not exist yet (or ever: no NVML): every hook checks.
       gpurun::control::EnergyHooks hooks;
-      hooks.active_changed = [&energy](const std::vector<int>& active) {
-        if (energy) energy->set_active(active);
+      hooks.active_changed = [&energy, &elastic](const std::vector<int>& active) {
+        if (energy) energy->set_active(active, elastic->scheduler().generation());
       };
       hooks.boundary =
           [&energy](const gpurun::control::BoundaryInfo& b) -> std::optional<std::string> {
@@ -449,7 +458,7 @@ int run(int argc, char** argv) {
       hooks.training_finished = [&energy](int64_t final_epoch) {
         if (!energy) return;
         energy->close_window(gpurun::energy::EnergyMonitor::now_s(), "epoch", -1, final_epoch, 0);
-        energy->end_epoch(final_epoch);
+        energy->end_epoch(final_epoch, /*may_stop=*/false);  // training is over: no stop
       };
       elastic->set_energy_hooks(std::move(hooks));
     }
@@ -471,8 +480,15 @@ int run(int argc, char** argv) {
   // Every run registers, so `gpurun status` finds it.
   registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
   if (!registration->error().empty()) print_err("warning: " + registration->error());
-  supervisor.on_restart = [&](int) {
+  supervisor.on_restart = [&](int attempt) {
     if (store) store->reset_keyspace("gpurun/");
+    if (energy) energy->restart(attempt);
+  };
+  // An early stop by the energy monitor: every worker exited 0, gpurun exits 3.
+  supervisor.final_status = [&](int exit_code) -> std::optional<std::pair<int, std::string>> {
+    if (!energy || !energy->stopped_early() || exit_code != 0) return std::nullopt;
+    return std::make_pair(int{gpurun::energy::EnergyMonitor::kExitEarlyStop},
+                          std::string("stopped early by the energy cost threshold"));
   };
   supervisor.on_done = [&](int exit_code) {
     boost::system::error_code ignored;
@@ -496,7 +512,11 @@ int run(int argc, char** argv) {
     supervisor.start();
     if (discovery.valid()) {
       // The workers are starting; the monitor begins with the job's start time.
-      if (std::optional<DiscoveredGpus> found = discovery.get(); found && !supervisor.done()) {
+      std::optional<DiscoveredGpus> found = discovery.get();
+      if (!found && opt.energy_summary)
+        print_err(fmt::format("energy: no summary will be written to {}: monitoring is off",
+                              *opt.energy_summary));
+      if (found && !supervisor.done()) {
         energy = make_energy_monitor(io, events, opt, energy_config, std::move(*found), *exe,
                                      progress.get(), job_start_s);
         energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
@@ -508,11 +528,9 @@ int run(int argc, char** argv) {
     print_err(fmt::format("internal error: {}", e.what()));
     code = kExitLauncherError;
   }
-  if (energy && energy->stopped_early() && code == 0) {
+  if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
     print_err(fmt::format("energy: the job was stopped early by its cost threshold (exit status {})",
-                          kExitEarlyStop));
-    code = kExitEarlyStop;
-  }
+                          code));
   registration.reset();
   elastic.reset();
   energy.reset();  // restores any power limit it changed

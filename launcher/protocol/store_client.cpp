@@ -1,4 +1,4 @@
-#include "store/client.hpp"
+#include "gpurun/store/client.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::store {
 

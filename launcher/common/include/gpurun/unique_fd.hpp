@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace gpurun::supervisor {
+namespace gpurun {
 
 /// Owns a file descriptor and closes it on destruction. Move-only.
 class UniqueFd {
@@ -35,4 +35,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace gpurun::supervisor
+}  // namespace gpurun

@@ -1,4 +1,4 @@
-#include "control/progress.hpp"
+#include "gpurun/control/progress.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "common/error.hpp"
+#include "gpurun/env_names.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::control {
 
@@ -50,8 +51,8 @@ std::atomic<uint64_t>* line_of(void* map, int slot) {
 }  // namespace
 
 std::unique_ptr<ProgressWriter> ProgressWriter::from_env() {
-  const char* path = std::getenv("GPURUN_PROGRESS_FILE");
-  const char* slot = std::getenv("GPURUN_SLOT");
+  const char* path = std::getenv(env::kProgressFile);
+  const char* slot = std::getenv(env::kSlot);
   if (!path || !*path || !slot || !*slot) return nullptr;
   int s = -1;
   const std::string_view sv(slot);

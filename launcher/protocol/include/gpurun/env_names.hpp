@@ -1,0 +1,33 @@
+// Every GPURUN_* environment variable gpurun reads or sets, by name, in one place. The
+// supervisor sets the worker ones (launcher/supervisor/worker_env.cpp,
+// launcher/control/elastic_controller.cpp, launcher/app/main.cpp); the worker side reads
+// them (gpurun/control/worker_control.hpp, gpurun/control/progress.hpp, the worker runtime).
+// Meaning of each: docs/cli.md#worker-environment.
+#pragma once
+
+namespace gpurun::env {
+
+// --- set by gpurun for every worker -------------------------------------------------------
+inline constexpr const char* kRunId = "GPURUN_RUN_ID";                ///< TORCHELASTIC_RUN_ID
+inline constexpr const char* kStoreAddr = "GPURUN_STORE_ADDR";        ///< the supervisor's store
+inline constexpr const char* kStorePort = "GPURUN_STORE_PORT";        ///< its TCP port
+inline constexpr const char* kSlot = "GPURUN_SLOT";                   ///< slot (= LOCAL_RANK)
+inline constexpr const char* kDevice = "GPURUN_DEVICE";               ///< "cuda" or "cpu"
+inline constexpr const char* kGpuId = "GPURUN_GPU_ID";                ///< the slot's GPU (cuda)
+inline constexpr const char* kRunDir = "GPURUN_RUN_DIR";              ///< <run_dir> of the job
+inline constexpr const char* kSnapshotPath = "GPURUN_SNAPSHOT_PATH";  ///< pause snapshot file
+inline constexpr const char* kProgressFile = "GPURUN_PROGRESS_FILE";  ///< step-progress map
+// --- set by gpurun --config (elastic mode) --------------------------------------------------
+inline constexpr const char* kElastic = "GPURUN_ELASTIC";  ///< "1": follow the control protocol
+inline constexpr const char* kJoinGeneration = "GPURUN_JOIN_GENERATION";  ///< first generation
+inline constexpr const char* kActiveGpus = "GPURUN_ACTIVE_GPUS";  ///< "0,1,…" at spawn time
+inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";      ///< "release" or "hold"
+// --- read by the worker runtime, set by the user or a test ----------------------------------
+inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///< collective deadline
+inline constexpr const char* kSnapshotPrepare = "GPURUN_SNAPSHOT_PREPARE";  ///< "1": pre-create
+inline constexpr const char* kTraceDir = "GPURUN_TRACE_DIR";  ///< per-rank boundary traces
+// --- read by the supervisor's energy monitor (library overrides) ----------------------------
+inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";  ///< path of libnvidia-ml
+inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";  ///< path of libcuda
+
+}  // namespace gpurun::env

@@ -1,0 +1,19 @@
+// CaptureConsole — the console seam's fake: keeps what the supervisor writes to stdout and
+// stderr in two strings instead of writing to fds. Real one: FdConsole.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "supervisor/console.hpp"
+
+namespace gpurun::supervisor {
+
+struct CaptureConsole : Console {
+  std::string out, err;
+  void write(StreamId s, std::string_view text) override {
+    (s == StreamId::kStdout ? out : err).append(text);
+  }
+};
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,315 @@
+// The worker state machine in one process: ranks are threads, the supervisor is the real
+// control::Scheduler over an in-memory store, collectives run over shared memory
+// (worker_runtime/testing/). Resize, handoff, park/wake, pause/resume, a peer dying, and the
+// transition table — each in milliseconds, CPU LibTorch.
+#include "testing/in_memory_control.hpp"
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include <torch/torch.h>
+
+#include "runtime/worker_state.hpp"
+
+using namespace std::chrono_literals;
+using gpurun::Runtime;
+using gpurun::WorkerState;
+using gpurun::control::Config;
+using gpurun::control::Decision;
+using gpurun::control::ParkMode;
+using gpurun::testing::InProcessComms;
+using gpurun::testing::ThreadJob;
+
+namespace {
+
+constexpr int64_t kSamples = 64;
+constexpr int64_t kMicro = 8;
+
+Config config(std::vector<int> active, ParkMode mode = ParkMode::kRelease, int64_t every = 0) {
+  Config c;
+  c.active_gpus = std::move(active);
+  c.park_mode = mode;
+  if (every > 0) c.boundary = {.every_epoch = false, .every_steps = every};
+  return c;
+}
+
+/// What one rank's process saw.
+struct RankLog {
+  int gpu = -1;
+  int pid = -1;
+  bool left = false;
+  int64_t epochs_done = 0;  // epoch bodies run to the end (not left in them)
+  uint64_t final_checksum = 0;
+  /// checksum at the top of the first epoch body of each generation it trained in
+  std::map<int64_t, uint64_t> first_of_generation;
+};
+
+/// A small AdamW regression every rank trains; results per process in `logs`.
+struct Trainer {
+  int64_t epochs = 3;
+  torch::Tensor x, y;
+  std::mutex mu;
+  std::vector<RankLog> logs;
+
+  Trainer() {
+    torch::manual_seed(7);
+    x = torch::randn({kSamples, 8});
+    y = torch::randn({kSamples, 4});
+  }
+
+  void operator()(Runtime& rt) {
+    RankLog log;
+    log.gpu = rt.gpu_id();
+    torch::nn::Linear model(8, 4);  // initialised differently per thread: the start broadcast
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    rt.track(*model, opt);
+    rt.sampler(kSamples, {.seed = 5});
+    for (int64_t epoch : rt.epochs(epochs)) {
+      (void)epoch;
+      if (!log.first_of_generation.count(rt.generation()))
+        log.first_of_generation[rt.generation()] = rt.state_checksum();
+      for (const gpurun::Step& step : rt.steps(kMicro)) {
+        opt.zero_grad();
+        for (size_t i = 0; i < step.micro_batches.size(); ++i) {
+          const auto idx = torch::tensor(step.micro_batches[i], torch::kLong);
+          const auto loss = torch::mse_loss(model->forward(x.index_select(0, idx)),
+                                            y.index_select(0, idx));
+          (loss * step.weight(i)).backward();
+        }
+        rt.all_reduce_gradients();
+        opt.step();
+      }
+      if (rt.left()) break;  // the documented check: a leaver skips the rest of the body
+      rt.all_reduce_sum({1.0});
+      ++log.epochs_done;
+    }
+    log.left = rt.left();
+    log.final_checksum = rt.state_checksum();
+    std::lock_guard<std::mutex> lock(mu);
+    logs.push_back(log);
+  }
+
+  std::vector<RankLog> of(int gpu) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<RankLog> out;
+    for (const auto& l : logs)
+      if (l.gpu == gpu) out.push_back(l);
+    return out;
+  }
+};
+
+ThreadJob::Options job_options(Config c, const std::string& name) {
+  ThreadJob::Options o;
+  o.slots = {0, 1};
+  o.config = std::move(c);
+  o.snapshot_path = (std::filesystem::temp_directory_path() /
+                     ("gpurun-inprocess-" + name + "-" + std::to_string(::getpid()) + ".snap"))
+                        .string();
+  o.runtime.comm_timeout = 10s;
+  o.wait_timeout = 10s;
+  return o;
+}
+
+/// The resize decisions, one per generation made (a resize is written both as the round's
+/// decision and as the new generation's start record).
+std::vector<Decision> resizes(ThreadJob& job) {
+  std::vector<Decision> out;
+  for (const Decision& d : job.supervisor().decisions())
+    if (d.kind == Decision::Kind::kResize &&
+        std::none_of(out.begin(), out.end(),
+                     [&](const Decision& o) { return o.generation == d.generation; }))
+      out.push_back(d);
+  return out;
+}
+
+/// "FROM->TO FROM->TO ..." of every state change of the processes of `gpu`.
+std::string moves(ThreadJob& job, int gpu) {
+  std::string out;
+  for (const auto& c : job.state_changes(gpu)) {
+    if (!out.empty()) out += ' ';
+    out += std::string(gpurun::to_string(c.from)) + "->" + gpurun::to_string(c.to);
+  }
+  return out;
+}
+
+struct OneThread {
+  OneThread() { torch::set_num_threads(1); }
+} const one_thread;
+
+}  // namespace
+
+TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner gets the state") {
+  Trainer t;
+  ThreadJob job(job_options(config({0, 1}), "resize"), std::ref(t));
+  job.supervisor().load_config_at(0, 0, config({0}));
+  job.supervisor().load_config_at(1, 0, config({0, 1}));
+  job.start();
+  REQUIRE(job.wait(20s));
+
+  const auto r = resizes(job);
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].active == std::vector<int>{0});
+  CHECK(r[0].leavers == std::vector<int>{1});
+  CHECK(r[1].active == std::vector<int>{0, 1});
+  CHECK(r[1].joiners == std::vector<int>{1});
+  CHECK(r[1].state_source_gpu == 0);
+
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+  const auto s0 = t.of(0), s1 = t.of(1);
+  REQUIRE(s0.size() == 1);
+  REQUIRE(s1.size() == 2);  // the leaver's process, then the joiner's
+  const RankLog& leaver = s1[0].left ? s1[0] : s1[1];
+  const RankLog& joiner = s1[0].left ? s1[1] : s1[0];
+  CHECK(leaver.left);
+  CHECK(leaver.epochs_done == 1);  // left at the end of epoch 0: its loop ended there
+  CHECK_FALSE(joiner.left);
+  CHECK_FALSE(s0[0].left);
+  CHECK(s0[0].epochs_done == 3);
+  // The handoff: the joiner starts generation 2 with the source's model + optimizer state,
+  // and the two replicas stay equal to the end.
+  REQUIRE(joiner.first_of_generation.count(2));
+  CHECK(joiner.first_of_generation.at(2) == s0[0].first_of_generation.at(2));
+  CHECK(joiner.final_checksum == s0[0].final_checksum);
+  // The leaver: REJOINING -> ACTIVE -> OFFLOADING -> EXITED, no process exit inside the loop.
+  // ... then the joiner's process: REJOINING -> ACTIVE.
+  CHECK(moves(job, 1) == "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->EXITED REJOINING->ACTIVE");
+}
+
+TEST_CASE("in-process: park and wake in hold mode (one thread per slot for the whole run)") {
+  Trainer t;
+  ThreadJob job(job_options(config({0, 1}, ParkMode::kHold), "hold"), std::ref(t));
+  job.supervisor().load_config_at(0, 0, config({0}, ParkMode::kHold));
+  job.supervisor().load_config_at(1, 0, config({0, 1}, ParkMode::kHold));
+  job.start();
+  REQUIRE(job.wait(20s));
+  const auto s0 = t.of(0), s1 = t.of(1);
+  REQUIRE(s1.size() == 1);  // the same process parked and was woken
+  CHECK_FALSE(s1[0].left);
+  CHECK(s1[0].final_checksum == s0.at(0).final_checksum);
+  CHECK(s1[0].first_of_generation.at(2) == s0.at(0).first_of_generation.at(2));
+  CHECK(moves(job, 1) ==
+        "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->PARKED PARKED->REJOINING REJOINING->ACTIVE");
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+}
+
+TEST_CASE("in-process: pause to [] and resume to [0, 1] from the host snapshot") {
+  for (ParkMode mode : {ParkMode::kRelease, ParkMode::kHold}) {
+    CAPTURE(gpurun::control::to_string(mode));
+    Trainer t;
+    ThreadJob job(job_options(config({0, 1}, mode), "pause"), std::ref(t));
+    job.supervisor().load_config_at(0, 0, config({}, mode));
+    job.start();
+    // Paused: every slot PARKED (release: processes gone; hold: parked).
+    REQUIRE(job.supervisor().wait_for(
+        [](const gpurun::control::Scheduler& s) {
+          if (s.generation() < 1) return false;
+          for (const auto& [gpu, info] : s.slots())
+            if (info.state != gpurun::control::SlotState::kParked) return false;
+          return true;
+        },
+        10s));
+    job.supervisor().load_config(config({0, 1}, mode));
+    REQUIRE(job.wait(20s));
+    const auto r = resizes(job);
+    REQUIRE(!r.empty());
+    CHECK(r[0].active.empty());
+    const auto starts = job.supervisor().decisions();
+    const auto resume = std::find_if(starts.begin(), starts.end(), [](const Decision& d) {
+      return d.state_source == -1 && !d.active.empty();
+    });
+    REQUIRE(resume != starts.end());
+    const int64_t g = resume->generation;
+    // Every resumed rank starts from the snapshot: the state the source had when it paused.
+    const auto s0 = t.of(0), s1 = t.of(1);
+    const RankLog& a = s0.back();
+    const RankLog& b = s1.back();
+    REQUIRE(a.first_of_generation.count(g));
+    REQUIRE(b.first_of_generation.count(g));
+    CHECK(a.first_of_generation.at(g) == b.first_of_generation.at(g));
+    if (mode == ParkMode::kRelease) {  // the source's process ended at the pause
+      REQUIRE(s0.size() == 2);
+      CHECK(s0.front().left);
+      CHECK(s0.front().final_checksum == a.first_of_generation.at(g));
+    }
+    CHECK(a.final_checksum == b.final_checksum);
+    // Epoch 0 before the pause, then 1 and 2 (hold mode: in the same process).
+    CHECK(a.epochs_done == (mode == ParkMode::kHold ? 3 : 2));
+    for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+    std::filesystem::remove(job_options(config({}), "pause").snapshot_path);
+  }
+}
+
+TEST_CASE("in-process: a peer dies at a collective; the survivor goes on alone") {
+  Trainer t;
+  ThreadJob job(job_options(config({0, 1}), "death"), std::ref(t));
+  // Slot 1 dies at its 12th collective: after the start handoff, inside epoch 0's steps.
+  job.comms().fail_at(1, 12, InProcessComms::Fault::kDie);
+  job.start();
+  REQUIRE(job.wait(20s));
+  const auto r = resizes(job);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].active == std::vector<int>{0});
+  CHECK(r[0].failed == std::vector<int>{1});
+  for (const auto& x : job.exits()) {
+    if (x.gpu == 1) {
+      CHECK_FALSE(x.clean);
+      CHECK(x.how.find("died") != std::string::npos);
+    } else {
+      CHECK_MESSAGE(x.clean, x.how);
+    }
+  }
+  const auto s0 = t.of(0);
+  REQUIRE(s0.size() == 1);
+  CHECK_FALSE(s0[0].left);
+  CHECK(s0[0].epochs_done == 3);
+}
+
+TEST_CASE("in-process: a release-mode leaver at a step boundary: steps() and epochs() end") {
+  Trainer t;
+  ThreadJob job(job_options(config({0, 1}, ParkMode::kRelease, 2), "steps"), std::ref(t));
+  job.supervisor().load_config_at(0, 2, config({0}, ParkMode::kRelease, 2));
+  job.start();
+  REQUIRE(job.wait(20s));
+  const auto s1 = t.of(1);
+  REQUIRE(s1.size() == 1);
+  CHECK(s1[0].left);
+  CHECK(s1[0].epochs_done == 0);  // the check after steps() skipped the rest of epoch 0
+  const auto s0 = t.of(0);
+  CHECK(s0.at(0).epochs_done == 3);
+  for (const auto& x : job.exits()) {
+    CHECK_MESSAGE(x.clean, x.how);
+    if (x.gpu == 1) CHECK(x.state == WorkerState::kExited);
+  }
+}
+
+TEST_CASE("worker state table: every pair walked; an illegal move throws naming both states") {
+  const WorkerState all[] = {WorkerState::kActive, WorkerState::kOffloading, WorkerState::kParked,
+                             WorkerState::kRejoining, WorkerState::kExited};
+  int legal = 0;
+  for (WorkerState from : all) {
+    for (WorkerState to : all) {
+      CAPTURE(gpurun::to_string(from));
+      CAPTURE(gpurun::to_string(to));
+      if (gpurun::worker_transition_allowed(from, to)) {
+        CHECK(gpurun::rt::transition(from, to, "test") == to);
+        ++legal;
+      } else {
+        try {
+          gpurun::rt::transition(from, to, "test");
+          FAIL("no error");
+        } catch (const gpurun::InvariantError& e) {
+          const std::string want =
+              std::string(gpurun::to_string(from)) + " -> " + gpurun::to_string(to);
+          CHECK(std::string(e.what()).find(want) != std::string::npos);
+        }
+      }
+    }
+  }
+  CHECK(legal == 8);
+}

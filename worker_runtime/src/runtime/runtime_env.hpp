@@ -1,0 +1,37 @@
+// gpurun::rt::RuntimeEnv — the worker environment gpurun (or torchrun) sets, parsed once by
+// Runtime::from_env() (table: docs/worker-runtime.md#environment). Tests build one by hand
+// (detail::make_runtime). Internal header.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gpurun/store/client.hpp"
+
+namespace gpurun::rt {
+
+struct RuntimeEnv {
+  bool cuda = false;  ///< GPURUN_DEVICE=cuda (else cpu)
+  int slot = 0;       ///< GPURUN_SLOT, else LOCAL_RANK; with cuda also the device index
+  /// GPURUN_STORE_ADDR/PORT, else MASTER_ADDR/MASTER_PORT (127.0.0.1:29500).
+  store::ClientOptions store;
+  int64_t restart_count = 0;  ///< TORCHELASTIC_RESTART_COUNT (static jobs' comm prefix)
+  /// RANK / WORLD_SIZE: the world of a static (non-elastic) job; an elastic job takes its
+  /// world from the generation's decision instead.
+  int rank = 0;
+  int world = 1;
+  /// GPURUN_COMM_TIMEOUT_MS: overrides RuntimeOptions::comm_timeout when set.
+  std::optional<std::chrono::milliseconds> comm_timeout;
+  /// GPURUN_SNAPSHOT_PATH, else $GPURUN_RUN_DIR/state.snapshot, else
+  /// /tmp/gpurun-state-<pid>.snapshot.
+  std::string snapshot_path;
+  bool prepare_snapshot = false;  ///< GPURUN_SNAPSHOT_PREPARE=1
+  std::string trace_dir;          ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
+
+  /// Reads the variables. Throws gpurun::Error naming the variable when one is malformed.
+  static RuntimeEnv from_env();
+};
+
+}  // namespace gpurun::rt

@@ -1,0 +1,45 @@
+// gpurun::detail::make_runtime — the Runtime's internal constructor: environment, control
+// client and communicator factory given from outside, so that the worker state machine runs
+// in one process with threads as ranks (worker_runtime/testing/, tests/worker_runtime/
+// inprocess_runtime_test.cpp). Runtime::from_env() is make_runtime() with the real seams.
+// Seams table: docs/worker-runtime.md#testing-in-one-process. Internal header.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "gpurun/control/progress.hpp"
+#include "gpurun/runtime.hpp"
+#include "runtime/control_client.hpp"
+#include "runtime/runtime_env.hpp"
+
+namespace gpurun::rt {
+/// Makes the communicator of one group (same contract as rt::make_communicator, which is the
+/// real factory: Gloo on CPU, NCCL on CUDA).
+using CommFactory = std::function<std::unique_ptr<Communicator>(CommBackend, const CommOptions&)>;
+/// Called after every state change, on the thread that made it (tests; may be empty).
+using StateObserver = std::function<void(WorkerState from, WorkerState to, const std::string& why)>;
+}  // namespace gpurun::rt
+
+namespace gpurun::detail {
+
+struct RuntimeSeams {
+  RuntimeOptions options;
+  rt::RuntimeEnv env;
+  /// Null: not elastic (a static world from env.rank/env.world, or a world of one).
+  /// Otherwise make_runtime() calls join() on it before returning.
+  std::unique_ptr<rt::ControlClient> control;
+  /// Empty: rt::make_communicator.
+  rt::CommFactory make_comm;
+  /// Step progress for the supervisor (GPURUN_PROGRESS_FILE); may be null.
+  std::unique_ptr<control::ProgressWriter> progress;
+  rt::StateObserver on_state;
+};
+
+/// Builds the runtime from its seams: device (env.cuda: cuda:<env.slot>), joins the
+/// generation when elastic. Throws like Runtime::from_env().
+std::unique_ptr<Runtime> make_runtime(RuntimeSeams seams);
+
+}  // namespace gpurun::detail

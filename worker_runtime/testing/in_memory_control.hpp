@@ -1,0 +1,169 @@
+// gpurun::testing — the control seam's fake and a threads-as-ranks job:
+//   InMemorySupervisor  the decision side: the real control::Scheduler (pure: reports, joins,
+//                       exits in; effects out) over an in-memory key/value store; spawn
+//                       effects start a rank, kill and deadline effects are recorded only.
+//   InMemoryControl     rt::ControlClient of one rank over it (the keys and JSON of
+//                       docs/control-protocol.md, as control::WorkerControl writes them).
+//   ThreadJob           a job whose ranks are threads: each runs `train(Runtime&)` on a
+//                       Runtime made by detail::make_runtime with these fakes and
+//                       InProcessComms; a thread that returns is a process exiting 0, one
+//                       that throws is a process that died.
+// Test-only (target gpurun_worker_runtime_testing). Everything here is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "control/scheduler.hpp"
+#include "gpurun/control/decision.hpp"
+#include "gpurun/runtime.hpp"
+#include "runtime/control_client.hpp"
+#include "testing/fake_communicator.hpp"
+
+namespace gpurun::testing {
+
+class InMemorySupervisor {
+ public:
+  struct Options {
+    std::vector<int> slots{0, 1};
+    control::Config config;  ///< the initial config.toml
+    /// Longest WAIT of a rank on a key: past it wait_get throws StoreTimeout (a stuck test
+    /// fails instead of hanging).
+    std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
+  };
+  /// Starts a rank on `gpu` that joins `generation`, as process `pid`. Called with the
+  /// supervisor's lock held: it must not call back into the supervisor on this thread.
+  using Spawner = std::function<void(int gpu, int64_t generation, int pid)>;
+
+  InMemorySupervisor(Options options, Spawner spawner);
+
+  /// Generation 0: spawns the initial set.
+  void start();
+  /// config.toml was edited: takes effect at the next boundary (at once while paused).
+  void load_config(control::Config config);
+  /// A scripted edit: applied just before the first report at boundary (epoch, step) is
+  /// handled, so that boundary's decision follows it (epoch end: step 0).
+  void load_config_at(int64_t epoch, int64_t step, control::Config config);
+  /// A rank's process ended (clean: exit 0).
+  void process_exited(int gpu, bool clean, const std::string& how);
+
+  // --- the worker side (InMemoryControl) ---------------------------------------------------
+  void joined(int64_t generation, int rank, int pid);
+  void report(const control::Report& report);
+  void parked(int gpu, int64_t park_generation, int pid);
+  /// Blocks until `key` exists, returns its value. Throws StoreTimeout after wait_timeout.
+  std::string wait_get(const std::string& key);
+
+  // --- observation (tests) ------------------------------------------------------------------
+  /// Waits until pred(scheduler) holds (re-checked at every change). False on timeout.
+  bool wait_for(const std::function<bool(const control::Scheduler&)>& pred,
+                std::chrono::milliseconds timeout);
+  /// Runs f(scheduler) under the lock.
+  void inspect(const std::function<void(const control::Scheduler&)>& f) const;
+  /// Every decision written (start records, boundary decisions, wakes), in order.
+  std::vector<control::Decision> decisions() const;
+  /// Effects the fake does not carry out (kKill, kArmDeadline), as "kill <gpu>" etc.
+  std::vector<std::string> ignored_effects() const;
+
+ private:
+  void run_effects();  // with mu_ held
+  void apply_scripted(int64_t epoch, int64_t step);
+
+  Options opt_;
+  Spawner spawner_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  control::Scheduler scheduler_;
+  std::map<std::string, std::string> kv_;
+  std::vector<std::pair<std::pair<int64_t, int64_t>, control::Config>> script_;
+  std::vector<control::Decision> decisions_;
+  std::vector<std::string> ignored_;
+  int next_pid_ = 1000000;  // fake pids: never a real process
+};
+
+class InMemoryControl final : public rt::ControlClient {
+ public:
+  InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid);
+  const control::Decision& join() override;
+  control::Decision report_and_wait(int64_t epoch, int64_t step) override;
+  std::optional<control::Decision> park_and_wait() override;
+  const control::Decision& current() const override { return current_; }
+
+ private:
+  void write_joined();
+  InMemorySupervisor& sup_;
+  int gpu_;
+  int pid_;
+  int64_t generation_;
+  int64_t round_ = 0;
+  int64_t park_generation_ = -1;
+  control::Decision current_;
+};
+
+class ThreadJob {
+ public:
+  struct Options {
+    std::vector<int> slots{0, 1};
+    control::Config config;
+    std::string snapshot_path;  ///< the pause snapshot (one file per job)
+    RuntimeOptions runtime;     ///< comm_timeout also bounds every fake collective
+    std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
+  };
+  using Train = std::function<void(Runtime& rt)>;
+
+  /// What became of one rank's process.
+  struct Exit {
+    int gpu = -1;
+    int pid = -1;
+    int64_t join_generation = -1;
+    bool clean = false;  ///< returned from train (exit 0)
+    std::string how;     ///< "exit 0", or the exception's text
+    WorkerState state = WorkerState::kActive;  ///< Runtime::state() at the end
+    bool left = false;                         ///< Runtime::left() at the end
+  };
+  struct StateChange {
+    int pid;
+    WorkerState from, to;
+    std::string why;
+  };
+
+  ThreadJob(Options options, Train train);
+  ~ThreadJob();  // joins every rank's thread
+  ThreadJob(const ThreadJob&) = delete;
+  ThreadJob& operator=(const ThreadJob&) = delete;
+
+  void start() { sup_.start(); }
+  InMemorySupervisor& supervisor() { return sup_; }
+  InProcessComms& comms() { return comms_; }
+  /// Waits until every rank's thread has ended and the job is not held open (paused).
+  bool wait(std::chrono::milliseconds timeout);
+  std::vector<Exit> exits() const;
+  /// State changes of the processes of `gpu`, in order.
+  std::vector<StateChange> state_changes(int gpu) const;
+
+ private:
+  void spawn(int gpu, int64_t generation, int pid);  // supervisor lock held
+  void run_rank(int gpu, int64_t generation, int pid);
+
+  Options opt_;
+  Train train_;
+  InProcessComms comms_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+  int running_ = 0;
+  std::vector<Exit> exits_;
+  std::map<int, std::vector<StateChange>> changes_;
+  InMemorySupervisor sup_;  // last: its spawner uses the members above
+};
+
+}  // namespace gpurun::testing
