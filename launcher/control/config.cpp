@@ -433,9 +433,10 @@ class Validator {
       } else if (k == "period_s" || k == "window_s") {
         const bool period = k == "period_s";
         const std::string name = fmt::format("energy.{}", k);
+        // Readings further apart than 5 s would leave window edges to extrapolation.
         const std::string_view allowed =
-            period ? "a number of seconds from 0.01 to 60" : "a number of seconds from 1 to 86400";
-        const double lo = period ? 0.01 : 1, hi = period ? 60 : 86400;
+            period ? "a number of seconds from 0.01 to 5" : "a number of seconds from 1 to 86400";
+        const double lo = period ? 0.01 : 1, hi = period ? 5 : 86400;
         if (auto v = number(value, name, allowed)) {
           if (*v < lo || *v > hi) {
             error(value.source(), name, fmt::format("{} is out of range", float_text(*v)),

@@ -7,7 +7,7 @@
 #include <fmt/ranges.h>
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::energy {
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::energy {
 
@@ -89,6 +89,15 @@ EpochRecord CostTracker::end_epoch(int64_t epoch) {
   r.predicted_next_cost = predicted_next_cost();
   epochs_.back().predicted_next_cost = r.predicted_next_cost;
   return r;
+}
+
+void CostTracker::abandon_epoch() {
+  cost_total_ += open_.cost;
+  finished_.seconds += open_.seconds;
+  finished_.energy_j += open_.energy_j;
+  finished_.cost += open_.cost;
+  for (const auto& [slot, j] : open_.gpu_energy_j) finished_.gpu_energy_j[slot] += j;
+  open_ = Open{};
 }
 
 double CostTracker::predicted_next_cost() const {

@@ -68,11 +68,16 @@ class CostTracker {
   /// returns its record with cost_total and predicted_next_cost filled in.
   EpochRecord end_epoch(int64_t epoch);
 
+  /// Drops the open epoch without recording it (a whole-set restart: the new attempt trains
+  /// it again). Its time, energy and cost stay in summary() and in cost_total(): they were
+  /// spent.
+  void abandon_epoch();
+
   /// The predicted cost of the next epoch, J (see the class comment); 0 before the first
   /// finished epoch.
   double predicted_next_cost() const;
 
-  /// Σ cost of the finished epochs, J.
+  /// Σ cost of the finished (and abandoned) epochs, J.
   double cost_total() const { return cost_total_; }
   const std::vector<EpochRecord>& epochs() const { return epochs_; }
   CostSummary summary() const;

@@ -193,6 +193,12 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
     } catch (const NvmlError& e) {
       if (!e.not_supported()) throw;  // a GPU without power management: limits stay 0
     }
+    for (const MonitoredGpu& other : out)
+      if (other.uuid == g.uuid)
+        throw Error(fmt::format(
+            "slots {} and {} both map to GPU {} (is it listed twice in CUDA_VISIBLE_DEVICES?): "
+            "its energy would be counted twice",
+            other.slot, slot, g.uuid));
     out.push_back(std::move(g));
   }
   warning = fmt::format("{}", fmt::join(warnings, "; "));

@@ -107,7 +107,7 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
       if (limits_denied_) profiler_.reset();
     }
   }
-  if (opt_.time_windows) arm_time_window();
+  arm_time_window();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -127,9 +127,14 @@ EnergyMonitor::~EnergyMonitor() {
 void EnergyMonitor::run() {
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(stop_mu_);
+  int since_check = 0;
   while (!stop_) {
     lock.unlock();
     sample_once();
+    if (++since_check * opt_.period >= std::chrono::seconds(1)) {
+      since_check = 0;
+      check_guard();
+    }
     lock.lock();
     next += opt_.period;
     const auto now = std::chrono::steady_clock::now();
@@ -138,17 +143,38 @@ void EnergyMonitor::run() {
   }
 }
 
-void EnergyMonitor::sample_once() {
+void EnergyMonitor::sample_once(bool drive_profiler_too) {
   std::vector<std::pair<int, Sample>> taken;
   for (const MonitoredGpu& g : gpus_) {
+    std::optional<uint64_t> mj;
+    std::optional<unsigned> mw;
     try {
-      const uint64_t mj = nvml_->total_energy_mj(g.device);
-      const unsigned mw = nvml_->power_mw(g.device);
-      taken.push_back({g.slot, Sample{now_s(), mj / 1000.0, mw / 1000.0}});
+      mj = nvml_->total_energy_mj(g.device);
     } catch (const NvmlError& e) {
-      if (read_failed_.insert(g.slot).second)  // once per GPU
-        post_event("energy_error", fmt::format(R"({{"slot":{},"error":{}}})", g.slot,
-                                               detail::json_string(e.what())));
+      report_read_failure(g, "energy counter", e.what(),
+                          "its energy is integrated from the power readings instead");
+    }
+    try {
+      mw = nvml_->power_mw(g.device);
+    } catch (const NvmlError& e) {
+      report_read_failure(g, "power", e.what(), "");
+    }
+    const double t = now_s();
+    Reading& r = readings_[g.slot];
+    if (mj && !r.counter_failed) {
+      taken.push_back({g.slot, Sample{t, *mj / 1000.0, mw ? *mw / 1000.0 : r.last_power_w}});
+    } else if (mw) {
+      // No counter (ever, or since it failed): a counter of our own, the trapezoid integral
+      // of the power readings. Switching to it looks like a counter reset, which the series
+      // bridges (energy_series.hpp).
+      r.counter_failed = r.counter_failed || !mj;
+      const double w = *mw / 1000.0;
+      if (r.last_t > 0) r.integrated_j += (r.last_power_w + w) / 2 * (t - r.last_t);
+      taken.push_back({g.slot, Sample{t, r.integrated_j, w}});
+    }
+    if (mw) {
+      r.last_power_w = *mw / 1000.0;
+      r.last_t = t;
     }
   }
   double t = taken.empty() ? now_s() : taken.back().second.t_s;
@@ -162,7 +188,21 @@ void EnergyMonitor::sample_once() {
     }
   }
   samples_ += taken.size();
-  drive_profiler(t);
+  if (drive_profiler_too) drive_profiler(t);
+}
+
+void EnergyMonitor::report_read_failure(const MonitoredGpu& g, const std::string& what,
+                                        const std::string& error, const std::string& then) {
+  if (!read_failed_.insert({g.slot, what}).second) return;  // once per GPU and reading
+  post_event("energy_error", fmt::format(R"({{"slot":{},"uuid":{},"reading":{},"error":{}}})",
+                                         g.slot, detail::json_string(g.uuid),
+                                         detail::json_string(what), detail::json_string(error)));
+  const std::string line = fmt::format("warning: GPU {} (slot {}): its {} cannot be read ({}){}",
+                                       g.uuid, g.slot, what, error,
+                                       then.empty() ? "" : ": " + then);
+  boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) say_(line);
+  });
 }
 
 void EnergyMonitor::drive_profiler(double t) {
@@ -228,6 +268,21 @@ void EnergyMonitor::drive_profiler(double t) {
 
 // ---- power limits --------------------------------------------------------------------------
 
+void EnergyMonitor::check_guard() {
+  if (!guard_ || originals_mw_.empty() || guard_->alive()) return;
+  // Without its guard a kill -9 of gpurun would leave the limits changed: restore them now.
+  const std::string msg = fmt::format(
+      "the power-limit guard (pid {}) died: original limits restored now, monitoring only",
+      guard_->pid());
+  limits_denied_ = true;
+  guard_.reset();  // reaps it; restore_limits() then has no guard to tell
+  restore_limits();
+  post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
+  boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) say_(msg);
+  });
+}
+
 void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
   if (limits_denied_) return;
   if (!guard_) {
@@ -244,18 +299,32 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
       return;
     }
   }
+  std::optional<unsigned> applied_w;  // what the GPUs got (the request clamped to their range)
+  bool clamped = false;
   for (const MonitoredGpu& g : gpus_) {
     const unsigned mw =
         std::clamp(watts * 1000u, g.min_limit_mw, std::max(g.min_limit_mw, g.max_limit_mw));
+    clamped = clamped || mw != watts * 1000u;
+    bool remembered_now = false;
     try {
       if (!originals_mw_.count(g.uuid)) {
         const unsigned orig = nvml_->power_limit_mw(g.device);
         guard_->remember(OriginalLimit{g.uuid, orig});  // safe before anything changes
         originals_mw_[g.uuid] = orig;
+        remembered_now = true;
       }
       nvml_->set_power_limit_mw(g.device, mw);
+      applied_w = applied_w ? std::min(*applied_w, mw / 1000) : mw / 1000;
     } catch (const NvmlError& e) {
       limits_denied_ = true;
+      // This GPU was not changed by us: nothing to restore for it.
+      if (remembered_now) {
+        originals_mw_.erase(g.uuid);
+        try {
+          guard_->forget(g.uuid);
+        } catch (const Error&) {
+        }
+      }
       const std::string msg =
           e.no_permission()
               ? fmt::format("cannot set power limits ({}): this needs root or CAP_SYS_ADMIN; "
@@ -270,17 +339,34 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
       return;
     } catch (const Error& e) {  // the guard is gone: change nothing more
       limits_denied_ = true;
-      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+      const std::string msg = fmt::format("cannot set power limits ({}); monitoring only",
+                                          e.what());
+      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
+      boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) say_(msg);
+      });
       restore_limits();
       return;
     }
   }
+  if (!applied_w) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    limit_w_ = watts;
+    limit_w_ = *applied_w;
   }
-  post_event("power_limit",
-             fmt::format(R"({{"limit_w":{},"source":{}}})", watts, detail::json_string(source)));
+  post_event("power_limit", fmt::format(R"({{"limit_w":{},"requested_w":{},"source":{}}})",
+                                        *applied_w, watts, detail::json_string(source)));
+  if (source != "profiling") {
+    const std::string line =
+        clamped ? fmt::format("power limit {} W on {} GPU{} ({}; {} W asked, outside the GPUs' "
+                              "range)",
+                              *applied_w, gpus_.size(), gpus_.size() == 1 ? "" : "s", source, watts)
+                : fmt::format("power limit {} W on {} GPU{} ({})", *applied_w, gpus_.size(),
+                              gpus_.size() == 1 ? "" : "s", source);
+    boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired()) say_(line);
+    });
+  }
 }
 
 void EnergyMonitor::restore_limits(bool from_destructor) {
@@ -290,7 +376,11 @@ void EnergyMonitor::restore_limits(bool from_destructor) {
     std::string fields;
     try {
       nvml_->set_power_limit_mw(g.device, it->second);
-      if (guard_) guard_->forget(g.uuid);
+      try {
+        if (guard_) guard_->forget(g.uuid);
+      } catch (const Error&) {
+        // Restored all the same; a guard that is gone has nothing left to do for it.
+      }
       fields = fmt::format(R"({{"limit_w":{},"source":"restore","slot":{},"uuid":{}}})",
                            detail::json_number(it->second / 1000.0), g.slot,
                            detail::json_string(g.uuid));
@@ -329,21 +419,36 @@ void EnergyMonitor::emit_json(const std::string& name, const std::string& fields
   events_.emit(name, supervisor::JsonObject::from_object(fields_json));
 }
 
-void EnergyMonitor::set_active(std::vector<int> active) {
+void EnergyMonitor::set_active(std::vector<int> active, int64_t generation) {
   std::sort(active.begin(), active.end());
   active.erase(std::unique(active.begin(), active.end()), active.end());
-  if (active == window_active_) return;
+  if (active == window_active_) {
+    if (generation >= 0) generation_ = generation;
+    return;
+  }
   const double t = now_s();
   // A window that just opened (at the boundary whose decision made this change, or at start)
   // takes the new set; an older one is closed first, so no window mixes two sets.
   if (have_active_ && t - window_t0_ > kFreshWindowS)
     close_window(t, window_active_.empty() ? "pause" : "partial", generation_, -1, -1);
   have_active_ = true;  // the first set is charged from the job's start
+  if (generation >= 0) generation_ = generation;
   std::lock_guard<std::mutex> lock(mu_);
   window_active_ = active;
   active_for_thread_ = active;
   // A measurement across a resize would mix two worlds: the profiler measures this limit again.
   if (profiler_ && !profiler_->done()) profiler_->interrupt();
+}
+
+void EnergyMonitor::restart(int attempt) {
+  const double t = now_s();
+  if (t > window_t0_) close_window(t, "restart", generation_, -1, -1);
+  tracker_.abandon_epoch();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_energy_j_.clear();
+  }
+  attempt_ = attempt;
 }
 
 WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, int64_t generation,
@@ -366,16 +471,19 @@ WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, in
   return rec;
 }
 
-std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch) {
+std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch, bool may_stop) {
   const EpochRecord rec = tracker_.end_epoch(epoch);
+  if (may_stop) saw_boundary_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_energy_j_.clear();
   }
-  emit_json("energy_epoch",
-            rec.to_json_fields(opt_.threshold ? std::optional<double>(opt_.threshold->cost_j)
-                                              : std::nullopt));
-  if (!opt_.threshold || stopped_early_) return std::nullopt;
+  std::string fields =
+      rec.to_json_fields(opt_.threshold ? std::optional<double>(opt_.threshold->cost_j)
+                                        : std::nullopt);
+  fields.insert(fields.size() - 1, fmt::format(R"(, "attempt": {})", attempt_));
+  emit_json("energy_epoch", fields);
+  if (!opt_.threshold || stopped_early_ || !may_stop) return std::nullopt;
   std::optional<std::string> why = tracker_.stop_reason(*opt_.threshold);
   if (!why) return std::nullopt;
   stopped_early_ = true;
@@ -392,7 +500,9 @@ void EnergyMonitor::arm_time_window() {
   window_timer_->async_wait(
       [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
         if (ec || alive.expired() || finished_) return;
-        close_window(now_s(), "time", generation_, -1, -1);
+        // A window ends every `window` s unless a boundary ended it sooner.
+        if (now_s() - window_t0_ >= opt_.window.count() / 1000.0 - 1e-3)
+          close_window(now_s(), "time", generation_, -1, -1);
         arm_time_window();
       });
 }
@@ -401,9 +511,21 @@ void EnergyMonitor::finish(int exit_code) {
   if (finished_) return;
   finished_ = true;
   if (window_timer_) window_timer_->cancel();
+  // One last reading, so the last window ends on a measurement, not an extrapolation.
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  sample_once(/*drive_profiler_too=*/false);
+  if (stopped_early_ && exit_code == 0) exit_code = kExitEarlyStop;
+  if (opt_.threshold && !saw_boundary_)
+    say_("warning: early stop was not possible: the workers reported no epoch boundary (it "
+         "needs the worker runtime)");
   const double t = now_s();
   if (t - window_t0_ > 1e-3)
-    close_window(t, opt_.time_windows ? "time" : "exit", generation_, -1, -1);
+    close_window(t, saw_boundary_ ? "exit" : "time", generation_, -1, -1);
   const CostSummary s = tracker_.summary();
   std::string gpu_energy = "{";
   for (const auto& [slot, j] : s.gpu_energy_j)
@@ -431,14 +553,21 @@ void EnergyMonitor::finish(int exit_code) {
     const std::string text =
         fmt::format(R"({{"summary":{},"gpus":{},"epochs":{}}})", fields, gpus, epochs) + "\n";
     const std::string tmp = opt_.summary_path + ".tmp";
+    std::string failed;  // the step that failed, with its errno text
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    const int saved = errno;
-    if (fd >= 0) ::close(fd);
-    ok = ok && ::rename(tmp.c_str(), opt_.summary_path.c_str()) == 0;
-    if (!ok)
-      say_(fmt::format("warning: cannot write the energy summary {}: {}", opt_.summary_path,
-                       std::strerror(saved ? saved : errno)));
+    if (fd < 0) {
+      failed = fmt::format("creating {}: {}", tmp, std::strerror(errno));
+    } else {
+      if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+        failed = fmt::format("writing {}: {}", tmp, std::strerror(errno));
+      ::close(fd);
+      if (failed.empty() && ::rename(tmp.c_str(), opt_.summary_path.c_str()) != 0)
+        failed = fmt::format("renaming {} to it: {}", tmp, std::strerror(errno));
+      if (!failed.empty()) ::unlink(tmp.c_str());
+    }
+    if (!failed.empty())
+      say_(fmt::format("warning: cannot write the energy summary {} ({})", opt_.summary_path,
+                       failed));
   }
   if (!opt_.history.empty()) {
     HistoryEntry h;

@@ -22,7 +22,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "control/progress.hpp"
+#include "gpurun/control/progress.hpp"
 #include "energy/cost.hpp"
 #include "energy/early_stop.hpp"
 #include "energy/energy_series.hpp"
@@ -37,8 +37,9 @@ namespace gpurun::energy {
 /// Everything the monitor is told at start (docs/energy.md has the matching [energy] keys).
 struct MonitorOptions {
   std::chrono::milliseconds period{100};  ///< sampling period per GPU
-  std::chrono::milliseconds window{std::chrono::seconds(60)};  ///< time windows (no boundaries)
-  bool time_windows = false;  ///< workers report no boundaries: close a window every `window`
+  /// A window also ends every `window` unless a boundary ended it sooner (kind "time"): the
+  /// only windows of workers that report no boundaries.
+  std::chrono::milliseconds window{std::chrono::seconds(60)};
   double eta = 0.5;           ///< Zeus' η
   std::optional<CostThreshold> threshold;  ///< early stop; nullopt = none
   std::string history;                     ///< history file to append to at exit ("" = none)
@@ -74,21 +75,29 @@ class EnergyMonitor {
   EnergyMonitor(const EnergyMonitor&) = delete;
   EnergyMonitor& operator=(const EnergyMonitor&) = delete;
 
-  /// The GPUs charged from now on change to `active` (slots; [] while paused). The open window
-  /// is closed first when it has charged any time (kind "partial", or "pause" when it had no
-  /// GPU), so windows never straddle two active sets.
-  void set_active(std::vector<int> active);
+  /// The GPUs charged from now on change to `active` (slots; [] while paused) in `generation`
+  /// (-1: unchanged). The open window is closed first when it has charged any time (kind
+  /// "partial", or "pause" when it had no GPU), so windows never straddle two active sets.
+  void set_active(std::vector<int> active, int64_t generation = -1);
+  /// A whole-set restart begins: the open window ends as kind "restart"; its time and energy
+  /// count in the totals (and the cost so far) but in no epoch, since the new attempt trains
+  /// its epochs again.
+  void restart(int attempt);
   /// Closes the open window at Unix time `t_s` as `kind` ("epoch" | "steps" | "time" |
   /// "exit") ending at boundary (generation, epoch, step), emits its `energy` event, adds it to
   /// the current epoch and opens the next window at t_s with the same active set.
   WindowRecord close_window(double t_s, const std::string& kind, int64_t generation,
                             int64_t epoch, int64_t step);
-  /// Ends epoch `epoch` (after close_window of its last window): `energy_epoch` event, and the
-  /// early-stop check. Returns the reason (also an `early_stop` event) when the job must stop.
-  std::optional<std::string> end_epoch(int64_t epoch);
-  /// Closes what is open, emits `energy_summary`, writes --energy-summary, appends to the
-  /// history (completed = !stopped_early && exit_code == 0). Idempotent.
+  /// Ends epoch `epoch` (after close_window of its last window): `energy_epoch` event, and —
+  /// when `may_stop` (a boundary the job can still stop at) — the early-stop check. Returns the
+  /// reason (also an `early_stop` event) when the job must stop.
+  std::optional<std::string> end_epoch(int64_t epoch, bool may_stop = true);
+  /// Stops sampling after one last reading, closes what is open, emits `energy_summary`,
+  /// writes --energy-summary, appends to the history (completed = !stopped_early && exit code
+  /// 0). `exit_code` is the supervisor's; an early stop reports gpurun's 3. Idempotent.
   void finish(int exit_code);
+  /// gpurun's exit status for an early stop (docs/cli.md#exit-status).
+  static constexpr int kExitEarlyStop = 3;
   bool stopped_early() const { return stopped_early_; }
 
   /// Finished epochs, their Zeus cost (J) and the threshold (J), for `gpurun status`. Io thread.
@@ -108,10 +117,13 @@ class EnergyMonitor {
 
  private:
   void run();  // the sampling thread
-  void sample_once();
+  void sample_once(bool drive_profiler_too = true);
+  void report_read_failure(const MonitoredGpu& g, const std::string& what,
+                           const std::string& error, const std::string& then);
   void drive_profiler(double t);
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
   void restore_limits(bool from_destructor = false);
+  void check_guard();  // sampling thread, about once a second
   void post_event(std::string name, std::string fields_json);
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
@@ -139,6 +151,8 @@ class EnergyMonitor {
   double window_t0_ = 0;
   std::vector<int> window_active_;
   bool have_active_ = false;  // set_active() was called (the first set opens the job's window)
+  int64_t attempt_ = 0;
+  bool saw_boundary_ = false;  // a boundary closed a window (early stop was possible)
   int64_t generation_ = 0;
   CostTracker tracker_;
   std::map<int, double> epoch_energy_j_;  // mirrored into status under mu_
@@ -148,7 +162,14 @@ class EnergyMonitor {
   std::unique_ptr<boost::asio::steady_timer> window_timer_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 
-  std::set<int> read_failed_;  // sampling thread: slots whose failed reads were reported
+  // Sampling thread: (slot, reading) whose failures were reported; each GPU's last power
+  // reading and, when its energy counter cannot be read, the power integral standing in.
+  std::set<std::pair<int, std::string>> read_failed_;
+  struct Reading {
+    bool counter_failed = false;
+    double integrated_j = 0, last_power_w = 0, last_t = 0;
+  };
+  std::map<int, Reading> readings_;
   std::atomic<uint64_t> samples_{0};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

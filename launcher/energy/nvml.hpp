@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::energy {
 

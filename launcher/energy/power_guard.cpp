@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,10 +13,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
 #include <utility>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -204,6 +207,24 @@ void PowerGuard::forget(const std::string& uuid) {
   request(fmt::format("forget {}", uuid));
 }
 
+bool PowerGuard::alive() const {
+  if (finished_ || from_guard_ < 0) return false;
+  pollfd p{from_guard_, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return true;  // nothing to read, no hang-up: still there
+  if (p.revents & (POLLHUP | POLLERR)) return false;
+  return true;  // an unread byte cannot happen between requests; not a death
+}
+
+namespace {
+
+/// Where the per-GPU power-limit locks live: $GPURUN_POWER_LOCK_DIR, else /run/lock, else /tmp.
+std::string lock_dir() {
+  if (const char* d = std::getenv("GPURUN_POWER_LOCK_DIR"); d && *d) return d;
+  return ::access("/run/lock", W_OK) == 0 ? "/run/lock" : "/tmp";
+}
+
+}  // namespace
+
 int PowerGuard::finish() {
   if (finished_) return exit_status_;
   finished_ = true;
@@ -244,8 +265,11 @@ int power_guard_main() {
     return 2;
   }
 
-  // Remembered originals, in the order gpurun reported them.
+  // Remembered originals, in the order gpurun reported them, and the lock held on each GPU:
+  // one guard (one gpurun) at a time may change a GPU's limit, until it has restored it —
+  // a second job would otherwise take the first one's limit for the original.
   std::vector<std::pair<std::string, unsigned>> originals;
+  std::map<std::string, int> locks;  // uuid -> fd holding flock(LOCK_EX)
   auto reply = [](const std::string& text) {
     const std::string line = text + "\n";
     (void)!::write(kAckFd, line.data(), line.size());  // gpurun gone: EPIPE, ignored
@@ -260,11 +284,34 @@ int power_guard_main() {
         return reply("error 'remember' needs a GPU UUID and a limit in milliwatts: " + line);
       bool known = false;
       for (const auto& o : originals) known = known || o.first == uuid;
-      if (!known) originals.emplace_back(uuid, static_cast<unsigned>(mw));
+      if (!known) {
+        const std::string path = lock_dir() + "/gpurun-power-" + uuid + ".lock";
+        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+          return reply(fmt::format("error cannot open the power-limit lock {}: {}", path,
+                                   std::strerror(errno)));
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+          char holder[32] = {};
+          (void)!::pread(fd, holder, sizeof holder - 1, 0);
+          ::close(fd);
+          return reply(fmt::format(
+              "error {} is power-managed by another gpurun (its guard, pid {}, holds {})", uuid,
+              std::string(holder).substr(0, std::string(holder).find('\n')), path));
+        }
+        const std::string me = std::to_string(::getpid()) + "\n";
+        (void)!::ftruncate(fd, 0);
+        (void)!::pwrite(fd, me.data(), me.size(), 0);
+        locks[uuid] = fd;
+        originals.emplace_back(uuid, static_cast<unsigned>(mw));
+      }
       return reply("ok");
     }
     if (verb == "forget" && !uuid.empty()) {
       std::erase_if(originals, [&](const auto& o) { return o.first == uuid; });
+      if (auto it = locks.find(uuid); it != locks.end()) {  // restored by gpurun: free the GPU
+        ::close(it->second);
+        locks.erase(it);
+      }
       return reply("ok");
     }
     reply("error unknown command: " + line);

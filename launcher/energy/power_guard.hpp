@@ -44,6 +44,8 @@ class PowerGuard {
   /// Idempotent (later calls return the first result); the destructor calls it.
   int finish();
   pid_t pid() const { return pid_; }
+  /// false once the helper has died (its end of the pipe hung up). Never blocks.
+  bool alive() const;
 
  private:
   pid_t pid_ = -1;

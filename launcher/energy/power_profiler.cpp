@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 #include "energy/cost.hpp"
 
 namespace gpurun::energy {

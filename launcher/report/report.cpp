@@ -28,7 +28,7 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 extern char** environ;
 
@@ -137,6 +137,7 @@ Options parse_args(const std::vector<std::string>& args) {
 /// them, one `energy` window.
 struct Row {
   long epoch = -1;              // -1 for a window
+  long attempt = 0;             // epoch rows: the restart attempt it belongs to (0 = first)
   double start_s = 0;           // window: start relative to the first window (s)
   double seconds = 0;           // s
   double energy_j = 0;          // J, all GPUs
@@ -146,6 +147,11 @@ struct Row {
   double cost_total = 0;        // Zeus cost of all rows so far (J)
   std::map<int, double> gpu_j;  // slot -> J
 };
+
+/// An epoch row's name: its epoch, prefixed "r<attempt>:" after a restart (epochs repeat).
+std::string epoch_label(const Row& r) {
+  return r.attempt > 0 ? fmt::format("r{}:{}", r.attempt, r.epoch) : std::to_string(r.epoch);
+}
 
 struct ProfilePoint {
   double limit_w, steps_per_s, avg_power_w, cost_per_step;
@@ -239,6 +245,7 @@ int slot_of(std::string_view text, const Where& at) {
 void add_energy_epoch(Run& run, const json::object& o, const Where& at) {
   Row r;
   r.epoch = integer(o, "epoch", at);
+  if (auto a = optional_number(o, "attempt", at)) r.attempt = static_cast<long>(*a);
   r.seconds = number(o, "seconds", at);
   r.energy_j = number(o, "energy_j", at);
   r.active = number(o, "active_gpus", at);
@@ -391,7 +398,7 @@ std::string table(const Run& run, const std::string& events) {
   long index = 0;
   for (const auto& r : rows) {
     ++index;
-    std::string line = run.per_epoch() ? fmt::format("{:>6} ", r.epoch)
+    std::string line = run.per_epoch() ? fmt::format("{:>6} ", epoch_label(r))
                                        : fmt::format("{:>6} {:>10.1f} ", index, r.start_s);
     line += fmt::format("{:>9.1f} {:>11.1f}", r.seconds, r.energy_j);
     for (int s : slots) {
@@ -539,14 +546,25 @@ constexpr const char* kSlotColours[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A
 
 /// rows.dat columns: 1 x, 2 bar width, 3 seconds, 4 energy_j, 5 active, 6 cost, 7 cost_total,
 /// 8 avg_power_w, 9.. cumulative energy of the slots up to and including each slot (J).
+/// The position of the early-stop epoch among the rows (the last row of that epoch).
+std::optional<size_t> stop_index(const Run& run) {
+  if (!run.stop_epoch) return std::nullopt;
+  std::optional<size_t> at;
+  for (size_t i = 0; i < run.epochs.size(); ++i)
+    if (run.epochs[i].epoch == *run.stop_epoch) at = i;
+  return at;
+}
+
 void write_rows(const Run& run, const fs::path& file) {
   const auto slots = run.slots();
   std::ofstream f(file);
   f << "# x width seconds energy_j active cost cost_total avg_power_w";
   for (int s : slots) f << " cum_gpu" << s << "_j";
   f << "\n";
+  size_t i = 0;
   for (const auto& r : run.rows()) {
-    const double x = run.per_epoch() ? static_cast<double>(r.epoch) : r.start_s + r.seconds / 2;
+    // Epoch rows stand in order (a restart repeats epoch numbers): x is the position.
+    const double x = run.per_epoch() ? static_cast<double>(i++) : r.start_s + r.seconds / 2;
     const double width = run.per_epoch() ? 0.7 : r.seconds * 0.9;
     f << fmt::format("{:.10g} {:.10g} {:.10g} {:.10g} {:.10g} {:.10g} {:.10g} {:.10g}", x, width,
                      r.seconds, r.energy_j, r.active, r.cost, r.cost_total, r.avg_power_w);
@@ -593,10 +611,16 @@ std::string script(const Run& run, const fs::path& dir, const std::string& termi
        "0,0,graph 0.2,0\n";
   s += "set lmargin 11\nset rmargin 4\n";
   if (epochs) {
-    long lo = data.front().epoch, hi = data.front().epoch;
-    for (const auto& r : data) lo = std::min(lo, r.epoch), hi = std::max(hi, r.epoch);
-    s += fmt::format("set xrange [{}:{}]\nset xlabel \"epoch\"\n", lo - 0.6, hi + 0.6);
-    s += hi - lo < 30 ? "set xtics 1\n" : "set xtics autofreq\n";
+    s += fmt::format("set xrange [{}:{}]\nset xlabel \"epoch\"\n", -0.6,
+                     static_cast<double>(data.size()) - 0.4);
+    if (data.size() <= 30) {
+      std::string tics;
+      for (size_t i = 0; i < data.size(); ++i)
+        tics += fmt::format("{}\"{}\" {}", i ? ", " : "", epoch_label(data[i]), i);
+      s += "set xtics (" + tics + ")\n";
+    } else {
+      s += "set xtics autofreq\n";
+    }
   } else {
     const auto& last = data.back();
     s += fmt::format("set xrange [0:{:.10g}]\nset xlabel \"time since the first window (s)\"\n",
@@ -613,13 +637,15 @@ std::string script(const Run& run, const fs::path& dir, const std::string& termi
                        top - (row + 1) * h, 1.0 / cols, h);
   };
   const std::string unit = epochs ? "epoch" : "window";
-  const std::string stop_mark = epochs && run.stop_epoch
+  const std::optional<size_t> stop_at = stop_index(run);
+  // The label sits below the legend (top left) so the two never overlap.
+  const std::string stop_mark = epochs && stop_at
                                     ? fmt::format(
                                           "set arrow 1 from {0}, graph 0 to {0}, graph 1 nohead "
                                           "front lc rgb '#D00000' lw 2 dt 2\n"
-                                          "set label 1 \"early stop\" at {0}, graph 0.96 offset "
+                                          "set label 1 \"early stop\" at {0}, graph 0.72 offset "
                                           "0.6,0 front tc rgb '#D00000'\n",
-                                          *run.stop_epoch)
+                                          *stop_at)
                                     : "";
   const std::string unmark = "unset arrow 1\nunset label 1\n";
 

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/check.hpp"
 #include "supervisor/error_file.hpp"
 
 namespace gpurun::supervisor {
@@ -553,8 +553,14 @@ void Supervisor::print_summary() {
   console_.write(StreamId::kStderr, out);
 }
 
-void Supervisor::finish(int code, const std::string& reason) {
+void Supervisor::finish(int code, const std::string& why) {
   phase_ = Phase::kDone;
+  std::string reason = why;
+  if (final_status)
+    if (std::optional<std::pair<int, std::string>> r = final_status(code)) {
+      code = r->first;
+      reason = r->second;
+    }
   exit_code_ = code;
   events_.emit("shutdown", JsonObject().add("exit_code", code).add("reason", reason));
   if (on_done) on_done(code);

@@ -10,17 +10,18 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "gpurun/unique_fd.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/event_log.hpp"
 #include "supervisor/line_splitter.hpp"
 #include "supervisor/process_spawner.hpp"
 #include "supervisor/slot_controller.hpp"
-#include "supervisor/unique_fd.hpp"
 #include "supervisor/worker_env.hpp"
 
 namespace gpurun::supervisor {
@@ -70,6 +71,10 @@ class Supervisor {
   std::function<void(int attempt)> on_restart;
   /// Called once when the job has finished, with the exit status.
   std::function<void(int exit_code)> on_done;
+  /// Called once just before the job finishes, with the exit status and its reason; may
+  /// return a replacement for both (e.g. the energy monitor's early stop: status 3), which the
+  /// `shutdown` event, on_done and exit_code() then carry.
+  std::function<std::optional<std::pair<int, std::string>>(int exit_code)> final_status;
 
   /// Spawns attempt 0.
   void start();

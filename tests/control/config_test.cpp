@@ -265,7 +265,10 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        ">= 1"},
       {"period too short", "[energy]\nperiod_s = 0.001",
        "config.toml:2:12: energy.period_s: 0.001 is out of range; allowed: a number of seconds "
-       "from 0.01 to 60"},
+       "from 0.01 to 5"},
+      {"period too long", "[energy]\nperiod_s = 60",
+       "config.toml:2:12: energy.period_s: 60.0 is out of range; allowed: a number of seconds "
+       "from 0.01 to 5"},
       {"zero warmup steps", "[energy]\nprofile_warmup_steps = 0",
        "config.toml:2:24: energy.profile_warmup_steps: 0 is not positive; allowed: a positive "
        "integer"},

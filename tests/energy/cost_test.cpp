@@ -7,7 +7,7 @@
 
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 using namespace gpurun::energy;
 

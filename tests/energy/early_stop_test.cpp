@@ -11,7 +11,7 @@
 
 #include <boost/json.hpp>
 
-#include "common/error.hpp"
+#include "gpurun/error.hpp"
 
 using namespace gpurun::energy;
 namespace fs = std::filesystem;
@@ -235,4 +235,27 @@ TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {
   }
   o = boost::json::parse(e.to_json_fields(std::nullopt)).as_object();
   CHECK(o.at("threshold").is_null());
+}
+
+TEST_CASE("cost tracker: an epoch abandoned at a restart counts in the totals, not as an epoch") {
+  CostTracker t;
+  // Epoch 0 of attempt 0: 10 s on one GPU at 300 W: E = 3000 J, cost = 0.5·3000 + 0.5·700·10
+  // = 5000 J. Then 4 s of epoch 1 before a crash: E = 1200 J, cost = 600 + 1400 = 2000 J.
+  t.add_window(window(0, 10, {0}, std::nullopt));
+  CHECK(t.end_epoch(0).cost == doctest::Approx(5000));
+  t.add_window(window(10, 4, {0}, std::nullopt));
+  t.abandon_epoch();
+  CHECK(t.epochs().size() == 1);
+  CHECK(t.cost_total() == doctest::Approx(7000));  // spent: it counts towards a threshold
+  // The restarted attempt's epoch 0 (10 s): its own cost, the total keeps the crash.
+  t.add_window(window(14, 10, {0}, std::nullopt));
+  const EpochRecord e = t.end_epoch(0);
+  CHECK(e.cost == doctest::Approx(5000));
+  CHECK(e.seconds == doctest::Approx(10));
+  CHECK(e.cost_total == doctest::Approx(12000));
+  const CostSummary s = t.summary();
+  CHECK(s.epochs == 2);
+  CHECK(s.seconds == doctest::Approx(24));
+  CHECK(s.energy_j == doctest::Approx(7200));
+  CHECK(s.cost == doctest::Approx(12000));
 }

@@ -56,6 +56,8 @@ struct FakeGpus {
     extra.emplace("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_CUDA_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_FAKE_NVML_STATE", state);
+    // Power-limit locks beside the state: tests running at the same time share UUIDs.
+    extra.emplace("GPURUN_POWER_LOCK_DIR", fs::path(state).parent_path().string());
     return extra;
   }
   double limit(unsigned index) const { return fake::current_limit_w(state, index); }
@@ -330,6 +332,11 @@ TEST_CASE("early stop from the history: the second run of a job stops at β × t
   }
   const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
   CHECK(err.find("stopped early by its cost threshold (exit status 3)") != std::string::npos);
+  // The event log says 3 as well.
+  const auto shutdown = second.events("shutdown");
+  REQUIRE(shutdown.size() == 1);
+  CHECK(num(shutdown[0].at("exit_code")) == 3);
+  CHECK(num(second.events("energy_summary").at(0).at("exit_code")) == 3);
   history = gpurun::testing::slurp(dir.path / "history.jsonl");
   REQUIRE(std::count(history.begin(), history.end(), '\n') == 2);
   const json::object h2 = json::parse(history.substr(history.find('\n') + 1)).as_object();
@@ -477,4 +484,134 @@ TEST_CASE("no privilege to set power limits: one clear message, monitoring only,
   CHECK(err.find("needs root or CAP_SYS_ADMIN; monitoring only") != std::string::npos);
   CHECK(gpus.limit(0) == 700);
   CHECK(run.events("energy_epoch").size() == 3);  // monitoring went on: epochs 0, 1, 2
+}
+
+TEST_CASE("power limits: a second job on the same GPUs is refused (monitoring only); a guard "
+          "that dies makes gpurun restore the limits at once") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({600}));
+  fs::create_directories(dir.path / "a");
+  fs::create_directories(dir.path / "b");
+  ElasticRun a(GPURUN_BINARY, dir.path / "a", 1, std::string("[energy]\npower_limit_watts = 400\n"),
+               {GPURUN_FAKE_WORKER, (dir.path / "a").string(), "200"}, {"--energy", "on"}, "cpu",
+               gpus.env());
+  wait_until("job a's limit", [&] { return gpus.limit(0) == 400; });
+  std::ofstream(dir.path / "b" / "stop") << 3;
+  ElasticRun b(GPURUN_BINARY, dir.path / "b", 1, std::string("[energy]\npower_limit_watts = 300\n"),
+               {GPURUN_FAKE_WORKER, (dir.path / "b").string(), "200"}, {"--energy", "on"}, "cpu",
+               gpus.env());
+  REQUIRE(b.wait(60s));
+  CHECK_MESSAGE(b.code() == 0, b.diag());
+  const std::string berr = gpurun::testing::slurp(dir.path / "b" / "gpurun.stderr");
+  CHECK(berr.find("is power-managed by another gpurun") != std::string::npos);
+  CHECK(gpus.limit(0) == 400);  // job a's limit stayed
+  // Kill job a's guard (a child of job a's gpurun, found by its command line).
+  pid_t guard = -1;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != a.proc.pid) continue;
+    if (gpurun::testing::slurp(e.path() / "cmdline").find("__power-guard") != std::string::npos)
+      guard = static_cast<pid_t>(std::stol(name));
+  }
+  REQUIRE(guard > 1);
+  REQUIRE(::kill(guard, SIGKILL) == 0);  // job a's guard: started by the gpurun this test ran
+  wait_until("job a to restore the limit itself", [&] { return gpus.limit(0) == 700; }, 10s);
+  std::ofstream(dir.path / "a" / "stop") << 0;
+  REQUIRE(a.wait(60s));
+  CHECK_MESSAGE(a.code() == 0, a.diag());
+  const std::string aerr = gpurun::testing::slurp(dir.path / "a" / "gpurun.stderr");
+  CHECK(aerr.find("the power-limit guard (pid " + std::to_string(guard) + ") died") !=
+        std::string::npos);
+  CHECK(gpus.limit(0) == 700);
+}
+
+TEST_CASE("a job that trains all its epochs is not an early stop, whatever the threshold; "
+          "without boundaries gpurun says early stop was not possible") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300}));
+  std::ofstream(dir.path / "stop") << 0;  // trains one epoch, reports no boundary, exits 0
+  ElasticRun run(GPURUN_BINARY, dir.path, 1,
+                 std::string("[energy]\ncost_threshold = 1\nhistory = \"h.jsonl\"\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "300"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  CHECK(run.events("early_stop").empty());
+  CHECK(run.events("energy_epoch").size() == 1);
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  CHECK_FALSE(sum.at("stopped_early").as_bool());
+  CHECK(num(sum.at("exit_code")) == 0);
+  const json::object h = json::parse(gpurun::testing::slurp(dir.path / "h.jsonl")).as_object();
+  CHECK(h.at("completed").as_bool());
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("early stop was not possible: the workers reported no epoch boundary") !=
+        std::string::npos);
+}
+
+TEST_CASE("window_s: a worker without boundaries under --config gets time windows") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300}));
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("[energy]\nwindow_s = 1\n"),
+                 {"/bin/sleep", "3.5"}, {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  size_t time_windows = 0;
+  for (const auto& w : run.events("energy")) {
+    if (w.at("kind").as_string() != "time") continue;
+    ++time_windows;
+    CHECK(num(w.at("seconds")) <= 1.3);
+  }
+  CHECK(time_windows >= 3);
+}
+
+TEST_CASE("a GPU whose energy counter cannot be read is charged from its power readings, and "
+          "gpurun says so") {
+  TempDir dir("gpurun-energy");
+  fake::State s = gpus_drawing({300, 200});
+  s.errors.push_back({"nvmlDeviceGetTotalEnergyConsumption", 3, 1u});
+  FakeGpus gpus(dir.path, s);
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::nullopt, {"/bin/sleep", "2"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env());
+  REQUIRE(run.wait(30s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  const double t = num(sum.at("seconds"));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) == doctest::Approx(300 * t).epsilon(0.08));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("1")) == doctest::Approx(200 * t).epsilon(0.08));
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK(err.find("(slot 1): its energy counter cannot be read") != std::string::npos);
+  CHECK(err.find("integrated from the power readings") != std::string::npos);
+}
+
+TEST_CASE("a power limit outside the GPUs' range is clamped, and the clamped value is reported") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({600}));
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("[energy]\npower_limit_watts = 100\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "300"}, {"--energy", "on"}, "cpu", gpus.env());
+  wait_until("the limit to be set", [&] { return gpus.limit(0) == 200; });
+  std::ofstream(dir.path / "stop") << 1;
+  REQUIRE(run.wait(60s));
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  const auto limits = run.events("power_limit");
+  REQUIRE(!limits.empty());
+  CHECK(num(limits.front().at("limit_w")) == 200);
+  CHECK(num(limits.front().at("requested_w")) == 100);
+  for (const auto& w : run.events("energy"))
+    if (w.at("power_limit_w").is_number()) CHECK(num(w.at("power_limit_w")) == 200);
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("power limit 200 W on 1 GPU (fixed; 100 W asked, outside the GPUs' range)") !=
+        std::string::npos);
+  CHECK(gpus.limit(0) == 700);
 }

@@ -80,8 +80,10 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::microseconds(
           static_cast<int64_t>(static_cast<double>(step_ms) * 1000.0 / speed)));
     }
+    if (rt->left()) break;  // left the job (release-mode resize): not trained to the end
     done = epoch + 1;
   }
+  if (rt->left()) return 0;
   std::ofstream(out / ("after_loop." + std::to_string(rt->gpu_id())))
       << done << ' ' << rt->generation() << '\n';
   std::printf("energy_worker gpu %d: after the loop (%lld epochs)\n", rt->gpu_id(),

@@ -5,8 +5,8 @@
 
 #include <stdlib.h>
 
-#include "common/error.hpp"
 #include "fake_nvml/fake_nvml_state.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun_process.hpp"
 
 namespace fake = gpurun::testing::fake_nvml;
@@ -198,4 +198,12 @@ TEST_CASE("gpu map: a CUDA_VISIBLE_DEVICES list CUDA cut short leaves later slot
                        doctest::Contains("slot 1 (CUDA_VISIBLE_DEVICES entry '9'): CUDA sees only "
                                          "1 GPU(s)"),
                        gpurun::Error);
+}
+
+TEST_CASE("gpu map: one GPU named twice (two slots, one UUID) is an error, not double energy") {
+  ThreeGpus gpus;
+  std::string warning;
+  CHECK_THROWS_WITH_AS(
+      gpus.map(Entries{{fake::test_uuid(1), "GPU-a1"}}, {0, 1}, warning),
+      doctest::Contains(("slots 0 and 1 both map to GPU " + fake::test_uuid(1)).c_str()), gpurun::Error);
 }

@@ -15,8 +15,8 @@
 #include <fstream>
 #include <thread>
 
-#include "common/error.hpp"
 #include "fake_nvml/fake_nvml_state.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun_process.hpp"
 
 namespace fake = gpurun::testing::fake_nvml;
@@ -37,6 +37,8 @@ struct Gpus {
     fake::write_state(path, s);
     ::setenv("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML, 1);
     ::setenv("GPURUN_FAKE_NVML_STATE", path.c_str(), 1);
+    // This test's own lock directory: other tests running at the same time use the same UUIDs.
+    ::setenv("GPURUN_POWER_LOCK_DIR", dir.path.c_str(), 1);
     std::string why_not;
     nvml = Nvml::open(why_not);
     REQUIRE_MESSAGE(nvml != nullptr, why_not);
@@ -160,8 +162,27 @@ TEST_CASE("power guard: a helper that is gone makes remember() throw, not kill t
   REQUIRE(pid > 1);
   REQUIRE(::kill(pid, SIGKILL) == 0);  // our own child, started by this test just above
   REQUIRE(wait_until([&] { return exited(pid); }, 5000ms));
+  CHECK_FALSE(guard->alive());
   CHECK_THROWS_AS(guard->remember({fake::test_uuid(0), 700000}), gpurun::Error);
   CHECK(guard->finish() == 128 + SIGKILL);
+}
+
+TEST_CASE("power guard: one guard at a time holds a GPU, until it has restored it") {
+  Gpus gpus;
+  auto first = gpus.guard();
+  CHECK(first->alive());
+  first->remember({fake::test_uuid(0), 700000});
+  auto second = gpus.guard();
+  // A second job would take the first one's limit for the original: refused, naming the holder.
+  CHECK_THROWS_WITH_AS(second->remember({fake::test_uuid(0), 450000}),
+                       doctest::Contains((fake::test_uuid(0) +
+                                          " is power-managed by another gpurun (its guard, pid " +
+                                          std::to_string(first->pid()))
+                                             .c_str()),
+                       gpurun::Error);
+  second->remember({fake::test_uuid(1), 700000});  // another GPU is free
+  first->forget(fake::test_uuid(0));                // restored by its gpurun: the GPU is free
+  CHECK_NOTHROW(second->remember({fake::test_uuid(0), 700000}));
 }
 
 TEST_CASE("power guard: kill -9 of the process owning the guard still restores the limit") {

@@ -270,3 +270,16 @@ TEST_CASE("report: bad command lines are exit 2") {
   CHECK(help.code == 0);
   CHECK(help.out.find("usage: gpurun report EVENTS.jsonl [-o OUT.png]") == 0);
 }
+
+TEST_CASE("report: after a restart the epochs of the new attempt are rows of their own") {
+  TempDir dir("gpurun-report");
+  const auto png = dir.path / "restart.png";
+  auto r = report(dir, {fixture("restart.jsonl"), "-o", png.string()});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(read_png(png).signature_ok);
+  // Epoch 0 of the first attempt, then the restarted attempt's epochs 0 and 1.
+  CHECK(row(r.out, "0").find("10.0      3000.0") != std::string::npos);
+  CHECK(row(r.out, "r1:0").find("12000.0") != std::string::npos);
+  CHECK(row(r.out, "r1:1").find("17000.0") != std::string::npos);
+}
