@@ -22,8 +22,10 @@ int main(int argc, char** argv) {
   double step_ms = 1.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--steps") steps = std::atoll(argv[i + 1]);
-    else if (k == "--step-ms") step_ms = std::atof(argv[i + 1]);
+    if (k == "--steps")
+      steps = std::atoll(argv[i + 1]);
+    else if (k == "--step-ms")
+      step_ms = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: progress_bench [--steps N] [--step-ms MS]\n");
       return 2;
@@ -49,8 +51,9 @@ int main(int argc, char** argv) {
   reader.join();
   const bool ok = file.read(3).steps == static_cast<uint64_t>(steps);
   const double share = ns / (step_ms * 1e6) * 100.0;
-  std::printf("| progress signal | %.1f ns per step | %.6f %% of a %.1f ms step | goal <= 0.5 %% %s |\n",
-              ns, share, step_ms, share <= 0.5 && ok ? "met" : "MISSED");
+  std::printf(
+      "| progress signal | %.1f ns per step | %.6f %% of a %.1f ms step | goal <= 0.5 %% %s |\n",
+      ns, share, step_ms, share <= 0.5 && ok ? "met" : "MISSED");
   (void)seen;
   return ok ? 0 : 1;
 }

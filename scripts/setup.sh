@@ -16,6 +16,7 @@ PACKAGES=(
   dataset-fashion-mnist # /usr/share/datasets/fashion-mnist: the main job's data
   procps psmisc         # ps/pkill used by the integration tests
   gnuplot-nox           # draws `gpurun report`'s PNG (docs/energy.md#plots)
+  clang-format          # scripts/format.sh --check, run first by scripts/test.sh (.clang-format)
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

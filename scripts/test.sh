@@ -1,6 +1,35 @@
 #!/usr/bin/env bash
-# Installs dependencies if needed, builds, and runs every unit and integration test.
+# Installs dependencies if needed, checks formatting, builds, and runs every unit and integration
+# test; then builds the launcher alone (no LibTorch) with AddressSanitizer + UndefinedBehavior-
+# Sanitizer into build-asan/ and runs its tests there.
+#   GPURUN_SKIP_SANITIZE=1 scripts/test.sh   skips the sanitizer build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The format check comes first (about 7 s); clang-format itself is one of setup.sh's packages,
+# so on a fresh machine the check runs right after setup.sh has installed it.
+format_checked=0
+if command -v clang-format >/dev/null; then
+  scripts/format.sh --check
+  format_checked=1
+fi
 scripts/setup.sh
+((format_checked)) || scripts/format.sh --check
+
 ctest --test-dir build --output-on-failure -j2 --timeout 300
+
+if [[ "${GPURUN_SKIP_SANITIZE:-0}" != 1 ]]; then
+  # Launcher-only: CMAKE_DISABLE_FIND_PACKAGE_Torch turns GPURUN_HAVE_TORCH off, so the worker
+  # runtime's torch parts, the examples and the torch tests are not configured (and LibTorch,
+  # itself built without sanitizers, stays out of the instrumented binaries).
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGPURUN_SANITIZE=address,undefined -DGPURUN_BUILD_BENCH=OFF \
+    -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
+  cmake --build build-asan -j"$(nproc)"
+  # package_consumer_test and main_job_demo need the LibTorch build (they are not configured
+  # here anyway; the -E keeps it so should that change).
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j2 --timeout 300 \
+    -E '^(package_consumer_test|main_job_demo)$'
+fi

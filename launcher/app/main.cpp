@@ -73,7 +73,8 @@ bool is_loopback(const std::string& addr) {
 gpurun::control::EnergyStatus energy_status(const gpurun::energy::EnergyMonitor& m) {
   gpurun::control::EnergyStatus out;
   for (const auto& [slot, e] : m.status())
-    out.slots[slot] = gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
+    out.slots[slot] =
+        gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
   out.epochs = m.epochs_finished();
   out.cost_total_j = m.cost_total_j();
   out.threshold_j = m.threshold_j();
@@ -89,20 +90,21 @@ std::string beside_config(const std::optional<std::string>& config, const std::s
 /// Whether gpurun should monitor energy at all (cheap; says why not when the user asked).
 bool energy_wanted(const sv::Options& opt, const sv::JobPlan& plan,
                    const std::optional<gpurun::control::Config>& config) {
-  const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
+  const gpurun::control::EnergyConfig ec =
+      config ? config->energy : gpurun::control::EnergyConfig{};
   if (opt.energy == sv::EnergyMode::kOff || !ec.monitor) {
     if (opt.energy_summary)
-      print_err(fmt::format("energy: no summary will be written to {}: monitoring is off ({})",
-                            *opt.energy_summary,
-                            opt.energy == sv::EnergyMode::kOff ? "--energy off"
-                                                               : "[energy] monitor = false"));
+      print_err(fmt::format(
+          "energy: no summary will be written to {}: monitoring is off ({})", *opt.energy_summary,
+          opt.energy == sv::EnergyMode::kOff ? "--energy off" : "[energy] monitor = false"));
     return false;
   }
   const bool asked = opt.energy == sv::EnergyMode::kOn || ec.present || opt.energy_summary;
   if (opt.energy == sv::EnergyMode::kAuto && plan.device != sv::Device::kCuda) {
     if (asked)
-      print_err("energy: monitoring off: --device cpu has no GPU (use --energy on to monitor "
-                "the visible GPUs anyway, e.g. with a fake NVML)");
+      print_err(
+          "energy: monitoring off: --device cpu has no GPU (use --energy on to monitor "
+          "the visible GPUs anyway, e.g. with a fake NVML)");
     return false;
   }
   return true;
@@ -163,7 +165,8 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
     const std::optional<gpurun::control::Config>& config, DiscoveredGpus found,
     const std::string& program, const gpurun::control::ProgressFile* progress, double start_s) {
   namespace en = gpurun::energy;
-  const gpurun::control::EnergyConfig ec = config ? config->energy : gpurun::control::EnergyConfig{};
+  const gpurun::control::EnergyConfig ec =
+      config ? config->energy : gpurun::control::EnergyConfig{};
   std::vector<en::MonitoredGpu> gpus = std::move(found.gpus);
   std::unique_ptr<en::Nvml> nvml = std::move(found.nvml);
   en::MonitorOptions mo;
@@ -183,17 +186,18 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   mo.threshold = en::threshold_from(ec.cost_threshold_j, ec.cost_threshold_factor, best,
                                     mo.history.empty() ? "history" : mo.history);
   if (mo.threshold && !config) {
-    print_err("energy: warning: early stop needs epoch boundaries (--config and the worker "
-              "runtime); this run is monitored only");
+    print_err(
+        "energy: warning: early stop needs epoch boundaries (--config and the worker "
+        "runtime); this run is monitored only");
     mo.threshold.reset();
   }
   mo.fixed_limit_w = ec.power_limit_w;
   mo.auto_limit = ec.auto_limit;
   mo.warmup_steps = ec.profile_warmup_steps;
   mo.measure_steps = ec.profile_measure_steps;
-  mo.profile_cache = beside_config(
-      opt.config, !ec.profile_cache.empty() ? ec.profile_cache
-                                            : (config ? ".gpurun-power-cache.json" : ""));
+  mo.profile_cache = beside_config(opt.config, !ec.profile_cache.empty()
+                                                   ? ec.profile_cache
+                                                   : (config ? ".gpurun-power-cache.json" : ""));
   mo.program = program;
   mo.summary_path = opt.energy_summary.value_or("");
   // The guard runs this binary: its real path (ps shows it), /proc/self/exe as a fallback.
@@ -370,11 +374,11 @@ int run(int argc, char** argv) {
   std::unique_ptr<gpurun::energy::EnergyMonitor> energy;
   if (config) {
     try {
-      progress = std::make_unique<gpurun::control::ProgressFile>(plan.run_dir + "/progress",
-                                                                 plan.nproc);
+      progress =
+          std::make_unique<gpurun::control::ProgressFile>(plan.run_dir + "/progress", plan.nproc);
     } catch (const gpurun::Error& e) {
-      print_err(fmt::format("warning: {} (no step progress for the power-limit profiler)",
-                            e.what()));
+      print_err(
+          fmt::format("warning: {} (no step progress for the power-limit profiler)", e.what()));
     }
   }
   // NVML and CUDA initialise on their own thread while the workers start (it can take ~1 s).
@@ -410,9 +414,10 @@ int run(int argc, char** argv) {
     snap.run_dir = plan.run_dir;
     snap.supervisor_pid = static_cast<int>(::getpid());
     snap.physical_gpus = plan.gpu_ids;
-    if (monitor_energy) snap.energy = [&energy] {
-      return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
-    };
+    if (monitor_energy)
+      snap.energy = [&energy] {
+        return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
+      };
     status_spawner = std::make_unique<gpurun::control::StatusSpawner>(io, posix_spawner, console,
                                                                       plan.nproc, std::move(snap));
   }
@@ -429,9 +434,10 @@ int run(int argc, char** argv) {
     eo.physical_gpus = plan.gpu_ids;
     eo.run_id = plan.run_id;
     eo.run_dir = plan.run_dir;
-    if (monitor_energy) eo.energy_status = [&energy] {
-      return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
-    };
+    if (monitor_energy)
+      eo.energy_status = [&energy] {
+        return energy ? energy_status(*energy) : gpurun::control::EnergyStatus{};
+      };
     try {
       elastic = std::make_unique<gpurun::control::ElasticController>(
           io, store->backend(), supervisor, events, console, std::move(*config), eo);
@@ -529,8 +535,8 @@ int run(int argc, char** argv) {
     code = kExitLauncherError;
   }
   if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
-    print_err(fmt::format("energy: the job was stopped early by its cost threshold (exit status {})",
-                          code));
+    print_err(fmt::format(
+        "energy: the job was stopped early by its cost threshold (exit status {})", code));
   registration.reset();
   elastic.reset();
   energy.reset();  // restores any power limit it changed

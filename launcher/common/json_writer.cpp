@@ -65,7 +65,9 @@ void append_json_string(std::string& out, std::string_view s) {
         out += "\\f";
         break;
       default:
-        if (u < 0x20) {
+        // Control bytes and non-UTF-8 bytes are both written as \u00XX, for different reasons
+        // (see the last branch): the repeated branch is deliberate.
+        if (u < 0x20) {  // NOLINT(bugprone-branch-clone)
           out += fmt::format("\\u{:04x}", static_cast<unsigned>(u));
         } else if (u < 0x80) {
           out.push_back(c);

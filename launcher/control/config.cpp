@@ -439,8 +439,7 @@ class Validator {
         const double lo = period ? 0.01 : 1, hi = period ? 5 : 86400;
         if (auto v = number(value, name, allowed)) {
           if (*v < lo || *v > hi) {
-            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)),
-                  allowed);
+            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
           } else {
             (period ? e.period : e.window) =
                 std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000.0)));

@@ -125,7 +125,7 @@ std::filesystem::path absolute_path(const std::filesystem::path& path) {
 
 class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
  public:
-  Impl(boost::asio::io_context& io, std::filesystem::path path, WatcherOptions options,
+  Impl(boost::asio::io_context& io, const std::filesystem::path& path, WatcherOptions options,
        std::function<void()> on_change)
       : io_(io),
         path_(absolute_path(path)),
@@ -345,9 +345,9 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
   detail::FileSnapshot snapshot_;
 };
 
-ConfigWatcher::ConfigWatcher(boost::asio::io_context& io, std::filesystem::path path,
+ConfigWatcher::ConfigWatcher(boost::asio::io_context& io, const std::filesystem::path& path,
                              WatcherOptions options, std::function<void()> on_change)
-    : impl_(std::make_shared<Impl>(io, std::move(path), std::move(options), std::move(on_change))) {
+    : impl_(std::make_shared<Impl>(io, path, std::move(options), std::move(on_change))) {
   impl_->start();
 }
 

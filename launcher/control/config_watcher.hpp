@@ -43,8 +43,8 @@ class ConfigWatcher {
  public:
   /// Starts watching at once. Never throws for a missing file or unavailable inotify (those
   /// fall back to polling); throws std::bad_alloc only.
-  ConfigWatcher(boost::asio::io_context& io, std::filesystem::path path, WatcherOptions options,
-                std::function<void()> on_change);
+  ConfigWatcher(boost::asio::io_context& io, const std::filesystem::path& path,
+                WatcherOptions options, std::function<void()> on_change);
   /// Stops watching; on_change is not called after this returns.
   ~ConfigWatcher();
   ConfigWatcher(const ConfigWatcher&) = delete;

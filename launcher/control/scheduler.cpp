@@ -8,7 +8,6 @@
 
 namespace gpurun::control {
 
-
 namespace {
 
 /// Where a generation's state comes from, for the console: the decision's state_source in words.
@@ -420,8 +419,8 @@ void Scheduler::try_decide() {
     if (std::optional<std::string> why = on_boundary(b)) {
       finished_ = true;
       stop_reason_ = *why;
-      say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", b.epoch,
-                      b.step, *why));
+      say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", b.epoch, b.step,
+                      *why));
       wake_all_parked_to_exit("the job was stopped");
       publish_exit();
       return;

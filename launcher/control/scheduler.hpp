@@ -58,8 +58,8 @@ struct SlotInfo {
 struct BoundaryInfo {
   int64_t generation = 0;
   int64_t round = 0;
-  int64_t epoch = 0;  ///< as reported: step 0 = the end of epoch `epoch`
-  int64_t step = 0;   ///< > 0: a `[boundary] every = N` boundary inside the epoch
+  int64_t epoch = 0;        ///< as reported: step 0 = the end of epoch `epoch`
+  int64_t step = 0;         ///< > 0: a `[boundary] every = N` boundary inside the epoch
   std::vector<int> active;  ///< the generation's active set (the ranks that trained)
   int64_t time_ms = 0;      ///< latest report's Unix time (ms); 0 when no report gave one
 };
@@ -117,9 +117,7 @@ class Scheduler {
   /// Why the job was stopped through on_boundary; empty when it was not.
   const std::string& stop_reason() const { return stop_reason_; }
   /// The last boundary any member reported (epoch, step); nullopt before the first.
-  const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const {
-    return last_boundary_;
-  }
+  const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const { return last_boundary_; }
 
   /// Takes the effects produced so far.
   std::vector<Effect> take_effects();

@@ -380,12 +380,12 @@ int status_command(const std::vector<std::string>& args) {
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
   if (const json::value* e = o.if_contains("energy"); e && e->is_object())
-    out += fmt::format("energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",
-                       field_text(e->as_object(), "epochs"),
-                       field_text(e->as_object(), "cost_total_j"),
-                       field_text(e->as_object(), "threshold_j") == "-"
-                           ? std::string("none")
-                           : field_text(e->as_object(), "threshold_j") + " J");
+    out += fmt::format(
+        "energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",
+        field_text(e->as_object(), "epochs"), field_text(e->as_object(), "cost_total_j"),
+        field_text(e->as_object(), "threshold_j") == "-"
+            ? std::string("none")
+            : field_text(e->as_object(), "threshold_j") + " J");
   // Energy columns when the run has a monitor (docs/energy.md#status).
   bool with_energy = false;
   if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array())
@@ -397,7 +397,7 @@ int status_command(const std::vector<std::string>& args) {
     const auto num = [&](const char* key, int digits) -> std::string {
       const json::value* v = so->if_contains(key);
       if (!v || v->is_null()) return "-";
-      const double d = v->is_double() ? v->as_double()
+      const double d = v->is_double()  ? v->as_double()
                        : v->is_int64() ? static_cast<double>(v->as_int64())
                                        : 0.0;
       return fmt::format("{:.{}f}", d, digits);
@@ -416,11 +416,11 @@ int status_command(const std::vector<std::string>& args) {
                                field_text(b->as_object(), "step"));
       std::string pid = field_text(so, "pid");
       if (pid == "-1") pid = "-";
-      out += fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}{}  {}\n",
-                         field_text(so, "gpu"), field_text(so, "physical_gpu"),
-                         field_text(so, "state"), field_text(so, "generation"),
-                         field_text(so, "rank"), pid, field_text(so, "gpu_memory_mib"),
-                         energy_cols(&so), boundary);
+      out +=
+          fmt::format("{:<4} {:<8} {:<11} {:>4} {:>5} {:>8} {:>9}{}  {}\n", field_text(so, "gpu"),
+                      field_text(so, "physical_gpu"), field_text(so, "state"),
+                      field_text(so, "generation"), field_text(so, "rank"), pid,
+                      field_text(so, "gpu_memory_mib"), energy_cols(&so), boundary);
     }
   }
   std::fputs(out.c_str(), stdout);

@@ -21,17 +21,17 @@ namespace gpurun::control {
 
 /// A slot's energy columns (docs/energy.md#status), from the supervisor's energy monitor.
 struct SlotEnergyStatus {
-  double power_w = 0;         ///< last reading, W
-  double epoch_energy_j = 0;  ///< charged energy since the current epoch began, J
+  double power_w = 0;                     ///< last reading, W
+  double epoch_energy_j = 0;              ///< charged energy since the current epoch began, J
   std::optional<unsigned> power_limit_w;  ///< a limit gpurun set, W; nullopt: unchanged
 };
 
 /// The run's energy (docs/energy.md#status).
 struct EnergyStatus {
   std::map<int, SlotEnergyStatus> slots;
-  int64_t epochs = 0;                  ///< finished epochs
-  double cost_total_j = 0;             ///< Zeus cost of the finished epochs, J
-  std::optional<double> threshold_j;   ///< early-stop threshold, J
+  int64_t epochs = 0;                 ///< finished epochs
+  double cost_total_j = 0;            ///< Zeus cost of the finished epochs, J
+  std::optional<double> threshold_j;  ///< early-stop threshold, J
 };
 
 /// Facts about the run that the scheduler does not hold.

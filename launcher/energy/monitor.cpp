@@ -55,10 +55,9 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
         detail::json_number(g.max_limit_mw / 1000.0), detail::json_number(limit_mw / 1000.0));
   }
   gpus_json += "]";
-  emit_json("energy_monitor",
-            fmt::format(R"({{"gpus":{},"period_s":{},"library":{}}})", gpus_json,
-                        detail::json_number(opt_.period.count() / 1000.0),
-                        detail::json_string(nvml_->library())));
+  emit_json("energy_monitor", fmt::format(R"({{"gpus":{},"period_s":{},"library":{}}})", gpus_json,
+                                          detail::json_number(opt_.period.count() / 1000.0),
+                                          detail::json_string(nvml_->library())));
   window_t0_ = opt_.start_s > 0 ? std::min(opt_.start_s, now_s()) : now_s();
 
   // Power limits: fixed, from the cache, or profiled. Each needs the guard first.
@@ -81,8 +80,9 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
                        opt_.profile_cache));
       apply_limit(*cached, "cache");
     } else if (!progress_) {
-      say_("power_limit_watts = \"auto\" needs the workers' step progress (the worker "
-           "runtime): the limits stay as they are");
+      say_(
+          "power_limit_watts = \"auto\" needs the workers' step progress (the worker "
+          "runtime): the limits stay as they are");
     } else {
       ProfilerOptions po;
       unsigned lo = 0, hi = UINT32_MAX;
@@ -197,9 +197,9 @@ void EnergyMonitor::report_read_failure(const MonitoredGpu& g, const std::string
   post_event("energy_error", fmt::format(R"({{"slot":{},"uuid":{},"reading":{},"error":{}}})",
                                          g.slot, detail::json_string(g.uuid),
                                          detail::json_string(what), detail::json_string(error)));
-  const std::string line = fmt::format("warning: GPU {} (slot {}): its {} cannot be read ({}){}",
-                                       g.uuid, g.slot, what, error,
-                                       then.empty() ? "" : ": " + then);
+  const std::string line =
+      fmt::format("warning: GPU {} (slot {}): its {} cannot be read ({}){}", g.uuid, g.slot, what,
+                  error, then.empty() ? "" : ": " + then);
   boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
     if (!alive.expired()) say_(line);
   });
@@ -257,8 +257,7 @@ void EnergyMonitor::drive_profiler(double t) {
                                static_cast<int>(gpus_.size()), opt_.eta},
                     now_w, all);
       } catch (const Error& e) {
-        post_event("energy_error",
-                   fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+        post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
       }
     }
   } else if (now_w != before) {
@@ -291,11 +290,14 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
     } catch (const Error& e) {
       limits_denied_ = true;
       post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
-      boost::asio::post(io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
-        if (!alive.expired())
-          say_("the power-limit guard could not start, so no limit is changed (monitoring "
-               "only): " + msg);
-      });
+      boost::asio::post(
+          io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
+            if (!alive.expired())
+              say_(
+                  "the power-limit guard could not start, so no limit is changed (monitoring "
+                  "only): " +
+                  msg);
+          });
       return;
     }
   }
@@ -327,9 +329,10 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
       }
       const std::string msg =
           e.no_permission()
-              ? fmt::format("cannot set power limits ({}): this needs root or CAP_SYS_ADMIN; "
-                            "monitoring only",
-                            e.what())
+              ? fmt::format(
+                    "cannot set power limits ({}): this needs root or CAP_SYS_ADMIN; "
+                    "monitoring only",
+                    e.what())
               : fmt::format("cannot set power limits ({}); monitoring only", e.what());
       post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
       boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
@@ -339,8 +342,8 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
       return;
     } catch (const Error& e) {  // the guard is gone: change nothing more
       limits_denied_ = true;
-      const std::string msg = fmt::format("cannot set power limits ({}); monitoring only",
-                                          e.what());
+      const std::string msg =
+          fmt::format("cannot set power limits ({}); monitoring only", e.what());
       post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
       boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
         if (!alive.expired()) say_(msg);
@@ -358,9 +361,10 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
                                         *applied_w, watts, detail::json_string(source)));
   if (source != "profiling") {
     const std::string line =
-        clamped ? fmt::format("power limit {} W on {} GPU{} ({}; {} W asked, outside the GPUs' "
-                              "range)",
-                              *applied_w, gpus_.size(), gpus_.size() == 1 ? "" : "s", source, watts)
+        clamped ? fmt::format(
+                      "power limit {} W on {} GPU{} ({}; {} W asked, outside the GPUs' "
+                      "range)",
+                      *applied_w, gpus_.size(), gpus_.size() == 1 ? "" : "s", source, watts)
                 : fmt::format("power limit {} W on {} GPU{} ({})", *applied_w, gpus_.size(),
                               gpus_.size() == 1 ? "" : "s", source);
     boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
@@ -478,20 +482,21 @@ std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch, bool may_stop
     std::lock_guard<std::mutex> lock(mu_);
     epoch_energy_j_.clear();
   }
-  std::string fields =
-      rec.to_json_fields(opt_.threshold ? std::optional<double>(opt_.threshold->cost_j)
-                                        : std::nullopt);
+  std::string fields = rec.to_json_fields(
+      opt_.threshold ? std::optional<double>(opt_.threshold->cost_j) : std::nullopt);
   fields.insert(fields.size() - 1, fmt::format(R"(, "attempt": {})", attempt_));
   emit_json("energy_epoch", fields);
   if (!opt_.threshold || stopped_early_ || !may_stop) return std::nullopt;
   std::optional<std::string> why = tracker_.stop_reason(*opt_.threshold);
   if (!why) return std::nullopt;
   stopped_early_ = true;
-  emit_json("early_stop",
-            fmt::format(R"({{"epoch":{},"reason":{},"cost_total":{},"predicted_next_cost":{},"threshold":{}}})",
-                        epoch, detail::json_string(*why), detail::json_number(rec.cost_total),
-                        detail::json_number(rec.predicted_next_cost),
-                        detail::json_number(opt_.threshold->cost_j)));
+  emit_json(
+      "early_stop",
+      fmt::format(
+          R"({{"epoch":{},"reason":{},"cost_total":{},"predicted_next_cost":{},"threshold":{}}})",
+          epoch, detail::json_string(*why), detail::json_number(rec.cost_total),
+          detail::json_number(rec.predicted_next_cost),
+          detail::json_number(opt_.threshold->cost_j)));
   return why;
 }
 
@@ -521,16 +526,16 @@ void EnergyMonitor::finish(int exit_code) {
   sample_once(/*drive_profiler_too=*/false);
   if (stopped_early_ && exit_code == 0) exit_code = kExitEarlyStop;
   if (opt_.threshold && !saw_boundary_)
-    say_("warning: early stop was not possible: the workers reported no epoch boundary (it "
-         "needs the worker runtime)");
+    say_(
+        "warning: early stop was not possible: the workers reported no epoch boundary (it "
+        "needs the worker runtime)");
   const double t = now_s();
-  if (t - window_t0_ > 1e-3)
-    close_window(t, saw_boundary_ ? "exit" : "time", generation_, -1, -1);
+  if (t - window_t0_ > 1e-3) close_window(t, saw_boundary_ ? "exit" : "time", generation_, -1, -1);
   const CostSummary s = tracker_.summary();
   std::string gpu_energy = "{";
   for (const auto& [slot, j] : s.gpu_energy_j)
-    gpu_energy += fmt::format("{}\"{}\":{}", gpu_energy.size() > 1 ? "," : "", slot,
-                              detail::json_number(j));
+    gpu_energy +=
+        fmt::format("{}\"{}\":{}", gpu_energy.size() > 1 ? "," : "", slot, detail::json_number(j));
   gpu_energy += "}";
   const std::string fields = fmt::format(
       R"({{"seconds":{},"energy_j":{},"cost":{},"eta":{},"epochs":{},"gpu_energy_j":{},"stopped_early":{},"exit_code":{}}})",

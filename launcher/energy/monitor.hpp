@@ -22,7 +22,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "gpurun/control/progress.hpp"
 #include "energy/cost.hpp"
 #include "energy/early_stop.hpp"
 #include "energy/energy_series.hpp"
@@ -30,6 +29,7 @@
 #include "energy/nvml.hpp"
 #include "energy/power_guard.hpp"
 #include "energy/power_profiler.hpp"
+#include "gpurun/control/progress.hpp"
 #include "supervisor/event_log.hpp"
 
 namespace gpurun::energy {
@@ -40,12 +40,12 @@ struct MonitorOptions {
   /// A window also ends every `window` unless a boundary ended it sooner (kind "time"): the
   /// only windows of workers that report no boundaries.
   std::chrono::milliseconds window{std::chrono::seconds(60)};
-  double eta = 0.5;           ///< Zeus' η
-  std::optional<CostThreshold> threshold;  ///< early stop; nullopt = none
-  std::string history;                     ///< history file to append to at exit ("" = none)
-  std::string job;                         ///< key in history and the power-limit cache
-  std::optional<unsigned> fixed_limit_w;   ///< [energy] power_limit_watts = N
-  bool auto_limit = false;                 ///< power_limit_watts = "auto"
+  double eta = 0.5;                               ///< Zeus' η
+  std::optional<CostThreshold> threshold;         ///< early stop; nullopt = none
+  std::string history;                            ///< history file to append to at exit ("" = none)
+  std::string job;                                ///< key in history and the power-limit cache
+  std::optional<unsigned> fixed_limit_w;          ///< [energy] power_limit_watts = N
+  bool auto_limit = false;                        ///< power_limit_watts = "auto"
   int64_t warmup_steps = 10, measure_steps = 40;  ///< per profiled limit
   std::string profile_cache;                      ///< "" = no cache
   std::string program;                            ///< the worker executable (cache key)
@@ -86,8 +86,8 @@ class EnergyMonitor {
   /// Closes the open window at Unix time `t_s` as `kind` ("epoch" | "steps" | "time" |
   /// "exit") ending at boundary (generation, epoch, step), emits its `energy` event, adds it to
   /// the current epoch and opens the next window at t_s with the same active set.
-  WindowRecord close_window(double t_s, const std::string& kind, int64_t generation,
-                            int64_t epoch, int64_t step);
+  WindowRecord close_window(double t_s, const std::string& kind, int64_t generation, int64_t epoch,
+                            int64_t step);
   /// Ends epoch `epoch` (after close_window of its last window): `energy_epoch` event, and —
   /// when `may_stop` (a boundary the job can still stop at) — the early-stop check. Returns the
   /// reason (also an `early_stop` event) when the job must stop.
@@ -118,8 +118,8 @@ class EnergyMonitor {
  private:
   void run();  // the sampling thread
   void sample_once(bool drive_profiler_too = true);
-  void report_read_failure(const MonitoredGpu& g, const std::string& what,
-                           const std::string& error, const std::string& then);
+  void report_read_failure(const MonitoredGpu& g, const std::string& what, const std::string& error,
+                           const std::string& then);
   void drive_profiler(double t);
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
   void restore_limits(bool from_destructor = false);

@@ -44,11 +44,11 @@ class Nvml {
   /// The library path that was opened (for messages).
   const std::string& library() const;
 
-  unsigned device_count() const;                       ///< nvmlDeviceGetCount_v2
-  NvmlDevice device_by_index(unsigned index) const;    ///< nvmlDeviceGetHandleByIndex_v2
+  unsigned device_count() const;                             ///< nvmlDeviceGetCount_v2
+  NvmlDevice device_by_index(unsigned index) const;          ///< nvmlDeviceGetHandleByIndex_v2
   NvmlDevice device_by_uuid(const std::string& uuid) const;  ///< nvmlDeviceGetHandleByUUID
-  std::string uuid(NvmlDevice d) const;                ///< "GPU-xxxxxxxx-…"
-  std::string name(NvmlDevice d) const;                ///< e.g. "NVIDIA H200"
+  std::string uuid(NvmlDevice d) const;                      ///< "GPU-xxxxxxxx-…"
+  std::string name(NvmlDevice d) const;                      ///< e.g. "NVIDIA H200"
   /// Cumulative energy since the driver loaded, millijoules (nvmlDeviceGetTotalEnergyConsumption).
   /// Updates every ~100 ms on an H200; one call costs ~4 ms there: never call it on a hot path.
   uint64_t total_energy_mj(NvmlDevice d) const;

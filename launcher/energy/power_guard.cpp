@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <utility>
-#include <map>
 #include <vector>
 
 #include <fmt/format.h>

@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
-#include "gpurun/check.hpp"
 #include "energy/cost.hpp"
+#include "gpurun/check.hpp"
 
 namespace gpurun::energy {
 

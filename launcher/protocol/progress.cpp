@@ -43,9 +43,8 @@ void* map_file(int fd, std::size_t bytes, const std::string& path) {
 }
 
 std::atomic<uint64_t>* line_of(void* map, int slot) {
-  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) +
-                                                  static_cast<std::size_t>(slot) *
-                                                      kProgressSlotBytes);
+  return reinterpret_cast<std::atomic<uint64_t>*>(
+      static_cast<char*>(map) + static_cast<std::size_t>(slot) * kProgressSlotBytes);
 }
 
 }  // namespace
@@ -80,8 +79,8 @@ ProgressWriter::ProgressWriter(const std::string& path, int slot) {
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t offset = static_cast<std::size_t>(slot) * kProgressSlotBytes;
   const std::size_t page_off = offset / page * page;
-  void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                   static_cast<off_t>(page_off));
+  void* p =
+      ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(page_off));
   const int saved = errno;
   ::close(fd);
   if (p == MAP_FAILED)

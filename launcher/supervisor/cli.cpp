@@ -1,6 +1,7 @@
 #include "supervisor/cli.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -197,7 +198,7 @@ Options parse(const std::vector<std::string>& args) {
           }
           if (s.empty() || used != s.size() || !(secs >= 0) || secs > 86400.0)
             detail::bad_value(f, v, "a number of seconds between 0 and 86400");
-          o.grace_period = std::chrono::milliseconds(static_cast<long long>(secs * 1000.0 + 0.5));
+          o.grace_period = std::chrono::milliseconds(std::llround(secs * 1000.0));
         }}},
       {"log-dir",
        {true,

@@ -25,6 +25,22 @@
 #include "gpurun/check.hpp"
 #include "supervisor/boost_process.hpp"
 
+// AddressSanitizer builds (GPURUN_SANITIZE=address; GCC defines __SANITIZE_ADDRESS__, clang
+// has __has_feature): the clone child's stack is ours, see CloneLauncher::launch.
+#if defined(__SANITIZE_ADDRESS__)
+#define GPURUN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GPURUN_ASAN 1
+#endif
+#endif
+#ifdef GPURUN_ASAN
+#include <sanitizer/asan_interface.h>
+#define GPURUN_ASAN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define GPURUN_ASAN_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace gpurun::supervisor {
 
 std::string signal_name(int sig) {
@@ -154,6 +170,11 @@ struct CloneLauncher : bp::posix::default_launcher {
       bp::posix::detail::on_error(*this, exe, argv, ec, inits...);
       return bp::basic_process<Executor>(exec);
     }
+    // ASan keeps shadow memory per address, not per mapping: the child's instrumented frames
+    // poison redzones on this stack and it leaves by exec/_exit without unwinding them, so
+    // the next spawn's mmap (often the same address) started on stale poison and ASan's own
+    // sigaltstack call in the child reported a stack-buffer-overflow. Start and end clean.
+    GPURUN_ASAN_UNPOISON(stack, kStackBytes);
     // A signal handler must not run in the child (it shares our memory): block all
     // signals across clone; the child resets handlers before unblocking.
     sigset_t all, old;
@@ -189,6 +210,7 @@ struct CloneLauncher : bp::posix::default_launcher {
                   &child);
     const int clone_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    GPURUN_ASAN_UNPOISON(stack, kStackBytes);
     ::munmap(stack, kStackBytes);
     if (pid < 0) {
       ec.assign(clone_errno, bp::system_category());

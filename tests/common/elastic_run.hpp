@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include <boost/json.hpp>
 #include <doctest/doctest.h>
+#include <boost/json.hpp>
 
 #include "gpurun_process.hpp"
 
@@ -106,7 +106,8 @@ struct ElasticRun {
   void wait_for(const std::string& what, const std::function<bool()>& pred) {
     const auto end = std::chrono::steady_clock::now() + hang_guard;
     while (!pred()) {
-      if (std::chrono::steady_clock::now() >= end) FAIL("timed out waiting for " << what << "\n" << diag());
+      if (std::chrono::steady_clock::now() >= end)
+        FAIL("timed out waiting for " << what << "\n" << diag());
       if (wait(std::chrono::milliseconds(0)))
         FAIL("gpurun exited (" << code() << ") while waiting for " << what << "\n" << diag());
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

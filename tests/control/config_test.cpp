@@ -132,16 +132,17 @@ profile_cache = "cache.json"
          c.energy.profile_measure_steps = 20;
          c.energy.profile_cache = "cache.json";
        })},
-      {"energy: automatic power limit, monitor off", "[energy]\npower_limit_watts = \"auto\"\nmonitor = false\n",
-       with([](Config& c) {
+      {"energy: automatic power limit, monitor off",
+       "[energy]\npower_limit_watts = \"auto\"\nmonitor = false\n", with([](Config& c) {
          c.energy.present = true;
          c.energy.auto_limit = true;
          c.energy.monitor = false;
        })},
       {"energy: a typo gets a suggestion", "[energy]\neta_knb = 0.5\n", with([](Config& c) {
          c.energy.present = true;
-         c.warnings = {"config.toml:2:1: unknown key 'energy.eta_knb' (ignored); did you mean "
-                       "'energy.eta_knob'?"};
+         c.warnings = {
+             "config.toml:2:1: unknown key 'energy.eta_knb' (ignored); did you mean "
+             "'energy.eta_knob'?"};
        })},
       {"unknown keys warn in document order, with suggestions",
        "zeta = 1\nactve_gpus = [0]\n[park]\nmod = \"hold\"\n[bogus]\nx = 1\n", with([](Config& c) {

@@ -404,8 +404,9 @@ TEST_CASE("scheduler: round and generation keys are deleted once nobody reads th
   CHECK(h.store.count(keys::decision(h.s.generation(), h.s.round() - 2)) == 0);
 }
 
-TEST_CASE("scheduler: on_boundary sees each complete round once, before the decision; a reason "
-          "stops the job there") {
+TEST_CASE(
+    "scheduler: on_boundary sees each complete round once, before the decision; a reason "
+    "stops the job there") {
   Harness h(cfg(std::vector<int>{0, 1}));
   h.join_all();
   std::vector<BoundaryInfo> seen;

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include <boost/json.hpp>
 #include <doctest/doctest.h>
+#include <boost/json.hpp>
 
 #include "elastic_run.hpp"
 #include "fake_nvml_state.hpp"
@@ -92,8 +92,9 @@ void wait_until(const std::string& what, const std::function<bool()>& pred,
 
 }  // namespace
 
-TEST_CASE("plain run: each slot's energy is its own GPU's, through CUDA_VISIBLE_DEVICES and "
-          "CUDA's order, by UUID") {
+TEST_CASE(
+    "plain run: each slot's energy is its own GPU's, through CUDA_VISIBLE_DEVICES and "
+    "CUDA's order, by UUID") {
   TempDir dir("gpurun-energy");
   // NVML 0, 1, 2 draw 100, 200, 300 W. CUDA enumerates them as NVML 2, 0, 1 (not NVML's order),
   // so CUDA_VISIBLE_DEVICES=1,0 means slot 0 = NVML 0 (100 W), slot 1 = NVML 2 (300 W).
@@ -135,17 +136,15 @@ TEST_CASE("plain run: each slot's energy is its own GPU's, through CUDA_VISIBLE_
     REQUIRE_MESSAGE(r2.code() == 0, r2.diag());
     const json::object s2 = read_json(d2.path / "summary.json").at("summary").as_object();
     const double t2 = num(s2.at("seconds"));
-    CHECK(num(s2.at("gpu_energy_j").as_object().at("0")) ==
-          doctest::Approx(200 * t2).epsilon(0.1));
-    CHECK(num(s2.at("gpu_energy_j").as_object().at("1")) ==
-          doctest::Approx(300 * t2).epsilon(0.1));
+    CHECK(num(s2.at("gpu_energy_j").as_object().at("0")) == doctest::Approx(200 * t2).epsilon(0.1));
+    CHECK(num(s2.at("gpu_energy_j").as_object().at("1")) == doctest::Approx(300 * t2).epsilon(0.1));
   }
 }
 
 TEST_CASE("no NVML: one clear line, monitoring off, the job goes on") {
   TempDir dir("gpurun-energy");
-  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::nullopt, {"/bin/true"}, {"--energy", "on"},
-                 "cpu", {{"GPURUN_NVML_LIBRARY", (dir.path / "no-such-libnvidia-ml.so").string()}});
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::nullopt, {"/bin/true"}, {"--energy", "on"}, "cpu",
+                 {{"GPURUN_NVML_LIBRARY", (dir.path / "no-such-libnvidia-ml.so").string()}});
   REQUIRE(run.wait(30s));
   CHECK(run.code() == 0);
   const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
@@ -154,14 +153,15 @@ TEST_CASE("no NVML: one clear line, monitoring off, the job goes on") {
   CHECK(run.events("energy_monitor").empty());
 }
 
-TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is not charged and "
-          "MaxPower follows the active set") {
+TEST_CASE(
+    "elastic: epoch windows across a shrink and a grow; a parked GPU is not charged and "
+    "MaxPower follows the active set") {
   TempDir d2("gpurun-energy");
   FakeGpus g2(d2.path, gpus_drawing({300, 200}));
   ElasticRun r2(GPURUN_BINARY, d2.path, 2, std::string("active_gpus = [0, 1]\n"),
                 {GPURUN_FAKE_WORKER, d2.str(), "400"},
-                {"--energy", "on", "--energy-summary", (d2.path / "summary.json").string()},
-                "cpu", g2.env());
+                {"--energy", "on", "--energy-summary", (d2.path / "summary.json").string()}, "cpu",
+                g2.env());
   r2.wait_continues(1);
   {
     // `gpurun status` while it trains: power and the epoch's energy per GPU, the cost so far.
@@ -196,9 +196,7 @@ TEST_CASE("elastic: epoch windows across a shrink and a grow; a parked GPU is no
   write_file(d2.path / "config.toml", "active_gpus = [0, 1]\n");
   r2.wait_resize(3);
   r2.wait_continues(1);
-  {
-    std::ofstream(d2.path / "stop") << 7;
-  }
+  { std::ofstream(d2.path / "stop") << 7; }
   REQUIRE(r2.wait(60s));
   REQUIRE_MESSAGE(r2.code() == 0, r2.diag());
 
@@ -289,8 +287,9 @@ TEST_CASE("elastic: a paused job is not charged; the pause is a window of its ow
         doctest::Approx(400 * (run_s - paused_s)).epsilon(0.05));
 }
 
-TEST_CASE("early stop from the history: the second run of a job stops at β × the first run's "
-          "cost, with the documented status") {
+TEST_CASE(
+    "early stop from the history: the second run of a job stops at β × the first run's "
+    "cost, with the documented status") {
   TempDir dir("gpurun-energy");
   FakeGpus gpus(dir.path, gpus_drawing({300}));
   const std::string cfg =
@@ -344,16 +343,17 @@ TEST_CASE("early stop from the history: the second run of a job stops at β × t
 }
 
 #ifdef GPURUN_ENERGY_WORKER
-TEST_CASE("early stop with the worker runtime: every worker leaves epochs() normally and runs "
-          "its code after the loop") {
+TEST_CASE(
+    "early stop with the worker runtime: every worker leaves epochs() normally and runs "
+    "its code after the loop") {
   TempDir dir("gpurun-energy");
   FakeGpus gpus(dir.path, gpus_drawing({300, 300}));
   // Per epoch ≈ 0.5·600·T + 0.5·1400·T = 1000·T J, T ≈ 0.5 s: the threshold is passed after a
   // few epochs, long before 60.
-  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::string("[energy]\ncost_threshold = 4000\n"),
-                 {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "60", "--steps", "10",
-                  "--step-ms", "100"},
-                 {"--energy", "on"}, "cpu", gpus.env());
+  ElasticRun run(
+      GPURUN_BINARY, dir.path, 2, std::string("[energy]\ncost_threshold = 4000\n"),
+      {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "60", "--steps", "10", "--step-ms", "100"},
+      {"--energy", "on"}, "cpu", gpus.env());
   REQUIRE(run.wait(120s));
   CHECK_MESSAGE(run.code() == 3, run.diag());
   const auto stops = run.events("early_stop");
@@ -372,8 +372,9 @@ TEST_CASE("early stop with the worker runtime: every worker leaves epochs() norm
   CHECK(decisions.back().at("kind").as_string() == "exit");
 }
 
-TEST_CASE("power_limit_watts = \"auto\": the profile chooses what a hand calculation on its "
-          "measurements chooses, caches it, and the next run skips profiling") {
+TEST_CASE(
+    "power_limit_watts = \"auto\": the profile chooses what a hand calculation on its "
+    "measurements chooses, caches it, and the next run skips profiling") {
   TempDir dir("gpurun-energy");
   // One GPU whose limits range over 450–600 W: 7 limits in 25 W steps. Uncapped it draws
   // 600 W; under a limit L it draws L and runs (L/600)^0.9 as fast.
@@ -387,12 +388,11 @@ TEST_CASE("power_limit_watts = \"auto\": the profile chooses what a hand calcula
   const std::string cfg =
       "[energy]\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
       "profile_measure_steps = 10\nprofile_cache = \"power-cache.json\"\njob = \"auto-test\"\n";
-  const std::vector<std::string> worker = {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "8",
-                                           "--steps", "20", "--step-ms", "60"};
+  const std::vector<std::string> worker = {
+      GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "8", "--steps", "20", "--step-ms", "60"};
   unsigned chosen = 0;
   {
-    ElasticRun run(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu",
-                   gpus.env());
+    ElasticRun run(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu", gpus.env());
     REQUIRE(run.wait(120s));
     REQUIRE_MESSAGE(run.code() == 0, run.diag());
     const auto rows = run.events("power_profile");
@@ -430,8 +430,7 @@ TEST_CASE("power_limit_watts = \"auto\": the profile chooses what a hand calcula
     CHECK(gpus.limit(0) == doctest::Approx(600));
   }
   fs::remove(dir.path / "events.jsonl");  // the event log appends: read only this run's
-  ElasticRun again(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu",
-                   gpus.env());
+  ElasticRun again(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu", gpus.env());
   REQUIRE(again.wait(120s));
   REQUIRE_MESSAGE(again.code() == 0, again.diag());
   CHECK_MESSAGE(again.events("power_profile").empty(), again.diag());
@@ -444,8 +443,9 @@ TEST_CASE("power_limit_watts = \"auto\": the profile chooses what a hand calcula
 }
 #endif
 
-TEST_CASE("a fixed power limit is set while the job runs and restored at exit, after SIGTERM "
-          "and after kill -9 of gpurun") {
+TEST_CASE(
+    "a fixed power limit is set while the job runs and restored at exit, after SIGTERM "
+    "and after kill -9 of gpurun") {
   const std::string cfg = "[energy]\npower_limit_watts = 400\n";
   for (const std::string how : {"exit", "SIGTERM", "SIGKILL"}) {
     CAPTURE(how);
@@ -461,16 +461,18 @@ TEST_CASE("a fixed power limit is set while the job runs and restored at exit, a
     if (how == "exit") CHECK_MESSAGE(run.code() == 0, run.diag());
     if (how == "SIGKILL") {
       // gpurun is gone; its guard restores the limits when gpurun's pipe closes.
-      wait_until("the guard to restore the limits",
-                 [&] { return gpus.limit(0) == 700 && gpus.limit(1) == 700; }, 10s);
+      wait_until(
+          "the guard to restore the limits",
+          [&] { return gpus.limit(0) == 700 && gpus.limit(1) == 700; }, 10s);
     }
     CHECK(gpus.limit(0) == 700);
     CHECK(gpus.limit(1) == 700);
   }
 }
 
-TEST_CASE("no privilege to set power limits: one clear message, monitoring only, the job goes "
-          "on") {
+TEST_CASE(
+    "no privilege to set power limits: one clear message, monitoring only, the job goes "
+    "on") {
   TempDir dir("gpurun-energy");
   fake::State s = gpus_drawing({500});
   s.errors.push_back({"nvmlDeviceSetPowerManagementLimit", 4, std::nullopt});
@@ -486,8 +488,9 @@ TEST_CASE("no privilege to set power limits: one clear message, monitoring only,
   CHECK(run.events("energy_epoch").size() == 3);  // monitoring went on: epochs 0, 1, 2
 }
 
-TEST_CASE("power limits: a second job on the same GPUs is refused (monitoring only); a guard "
-          "that dies makes gpurun restore the limits at once") {
+TEST_CASE(
+    "power limits: a second job on the same GPUs is refused (monitoring only); a guard "
+    "that dies makes gpurun restore the limits at once") {
   TempDir dir("gpurun-energy");
   FakeGpus gpus(dir.path, gpus_drawing({600}));
   fs::create_directories(dir.path / "a");
@@ -525,7 +528,8 @@ TEST_CASE("power limits: a second job on the same GPUs is refused (monitoring on
   }
   REQUIRE(guard > 1);
   REQUIRE(::kill(guard, SIGKILL) == 0);  // job a's guard: started by the gpurun this test ran
-  wait_until("job a to restore the limit itself", [&] { return gpus.limit(0) == 700; }, 10s);
+  wait_until(
+      "job a to restore the limit itself", [&] { return gpus.limit(0) == 700; }, 10s);
   std::ofstream(dir.path / "a" / "stop") << 0;
   REQUIRE(a.wait(60s));
   CHECK_MESSAGE(a.code() == 0, a.diag());
@@ -535,8 +539,9 @@ TEST_CASE("power limits: a second job on the same GPUs is refused (monitoring on
   CHECK(gpus.limit(0) == 700);
 }
 
-TEST_CASE("a job that trains all its epochs is not an early stop, whatever the threshold; "
-          "without boundaries gpurun says early stop was not possible") {
+TEST_CASE(
+    "a job that trains all its epochs is not an early stop, whatever the threshold; "
+    "without boundaries gpurun says early stop was not possible") {
   TempDir dir("gpurun-energy");
   FakeGpus gpus(dir.path, gpus_drawing({300}));
   std::ofstream(dir.path / "stop") << 0;  // trains one epoch, reports no boundary, exits 0
@@ -575,8 +580,9 @@ TEST_CASE("window_s: a worker without boundaries under --config gets time window
   CHECK(time_windows >= 3);
 }
 
-TEST_CASE("a GPU whose energy counter cannot be read is charged from its power readings, and "
-          "gpurun says so") {
+TEST_CASE(
+    "a GPU whose energy counter cannot be read is charged from its power readings, and "
+    "gpurun says so") {
   TempDir dir("gpurun-energy");
   fake::State s = gpus_drawing({300, 200});
   s.errors.push_back({"nvmlDeviceGetTotalEnergyConsumption", 3, 1u});

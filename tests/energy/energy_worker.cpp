@@ -52,9 +52,12 @@ int main(int argc, char** argv) {
   int64_t epochs = 3, steps = 10, step_ms = 50;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--epochs") epochs = std::stoll(v);
-    else if (k == "--steps") steps = std::stoll(v);
-    else if (k == "--step-ms") step_ms = std::stoll(v);
+    if (k == "--epochs")
+      epochs = std::stoll(v);
+    else if (k == "--steps")
+      steps = std::stoll(v);
+    else if (k == "--step-ms")
+      step_ms = std::stoll(v);
     else {
       std::fprintf(stderr, "energy_worker: unknown option %s\n", k.c_str());
       return 2;

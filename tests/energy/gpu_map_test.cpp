@@ -205,5 +205,6 @@ TEST_CASE("gpu map: one GPU named twice (two slots, one UUID) is an error, not d
   std::string warning;
   CHECK_THROWS_WITH_AS(
       gpus.map(Entries{{fake::test_uuid(1), "GPU-a1"}}, {0, 1}, warning),
-      doctest::Contains(("slots 0 and 1 both map to GPU " + fake::test_uuid(1)).c_str()), gpurun::Error);
+      doctest::Contains(("slots 0 and 1 both map to GPU " + fake::test_uuid(1)).c_str()),
+      gpurun::Error);
 }

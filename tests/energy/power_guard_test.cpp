@@ -181,7 +181,7 @@ TEST_CASE("power guard: one guard at a time holds a GPU, until it has restored i
                                              .c_str()),
                        gpurun::Error);
   second->remember({fake::test_uuid(1), 700000});  // another GPU is free
-  first->forget(fake::test_uuid(0));                // restored by its gpurun: the GPU is free
+  first->forget(fake::test_uuid(0));               // restored by its gpurun: the GPU is free
   CHECK_NOTHROW(second->remember({fake::test_uuid(0), 700000}));
 }
 

@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <iomanip>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -42,8 +42,10 @@ long stop_epoch(const fs::path& p) {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
                                                         std::vector<torch::Tensor> params) {
-  if (name == "adamw") return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
-  if (name == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  if (name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
+  if (name == "adam")
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
   if (name == "sgd")
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
   if (name == "rmsprop")
@@ -67,14 +69,22 @@ int main(int argc, char** argv) {
   std::set<std::pair<int64_t, int64_t>> holds;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--epochs") epochs = std::stoll(v);
-    else if (k == "--micro") micro = std::stoll(v);
-    else if (k == "--samples") samples = std::stoll(v);
-    else if (k == "--epoch-ms") epoch_ms = std::stoll(v);
-    else if (k == "--width") width = std::stoll(v);
-    else if (k == "--depth") depth = std::stoll(v);
-    else if (k == "--optimizer") opt_name = v;
-    else if (k == "--hold-at") holds.emplace(std::stoll(v), std::stoll(v.substr(v.find(':') + 1)));
+    if (k == "--epochs")
+      epochs = std::stoll(v);
+    else if (k == "--micro")
+      micro = std::stoll(v);
+    else if (k == "--samples")
+      samples = std::stoll(v);
+    else if (k == "--epoch-ms")
+      epoch_ms = std::stoll(v);
+    else if (k == "--width")
+      width = std::stoll(v);
+    else if (k == "--depth")
+      depth = std::stoll(v);
+    else if (k == "--optimizer")
+      opt_name = v;
+    else if (k == "--hold-at")
+      holds.emplace(std::stoll(v), std::stoll(v.substr(v.find(':') + 1)));
     else {
       std::fprintf(stderr, "elastic_trainer: unknown option %s\n", k.c_str());
       return 2;
@@ -107,7 +117,8 @@ int main(int argc, char** argv) {
   rt->sampler(samples, {.seed = 5});
 
   const std::string idx_path =
-      (out / ("indices." + std::to_string(rt->gpu_id()) + "." + std::to_string(::getpid()))).string();
+      (out / ("indices." + std::to_string(rt->gpu_id()) + "." + std::to_string(::getpid())))
+          .string();
   std::ofstream indices(idx_path, std::ios::app);
   for (int64_t epoch : rt->epochs(epochs)) {
     const long stop = stop_epoch(out / "stop");
@@ -121,9 +132,8 @@ int main(int argc, char** argv) {
         const auto& mb = step.micro_batches[i];
         for (int64_t k : mb) indices << ' ' << k;
         const torch::Tensor idx = torch::tensor(mb, torch::kLong).to(rt->device());
-        const torch::Tensor loss =
-            torch::nn::functional::cross_entropy(model->forward(x.index_select(0, idx)),
-                                                 y.index_select(0, idx));
+        const torch::Tensor loss = torch::nn::functional::cross_entropy(
+            model->forward(x.index_select(0, idx)), y.index_select(0, idx));
         (loss * step.weight(i)).backward();
         loss_sum += loss.item<double>() * static_cast<double>(mb.size());
         count += static_cast<double>(mb.size());
@@ -144,8 +154,8 @@ int main(int argc, char** argv) {
     if (rt->left()) break;  // left at a step boundary: write nothing more
     if (rt->rank() == 0) {
       std::ofstream loss(out / ("loss." + std::to_string(rt->gpu_id())), std::ios::app);
-      loss << epoch << ' ' << std::setprecision(17) << epoch_loss_sum / epoch_count << ' ' << rt->world_size() << ' '
-           << rt->generation() << '\n';
+      loss << epoch << ' ' << std::setprecision(17) << epoch_loss_sum / epoch_count << ' '
+           << rt->world_size() << ' ' << rt->generation() << '\n';
     }
     if (epoch_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(epoch_ms));
   }

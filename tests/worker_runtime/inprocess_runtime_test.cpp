@@ -78,8 +78,8 @@ struct Trainer {
         opt.zero_grad();
         for (size_t i = 0; i < step.micro_batches.size(); ++i) {
           const auto idx = torch::tensor(step.micro_batches[i], torch::kLong);
-          const auto loss = torch::mse_loss(model->forward(x.index_select(0, idx)),
-                                            y.index_select(0, idx));
+          const auto loss =
+              torch::mse_loss(model->forward(x.index_select(0, idx)), y.index_select(0, idx));
           (loss * step.weight(i)).backward();
         }
         rt.all_reduce_gradients();
@@ -178,7 +178,8 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   CHECK(joiner.final_checksum == s0[0].final_checksum);
   // The leaver: REJOINING -> ACTIVE -> OFFLOADING -> EXITED, no process exit inside the loop.
   // ... then the joiner's process: REJOINING -> ACTIVE.
-  CHECK(moves(job, 1) == "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->EXITED REJOINING->ACTIVE");
+  CHECK(moves(job, 1) ==
+        "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->EXITED REJOINING->ACTIVE");
 }
 
 TEST_CASE("in-process: park and wake in hold mode (one thread per slot for the whole run)") {
@@ -194,7 +195,8 @@ TEST_CASE("in-process: park and wake in hold mode (one thread per slot for the w
   CHECK(s1[0].final_checksum == s0.at(0).final_checksum);
   CHECK(s1[0].first_of_generation.at(2) == s0.at(0).first_of_generation.at(2));
   CHECK(moves(job, 1) ==
-        "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->PARKED PARKED->REJOINING REJOINING->ACTIVE");
+        "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->PARKED PARKED->REJOINING "
+        "REJOINING->ACTIVE");
   for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
 }
 

@@ -42,8 +42,13 @@ class FakeCommunicator final : public rt::Communicator {
  public:
   FakeCommunicator(InProcessComms& owner, std::shared_ptr<InProcessComms::Group> g,
                    const rt::CommOptions& o, int slot)
-      : owner_(owner), g_(std::move(g)), rank_(o.rank), size_(o.size), device_(o.device),
-        timeout_(o.timeout), slot_(slot) {}
+      : owner_(owner),
+        g_(std::move(g)),
+        rank_(o.rank),
+        size_(o.size),
+        device_(o.device),
+        timeout_(o.timeout),
+        slot_(slot) {}
   ~FakeCommunicator() override { abort(); }
 
   rt::CommBackend backend() const override { return rt::CommBackend::kGloo; }
@@ -140,36 +145,37 @@ class FakeCommunicator final : public rt::Communicator {
 }  // namespace
 
 rt::CommFactory InProcessComms::factory(int slot) {
-  return [this, slot](rt::CommBackend, const rt::CommOptions& o) -> std::unique_ptr<rt::Communicator> {
-    std::shared_ptr<Group> g;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto& slot_group = groups_[o.prefix];
-      if (!slot_group) {
-        slot_group = std::make_shared<Group>();
-        slot_group->prefix = o.prefix;
-        slot_group->size = o.size;
-      }
-      g = slot_group;
-      ++communicators_;
-    }
-    std::unique_lock<std::mutex> lock(g->mu);
-    if (g->size != o.size)
-      throw Error(fmt::format("fake rendezvous '{}': size {} but the group has {}", o.prefix,
-                              o.size, g->size));
-    ++g->arrived;
-    g->cv.notify_all();
-    const auto deadline = Clock::now() + o.timeout;
-    while (g->arrived < g->size && !g->broken) {
-      if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout)
-        throw rt::CommError(fmt::format("fake rendezvous '{}': {} of {} ranks arrived in {} ms",
-                                        o.prefix, g->arrived, g->size, o.timeout.count()));
-    }
-    if (g->broken)
-      throw rt::CommError(fmt::format("fake rendezvous '{}': {}", o.prefix, g->why));
-    lock.unlock();
-    return std::make_unique<FakeCommunicator>(*this, g, o, slot);
-  };
+  return
+      [this, slot](rt::CommBackend, const rt::CommOptions& o) -> std::unique_ptr<rt::Communicator> {
+        std::shared_ptr<Group> g;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto& slot_group = groups_[o.prefix];
+          if (!slot_group) {
+            slot_group = std::make_shared<Group>();
+            slot_group->prefix = o.prefix;
+            slot_group->size = o.size;
+          }
+          g = slot_group;
+          ++communicators_;
+        }
+        std::unique_lock<std::mutex> lock(g->mu);
+        if (g->size != o.size)
+          throw Error(fmt::format("fake rendezvous '{}': size {} but the group has {}", o.prefix,
+                                  o.size, g->size));
+        ++g->arrived;
+        g->cv.notify_all();
+        const auto deadline = Clock::now() + o.timeout;
+        while (g->arrived < g->size && !g->broken) {
+          if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout)
+            throw rt::CommError(fmt::format("fake rendezvous '{}': {} of {} ranks arrived in {} ms",
+                                            o.prefix, g->arrived, g->size, o.timeout.count()));
+        }
+        if (g->broken)
+          throw rt::CommError(fmt::format("fake rendezvous '{}': {}", o.prefix, g->why));
+        lock.unlock();
+        return std::make_unique<FakeCommunicator>(*this, g, o, slot);
+      };
 }
 
 void InProcessComms::fail_at(int slot, int64_t n, Fault fault) {

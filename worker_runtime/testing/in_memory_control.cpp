@@ -140,15 +140,14 @@ void InMemorySupervisor::run_effects() {
 
 // ---- InMemoryControl ------------------------------------------------------------------------
 
-InMemoryControl::InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation,
-                                 int pid)
+InMemoryControl::InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid)
     : sup_(sup), gpu_(gpu), pid_(pid), generation_(join_generation) {}
 
 void InMemoryControl::write_joined() {
   const int r = current_.rank_of(gpu_);
   if (r < 0)
-    throw control::ProtocolError(fmt::format("slot {} is not a member of generation {}", gpu_,
-                                             generation_));
+    throw control::ProtocolError(
+        fmt::format("slot {} is not a member of generation {}", gpu_, generation_));
   sup_.joined(generation_, r, pid_);
 }
 

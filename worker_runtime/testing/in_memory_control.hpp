@@ -125,8 +125,8 @@ class ThreadJob {
     int gpu = -1;
     int pid = -1;
     int64_t join_generation = -1;
-    bool clean = false;  ///< returned from train (exit 0)
-    std::string how;     ///< "exit 0", or the exception's text
+    bool clean = false;                        ///< returned from train (exit 0)
+    std::string how;                           ///< "exit 0", or the exception's text
     WorkerState state = WorkerState::kActive;  ///< Runtime::state() at the end
     bool left = false;                         ///< Runtime::left() at the end
   };

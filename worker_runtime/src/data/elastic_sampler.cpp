@@ -84,8 +84,8 @@ std::vector<int64_t> ElasticSampler::window_indices(int64_t count, int rank, int
     throw Error(fmt::format("ElasticSampler: rank {} is not in a world of {}", rank, world));
   if (count < 0 || count > size_ - cursor_)
     throw Error(fmt::format(
-        "ElasticSampler: a window of {} samples does not fit at cursor {} of {} (epoch {})",
-        count, cursor_, size_, epoch_));
+        "ElasticSampler: a window of {} samples does not fit at cursor {} of {} (epoch {})", count,
+        cursor_, size_, epoch_));
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(count / world + 1));
   for (int64_t p = rank; p < count; p += world)

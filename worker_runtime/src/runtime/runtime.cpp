@@ -18,8 +18,8 @@
 
 #include "comm/communicator.hpp"
 #include "comm/gradient_sync.hpp"
-#include "gpurun/check.hpp"
 #include "compat/torch_compat.hpp"
+#include "gpurun/check.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/worker_control.hpp"
 #include "runtime/control_client.hpp"
@@ -310,8 +310,8 @@ struct Runtime::Impl {
       // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
       trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
                            {"ms", Trace::num(ms_since(t0))}});
-      set_state(WorkerState::kExited, "release mode: left in generation " +
-                                          std::to_string(d.generation));
+      set_state(WorkerState::kExited,
+                "release mode: left in generation " + std::to_string(d.generation));
       throw ExitRequested{};
     }
     registry.release();

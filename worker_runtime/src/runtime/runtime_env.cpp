@@ -44,8 +44,7 @@ RuntimeEnv RuntimeEnv::from_env() {
   e.cuda = dev == "cuda";
   e.slot = static_cast<int>(env_int("GPURUN_SLOT", env_int("LOCAL_RANK", 0)));
   e.store.host = env("GPURUN_STORE_ADDR").value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
-  e.store.port =
-      static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
+  e.store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
   e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   e.rank = static_cast<int>(env_int("RANK", 0));
   e.world = static_cast<int>(env_int("WORLD_SIZE", 1));

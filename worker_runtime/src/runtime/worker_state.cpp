@@ -9,11 +9,16 @@ namespace gpurun {
 
 const char* to_string(WorkerState s) {
   switch (s) {
-    case WorkerState::kActive: return "ACTIVE";
-    case WorkerState::kOffloading: return "OFFLOADING";
-    case WorkerState::kParked: return "PARKED";
-    case WorkerState::kRejoining: return "REJOINING";
-    case WorkerState::kExited: return "EXITED";
+    case WorkerState::kActive:
+      return "ACTIVE";
+    case WorkerState::kOffloading:
+      return "OFFLOADING";
+    case WorkerState::kParked:
+      return "PARKED";
+    case WorkerState::kRejoining:
+      return "REJOINING";
+    case WorkerState::kExited:
+      return "EXITED";
   }
   return "?";
 }
