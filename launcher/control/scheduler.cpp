@@ -12,9 +12,7 @@ namespace {
 
 /// Where a generation's state comes from, for the console: the decision's state_source in words.
 std::string state_from(const Decision& d) {
-  if (d.state_source >= 0) return fmt::format("gpu {}", d.state_source_gpu);
-  if (d.state_source == -1) return "the pause snapshot";
-  return "a fresh start";
+  return describe(d.state_source);
 }
 
 std::string ids_json(const std::vector<int>& ids) {
@@ -167,7 +165,7 @@ void Scheduler::start_attempt(int attempt) {
   d.prev_generation = prev;
   d.active = active_;
   d.joiners = active_;
-  d.state_source = -2;
+  d.state_source = StateSource::none();
   if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
   const std::string json = d.to_json();
   publish(d, json, "");
@@ -489,8 +487,8 @@ void Scheduler::decide() {
   d.failed = failed;
   const std::vector<int> stay = intersect(survivors, target);
   const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
-  d.state_source_gpu = src_gpu;
-  d.state_source = src_gpu < 0 ? -1 : slot(src_gpu).rank;
+  d.state_source =
+      src_gpu < 0 ? StateSource::snapshot() : StateSource::peer(slot(src_gpu).rank, src_gpu);
   const std::string json = d.to_json();
   publish(d, json, key);
 
@@ -538,7 +536,7 @@ void Scheduler::resume() {
   if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
   d.active = target;
   d.joiners = target;
-  d.state_source = state_exists_ ? -1 : -2;
+  d.state_source = state_exists_ ? StateSource::snapshot() : StateSource::none();
   const std::string json = d.to_json();
   publish(d, json, "");
   generation_ = d.generation;
@@ -595,7 +593,7 @@ void Scheduler::decision_event(const Decision& d) {
       .add_raw("joiners", ids_json(d.joiners))
       .add_raw("leavers", ids_json(d.leavers))
       .add_raw("failed", ids_json(d.failed))
-      .add("state_source", d.state_source)
+      .add("state_source", d.state_source.wire_code())
       .add("epoch", d.epoch)
       .add("step", d.step);
   effects_.push_back(std::move(ev));

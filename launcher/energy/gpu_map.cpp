@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpurun/env_names.hpp"
+
 namespace gpurun::energy {
 
 namespace {
@@ -44,7 +46,7 @@ bool is_index(const std::string& s) {
 }  // namespace
 
 std::optional<std::vector<std::string>> cuda_visible_uuids(std::string& why_not) {
-  const char* env = std::getenv("GPURUN_CUDA_LIBRARY");
+  const char* env = std::getenv(gpurun::env::kCudaLibrary);
   const std::string library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
   // Never dlclose()d: unloading a driver after cuInit is unsupported (its threads stay).
   void* dl = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);

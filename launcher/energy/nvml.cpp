@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/env_names.hpp"
+
 namespace gpurun::energy {
 
 namespace {
@@ -76,7 +78,7 @@ struct Nvml::Impl {
 
 std::unique_ptr<Nvml> Nvml::open(std::string& why_not) {
   auto impl = std::make_unique<Impl>();
-  const char* env = std::getenv("GPURUN_NVML_LIBRARY");
+  const char* env = std::getenv(gpurun::env::kNvmlLibrary);
   impl->library = env != nullptr && *env != '\0' ? env : "libnvidia-ml.so.1";
   impl->dl = ::dlopen(impl->library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (impl->dl == nullptr) {

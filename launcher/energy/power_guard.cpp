@@ -23,6 +23,8 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/env_names.hpp"
+
 extern char** environ;
 
 namespace gpurun::energy {
@@ -219,7 +221,7 @@ namespace {
 
 /// Where the per-GPU power-limit locks live: $GPURUN_POWER_LOCK_DIR, else /run/lock, else /tmp.
 std::string lock_dir() {
-  if (const char* d = std::getenv("GPURUN_POWER_LOCK_DIR"); d && *d) return d;
+  if (const char* d = std::getenv(gpurun::env::kPowerLockDir); d && *d) return d;
   return ::access("/run/lock", W_OK) == 0 ? "/run/lock" : "/tmp";
 }
 

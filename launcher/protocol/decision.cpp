@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
+
+#include "gpurun/check.hpp"
 
 namespace gpurun::control {
 
@@ -85,6 +88,43 @@ bool Decision::is_leaver(int gpu) const {
   return contains(leavers, gpu);
 }
 
+StateSource StateSource::peer(int rank, int gpu) {
+  GPURUN_CHECK(rank >= 0 && gpu >= 0, "a peer state source needs a rank and a gpu: rank {} gpu {}",
+               rank, gpu);
+  return {Kind::kPeer, rank, gpu};
+}
+
+int StateSource::wire_code() const {
+  switch (kind) {
+    case Kind::kPeer:
+      return rank;
+    case Kind::kSnapshot:
+      return -1;
+    case Kind::kNone:
+      break;
+  }
+  return -2;
+}
+
+StateSource StateSource::from_wire(int64_t code, int64_t gpu, std::string_view what) {
+  if (code == -2) return none();
+  if (code == -1) return snapshot();
+  if (code < -2 || code > std::numeric_limits<int>::max())
+    throw ProtocolError(
+        fmt::format("{} has state_source {}: expected a rank >= 0, -1 or -2", what, code));
+  if (gpu < 0 || gpu > std::numeric_limits<int>::max())
+    throw ProtocolError(
+        fmt::format("{} has state_source {} (a rank) but state_source_gpu {}: expected a slot >= 0",
+                    what, code, gpu));
+  return {StateSource::Kind::kPeer, static_cast<int>(code), static_cast<int>(gpu)};
+}
+
+std::string describe(const StateSource& s) {
+  if (s.is_peer()) return fmt::format("gpu {}", s.gpu);
+  if (s.is_snapshot()) return "the pause snapshot";
+  return "a fresh start";
+}
+
 std::string Decision::to_json() const {
   if (kind == Kind::kExit)
     return fmt::format(R"({{"v":1,"kind":"exit","generation":{}}})", generation);
@@ -93,8 +133,8 @@ std::string Decision::to_json() const {
       R"("active":{},"joiners":{},"leavers":{},"failed":{},"state_source":{},"state_source_gpu":{},)"
       R"("park_mode":"{}","every_steps":{},"global_batch":{}}})",
       to_string(kind), generation, prev_generation, round, epoch, step, ids_json(active),
-      ids_json(joiners), ids_json(leavers), ids_json(failed), state_source, state_source_gpu,
-      to_string(park_mode), every_steps, global_batch);
+      ids_json(joiners), ids_json(leavers), ids_json(failed), state_source.wire_code(),
+      state_source.gpu, to_string(park_mode), every_steps, global_batch);
 }
 
 Decision Decision::from_json(std::string_view text) {
@@ -123,8 +163,9 @@ Decision Decision::from_json(std::string_view text) {
   d.joiners = get_ids(o, "joiners", what, text);
   d.leavers = get_ids(o, "leavers", what, text);
   d.failed = get_ids(o, "failed", what, text);
-  d.state_source = static_cast<int>(get_int(o, "state_source", what, text));
-  d.state_source_gpu = static_cast<int>(get_int(o, "state_source_gpu", what, text));
+  d.state_source = StateSource::from_wire(get_int(o, "state_source", what, text),
+                                          get_int(o, "state_source_gpu", what, text),
+                                          fmt::format("decision '{}'", text));
   const std::string park = get_string(o, "park_mode", what, text);
   if (park == "release")
     d.park_mode = ParkMode::kRelease;

@@ -1,6 +1,7 @@
 #include "gpurun/control/decision.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 using namespace gpurun::control;
 
@@ -14,8 +15,7 @@ TEST_CASE("decision: canonical JSON, documented example, round trip") {
   d.step = 0;
   d.active = {0, 1};
   d.leavers = {2, 3};
-  d.state_source = 0;
-  d.state_source_gpu = 0;
+  d.state_source = StateSource::peer(0, 0);
   const std::string want =
       R"({"v":1,"kind":"resize","generation":1,"prev_generation":0,"round":2,"epoch":2,"step":0,)"
       R"("active":[0,1],"joiners":[],"leavers":[2,3],"failed":[],"state_source":0,)"
@@ -30,6 +30,34 @@ TEST_CASE("decision: canonical JSON, documented example, round trip") {
   e.generation = 4;
   CHECK(e.to_json() == R"({"v":1,"kind":"exit","generation":4})");
   CHECK(Decision::from_json(e.to_json()).kind == Decision::Kind::kExit);
+}
+
+TEST_CASE("decision: state_source is a kind on the API and two integers on the wire") {
+  // The wire keeps the documented sentinels (docs/control-protocol.md): rank, -1, -2.
+  const std::string base =
+      R"({"v":1,"kind":"resize","generation":1,"prev_generation":0,"round":0,"epoch":0,"step":0,)"
+      R"("active":[0],"joiners":[0],"leavers":[],"failed":[],)";
+  const std::string tail = R"(,"park_mode":"release","every_steps":0,"global_batch":0})";
+  auto parse = [&](int code, int gpu) {
+    return Decision::from_json(fmt::format("{}\"state_source\":{},\"state_source_gpu\":{}{}", base,
+                                           code, gpu, tail))
+        .state_source;
+  };
+  CHECK(parse(-2, -1) == StateSource::none());
+  CHECK(parse(-1, -1) == StateSource::snapshot());
+  CHECK(parse(3, 5) == StateSource::peer(3, 5));
+  for (const StateSource& s :
+       {StateSource::none(), StateSource::snapshot(), StateSource::peer(1, 4)})
+    CHECK(parse(s.wire_code(), s.gpu) == s);
+  CHECK(describe(StateSource::peer(1, 4)) == "gpu 4");
+  CHECK(describe(StateSource::snapshot()) == "the pause snapshot");
+  CHECK(describe(StateSource::none()) == "a fresh start");
+  // Codes outside the protocol are refused with the numbers, not taken as some rank.
+  CHECK_THROWS_WITH_AS(parse(-3, -1), doctest::Contains("state_source -3: expected a rank >= 0"),
+                       ProtocolError);
+  CHECK_THROWS_WITH_AS(parse(2, -1), doctest::Contains("state_source_gpu -1: expected a slot"),
+                       ProtocolError);
+  CHECK_THROWS_AS(StateSource::peer(-1, 0), gpurun::InvariantError);
 }
 
 TEST_CASE("decision and report parse errors name the field") {

@@ -112,7 +112,7 @@ TEST_CASE("scheduler: start spawns the desired slots only; an unchanged plan con
   CHECK(h.state(1) == SlotState::kParked);
   REQUIRE(h.decisions.size() == 1);
   CHECK(h.decisions[0].kind == Decision::Kind::kStart);
-  CHECK(h.decisions[0].state_source == -2);
+  CHECK(h.decisions[0].state_source.is_none());
   h.join_all();
   CHECK(h.state(2) == SlotState::kActive);
   Decision d = h.boundary(0);
@@ -129,14 +129,14 @@ TEST_CASE("scheduler: decisions for shrink, grow, swap, pause and resume") {
   struct Row {
     std::vector<int> to;
     std::vector<int> joiners, leavers;
-    int source;
+    int source_rank, source_gpu;
   };
   // From [0,1,2,3], release mode, one change per boundary.
   const std::vector<Row> table = {
-      {{0, 1}, {}, {2, 3}, 0},        // shrink 4 -> 2
-      {{0, 1, 2, 3}, {2, 3}, {}, 0},  // grow 2 -> 4
-      {{2, 3}, {}, {0, 1}, 2},        // shrink keeping 2,3: source = old rank of gpu 2
-      {{0, 1}, {0, 1}, {2, 3}, 0},    // swap: the lowest leaver (rank 0 = gpu 2) hands off
+      {{0, 1}, {}, {2, 3}, 0, 0},        // shrink 4 -> 2
+      {{0, 1, 2, 3}, {2, 3}, {}, 0, 0},  // grow 2 -> 4
+      {{2, 3}, {}, {0, 1}, 2, 2},        // shrink keeping 2,3: source = old rank of gpu 2
+      {{0, 1}, {0, 1}, {2, 3}, 0, 2},    // swap: the lowest leaver (rank 0 = gpu 2) hands off
   };
   Harness h(cfg(std::nullopt));
   h.join_all();
@@ -153,7 +153,7 @@ TEST_CASE("scheduler: decisions for shrink, grow, swap, pause and resume") {
     CHECK(d.active == row.to);
     CHECK(d.joiners == row.joiners);
     CHECK(d.leavers == row.leavers);
-    CHECK(d.state_source == row.source);
+    CHECK(d.state_source == StateSource::peer(row.source_rank, row.source_gpu));
     for (int gpu : row.leavers) {
       CHECK(h.state(gpu) == SlotState::kOffloading);
       CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));  // release: parked
@@ -193,7 +193,7 @@ TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause hol
   h.drain();
   d = h.boundary(2);
   CHECK(d.active.empty());
-  CHECK(d.state_source == 0);  // rank 0 writes the host snapshot
+  CHECK(d.state_source == StateSource::peer(0, 0));  // rank 0 writes the host snapshot
   for (int gpu : {0, 1, 2, 3}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
   h.drain();
   CHECK(h.s.holds_job_open());
@@ -204,7 +204,7 @@ TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause hol
   CHECK_FALSE(h.s.holds_job_open());
   CHECK(h.decisions.back().generation == g + 1);
   CHECK(h.decisions.back().round == -1);
-  CHECK(h.decisions.back().state_source == -1);
+  CHECK(h.decisions.back().state_source.is_snapshot());
   CHECK(h.decisions.back().epoch == 2);
   CHECK(h.spawned.back() == 1);
 }

@@ -158,7 +158,7 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   CHECK(r[0].leavers == std::vector<int>{1});
   CHECK(r[1].active == std::vector<int>{0, 1});
   CHECK(r[1].joiners == std::vector<int>{1});
-  CHECK(r[1].state_source_gpu == 0);
+  CHECK(r[1].state_source.gpu == 0);
 
   for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
   const auto s0 = t.of(0), s1 = t.of(1);
@@ -223,7 +223,7 @@ TEST_CASE("in-process: pause to [] and resume to [0, 1] from the host snapshot")
     CHECK(r[0].active.empty());
     const auto starts = job.supervisor().decisions();
     const auto resume = std::find_if(starts.begin(), starts.end(), [](const Decision& d) {
-      return d.state_source == -1 && !d.active.empty();
+      return d.state_source.is_snapshot() && !d.active.empty();
     });
     REQUIRE(resume != starts.end());
     const int64_t g = resume->generation;

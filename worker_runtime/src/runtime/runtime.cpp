@@ -22,6 +22,7 @@
 #include "gpurun/check.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/worker_control.hpp"
+#include "gpurun/env_names.hpp"
 #include "runtime/control_client.hpp"
 #include "runtime/runtime_env.hpp"
 #include "runtime/runtime_seams.hpp"
@@ -219,7 +220,7 @@ struct Runtime::Impl {
   /// start record / wake of a joiner). `have_state`: this process holds the current state.
   void enter(const Decision& d, bool have_state) {
     const auto t0 = Clock::now();
-    const int src = d.state_source_gpu;
+    const int src = d.state_source.gpu;  // -1 unless a peer hands the state on
     const bool member = d.is_member(slot);
     if (grads) grads->set_communicator(nullptr);
     comm.reset();  // the old generation's communicator ends here
@@ -241,7 +242,7 @@ struct Runtime::Impl {
     }
 
     bool verified = false;
-    if (d.state_source >= 0 && !d.joiners.empty()) {
+    if (d.state_source.is_peer() && !d.joiners.empty()) {
       std::vector<int> group = d.active;
       if (!contains(group, src))
         group.insert(std::upper_bound(group.begin(), group.end(), src), src);
@@ -254,7 +255,7 @@ struct Runtime::Impl {
         verified = true;
         if (same) comm = std::move(c);
       }
-    } else if (d.state_source == -1 && member) {  // resume from the pause snapshot
+    } else if (d.state_source.is_snapshot() && member) {  // resume from the pause snapshot
       registry.read_snapshot(snapshot_path, device);
       sync_in();
       moved = registry.nbytes();
@@ -267,7 +268,7 @@ struct Runtime::Impl {
     }
     adopt(d);
     if (!comm) comm = make_comm("train", d.active, d.generation);
-    if (d.state_source == -2) moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
+    if (d.state_source.is_none()) moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
     if (!verified) {
       const int root = std::max(0, index_of(d.active, src));
       checksum = verify(*comm, root, "after the boundary");
@@ -287,7 +288,7 @@ struct Runtime::Impl {
                                {"rank", Trace::num(int64_t{d.rank_of(slot)})},
                                {"world", Trace::num(static_cast<int64_t>(d.active.size()))},
                                {"active", Trace::ints(d.active)},
-                               {"state_source_gpu", Trace::num(int64_t{d.state_source_gpu})},
+                               {"state_source_gpu", Trace::num(int64_t{d.state_source.gpu})},
                                {"epoch", Trace::num(epoch)},
                                {"step", Trace::num(step_in_epoch)},
                                {"bytes", Trace::num(bytes)},
@@ -338,7 +339,7 @@ struct Runtime::Impl {
       // state; enter() makes it ACTIVE through the table.
       const Decision& d = control->current();
       try {
-        enter(d, /*have_state=*/d.state_source == -2);
+        enter(d, /*have_state=*/d.state_source.is_none());
       } catch (const ExitRequested&) {  // not a member of its start generation: never here
         finishing = true;
       }
@@ -553,8 +554,9 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   if (e.cuda) {
     if (!torch::cuda::is_available())
       throw Error(
-          "GPURUN_DEVICE=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
-          "CUDA_VISIBLE_DEVICES is empty)");
+          fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
+                      "CUDA_VISIBLE_DEVICES is empty)",
+                      env::kDevice));
     m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(m->slot));
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(m->device);
     m->backend = rt::CommBackend::kNccl;

@@ -8,20 +8,21 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
 
 namespace gpurun::rt {
 
 namespace {
 
-std::optional<std::string> env(const char* name) {
+std::optional<std::string> getenv_nonempty(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return std::nullopt;
   return std::string(v);
 }
 
 int64_t env_int(const char* name, int64_t fallback) {
-  const auto v = env(name);
+  const auto v = getenv_nonempty(name);
   if (!v) return fallback;
   try {
     size_t used = 0;
@@ -36,27 +37,33 @@ int64_t env_int(const char* name, int64_t fallback) {
 
 RuntimeEnv RuntimeEnv::from_env() {
   RuntimeEnv e;
-  if (env("GPURUN_COMM_TIMEOUT_MS"))
-    e.comm_timeout = std::chrono::milliseconds(env_int("GPURUN_COMM_TIMEOUT_MS", 0));
-  const std::string dev = env("GPURUN_DEVICE").value_or("cpu");
+  if (getenv_nonempty(env::kCommTimeoutMs))
+    e.comm_timeout = std::chrono::milliseconds(env_int(env::kCommTimeoutMs, 0));
+  const std::string dev = getenv_nonempty(env::kDevice).value_or("cpu");
   if (dev != "cpu" && dev != "cuda")
-    throw Error(fmt::format("environment variable GPURUN_DEVICE={:?}: expected cpu or cuda", dev));
+    throw Error(
+        fmt::format("environment variable {}={:?}: expected cpu or cuda", env::kDevice, dev));
   e.cuda = dev == "cuda";
-  e.slot = static_cast<int>(env_int("GPURUN_SLOT", env_int("LOCAL_RANK", 0)));
-  e.store.host = env("GPURUN_STORE_ADDR").value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
-  e.store.port = static_cast<uint16_t>(env_int("GPURUN_STORE_PORT", env_int("MASTER_PORT", 29500)));
+  e.slot = static_cast<int>(env_int(env::kSlot, env_int("LOCAL_RANK", 0)));
+  e.store.host = getenv_nonempty(env::kStoreAddr)
+                     .value_or(getenv_nonempty("MASTER_ADDR").value_or("127.0.0.1"));
+  const int64_t port = env_int(env::kStorePort, env_int("MASTER_PORT", 29500));
+  if (port < 1 || port > 65535)
+    throw Error(fmt::format("store port {} (from {} or MASTER_PORT) is not in 1..65535", port,
+                            env::kStorePort));
+  e.store.port = static_cast<uint16_t>(port);
   e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   e.rank = static_cast<int>(env_int("RANK", 0));
   e.world = static_cast<int>(env_int("WORLD_SIZE", 1));
-  if (auto p = env("GPURUN_SNAPSHOT_PATH")) {
+  if (auto p = getenv_nonempty(env::kSnapshotPath)) {
     e.snapshot_path = *p;
-  } else if (auto d = env("GPURUN_RUN_DIR")) {
+  } else if (auto d = getenv_nonempty(env::kRunDir)) {
     e.snapshot_path = *d + "/state.snapshot";
   } else {
     e.snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
   }
-  e.prepare_snapshot = env("GPURUN_SNAPSHOT_PREPARE").value_or("0") == "1";
-  e.trace_dir = env("GPURUN_TRACE_DIR").value_or("");
+  e.prepare_snapshot = getenv_nonempty(env::kSnapshotPrepare).value_or("0") == "1";
+  e.trace_dir = getenv_nonempty(env::kTraceDir).value_or("");
   return e;
 }
 

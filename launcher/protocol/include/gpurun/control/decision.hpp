@@ -18,6 +18,41 @@ class ProtocolError : public Error {
   using Error::Error;
 };
 
+/// Where the state of a generation comes from (the decision's `state_source`).
+/// On the wire it stays two integers (docs/control-protocol.md#decision-encoding):
+/// `state_source` = the rank in prev_generation (>= 0), -1 for the host snapshot, -2 for none;
+/// `state_source_gpu` = that rank's slot, -1 otherwise. Only the codec knows those numbers.
+struct StateSource {
+  enum class Kind {
+    kNone,      ///< a fresh start: rank 0's initial state is broadcast
+    kPeer,      ///< a rank of prev_generation hands its state to the joiners
+    kSnapshot,  ///< the pause snapshot (host memory or the run dir) is loaded
+  };
+  Kind kind = Kind::kNone;
+  int rank = -1;  ///< rank in prev_generation; -1 unless kind == kPeer
+  int gpu = -1;   ///< slot of that rank; -1 unless kind == kPeer
+
+  static StateSource none() { return {}; }
+  static StateSource snapshot() { return {Kind::kSnapshot, -1, -1}; }
+  /// Throws InvariantError when rank or gpu is negative.
+  static StateSource peer(int rank, int gpu);
+
+  bool is_none() const { return kind == Kind::kNone; }
+  bool is_peer() const { return kind == Kind::kPeer; }
+  bool is_snapshot() const { return kind == Kind::kSnapshot; }
+
+  /// The wire's `state_source` integer (rank, -1 or -2).
+  int wire_code() const;
+  /// Inverse of wire_code() + gpu. Throws ProtocolError for a code below -2, or a peer
+  /// rank whose gpu is negative (`what` names the decision in the message).
+  static StateSource from_wire(int64_t code, int64_t gpu, std::string_view what);
+
+  friend bool operator==(const StateSource&, const StateSource&) = default;
+};
+
+/// "gpu 3", "the pause snapshot" or "a fresh start" (console and trace wording).
+std::string describe(const StateSource& s);
+
 /// What a decision tells every worker. See docs/control-protocol.md for each field.
 struct Decision {
   enum class Kind { kStart, kContinue, kResize, kExit };
@@ -28,12 +63,11 @@ struct Decision {
   int64_t round = -1;            ///< round of prev_generation answered (-1: not at a boundary)
   int64_t epoch = -1;            ///< boundary it applies at (-1: none)
   int64_t step = -1;
-  std::vector<int> active;    ///< sorted slot ids; rank = index
-  std::vector<int> joiners;   ///< sorted
-  std::vector<int> leavers;   ///< sorted
-  std::vector<int> failed;    ///< sorted
-  int state_source = -2;      ///< rank in prev_generation; -1 host snapshot; -2 none
-  int state_source_gpu = -1;  ///< slot of state_source, -1 when < 0
+  std::vector<int> active;   ///< sorted slot ids; rank = index
+  std::vector<int> joiners;  ///< sorted
+  std::vector<int> leavers;  ///< sorted
+  std::vector<int> failed;   ///< sorted
+  StateSource state_source;  ///< where this generation's state comes from
   ParkMode park_mode = ParkMode::kRelease;
   int64_t every_steps = 0;   ///< 0 = every epoch
   int64_t global_batch = 0;  ///< 0 = unset
