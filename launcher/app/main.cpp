@@ -66,7 +66,7 @@ std::string random_uuid() {
 }
 
 bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+  return addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.rfind("127.", 0) == 0;
 }
 
 /// The monitor's figures for status.json (io thread: the totals are the io thread's).
@@ -217,8 +217,10 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
 }
 
 int run(int argc, char** argv) {
-  // A vanished console reader must not kill the supervisor (workers reset this).
+  // A vanished console reader must not kill the supervisor (workers reset this), nor a file
+  // size limit (RLIMIT_FSIZE): a log write then fails with EFBIG, which gpurun reports.
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
 
   if (argc >= 2 && std::string_view(argv[1]) == "status")
     return gpurun::control::status_command(std::vector<std::string>(argv + 2, argv + argc));
@@ -260,6 +262,21 @@ int run(int argc, char** argv) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitUsage;
   }
+  // A --master-addr that does not resolve fails now, not in every worker later. The defaults
+  // (127.0.0.1; localhost with --standalone) are not looked up: nothing to wait for.
+  if (opt.master_addr_given && !opt.standalone) {
+    const sv::AddressCheck addr = sv::check_master_addr(plan.master_addr);
+    if (addr.result == sv::AddressCheck::Result::kUnresolvable) {
+      print_err(fmt::format("error: --master-addr '{}' does not resolve: {}", plan.master_addr,
+                            addr.reason));
+      return kExitUsage;
+    }
+    if (addr.result == sv::AddressCheck::Result::kTimedOut)
+      print_err(fmt::format(
+          "warning: --master-addr '{}' could not be resolved yet ({}); starting anyway: the "
+          "workers look it up again",
+          plan.master_addr, addr.reason));
+  }
 
   // Elastic mode (--config): a bad initial config is a usage error naming file:line:col.
   // Slots (the ids active_gpus may name): with --device cuda every visible GPU, with
@@ -284,6 +301,21 @@ int run(int argc, char** argv) {
     }
   }
   for (int i = 0; i < plan.nproc; ++i) slot_ids.push_back(i);
+  try {  // per-local-rank --redirects/--tee entries name existing slots
+    std::string slots_from = fmt::format("--nproc {}", plan.nproc);
+    if (opt.config && plan.device == sv::Device::kCuda)
+      slots_from = fmt::format("--config with {} visible GPUs", plan.nproc);
+    else if (opt.nproc_mode != sv::NprocMode::kCount)
+      slots_from = fmt::format("--nproc {} ({} slots)",
+                               opt.nproc_mode == sv::NprocMode::kGpu   ? "gpu"
+                               : opt.nproc_mode == sv::NprocMode::kCpu ? "cpu"
+                                                                       : "auto",
+                               plan.nproc);
+    sv::check_local_ranks(opt, plan.nproc, slots_from);
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
+  }
   if (opt.config) {
     try {
       config = gpurun::control::load_config(*opt.config, slot_ids);
@@ -322,6 +354,7 @@ int run(int argc, char** argv) {
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
   signals.add(SIGHUP);
+  signals.add(SIGQUIT);  // stops the job like SIGTERM (torchrun's agent does the same)
 
   sv::EventLog events;
   std::unique_ptr<gpurun::store::Server> store;
@@ -332,6 +365,7 @@ int run(int argc, char** argv) {
       gpurun::store::ServerOptions so;
       if (!is_loopback(plan.master_addr)) so.hosts = {"::"};
       so.port = plan.master_port;
+      if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
       so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
       plan.master_port = store->port();

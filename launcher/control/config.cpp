@@ -165,8 +165,9 @@ class Validator {
         warn_unknown_top_level(key);
       }
     }
-    if (!errors_.empty()) throw ConfigError(render(errors_));
-    config.warnings = sorted_texts(warnings_);
+    if (!errors_.empty())
+      throw ConfigError(fmt::format("{}", fmt::join(capped(errors_, "error"), "\n")));
+    config.warnings = capped(warnings_, "warning");
     return config;
   }
 
@@ -181,28 +182,56 @@ class Validator {
     return fmt::format("{}:{}:{}", source_, at.begin.line, at.begin.column);
   }
 
-  void error(const toml::source_region& at, std::string_view key, std::string_view problem,
-             std::string_view allowed) {
-    errors_.push_back({at.begin.line, at.begin.column,
-                       fmt::format("{}: {}: {}; allowed: {}", where(at), key, problem, allowed)});
-  }
+  /// Findings of one kind: the earliest ones in file order (at most 2 * kMaxReportedProblems
+  /// held at a time, so a file with 200,000 bad ids costs no 200,000 strings) and how many
+  /// others were found.
+  struct Findings {
+    std::vector<Finding> kept;
+    std::size_t dropped = 0;
 
-  void warn(const toml::source_region& at, std::string_view text) {
-    warnings_.push_back({at.begin.line, at.begin.column, fmt::format("{}: {}", where(at), text)});
-  }
+    void add(Finding f) {
+      kept.push_back(std::move(f));
+      if (kept.size() < 2 * kMaxReportedProblems) return;
+      sort(kept);
+      dropped += kept.size() - kMaxReportedProblems;
+      kept.resize(kMaxReportedProblems);
+    }
+    bool empty() const { return kept.empty(); }
+  };
 
-  static std::vector<std::string> sorted_texts(std::vector<Finding> findings) {
+  static void sort(std::vector<Finding>& findings) {
     std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
       return std::tie(a.line, a.column) < std::tie(b.line, b.column);
     });
-    std::vector<std::string> out;
-    out.reserve(findings.size());
-    for (auto& f : findings) out.push_back(std::move(f.text));
-    return out;
   }
 
-  static std::string render(std::vector<Finding> findings) {
-    return fmt::format("{}", fmt::join(sorted_texts(std::move(findings)), "\n"));
+  void error(const toml::source_region& at, std::string_view key, std::string_view problem,
+             std::string_view allowed) {
+    errors_.add({at.begin.line, at.begin.column,
+                 fmt::format("{}: {}: {}; allowed: {}", where(at), key, problem, allowed)});
+  }
+
+  void warn(const toml::source_region& at, std::string_view text) {
+    warnings_.add({at.begin.line, at.begin.column, fmt::format("{}: {}", where(at), text)});
+  }
+
+  /// The first kMaxReportedProblems findings in file order, then one line saying how many
+  /// more there are: a generated file with 200,000 bad ids must not flood the console and the
+  /// event log with 200,000 lines.
+  std::vector<std::string> capped(Findings findings, std::string_view noun) const {
+    sort(findings.kept);
+    std::size_t more = findings.dropped;
+    if (findings.kept.size() > kMaxReportedProblems) {
+      more += findings.kept.size() - kMaxReportedProblems;
+      findings.kept.resize(kMaxReportedProblems);
+    }
+    std::vector<std::string> texts;
+    texts.reserve(findings.kept.size() + 1);
+    for (Finding& f : findings.kept) texts.push_back(std::move(f.text));
+    if (more > 0)
+      texts.push_back(fmt::format("and {} more {}{} in {} (only the first {} are reported)", more,
+                                  noun, more == 1 ? "" : "s", source_, kMaxReportedProblems));
+    return texts;
   }
 
   std::string valid_ids_text() const {
@@ -533,8 +562,8 @@ class Validator {
 
   const std::string& source_;
   std::vector<int> valid_;
-  std::vector<Finding> errors_;
-  std::vector<Finding> warnings_;
+  Findings errors_;
+  Findings warnings_;
 };
 
 }  // namespace

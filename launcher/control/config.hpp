@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -82,14 +83,20 @@ struct Config {
   /// `[energy]` (docs/energy.md).
   EnergyConfig energy;
   /// Non-fatal findings in document order, e.g.
-  /// "config.toml:7:1: unknown key 'actve_gpus' (ignored); did you mean 'active_gpus'?".
+  /// "config.toml:7:1: unknown key 'actve_gpus' (ignored); did you mean 'active_gpus'?";
+  /// at most kMaxReportedProblems, then "and <K> more warnings in <source> (…)".
   std::vector<std::string> warnings;
 
   friend bool operator==(const Config&, const Config&) = default;
 };
 
-/// A config file that cannot take effect. what() lists every problem found, one per line, in
-/// document order: "<source>:<line>:<col>: <key>: <problem>; allowed: <values>".
+/// How many errors (and, separately, warnings) one file reports at most; more are summed up in
+/// one last line, "and <K> more errors in <source> (only the first 20 are reported)".
+inline constexpr std::size_t kMaxReportedProblems = 20;
+
+/// A config file that cannot take effect. what() lists the problems found, one per line, in
+/// document order: "<source>:<line>:<col>: <key>: <problem>; allowed: <values>" — at most
+/// kMaxReportedProblems of them, then the count of the rest.
 class ConfigError : public gpurun::Error {
  public:
   using Error::Error;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
@@ -40,8 +41,8 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
                                   if (!alive.expired()) on_key(k);
                                 });
                               });
-  watcher_ = std::make_unique<ConfigWatcher>(io_, opt_.config_path, opt_.watcher,
-                                             [this] { reload("the file changed"); });
+  watcher_ =
+      std::make_unique<ConfigWatcher>(io_, opt_.config_path, opt_.watcher, [this] { reload(); });
   run_effects();
 }
 
@@ -75,7 +76,13 @@ bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool c
   return absorbed;
 }
 
+std::string ElasticController::failure_summary() const {
+  if (!scheduler_.state_lost().empty()) return scheduler_.state_lost();
+  return SlotController::failure_summary();
+}
+
 bool ElasticController::succeeded() const {
+  if (!scheduler_.state_lost().empty()) return false;  // stopped: nothing can go on
   for (const auto& [gpu, s] : scheduler_.slots())
     if (s.state == SlotState::kExited) return true;
   return false;
@@ -83,14 +90,29 @@ bool ElasticController::succeeded() const {
 
 void ElasticController::on_reload_request() {
   console_.write(StreamId::kStderr, "gpurun: received SIGHUP: reloading the config\n");
+  sighup_pending_ = true;  // the next reload answers it, whatever it finds
   if (watcher_) watcher_->request_reload();
 }
 
-void ElasticController::reload(const char* why) {
+void ElasticController::reload() {
+  const bool sighup = std::exchange(sighup_pending_, false);
+  const std::string why = sighup ? "SIGHUP" : "the file changed";
   try {
     Config c = load_config(opt_.config_path, opt_.slots);
-    // Nothing new (e.g. a touch), unless it fixes a rejected file.
-    if (c == scheduler_.config() && scheduler_.last_config_error().empty()) return;
+    // Nothing new (e.g. a touch), unless it fixes a rejected file. A SIGHUP is always
+    // answered: the user asked what is in force.
+    if (c == scheduler_.config() && scheduler_.last_config_error().empty()) {
+      if (sighup) {
+        const std::string in_force = describe(scheduler_.config());
+        console_.write(StreamId::kStderr,
+                       fmt::format("gpurun: config unchanged ({}): {}\n", why, in_force));
+        events_.emit("config_unchanged", supervisor::JsonObject()
+                                             .add("path", opt_.config_path.string())
+                                             .add("trigger", why)
+                                             .add("config", in_force));
+      }
+      return;
+    }
     console_.write(StreamId::kStderr,
                    fmt::format("gpurun: config reloaded ({}): {}\n", why, describe(c)));
     if (c.energy != scheduler_.config().energy)
@@ -100,6 +122,10 @@ void ElasticController::reload(const char* why) {
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   } catch (const ConfigError& e) {
     scheduler_.config_rejected(opt_.config_path.string(), e.what());
+    run_effects();  // the rejection is said first
+    console_.write(StreamId::kStderr,
+                   fmt::format("gpurun: the config in force: {}\n", describe(scheduler_.config())));
+    return;
   }
   run_effects();
 }

@@ -70,6 +70,7 @@ class ElasticController : public supervisor::SlotController {
   bool on_worker_exit(int local_rank, supervisor::ExitStatus status, bool can_restart) override;
   bool holds_job_open() const override { return scheduler_.holds_job_open(); }
   bool succeeded() const override;
+  std::string failure_summary() const override;
   void on_reload_request() override;
 
   const Scheduler& scheduler() const { return scheduler_; }
@@ -79,7 +80,9 @@ class ElasticController : public supervisor::SlotController {
   void publish_status() { write_status(); }
 
  private:
-  void reload(const char* why);
+  /// Loads the file after a change or a SIGHUP: applies it, rejects it (and says what stays
+  /// in force), or, when a SIGHUP finds it unchanged, says so (console + config_unchanged).
+  void reload();
   void on_key(const std::string& key);
   void run_effects();
   void spawn(int gpu, int64_t generation, const std::string& decision_json);
@@ -98,6 +101,7 @@ class ElasticController : public supervisor::SlotController {
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
   EnergyHooks energy_;
   std::vector<int> energy_active_;  // the set last given to energy_.active_changed
+  bool sighup_pending_ = false;     // a SIGHUP waits for its reload's answer
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

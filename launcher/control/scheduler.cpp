@@ -1,6 +1,7 @@
 #include "control/scheduler.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -119,14 +120,18 @@ void Scheduler::publish(const Decision& d, const std::string& json,
     effects_.push_back(std::move(e));
   };
   if (!decision_key.empty()) write(decision_key, json);
-  if (d.kind != Decision::Kind::kContinue) {
+  const bool new_generation =
+      d.kind != Decision::Kind::kContinue && d.kind != Decision::Kind::kSnapshot;
+  if (new_generation) {
+    established_.clear();
+    source_gpu_ = d.state_source.is_peer() ? d.state_source.gpu : -1;
     write(keys::start(d.generation), json);
     write(std::string(keys::kGeneration), std::to_string(d.generation));
     generation_keys_[d.generation] = static_cast<int>(d.active.size());
   }
   last_decision_ = json;
   decision_event(d);
-  if (d.kind != Decision::Kind::kContinue)
+  if (new_generation)
     say(
         fmt::format("generation {}: active [{}] (joiners [{}], leavers [{}], failed [{}], state "
                     "from {})",
@@ -135,6 +140,10 @@ void Scheduler::publish(const Decision& d, const std::string& json,
 }
 
 void Scheduler::start_attempt(int attempt) {
+  pause_refused_.clear();
+  refused_at_.reset();
+  snapshot_round_ = false;
+  snapshot_boundary_.reset();
   reports_.clear();
   deadline_armed_ = false;
   finished_ = false;
@@ -219,6 +228,7 @@ void Scheduler::on_joined(int64_t generation, int rank, int pid) {
   if (s.state != SlotState::kStarting && s.state != SlotState::kRejoining) return;
   if (s.pid < 0) s.pid = pid;
   state_exists_ = true;
+  established_.insert(s.gpu);
   set_state(s, SlotState::kActive,
             fmt::format("joined generation {} as rank {}", generation, rank));
   if (s.woken_from >= 0) {  // its park and wake keys are read
@@ -239,11 +249,16 @@ void Scheduler::on_report(const Report& r) {
     return;
   }
   SlotInfo& s = slot(r.gpu);
-  if (s.state == SlotState::kStarting || s.state == SlotState::kRejoining) {
+  // A joiner whose set-up was abandoned reports without the state: it stays REJOINING and is
+  // never taken as a state source.
+  const bool stateless = !r.has_state && s.state == SlotState::kRejoining;
+  if (!stateless && (s.state == SlotState::kStarting || s.state == SlotState::kRejoining)) {
     state_exists_ = true;
     set_state(s, SlotState::kActive, "reported before joining");
   }
-  if (s.state != SlotState::kActive) return;  // e.g. declared FAILED (stalled) already
+  if (s.state != SlotState::kActive && !stateless) return;  // e.g. declared FAILED (stalled)
+  established_.insert(s.gpu);
+  if (!r.snapshot.empty()) pause_snapshot_outcome(r);
   s.last_boundary = {r.epoch, r.step};
   last_boundary_ = s.last_boundary;
   reports_[r.rank] = r;
@@ -360,6 +375,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       break;
   }
   if (!absorbed) return false;
+  if (!clean && s.state == SlotState::kFailed) participant_died(s, pid, how);
   // A joiner waiting for this process to go away.
   if (s.spawn_pending && !finished_) {
     s.spawn_pending = false;
@@ -370,6 +386,92 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   try_decide();
   check_all_gone();
   return true;
+}
+
+void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& how) {
+  if (finished_ || generation_ < 0) return;
+  const bool is_member = member(s);
+  if (!is_member && s.gpu != source_gpu_) return;  // a parked or leaving slot: no one waits on it
+  // Everyone of the generation that has not shown it is past the set-up may be blocked in it
+  // (a rendezvous, the handoff) waiting for this process: the abort key ends those waits.
+  bool pending = !established_.count(s.gpu);
+  for (int gpu : active_)
+    pending = pending || (alive_member(slot(gpu)) && !established_.count(gpu));
+  const std::string who = is_member
+                              ? fmt::format("gpu {} (rank {} of generation {}, pid {})", s.gpu,
+                                            s.rank, generation_, pid)
+                              : fmt::format("gpu {} (the state source of generation {}, pid {})",
+                                            s.gpu, generation_, pid);
+  if (pending && aborted_.insert(generation_).second) {
+    Effect e;
+    e.kind = Effect::Kind::kWriteKey;
+    e.key = keys::abort(generation_);
+    e.value = fmt::format("{} {}", who, how);
+    effects_.push_back(std::move(e));
+    Effect ev;
+    ev.kind = Effect::Kind::kEvent;
+    ev.key = "generation_abandoned";
+    ev.fields.add("generation", generation_).add("gpu", s.gpu).add("pid", pid).add("how", how);
+    effects_.push_back(std::move(ev));
+    say(
+        fmt::format("{} {} before generation {} was set up: the others stop waiting for it "
+                    "and report again",
+                    who, how, generation_));
+  }
+  // Who still holds the training state: every ACTIVE member (continuing ranks, and joiners
+  // that completed the handoff), and a leaving state source until it is gone.
+  for (int gpu : active_)
+    if (slot(gpu).state == SlotState::kActive) return;
+  if (source_gpu_ >= 0 && slot(source_gpu_).pid >= 0 &&
+      slot(source_gpu_).state == SlotState::kOffloading)
+    return;
+  if (snapshot_current()) return;  // the joiners load the pause snapshot again
+  if (!state_exists_) return;
+  lose_state(
+      fmt::format("{} {}: it was the last process holding the training state (no pause "
+                  "snapshot of this position exists)",
+                  who, how));
+}
+
+void Scheduler::pause_snapshot_outcome(const Report& r) {
+  if (r.snapshot == "ok") {
+    snapshot_boundary_ = std::make_pair(r.epoch, r.step);
+    if (!pause_refused_.empty()) say("the pause snapshot was written this time: pausing");
+    pause_refused_.clear();
+    return;
+  }
+  refused_at_ = std::make_pair(r.epoch, r.step);
+  const bool said = !pause_refused_.empty();  // said once; tried again at each boundary
+  pause_refused_ = r.snapshot;
+  if (said) return;
+  Effect ev;
+  ev.kind = Effect::Kind::kEvent;
+  ev.key = "pause_refused";
+  ev.fields.add("gpu", r.gpu).add("generation", r.generation).add("error", r.snapshot);
+  effects_.push_back(std::move(ev));
+  say(
+      fmt::format("the pause is refused and training goes on with [{}]: gpu {} could not write "
+                  "the pause snapshot: {} (tried again at every boundary while the config asks for "
+                  "the pause: make room)",
+                  join_ids(active_, ", "), r.gpu, r.snapshot));
+}
+
+bool Scheduler::snapshot_current() const {
+  return state_exists_ && snapshot_boundary_ && last_boundary_ == snapshot_boundary_;
+}
+
+void Scheduler::lose_state(const std::string& why) {
+  if (finished_) return;
+  finished_ = true;
+  state_lost_ = "the training state is lost: " + why;
+  Effect ev;
+  ev.kind = Effect::Kind::kEvent;
+  ev.key = "state_lost";
+  ev.fields.add("generation", generation_).add("reason", why);
+  effects_.push_back(std::move(ev));
+  say(state_lost_ + "; stopping the job (it cannot go on without restarting from scratch)");
+  wake_all_parked_to_exit("the training state is lost");
+  if (!reports_.empty()) publish_exit();
 }
 
 void Scheduler::check_all_gone() {
@@ -406,7 +508,8 @@ void Scheduler::try_decide() {
     const SlotInfo& s = slot(gpu);
     if (alive_member(s) && !reports_.count(s.rank)) return;
   }
-  if (on_boundary) {
+  // The re-report after a `snapshot` decision is the same boundary: no second window.
+  if (on_boundary && !std::exchange(snapshot_round_, false)) {
     BoundaryInfo b;
     b.generation = generation_;
     b.round = round_;
@@ -431,6 +534,12 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   s.generation = d.generation;
   s.rank = d.rank_of(s.gpu);
   const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
+  if (s.pid >= 0 && s.state == SlotState::kRejoining) {
+    // A joiner whose previous join was abandoned: it reported and reads this decision itself.
+    s.reason = why + " (again, after an abandoned join)";
+    s.park_generation = -1;
+    return;
+  }
   if (s.pid < 0) {
     set_state(s, SlotState::kRejoining, why + " (spawned)");
     spawn_effect(s.gpu, d.generation, json);
@@ -453,18 +562,57 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
 void Scheduler::decide() {
   const std::vector<int> old = active_;
   std::vector<int> failed, survivors;
+  std::vector<int> stateless;  // joiners whose set-up was abandoned, reporting without state
   for (int gpu : old) {
     const SlotInfo& s = slot(gpu);
     if (s.state == SlotState::kFailed) failed.push_back(gpu);
     if (s.state == SlotState::kActive) survivors.push_back(gpu);
+    if (s.state == SlotState::kRejoining && reports_.count(s.rank)) stateless.push_back(gpu);
   }
-  const std::vector<int> target = effective_desired();
+  std::vector<int> target = effective_desired();
+  if (survivors.empty() && !snapshot_current()) {
+    // Only joiners without state are left (the holders died during the set-up).
+    lose_state(fmt::format("no process of generation {} holds it (failed: [{}])", generation_,
+                           join_ids(failed, ", ")));
+    return;
+  }
   Decision d = base_decision();
   d.prev_generation = generation_;
   d.round = round_;
-  const Report& first = reports_.begin()->second;
-  d.epoch = first.epoch;
-  d.step = first.step;
+  // The boundary's position as a holder reported it (a stateless joiner repeats its decision's).
+  const Report* first = &reports_.begin()->second;
+  for (const auto& [rank, r] : reports_)
+    if (r.has_state) {
+      first = &r;
+      break;
+    }
+  d.epoch = first->epoch;
+  d.step = first->step;
+  if (target.empty() && !survivors.empty()) {
+    if (refused_at_ == std::make_pair(d.epoch, d.step)) {
+      target = survivors;  // the snapshot could not be written here: train on, retry later
+    } else if (snapshot_boundary_ != std::make_pair(d.epoch, d.step)) {
+      // First the snapshot, while every rank still holds the state; the pause comes after.
+      const int src = survivors.front();
+      const std::string key = keys::decision(generation_, round_);
+      remember_round();
+      reports_.clear();
+      deadline_armed_ = false;
+      d.kind = Decision::Kind::kSnapshot;
+      d.generation = generation_;
+      d.active = old;
+      d.state_source = StateSource::peer(slot(src).rank, src);
+      publish(d, d.to_json(), key);
+      say(
+          fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, epoch {}, "
+                      "step {})",
+                      src, generation_, d.epoch, d.step));
+      ++round_;
+      snapshot_round_ = true;
+      collect_keys();
+      return;
+    }
+  }
   const std::string key = keys::decision(generation_, round_);
   remember_round();
   reports_.clear();
@@ -484,11 +632,14 @@ void Scheduler::decide() {
   d.active = target;
   d.joiners = minus(target, survivors);
   d.leavers = minus(survivors, target);
+  for (int gpu : minus(stateless, target))  // an abandoned joiner left out now leaves
+    d.leavers.insert(std::upper_bound(d.leavers.begin(), d.leavers.end(), gpu), gpu);
   d.failed = failed;
   const std::vector<int> stay = intersect(survivors, target);
   const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
-  d.state_source =
-      src_gpu < 0 ? StateSource::snapshot() : StateSource::peer(slot(src_gpu).rank, src_gpu);
+  // A pause keeps the state in the verified snapshot written in the round before.
+  d.state_source = src_gpu < 0 || target.empty() ? StateSource::snapshot()
+                                                 : StateSource::peer(slot(src_gpu).rank, src_gpu);
   const std::string json = d.to_json();
   publish(d, json, key);
 
@@ -659,6 +810,7 @@ void Scheduler::collect_keys() {
     }
     delete_key(keys::start(g));
     for (int rank = 0; rank < it->second; ++rank) delete_key(keys::joined(g, rank));
+    if (aborted_.erase(g)) delete_key(keys::abort(g));
     it = generation_keys_.erase(it);
   }
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,10 @@ class Scheduler {
   std::function<std::optional<std::string>(const BoundaryInfo&)> on_boundary;
   /// Why the job was stopped through on_boundary; empty when it was not.
   const std::string& stop_reason() const { return stop_reason_; }
+  /// Set when every process that held the training state died before handing it on and no
+  /// pause snapshot of the current position exists: the job stops (non-zero exit status)
+  /// with this sentence; empty otherwise.
+  const std::string& state_lost() const { return state_lost_; }
   /// The last boundary any member reported (epoch, step); nullopt before the first.
   const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const { return last_boundary_; }
 
@@ -160,6 +165,14 @@ class Scheduler {
   void delete_key(std::string key);
   void wake_all_parked_to_exit(const std::string& why);
   void check_all_gone();
+  // A participant of the current generation died: tell everyone still in its set-up to stop
+  // waiting (the abort key), and stop the job when nobody holds the state any more.
+  void participant_died(const SlotInfo& s, int pid, const std::string& how);
+  // Whether the pause snapshot holds the state of the current position.
+  bool snapshot_current() const;
+  // The state source's report after a `snapshot` decision: verified, or the pause is refused.
+  void pause_snapshot_outcome(const Report& r);
+  void lose_state(const std::string& why);
   Decision base_decision() const;
   void say(std::string text);
 
@@ -190,6 +203,17 @@ class Scheduler {
   std::string last_config_error_;
   std::string last_decision_;
   std::string stop_reason_;
+  std::string state_lost_;
+  std::string pause_refused_;  ///< why the last pause's snapshot failed ("" once one succeeds)
+  /// Boundary at which the pause snapshot failed: training goes on from it; the next boundary
+  /// tries again.
+  std::optional<std::pair<int64_t, int64_t>> refused_at_;
+  bool snapshot_round_ = false;  ///< the open round re-reports a boundary after `snapshot`
+  std::set<int> established_;    ///< gpus that joined or reported in generation_ since its decision
+  std::set<int64_t> aborted_;    ///< generations whose abort key was written
+  int source_gpu_ = -1;          ///< slot of the current generation's state source (a peer), -1
+  /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
+  std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;
   std::vector<Effect> effects_;
 };
 

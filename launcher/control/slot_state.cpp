@@ -15,11 +15,12 @@ struct Move {
 
 // The one transition table (docs/control-protocol.md#slot-states).
 constexpr Move kTable[] = {
-    {S::kStarting, S::kActive},   {S::kStarting, S::kExited},      {S::kStarting, S::kFailed},
-    {S::kActive, S::kOffloading}, {S::kActive, S::kExited},        {S::kActive, S::kFailed},
-    {S::kOffloading, S::kParked}, {S::kOffloading, S::kRejoining}, {S::kOffloading, S::kFailed},
-    {S::kParked, S::kRejoining},  {S::kParked, S::kExited},        {S::kParked, S::kFailed},
-    {S::kRejoining, S::kActive},  {S::kRejoining, S::kExited},     {S::kRejoining, S::kFailed},
+    {S::kStarting, S::kActive},      {S::kStarting, S::kExited},      {S::kStarting, S::kFailed},
+    {S::kActive, S::kOffloading},    {S::kActive, S::kExited},        {S::kActive, S::kFailed},
+    {S::kOffloading, S::kParked},    {S::kOffloading, S::kRejoining}, {S::kOffloading, S::kFailed},
+    {S::kParked, S::kRejoining},     {S::kParked, S::kExited},        {S::kParked, S::kFailed},
+    {S::kRejoining, S::kActive},     {S::kRejoining, S::kExited},     {S::kRejoining, S::kFailed},
+    {S::kRejoining, S::kOffloading},  // its join was abandoned and the next decision leaves it out
 };
 
 }  // namespace

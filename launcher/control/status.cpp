@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -169,15 +172,22 @@ bool write_status_file(const std::string& dir, const std::string& text, std::str
     ssize_t n = ::write(fd, body.data() + off, body.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      error = fmt::format("cannot write '{}': {}", tmp, std::strerror(errno));
+      error =
+          fmt::format("cannot write '{}': {}", tmp, n < 0 ? std::strerror(errno) : "no progress");
       ::close(fd);
+      ::unlink(tmp.c_str());  // no half-written temp file left in the run directory
       return false;
     }
     off += static_cast<size_t>(n);
   }
-  ::close(fd);
+  if (::close(fd) != 0) {  // e.g. a deferred NFS write error
+    error = fmt::format("cannot write '{}': {}", tmp, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return false;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     error = fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+    ::unlink(tmp.c_str());
     return false;
   }
   return true;
@@ -205,6 +215,7 @@ RunRegistration::RunRegistration(const std::string& run_id, const std::string& r
   out.close();
   if (!out || ::rename(tmp.c_str(), path_.c_str()) != 0) {
     error_ = fmt::format("cannot register the run in '{}': {}", dir, std::strerror(errno));
+    ::unlink(tmp.c_str());
     path_.clear();
   }
 }
@@ -219,7 +230,36 @@ struct RunEntry {
   std::string run_id;
   std::string run_dir;
   int pid = 0;
+  std::string started;  ///< process start, clock ticks since boot ("" if unknown)
 };
+
+/// When a process started (ticks since boot, /proc/<pid>/stat) as local time
+/// "2025-01-31 12:00:00"; "unknown" when it cannot be told.
+std::string started_text(const std::string& ticks) {
+  long long t = 0;
+  try {
+    t = std::stoll(ticks);
+  } catch (const std::exception&) {
+    return "unknown";
+  }
+  std::ifstream in("/proc/stat");
+  long long boot = -1;
+  for (std::string key; in >> key;) {
+    if (key == "btime") {
+      in >> boot;
+      break;
+    }
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (boot < 0 || hz <= 0) return "unknown";
+  const std::time_t when = static_cast<std::time_t>(boot + t / hz);
+  std::tm tm{};
+  if (::localtime_r(&when, &tm) == nullptr) return "unknown";
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
 
 std::vector<RunEntry> live_runs() {
   std::vector<RunEntry> out;
@@ -237,7 +277,7 @@ std::vector<RunEntry> live_runs() {
     std::ifstream in(e.path());
     RunEntry r;
     r.pid = pid;
-    std::string started;
+    std::string& started = r.started;
     std::getline(in, r.run_id);
     std::getline(in, r.run_dir);
     std::getline(in, started);
@@ -294,8 +334,11 @@ void err(const std::string& msg) {
 }  // namespace
 
 int status_command(const std::vector<std::string>& args) {
+  constexpr const char* kUsage =
+      "usage: gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]";
   bool as_json = false;
   std::optional<std::string> run_id, run_dir;
+  std::optional<int> pid;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const char* flag) -> std::optional<std::string> {
@@ -306,8 +349,16 @@ int status_command(const std::vector<std::string>& args) {
     if (a == "--json") {
       as_json = true;
     } else if (a == "-h" || a == "--help") {
-      std::puts("usage: gpurun status [--json] [--run-id ID | --run-dir DIR]");
+      std::puts(kUsage);
       return 0;
+    } else if (a == "--pid" || a.rfind("--pid=", 0) == 0) {
+      const std::optional<std::string> v = value("--pid");
+      if (!v) return err("--pid needs a value"), 2;
+      int n = 0;
+      const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+      if (v->empty() || ec != std::errc{} || p != v->data() + v->size() || n <= 0)
+        return err(fmt::format("invalid value '{}' for --pid: expected a process id", *v)), 2;
+      pid = n;
     } else if (a.rfind("--run-id", 0) == 0) {
       run_id = value("--run-id");
       if (!run_id) return err("--run-id needs a value"), 2;
@@ -319,22 +370,33 @@ int status_command(const std::vector<std::string>& args) {
       return 2;
     }
   }
+  if (run_dir && pid) {
+    err(fmt::format("--pid and --run-dir each pick one run; give one of them ({})", kUsage));
+    return 2;
+  }
   if (!run_dir) {
     std::vector<RunEntry> runs;
     for (auto& r : live_runs())
-      if (!run_id || r.run_id == *run_id) runs.push_back(r);
+      if ((!run_id || r.run_id == *run_id) && (!pid || r.pid == *pid)) runs.push_back(r);
     if (runs.empty()) {
-      err(run_id ? fmt::format("no running gpurun with run id '{}' is registered in {}", *run_id,
-                               registry_dir())
-                 : fmt::format("no running gpurun is registered in {}", registry_dir()));
+      std::string which;
+      if (run_id) which += fmt::format(" with run id '{}'", *run_id);
+      if (pid) which += fmt::format("{} pid {}", run_id ? " and" : " with", *pid);
+      err(fmt::format("no running gpurun{} is registered in {}", which, registry_dir()));
       return 1;
     }
     if (runs.size() > 1) {
       std::string list;
       for (const auto& r : runs)
-        list += fmt::format("\n  run id {}  pid {}  run dir {}", r.run_id, r.pid, r.run_dir);
-      err(fmt::format("{} running gpurun jobs match; pick one with --run-id or --run-dir:{}",
-                      runs.size(), list));
+        list += fmt::format("\n  pid {}  run dir {}  started {}{}", r.pid, r.run_dir,
+                            started_text(r.started),
+                            run_id ? std::string() : fmt::format("  run id {}", r.run_id));
+      // Several runs under one id (e.g. the default "none", or a reused --run-id): the id
+      // cannot tell them apart, the pid and the run directory can.
+      const std::string what =
+          run_id ? fmt::format("{} running gpurun jobs share the run id '{}'", runs.size(), *run_id)
+                 : fmt::format("{} running gpurun jobs are registered", runs.size());
+      err(fmt::format("{}; pick one with --pid PID or --run-dir DIR:{}", what, list));
       return 1;
     }
     run_dir = runs.front().run_dir;

@@ -135,10 +135,12 @@ class RunRegistration {
   std::string error_;
 };
 
-/// `gpurun status [--json] [--run-id ID | --run-dir DIR]` (args after "status").
-/// Prints to stdout; errors to stderr as "gpurun: error: ...". Returns the exit status:
-/// 0, 1 when no (or more than one) running job matches or status.json is unreadable,
-/// 2 for a usage error.
+/// `gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]` (args after "status").
+/// --run-id and --pid (the supervisor's) filter the registered runs; --run-dir reads that
+/// directory's status.json directly. Prints to stdout; errors to stderr as
+/// "gpurun: error: ...". Several matching runs are listed (pid, run dir, start time).
+/// Returns the exit status: 0, 1 when no (or more than one) running job matches or
+/// status.json is unreadable, 2 for a usage error.
 int status_command(const std::vector<std::string>& args);
 
 }  // namespace gpurun::control

@@ -74,6 +74,8 @@ std::string_view to_string(Decision::Kind kind) {
       return "resize";
     case Decision::Kind::kExit:
       return "exit";
+    case Decision::Kind::kSnapshot:
+      return "snapshot";
   }
   return "unknown";
 }
@@ -151,6 +153,8 @@ Decision Decision::from_json(std::string_view text) {
     d.kind = Kind::kResize;
   else if (kind == "exit")
     d.kind = Kind::kExit;
+  else if (kind == "snapshot")
+    d.kind = Kind::kSnapshot;
   else
     throw ProtocolError(fmt::format("decision has an unknown kind '{}': '{}'", kind, text));
   d.generation = get_int(o, "generation", what, text);
@@ -180,8 +184,11 @@ Decision Decision::from_json(std::string_view text) {
 
 std::string Report::to_json() const {
   return fmt::format(
-      R"({{"v":1,"rank":{},"gpu":{},"generation":{},"round":{},"epoch":{},"step":{},"pid":{},"time_ms":{}}})",
-      rank, gpu, generation, round, epoch, step, pid, time_ms);
+      R"({{"v":1,"rank":{},"gpu":{},"generation":{},"round":{},"epoch":{},"step":{},"pid":{},"time_ms":{}{}}})",
+      rank, gpu, generation, round, epoch, step, pid, time_ms,
+      std::string(has_state ? "" : R"(,"has_state":false)") +
+          (snapshot.empty() ? std::string()
+                            : ",\"snapshot\":" + json::serialize(json::string(snapshot))));
 }
 
 Report Report::from_json(std::string_view text) {
@@ -198,6 +205,16 @@ Report Report::from_json(std::string_view text) {
   r.pid = static_cast<int>(get_int(o, "pid", what, text));
   // Optional: reports of workers built before it existed have none (0 = unknown).
   if (o.contains("time_ms")) r.time_ms = get_int(o, "time_ms", what, text);
+  if (const json::value* h = o.if_contains("has_state")) {
+    if (!h->is_bool())
+      throw ProtocolError(fmt::format("report has a non-boolean 'has_state': '{}'", text));
+    r.has_state = h->as_bool();
+  }
+  if (const json::value* v = o.if_contains("snapshot")) {
+    if (!v->is_string())
+      throw ProtocolError(fmt::format("report has a non-string 'snapshot': '{}'", text));
+    r.snapshot = std::string(v->as_string());
+  }
   return r;
 }
 
@@ -207,6 +224,9 @@ std::string start(int64_t g) {
 }
 std::string joined(int64_t g, int rank) {
   return fmt::format("gpurun/gen/{}/joined/{}", g, rank);
+}
+std::string abort(int64_t g) {
+  return fmt::format("gpurun/gen/{}/abort", g);
 }
 std::string report(int64_t g, int64_t n, int rank) {
   return fmt::format("gpurun/gen/{}/round/{}/report/{}", g, n, rank);

@@ -81,7 +81,8 @@ const Decision& WorkerControl::join() {
   return current_;
 }
 
-Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
+Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step, bool has_state,
+                                        std::string snapshot) {
   Report r;
   r.rank = rank();
   r.gpu = opt_.gpu;
@@ -93,6 +94,8 @@ Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
   r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
+  r.has_state = has_state;
+  r.snapshot = std::move(snapshot);
   if (r.rank < 0)
     throw ProtocolError(
         fmt::format("slot {} reports at a boundary but is not a member of "
@@ -102,7 +105,7 @@ Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step) {
   current_json_ = wait_get(keys::decision(generation_, round_));
   Decision d = Decision::from_json(current_json_);
   current_ = d;
-  if (d.kind == Decision::Kind::kContinue) {
+  if (d.kind == Decision::Kind::kContinue || d.kind == Decision::Kind::kSnapshot) {
     ++round_;
   } else if (d.kind == Decision::Kind::kExit) {
     // The job is finishing: nothing follows this decision.

@@ -39,9 +39,81 @@ std::optional<int64_t> parse_leading_int64(std::string_view s) {
   return v;
 }
 
+// Memory estimates for stored_bytes() (libstdc++, 64-bit; documented in backend.hpp).
+// A string: its header, plus a heap block (size + NUL) once it outgrows the inline buffer.
+std::size_t string_bytes(std::size_t size) {
+  return sizeof(std::string) + (size > 15 ? size + 1 : 0);
+}
+// A hash-map node: next pointer, cached hash, malloc header.
+constexpr std::size_t kNodeBytes = 32;
+// An empty std::deque plus the map and the first 512-byte block its first element allocates.
+constexpr std::size_t kDequeBytes = sizeof(std::deque<std::string>) + 64 + 512;
+
+std::size_t kv_entry_bytes(std::size_t key_bytes, std::size_t value_bytes) {
+  return kNodeBytes + string_bytes(key_bytes) + string_bytes(value_bytes);
+}
+std::size_t queue_bytes(std::size_t key_bytes) {
+  return kNodeBytes + string_bytes(key_bytes) + kDequeBytes;
+}
+// One key of a pending WAIT: its copy in the wait's list and its waiters_by_key_ entry.
+std::size_t wait_key_bytes(std::size_t key_bytes) {
+  return 2 * string_bytes(key_bytes) + kNodeBytes + kDequeBytes;
+}
+
 }  // namespace
 
 Backend::Backend(Limits limits, Notify notify) : limits_(limits), notify_(std::move(notify)) {}
+
+Backend::~Backend() {
+  if (budget_ != nullptr) budget_->release(stored_bytes_);
+}
+
+void Backend::set_memory_budget(MemoryBudget* budget) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (budget_ != nullptr) budget_->release(stored_bytes_);
+  budget_ = budget;
+  if (budget_ != nullptr) budget_->charge(stored_bytes_);
+}
+
+std::string Backend::budget_phrase() const {
+  if (budget_ == nullptr) return "the store's memory budget";
+  return fmt::format("the store's memory budget of {} ({} in use)",
+                     MemoryBudget::format_bytes(budget_->limit_bytes()),
+                     MemoryBudget::format_bytes(budget_->used_bytes()));
+}
+
+std::size_t Backend::stored_bytes() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return stored_bytes_;
+}
+
+template <class What>
+void Backend::admit_growth(std::size_t bytes, Admit admit, What what) const {
+  if (bytes == 0) return;
+  if (admit == Admit::kWithinBudget && budget_ != nullptr && !budget_->fits(bytes)) {
+    throw StoreError(fmt::format("{} would make the store hold {} more, which does not fit {}",
+                                 what(), MemoryBudget::format_bytes(bytes), budget_phrase()));
+  }
+}
+
+template <class What>
+void Backend::grow(std::size_t bytes, Admit admit, What what) {
+  admit_growth(bytes, admit, what);
+  stored_bytes_ += bytes;
+  if (budget_ != nullptr) budget_->charge(bytes);
+}
+
+void Backend::shrink(std::size_t bytes) {
+  stored_bytes_ -= std::min(bytes, stored_bytes_);
+  if (budget_ != nullptr) budget_->release(bytes);
+}
+
+std::size_t Backend::set_growth(const std::string& key, std::size_t new_value_bytes) const {
+  auto it = kv_.find(key);
+  const std::size_t old_bytes = it == kv_.end() ? 0 : kv_entry_bytes(key.size(), it->second.size());
+  const std::size_t new_bytes = kv_entry_bytes(key.size(), new_value_bytes);
+  return new_bytes > old_bytes ? new_bytes - old_bytes : 0;
+}
 
 void Backend::set_notify(Notify notify) {
   const std::lock_guard<std::mutex> lock(mu_);
@@ -60,40 +132,62 @@ bool Backend::present(const std::string& key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
-void Backend::set(const std::string& key, std::string value) {
+void Backend::set(const std::string& key, std::string value, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
+  admit_growth(set_growth(key, value.size()), admit, [&] {
+    return fmt::format("SET of key {} with a value of {}", printable(key),
+                       MemoryBudget::format_bytes(value.size()));
+  });
   set_locked(key, std::move(value));
 }
 
 void Backend::set_locked(const std::string& key, std::string value) {
-  kv_[key] = std::move(value);
+  auto [it, inserted] = kv_.try_emplace(key);
+  const std::size_t old_bytes = inserted ? 0 : kv_entry_bytes(key.size(), it->second.size());
+  const std::size_t new_bytes = kv_entry_bytes(key.size(), value.size());
+  if (new_bytes >= old_bytes) {
+    grow(new_bytes - old_bytes, Admit::kAlways, [] { return std::string(); });
+  } else {
+    shrink(old_bytes - new_bytes);
+  }
+  it->second = std::move(value);
   wake_all(key);
 }
 
 std::string Backend::compare_set(const std::string& key, const std::string& expected,
-                                 std::string desired) {
+                                 std::string desired, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
   std::string reply;
   auto it = kv_.find(key);
-  if (it == kv_.end()) {
-    if (expected.empty()) {
-      kv_.emplace(key, desired);
-      reply = std::move(desired);
-    } else {
-      reply = expected;
-    }
-  } else if (it->second == expected) {
-    it->second = desired;
+  const bool store = it == kv_.end() ? expected.empty() : it->second == expected;
+  if (store) {
+    grow(set_growth(key, desired.size()), admit, [&] {
+      return fmt::format("COMPARE_SET of key {} with a value of {}", printable(key),
+                         MemoryBudget::format_bytes(desired.size()));
+    });
+    const std::size_t old_bytes =
+        it == kv_.end() ? 0 : kv_entry_bytes(key.size(), it->second.size());
+    const std::size_t new_bytes = kv_entry_bytes(key.size(), desired.size());
+    if (new_bytes < old_bytes) shrink(old_bytes - new_bytes);
+    kv_[key] = desired;
     reply = std::move(desired);
   } else {
-    reply = it->second;
+    reply = it == kv_.end() ? expected : it->second;
   }
   wake_all(key);
   return reply;
 }
 
-std::string Backend::get(const std::string& key) const {
+std::string Backend::get(const std::string& key, std::size_t max_reply_bytes) const {
   const std::lock_guard<std::mutex> lock(mu_);
+  auto it = kv_.find(key);
+  if (it != kv_.end() && it->second.size() > max_reply_bytes) {
+    throw StoreError(fmt::format(
+        "GET request: the reply for key {}, a value of {}, exceeds the {} that replies may "
+        "still use of {}",
+        printable(key), MemoryBudget::format_bytes(it->second.size()),
+        MemoryBudget::format_bytes(max_reply_bytes), budget_phrase()));
+  }
   return get_locked(key);
 }
 
@@ -102,7 +196,7 @@ std::string Backend::get_locked(const std::string& key) const {
   return it == kv_.end() ? std::string() : it->second;
 }
 
-int64_t Backend::add(const std::string& key, int64_t delta) {
+int64_t Backend::add(const std::string& key, int64_t delta, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
   int64_t current = 0;
   auto it = kv_.find(key);
@@ -119,8 +213,10 @@ int64_t Backend::add(const std::string& key, int64_t delta) {
     throw StoreError(fmt::format("ADD on key {}: {} + {} overflows a 64-bit integer",
                                  printable(key), current, delta));
   }
-  kv_[key] = std::to_string(result);
-  wake_all(key);
+  std::string text = std::to_string(result);
+  admit_growth(set_growth(key, text.size()), admit,
+               [&] { return fmt::format("ADD on key {}", printable(key)); });
+  set_locked(key, std::move(text));
   return result;
 }
 
@@ -129,7 +225,7 @@ bool Backend::check(const std::vector<std::string>& keys) const {
   return std::all_of(keys.begin(), keys.end(), [this](const auto& k) { return present(k); });
 }
 
-bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys) {
+bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> missing;
   for (const auto& k : keys) {
@@ -145,11 +241,26 @@ bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys) {
         "wait registrations per connection",
         missing.size(), had, limits_.max_pending_waits_per_connection));
   }
+  std::size_t bytes = kNodeBytes + sizeof(PendingWait) + sizeof(WaitId);
+  std::size_t key_bytes = 0;
+  for (const auto& k : missing) {
+    bytes += wait_key_bytes(k.size());
+    key_bytes += k.size();
+  }
+  try {
+    grow(bytes, admit, [&] {
+      return fmt::format("WAIT on {} missing key(s) of {} in all", missing.size(),
+                         MemoryBudget::format_bytes(key_bytes));
+    });
+  } catch (const StoreError&) {
+    if (registered == 0) registrations_by_conn_.erase(conn);
+    throw;
+  }
   registered += missing.size();
   const WaitId id = next_wait_id_++;
   for (const auto& k : missing) waiters_by_key_[k].push_back(id);
   waits_by_conn_[conn].push_back(id);
-  waits_.emplace(id, PendingWait{conn, missing.size(), std::move(missing)});
+  waits_.emplace(id, PendingWait{conn, missing.size(), std::move(missing), bytes});
   return false;
 }
 
@@ -173,6 +284,7 @@ void Backend::forget(WaitId id) {
     ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
     if (ids.empty()) waits_by_conn_.erase(conn_it);
   }
+  shrink(it->second.charged_bytes);
   waits_.erase(it);
 }
 
@@ -213,6 +325,7 @@ void Backend::cancel_waits_locked(ConnectionId conn) {
         ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
         if (ids.empty()) waiters_by_key_.erase(kit);
       }
+      shrink(w->second.charged_bytes);
       waits_.erase(w);
     }
     waits_by_conn_.erase(conn_it);
@@ -232,32 +345,78 @@ std::size_t Backend::num_pending_waits() const {
 
 bool Backend::delete_key(const std::string& key) {
   const std::lock_guard<std::mutex> lock(mu_);
-  return kv_.erase(key) != 0;
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  shrink(kv_entry_bytes(key.size(), it->second.size()));
+  kv_.erase(it);
+  return true;
 }
 
-void Backend::append(const std::string& key, std::string_view value) {
+void Backend::append(const std::string& key, std::string_view value, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
+  auto it = kv_.find(key);
+  const std::size_t old_size = it == kv_.end() ? 0 : it->second.size();
+  grow(set_growth(key, old_size + value.size()), admit, [&] {
+    return fmt::format("APPEND of {} to key {} (now {})", MemoryBudget::format_bytes(value.size()),
+                       printable(key), MemoryBudget::format_bytes(old_size));
+  });
   kv_[key].append(value);
   wake_all(key);
 }
 
-std::vector<std::string> Backend::multi_get(const std::vector<std::string>& keys) const {
+std::vector<std::string> Backend::multi_get(const std::vector<std::string>& keys,
+                                            std::size_t max_reply_bytes) const {
   const std::lock_guard<std::mutex> lock(mu_);
+  if (max_reply_bytes != SIZE_MAX) {
+    std::size_t reply_bytes = 0;
+    for (const auto& k : keys) {
+      auto it = kv_.find(k);
+      reply_bytes += 8 + (it == kv_.end() ? 0 : it->second.size());
+    }
+    if (reply_bytes > max_reply_bytes) {
+      throw StoreError(fmt::format(
+          "MULTI_GET request: its reply for {} key(s), {}, exceeds the {} that replies may "
+          "still use of {}",
+          keys.size(), MemoryBudget::format_bytes(reply_bytes),
+          MemoryBudget::format_bytes(max_reply_bytes), budget_phrase()));
+    }
+  }
   std::vector<std::string> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(get_locked(k));
   return out;
 }
 
-void Backend::multi_set(const std::vector<std::string>& keys, std::vector<std::string> values) {
+void Backend::multi_set(const std::vector<std::string>& keys, std::vector<std::string> values,
+                        Admit admit) {
   GPURUN_CHECK(keys.size() == values.size(), "MULTI_SET with {} keys and {} values", keys.size(),
                values.size());
   const std::lock_guard<std::mutex> lock(mu_);
+  if (admit == Admit::kWithinBudget && budget_ != nullptr) {
+    // Growth against the current map (a key repeated in the request is counted each time).
+    std::size_t growth = 0;
+    std::size_t value_bytes = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      growth += set_growth(keys[i], values[i].size());
+      value_bytes += values[i].size();
+    }
+    admit_growth(growth, admit, [&] {
+      return fmt::format("MULTI_SET of {} key(s) with {} of values", keys.size(),
+                         MemoryBudget::format_bytes(value_bytes));
+    });
+  }
   for (std::size_t i = 0; i < keys.size(); ++i) set_locked(keys[i], std::move(values[i]));
 }
 
-void Backend::queue_push(const std::string& key, std::string value) {
+void Backend::queue_push(const std::string& key, std::string value, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(key);
+  const std::size_t bytes =
+      string_bytes(value.size()) + (it == queues_.end() ? queue_bytes(key.size()) : 0);
+  grow(bytes, admit, [&] {
+    return fmt::format("QUEUE_PUSH to key {} of a value of {}", printable(key),
+                       MemoryBudget::format_bytes(value.size()));
+  });
   queues_[key].push_back(std::move(value));
   wake_one(key);
 }
@@ -269,7 +428,11 @@ std::pair<int64_t, std::optional<std::string>> Backend::queue_pop(const std::str
   const auto len = static_cast<int64_t>(it->second.size());
   std::string head = std::move(it->second.front());
   it->second.pop_front();
-  if (it->second.empty()) queues_.erase(it);
+  shrink(string_bytes(head.size()));
+  if (it->second.empty()) {
+    shrink(queue_bytes(key.size()));
+    queues_.erase(it);
+  }
   return {len, std::move(head)};
 }
 
@@ -290,8 +453,18 @@ std::vector<std::string> Backend::list_keys() const {
 void Backend::reset_keyspace(std::string_view keep_prefix) {
   const std::lock_guard<std::mutex> lock(mu_);
   auto drop = [keep_prefix](const auto& entry) { return !entry.first.starts_with(keep_prefix); };
+  std::size_t dropped = 0;
+  for (const auto& entry : kv_) {
+    if (drop(entry)) dropped += kv_entry_bytes(entry.first.size(), entry.second.size());
+  }
+  for (const auto& entry : queues_) {
+    if (!drop(entry)) continue;
+    dropped += queue_bytes(entry.first.size());
+    for (const auto& v : entry.second) dropped += string_bytes(v.size());
+  }
   std::erase_if(kv_, drop);
   std::erase_if(queues_, drop);
+  shrink(dropped);
 }
 
 std::size_t Backend::pending_waits(ConnectionId conn) const {

@@ -15,11 +15,19 @@
 #include <vector>
 
 #include "gpurun/store/frame_codec.hpp"
+#include "store/memory_budget.hpp"
 
 namespace gpurun::store {
 
 /// Identifies one client connection to the backend (assigned by the caller).
 using ConnectionId = uint64_t;
+
+/// Whether a write that makes the backend hold more memory may be refused.
+/// kAlways: never refused (gpurun's own in-process writes; charged anyway, so
+/// the budget may be exceeded by them). kWithinBudget: throws
+/// gpurun::StoreError, changing nothing, when the growth does not fit the
+/// MemoryBudget (a client's request; the server closes that connection).
+enum class Admit : uint8_t { kAlways, kWithinBudget };
 
 /// The store state. Thread-safe: every public member function takes one
 /// internal mutex for its whole duration, so each operation is atomic and all
@@ -42,7 +50,28 @@ class Backend {
   /// connection; the other limits are enforced by the frame decoder.
   explicit Backend(Limits limits = {}, Notify notify = {});
 
+  /// Releases what it holds from the budget (see set_memory_budget).
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
   void set_notify(Notify notify);
+
+  /// Charges every byte the backend holds (keys and values of the KV map and
+  /// the queues, pending waits' key lists; payload plus a fixed per-entry
+  /// estimate of the containers' overhead, see stored_bytes()) to `budget`,
+  /// which must outlive the Backend; writes with Admit::kWithinBudget are
+  /// refused when they do not fit. nullptr = no budget (the default: nothing
+  /// is refused, stored_bytes() still counts). Call before any other use.
+  void set_memory_budget(MemoryBudget* budget);
+
+  /// Bytes the backend holds by its own accounting: for a KV entry its key and
+  /// value plus ~32 bytes of node and, per string over 15 bytes, 33 bytes of
+  /// string header (std::string's inline buffer holds shorter ones); a queue:
+  /// its key and ~700 bytes of deque, plus each element; a pending WAIT: each
+  /// missing key twice (its wait's list, the per-key index) plus ~700 bytes per
+  /// key of index. What glibc's allocator adds beyond that is not counted.
+  std::size_t stored_bytes() const;
 
   /// Called synchronously after every write that wakes waiters (SET, COMPARE_SET, ADD,
   /// APPEND, each key of MULTI_SET) to a key starting with the prefix given to
@@ -56,23 +85,29 @@ class Backend {
   void set_write_observer(std::string prefix, WriteObserver observer);
 
   /// SET: store `value` and wake waiters on `key`.
-  void set(const std::string& key, std::string value);
+  /// Throws gpurun::StoreError (nothing stored) if `admit` is kWithinBudget and
+  /// the growth does not fit the budget; the same holds for every write below
+  /// that takes an Admit.
+  void set(const std::string& key, std::string value, Admit admit = Admit::kAlways);
 
   /// COMPARE_SET, four cases: missing+expected empty → store desired, return it;
   /// missing+expected non-empty → return expected, store nothing; present and
   /// equal → store desired, return it; present and different → return current.
   /// Wakes waiters on `key` in every case (as torch's libuv server does).
-  std::string compare_set(const std::string& key, const std::string& expected, std::string desired);
+  std::string compare_set(const std::string& key, const std::string& expected, std::string desired,
+                          Admit admit = Admit::kAlways);
 
   /// GET: the value, or an empty value when `key` is missing (libuv behaviour).
-  std::string get(const std::string& key) const;
+  /// Throws gpurun::StoreError, copying nothing, when the value is longer than
+  /// `max_reply_bytes` (what the budget can still take for the reply).
+  std::string get(const std::string& key, std::size_t max_reply_bytes = SIZE_MAX) const;
 
   /// ADD: parse the current value like C `stoll` (leading whitespace, optional
   /// sign, digits, trailing junk ignored; missing key = 0), add `delta`, store
   /// the result as decimal text, wake waiters, return it.
   /// Throws gpurun::StoreError naming the key when the current value has no
   /// leading integer, is out of int64 range, or the sum overflows int64.
-  int64_t add(const std::string& key, int64_t delta);
+  int64_t add(const std::string& key, int64_t delta, Admit admit = Admit::kAlways);
 
   /// CHECK: true iff every key exists in the KV map or is a non-empty queue.
   bool check(const std::vector<std::string>& keys) const;
@@ -82,8 +117,9 @@ class Backend {
   /// false; each later SET/ADD/APPEND/COMPARE_SET/MULTI_SET of one of them
   /// (or a QUEUE_PUSH that picks this wait) counts down, and at zero Notify
   /// fires once. Throws gpurun::StoreError when `conn` would exceed
-  /// limits.max_pending_waits_per_connection registrations.
-  bool wait(ConnectionId conn, const std::vector<std::string>& keys);
+  /// limits.max_pending_waits_per_connection registrations, or (kWithinBudget)
+  /// when the registrations' memory does not fit the budget.
+  bool wait(ConnectionId conn, const std::vector<std::string>& keys, Admit admit = Admit::kAlways);
 
   /// CANCEL_WAIT: drops every pending wait of `conn`. The reply is always 1.
   void cancel_waits(ConnectionId conn);
@@ -98,17 +134,22 @@ class Backend {
   bool delete_key(const std::string& key);
 
   /// APPEND: concatenate to the value (create if missing); wakes waiters.
-  void append(const std::string& key, std::string_view value);
+  void append(const std::string& key, std::string_view value, Admit admit = Admit::kAlways);
 
-  /// MULTI_GET: values in order, empty for missing keys.
-  std::vector<std::string> multi_get(const std::vector<std::string>& keys) const;
+  /// MULTI_GET: values in order, empty for missing keys. Throws
+  /// gpurun::StoreError, copying nothing, when the values and their 8-byte
+  /// length prefixes sum to more than `max_reply_bytes` (a MULTI_GET may name
+  /// one 8 MiB value 131072 times: a 1 TiB reply).
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     std::size_t max_reply_bytes = SIZE_MAX) const;
 
   /// MULTI_SET: SET for each pair, in order. Sizes must match (decoder guarantees).
-  void multi_set(const std::vector<std::string>& keys, std::vector<std::string> values);
+  void multi_set(const std::vector<std::string>& keys, std::vector<std::string> values,
+                 Admit admit = Admit::kAlways);
 
   /// QUEUE_PUSH: append to the FIFO of `key` (separate from the KV map) and
   /// wake at most one waiter on `key`.
-  void queue_push(const std::string& key, std::string value);
+  void queue_push(const std::string& key, std::string value, Admit admit = Admit::kAlways);
 
   /// QUEUE_POP: returns {length before the pop, head value}; {0, nullopt} when empty.
   std::pair<int64_t, std::optional<std::string>> queue_pop(const std::string& key);
@@ -135,10 +176,23 @@ class Backend {
     ConnectionId conn;
     std::size_t remaining;          // registrations not yet counted down
     std::vector<std::string> keys;  // registered keys (with repeats)
+    std::size_t charged_bytes;      // stored_bytes_ held for it, released by forget()
   };
 
   // The helpers below expect mu_ to be held by the caller.
   void set_locked(const std::string& key, std::string value);
+  // Accounts `bytes` more held memory; with kWithinBudget first throws StoreError (what() + the
+  // budget's numbers) when they do not fit. `what` describes the request.
+  template <class What>
+  void grow(std::size_t bytes, Admit admit, What what);
+  // The check alone (throws or returns; accounts nothing).
+  template <class What>
+  void admit_growth(std::size_t bytes, Admit admit, What what) const;
+  void shrink(std::size_t bytes);
+  // stored_bytes_ growth of SET key=value (0 when it shrinks).
+  std::size_t set_growth(const std::string& key, std::size_t new_value_bytes) const;
+  // "the store's memory budget of N bytes (U in use)", for refusal messages.
+  std::string budget_phrase() const;
   std::string get_locked(const std::string& key) const;
   void cancel_waits_locked(ConnectionId conn);
   // A key was written: count down every wait registered on it.
@@ -162,6 +216,8 @@ class Backend {
   std::unordered_map<ConnectionId, std::vector<WaitId>> waits_by_conn_;
   std::unordered_map<ConnectionId, std::size_t> registrations_by_conn_;
   WaitId next_wait_id_ = 1;
+  MemoryBudget* budget_ = nullptr;
+  std::size_t stored_bytes_ = 0;
 };
 
 }  // namespace gpurun::store

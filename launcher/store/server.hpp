@@ -1,7 +1,10 @@
 // gpurun::store::Server — TCPStore-compatible server (torch >= 2.3 clients) on
 // Boost.Asio: one reactor thread with its own io_context per core (up to 8),
 // sessions spread round-robin over them, one thread-safe Backend shared by
-// all. Protocol, limits and threading: docs/store-protocol.md.
+// all, one MemoryBudget for everything clients make it hold. Protocol, limits
+// and threading: docs/store-protocol.md. This is the facade; the parts:
+// reactor_pool.hpp (threads), listener.hpp (acceptors), session.hpp (one
+// connection), server_state.hpp (what they share), memory_budget.hpp.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +19,13 @@
 
 #include "gpurun/store/frame_codec.hpp"
 #include "store/backend.hpp"
+#include "store/memory_budget.hpp"
 
 namespace gpurun::store {
+
+class ReactorPool;
+class ServerState;
+class Listener;
 
 /// Default ServerOptions::threads: min(std::thread::hardware_concurrency(), 8),
 /// at least 1.
@@ -39,6 +47,19 @@ struct ServerOptions {
   int backlog = 8192;
   /// Request size limits (defaults = torch's libuv server).
   Limits limits{};
+  /// Bytes the store may hold for its clients in total, over every
+  /// connection: keys and values in the backend (with a per-entry estimate of
+  /// the containers' overhead), pending waits' key lists, requests being
+  /// received, replies not yet written, read buffers. A request that would
+  /// pass it is refused: the server closes that connection (only that one),
+  /// logging the peer, the request and the budget. Items over 64 KiB may use
+  /// only 7/8 of it, so short requests (health probes, rendezvous keys) are
+  /// still served when bulk data has filled it. gpurun's own in-process writes
+  /// (Server::backend()) are never refused. Default
+  /// default_memory_budget_bytes() = min(RAM / 8, 4 GiB), at least 256 MiB;
+  /// 0 = unlimited. Below 16 MiB the constructor throws gpurun::UsageError (a
+  /// budget must admit a maximal 8 MiB value while it is received and stored).
+  std::size_t memory_budget_bytes = default_memory_budget_bytes();
   /// Reactor threads serving the connections. 1 = no thread of its own:
   /// everything (accept, every session) runs on the io_context passed to the
   /// constructor, which must then be run by exactly one thread. N >= 2 = the
@@ -73,7 +94,8 @@ class Server {
   /// thread when options.threads >= 2), then starts the reactor threads.
   /// Keeps io from running out of work until close(), as the acceptor on io
   /// did when the server was single-threaded. Throws gpurun::StoreError naming host and port (e.g.
-  /// "cannot listen on 127.0.0.1:29500: Address already in use") on failure.
+  /// "cannot listen on 127.0.0.1:29500: Address already in use") on failure,
+  /// gpurun::UsageError for a memory_budget_bytes under 16 MiB (other than 0).
   Server(boost::asio::io_context& io, ServerOptions options);
   /// Closes listeners and sessions (same as close()), then stops and joins
   /// the reactor threads.
@@ -96,15 +118,17 @@ class Server {
   /// reactor thread leaves the count shortly after its socket closes.
   std::size_t num_sessions() const;
   /// The store state, for in-process access. Thread-safe (Backend locks every
-  /// operation); valid while the Server lives.
+  /// operation); valid while the Server lives. Writes through it use
+  /// Admit::kAlways: charged to the memory budget, never refused.
   Backend& backend();
-
-  struct Impl;
-  class Reactors;
+  /// The memory budget (ServerOptions::memory_budget_bytes) and what is
+  /// charged to it now. Thread-safe; valid while the Server lives.
+  const MemoryBudget& memory_budget() const;
 
  private:
-  std::unique_ptr<Reactors> reactors_;  // destroyed after impl_ (see ~Server)
-  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<ReactorPool> reactors_;  // destroyed after state_ (see ~Server)
+  std::shared_ptr<ServerState> state_;
+  std::shared_ptr<Listener> listener_;
 };
 
 }  // namespace gpurun::store

@@ -1,7 +1,12 @@
 #include "supervisor/cli.hpp"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <ctime>
 #include <functional>
 #include <limits>
 #include <map>
@@ -49,6 +54,32 @@ int int_flag(std::string_view flag, std::string_view value, long long lo, long l
   return static_cast<int>(*v);
 }
 
+/// "4GiB", "512MiB", "64M", "1048576" (bytes; K/M/G and KiB/MiB/GiB are powers of 1024;
+/// "0" = unlimited) -> bytes. Throws UsageError naming the flag for anything else or a size in
+/// 1 .. 16 MiB - 1 (the store must fit one 8 MiB value while it is received and stored).
+std::size_t store_budget_flag(std::string_view flag, std::string_view value) {
+  constexpr std::string_view want =
+      "a size in bytes with an optional K, M, G, KiB, MiB or GiB suffix (0 = unlimited)";
+  size_t digits = 0;
+  while (digits < value.size() && value[digits] >= '0' && value[digits] <= '9') ++digits;
+  const auto n = to_int(value.substr(0, digits), 0, (1LL << 50));
+  if (!n) bad_value(flag, value, want);
+  const std::string_view unit = value.substr(digits);
+  int shift = -1;
+  if (unit.empty()) shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  if (shift < 0) bad_value(flag, value, want);
+  const auto bytes = static_cast<unsigned long long>(*n) << shift;
+  if (bytes != 0 && bytes < (16ULL << 20))
+    throw UsageError(fmt::format(
+        "invalid value '{}' for --{}: {} bytes is under the 16 MiB minimum (one 8 MiB value "
+        "must fit while it is received and stored); 0 means unlimited",
+        value, flag, bytes));
+  return static_cast<std::size_t>(bytes);
+}
+
 std::optional<std::string> run_id_problem(std::string_view id) {
   if (id.empty()) return "a run id cannot be empty";
   if (id.find_first_not_of('.') == std::string_view::npos)
@@ -91,19 +122,146 @@ std::string canonical(std::string_view name) {
 StdSpec parse_std_spec(std::string_view flag, std::string_view value) {
   constexpr std::string_view kWant = "0-3 or a per-local-rank map like 0:1,1:2";
   StdSpec spec;
+  spec.text = std::string(value);
   if (value.find(':') == std::string_view::npos) {
     spec.all = detail::int_flag(flag, value, 0, 3, kWant);
     return spec;
   }
-  for (auto item : detail::split(value, ',')) {
-    auto parts = detail::split(detail::trim(item), ':');
+  std::map<int, std::size_t> piece_of;  // local rank -> the piece (from 1) that gave it
+  const auto items = detail::split(value, ',');
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (detail::trim(items[i]).empty())
+      throw UsageError(
+          fmt::format("invalid value '{}' for --{}: piece {} is empty", value, flag, i + 1));
+    auto parts = detail::split(detail::trim(items[i]), ':');
     if (parts.size() != 2) detail::bad_value(flag, value, kWant);
     auto rank = detail::to_int(detail::trim(parts[0]), 0, std::numeric_limits<int>::max());
     auto bits = detail::to_int(detail::trim(parts[1]), 0, 3);
     if (!rank || !bits) detail::bad_value(flag, value, kWant);
-    spec.per_rank[static_cast<int>(*rank)] = static_cast<int>(*bits);
+    const int r = static_cast<int>(*rank);
+    if (const auto seen = piece_of.find(r); seen != piece_of.end())
+      throw UsageError(fmt::format(
+          "invalid value '{}' for --{}: local rank {} is given twice (pieces {} and {})", value,
+          flag, r, seen->second, i + 1));
+    piece_of.emplace(r, i + 1);
+    spec.per_rank[r] = static_cast<int>(*bits);
   }
   return spec;
+}
+
+void check_local_ranks(const Options& o, int local_ranks, std::string_view counted_by) {
+  const std::string whose =
+      counted_by.empty() ? fmt::format("--nproc {}", local_ranks) : std::string(counted_by);
+  const auto check = [&](std::string_view flag, const StdSpec& spec) {
+    if (spec.per_rank.empty() || spec.per_rank.rbegin()->first < local_ranks) return;
+    const auto items = detail::split(spec.text, ',');
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto parts = detail::split(detail::trim(items[i]), ':');
+      const auto rank = detail::to_int(detail::trim(parts[0]), 0, std::numeric_limits<int>::max());
+      if (!rank || *rank < local_ranks) continue;
+      throw UsageError(fmt::format(
+          "invalid value '{}' for --{}: piece {} ('{}') names local rank {}, but {} has {}",
+          spec.text, flag, i + 1, detail::trim(items[i]), *rank, whose,
+          local_ranks == 1 ? std::string("only local rank 0")
+                           : fmt::format("local ranks 0-{}", local_ranks - 1)));
+    }
+  };
+  check("redirects", o.redirects);
+  check("tee", o.tee);
+}
+
+namespace {
+/// getaddrinfo's answer for the name `host` within `timeout`: 0, an EAI_* code, or EAI_AGAIN
+/// with `timed_out` set. getaddrinfo_a runs the lookup on glibc's own thread; a lookup that does
+/// not answer in time is cancelled (or, when glibc cannot cancel it, left to finish on its own: its
+/// request block is then deliberately not freed).
+int lookup(const std::string& host, std::chrono::milliseconds timeout, bool& timed_out) {
+  struct Request {
+    std::string host;
+    addrinfo hints{};
+    gaicb cb{};
+  };
+  auto* req = new Request;
+  req->host = host;
+  req->hints.ai_family = AF_UNSPEC;
+  req->hints.ai_socktype = SOCK_STREAM;
+  req->hints.ai_flags = 0;  // no AI_ADDRCONFIG: a loopback-only host still resolves ::1
+  req->cb.ar_name = req->host.c_str();
+  req->cb.ar_request = &req->hints;
+  gaicb* list[] = {&req->cb};
+  if (const int rc = ::getaddrinfo_a(GAI_NOWAIT, list, 1, nullptr); rc != 0) {
+    delete req;
+    return rc;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (::gai_error(&req->cb) == EAI_INPROGRESS) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) break;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec wait{static_cast<time_t>(ns / 1'000'000'000),
+                        static_cast<long>(ns % 1'000'000'000)};
+    const gaicb* const waiting[] = {&req->cb};
+    ::gai_suspend(waiting, 1, &wait);  // EAI_AGAIN (timeout), EAI_INTR or done: re-check
+  }
+  if (::gai_error(&req->cb) == EAI_INPROGRESS) {
+    const int cancel = ::gai_cancel(&req->cb);
+    if (cancel != EAI_ALLDONE) {  // it answered just now: use the answer
+      timed_out = true;
+      if (cancel == EAI_CANCELED) delete req;  // else glibc still holds it
+      return EAI_AGAIN;
+    }
+  }
+  const int rc = ::gai_error(&req->cb);
+  if (req->cb.ar_result) ::freeaddrinfo(req->cb.ar_result);
+  delete req;
+  return rc;
+}
+
+/// True when `host` is in the .invalid domain, which never resolves (RFC 6761 6.4: resolvers
+/// answer it at once, without asking DNS).
+bool invalid_domain(std::string_view host) {
+  while (!host.empty() && host.back() == '.') host.remove_suffix(1);
+  constexpr std::string_view kInvalid = "invalid";
+  if (host.size() < kInvalid.size()) return false;
+  const std::string_view tail = host.substr(host.size() - kInvalid.size());
+  for (std::size_t i = 0; i < tail.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(tail[i])) != kInvalid[i]) return false;
+  return host.size() == kInvalid.size() || host[host.size() - kInvalid.size() - 1] == '.';
+}
+}  // namespace
+
+AddressCheck check_master_addr(const std::string& addr, std::chrono::milliseconds timeout) {
+  AddressCheck out;
+  std::string host = addr;
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  // A literal needs no lookup: numeric first (no DNS, no /etc/hosts, never blocks).
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* numeric = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &numeric) == 0) {
+    ::freeaddrinfo(numeric);
+    if (!bracketed || host.find(':') != std::string::npos) return out;
+  }
+  if (bracketed || host.find_first_of("[]") != std::string::npos) {
+    out.result = AddressCheck::Result::kUnresolvable;
+    out.reason = "brackets enclose only an IPv6 address, e.g. [::1]";
+    return out;
+  }
+  if (invalid_domain(host)) {
+    out.result = AddressCheck::Result::kUnresolvable;
+    out.reason = ::gai_strerror(EAI_NONAME);
+    return out;
+  }
+  bool timed_out = false;
+  const int rc = lookup(host, timeout, timed_out);
+  if (rc == 0) return out;
+  out.result = timed_out ? AddressCheck::Result::kTimedOut : AddressCheck::Result::kUnresolvable;
+  out.reason = timed_out ? fmt::format("no answer within {} ms", timeout.count())
+                         : std::string(::gai_strerror(rc));
+  return out;
 }
 
 Options parse(int argc, const char* const* argv) {
@@ -170,6 +328,7 @@ Options parse(const std::vector<std::string>& args) {
         [&](std::string_view f, std::string_view v) {
           if (v.empty()) detail::bad_value(f, v, "a host name or address");
           o.master_addr = std::string(v);
+          o.master_addr_given = true;
         }}},
       {"master-port",
        {true,
@@ -179,6 +338,11 @@ Options parse(const std::vector<std::string>& args) {
           o.master_port_given = true;
         }}},
       {"standalone", {false, [&](std::string_view, std::string_view) { o.standalone = true; }}},
+      {"store-memory-budget",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          o.store_memory_budget = detail::store_budget_flag(f, v);
+        }}},
       {"max-restarts",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -213,10 +377,16 @@ Options parse(const std::vector<std::string>& args) {
       {"ranks-filter",
        {true,
         [&](std::string_view f, std::string_view v) {
+          constexpr std::string_view kWant = "a comma-separated list of ranks like 0,3";
           std::set<int> ranks;
-          for (auto item : detail::split(v, ','))
-            ranks.insert(detail::int_flag(f, detail::trim(item), 0, kMaxInt,
-                                          "a comma-separated list of ranks like 0,3"));
+          const auto items = detail::split(v, ',');
+          for (std::size_t k = 0; k < items.size(); ++k) {
+            if (detail::trim(items[k]).empty())
+              throw UsageError(
+                  fmt::format("invalid value '{}' for --{}: piece {} is empty; expected {}", v, f,
+                              k + 1, kWant));
+            ranks.insert(detail::int_flag(f, detail::trim(items[k]), 0, kMaxInt, kWant));
+          }
           o.ranks_filter = std::move(ranks);
         }}},
       {"log-line-prefix-template",
@@ -333,6 +503,10 @@ Options parse(const std::vector<std::string>& args) {
         "--master-port 0 cannot be used on a node with --node-rank > 0: give the port that node 0 "
         "listens on");
   if (o.module && o.no_python) throw UsageError("--module and --no-python cannot be combined");
+  // The local ranks are known here for a plain --nproc N (elastic mode on GPUs makes every
+  // visible GPU a slot: main checks once it knows them, as for --nproc gpu|cpu|auto).
+  if (o.nproc_mode == NprocMode::kCount && !(o.config && o.device == Device::kCuda))
+    check_local_ranks(o, o.nproc);
   return o;
 }
 
@@ -353,6 +527,9 @@ Topology:
   --master-addr ADDR      store address given to workers (default 127.0.0.1)
   --master-port PORT      store port (default 29500); 0 = pick a free port
   --standalone            single node: MASTER_ADDR=localhost, free port, random run id
+  --store-memory-budget SIZE  bytes the store may hold for all clients together (e.g. 2GiB;
+                          default min(RAM/8, 4 GiB); 0 = unlimited); a client whose request
+                          would exceed it loses its connection
   --device cuda|cpu       slots are GPUs (default cuda) or CPU-only virtual slots
 
 Supervision:

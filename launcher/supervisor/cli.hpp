@@ -1,6 +1,7 @@
 // Command-line parsing for the gpurun binary (reference: docs/cli.md).
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,8 +18,34 @@ namespace gpurun::supervisor {
 Options parse(int argc, const char* const* argv);
 Options parse(const std::vector<std::string>& args);  ///< args without argv[0]
 
-/// Parses a --redirects/--tee value ("3", "0:1,1:2"). Throws UsageError.
+/// Parses a --redirects/--tee value ("3", "0:1,1:2"). Throws UsageError, also for an empty
+/// piece ("0:1,,1:2") or a local rank given twice ("0:1,0:2").
 StdSpec parse_std_spec(std::string_view flag, std::string_view value);
+
+/// Throws UsageError when a per-local-rank --redirects/--tee map names a local rank outside
+/// [0, local_ranks), naming the piece. parse() runs it for --nproc N (except in elastic mode on
+/// GPUs); main runs it again once the slot count is known. `counted_by` names the count in the
+/// message ("--config: the 8 visible GPUs"); empty: "--nproc <local_ranks>".
+void check_local_ranks(const Options& options, int local_ranks, std::string_view counted_by = {});
+
+/// Whether --master-addr resolves (checked at start, so that workers do not fail later).
+struct AddressCheck {
+  enum class Result {
+    kOk,            ///< an IPv4/IPv6 literal (bare or in brackets) or a name that resolves
+    kUnresolvable,  ///< reason: getaddrinfo's message or what is wrong with the text
+    kTimedOut,      ///< the resolver gave no answer within the timeout (DNS unreachable?)
+  };
+  Result result = Result::kOk;
+  std::string reason;
+};
+
+/// Checks `addr` as given to --master-addr: "10.0.0.1", "::1", "[::1]", "node0". Literals are
+/// checked with AI_NUMERICHOST (no DNS); names through getaddrinfo without AI_ADDRCONFIG,
+/// waiting at most `timeout`; names under .invalid fail at once (RFC 6761). Blocks up to
+/// `timeout`; never throws (bad_alloc aside). The address itself is not rewritten: workers
+/// get it verbatim.
+AddressCheck check_master_addr(const std::string& addr,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(2));
 
 /// The --help text, with examples.
 std::string help_text();

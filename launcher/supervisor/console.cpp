@@ -3,10 +3,46 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 
 namespace gpurun::supervisor {
 
-void FdConsole::write(StreamId stream, std::string_view text) {
+void Console::write(StreamId stream, std::string_view text) {
+  write_from(stream, text, -1, false);
+}
+
+void Console::write_from(StreamId stream, std::string_view text, int source, bool open) {
+  if (open_source_ && (*open_source_ != source || open_stream_ != stream || source < 0)) {
+    // Someone else writes: end the open line first (in the same write when possible).
+    if (open_stream_ == stream) {
+      std::string joined;
+      joined.reserve(text.size() + 1);
+      joined += '\n';
+      joined += text;
+      open_source_.reset();
+      put(stream, joined);
+      if (open) open_source_ = source;
+      open_stream_ = stream;
+      return;
+    }
+    put(open_stream_, "\n");
+    open_source_.reset();
+  }
+  put(stream, text);
+  if (open && source >= 0) {
+    open_source_ = source;
+    open_stream_ = stream;
+  } else {
+    open_source_.reset();
+  }
+}
+
+FdConsole::FdConsole() {
+  tty_[1] = ::isatty(1) == 1;
+  tty_[2] = ::isatty(2) == 1;
+}
+
+void FdConsole::put(StreamId stream, std::string_view text) {
   const int fd = static_cast<int>(stream);
   if (broken_[fd]) return;
   while (!text.empty()) {

@@ -1,6 +1,7 @@
 // Where merged worker output and gpurun's own messages go.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -8,23 +9,52 @@
 
 namespace gpurun::supervisor {
 
-/// Line-atomic output: each write() call carries one or more whole lines and
-/// is never interleaved with another call. Called on the io thread only.
+/// Line-atomic output: each put() carries one or more whole lines and is never interleaved
+/// with another call. Called on the io thread only.
+///
+/// Open lines (a worker's progress bar on a terminal console): write_from(..., open = true)
+/// leaves the cursor on the line it drew ("\r<prefix>text", no "\n") so the next redraw from
+/// the same source overwrites it in place. Any other write (another rank, the other stream
+/// of the same rank, gpurun's own messages) first ends the open line with "\n", so a line
+/// never starts in the middle of someone's bar: lines of different ranks never mix.
 class Console {
  public:
   virtual ~Console() = default;
+
   /// Writes `text` (ending in '\n') to the console's stdout or stderr.
-  virtual void write(StreamId stream, std::string_view text) = 0;
+  void write(StreamId stream, std::string_view text);
+  /// Writes a worker's output. `source` names the writer (the supervisor uses one id per
+  /// rank and stream); `open`: `text` does not end in '\n' and the line stays open for
+  /// `source`'s next write.
+  void write_from(StreamId stream, std::string_view text, int source, bool open);
+
+  /// Whether `stream` is a terminal. Worker streams shown on a terminal get a pseudo-terminal
+  /// and their "\r" redraws are forwarded at once (docs/cli.md, "Console and log files").
+  virtual bool is_terminal(StreamId stream) const = 0;
+
+ protected:
+  /// One write of `text` to `stream`, whole.
+  virtual void put(StreamId stream, std::string_view text) = 0;
+
+ private:
+  std::optional<int> open_source_;  // a line left open by write_from(open = true)
+  StreamId open_stream_ = StreamId::kStdout;
 };
 
 /// The real console: gpurun's fds 1 and 2. A stream whose reader is gone
 /// (EPIPE) is dropped silently; gpurun carries on (SIGPIPE is ignored by main).
+/// is_terminal: isatty() of fd 1 / fd 2 when constructed.
 class FdConsole : public Console {
  public:
-  void write(StreamId stream, std::string_view text) override;
+  FdConsole();
+  bool is_terminal(StreamId stream) const override { return tty_[static_cast<int>(stream)]; }
+
+ protected:
+  void put(StreamId stream, std::string_view text) override;
 
  private:
   bool broken_[3] = {false, false, false};
+  bool tty_[3] = {false, false, false};
 };
 
 }  // namespace gpurun::supervisor

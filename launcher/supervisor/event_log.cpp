@@ -70,13 +70,25 @@ std::string EventLog::format_record(std::chrono::system_clock::time_point ts,
 
 void EventLog::emit(std::string_view event, const JsonObject& fields) {
   if (fd_ < 0) return;
-  std::string line = format_record(clock_(), event, fields);
+  const auto ts = clock_();
+  std::string line = format_record(ts, event, fields);
+  if (line.size() > kMaxRecordBytes) {
+    // One line a reader can still take in: the event, that it was cut, and how big it was.
+    const std::size_t size = line.size();
+    line = format_record(ts, event,
+                         JsonObject()
+                             .add("truncated", true)
+                             .add("record_bytes", static_cast<int64_t>(size))
+                             .add("limit_bytes", static_cast<int64_t>(kMaxRecordBytes)));
+  }
   line.push_back('\n');
   const ssize_t n = ::write(fd_, line.data(), line.size());
   if (n != static_cast<ssize_t>(line.size()) && !write_failed_) {
     write_failed_ = true;
-    const std::string msg = fmt::format("gpurun: writing event log '{}' failed: {}\n", path_,
-                                        n < 0 ? std::strerror(errno) : "short write");
+    const std::string msg = fmt::format(
+        "gpurun: warning: writing event log '{}' failed: {}; the job goes on (later "
+        "failures are not reported)\n",
+        path_, n < 0 ? std::strerror(errno) : "short write");
     [[maybe_unused]] auto r = ::write(STDERR_FILENO, msg.data(), msg.size());
   }
 }

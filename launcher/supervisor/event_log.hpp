@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -33,8 +34,13 @@ class EventLog {
 
   bool enabled() const { return fd_ >= 0; }
 
-  /// Writes one record. Write errors are reported once on stderr and then
-  /// ignored: the event log never changes the job's outcome.
+  /// Largest record written, in bytes (without the newline). A bigger one is replaced by
+  /// {"ts", "event", "truncated": true, "record_bytes": N, "limit_bytes": kMaxRecordBytes}.
+  static constexpr std::size_t kMaxRecordBytes = 64 * 1024;
+
+  /// Writes one record (at most kMaxRecordBytes). Write errors are reported once on stderr
+  /// ("gpurun: warning: writing event log '<path>' failed: <reason>; …") and then ignored:
+  /// the event log never changes the job's outcome.
   void emit(std::string_view event, const JsonObject& fields = {});
 
   /// The record text without the trailing newline (exposed for tests).

@@ -28,6 +28,7 @@ struct StdSpec {
 
   int all = kNone;              ///< value for ranks absent from per_rank
   std::map<int, int> per_rank;  ///< local rank -> value; empty when `all` applies to all
+  std::string text;             ///< the value as given on the command line (for messages)
 
   /// Bit set for one local rank.
   int for_local_rank(int local_rank) const {
@@ -48,9 +49,13 @@ struct Options {
   int nnodes = 1;     ///< static number of nodes
   int node_rank = 0;  ///< this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;  ///< --master-addr was on the command line
   uint16_t master_port = 29500;    ///< 0 = bind a free port and tell the workers
   bool master_port_given = false;  ///< --master-port was on the command line
   bool standalone = false;         ///< localhost + free port + random run id
+  /// --store-memory-budget: the store's ServerOptions::memory_budget_bytes (bytes; 0 =
+  /// unlimited); nullopt = its default, min(RAM / 8, 4 GiB).
+  std::optional<std::size_t> store_memory_budget;
 
   // --- supervision --------------------------------------------------------
   int max_restarts = 0;                            ///< whole-set restarts after a failure

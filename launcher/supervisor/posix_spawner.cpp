@@ -1,12 +1,15 @@
 #include "supervisor/posix_spawner.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <array>
@@ -23,6 +26,7 @@
 #include <boost/asio/readable_pipe.hpp>
 
 #include "gpurun/check.hpp"
+#include "gpurun/unique_fd.hpp"
 #include "supervisor/boost_process.hpp"
 
 // AddressSanitizer builds (GPURUN_SANITIZE=address; GCC defines __SANITIZE_ADDRESS__, clang
@@ -126,7 +130,7 @@ struct WorkerInit {
     // Ignored dispositions survive exec: give the worker a clean slate.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD})
+    for (int sig : {SIGPIPE, SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGXFSZ})
       ::sigaction(sig, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
@@ -227,6 +231,38 @@ struct CloneLauncher : bp::posix::default_launcher {
     return proc;
   }
 };
+
+/// A pseudo-terminal for one output stream of a worker: the master (read by gpurun) and the
+/// slave (the worker's fd 1 or 2), both close-on-exec, neither anyone's controlling terminal.
+struct Pty {
+  int master = -1;  // handed to an Asio pipe, which closes it
+  UniqueFd slave;
+};
+
+/// Opens a pty whose slave is raw (cfmakeraw: no output processing, so no "\n" -> "\r\n"
+/// translation, and no echo) and has the window size of gpurun's fd `like_fd` when that is a
+/// terminal. nullopt when none can be opened (no /dev/ptmx, the pty limit reached).
+std::optional<Pty> open_pty(int like_fd) {
+  UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (!master) return std::nullopt;
+  if (::grantpt(master.get()) != 0 || ::unlockpt(master.get()) != 0) return std::nullopt;
+  char name[128];
+  if (::ptsname_r(master.get(), name, sizeof name) != 0) return std::nullopt;
+  UniqueFd slave(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (!slave) return std::nullopt;
+  termios t{};
+  if (::tcgetattr(slave.get(), &t) == 0) {
+    ::cfmakeraw(&t);
+    ::tcsetattr(slave.get(), TCSANOW, &t);
+  }
+  winsize ws{};
+  if (::ioctl(like_fd, TIOCGWINSZ, &ws) == 0) ::ioctl(slave.get(), TIOCSWINSZ, &ws);
+  Pty p;
+  p.master = ::fcntl(master.get(), F_DUPFD_CLOEXEC, 3);  // a copy the caller owns
+  if (p.master < 0) return std::nullopt;
+  p.slave = std::move(slave);
+  return p;
+}
 
 /// Pids of direct children of this process, from /proc/self/task/*/children.
 std::vector<int> child_pids() {
@@ -367,9 +403,23 @@ std::unique_ptr<WorkerProcess> PosixSpawner::spawn(const SpawnRequest& req,
   init.envp = envp.data();
   init.nofile = options_.worker_nofile;
   std::vector<std::string> args(req.argv.begin() + 1, req.argv.end());
+  // Pseudo-terminals where asked (and possible); else pipes. The master is read like a pipe;
+  // the slave is the worker's, closed here once it is started (so that the worker's exit
+  // shows as a hang-up at the master).
+  std::optional<Pty> out_pty = req.stdout_pty ? open_pty(STDOUT_FILENO) : std::nullopt;
+  std::optional<Pty> err_pty = req.stderr_pty ? open_pty(STDERR_FILENO) : std::nullopt;
   bp::error_code ec;
-  {
-    bp::process_stdio stdio{{}, state->out, state->err};
+  for (auto [pty, pipe] : {std::pair{&out_pty, &state->out}, std::pair{&err_pty, &state->err}}) {
+    if (!*pty) continue;
+    if (!ec) pipe->assign((*pty)->master, ec);  // the pipe owns the master from here
+    if (ec || !pipe->is_open()) ::close((*pty)->master);
+  }
+  if (!ec) {
+    using OutBinding = bp::detail::process_output_binding;
+    using ErrBinding = bp::detail::process_error_binding;
+    bp::process_stdio stdio{{},
+                            out_pty ? OutBinding(out_pty->slave.get()) : OutBinding(state->out),
+                            err_pty ? ErrBinding(err_pty->slave.get()) : ErrBinding(state->err)};
     ec = stdio.out.ec ? stdio.out.ec : stdio.err.ec;  // pipe creation (EMFILE, ENFILE)
     CloneLauncher launcher;
     if (!ec)

@@ -23,7 +23,11 @@ struct PosixSpawnerOptions {
 /// PR_SET_PDEATHSIG=SIGKILL, so it dies with gpurun even after `kill -9`.
 /// If gpurun died between clone and prctl, the child exits at once (127).
 /// The child gets default signal dispositions and an empty signal mask; stdin
-/// is inherited, stdout/stderr are pipes read on `io`'s thread; no other
+/// is inherited, stdout/stderr are pipes read on `io`'s thread, or pseudo-terminals when the
+/// request asks (stdout_pty/stderr_pty): raw mode (no ONLCR, no echo: the bytes are the
+/// worker's), the window size of gpurun's own fd 1/2, not the worker's controlling terminal;
+/// the hang-up at the master (EIO once every slave fd is closed) counts as end of stream,
+/// after every byte written before it has been delivered. No other
 /// descriptor of gpurun is inherited. Spawning costs O(1) in the number of workers
 /// already running (clone(CLONE_VM|CLONE_VFORK), not fork: see posix_spawner.cpp).
 /// Grandchildren are not covered by the death signal: they die with gpurun only

@@ -35,6 +35,12 @@ struct SpawnRequest {
   int local_rank = 0;
   std::vector<std::string> argv;
   EnvMap env;
+  /// Give the worker a pseudo-terminal instead of a pipe as its stdout / stderr (the
+  /// supervisor asks for one when that stream is shown on a terminal), so isatty() is true in
+  /// the worker and progress bars redraw. The spawner falls back to a pipe when no
+  /// pseudo-terminal can be opened.
+  bool stdout_pty = false;
+  bool stderr_pty = false;
 };
 
 /// Notifications from one worker; all run on the supervisor's io thread.

@@ -4,6 +4,8 @@
 // plain torchrun replacement.
 #pragma once
 
+#include <string>
+
 #include "supervisor/process_spawner.hpp"
 
 namespace gpurun::supervisor {
@@ -23,6 +25,8 @@ class SlotController {
   virtual bool holds_job_open() const = 0;
   /// True when a member finished training (decides the exit status after absorbed failures).
   virtual bool succeeded() const = 0;
+  /// Why the elastic job failed when succeeded() is false (the end of the failure line).
+  virtual std::string failure_summary() const { return "every elastic worker failed"; }
   /// SIGHUP: reload the config.
   virtual void on_reload_request() = 0;
 };

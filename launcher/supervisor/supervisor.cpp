@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,25 +20,33 @@ namespace gpurun::supervisor {
 
 namespace asio = boost::asio;
 
+/// One output stream of a worker: its splitter, log file and console routing.
+struct Supervisor::Stream {
+  bool open = true;  // not yet at EOF
+  LineSplitter lines;
+  UniqueFd file;
+  std::string path;     // the log file's path (for the write-failure warning)
+  bool console = true;  // shown on the console
+  bool drawn = false;   // a redraw of this stream is the console's open line
+};
+
 struct Supervisor::Worker {
   int rank = 0;
   int local_rank = 0;
   int pid = -1;
   std::unique_ptr<WorkerProcess> proc;
   std::optional<ExitStatus> exit;
-  bool out_open = true;
-  bool err_open = true;
-  LineSplitter out_lines;
-  LineSplitter err_lines;
+  Stream out;
+  Stream err;
   std::deque<std::string> err_tail;
-  UniqueFd out_file;
-  UniqueFd err_file;
-  bool console_out = true;
-  bool console_err = true;
   std::string prefix;
   std::string error_file;
   std::string start_error;  // why the process could not be started (no pid, no exit status)
 };
+
+Supervisor::Stream& Supervisor::stream(Worker& w, StreamId id) {
+  return id == StreamId::kStdout ? w.out : w.err;
+}
 
 struct Supervisor::Failure {
   int rank = 0;
@@ -116,8 +125,12 @@ void Supervisor::open_logs(Worker& w, bool append) {
     const bool teed = (opt_.tee.for_local_rank(w.local_rank) & bit) != 0;
     return rank_on_console && (!redirected || teed);
   };
-  w.console_out = shown(StdSpec::kStdout);
-  w.console_err = shown(StdSpec::kStderr);
+  w.out.console = shown(StdSpec::kStdout);
+  w.err.console = shown(StdSpec::kStderr);
+  // A stream shown on a terminal is forwarded in redraw mode (its "\r" segments at once), and
+  // its worker gets a pseudo-terminal for it (launch()).
+  w.out.lines = LineSplitter(64 * 1024, w.out.console && console_.is_terminal(StreamId::kStdout));
+  w.err.lines = LineSplitter(64 * 1024, w.err.console && console_.is_terminal(StreamId::kStderr));
 
   const std::string dir = fmt::format("{}/attempt_{}/{}", opt_.plan.run_dir, attempt_, w.rank);
   std::error_code ec;
@@ -126,15 +139,15 @@ void Supervisor::open_logs(Worker& w, bool append) {
     say(fmt::format("warning: cannot create log directory '{}': {}", dir, ec.message()));
     return;
   }
-  auto open = [&](const char* name) {
-    const std::string path = dir + "/" + name;
-    int fd =
-        ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
-    if (fd < 0) say(fmt::format("warning: cannot open '{}': {}", path, std::strerror(errno)));
-    return UniqueFd(fd);
+  auto open = [&](Stream& s, const char* name) {
+    s.path = dir + "/" + name;
+    int fd = ::open(s.path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC,
+                    0644);
+    if (fd < 0) say(fmt::format("warning: cannot open '{}': {}", s.path, std::strerror(errno)));
+    s.file = UniqueFd(fd);
   };
-  if (opt_.keep_logs || (out_bits & StdSpec::kStdout)) w.out_file = open("stdout.log");
-  if (opt_.keep_logs || (out_bits & StdSpec::kStderr)) w.err_file = open("stderr.log");
+  if (opt_.keep_logs || (out_bits & StdSpec::kStdout)) open(w.out, "stdout.log");
+  if (opt_.keep_logs || (out_bits & StdSpec::kStderr)) open(w.err, "stderr.log");
 }
 
 void Supervisor::start_attempt() {
@@ -154,7 +167,7 @@ void Supervisor::start_attempt() {
     if (controller_) {
       // Elastic mode: every slot starts without a process; the controller spawns members.
       w->exit = ExitStatus{0, 0};
-      w->out_open = w->err_open = false;
+      w->out.open = w->err.open = false;
     }
     workers_.push_back(std::move(w));
   }
@@ -173,6 +186,8 @@ void Supervisor::launch(Worker& w, const EnvMap& overlay) {
   req.argv = opt_.argv;
   req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
   for (const auto& [k, v] : overlay) req.env[k] = v;
+  req.stdout_pty = w.out.lines.redraws();
+  req.stderr_pty = w.err.lines.redraws();
   WorkerCallbacks cb;
   cb.on_output = [this, &w](StreamId s, std::string_view b) { on_output(w, s, b); };
   cb.on_stream_closed = [this, &w](StreamId s) { on_stream_closed(w, s); };
@@ -201,7 +216,7 @@ void Supervisor::spawn_from(size_t first) {
       launch(w, {});
     } catch (const Error& e) {
       w.exit = ExitStatus{1, 0};
-      w.out_open = w.err_open = false;
+      w.out.open = w.err.open = false;
       w.start_error = e.what();
       events_.emit("worker_start_failed", JsonObject()
                                               .add("rank", w.rank)
@@ -223,7 +238,7 @@ void Supervisor::spawn_from(size_t first) {
     Worker& w = *workers_[i];
     if (w.proc || w.exit) continue;
     w.exit = ExitStatus{0, 0};
-    w.out_open = w.err_open = false;
+    w.out.open = w.err.open = false;
   }
   check_progress();
 }
@@ -247,7 +262,7 @@ int Supervisor::spawn_slot(int local_rank, const EnvMap& overlay) {
     launch(nw, overlay);
     return nw.pid;
   } catch (const Error& e) {
-    nw.out_open = nw.err_open = false;
+    nw.out.open = nw.err.open = false;
     say(e.what());
     asio::post(io_, [this, &nw, alive = std::weak_ptr<int>(alive_)] {
       if (!alive.expired()) on_exit(nw, ExitStatus{1, 0});
@@ -267,40 +282,95 @@ void Supervisor::kill_slot(int local_rank) {
   }
 }
 
-void Supervisor::on_output(Worker& w, StreamId stream, std::string_view bytes) {
-  const UniqueFd& file = stream == StreamId::kStdout ? w.out_file : w.err_file;
-  if (file) {
-    std::string_view rest = bytes;
-    while (!rest.empty()) {
-      ssize_t n = ::write(file.get(), rest.data(), rest.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // disk full etc.: the console still has the output
-      rest.remove_prefix(static_cast<size_t>(n));
+namespace {
+std::string errno_name(int err) {
+  const char* name = ::strerrorname_np(err);
+  return name ? name : std::to_string(err);
+}
+}  // namespace
+
+size_t Supervisor::write_log(Worker& w, StreamId id, std::string_view bytes) {
+  Stream& s = stream(w, id);
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(s.file.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;  // 0 bytes for a non-empty write: no progress is possible
+      break;
+    }
+    done += static_cast<size_t>(n);  // a short write (the disk filled up): write the rest
+  }
+  if (done == bytes.size()) return done;
+  // Reported once per file; the file is closed and the stream goes to the console instead, so
+  // nothing is lost (the caller shows the bytes from `done` on, whole lines).
+  const char* what = id == StreamId::kStdout ? "stdout" : "stderr";
+  say(fmt::format(
+      "warning: writing {} failed: {} ({}); rank {}'s {} {}", s.path, std::strerror(err),
+      errno_name(err), w.rank, what,
+      s.console ? "is on the console only from now on" : "goes to the console from now on"));
+  s.file.reset();
+  return done;
+}
+
+void Supervisor::on_output(Worker& w, StreamId id, std::string_view bytes) {
+  Stream& s = stream(w, id);
+  auto sink = [&](std::string_view text, Piece piece) { on_piece(w, id, text, piece); };
+  // Redraw mode writes the file from the pieces (each line's final text, on_piece); else the
+  // file gets the raw bytes.
+  if (s.file && !s.lines.redraws()) {
+    const size_t written = write_log(w, id, bytes);
+    if (written < bytes.size()) {
+      s.lines.feed_pieces(bytes.substr(0, written), sink);  // in the file: as before
+      s.console = true;  // the line the write cut, and everything after it
+      s.lines.feed_pieces(bytes.substr(written), sink);
+      return;
     }
   }
-  auto& splitter = stream == StreamId::kStdout ? w.out_lines : w.err_lines;
-  splitter.feed(bytes, [&](std::string_view line) { on_line(w, stream, line); });
+  s.lines.feed_pieces(bytes, sink);
 }
 
-void Supervisor::on_line(Worker& w, StreamId stream, std::string_view line) {
-  if (stream == StreamId::kStderr && opt_.stderr_tail_lines > 0) {
-    w.err_tail.emplace_back(line);
+void Supervisor::on_piece(Worker& w, StreamId id, std::string_view text, Piece piece) {
+  Stream& s = stream(w, id);
+  const int source = w.rank * 2 + (id == StreamId::kStderr ? 1 : 0);
+  if (piece == Piece::kRedraw) {
+    // A progress bar's new state: "\r<prefix>text", the line left open for the next one.
+    if (!s.console) return;
+    std::string line;
+    line.reserve(w.prefix.size() + text.size() + 1);
+    line += '\r';
+    line += w.prefix;
+    line += text;
+    console_.write_from(id, line, source, /*open=*/true);
+    s.drawn = true;
+    return;
+  }
+  if (s.file && s.lines.redraws()) {
+    // Redraw mode: the file gets each line's final text, without the intermediate states.
+    std::string bytes(text);
+    if (piece == Piece::kLine) bytes += '\n';
+    write_log(w, id, bytes);  // on failure: the console has the line already
+  }
+  if (id == StreamId::kStderr && opt_.stderr_tail_lines > 0) {
+    w.err_tail.emplace_back(text);
     if (w.err_tail.size() > opt_.stderr_tail_lines) w.err_tail.pop_front();
   }
-  const bool shown = stream == StreamId::kStdout ? w.console_out : w.console_err;
-  if (!shown) return;
-  std::string text;
-  text.reserve(w.prefix.size() + line.size() + 1);
-  text += w.prefix;
-  text += line;
-  text += '\n';
-  console_.write(stream, text);
+  if (!s.console) return;
+  std::string line;
+  line.reserve(w.prefix.size() + text.size() + 2);
+  if (s.drawn) line += '\r';  // the line's final state overwrites its last redraw
+  line += w.prefix;
+  line += text;
+  line += '\n';
+  console_.write_from(id, line, source, /*open=*/false);
+  s.drawn = false;
 }
 
-void Supervisor::on_stream_closed(Worker& w, StreamId stream) {
-  auto& splitter = stream == StreamId::kStdout ? w.out_lines : w.err_lines;
-  splitter.flush([&](std::string_view line) { on_line(w, stream, line); });
-  (stream == StreamId::kStdout ? w.out_open : w.err_open) = false;
+void Supervisor::on_stream_closed(Worker& w, StreamId id) {
+  Stream& s = stream(w, id);
+  s.lines.flush_pieces([&](std::string_view text, Piece piece) { on_piece(w, id, text, piece); });
+  s.open = false;
   check_progress();
 }
 
@@ -443,7 +513,7 @@ void Supervisor::check_progress() {
         });
   }
   const bool drained = std::all_of(workers_.begin(), workers_.end(),
-                                   [](const auto& w) { return !w->out_open && !w->err_open; });
+                                   [](const auto& w) { return !w->out.open && !w->err.open; });
   if (drained || drain_expired_) finish_attempt();
 }
 
@@ -453,10 +523,11 @@ void Supervisor::finish_attempt() {
   poll_timer_.cancel();
   drain_timer_.cancel();
   for (auto& w : workers_) {
-    w->out_lines.flush([&](std::string_view l) { on_line(*w, StreamId::kStdout, l); });
-    w->err_lines.flush([&](std::string_view l) { on_line(*w, StreamId::kStderr, l); });
-    w->out_file.reset();
-    w->err_file.reset();
+    for (StreamId id : {StreamId::kStdout, StreamId::kStderr})
+      stream(*w, id).lines.flush_pieces(
+          [&](std::string_view text, Piece piece) { on_piece(*w, id, text, piece); });
+    w->out.file.reset();
+    w->err.file.reset();
   }
   if (failure_) {
     for (auto& w : workers_)
@@ -467,8 +538,12 @@ void Supervisor::finish_attempt() {
     const std::string reason = failure_->reason;
     ++attempt_;
     events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
-    say(fmt::format("restarting the worker set (restart {} of at most {})", attempt_,
-                    opt_.plan.max_restarts));
+    say(fmt::format("restarting the worker set (restart {} of at most {}){}", attempt_,
+                    opt_.plan.max_restarts,
+                    controller_ ? ": elastic training starts again from generation 0 with the "
+                                  "program's initial state (or its own checkpoint); the state "
+                                  "of the failed attempt is not carried over"
+                                : ""));
     try {
       if (on_restart) on_restart(attempt_);
     } catch (const std::exception& e) {
@@ -493,7 +568,8 @@ void Supervisor::finish_attempt() {
     for (auto& w : workers_)
       if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());
     print_summary();
-    finish(failure_->status.shell_code(), failure_->reason + " (every elastic worker failed)");
+    finish(failure_->status.shell_code(),
+           failure_->reason + " (" + controller_->failure_summary() + ")");
   } else {
     finish(0, "all workers succeeded");
   }
@@ -566,10 +642,33 @@ void Supervisor::finish(int code, const std::string& why) {
   if (on_done) on_done(code);
 }
 
+void Supervisor::say_paused_snapshot() {
+  // Paused (active_gpus = []): the training state lives only in the host snapshot, which
+  // gpurun deletes at exit (main: remove_snapshot). Say so, with its size, before it goes.
+  if (opt_.plan.run_dir.empty()) return;
+  const std::string primary = snapshot_path(opt_.plan.run_dir);
+  for (const std::string& path : {primary, snapshot_fallback_path(opt_.plan.run_dir)}) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (ec) continue;
+    say(fmt::format(
+        "stopping while paused: the snapshot {} ({} bytes) is deleted at exit, so the paused "
+        "training state is lost; to keep it, resume (a non-empty active_gpus) and let the job "
+        "save a checkpoint before stopping it",
+        path, bytes));
+    return;
+  }
+  say(fmt::format(
+      "stopping while paused: no snapshot at {}; the paused job's training state is lost",
+      primary));
+}
+
 void Supervisor::handle_signal(int sig) {
   if (phase_ == Phase::kDone) return;
   switch (sig) {
     case SIGINT:
+    case SIGQUIT:
     case SIGTERM:
       if (shutdown_signal_) {
         say(fmt::format("received {} again: sending SIGKILL to every worker process group",
@@ -591,6 +690,7 @@ void Supervisor::handle_signal(int sig) {
       events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
       say(fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
                       signal_name(sig), opt_.grace_period.count()));
+      if (controller_ && controller_->holds_job_open()) say_paused_snapshot();
       if (phase_ == Phase::kRunning) {
         stop_workers(sig);
       } else {

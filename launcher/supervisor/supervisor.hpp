@@ -89,10 +89,12 @@ class Supervisor {
   /// Sends SIGKILL to the process group of slot `local_rank` (no-op without a process).
   void kill_slot(int local_rank);
 
-  /// Reacts to a signal gpurun received: SIGINT/SIGTERM start a shutdown (the
+  /// Reacts to a signal gpurun received: SIGINT/SIGTERM/SIGQUIT start a shutdown (the
   /// signal is forwarded to every worker group, SIGKILL after the grace period;
-  /// a second one sends SIGKILL at once); SIGUSR1/SIGUSR2 are forwarded; SIGHUP
-  /// is reserved and only logged.
+  /// a second one sends SIGKILL at once; exit status 128 + the signal), like torchrun's
+  /// agent; while paused (elastic, no member) it also says that the pause snapshot is
+  /// deleted. SIGUSR1/SIGUSR2 are forwarded; SIGHUP reloads the config (elastic) or is
+  /// only logged.
   void handle_signal(int sig);
 
   bool done() const { return exit_code_.has_value(); }
@@ -102,6 +104,7 @@ class Supervisor {
   std::vector<int> worker_pids() const;
 
  private:
+  struct Stream;
   struct Worker;
   struct Failure;
   enum class Phase { kRunning, kStopping, kDraining, kDone };
@@ -112,9 +115,13 @@ class Supervisor {
   // worker_started. Throws gpurun::Error when the process cannot start.
   void launch(Worker& w, const EnvMap& overlay);
   void open_logs(Worker& w, bool append);
+  static Stream& stream(Worker& w, StreamId id);
   void on_output(Worker& w, StreamId stream, std::string_view bytes);
-  void on_line(Worker& w, StreamId stream, std::string_view line);
+  void on_piece(Worker& w, StreamId stream, std::string_view text, Piece piece);
   void on_stream_closed(Worker& w, StreamId stream);
+  // Writes `bytes` to the stream's log file; on a failure warns once, closes the file and
+  // returns how many bytes it took (the caller sends the rest to the console).
+  size_t write_log(Worker& w, StreamId stream, std::string_view bytes);
   void on_exit(Worker& w, ExitStatus status);
   void record_failure(Worker& w, ExitStatus status, std::string reason);
   void stop_workers(int sig);
@@ -125,6 +132,7 @@ class Supervisor {
   void print_summary();
   void finish(int code, const std::string& reason);
   void say(const std::string& line);  // "gpurun: ..." on the console's stderr
+  void say_paused_snapshot();         // a shutdown signal while paused: the snapshot's fate
 
   boost::asio::io_context& io_;
   SupervisorOptions opt_;
@@ -139,7 +147,7 @@ class Supervisor {
   std::unique_ptr<Failure> failure_;
   Phase phase_ = Phase::kRunning;
   int attempt_ = 0;
-  int shutdown_signal_ = 0;  // SIGINT/SIGTERM received
+  int shutdown_signal_ = 0;  // SIGINT/SIGTERM/SIGQUIT received
   bool grace_armed_ = false;
   bool killed_ = false;
   bool drain_expired_ = false;

@@ -115,7 +115,16 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set(env::kSlot, std::to_string(local_rank));
   set(env::kDevice, plan.device == Device::kCuda ? "cuda" : "cpu");
   set(env::kRunDir, plan.run_dir);
-  if (!plan.run_dir.empty()) set(env::kSnapshotPath, snapshot_path(plan.run_dir));
+  if (!plan.run_dir.empty()) {
+    set(env::kSnapshotPath, snapshot_path(plan.run_dir));
+    if (auto fallback = snapshot_fallback_path(plan.run_dir); !fallback.empty()) {
+      set(env::kSnapshotFallbackPath, std::move(fallback));
+    } else {
+      env.erase(env::kSnapshotFallbackPath);
+    }
+  } else {
+    env.erase(env::kSnapshotFallbackPath);
+  }
   if (plan.device == Device::kCuda) {
     set(env::kGpuId, plan.gpu_ids.at(static_cast<size_t>(local_rank)));
   } else {
@@ -132,13 +141,21 @@ std::string snapshot_path(const std::string& run_dir) {
   return run_dir + "/state.snapshot";
 }
 
+std::string snapshot_fallback_path(const std::string& run_dir) {
+  std::string fallback = run_dir + "/state.snapshot";
+  return fallback == snapshot_path(run_dir) ? std::string() : fallback;
+}
+
 void remove_snapshot(const std::string& run_dir) {
   namespace fs = std::filesystem;
-  const fs::path snap = snapshot_path(run_dir);
-  const std::string prefix = snap.filename().string();
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(snap.parent_path(), ec)) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+  for (const std::string& path : {snapshot_path(run_dir), snapshot_fallback_path(run_dir)}) {
+    if (path.empty()) continue;
+    const fs::path snap = path;
+    const std::string prefix = snap.filename().string();
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(snap.parent_path(), ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+    }
   }
 }
 

@@ -44,6 +44,15 @@ JobPlan make_plan(const Options& options, const EnvMap& inherited,
 /// /dev/shm is a writable directory, else <run_dir>/state.snapshot. The supervisor owns it:
 /// remove_snapshot() deletes it (and the writer's temporary files) when gpurun exits.
 std::string snapshot_path(const std::string& run_dir);
+
+/// GPURUN_SNAPSHOT_FALLBACK_PATH: <run_dir>/state.snapshot, where the worker runtime writes
+/// the snapshot when the primary path cannot hold it (/dev/shm full: ENOSPC, EDQUOT, EFBIG);
+/// empty when the primary already is that file (then the variable is not set).
+std::string snapshot_fallback_path(const std::string& run_dir);
+
+/// Deletes the snapshot files of the run: the primary and the fallback, and the writer's
+/// temporary files next to each (<path>.tmp.<pid>.<n>). Never throws (errors are ignored:
+/// a file that is already gone is the normal case).
 void remove_snapshot(const std::string& run_dir);
 
 /// Path of TORCHELASTIC_ERROR_FILE for one worker of one attempt.

@@ -11,7 +11,14 @@ namespace gpurun::supervisor {
 
 struct CaptureConsole : Console {
   std::string out, err;
-  void write(StreamId s, std::string_view text) override {
+  /// What is_terminal() answers for stdout / stderr (a terminal console: redraw mode).
+  bool terminal_out = false, terminal_err = false;
+  bool is_terminal(StreamId s) const override {
+    return s == StreamId::kStdout ? terminal_out : terminal_err;
+  }
+
+ protected:
+  void put(StreamId s, std::string_view text) override {
     (s == StreamId::kStdout ? out : err).append(text);
   }
 };

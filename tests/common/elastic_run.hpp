@@ -95,11 +95,13 @@ struct ElasticRun {
     }
     return out;
   }
-  /// Resize decisions (and starts) so far, in order.
+  /// Resize decisions (and starts) so far, in order (not `continue`, not a pause's `snapshot`
+  /// round).
   std::vector<json::object> resizes() const {
     std::vector<json::object> out;
     for (auto& e : events("decision"))
-      if (e.at("kind").as_string() != "continue") out.push_back(e);
+      if (e.at("kind").as_string() != "continue" && e.at("kind").as_string() != "snapshot")
+        out.push_back(e);
     return out;
   }
   /// Waits until `pred` holds, up to the hang guard.
@@ -122,7 +124,10 @@ struct ElasticRun {
   void wait_continues(size_t k) {
     wait_for(std::to_string(k) + " continue decisions", [&] {
       size_t c = 0;
-      for (auto& e : events("decision")) c = e["kind"].as_string() == "continue" ? c + 1 : 0;
+      for (auto& e : events("decision")) {
+        const auto& kind = e["kind"].as_string();
+        c = kind == "continue" ? c + 1 : kind == "snapshot" ? c : 0;  // a tried pause: no resize
+      }
       return c >= k;
     });
   }

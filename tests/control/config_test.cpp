@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -408,6 +409,52 @@ TEST_CASE("describe() shows the effective settings") {
         "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 batch.global=256");
   c.active_gpus = std::vector<int>{};
   CHECK(describe(c).rfind("active_gpus=[] ", 0) == 0);
+}
+
+TEST_CASE("a file with 200000 errors reports the first 20 and how many more, in kilobytes") {
+  // A generated 600 KB file: active_gpus with 200,000 copies of GPU 0 (199,999 duplicates).
+  TempDir dir;
+  const fs::path file = dir.path / "config.toml";
+  {
+    std::ofstream out(file);
+    out << "active_gpus = [0";
+    for (int i = 1; i < 200'000; ++i) out << ", 0";
+    out << "]\n";
+  }
+  REQUIRE(fs::file_size(file) > 500'000);
+  std::string error;
+  try {
+    load_config(file, kFourGpus);
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  std::vector<std::string> lines;
+  std::istringstream in(error);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 21u);
+  CHECK(lines[0] == file.string() +
+                        ":1:19: active_gpus: GPU id 0 is listed twice (first at line 1, column "
+                        "16); allowed: distinct ids from 0, 1, 2, 3");
+  CHECK(lines.back() ==
+        "and 199979 more errors in " + file.string() + " (only the first 20 are reported)");
+  CHECK(error.size() < 4096);
+
+  // Warnings too: the first 20, then one line saying how many more.
+  std::string many_unknown;
+  for (int i = 0; i < 1000; ++i) many_unknown += "zeta" + std::to_string(i) + " = 1\n";
+  const Config c = parse_config(many_unknown, "config.toml", kFourGpus);
+  REQUIRE(c.warnings.size() == 21u);
+  CHECK(c.warnings[0] == "config.toml:1:1: unknown key 'zeta0' (ignored)");
+  CHECK(c.warnings.back() ==
+        "and 980 more warnings in config.toml (only the first 20 are reported)");
+
+  // At the cap exactly: no summary line.
+  std::string twenty = "active_gpus = [";
+  for (int i = 0; i < 20; ++i) twenty += (i ? ", " : "") + std::string("9");
+  twenty += "]\n";
+  const std::string e20 = error_of(twenty);
+  CHECK(std::count(e20.begin(), e20.end(), '\n') == 19);
+  CHECK(e20.find("more errors") == std::string::npos);
 }
 
 }  // namespace

@@ -573,3 +573,118 @@ TEST_CASE("gpurun status ignores and removes registrations left by a kill -9 or 
   write_file(tmp.path / "stop", "");
   REQUIRE(run.wait(kHangGuard));
 }
+
+TEST_CASE("SIGHUP with an unchanged config says what is in force and logs an event") {
+  TempDir tmp;
+  Run run(tmp.path, 2, config("[0, 1]"));
+  run.wait_resize(1);
+  run.wait_continues(1);
+  const auto console = [&] { return slurp(tmp.path / "gpurun.stderr"); };
+  REQUIRE(::kill(run.proc.pid, SIGHUP) == 0);
+  run.wait_for("the SIGHUP confirmation", [&] {
+    return console().find("gpurun: config unchanged (SIGHUP): ") != std::string::npos &&
+           !run.events("config_unchanged").empty();
+  });
+  INFO(console());
+  CHECK(console().find("gpurun: received SIGHUP: reloading the config\n"
+                       "gpurun: config unchanged (SIGHUP): active_gpus=[0, 1] park=release "
+                       "boundary=epoch deadline_s=30 batch.global=none\n") != std::string::npos);
+  auto ev = run.events("config_unchanged").front();
+  CHECK(ev["trigger"].as_string() == "SIGHUP");
+  CHECK(ev["path"].as_string() == (tmp.path / "config.toml").string());
+  CHECK(ev["config"].as_string() ==
+        "active_gpus=[0, 1] park=release boundary=epoch deadline_s=30 batch.global=none");
+
+  // A changed file with SIGHUP: applied, said once.
+  {
+    std::ofstream out(tmp.path / "config.toml.new");
+    out << config("[0]");
+  }
+  // Rename without waiting for the watcher: SIGHUP right after; either path applies it once.
+  fs::rename(tmp.path / "config.toml.new", tmp.path / "config.toml");
+  REQUIRE(::kill(run.proc.pid, SIGHUP) == 0);
+  run.wait_resize(2);
+  // A rejected file with SIGHUP: the rejection, then what stays in force.
+  write_file(tmp.path / "config.toml", "active_gpus = [7]\n");
+  run.wait_for("config_rejected", [&] { return !run.events("config_rejected").empty(); });
+  run.wait_for("what stays in force", [&] {
+    return console().find("gpurun: the config in force: active_gpus=[0] park=release") !=
+           std::string::npos;
+  });
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("a reloaded config with 200000 errors: 21 console lines, a short event") {
+  TempDir tmp;
+  Run run(tmp.path, 2, config("[0, 1]"));
+  run.wait_resize(1);
+  std::string flood = "active_gpus = [0";
+  for (int i = 1; i < 200'000; ++i) flood += ", 0";
+  flood += "]\n";
+  write_file(tmp.path / "config.toml", flood);
+  run.wait_for("config_rejected", [&] { return !run.events("config_rejected").empty(); });
+  const std::string events = slurp(tmp.path / "events.jsonl");
+  std::istringstream lines(events);
+  size_t longest = 0;
+  for (std::string line; std::getline(lines, line);) longest = std::max(longest, line.size());
+  CHECK(longest < 8192);
+  const std::string file = (tmp.path / "config.toml").string();
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  CHECK(std::count(err.begin(), err.end(), '\n') < 60);
+  CHECK(err.find("and 199979 more errors in " + file + " (only the first 20 are reported)") !=
+        std::string::npos);
+  const auto rejected = run.events("config_rejected").front();
+  CHECK(std::string(rejected.at("error").as_string()).find("and 199979 more errors") !=
+        std::string::npos);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("gpurun status: two live runs with one run id are listed, and --pid picks one") {
+  TempDir tmp;
+  const fs::path reg = tmp.path / "xdg" / "gpurun";
+  fs::create_directories(reg);
+  // Two live processes (this test and its parent) registered under the same run id.
+  const auto start_ticks = [](pid_t pid) {
+    const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string f;
+    for (int i = 3; i <= 22; ++i) fields >> f;
+    return f;
+  };
+  const pid_t a = ::getpid(), b = ::getppid();
+  for (pid_t pid : {a, b}) {
+    const fs::path rundir = tmp.path / ("run" + std::to_string(pid));
+    fs::create_directories(rundir);
+    write_file(rundir / "status.json",
+               R"({"run_id": "dup", "supervisor_pid": )" + std::to_string(pid) +
+                   R"(, "run_dir": ")" + rundir.string() + R"(", "elastic": false, "slots": []})");
+    write_file(reg / ("dup." + std::to_string(pid)),
+               "dup\n" + rundir.string() + "\n" + start_ticks(pid) + "\n");
+  }
+  auto [rc, text] = gpurun_status(tmp.path, "--run-id dup");
+  INFO(text);
+  CHECK(rc == 1);
+  CHECK(text.find("gpurun: error: 2 running gpurun jobs share the run id 'dup'; pick one with "
+                  "--pid PID or --run-dir DIR:") == 0);
+  for (pid_t pid : {a, b}) {
+    CHECK(text.find("  pid " + std::to_string(pid) + "  run dir " +
+                    (tmp.path / ("run" + std::to_string(pid))).string() + "  started 20") !=
+          std::string::npos);
+  }
+  CHECK(text.find("pick one with --run-id") == std::string::npos);
+
+  auto [rc2, one] = gpurun_status(tmp.path, "--run-id dup --pid " + std::to_string(b));
+  INFO(one);
+  CHECK(rc2 == 0);
+  CHECK(one.find("supervisor pid " + std::to_string(b)) != std::string::npos);
+  auto [rc3, bypid] = gpurun_status(tmp.path, "--pid=" + std::to_string(a));
+  CHECK(rc3 == 0);
+  CHECK(bypid.find("supervisor pid " + std::to_string(a)) != std::string::npos);
+  auto [rc4, nopid] = gpurun_status(tmp.path, "--pid 1");
+  CHECK(rc4 == 1);
+  CHECK(nopid.find("no running gpurun with pid 1 is registered in") != std::string::npos);
+  auto [rc5, badpid] = gpurun_status(tmp.path, "--pid x");
+  CHECK(rc5 == 2);
+  CHECK(badpid == "gpurun: error: invalid value 'x' for --pid: expected a process id\n");
+}

@@ -90,8 +90,14 @@ int main(int argc, char** argv) {
       while (true) ::pause();
     }
     const std::string key = keys::decision(wc->generation(), wc->round());
-    const Decision d = wc->report_and_wait(epoch, 0);
+    Decision d = wc->report_and_wait(epoch, 0);
     record(key);
+    // A pause: the state source "writes" the snapshot; everyone reports again at once.
+    while (d.kind == Decision::Kind::kSnapshot) {
+      const std::string again = keys::decision(wc->generation(), wc->round());
+      d = wc->report_and_wait(epoch, 0, true, d.state_source.gpu == gpu ? "ok" : "");
+      record(again);
+    }
     key_counts << wc->client().num_keys() << std::endl;
     if (d.kind == Decision::Kind::kExit) {
       std::printf("fake_worker gpu %d: told to exit at epoch %ld\n", gpu, epoch);

@@ -77,8 +77,9 @@ struct Harness {
     }
     drain();
   }
-  void report(int gpu, int64_t epoch) {
+  void report(int gpu, int64_t epoch, const std::string& snapshot = "") {
     Report r;
+    r.snapshot = snapshot;
     r.gpu = gpu;
     r.rank = s.slots().at(gpu).rank;
     r.generation = s.generation();
@@ -89,11 +90,18 @@ struct Harness {
     s.on_report(r);
     drain();
   }
-  /// Every member reports boundary `epoch`; returns the decision made.
-  Decision boundary(int64_t epoch) {
+  /// Every member reports boundary `epoch`; returns the decision made. A `snapshot` decision
+  /// (a pause) is followed by the re-reports, the source giving `snapshot_outcome`, and the
+  /// decision after them is returned; with an empty outcome the `snapshot` one is.
+  Decision boundary(int64_t epoch, const std::string& snapshot_outcome = "ok") {
     const size_t before = decisions.size();
     for (int gpu : s.active()) report(gpu, epoch);
     REQUIRE(decisions.size() == before + 1);
+    if (decisions.back().kind == Decision::Kind::kSnapshot && !snapshot_outcome.empty()) {
+      const int src = decisions.back().state_source.gpu;
+      for (int gpu : s.active()) report(gpu, epoch, gpu == src ? snapshot_outcome : "");
+      REQUIRE(decisions.size() == before + 2);
+    }
     return decisions.back();
   }
   size_t events(const std::string& name) const {
@@ -193,7 +201,9 @@ TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause hol
   h.drain();
   d = h.boundary(2);
   CHECK(d.active.empty());
-  CHECK(d.state_source == StateSource::peer(0, 0));  // rank 0 writes the host snapshot
+  CHECK(d.state_source.is_snapshot());  // written and verified by rank 0 in the round before
+  CHECK(h.decisions[h.decisions.size() - 2].kind == Decision::Kind::kSnapshot);
+  CHECK(h.decisions[h.decisions.size() - 2].state_source == StateSource::peer(0, 0));
   for (int gpu : {0, 1, 2, 3}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
   h.drain();
   CHECK(h.s.holds_job_open());
@@ -436,4 +446,168 @@ TEST_CASE(
   // The members' clean exits are the end of a finished job, not failures.
   CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", true));
   CHECK(h.s.slots().at(0).state == SlotState::kExited);
+}
+
+// ---- failures during a resize (docs/control-protocol.md#failures-during-a-resize) ----------
+
+namespace {
+void report_stateless(Harness& h, int gpu, int64_t epoch) {
+  Report r;
+  r.gpu = gpu;
+  r.rank = h.s.slots().at(gpu).rank;
+  r.generation = h.s.generation();
+  r.round = h.s.round();
+  r.epoch = epoch;
+  r.pid = h.s.slots().at(gpu).pid;
+  r.has_state = false;
+  h.s.on_report(r);
+  h.drain();
+}
+}  // namespace
+
+TEST_CASE("scheduler: a joiner dies during the set-up: the abort key, then a decision without it") {
+  Harness h(cfg(std::vector<int>{0}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  Decision d = h.boundary(0);
+  REQUIRE(d.joiners == std::vector<int>{1});
+  CHECK_FALSE(h.store.count(keys::abort(1)));
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
+  h.drain();
+  // The continuing rank is blocked in generation 1's rendezvous: the key releases it.
+  CHECK(h.store.count(keys::abort(1)));
+  CHECK(h.events("generation_abandoned") == 1);
+  CHECK(h.s.state_lost().empty());
+  // It reports again in generation 1 (recover()), and gpurun decides without gpu 1.
+  h.report(0, 0);
+  d = h.decisions.back();
+  CHECK(d.generation == 2);
+  CHECK(d.active == std::vector<int>{0});
+  CHECK(d.failed == std::vector<int>{1});
+  CHECK(d.state_source == StateSource::peer(0, 0));
+  h.boundary(1);  // generation 2 trains; generation 1's keys, the abort key included, go
+  CHECK_FALSE(h.store.count(keys::abort(1)));
+}
+
+TEST_CASE(
+    "scheduler: the only state holder dies during the set-up: the state is lost, no restart") {
+  Harness h(cfg(std::vector<int>{0}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.boundary(0);
+  CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.store.count(keys::abort(1)));  // the joiner stops waiting for it
+  CHECK(h.s.finished());
+  CHECK(h.s.state_lost().find("the training state is lost: gpu 0 (rank 0 of generation 1") == 0);
+  CHECK(h.events("state_lost") == 1);
+  // The joiner reports without state and is told to exit: nothing trains from scratch.
+  const size_t spawned = h.spawned.size();
+  report_stateless(h, 1, 0);
+  CHECK(h.decisions.back().kind == Decision::Kind::kExit);
+  CHECK(h.spawned.size() == spawned);
+}
+
+TEST_CASE("scheduler: an abandoned joiner stays stateless, joins again or leaves") {
+  Harness h(cfg(std::vector<int>{0}), 4);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2}), "c");
+  h.boundary(0);
+  const size_t spawned = h.spawned.size();
+  CHECK(h.s.on_process_exit(1, false, "exit code 1", false));
+  h.drain();
+  h.report(0, 0);
+  report_stateless(h, 2, 0);
+  CHECK(h.state(2) == SlotState::kRejoining);  // a report without state is no join
+  Decision d = h.decisions.back();
+  CHECK(d.generation == 2);
+  CHECK(d.active == std::vector<int>{0, 2});
+  CHECK(d.joiners == std::vector<int>{2});  // again, from rank 0 (gpu 0): never from gpu 2
+  CHECK(d.state_source == StateSource::peer(0, 0));
+  CHECK(h.spawned.size() == spawned);  // it reads the decision itself: no respawn, no wake
+
+  // gpu 3 joins and dies; in the next decision gpu 2 (now a holder) is left out: it leaves.
+  h.s.config_loaded(cfg(std::vector<int>{0, 2, 3}), "c");
+  h.drain();
+  h.join_all();
+  d = h.boundary(1);
+  REQUIRE(d.joiners == std::vector<int>{3});
+  CHECK(h.s.on_process_exit(3, false, "exit code 1", false));
+  h.drain();
+  CHECK(h.store.count(keys::abort(3)));
+  h.s.config_loaded(cfg(std::vector<int>{0}), "c");
+  h.drain();
+  h.report(0, 1);
+  h.report(2, 1);  // gpu 2 completed its join in generation 2: it holds the state now
+  d = h.decisions.back();
+  CHECK(d.active == std::vector<int>{0});
+  CHECK(d.leavers == std::vector<int>{2});
+}
+
+TEST_CASE("scheduler: a joiner dies while a resume loads the pause snapshot: load it again") {
+  Harness h(cfg(std::vector<int>{0, 1}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.boundary(0);  // pause: rank 0 writes the snapshot
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.s.config_loaded(cfg(std::vector<int>{1, 2}), "c");
+  h.drain();
+  REQUIRE(h.decisions.back().state_source.is_snapshot());
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.s.state_lost().empty());  // the snapshot still holds this position
+  report_stateless(h, 2, 0);
+  const Decision d = h.decisions.back();
+  CHECK(d.kind == Decision::Kind::kResize);
+  CHECK(d.active == std::vector<int>{2});
+  CHECK(d.state_source.is_snapshot());
+
+  // Once training moved past the snapshot's position, a lone holder's death loses the state.
+  h.join_all();
+  h.boundary(1);
+  h.s.config_loaded(cfg(std::vector<int>{0, 2}), "c");
+  h.drain();
+  h.boundary(2);
+  CHECK(h.s.on_process_exit(2, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK_FALSE(h.s.state_lost().empty());
+}
+
+TEST_CASE("scheduler: a pause writes the snapshot first; a failed one refuses the pause") {
+  Harness h(cfg(std::vector<int>{0, 1}), 2);
+  h.join_all();
+  h.boundary(0);
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  // The snapshot round: nobody leaves, gpu 0 writes, everyone reports this boundary again.
+  Decision d = h.boundary(1, /*snapshot_outcome=*/"");
+  CHECK(d.kind == Decision::Kind::kSnapshot);
+  CHECK(d.active == std::vector<int>{0, 1});
+  CHECK(d.state_source == StateSource::peer(0, 0));
+  CHECK(h.state(0) == SlotState::kActive);
+  CHECK(h.state(1) == SlotState::kActive);
+  const int64_t g = h.s.generation();
+  // gpu 0 could not write it anywhere: no pause; training goes on in the same generation.
+  h.report(0, 1,
+           "cannot write the state snapshot (…): every path failed: (1) '/dev/shm/x': "
+           "No space left on device; (2) 'run/state.snapshot': No space left on device");
+  h.report(1, 1);
+  d = h.decisions.back();
+  CHECK(d.kind == Decision::Kind::kContinue);
+  CHECK(d.generation == g);
+  CHECK(h.events("pause_refused") == 1);
+  // Tried again at the next boundary; failing the same way, it is not said again ...
+  CHECK(h.boundary(2, "").kind == Decision::Kind::kSnapshot);
+  h.report(0, 2,
+           "cannot write the state snapshot (…): every path failed: (1) '/dev/shm/x': "
+           "No space left on device; (2) 'run/state.snapshot': No space left on device");
+  h.report(1, 2);
+  CHECK(h.decisions.back().kind == Decision::Kind::kContinue);
+  CHECK(h.events("pause_refused") == 1);
+  // ... and once there is room, the pause happens.
+  d = h.boundary(3);
+  CHECK(d.kind == Decision::Kind::kResize);
+  CHECK(d.active.empty());
+  CHECK(d.state_source.is_snapshot());
+  CHECK(d.epoch == 3);
 }

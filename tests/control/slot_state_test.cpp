@@ -15,11 +15,23 @@ using gpurun::control::transition_allowed;
 TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal ones name both") {
   using S = SlotState;
   const std::set<std::pair<S, S>> legal = {
-      {S::kStarting, S::kActive},   {S::kStarting, S::kExited},      {S::kStarting, S::kFailed},
-      {S::kActive, S::kOffloading}, {S::kActive, S::kExited},        {S::kActive, S::kFailed},
-      {S::kOffloading, S::kParked}, {S::kOffloading, S::kRejoining}, {S::kOffloading, S::kFailed},
-      {S::kParked, S::kRejoining},  {S::kParked, S::kExited},        {S::kParked, S::kFailed},
-      {S::kRejoining, S::kActive},  {S::kRejoining, S::kExited},     {S::kRejoining, S::kFailed},
+      {S::kStarting, S::kActive},
+      {S::kStarting, S::kExited},
+      {S::kStarting, S::kFailed},
+      {S::kActive, S::kOffloading},
+      {S::kActive, S::kExited},
+      {S::kActive, S::kFailed},
+      {S::kOffloading, S::kParked},
+      {S::kOffloading, S::kRejoining},
+      {S::kOffloading, S::kFailed},
+      {S::kParked, S::kRejoining},
+      {S::kParked, S::kExited},
+      {S::kParked, S::kFailed},
+      {S::kRejoining, S::kActive},
+      {S::kRejoining, S::kExited},
+      {S::kRejoining, S::kFailed},
+      {S::kRejoining, S::kOffloading},  // its join was abandoned and the next decision leaves it
+                                        // out
   };
   int walked = 0, allowed = 0;
   for (S from : kAllSlotStates) {
@@ -40,7 +52,7 @@ TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal one
     }
   }
   CHECK(walked == 49);
-  CHECK(allowed == 15);
+  CHECK(allowed == 16);
 }
 
 TEST_CASE("slot state names") {

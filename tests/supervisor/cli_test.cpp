@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,8 @@ TEST_CASE("cli: valid command lines") {
                    "/tmp/l",
                    "--redirects",
                    "3",
+                   "--nproc",
+                   "2",
                    "--tee",
                    "0:1,1:2",
                    "--ranks-filter",
@@ -233,4 +236,79 @@ TEST_CASE("cli: --standalone picks its own port") {
   CHECK(p({"--standalone", "--master-port", "0", "x"}).standalone);
   CHECK(p({"--standalone", "x"}).standalone);
   CHECK_FALSE(p({"x"}).master_port_given);
+}
+
+TEST_CASE("cli: --ranks-filter names an empty piece") {
+  CHECK(error_of({"--ranks-filter", "1,,x", "x"}) ==
+        "invalid value '1,,x' for --ranks-filter: piece 2 is empty; expected a comma-separated "
+        "list of ranks like 0,3");
+  CHECK(error_of({"--ranks-filter", "1,", "x"}) ==
+        "invalid value '1,' for --ranks-filter: piece 2 is empty; expected a comma-separated "
+        "list of ranks like 0,3");
+  CHECK(error_of({"--ranks-filter", "", "x"}) ==
+        "invalid value '' for --ranks-filter: piece 1 is empty; expected a comma-separated "
+        "list of ranks like 0,3");
+}
+
+TEST_CASE("cli: --redirects/--tee maps refuse a local rank given twice or out of range") {
+  CHECK(error_of({"--nproc", "2", "--redirects", "0:1,0:2", "x"}) ==
+        "invalid value '0:1,0:2' for --redirects: local rank 0 is given twice (pieces 1 and 2)");
+  CHECK(error_of({"--nproc", "4", "--tee", "1:1, 2:3 ,1:2", "x"}) ==
+        "invalid value '1:1, 2:3 ,1:2' for --tee: local rank 1 is given twice (pieces 1 and 3)");
+  CHECK(error_of({"--redirects", "5:1", "--nproc", "2", "x"}) ==
+        "invalid value '5:1' for --redirects: piece 1 ('5:1') names local rank 5, but --nproc 2 "
+        "has local ranks 0-1");
+  CHECK(error_of({"--tee", "0:3,1:1", "x"}) ==
+        "invalid value '0:3,1:1' for --tee: piece 2 ('1:1') names local rank 1, but --nproc 1 "
+        "has only local rank 0");
+  CHECK(error_of({"--redirects", "0:1,,1:2", "--nproc", "2", "x"}) ==
+        "invalid value '0:1,,1:2' for --redirects: piece 2 is empty");
+  // In range: accepted. With --nproc gpu|cpu|auto the count is known only later (main checks).
+  CHECK(p({"--nproc", "2", "--redirects", "1:3", "x"}).redirects.for_local_rank(1) == 3);
+  CHECK(p({"--nproc", "cpu", "--redirects", "7:3", "x"}).redirects.for_local_rank(7) == 3);
+  // Elastic mode on GPUs: every visible GPU is a slot, --nproc only picks how many start.
+  CHECK(p({"--config", "c.toml", "--nproc", "1", "--tee", "3:1", "x"}).tee.for_local_rank(3) == 1);
+}
+
+TEST_CASE("cli: check_master_addr takes literals and names, refuses what cannot resolve") {
+  using R = AddressCheck::Result;
+  for (const std::string ok : {"127.0.0.1", "10.1.2.3", "::1", "[::1]", "fe80::1", "localhost"}) {
+    CAPTURE(ok);
+    const auto start = std::chrono::steady_clock::now();
+    const AddressCheck c = check_master_addr(ok);
+    CHECK(c.result == R::kOk);
+    CHECK(c.reason.empty());
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500));
+  }
+  for (const std::string bad : {"nosuchhost.invalid", "NoSuchHost.INVALID.", "invalid"}) {
+    CAPTURE(bad);
+    const auto start = std::chrono::steady_clock::now();
+    const AddressCheck c = check_master_addr(bad);
+    CHECK(c.result == R::kUnresolvable);
+    CHECK(c.reason == "Name or service not known");
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));
+  }
+  for (const std::string bad : {"[127.0.0.1]", "[node0]", "node[0]"}) {
+    CAPTURE(bad);
+    const AddressCheck c = check_master_addr(bad);
+    CHECK(c.result == R::kUnresolvable);
+    CHECK(c.reason == "brackets enclose only an IPv6 address, e.g. [::1]");
+  }
+  CHECK(p({"--master-addr", "node0", "x"}).master_addr_given);
+  CHECK_FALSE(p({"x"}).master_addr_given);
+}
+
+TEST_CASE("cli: --store-memory-budget takes bytes with binary suffixes, 0, and refuses < 16 MiB") {
+  CHECK_FALSE(p({"./train"}).store_memory_budget.has_value());
+  CHECK(*p({"--store-memory-budget", "2GiB", "./train"}).store_memory_budget == (2ULL << 30));
+  CHECK(*p({"--store-memory-budget=64M", "./train"}).store_memory_budget == (64ULL << 20));
+  CHECK(*p({"--store-memory-budget", "0", "./train"}).store_memory_budget == 0);
+  CHECK(*p({"--store-memory-budget", "33554432", "./train"}).store_memory_budget == (32ULL << 20));
+  CHECK(error_of({"--store-memory-budget", "1MiB", "./train"})
+            .find("1048576 bytes is under the 16 MiB minimum") != std::string::npos);
+  CHECK(error_of({"--store-memory-budget", "4TB", "./train"})
+            .find("invalid value '4TB' for --store-memory-budget: expected a size in bytes") !=
+        std::string::npos);
+  CHECK(error_of({"--store-memory-budget", "", "./train"}).find("--store-memory-budget") !=
+        std::string::npos);
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 
 #include "gpurun/error.hpp"
@@ -80,4 +81,54 @@ TEST_CASE("event log: one line per event, appended") {
   CHECK_FALSE(off.enabled());
   off.emit("start");  // dropped, no crash
   CHECK_THROWS_AS(EventLog("/nonexistent-dir/x.jsonl"), gpurun::Error);
+}
+
+namespace {
+/// Runs `body` with fd 2 redirected to a file; returns what was written to it.
+std::string stderr_of(const std::function<void()>& body) {
+  char tmpl[] = "/tmp/gpurun-evlog-stderr-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(fd, STDERR_FILENO);
+  body();
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(fd);
+  std::ifstream in(tmpl);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  ::unlink(tmpl);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("event log: a failed write is one 'gpurun: warning:' line naming the file") {
+  const std::string text = stderr_of([] {
+    EventLog full("/dev/full");  // every write fails with ENOSPC
+    full.emit("start");
+    full.emit("shutdown");  // reported once only
+  });
+  CHECK(text ==
+        "gpurun: warning: writing event log '/dev/full' failed: No space left on device; the "
+        "job goes on (later failures are not reported)\n");
+}
+
+TEST_CASE("event log: a record over the size limit is replaced by a short one saying so") {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gpurun-evlog-big-" + std::to_string(::getpid()) + ".jsonl");
+  std::filesystem::remove(path);
+  {
+    EventLog log(path.string(), [] { return system_clock::time_point(milliseconds(5)); });
+    log.emit("config_rejected", JsonObject().add("error", std::string(30u << 20, 'x')));
+    log.emit("shutdown", JsonObject().add("exit_code", 0));
+  }
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 2);
+  CHECK(
+      lines[0] ==
+      R"({"ts": "1970-01-01T00:00:00.005Z", "event": "config_rejected", "truncated": true, "record_bytes": 31457355, "limit_bytes": 65536})");
+  CHECK(lines[1].find(R"("event": "shutdown")") != std::string::npos);
+  std::filesystem::remove(path);
 }

@@ -557,3 +557,47 @@ TEST_CASE("gpurun: a missing .py script exits 127; the event log records argv as
   INFO(log);
   CHECK(log.find("\"cmd\": [\"sh\", \"-c\", \"true\"], \"executable\": \"/") != std::string::npos);
 }
+
+TEST_CASE("gpurun: a --master-addr that does not resolve fails at once, naming it") {
+  TempDir dir;
+  const auto start = Clock::now();
+  // RFC 6761: names under .invalid never resolve (no DNS needed to know it).
+  Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--master-addr",
+            "nosuchhost.invalid", worker("dump_env.sh")},
+           {{"OUT_DIR", dir.str()}}, dir.path);
+  REQUIRE(g.wait(10s));
+  const auto took = Clock::now() - start;
+  CHECK(g.code() == 2);
+  CHECK(g.stderr_text() ==
+        "gpurun: error: --master-addr 'nosuchhost.invalid' does not resolve: Name or service not "
+        "known\n");
+  CHECK(took < 1s);
+  CHECK_FALSE(fs::exists(dir.path / "env.0"));  // nothing started
+
+  Gpurun bracket({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--master-addr",
+                  "[node0]", worker("dump_env.sh")},
+                 {{"OUT_DIR", dir.str()}}, dir.path, "bracket");
+  REQUIRE(bracket.wait(10s));
+  CHECK(bracket.code() == 2);
+  CHECK(bracket.stderr_text() ==
+        "gpurun: error: --master-addr '[node0]' does not resolve: brackets enclose only an IPv6 "
+        "address, e.g. [::1]\n");
+}
+
+TEST_CASE("gpurun: IPv4, IPv6 (bare and bracketed) and host names reach the workers verbatim") {
+  for (const std::string addr : {"127.0.0.1", "::1", "[::1]", "localhost"}) {
+    CAPTURE(addr);
+    TempDir dir;
+    const auto start = Clock::now();
+    Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--master-addr", addr,
+              worker("dump_env.sh")},
+             {{"OUT_DIR", dir.str()}}, dir.path);
+    REQUIRE(g.wait(30s));
+    INFO(g.stderr_text());
+    CHECK(g.code() == 0);
+    CHECK(Clock::now() - start < 5s);
+    const auto env = parse_env_file(dir.path / "env.0");
+    CHECK(env.at("MASTER_ADDR") == addr);
+    CHECK(env.at("GPURUN_STORE_ADDR") == addr);
+  }
+}

@@ -369,3 +369,142 @@ TEST_CASE("supervisor: --ranks-filter naming no rank of this node warns once") {
   some.sup->start();
   CHECK(some.console.err.empty());
 }
+
+namespace {
+std::string slurp_file(const std::string& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
+    ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("supervisor: on a terminal, \\r redraws are forwarded at once, prefixed, lines whole") {
+  Harness h(2, 0, [](SupervisorOptions& o) { o.keep_logs = true; });
+  h.console.terminal_out = true;  // gpurun's stdout is a terminal, its stderr is not
+  h.sup->start();
+  // Shown streams on a terminal get a pseudo-terminal; the others keep their pipe.
+  CHECK(h.proc(0).request.stdout_pty);
+  CHECK_FALSE(h.proc(0).request.stderr_pty);
+  h.spawner.output(0, StreamId::kStdout, "\r 10%|#  |");
+  CHECK(h.console.out == "\r[rank0]:  10%|#  |");  // at once, before any newline
+  h.spawner.output(1, StreamId::kStdout, "loss 0.5\n");
+  h.spawner.output(0, StreamId::kStdout, "\r 50%|## |");
+  h.spawner.output(0, StreamId::kStdout, "\r100%|###|\n");
+  h.spawner.output(1, StreamId::kStdout, "a\rb\n");
+  for (size_t i = 0; i < 2; ++i) h.spawner.exit(i, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  // Rank 1's line starts on a line of its own: the bar's line was ended first.
+  CHECK(h.console.out ==
+        "\r[rank0]:  10%|#  |\n[rank1]: loss 0.5\n\r[rank0]:  50%|## |\r[rank0]: 100%|###|\n"
+        "\r[rank1]: a\r[rank1]: b\n");
+  // The log gets each line's final text, not the intermediate states.
+  CHECK(slurp_file(h.run_dir + "/attempt_0/0/stdout.log") == "100%|###|\n");
+  CHECK(slurp_file(h.run_dir + "/attempt_0/1/stdout.log") == "loss 0.5\nb\n");
+}
+
+TEST_CASE("supervisor: not a terminal -> no pseudo-terminal, \\r stays inside the line") {
+  Harness h(1, 0, [](SupervisorOptions& o) {
+    o.keep_logs = true;
+    o.redirects.all = StdSpec::kStderr;  // stderr: file only, never a pty
+  });
+  h.console.terminal_err = true;
+  h.sup->start();
+  CHECK_FALSE(h.proc(0).request.stdout_pty);
+  CHECK_FALSE(h.proc(0).request.stderr_pty);  // redirected: not shown, so a pipe
+  h.spawner.output(0, StreamId::kStdout, "\r 10%");
+  CHECK(h.console.out.empty());  // held until the line ends, as before
+  h.spawner.output(0, StreamId::kStdout, "\r 20%\n");
+  h.spawner.output(0, StreamId::kStderr, "e\r1\n");
+  h.spawner.exit(0, {0, 0});
+  h.drive();
+  CHECK(h.console.out == "[rank0]: \r 10%\r 20%\n");
+  CHECK(slurp_file(h.run_dir + "/attempt_0/0/stdout.log") == "\r 10%\r 20%\n");  // raw bytes
+  CHECK(slurp_file(h.run_dir + "/attempt_0/0/stderr.log") == "e\r1\n");
+}
+
+TEST_CASE("supervisor: a log write failure is reported once and the stream goes to the console") {
+  Harness h(2, 0, [](SupervisorOptions& o) {
+    o.keep_logs = true;
+    o.redirects.all = StdSpec::kStdout | StdSpec::kStderr;  // --redirects 3: files only
+  });
+  // Rank 1's stdout.log is /dev/full: every write fails with ENOSPC.
+  const std::string dir = h.run_dir + "/attempt_0/1";
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink("/dev/full", dir + "/stdout.log");
+  h.sup->start();
+  h.spawner.output(1, StreamId::kStdout, "first\nsec");
+  h.spawner.output(1, StreamId::kStdout, "ond\n");
+  h.spawner.output(1, StreamId::kStderr, "to the file\n");
+  h.spawner.output(0, StreamId::kStdout, "rank0 file\n");
+  for (size_t i = 0; i < 2; ++i) h.spawner.exit(i, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 0);
+  const std::string warning = "gpurun: warning: writing " + dir +
+                              "/stdout.log failed: No space left on device (ENOSPC); rank 1's "
+                              "stdout goes to the console from now on\n";
+  CHECK(occurrences(h.console.err, warning) == 1);
+  CHECK(occurrences(h.console.err, "warning: writing") == 1);   // once per file
+  CHECK(h.console.out == "[rank1]: first\n[rank1]: second\n");  // nothing lost
+  CHECK(slurp_file(dir + "/stderr.log") == "to the file\n");
+  CHECK(slurp_file(h.run_dir + "/attempt_0/0/stdout.log") == "rank0 file\n");
+}
+
+TEST_CASE("supervisor: SIGQUIT stops the job like SIGTERM: forwarded, no restart, 128+3") {
+  Harness h(2, /*max_restarts=*/3);
+  h.sup->start();
+  h.sup->handle_signal(SIGQUIT);
+  CHECK(h.proc(0).signals == std::vector<int>{SIGQUIT});
+  CHECK(h.proc(1).signals == std::vector<int>{SIGQUIT});
+  CHECK(h.console.err.find("gpurun: received SIGQUIT: forwarding it to the workers") !=
+        std::string::npos);
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 131);
+  CHECK(h.restarts.empty());
+}
+
+namespace {
+/// Elastic mode, paused: no slot runs, the job is held open.
+struct PausedController : SlotController {
+  void on_attempt_start(int) override {}
+  bool on_worker_exit(int, ExitStatus, bool) override { return true; }
+  bool holds_job_open() const override { return true; }
+  bool succeeded() const override { return true; }
+  void on_reload_request() override {}
+};
+}  // namespace
+
+TEST_CASE("supervisor: SIGTERM while paused says the snapshot (path, size) is deleted") {
+  Harness h(2);
+  std::filesystem::create_directories(h.run_dir);
+  const std::string snap = snapshot_path(h.run_dir);
+  { std::ofstream(snap) << std::string(12345, 's'); }
+  PausedController paused;
+  h.sup->set_controller(&paused);
+  h.sup->start();
+  h.settle();
+  CHECK_FALSE(h.sup->done());  // paused: held open
+  h.sup->handle_signal(SIGTERM);
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 143);
+  CHECK(h.console.err.find("gpurun: stopping while paused: the snapshot " + snap +
+                           " (12345 bytes) is deleted at exit") != std::string::npos);
+  std::filesystem::remove(snap);
+  // Without a snapshot file it says that there is none.
+  Harness h2(1);
+  PausedController paused2;
+  h2.sup->set_controller(&paused2);
+  h2.sup->start();
+  h2.sup->handle_signal(SIGTERM);
+  h2.drive();
+  CHECK(h2.console.err.find("gpurun: stopping while paused: no snapshot at " +
+                            snapshot_path(h2.run_dir)) != std::string::npos);
+}

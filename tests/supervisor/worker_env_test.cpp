@@ -4,7 +4,11 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "gpurun/error.hpp"
+#include "gpurun_process.hpp"  // TempDir
 #include "supervisor/cli.hpp"
 #include "supervisor/gpu_inventory.hpp"
 
@@ -60,11 +64,45 @@ TEST_CASE("env: torchrun's variables per rank") {
     CHECK(env.at(k) == v);
   }
   CHECK_FALSE(env.count("GPURUN_GPU_ID"));  // --device cpu has no GPU
-  CHECK(env.size() == expected_subset.size());
+  const bool shm = ::access("/dev/shm", W_OK) == 0;
+  CHECK(env.count("GPURUN_SNAPSHOT_FALLBACK_PATH") == (shm ? 1u : 0u));
+  CHECK(env.size() == expected_subset.size() + (shm ? 1 : 0));
   CHECK(env.at("GPURUN_SNAPSHOT_PATH") ==
         (::access("/dev/shm", W_OK) == 0
              ? "/dev/shm/gpurun-" + std::to_string(::getuid()) + "-run.snapshot"
              : "/tmp/run/state.snapshot"));
+}
+
+TEST_CASE("env: the pause snapshot falls back from /dev/shm to the run directory") {
+  // The bug this covers: with a full /dev/shm the pause snapshot could not be written and the
+  // worker had nowhere else to put it (the state was lost at the resume).
+  JobPlan plan = plan_for({"--nproc", "1", "--device", "cpu"}, {});
+  gpurun::testing::TempDir run("gpurun-envrun");
+  plan.run_dir = run.path.string();
+  const EnvMap env = build_worker_env(plan, 0, 0, {{"GPURUN_SNAPSHOT_FALLBACK_PATH", "/stale"}});
+  const std::string primary = env.at("GPURUN_SNAPSHOT_PATH");
+  const std::string in_run_dir = plan.run_dir + "/state.snapshot";
+  if (primary.rfind("/dev/shm/", 0) == 0) {
+    REQUIRE(env.count("GPURUN_SNAPSHOT_FALLBACK_PATH"));
+    CHECK(env.at("GPURUN_SNAPSHOT_FALLBACK_PATH") == in_run_dir);
+    CHECK(snapshot_fallback_path(plan.run_dir) == in_run_dir);
+  } else {  // no /dev/shm: the primary is the run directory's file already
+    CHECK(primary == in_run_dir);
+    CHECK_FALSE(env.count("GPURUN_SNAPSHOT_FALLBACK_PATH"));  // the inherited one is dropped
+    CHECK(snapshot_fallback_path(plan.run_dir).empty());
+  }
+
+  // gpurun's exit removes both files and the writer's temporaries next to each.
+  const std::vector<std::string> files = {primary, primary + ".tmp.12.0", in_run_dir,
+                                          in_run_dir + ".tmp.34.1"};
+  for (const auto& f : files) std::ofstream(f) << "state";
+  std::ofstream(plan.run_dir + "/rank0.log") << "kept";
+  remove_snapshot(plan.run_dir);
+  for (const auto& f : files) {
+    CAPTURE(f);
+    CHECK_FALSE(std::filesystem::exists(f));
+  }
+  CHECK(std::filesystem::exists(plan.run_dir + "/rank0.log"));
 }
 
 TEST_CASE("env: inherited values win where torchrun lets them") {

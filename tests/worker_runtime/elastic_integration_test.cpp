@@ -51,9 +51,10 @@ std::string config(const std::string& active, const std::string& mode = "release
 struct TrainRun : gpurun::testing::ElasticRun {
   /// `cfg` nullopt: a plain (static, not elastic) run.
   TrainRun(const fs::path& d, int nproc, const std::optional<std::string>& cfg,
-           std::vector<std::string> trainer_args, std::map<std::string, std::string> env = {})
-      : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), {}, "cpu", with_trace(d, env),
-                   "rt-test") {
+           std::vector<std::string> trainer_args, std::map<std::string, std::string> env = {},
+           std::vector<std::string> gpurun_args = {})
+      : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), gpurun_args, "cpu",
+                   with_trace(d, env), "rt-test") {
     hang_guard = 120s;
   }
   static std::vector<std::string> command(const fs::path& d, std::vector<std::string> args) {
@@ -357,4 +358,138 @@ TEST_CASE("without --config: a static data-parallel job (rank 0's state broadcas
   CHECK(run.check_checksums() == 1);
   CHECK(run.samples_per_epoch().size() == 3);
   run.check_samples(0, 3);
+}
+
+// ---- a death during a resize (docs/control-protocol.md#failures-during-a-resize) ------------
+// The collective timeout is 60 s here: without gpurun's abort key the continuing rank would
+// sit in the rendezvous that long; the bound asserted is a fraction of it.
+
+namespace {
+/// The pid of the `worker_started` event of `local_rank` after the latest resize decision.
+int64_t wait_started_after_resize(TrainRun& run, int local_rank) {
+  int64_t pid = -1;
+  run.wait_for("the joiner's worker_started event", [&] {
+    bool after = false;
+    for (auto& e : run.events()) {
+      const auto& name = e.at("event").as_string();
+      if (name == "decision" && e.at("kind").as_string() != "continue") after = true;
+      if (after && name == "worker_started" && e.at("local_rank").as_int64() == local_rank)
+        pid = e.at("pid").as_int64();
+    }
+    return pid > 0;
+  });
+  return pid;
+}
+}  // namespace
+
+TEST_CASE("a joiner killed during the resize's set-up: the continuing rank goes on at once") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "4000"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
+  run.wait_continues(2);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  REQUIRE(json::serialize(run.wait_resize(2).at("joiners")) == "[1]");
+  const int64_t joiner = wait_started_after_resize(run, 1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  REQUIRE(::kill(static_cast<pid_t>(joiner), SIGKILL) == 0);
+  const auto d = run.wait_resize(3);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO(run.full_diag());
+  CHECK(json::serialize(d.at("failed")) == "[1]");
+  CHECK(json::serialize(d.at("active")) == "[0]");
+  CHECK(d.at("state_source").as_int64() == 0);  // rank 0 kept the state all along
+  CHECK(s < 20.0);                              // vs the 60 s rendezvous timeout
+  CHECK(run.events("generation_abandoned").size() == 1);
+  run.wait_continues(2);  // rank 0 trains on
+  CHECK(run.finish() == 0);
+  CHECK(run.check_checksums() >= 2);
+}
+
+TEST_CASE(
+    "the only state holder killed during a resize: 'state lost' and a non-zero exit at once") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "3000"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
+  run.wait_continues(2);
+  int64_t source = -1;
+  for (auto& st : run.trace("start"))
+    if (st.at("gpu").as_int64() == 0) source = st.at("pid").as_int64();
+  REQUIRE(source > 0);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  run.wait_resize(2);
+  wait_started_after_resize(run, 1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  REQUIRE(::kill(static_cast<pid_t>(source), SIGKILL) == 0);
+  const bool ended = run.wait(60s);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  CHECK(s < 20.0);
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  CHECK(err.find("the training state is lost: gpu 0 (rank 0 of generation 1") != std::string::npos);
+  CHECK(run.events("state_lost").size() == 1);
+}
+
+namespace {
+/// The value of `name` in the environment of process `pid` (one of ours), "" when unset.
+std::string env_of(int64_t pid, const std::string& name) {
+  const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+  const std::string key = name + "=";
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = std::min(env.find('\0', at), env.size());
+    if (env.compare(at, key.size(), key) == 0)
+      return env.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("a pause whose snapshot cannot be written anywhere is refused: training goes on") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0, 1]"), {"--epoch-ms", "200"});
+  run.wait_continues(2);
+  int64_t pid = -1;
+  for (auto& st : run.trace("start"))
+    if (st.at("gpu").as_int64() == 0) pid = st.at("pid").as_int64();
+  REQUIRE(pid > 0);
+  // Directories where the snapshot files would go: both paths fail (EISDIR), as a full
+  // /dev/shm and a full run directory would, without needing root for small filesystems.
+  const fs::path primary = env_of(pid, "GPURUN_SNAPSHOT_PATH");
+  const fs::path fallback = env_of(pid, "GPURUN_SNAPSHOT_FALLBACK_PATH");
+  REQUIRE(!primary.empty());
+  REQUIRE(!fallback.empty());
+  struct Cleanup {  // also when a check fails: /dev/shm outlives the test
+    fs::path a, b;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(a, ec);
+      fs::remove_all(b, ec);
+    }
+  } cleanup{primary, fallback};
+  fs::create_directories(primary / "blocker");
+  fs::create_directories(fallback / "blocker");
+  write_file(tmp.path / "config.toml", config("[]"));
+  run.wait_for("pause_refused", [&] { return !run.events("pause_refused").empty(); });
+  run.wait_continues(2);  // both ranks train on; nobody left
+  INFO(run.full_diag());
+  CHECK(run.resizes().size() == 1);
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  CHECK(err.find("the pause is refused and training goes on with [0, 1]") != std::string::npos);
+  CHECK(err.find(primary.string()) != std::string::npos);  // every attempt is named
+  CHECK(err.find(fallback.string()) != std::string::npos);
+  // Room again: the next boundary's attempt succeeds and the job pauses.
+  fs::remove_all(primary);
+  fs::remove_all(fallback);
+  const auto pause = run.wait_resize(2);
+  CHECK(json::serialize(pause.at("active")) == "[]");
+  CHECK(pause.at("state_source").as_int64() == -1);
+  CHECK(run.events("pause_refused").size() == 1);  // said once, tried at every boundary
+  write_file(tmp.path / "config.toml", config("[0]"));
+  run.wait_resize(3);
+  run.wait_continues(2);
+  CHECK(run.finish() == 0);
 }

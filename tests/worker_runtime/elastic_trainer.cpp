@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   }
   const fs::path out = argv[1];
   int64_t epochs = 1000, micro = 16, samples = 256, epoch_ms = 0, width = 32, depth = 1;
+  int64_t join_delay_ms = 0;  // a joiner (spawned after generation 0) waits before joining
   std::string opt_name = "adamw";
   std::set<std::pair<int64_t, int64_t>> holds;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
       depth = std::stoll(v);
     else if (k == "--optimizer")
       opt_name = v;
+    else if (k == "--join-delay-ms")
+      join_delay_ms = std::stoll(v);
     else if (k == "--hold-at")
       holds.emplace(std::stoll(v), std::stoll(v.substr(v.find(':') + 1)));
     else {
@@ -120,6 +124,8 @@ int main(int argc, char** argv) {
       (out / ("indices." + std::to_string(rt->gpu_id()) + "." + std::to_string(::getpid())))
           .string();
   std::ofstream indices(idx_path, std::ios::app);
+  if (const char* g = std::getenv("GPURUN_JOIN_GENERATION"); g && std::string(g) != "0")
+    std::this_thread::sleep_for(std::chrono::milliseconds(join_delay_ms));
   for (int64_t epoch : rt->epochs(epochs)) {
     const long stop = stop_epoch(out / "stop");
     if (stop >= 0 && epoch >= stop) break;

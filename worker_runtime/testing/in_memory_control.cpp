@@ -158,7 +158,8 @@ const Decision& InMemoryControl::join() {
   return current_;
 }
 
-Decision InMemoryControl::report_and_wait(int64_t epoch, int64_t step) {
+Decision InMemoryControl::report_and_wait(int64_t epoch, int64_t step, bool has_state,
+                                          std::string snapshot) {
   control::Report r;
   r.rank = current_.rank_of(gpu_);
   r.gpu = gpu_;
@@ -167,13 +168,15 @@ Decision InMemoryControl::report_and_wait(int64_t epoch, int64_t step) {
   r.epoch = epoch;
   r.step = step;
   r.pid = pid_;
+  r.has_state = has_state;
+  r.snapshot = std::move(snapshot);
   if (r.rank < 0)
     throw control::ProtocolError(
         fmt::format("slot {} reports but is not a member of generation {}", gpu_, generation_));
   sup_.report(r);
   Decision d = Decision::from_json(sup_.wait_get(keys::decision(generation_, round_)));
   current_ = d;
-  if (d.kind == Decision::Kind::kContinue) {
+  if (d.kind == Decision::Kind::kContinue || d.kind == Decision::Kind::kSnapshot) {
     ++round_;
   } else if (d.kind == Decision::Kind::kResize) {
     if (d.is_leaver(gpu_)) park_generation_ = d.generation;

@@ -94,7 +94,8 @@ class InMemoryControl final : public rt::ControlClient {
  public:
   InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid);
   const control::Decision& join() override;
-  control::Decision report_and_wait(int64_t epoch, int64_t step) override;
+  control::Decision report_and_wait(int64_t epoch, int64_t step, bool has_state,
+                                    std::string snapshot) override;
   std::optional<control::Decision> park_and_wait() override;
   const control::Decision& current() const override { return current_; }
 

@@ -1,12 +1,18 @@
 #include "state/state_registry.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +22,7 @@
 #include "gpurun_process.hpp"  // TempDir
 #include "state/snapshot_file.hpp"
 #include "state/snapshot_format.hpp"
+#include "state/xxh64.hpp"
 
 using gpurun::StateExtension;
 using gpurun::rt::StateError;
@@ -681,4 +688,321 @@ TEST_CASE("state registry: prepare_snapshot maps ahead and never replaces an exi
   CHECK(inode_of(path) == inode);
   receiver.reg.read_snapshot(path, torch::kCPU);
   CHECK(receiver.reg.checksum() == source.reg.checksum());
+}
+
+// ---- snapshot integrity and fallback (a full /dev/shm; a corrupt file) -----------------------
+
+namespace {
+
+using gpurun::rt::SnapshotHeader;
+using gpurun::rt::SnapshotPaths;
+
+// The two calls of the runtime at a pause and at its resume.
+std::string write_to(const StateRegistry& reg, const SnapshotPaths& paths) {
+  return reg.write_snapshot(paths);
+}
+std::string read_from(StateRegistry& reg, const SnapshotPaths& paths) {
+  return reg.read_snapshot(paths, torch::kCPU);
+}
+
+uint64_t u64_at(const std::string& bytes, size_t at) {
+  uint64_t v = 0;
+  std::memcpy(&v, bytes.data() + at, sizeof v);
+  return v;
+}
+
+std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Runs `f` in a forked child whose files may grow to at most `max_file_bytes`
+// (RLIMIT_FSIZE; SIGXFSZ ignored, so a larger file fails with EFBIG: a "full disk" without
+// root). f returns the child's exit code; `report` gets what f wrote there. Returns the exit
+// code (-1: the child did not exit normally).
+int in_child_with_file_limit(uint64_t max_file_bytes, const std::string& report,
+                             const std::function<int(std::ofstream&)>& f) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::ofstream out(report);
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{max_file_bytes, max_file_bytes};
+    int code = 90;
+    if (::setrlimit(RLIMIT_FSIZE, &limit) == 0) {
+      try {
+        code = f(out);
+      } catch (const std::exception& e) {
+        out << "unexpected exception: " << e.what();
+        code = 91;
+      }
+    }
+    out.close();
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A small tmpfs mounted at `dir` (root only: without the privilege the test says so and
+// skips), unmounted at the end.
+struct SmallTmpfs {
+  std::filesystem::path dir;
+  bool mounted = false;
+  SmallTmpfs(const std::filesystem::path& at, const std::string& size) : dir(at) {
+    std::filesystem::create_directories(dir);
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+    if (!mounted) MESSAGE("skipped: cannot mount a tmpfs here: " << std::strerror(errno));
+  }
+  ~SmallTmpfs() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("state registry: a snapshot too large for the primary path falls back to the second") {
+  // The user's bug: /dev/shm too small for the state, the pause lost it. Here the primary is
+  // refused by RLIMIT_FSIZE (EFBIG at the reservation) in a child process; the fallback file
+  // was prepared before (the write reuses it in place, needing no new space).
+  gpurun::testing::TempDir dir("gpurun-state");
+  const SnapshotPaths paths{(dir.path / "shm.snapshot").string(),
+                            (dir.path / "state.snapshot").string()};
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.epoch = 7;
+  {
+    Side preparer(Kind::kAdam, 1);
+    preparer.step(0);
+    preparer.reg.prepare_snapshot(paths.fallback);
+  }
+  REQUIRE(std::filesystem::exists(paths.fallback));
+  gpurun::testing::TempDir out("gpurun-report");
+  const std::string report = (out.path / "report").string();
+  const int code = in_child_with_file_limit(4096, report, [&](std::ofstream& o) {
+    const std::string used = write_to(source.reg, paths);
+    o << used << "\n";
+    for (const auto& a : source.reg.last_snapshot_stats().failed_attempts) o << a << "\n";
+    return used == paths.fallback ? 0 : 1;
+  });
+  const std::string said = read_file(report);
+  INFO("child: " << said);
+  CHECK(code == 0);
+  CHECK(said.find("'" + paths.primary + "'") != std::string::npos);  // the failed attempt
+  CHECK(said.find(std::strerror(EFBIG)) != std::string::npos);
+  // Only the verified snapshot at the fallback remains: no partial primary, no temporary.
+  CHECK(names_in(dir.path) == std::vector<std::string>{"state.snapshot"});
+
+  Side restored(Kind::kAdam, 2);
+  restored.reg.release();
+  CHECK(read_from(restored.reg, paths) == paths.fallback);
+  CHECK(restored.reg.checksum() == source.reg.checksum());
+  CHECK(restored.epoch == 7);
+  CHECK(same_module_state(source, restored));
+}
+
+TEST_CASE("state registry: with no room at any path the write fails once, listing every attempt") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const SnapshotPaths paths{(dir.path / "shm.snapshot").string(),
+                            (dir.path / "state.snapshot").string()};
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(paths.primary);  // an old snapshot there: it must not survive
+  source.reg.close_snapshot();  // no kept mapping: an in-place write would need no new space
+  std::filesystem::resize_file(paths.primary, 4096);  // ... and the old file does not fit
+  source.step(1);
+  gpurun::testing::TempDir out("gpurun-report");
+  const std::string report = (out.path / "report").string();
+  const int code = in_child_with_file_limit(4096, report, [&](std::ofstream& o) {
+    const uint64_t before = source.reg.checksum();
+    try {
+      write_to(source.reg, paths);
+    } catch (const StateError& e) {
+      o << e.what();
+      return source.reg.checksum() == before ? 0 : 3;  // the state in memory is untouched
+    } catch (const gpurun::Error& e) {
+      o << "not a StateError: " << e.what();
+      return 2;
+    }
+    return 1;
+  });
+  const std::string msg = read_file(report);
+  INFO("child: " << msg);
+  CHECK(code == 0);
+  CHECK(msg.find("every path failed") != std::string::npos);
+  CHECK(msg.find("(1) '" + paths.primary + "'") != std::string::npos);
+  CHECK(msg.find("(2) '" + paths.fallback + "'") != std::string::npos);
+  CHECK(msg.find(std::strerror(EFBIG)) != std::string::npos);
+  CHECK(msg.find("reserving ") != std::string::npos);  // with the bytes it needed
+  CHECK(names_in(dir.path).empty());                   // no partial or stale file anywhere
+}
+
+TEST_CASE("state registry: a full tmpfs (ENOSPC) falls back; prepare too; no room anywhere") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  SmallTmpfs shm(dir.path / "shm", "1m");
+  if (!shm.mounted) return;
+  const SnapshotPaths paths{(shm.dir / "x.snapshot").string(),
+                            (dir.path / "state.snapshot").string()};
+  Side source(Kind::kAdam, 1, /*hidden=*/8192);  // about 2.3 MB of state after a step
+  source.step(0);
+  REQUIRE(source.reg.nbytes() > (1 << 20));
+
+  SUBCASE("write") {
+    CHECK(write_to(source.reg, paths) == paths.fallback);
+    const auto& st = source.reg.last_snapshot_stats();
+    CHECK(st.path == paths.fallback);
+    REQUIRE(st.failed_attempts.size() == 1);
+    CHECK(st.failed_attempts[0].find(std::strerror(ENOSPC)) != std::string::npos);
+    CHECK(names_in(shm.dir).empty());  // the partial primary was removed
+    Side restored(Kind::kAdam, 2, 8192);
+    CHECK(read_from(restored.reg, paths) == paths.fallback);
+    CHECK(restored.reg.checksum() == source.reg.checksum());
+  }
+  SUBCASE("prepare") {
+    source.reg.prepare_snapshot(paths);
+    CHECK(source.reg.last_snapshot_stats().path == paths.fallback);
+    CHECK(source.reg.last_snapshot_stats().created);
+    CHECK(names_in(shm.dir).empty());
+    CHECK(write_to(source.reg, paths) == paths.fallback);
+    CHECK_FALSE(source.reg.last_snapshot_stats().created);  // only copied
+  }
+  SUBCASE("both paths on the full tmpfs") {
+    const SnapshotPaths full{paths.primary, (shm.dir / "y.snapshot").string()};
+    const auto msg = error_of([&] { write_to(source.reg, full); });
+    CHECK(msg.find("(1) '" + full.primary + "'") != std::string::npos);
+    CHECK(msg.find("(2) '" + full.fallback + "'") != std::string::npos);
+    CHECK(msg.find(std::strerror(ENOSPC)) != std::string::npos);
+    CHECK(names_in(shm.dir).empty());
+  }
+}
+
+TEST_CASE("state registry: a changed payload byte is refused and nothing is applied") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);
+  const std::string good = read_file(path);
+  const SnapshotHeader h =
+      SnapshotHeader::decode(reinterpret_cast<const uint8_t*>(good.data()), good.size(), path);
+  Side receiver(Kind::kAdam, 2);
+  const uint64_t untouched = receiver.reg.checksum();
+  // 8 bytes overwritten in the middle of the tensors (the user's report), and one bit.
+  for (const uint64_t at : {(h.data_offset + h.data_end) / 2, h.data_end - 1}) {
+    CAPTURE(at);
+    std::string bad = good;
+    if (at + 8 <= h.data_end) {
+      std::memcpy(bad.data() + at, "GARBAGE!", 8);
+    } else {
+      bad[at] ^= 0x01;
+    }
+    write_file(path, bad);
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find("'" + path + "'") != std::string::npos);
+    CHECK(msg.find("payload checksum 0x") != std::string::npos);
+    CHECK(msg.find("!= header 0x") != std::string::npos);
+    CHECK(msg.find("(file corrupt") != std::string::npos);
+    CHECK(receiver.reg.checksum() == untouched);
+  }
+  write_file(path, good);
+  receiver.reg.read_snapshot(path, torch::kCPU);
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
+}
+
+TEST_CASE("state registry: a truncated snapshot or another format version is refused clearly") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);
+  const std::string good = read_file(path);
+  Side receiver(Kind::kAdam, 2);
+
+  SUBCASE("truncated to half") {
+    write_file(path, good.substr(0, good.size() / 2));
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find("'" + path + "' is truncated: " + std::to_string(good.size() / 2) + " of " +
+                   std::to_string(good.size()) + " bytes") != std::string::npos);
+  }
+  SUBCASE("version 2 (the format before payload checksums)") {
+    std::string old = good;
+    const uint32_t v2 = 2;
+    std::memcpy(old.data() + 8, &v2, sizeof v2);
+    write_file(path, old);
+    const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
+    CHECK(msg.find("'" + path + "' has format version 2") != std::string::npos);
+    CHECK(msg.find("reads only version 3") != std::string::npos);
+    CHECK(msg.find("older gpurun") != std::string::npos);
+  }
+  SUBCASE("a changed header field") {
+    std::string bad = good;
+    bad[64] ^= 0x10;  // writer_pid: not used by the reader, but the header checksum covers it
+    write_file(path, bad);
+    CHECK(error_of([&] {
+            receiver.reg.read_snapshot(path, torch::kCPU);
+          }).find("header checksum") != std::string::npos);
+  }
+}
+
+TEST_CASE("state registry: the header records the payload size and checksum; bit-exact trip") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  for (Kind kind : kAllKinds) {
+    CAPTURE(kind_name(kind));
+    Side source(kind, 1);
+    for (int i = 0; i < 2; ++i) source.step(i);
+    source.reg.write_snapshot(path);
+    const std::string bytes = read_file(path);
+    const uint64_t data_end = u64_at(bytes, 40);
+    CHECK(u64_at(bytes, 8) % (uint64_t{1} << 32) == 3);  // version
+    CHECK(u64_at(bytes, 80) == data_end - 128);          // payload_bytes
+    CHECK(u64_at(bytes, 88) ==
+          gpurun::rt::Xxh64::of(bytes.data() + 128, data_end - 128));  // payload_checksum
+    Side restored(kind, 2);
+    restored.reg.release();
+    restored.reg.read_snapshot(path, torch::kCPU);
+    const auto a = source.reg.tensors(), b = restored.reg.tensors();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
+    CHECK(restored.reg.manifest() == source.reg.manifest());
+  }
+}
+
+TEST_CASE("state registry: of two snapshot files the newer one is read; the writer keeps one") {
+  gpurun::testing::TempDir dir("gpurun-state");
+  const SnapshotPaths paths{(dir.path / "shm" / "x.snapshot").string(),
+                            (dir.path / "state.snapshot").string()};
+  Side first(Kind::kSgd, 1), second(Kind::kSgd, 2);
+  first.step(0);
+  second.step(0);
+  second.step(1);
+  // No primary directory: the first pause goes to the fallback (ENOENT at the primary).
+  CHECK(write_to(first.reg, paths) == paths.fallback);
+  std::filesystem::create_directories(dir.path / "shm");
+  // A later pause by another writer (no kept mapping) goes to the primary and removes the
+  // older file: a resume can never pick the stale one.
+  CHECK(write_to(second.reg, paths) == paths.primary);
+  CHECK_FALSE(std::filesystem::exists(paths.fallback));
+  Side restored(Kind::kSgd, 3);
+  CHECK(read_from(restored.reg, paths) == paths.primary);
+  CHECK(restored.reg.checksum() == second.reg.checksum());
+
+  // Both present (a crash between writing one and removing the other): the newer wins.
+  first.reg.close_snapshot();
+  CHECK(write_to(first.reg, SnapshotPaths{paths.fallback, ""}) == paths.fallback);  // newer
+  CHECK(std::filesystem::exists(paths.primary));
+  Side again(Kind::kSgd, 4);
+  CHECK(read_from(again.reg, paths) == paths.fallback);
+  CHECK(again.reg.checksum() == first.reg.checksum());
+
+  // Neither present: one error naming both paths.
+  std::filesystem::remove(paths.primary);
+  std::filesystem::remove(paths.fallback);
+  const auto msg = error_of([&] { read_from(again.reg, paths); });
+  CHECK(msg.find("'" + paths.primary + "'") != std::string::npos);
+  CHECK(msg.find("'" + paths.fallback + "'") != std::string::npos);
 }

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/abort_key.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/store/client.hpp"
 
@@ -40,6 +41,10 @@ struct CommOptions {
   /// after it throws CommError (Gloo: I/O timeout; NCCL: the runtime aborts the
   /// communicator).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  /// gpurun's abandon signal for this generation (gpurun/gen/<g>/abort): every wait of the
+  /// rendezvous (and NCCL's init and synchronize) polls it and throws CommError naming
+  /// gpurun's reason once it is set. Empty: only the timeout ends a wait.
+  AbortKey abort;
 };
 
 class Communicator {

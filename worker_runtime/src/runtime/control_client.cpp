@@ -12,8 +12,9 @@ class WorkerControlClient final : public ControlClient {
  public:
   explicit WorkerControlClient(std::unique_ptr<control::WorkerControl> c) : c_(std::move(c)) {}
   const control::Decision& join() override { return c_->join(); }
-  control::Decision report_and_wait(int64_t epoch, int64_t step) override {
-    return c_->report_and_wait(epoch, step);
+  control::Decision report_and_wait(int64_t epoch, int64_t step, bool has_state,
+                                    std::string snapshot) override {
+    return c_->report_and_wait(epoch, step, has_state, std::move(snapshot));
   }
   std::optional<control::Decision> park_and_wait() override { return c_->park_and_wait(); }
   const control::Decision& current() const override { return c_->current(); }

@@ -26,7 +26,10 @@ class ControlClient {
   /// `joined` key; returns that decision. Throws ProtocolError when the slot is no member.
   virtual const control::Decision& join() = 0;
   /// At a boundary: report (epoch, step), block until the round's decision, return it.
-  virtual control::Decision report_and_wait(int64_t epoch, int64_t step) = 0;
+  /// `has_state` false: a joiner without the state reports after its set-up was abandoned.
+  /// `snapshot`: the state source's outcome after a `snapshot` decision ("ok" or the error).
+  virtual control::Decision report_and_wait(int64_t epoch, int64_t step, bool has_state,
+                                            std::string snapshot) = 0;
   /// Hold mode, after a leave: write `parked`, block until woken. The decision to join
   /// (joined key already written), or nullopt when told to exit.
   virtual std::optional<control::Decision> park_and_wait() = 0;

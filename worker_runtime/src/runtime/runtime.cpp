@@ -92,6 +92,8 @@ struct Runtime::Impl {
   std::vector<int> active{0};
   WorkerState state = WorkerState::kActive;
   std::string snapshot_path;
+  std::string snapshot_fallback_path;
+  rt::SnapshotPaths snapshot_paths() const { return {snapshot_path, snapshot_fallback_path}; }
   bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE=1: map the snapshot file ahead
   Trace trace;
 
@@ -156,6 +158,8 @@ struct Runtime::Impl {
     o.size = static_cast<int>(group.size());
     o.device = device;
     o.timeout = opt.comm_timeout;
+    // gpurun abandons a generation whose set-up lost a participant: stop waiting at once.
+    if (control) o.abort.key = control::keys::abort(gen);
     GPURUN_CHECK(o.rank >= 0, "slot {} is not in group [{}]", slot, fmt::join(group, ","));
     return comm_factory(backend, o);
   }
@@ -232,7 +236,7 @@ struct Runtime::Impl {
     if (d.active.empty()) {  // pause: the source keeps the state in the host snapshot
       if (slot == src) {
         sync_out();
-        registry.write_snapshot(snapshot_path);
+        registry.write_snapshot(snapshot_paths());
         checksum = registry.checksum();
         moved = registry.nbytes();
       }
@@ -256,7 +260,7 @@ struct Runtime::Impl {
         if (same) comm = std::move(c);
       }
     } else if (d.state_source.is_snapshot() && member) {  // resume from the pause snapshot
-      registry.read_snapshot(snapshot_path, device);
+      registry.read_snapshot(snapshot_paths(), device);
       sync_in();
       moved = registry.nbytes();
     }
@@ -326,7 +330,46 @@ struct Runtime::Impl {
       throw ExitRequested{};
     }
     set_state(WorkerState::kRejoining, "woken for generation " + std::to_string(wake->generation));
-    enter(*wake, /*have_state=*/false);
+    enter_as_joiner(*wake, /*have_state=*/false);
+  }
+
+  /// enter() for a process that joins `d` without the state (spawned or woken). When the
+  /// set-up fails (gpurun abandoned the generation because a participant died, or a peer's
+  /// socket closed), it holds nothing to lose: it reports at d's boundary with has_state =
+  /// false and follows gpurun's next decision (join again, leave, or exit), as often as it
+  /// takes. Throws ExitRequested when it leaves.
+  void enter_as_joiner(Decision d, bool have_state) {
+    for (;;) {
+      try {
+        enter(d, have_state);
+        return;
+      } catch (const rt::CommError& err) {
+        if (have_state || state == WorkerState::kActive) throw;  // a holder: boundary() recovers
+        if (comm) comm->abort();
+        comm.reset();
+        if (grads) grads->set_communicator(nullptr);
+        trace.write("comm_failure", {{"generation", Trace::num(d.generation)},
+                                     {"role", Trace::str("joiner")},
+                                     {"error", Trace::str(err.what())}});
+        std::fprintf(stderr,
+                     "gpurun worker (slot %d): joining generation %lld failed: %s; this rank "
+                     "holds no state yet: reporting to gpurun and waiting for its next "
+                     "decision\n",
+                     slot, static_cast<long long>(d.generation), err.what());
+        Decision next = control->report_and_wait(d.epoch, d.step, /*has_state=*/false, {});
+        while (next.kind == Decision::Kind::kSnapshot)  // a pause of the others: not our part
+          next = control->report_and_wait(d.epoch, d.step, /*has_state=*/false, {});
+        if (next.kind == Decision::Kind::kExit) {
+          set_state(WorkerState::kExited, "told to exit after a failed join");
+          throw ExitRequested{};
+        }
+        if (next.kind != Decision::Kind::kResize)
+          throw control::ProtocolError(fmt::format(
+              "slot {} reported without state and got a '{}' decision (expected resize or exit)",
+              slot, control::to_string(next.kind)));
+        d = std::move(next);
+      }
+    }
   }
 
   // ---- boundaries ---------------------------------------------------------------------
@@ -337,9 +380,9 @@ struct Runtime::Impl {
     if (control) {
       // An elastic process starts REJOINING (make_runtime): a joiner until it holds the
       // state; enter() makes it ACTIVE through the table.
-      const Decision& d = control->current();
+      const Decision d = control->current();
       try {
-        enter(d, /*have_state=*/d.state_source.is_none());
+        enter_as_joiner(d, /*have_state=*/d.state_source.is_none());
       } catch (const ExitRequested&) {  // not a member of its start generation: never here
         finishing = true;
       }
@@ -367,7 +410,14 @@ struct Runtime::Impl {
   bool boundary(int64_t report_epoch, int64_t report_step) {
     if (!control || finishing) return !finishing;
     const auto t0 = Clock::now();
-    const Decision d = control->report_and_wait(report_epoch, report_step);
+    Decision d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, {});
+    // A pause is wanted: the state source writes the snapshot while everyone still holds the
+    // state, then all report again here; gpurun pauses only after a verified snapshot.
+    while (d.kind == Decision::Kind::kSnapshot) {
+      std::string outcome;
+      if (slot == d.state_source.gpu) outcome = write_pause_snapshot();
+      d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, outcome);
+    }
     const double wait_ms = ms_since(t0);
     trace.write("boundary", {{"generation", Trace::num(d.prev_generation)},
                              {"round", Trace::num(d.round)},
@@ -411,6 +461,31 @@ struct Runtime::Impl {
         fmt::format("unexpected decision kind {} at a boundary", control::to_string(d.kind)));
   }
 
+  /// The state source's part of a `snapshot` decision: writes the pause snapshot (primary
+  /// path, else the fallback) and reads it back. Returns "ok", or the error sentence (every
+  /// attempt; no snapshot file is left then and the state in memory is untouched): gpurun then
+  /// refuses the pause and the job trains on.
+  std::string write_pause_snapshot() {
+    const auto t0 = Clock::now();
+    try {
+      sync_out();
+      const std::string path = registry.write_snapshot(snapshot_paths());
+      const auto& st = registry.last_snapshot_stats();
+      trace.write("snapshot_written",
+                  {{"path", Trace::str(path)},
+                   {"bytes", Trace::num(st.file_bytes)},
+                   {"fell_back", Trace::num(static_cast<int64_t>(st.failed_attempts.size()))},
+                   {"ms", Trace::num(ms_since(t0))}});
+      for (const auto& f : st.failed_attempts)
+        std::fprintf(stderr, "gpurun worker (slot %d): warning: pause snapshot fell back: %s\n",
+                     slot, f.c_str());
+      return "ok";
+    } catch (const Error& e) {
+      trace.write("snapshot_written", {{"error", Trace::str(e.what())}});
+      return e.what();
+    }
+  }
+
   /// GPURUN_SNAPSHOT_PREPARE=1, at the first `continue` boundary (the optimizer has made its
   /// state, so the size is final): create/map/page-lock the pause snapshot file now, so that a
   /// pause only copies. Host memory: the file (~ the state's bytes) stays in /dev/shm for the
@@ -419,7 +494,7 @@ struct Runtime::Impl {
     prepare_snapshot = false;
     const auto t0 = Clock::now();
     try {
-      registry.prepare_snapshot(snapshot_path);
+      registry.prepare_snapshot(snapshot_paths());
       trace.write("snapshot_prepared",
                   {{"file_bytes", Trace::num(registry.last_snapshot_stats().file_bytes)},
                    {"ms", Trace::num(ms_since(t0))}});
@@ -564,6 +639,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->store = e.store;
   m->restart_count = e.restart_count;
   m->snapshot_path = e.snapshot_path;
+  m->snapshot_fallback_path = e.snapshot_fallback_path;
   m->prepare_snapshot = e.prepare_snapshot;
   const std::string trace_dir = !m->opt.trace_dir.empty() ? m->opt.trace_dir : e.trace_dir;
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);

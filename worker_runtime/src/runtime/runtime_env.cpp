@@ -62,6 +62,7 @@ RuntimeEnv RuntimeEnv::from_env() {
   } else {
     e.snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
   }
+  e.snapshot_fallback_path = getenv_nonempty(env::kSnapshotFallbackPath).value_or("");
   e.prepare_snapshot = getenv_nonempty(env::kSnapshotPrepare).value_or("0") == "1";
   e.trace_dir = getenv_nonempty(env::kTraceDir).value_or("");
   return e;

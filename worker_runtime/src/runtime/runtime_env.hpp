@@ -27,6 +27,9 @@ struct RuntimeEnv {
   /// GPURUN_SNAPSHOT_PATH, else $GPURUN_RUN_DIR/state.snapshot, else
   /// /tmp/gpurun-state-<pid>.snapshot.
   std::string snapshot_path;
+  /// GPURUN_SNAPSHOT_FALLBACK_PATH: where the pause snapshot goes when the primary path has
+  /// no room (the run directory); empty: none.
+  std::string snapshot_fallback_path;
   bool prepare_snapshot = false;  ///< GPURUN_SNAPSHOT_PREPARE=1
   std::string trace_dir;          ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
 

@@ -32,9 +32,9 @@ bool worker_transition_allowed(WorkerState from, WorkerState to) {
       return to == S::kParked || to == S::kExited;
     case S::kParked:  // woken as a joiner, or told to exit
       return to == S::kRejoining || to == S::kExited;
-    case S::kRejoining:  // state received (ACTIVE); the joiner may also be a leaver of a
-                         // later decision only after joining, so no other edge
-      return to == S::kActive || to == S::kExited;
+    case S::kRejoining:  // state received (ACTIVE); or its join was abandoned (a participant
+                         // died) and gpurun's next decision leaves it out (OFFLOADING)
+      return to == S::kActive || to == S::kOffloading || to == S::kExited;
     case S::kExited:
       return false;
   }

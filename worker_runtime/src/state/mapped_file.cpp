@@ -25,13 +25,18 @@ MappedFile MappedFile::create(const std::string& path, size_t bytes) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw_io("creating", path, errno);
   MappedFile file(path, fd, nullptr, bytes, true);  // closes fd if anything below throws
-  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    throw Error(fmt::format("state snapshot: reserving {} bytes for '{}' failed: {}", bytes, path,
-                            std::strerror(err)));
+  try {
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      throw Error(fmt::format("state snapshot: reserving {} bytes for '{}' failed: {}", bytes, path,
+                              std::strerror(err)));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) throw_io("mapping", path, errno);
+    file.data_ = static_cast<uint8_t*>(p);
+  } catch (...) {
+    ::unlink(path.c_str());  // ours (O_EXCL): a failed reservation leaves no file behind
+    throw;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) throw_io("mapping", path, errno);
-  file.data_ = static_cast<uint8_t*>(p);
   return file;
 }
 

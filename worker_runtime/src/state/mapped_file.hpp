@@ -15,7 +15,8 @@ class MappedFile {
   /// the space (posix_fallocate: a full /dev/shm fails here with ENOSPC instead of SIGBUS on
   /// a later write) and maps it read-write, shared, its page tables filled at once
   /// (MAP_POPULATE: one batched pass instead of a page fault per 4 KiB at the first copy).
-  /// Throws gpurun::Error naming the path and the errno text.
+  /// Throws gpurun::Error naming the path, the bytes and the errno text (ENOSPC, EDQUOT,
+  /// EFBIG for RLIMIT_FSIZE with SIGXFSZ ignored, ...); the file is removed then.
   static MappedFile create(const std::string& path, size_t bytes);
 
   /// Opens `path` and maps it whole, read-only (private). Throws gpurun::Error naming the

@@ -1,14 +1,17 @@
 #include "state/snapshot_file.hpp"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/error.hpp"
 
 namespace gpurun::rt {
 namespace {
@@ -84,15 +87,44 @@ void SnapshotFile::begin(SnapshotHeader header, std::string_view manifest) {
   header.file_bytes = size();
   header.manifest_hash = snapshot_hash(manifest);
   header.writer_pid = static_cast<uint64_t>(::getpid());
+  header.payload_bytes = header.data_end - SnapshotHeader::kBytes;
+  header.payload_checksum = 0;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  header.written_unix_ns =
+      static_cast<uint64_t>(now.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(now.tv_nsec);
   header.committed = false;
   header.encode(d);
   std::memcpy(d + SnapshotHeader::kBytes, manifest.data(), manifest.size());
+  const size_t manifest_end = SnapshotHeader::kBytes + manifest.size();
+  std::memset(d + manifest_end, 0, header.data_offset - manifest_end);
+  pending_ = header;
 }
 
-void SnapshotFile::commit() {
+SnapshotHeader SnapshotFile::commit(uint64_t payload_checksum) {
+  GPURUN_CHECK(pending_.sequence != 0, "commit() of '{}' without begin()", file_.path());
+  SnapshotHeader header = std::exchange(pending_, SnapshotHeader{});
+  header.payload_checksum = payload_checksum;
+  header.committed = false;  // the commit word is set last, below
+  header.encode(data());
   file_.sync();
   store_commit(data(), SnapshotHeader::kCommitted);
   file_.sync_range(0, SnapshotHeader::kBytes);
+  // Read back: the file at the path is this one, and its header is a committed snapshot.
+  if (!file_.is_at(file_.path())) {
+    throw StateError(fmt::format(
+        "state snapshot '{}': the file was removed, replaced or resized while snapshot #{} was "
+        "being written",
+        file_.path(), header.sequence));
+  }
+  const SnapshotHeader back = SnapshotHeader::decode(data(), size(), file_.path());
+  if (back.payload_checksum != payload_checksum || back.sequence != header.sequence) {
+    throw StateError(fmt::format(
+        "state snapshot '{}': read back snapshot #{} with payload checksum 0x{:016x}, wrote "
+        "snapshot #{} with 0x{:016x} (another writer?)",
+        file_.path(), back.sequence, back.payload_checksum, header.sequence, payload_checksum));
+  }
+  return back;
 }
 
 }  // namespace gpurun::rt

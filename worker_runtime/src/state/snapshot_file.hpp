@@ -37,6 +37,7 @@ class SnapshotFile {
   SnapshotFile& operator=(SnapshotFile&& other) noexcept;
 
   uint8_t* data() const noexcept { return file_.data(); }
+  const std::string& path() const noexcept { return file_.path(); }
   size_t size() const noexcept { return file_.size(); }
   bool writable() const noexcept { return file_.writable(); }
 
@@ -51,20 +52,28 @@ class SnapshotFile {
 
   /// Starts writing a snapshot: clears the commit word (and syncs that page), so that the file
   /// stops being a valid snapshot before any of it changes, then writes `header` (uncommitted;
-  /// file_bytes, manifest_hash, writer_pid and the next sequence number are filled in here)
-  /// and `manifest`. The caller then writes the tensors at the header's offsets and calls
-  /// commit(). Requires writable() and header.data_end <= size(). Throws gpurun::Error on I/O
-  /// errors.
+  /// file_bytes, manifest_hash, writer_pid, written_unix_ns, payload_bytes and the next
+  /// sequence number are filled in here; payload_checksum is 0 until commit) and `manifest`,
+  /// and zeroes the padding between the manifest and data_offset. The caller then writes the
+  /// tensors at the header's offsets (and zero padding between them) and calls commit().
+  /// Requires writable() and header.data_end <= size(). Throws gpurun::Error on I/O errors.
   void begin(SnapshotHeader header, std::string_view manifest);
 
-  /// Ends the snapshot begun by begin(): syncs the file (msync; cheap on tmpfs), then sets the
-  /// commit word and syncs its page. Throws gpurun::Error naming the path on I/O errors.
-  void commit();
+  /// Ends the snapshot begun by begin(): records `payload_checksum` (XXH64 of bytes
+  /// [128, data_end) as written: the caller computed it from the mapping) in the header,
+  /// writes the whole file back (msync + fsync; cheap on tmpfs, the disk's write time
+  /// elsewhere), sets the commit word and writes its page back; then verifies: the file is
+  /// still named path() with this size (is_at) and its header, read back, decodes as a
+  /// committed snapshot (magic, version, header checksum, sizes, manifest hash) recording this
+  /// payload checksum. Blocks. Returns the header as read back. Throws gpurun::Error naming
+  /// the path on I/O errors, StateError when the read-back check fails.
+  SnapshotHeader commit(uint64_t payload_checksum);
 
  private:
   explicit SnapshotFile(MappedFile file) : file_(std::move(file)) {}
 
   MappedFile file_;
+  SnapshotHeader pending_;                 ///< of the snapshot begun, until commit()
   compat::HostRegistration registration_;  ///< after file_: unregistered before unmapping
 };
 

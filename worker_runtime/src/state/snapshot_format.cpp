@@ -6,6 +6,7 @@
 
 #include "state/state_checksum.hpp"
 #include "state/state_registry.hpp"
+#include "state/xxh64.hpp"
 
 namespace gpurun::rt {
 namespace {
@@ -24,7 +25,12 @@ T get(const uint8_t* in, size_t at) {
 
 // Field offsets of the header.
 constexpr size_t kVersionAt = 8, kHeaderSizeAt = 12, kManifestAt = 16, kCountAt = 24, kDataAt = 32,
-                 kDataEndAt = 40, kFileAt = 48, kHashAt = 56, kPidAt = 64;
+                 kDataEndAt = 40, kFileAt = 48, kHashAt = 56, kPidAt = 64, kPayloadBytesAt = 80,
+                 kPayloadSumAt = 88, kWrittenAt = 96, kHeaderSumAt = 104;
+
+uint64_t header_checksum(const uint8_t* header) {
+  return Xxh64::of(header, kHeaderSumAt);
+}
 
 constexpr uint64_t kPage = 4096;
 
@@ -67,6 +73,7 @@ SnapshotHeader SnapshotHeader::plan(uint64_t manifest_bytes,
   }
   h.data_end = end;
   h.file_bytes = end;
+  h.payload_bytes = end - kBytes;
   return h;
 }
 
@@ -83,7 +90,22 @@ void SnapshotHeader::encode(uint8_t* out) const {
   put<uint64_t>(out, kHashAt, manifest_hash);
   put<uint64_t>(out, kPidAt, writer_pid);
   put<uint64_t>(out, kSequenceAt, sequence);
+  put<uint64_t>(out, kPayloadBytesAt, payload_bytes);
+  put<uint64_t>(out, kPayloadSumAt, payload_checksum);
+  put<uint64_t>(out, kWrittenAt, written_unix_ns);
+  put<uint64_t>(out, kHeaderSumAt, header_checksum(out));
   put<uint64_t>(out, kCommitAt, committed ? kCommitted : 0);
+}
+
+void SnapshotHeader::check_payload(const uint8_t* data, const std::string& path) const {
+  const uint64_t actual = Xxh64::of(data + kBytes, data_end - kBytes);
+  if (actual != payload_checksum) {
+    throw StateError(fmt::format(
+        "state snapshot '{}': payload checksum 0x{:016x} != header 0x{:016x} (file corrupt: "
+        "some of its {} bytes from offset {} changed after snapshot #{} was written by pid "
+        "{}); the state in it cannot be resumed from",
+        path, actual, payload_checksum, data_end - kBytes, kBytes, sequence, writer_pid));
+  }
 }
 
 SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
@@ -103,9 +125,10 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
   const auto header_size = get<uint32_t>(data, kHeaderSizeAt);
   if (version != kVersion || header_size != kBytes) {
     throw StateError(fmt::format(
-        "state snapshot '{}' has format version {} (header {} bytes); this gpurun reads version "
-        "{} ({} bytes)",
-        path, version, header_size, kVersion, kBytes));
+        "state snapshot '{}' has format version {} (header {} bytes); this gpurun reads only "
+        "version {} ({} bytes): it was written by {} gpurun and cannot be resumed from here; "
+        "resume with the gpurun that paused the job, or start again from a checkpoint",
+        path, version, header_size, kVersion, kBytes, version < kVersion ? "an older" : "a newer"));
   }
   SnapshotHeader h;
   h.manifest_bytes = get<uint64_t>(data, kManifestAt);
@@ -116,6 +139,9 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
   h.manifest_hash = get<uint64_t>(data, kHashAt);
   h.writer_pid = get<uint64_t>(data, kPidAt);
   h.sequence = get<uint64_t>(data, kSequenceAt);
+  h.payload_bytes = get<uint64_t>(data, kPayloadBytesAt);
+  h.payload_checksum = get<uint64_t>(data, kPayloadSumAt);
+  h.written_unix_ns = get<uint64_t>(data, kWrittenAt);
   h.committed = get<uint64_t>(data, kCommitAt) == kCommitted;
   if (!h.committed) {
     if (h.sequence == 0) {
@@ -129,20 +155,32 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
         "snapshot #{} (interrupted pause); the state in it cannot be resumed from",
         path, h.writer_pid, h.sequence));
   }
-  if (h.file_bytes != file_bytes) {
+  if (const uint64_t actual = header_checksum(data), recorded = get<uint64_t>(data, kHeaderSumAt);
+      actual != recorded) {
     throw StateError(fmt::format(
-        "state snapshot '{}' has {} bytes but its header says {} ({}): the file was {} or "
-        "overwritten while being read",
-        path, file_bytes, h.file_bytes, file_bytes < h.file_bytes ? "truncated" : "trailing bytes",
-        file_bytes < h.file_bytes ? "truncated" : "appended to"));
+        "state snapshot '{}': header checksum 0x{:016x} != recorded 0x{:016x} (file corrupt: "
+        "its first {} bytes changed after they were written)",
+        path, actual, recorded, kHeaderSumAt));
+  }
+  if (h.file_bytes != file_bytes) {
+    if (file_bytes < h.file_bytes) {
+      throw StateError(fmt::format(
+          "state snapshot '{}' is truncated: {} of {} bytes (the file was cut short after "
+          "snapshot #{} was written)",
+          path, file_bytes, h.file_bytes, h.sequence));
+    }
+    throw StateError(fmt::format(
+        "state snapshot '{}' has {} bytes but its header says {} (trailing bytes: the file was "
+        "appended to or replaced while being read)",
+        path, file_bytes, h.file_bytes));
   }
   if (h.manifest_bytes > file_bytes - kBytes ||
       h.data_offset != snapshot_align(kBytes + h.manifest_bytes) || h.data_offset > h.data_end ||
-      h.data_end > file_bytes) {
+      h.data_end > file_bytes || h.payload_bytes != h.data_end - kBytes) {
     throw StateError(fmt::format(
-        "state snapshot '{}' is corrupt: manifest of {} bytes, data from {} to {} do not fit a "
-        "file of {} bytes",
-        path, h.manifest_bytes, h.data_offset, h.data_end, file_bytes));
+        "state snapshot '{}' is corrupt: manifest of {} bytes, data from {} to {}, payload of {} "
+        "bytes do not fit a file of {} bytes",
+        path, h.manifest_bytes, h.data_offset, h.data_end, h.payload_bytes, file_bytes));
   }
   const std::string_view manifest(reinterpret_cast<const char*>(data) + kBytes, h.manifest_bytes);
   if (const uint64_t actual = snapshot_hash(manifest); actual != h.manifest_hash) {

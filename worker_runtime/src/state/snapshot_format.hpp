@@ -2,24 +2,37 @@
 // (StateRegistry::write_snapshot / read_snapshot). Internal header.
 //
 //   offset 0     header, 128 bytes, native byte order (little-endian on supported hosts):
-//                    0 magic "GPURUNSS" (8 bytes)   8 version u32 (=2)   12 header size u32 (=128)
+//                    0 magic "GPURUNSS" (8 bytes)   8 version u32 (=3)   12 header size u32 (=128)
 //                   16 manifest_bytes u64          24 tensor_count u64
 //                   32 data_offset u64             40 data_end u64 (end of the last tensor)
 //                   48 file_bytes u64 (the file's size: data_end plus spare room)
 //                   56 manifest_hash u64 (FNV-1a of the manifest bytes)
 //                   64 writer_pid u64              72 sequence u64 (1 for the file's first
-//                   snapshot) 80 zero (40 bytes)
+//                                                     snapshot)
+//                   80 payload_bytes u64 (= data_end - 128: manifest, padding and tensors)
+//                   88 payload_checksum u64 (XXH64, seed 0, of the payload: file bytes
+//                      [128, data_end); state/xxh64.hpp)
+//                   96 written_unix_ns u64 (CLOCK_REALTIME when the writer began it: of two
+//                      snapshot files of one run, the newer one wins)
+//                  104 header_checksum u64 (XXH64, seed 0, of header bytes [0, 104))
+//                  112 zero (8 bytes)
 //                  120 commit u64: kCommitted once every byte above and below is in place,
 //                      0 while a snapshot is being written (or when none was written yet)
 //   offset 128   manifest (StateRegistry::manifest(): UTF-8 JSON), manifest_bytes bytes
 //   data_offset  tensor bytes in canonical order (StateRegistry::tensors()), each tensor's
 //                first byte at a multiple of 64; zero padding between tensors
 //   data_end     spare room up to file_bytes (a file is reused by later snapshots whose
-//                manifest or tensors are a little larger or smaller: see snapshot_fits)
+//                manifest or tensors are a little larger or smaller: see snapshot_fits); not
+//                covered by any checksum
+//
+// Version history: 2 had no payload_bytes, payload_checksum, written_unix_ns or
+// header_checksum (bytes 80..119 zero); version 3 refuses it (decode: "format version 2").
 //
 // Writing in place (SnapshotFile): the commit word is cleared first, then header, manifest and
-// tensors are written, then the commit word is set. A writer that dies in between leaves a file
-// that decode() refuses ("incomplete"), never a mix of two snapshots taken for one.
+// tensors are written, then the payload checksum, then the commit word is set. A writer that
+// dies in between leaves a file that decode() refuses ("incomplete"), never a mix of two
+// snapshots taken for one; a byte changed after the commit (a bad disk, a stray write) makes
+// check_payload() refuse it ("payload checksum ... (file corrupt)").
 #pragma once
 
 #include <cstddef>
@@ -32,7 +45,7 @@ namespace gpurun::rt {
 
 struct SnapshotHeader {
   static constexpr char kMagic[8] = {'G', 'P', 'U', 'R', 'U', 'N', 'S', 'S'};
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   static constexpr size_t kBytes = 128;      ///< header size
   static constexpr size_t kAlignment = 64;   ///< of the data section and of every tensor
   static constexpr size_t kSequenceAt = 72;  ///< offset of the sequence number
@@ -47,6 +60,9 @@ struct SnapshotHeader {
   uint64_t manifest_hash = 0;
   uint64_t writer_pid = 0;
   uint64_t sequence = 0;
+  uint64_t payload_bytes = 0;     ///< data_end - kBytes
+  uint64_t payload_checksum = 0;  ///< XXH64 of file bytes [kBytes, data_end)
+  uint64_t written_unix_ns = 0;   ///< CLOCK_REALTIME (ns since 1970) when writing began
   bool committed = false;
 
   /// The header of a snapshot with this manifest size and these tensor sizes (bytes, canonical
@@ -55,16 +71,25 @@ struct SnapshotHeader {
   static SnapshotHeader plan(uint64_t manifest_bytes, const std::vector<uint64_t>& tensor_bytes,
                              std::vector<uint64_t>& offsets);
 
-  /// Writes the 128 header bytes to `out`, commit word included (kCommitted if `committed`).
+  /// Writes the 128 header bytes to `out`, commit word included (kCommitted if `committed`),
+  /// header_checksum computed here over bytes [0, 104). payload_bytes is written as given.
   void encode(uint8_t* out) const;
 
   /// Reads and validates the header of the file `path` of `file_bytes` bytes mapped at
-  /// `data`: size, magic, version, header size, then the commit word (a snapshot whose writer
-  /// stopped before committing it is refused, naming the writer's pid), file_bytes equal to
-  /// the file's size (truncated or appended to otherwise), manifest and data within the file,
-  /// data_offset aligned right after the manifest, and the manifest's hash. Throws StateError
-  /// naming the path and what is wrong.
+  /// `data`: size, magic, version (another version is refused, naming both), header size,
+  /// then the commit word (a snapshot whose writer stopped before committing it is refused,
+  /// naming the writer's pid), the header checksum, file_bytes equal to the file's size
+  /// ("truncated: 1048576 of 2097152 bytes", or trailing bytes), manifest and data within the
+  /// file, data_offset aligned right after the manifest, payload_bytes = data_end - 128, and
+  /// the manifest's hash. Reads only the header and the manifest (not the tensors: see
+  /// check_payload). Throws StateError naming the path and what is wrong.
   static SnapshotHeader decode(const uint8_t* data, size_t file_bytes, const std::string& path);
+
+  /// Verifies the payload of the decoded snapshot mapped at `data` (the file `path`): XXH64 of
+  /// bytes [kBytes, data_end) against payload_checksum. Blocks for one read pass over the
+  /// payload (about 0.1 s per GB: state/xxh64.hpp). Throws StateError "state snapshot '<path>':
+  /// payload checksum 0x... != header 0x... (file corrupt)" on a mismatch.
+  void check_payload(const uint8_t* data, const std::string& path) const;
 };
 
 /// `n` rounded up to a multiple of SnapshotHeader::kAlignment.

@@ -1,5 +1,6 @@
 #include "state/state_registry.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -30,6 +31,7 @@
 #include "state/snapshot_file.hpp"
 #include "state/snapshot_format.hpp"
 #include "state/state_checksum.hpp"
+#include "state/xxh64.hpp"
 
 namespace gpurun::rt {
 namespace detail {
@@ -881,6 +883,13 @@ void StateRegistry::materialize(const at::Device& device) {
 
 // ---- snapshots -----------------------------------------------------------------------------
 
+std::vector<std::string> SnapshotPaths::list() const {
+  std::vector<std::string> out;
+  if (!primary.empty()) out.push_back(primary);
+  if (!fallback.empty() && fallback != primary) out.push_back(fallback);
+  return out;
+}
+
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -963,32 +972,209 @@ SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::s
   return *kept;
 }
 
+// Host tensors are copied into the file in chunks of this size, each hashed while it is still
+// in the cache (L2 of a current x86 core: 512 KiB to 2 MiB).
+constexpr size_t kCopyChunk = size_t{256} << 10;
+
+// Fills the payload of `file` (after begin()) for `plan` and returns its XXH64 (file bytes
+// [128, data_end), as snapshot_format.hpp defines it). Device tensors are copied first
+// (compat::copy_host: side stream, one synchronise); then one pass in file order zeroes the
+// padding, copies every host tensor chunk by chunk and hashes the file's bytes.
+uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
+                      StateRegistry::SnapshotStats& st) {
+  uint8_t* const base = file.data();
+  const auto t_copy = SteadyClock::now();
+  std::vector<compat::HostCopy> device;
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    if (!plan.tensors[i].is_cpu()) device.push_back({plan.tensors[i], base + plan.offsets[i]});
+  if (!device.empty()) compat::copy_host(device, /*to_host=*/true);
+
+  double device_hash_seconds = 0;
+  Xxh64 hash;
+  uint64_t at = SnapshotHeader::kBytes;  // manifest and its padding: written by begin()
+  hash.update(base + at, plan.header.data_offset - at);
+  at = plan.header.data_offset;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const at::Tensor& t = plan.tensors[i];
+    const uint64_t offset = plan.offsets[i], n = t.nbytes();
+    std::memset(base + at, 0, offset - at);
+    hash.update(base + at, offset - at);
+    uint8_t* const dst = base + offset;
+    if (t.is_cpu()) {
+      const auto* src = static_cast<const uint8_t*>(t.data_ptr());
+      for (uint64_t k = 0; k < n; k += kCopyChunk) {
+        const size_t m = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, n - k));
+        std::memcpy(dst + k, src + k, m);
+        hash.update(dst + k, m);
+      }
+    } else {
+      const auto t_hash = SteadyClock::now();
+      hash.update(dst, n);
+      device_hash_seconds += seconds_since(t_hash);
+    }
+    at = offset + n;
+  }
+  st.checksum_seconds = device_hash_seconds;
+  st.copy_seconds = seconds_since(t_copy) - device_hash_seconds;
+  return hash.digest();
+}
+
+// One attempt of write_snapshot: the snapshot of `plan` into the file at `path`. On any
+// exception the file at `path` is removed (its old snapshot was voided by begin(), or it is
+// stale: the state is in memory) and `kept` is dropped; the exception propagates.
+void write_at(std::optional<SnapshotFile>& kept, const std::string& path, const SnapshotPlan& plan,
+              StateRegistry::SnapshotStats& st) {
+  try {
+    SnapshotFile& file = snapshot_for_write(kept, path, plan, st);
+    if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
+    file.begin(plan.header, plan.manifest);
+    file.commit(fill_payload(file, plan, st));
+    st.file_bytes = static_cast<int64_t>(file.size());
+    st.pinned = file.pinned();
+  } catch (...) {
+    kept.reset();
+    ::unlink(path.c_str());
+    throw;
+  }
+}
+
+// Removes the file at every path of `paths` but `keep`. A file that cannot be removed is left
+// (ENOENT is the normal case); it was voided before (void_others), so no reader takes it.
+void remove_others(const std::vector<std::string>& paths, const std::string& keep) noexcept {
+  for (const std::string& p : paths)
+    if (p != keep) ::unlink(p.c_str());
+}
+
+// Voids the snapshot in the file at every path of `paths` but `keep`: clears its commit word
+// (pwrite + fdatasync), so that a snapshot from an earlier pause there can never be resumed
+// from once this one has begun (the current state is in memory), while the file itself stays
+// for reuse (a prepared file fits). A file that cannot be voided is removed.
+void void_others(const std::vector<std::string>& paths, const std::string& keep) noexcept {
+  for (const std::string& p : paths) {
+    if (p == keep) continue;
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno != ENOENT) ::unlink(p.c_str());
+      continue;
+    }
+    struct stat st {};
+    const uint64_t zero = 0;
+    const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                    static_cast<uint64_t>(st.st_size) >= SnapshotHeader::kBytes &&
+                    ::pwrite(fd, &zero, sizeof zero, SnapshotHeader::kCommitAt) == sizeof zero &&
+                    ::fdatasync(fd) == 0;
+    ::close(fd);
+    if (!ok) ::unlink(p.c_str());
+  }
+}
+
+std::string numbered(const std::vector<std::string>& attempts) {
+  std::string out;
+  for (size_t i = 0; i < attempts.size(); ++i)
+    out += fmt::format("{}({}) {}", i == 0 ? "" : "; ", i + 1, attempts[i]);
+  return out;
+}
+
 }  // namespace
 
-void StateRegistry::write_snapshot(const std::string& path) const {
+std::string StateRegistry::write_snapshot(const std::string& path) const {
+  return write_snapshot(SnapshotPaths{path, {}});
+}
+
+std::string StateRegistry::write_snapshot(const SnapshotPaths& paths) const {
   const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
   m.check_not_released("write_snapshot()");
+  const std::vector<std::string> all = paths.list();
+  GPURUN_CHECK(!all.empty(), "write_snapshot() without a path");
   const SnapshotPlan plan(manifest(), tensors());
-  SnapshotStats st;
-  st.tensor_bytes = plan.tensor_bytes;
-  SnapshotFile& file = snapshot_for_write(m.snapshot, path, plan, st);
-  if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
-  file.begin(plan.header, plan.manifest);
-  const auto t_copy = SteadyClock::now();
-  compat::copy_host(plan.copies(file.data()), /*to_host=*/true);
-  st.copy_seconds = seconds_since(t_copy);
-  file.commit();
-  st.file_bytes = static_cast<int64_t>(file.size());
-  st.pinned = file.pinned();
-  st.total_seconds = seconds_since(t0);
-  m.stats = st;
+  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
+
+  // The kept file first where it still fits (an in-place write needs no new space), then the
+  // paths in order.
+  std::vector<std::string> order;
+  if (m.snapshot) {
+    for (const std::string& p : all)
+      if (still_fits(*m.snapshot, p, end, manifest_bytes)) order.push_back(p);
+  }
+  for (const std::string& p : all)
+    if (std::find(order.begin(), order.end(), p) == order.end()) order.push_back(p);
+
+  std::vector<std::string> failed;
+  for (const std::string& path : order) {
+    SnapshotStats st;
+    st.tensor_bytes = plan.tensor_bytes;
+    void_others(all, path);  // from here on only `path` can hold a valid snapshot
+    try {
+      write_at(m.snapshot, path, plan, st);
+    } catch (const Error& e) {  // this path cannot hold it (full, unwritable, I/O, read-back)
+      failed.push_back(fmt::format("'{}': {}", path, e.what()));
+      continue;
+    }
+    remove_others(all, path);
+    st.path = path;
+    st.failed_attempts = std::move(failed);
+    st.total_seconds = seconds_since(t0);
+    m.stats = st;
+    return path;
+  }
+  remove_others(all, "");
+  throw StateError(fmt::format(
+      "cannot write the state snapshot ({} tensor bytes, a file of {} bytes): every path "
+      "failed: {}; no snapshot file remains and the training state is unchanged (still in "
+      "memory)",
+      plan.tensor_bytes, snapshot_file_bytes(end, manifest_bytes), numbered(failed)));
 }
 
 void StateRegistry::read_snapshot(const std::string& path, const at::Device& device) {
+  read_snapshot(SnapshotPaths{path, {}}, device);
+}
+
+std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::Device& device) {
   const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
+  const std::vector<std::string> all = paths.list();
+  GPURUN_CHECK(!all.empty(), "read_snapshot() without a path");
   SnapshotStats st;
+
+  // Which path: the one with a file; of several, the newest snapshot.
+  std::string path = all.front();
+  if (all.size() > 1) {
+    std::vector<std::string> present, missing;
+    for (const std::string& p : all) {
+      struct stat sb {};
+      if (::stat(p.c_str(), &sb) == 0) {
+        present.push_back(p);
+      } else {
+        missing.push_back(fmt::format("'{}': {}", p, std::strerror(errno)));
+      }
+    }
+    if (present.empty()) {
+      throw StateError(
+          fmt::format("no state snapshot to resume from at any path: {}", numbered(missing)));
+    }
+    path = present.front();
+    if (present.size() > 1) {
+      uint64_t newest = 0;
+      std::vector<std::string> bad;
+      for (const std::string& p : present) {
+        try {
+          const SnapshotFile f = SnapshotFile::open(p);
+          const SnapshotHeader h = SnapshotHeader::decode(f.data(), f.size(), p);
+          if (h.written_unix_ns > newest) newest = h.written_unix_ns, path = p;
+        } catch (const Error& e) {
+          bad.push_back(e.what());
+        }
+      }
+      if (!bad.empty()) {
+        throw StateError(fmt::format(
+            "state snapshot files at {} paths ('{}'), not all of them valid, so which one holds "
+            "the paused state is unknown: {}",
+            present.size(), fmt::join(present, "', '"), numbered(bad)));
+      }
+    }
+  }
+
   if (m.snapshot && !m.snapshot->is_at(path)) m.snapshot.reset();
   if (!m.snapshot) {
     const auto t_open = SteadyClock::now();
@@ -998,6 +1184,9 @@ void StateRegistry::read_snapshot(const std::string& path, const at::Device& dev
   }
   SnapshotFile& file = *m.snapshot;
   const SnapshotHeader header = SnapshotHeader::decode(file.data(), file.size(), path);
+  const auto t_hash = SteadyClock::now();
+  header.check_payload(file.data(), path);  // before anything of the state changes
+  st.checksum_seconds = seconds_since(t_hash);
   const std::string manifest_text(
       reinterpret_cast<const char*>(file.data()) + SnapshotHeader::kBytes, header.manifest_bytes);
   try {
@@ -1021,29 +1210,61 @@ void StateRegistry::read_snapshot(const std::string& path, const at::Device& dev
   st.tensor_bytes = plan.tensor_bytes;
   st.file_bytes = static_cast<int64_t>(file.size());
   st.pinned = file.pinned();
+  st.path = path;
   st.total_seconds = seconds_since(t0);
   m.stats = st;
+  return path;
 }
 
 void StateRegistry::prepare_snapshot(const std::string& path) {
+  prepare_snapshot(SnapshotPaths{path, {}});
+}
+
+void StateRegistry::prepare_snapshot(const SnapshotPaths& paths) {
   const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
   m.check_not_released("prepare_snapshot()");
+  const std::vector<std::string> all = paths.list();
+  GPURUN_CHECK(!all.empty(), "prepare_snapshot() without a path");
   const SnapshotPlan plan(manifest(), tensors());
   const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
   SnapshotStats st;
-  if (m.snapshot && !still_fits(*m.snapshot, path, end, manifest_bytes)) m.snapshot.reset();
+  if (m.snapshot) {
+    const bool fits = std::any_of(all.begin(), all.end(), [&](const std::string& p) {
+      return still_fits(*m.snapshot, p, end, manifest_bytes);
+    });
+    if (!fits) m.snapshot.reset();
+  }
   if (!m.snapshot) {
     const auto t_setup = SteadyClock::now();
-    if (!file_size_at(path)) {
-      m.snapshot = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes),
-                                        /*replace=*/false);  // nullopt: another rank was first
-      st.created = m.snapshot.has_value();
-    }
-    if (!m.snapshot) {
+    const auto existing = std::find_if(
+        all.begin(), all.end(), [](const std::string& p) { return file_size_at(p).has_value(); });
+    if (existing != all.end()) {
       // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
-      m.snapshot = open_if_fits(path, end, manifest_bytes);
+      m.snapshot = open_if_fits(*existing, end, manifest_bytes);
       st.mapped = m.snapshot.has_value();
+    } else {
+      std::vector<std::string> failed;
+      for (const std::string& p : all) {
+        try {
+          m.snapshot = SnapshotFile::create(p, snapshot_file_bytes(end, manifest_bytes),
+                                            /*replace=*/false);  // nullopt: another rank was first
+          st.created = m.snapshot.has_value();
+          if (!m.snapshot) {
+            m.snapshot = open_if_fits(p, end, manifest_bytes);
+            st.mapped = m.snapshot.has_value();
+          }
+          break;
+        } catch (const Error& e) {
+          failed.push_back(fmt::format("'{}': {}", p, e.what()));
+        }
+      }
+      if (failed.size() == all.size()) {
+        throw StateError(fmt::format(
+            "cannot prepare the state snapshot (a file of {} bytes): every path failed: {}",
+            snapshot_file_bytes(end, manifest_bytes), numbered(failed)));
+      }
+      st.failed_attempts = std::move(failed);
     }
     st.setup_seconds = seconds_since(t_setup);
   }
@@ -1051,6 +1272,7 @@ void StateRegistry::prepare_snapshot(const std::string& path) {
     if (any_on_device(plan.tensors)) st.pin_seconds = m.snapshot->pin();
     st.file_bytes = static_cast<int64_t>(m.snapshot->size());
     st.pinned = m.snapshot->pinned();
+    st.path = m.snapshot->path();
   }
   st.total_seconds = seconds_since(t0);
   m.stats = st;

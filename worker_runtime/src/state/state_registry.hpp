@@ -22,6 +22,20 @@ namespace gpurun::rt {
 /// Declared in <gpurun/error.hpp> (public: users catch it); named here as before.
 using ::gpurun::StateError;
 
+/// Where the pause snapshot of a run may live, in order of preference: `primary`
+/// (GPURUN_SNAPSHOT_PATH, normally /dev/shm) and, when not empty, `fallback`
+/// (GPURUN_SNAPSHOT_FALLBACK_PATH, the run directory), used when the primary cannot hold it
+/// (full: ENOSPC, EDQUOT, EFBIG; or any other I/O error there). A writer and a reader of one
+/// run pass the same pair. At most one of the two files holds a snapshot: the writer removes
+/// the other one (docs/worker-runtime.md, "Snapshot files").
+struct SnapshotPaths {
+  std::string primary;
+  std::string fallback;  ///< empty: none
+
+  /// The non-empty, distinct paths in order.
+  std::vector<std::string> list() const;
+};
+
 class StateRegistry {
  public:
   StateRegistry();
@@ -91,49 +105,82 @@ class StateRegistry {
   /// before a handoff); Adagrad cannot step without it.
   void materialize(const at::Device& device);
 
-  /// Writes manifest + tensor bytes to `path` (a file, typically on /dev/shm; layout:
-  /// state/snapshot_format.hpp). The file is mapped (and page-locked when the state is on a
-  /// device) once and kept: later snapshots to the same path are written in place, copying
-  /// only (device tensors: asynchronous copies on a side stream, one synchronise). A new file
-  /// (reserved with posix_fallocate, renamed over the old one) is made only when none exists
-  /// or the state no longer fits the old one (much larger or much smaller: snapshot_fits).
-  /// Crash-safe: the file is marked incomplete before it changes and committed last, so an
-  /// interrupted write leaves a file read_snapshot refuses, never a half-written state.
-  /// Blocks until the bytes are in the file. Throws gpurun::Error naming the path on I/O
-  /// errors (a full /dev/shm: at the reservation), StateError after release().
-  void write_snapshot(const std::string& path) const;
+  /// Writes manifest + tensor bytes to the first of `paths` that can hold them (layout:
+  /// state/snapshot_format.hpp) and returns that path. The file is mapped (and page-locked
+  /// when the state is on a device) once and kept: a later snapshot is written in place into
+  /// the kept file (wherever it is) when it still fits, copying only (device tensors:
+  /// asynchronous copies on a side stream, one synchronise; host tensors: copied in 256 KiB
+  /// chunks, each hashed while in cache). Otherwise, per path in order: the existing file
+  /// there if it fits, else a new one (reserved with posix_fallocate, renamed over the old);
+  /// a path that fails (ENOSPC, EDQUOT, EFBIG at the reservation, or any other I/O error,
+  /// also in msync/fsync or the read-back) loses its file (a partial or stale snapshot never
+  /// stays) and the next path is tried. Done means: payload checksum (XXH64 of the file's
+  /// bytes as written) recorded, file written back (msync + fsync), commit word set, header
+  /// read back and verified (SnapshotFile::commit). Then every other path's file is removed,
+  /// so the returned path is the only one holding a snapshot. Crash-safe: the file is marked
+  /// incomplete before it changes and committed last.
+  ///
+  /// Blocks until the bytes are in the file (and on disk for a disk path). Throws:
+  /// StateError after release(); StateError "cannot write the state snapshot (N bytes): every
+  /// path failed: (1) '<path>': <what, with bytes and errno text>; (2) ..." when no path can
+  /// hold it — then no file (and no temporary) remains at any of `paths`, the kept mapping is
+  /// dropped, and the tracked tensors (device memory included) are untouched: training can
+  /// go on; c10::Error for a failed device copy (the file at that path is removed as well).
+  std::string write_snapshot(const SnapshotPaths& paths) const;
+  /// write_snapshot({path, ""}).
+  std::string write_snapshot(const std::string& path) const;
 
-  /// Reads a snapshot written by write_snapshot: apply_manifest + fills every tensor on
-  /// `device` (device tensors: asynchronous copies on a side stream, one synchronise). Keeps
-  /// the mapping (page-locked for a device), so that the next write_snapshot to `path` only
-  /// copies. Throws StateError (incomplete snapshot, layout mismatch, size mismatch,
-  /// truncated or corrupt file) or gpurun::Error (I/O), naming the path.
+  /// Reads the snapshot that write_snapshot(paths) wrote and returns its path: the one of
+  /// `paths` that has a file (if several do — a crash between writing one and removing the
+  /// other — the one whose header says it was written last; an undecodable one among several
+  /// makes the read fail rather than guess). Verifies it completely before anything changes:
+  /// header (magic, version, header checksum, commit word, file size: "truncated: X of Y
+  /// bytes"), manifest hash, then the payload checksum over every byte (one read pass, about
+  /// 0.1 s per GB). Then apply_manifest + fills every tensor on `device` (device tensors:
+  /// asynchronous copies on a side stream, one synchronise). Keeps the mapping (page-locked for
+  /// a device), so that the next write_snapshot only copies. Throws StateError naming the path
+  /// and what mismatched (incomplete snapshot, other format version, layout mismatch, size
+  /// mismatch, truncated or corrupt file: "payload checksum 0x... != header 0x... (file
+  /// corrupt)") — the tracked state is then unchanged — or when no path has a file (listing
+  /// each path and its errno text); gpurun::Error (I/O) naming the path.
+  std::string read_snapshot(const SnapshotPaths& paths, const at::Device& device);
+  /// read_snapshot({path, ""}, device).
   void read_snapshot(const std::string& path, const at::Device& device);
 
-  /// Optional: gets `path` ready so that the first write_snapshot(path) only copies. Maps the
-  /// file there if it fits the current state (it is not changed: it may hold a snapshot to
-  /// resume from); creates one sized for the current state (plus spare room) where none
-  /// exists (never replacing one, so ranks that prepare one path share one file); page-locks
-  /// the mapping when the state is on a device. Cost: the file takes about nbytes() of host
-  /// memory (tmpfs) from now until it is removed, page-locked while this registry maps it,
-  /// and the call takes the reservation and registration time a first write would. Size it
-  /// after the optimizer's first step (Adam's moments do not exist before): a file too small
-  /// for the real state is replaced at the first write. Throws gpurun::Error on I/O errors,
-  /// StateError after release().
+  /// Optional: gets a path of `paths` ready so that the first write_snapshot(paths) only
+  /// copies. Maps the file at the first path that has one if it fits the current state (it is
+  /// not changed: it may hold a snapshot to resume from; one that does not fit is left alone
+  /// and nothing is mapped); where no path has a file, creates one sized for the current
+  /// state (plus spare room) at the first path where that succeeds (never replacing one, so
+  /// ranks that prepare one path share one file); page-locks the mapping when the state is on
+  /// a device. Cost: the file takes about nbytes() of host memory (tmpfs) from now until it
+  /// is removed, page-locked while this registry maps it, and the call takes the reservation
+  /// and registration time a first write would. Size it after the optimizer's first step
+  /// (Adam's moments do not exist before): a file too small for the real state is replaced at
+  /// the first write. Throws StateError listing every path's error when no path could be
+  /// created (no file remains), StateError after release().
+  void prepare_snapshot(const SnapshotPaths& paths);
+  /// prepare_snapshot({path, ""}).
   void prepare_snapshot(const std::string& path);
 
   /// What the last write_snapshot / read_snapshot / prepare_snapshot did and how long its
   /// parts took (seconds, steady clock). Zero-initialised before the first one.
   struct SnapshotStats {
-    int64_t tensor_bytes = 0;  ///< tensor bytes copied (0 for prepare_snapshot)
-    int64_t file_bytes = 0;    ///< size of the snapshot file
-    bool created = false;      ///< this call created (and reserved) the file
-    bool mapped = false;       ///< this call mapped an existing file (not kept from before)
-    bool pinned = false;       ///< the mapping is page-locked (CUDA build, device state)
-    double setup_seconds = 0;  ///< create + posix_fallocate + mmap, or open + mmap
-    double pin_seconds = 0;    ///< page-locking the mapping (cudaHostRegister)
-    double copy_seconds = 0;   ///< tensor copies, the final synchronise included
-    double total_seconds = 0;  ///< the whole call (manifest, checks, msync, commit, ...)
+    int64_t tensor_bytes = 0;     ///< tensor bytes copied (0 for prepare_snapshot)
+    int64_t file_bytes = 0;       ///< size of the snapshot file
+    bool created = false;         ///< this call created (and reserved) the file
+    bool mapped = false;          ///< this call mapped an existing file (not kept from before)
+    bool pinned = false;          ///< the mapping is page-locked (CUDA build, device state)
+    double setup_seconds = 0;     ///< create + posix_fallocate + mmap, or open + mmap
+    double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister)
+    double copy_seconds = 0;      ///< tensor copies, the final synchronise included
+    double total_seconds = 0;     ///< the whole call (manifest, checks, msync, commit, ...)
+    double checksum_seconds = 0;  ///< payload checksum (read: the verification pass; write:
+                                  ///< device-tensor bytes hashed after their copies)
+    std::string path;             ///< the file the snapshot is in (or was prepared at)
+    /// Paths that failed before `path` was used (write/prepare), one "'<path>': <error>" each:
+    /// a non-empty list means the snapshot fell back (worth a warning in the event log).
+    std::vector<std::string> failed_attempts;
   };
   const SnapshotStats& last_snapshot_stats() const;
 

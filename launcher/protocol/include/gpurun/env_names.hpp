@@ -30,5 +30,9 @@ inline constexpr const char* kTraceDir = "GPURUN_TRACE_DIR";  ///< per-rank boun
 inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";     ///< path of libnvidia-ml
 inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";     ///< path of libcuda
 inline constexpr const char* kPowerLockDir = "GPURUN_POWER_LOCK_DIR";  ///< per-GPU limit locks
+// --- set by gpurun for every worker (added later) --------------------------------------------
+/// Where the pause snapshot goes when GPURUN_SNAPSHOT_PATH (in /dev/shm) cannot hold it (full):
+/// <run_dir>/state.snapshot. Set only when the primary path is not that file already.
+inline constexpr const char* kSnapshotFallbackPath = "GPURUN_SNAPSHOT_FALLBACK_PATH";
 
 }  // namespace gpurun::env

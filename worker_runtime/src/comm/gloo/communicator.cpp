@@ -265,7 +265,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
   store_options.timeout = options.timeout;
   std::unique_ptr<GlooStore> store;
   try {
-    store = std::make_unique<GlooStore>(store_options, options.prefix);
+    store = std::make_unique<GlooStore>(store_options, options.prefix, options.abort);
   } catch (const std::exception& e) {
     throw CommError(
         fmt::format("gloo rendezvous of group '{}' (rank {} of {}): cannot reach "
@@ -277,13 +277,18 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
   // timeout names exactly the ranks this rank never saw.
   const auto deadline = start + options.timeout;
   std::vector<int> missing;
+  int waiting_for = -1;  // the rank whose arrival this rank was waiting for, -1 after arrival
   auto rendezvous_error = [&](const std::string& what) {
     store->delete_own_keys();
-    const std::string who = missing.empty()
-                                ? std::string("every rank had joined")
-                                : fmt::format("{} of {} ranks joined; missing ranks: {}",
-                                              options.size - static_cast<int>(missing.size()),
-                                              options.size, fmt::join(missing, ", "));
+    std::string who;
+    if (!missing.empty())
+      who = fmt::format("{} of {} ranks arrived; missing ranks: {}",
+                        options.size - static_cast<int>(missing.size()), options.size,
+                        fmt::join(missing, ", "));
+    else if (waiting_for >= 0)
+      who = fmt::format("while waiting for rank {} to arrive", waiting_for);
+    else
+      who = fmt::format("all {} ranks had arrived; failed while connecting", options.size);
     return CommError(
         fmt::format("gloo rendezvous of group '{}' failed on rank {} of {} after "
                     "{} ms (timeout {} ms; {}): {}",
@@ -301,12 +306,14 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
       }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      waiting_for = r;
       try {
         store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
       } catch (const StoreTimeout&) {
         missing.push_back(r);
       }
     }
+    waiting_for = -1;
   } catch (const std::exception& e) {
     throw rendezvous_error(e.what());
   }

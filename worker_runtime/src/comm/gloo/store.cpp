@@ -5,8 +5,11 @@
 
 namespace gpurun::rt {
 
-GlooStore::GlooStore(const store::ClientOptions& options, std::string prefix)
-    : client_(options), prefix_(std::move(prefix)) {}
+GlooStore::GlooStore(const store::ClientOptions& options, std::string prefix, AbortKey abort)
+    : client_(options),
+      prefix_(std::move(prefix)),
+      abort_(std::move(abort)),
+      timeout_(options.timeout) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   const std::string full = full_key(key);
@@ -22,10 +25,7 @@ std::vector<char> GlooStore::get(const std::string& key) {
 }
 
 void GlooStore::wait(const std::vector<std::string>& keys) {
-  std::vector<std::string> full;
-  full.reserve(keys.size());
-  for (const auto& k : keys) full.push_back(full_key(k));
-  client_.wait(full);
+  wait(keys, timeout_);
 }
 
 void GlooStore::wait(const std::vector<std::string>& keys,
@@ -33,7 +33,7 @@ void GlooStore::wait(const std::vector<std::string>& keys,
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(full_key(k));
-  client_.wait(full, timeout);
+  abort_.wait(client_, full, timeout, "rendezvous of group '" + prefix_ + "'");
 }
 
 bool GlooStore::exists(const std::string& key) {

@@ -9,6 +9,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "comm/abort_key.hpp"
 #include "gpurun/store/client.hpp"
 
 namespace gpurun::rt {
@@ -21,15 +22,17 @@ namespace gpurun::rt {
 /// (GlooCommunicator turns them into CommError).
 class GlooStore final : public ::gloo::rendezvous::Store {
  public:
-  /// Opens its own connection (blocks up to options.timeout; throws StoreError).
-  GlooStore(const store::ClientOptions& options, std::string prefix);
+  /// Opens its own connection (blocks up to options.timeout; throws StoreError). Every wait
+  /// polls `abort` (CommError once gpurun abandoned the generation).
+  GlooStore(const store::ClientOptions& options, std::string prefix, AbortKey abort = {});
 
   void set(const std::string& key, const std::vector<char>& data) override;
   /// Blocks until `key` exists (up to the client timeout).
   std::vector<char> get(const std::string& key) override;
   /// Blocks until every key exists, up to the client timeout.
   void wait(const std::vector<std::string>& keys) override;
-  /// Blocks until every key exists, up to `timeout`.
+  /// Blocks until every key exists, up to `timeout` (StoreTimeout), or until the abort key
+  /// is set (CommError).
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
@@ -46,6 +49,8 @@ class GlooStore final : public ::gloo::rendezvous::Store {
 
   store::Client client_;
   std::string prefix_;
+  AbortKey abort_;
+  std::chrono::milliseconds timeout_;  // the client's: wait() without a timeout
   std::vector<std::string> own_keys_;
 };
 

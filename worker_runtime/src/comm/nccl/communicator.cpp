@@ -59,8 +59,9 @@ bool nccl_dtype(at::ScalarType t, ncclDataType_t& out) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, CommOptions options)
-      : comm_(comm), options_(std::move(options)) {}
+  /// `store`: the rendezvous connection, kept to poll options.abort while synchronize() waits.
+  NcclCommunicator(ncclComm_t comm, CommOptions options, std::unique_ptr<store::Client> store)
+      : comm_(comm), options_(std::move(options)), store_(std::move(store)) {}
 
   ~NcclCommunicator() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,6 +178,7 @@ class NcclCommunicator final : public Communicator {
           fail(kOp, fmt::format("collectives not complete after {} ms (timeout {} ms)",
                                 elapsed_ms(start), options_.timeout.count()));
         }
+        poll_abort(kOp);
         std::this_thread::sleep_for(kPollInterval);
       }
     }
@@ -229,6 +231,22 @@ class NcclCommunicator final : public Communicator {
           fmt::format("nccl {} in {}: the communicator is unusable after an "
                       "earlier failure ({}); create a new one",
                       op, who(), failure_));
+    }
+  }
+
+  // At most every options_.abort.poll: fail() when gpurun abandoned this generation.
+  void poll_abort(const char* op) {
+    if (options_.abort.empty() || !store_) return;
+    const auto now = Clock::now();
+    if (now - last_abort_poll_ < options_.abort.poll) return;
+    last_abort_poll_ = now;
+    try {
+      options_.abort.throw_if_set(*store_, who());
+    } catch (const CommError& e) {
+      fail(op, e.what());
+    } catch (const std::exception&) {
+      // The store connection is only a side channel here: its failure is not the group's.
+      store_.reset();
     }
   }
 
@@ -313,6 +331,8 @@ class NcclCommunicator final : public Communicator {
   std::mutex mu_;  // guards comm_, aborted_, failure_, pending_streams_
   ncclComm_t comm_;
   CommOptions options_;
+  std::unique_ptr<store::Client> store_;  // abort polling; null when lost
+  Clock::time_point last_abort_poll_{};
   bool aborted_ = false;
   std::string failure_;
   std::vector<cudaStream_t> pending_streams_;  // streams used since the last synchronize()
@@ -347,6 +367,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options)
       }
       store->set(id_key, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
     } else {
+      options.abort.wait(*store, {id_key}, options.timeout, where);
       const std::string bytes = store->get(id_key);
       if (bytes.size() != sizeof(id)) {
         throw CommError(
@@ -377,13 +398,26 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options)
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t res = ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
+  std::string aborted;  // gpurun's reason when it abandoned the generation meanwhile
+  auto last_poll = Clock::now();
   while (res == ncclInProgress) {
     if (Clock::now() - start >= options.timeout) break;
     std::this_thread::sleep_for(kPollInterval);
     if (ncclCommGetAsyncError(comm, &res) != ncclSuccess) res = ncclInternalError;
+    if (res == ncclInProgress && Clock::now() - last_poll >= options.abort.poll) {
+      last_poll = Clock::now();
+      try {
+        options.abort.throw_if_set(*store, where);
+      } catch (const CommError& e) {
+        aborted = e.what();
+        break;
+      } catch (const std::exception&) {  // a lost side channel: only the timeout is left
+      }
+    }
   }
   if (res != ncclSuccess) {
-    std::string detail = res == ncclInProgress
+    std::string detail = !aborted.empty() ? aborted
+                         : res == ncclInProgress
                              ? std::string("not every rank joined in time")
                              : fmt::format("NCCL error: {}", ncclGetErrorString(res));
     if (comm != nullptr) {
@@ -396,7 +430,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options)
                                 where, elapsed_ms(start), options.timeout.count(), detail));
   }
   drop_id_key();
-  return std::make_unique<NcclCommunicator>(comm, options);
+  return std::make_unique<NcclCommunicator>(comm, options, std::move(store));
 }
 
 }  // namespace gpurun::rt

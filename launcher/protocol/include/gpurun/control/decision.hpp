@@ -55,7 +55,10 @@ std::string describe(const StateSource& s);
 
 /// What a decision tells every worker. See docs/control-protocol.md for each field.
 struct Decision {
-  enum class Kind { kStart, kContinue, kResize, kExit };
+  /// kSnapshot: a pause is wanted; the state source (state_source, a peer) writes the pause
+  /// snapshot now and every rank reports again at the same boundary (the next round); the
+  /// report says whether the snapshot is complete and verified. Only then is the pause decided.
+  enum class Kind { kStart, kContinue, kResize, kExit, kSnapshot };
 
   Kind kind = Kind::kContinue;
   int64_t generation = 0;        ///< generation in force after this decision
@@ -100,6 +103,13 @@ struct Report {
   /// When the worker reached the boundary: Unix time in milliseconds (the worker's
   /// system_clock); 0 = not given. The energy monitor ends a window there.
   int64_t time_ms = 0;
+  /// False: this rank joined the generation but holds no training state (its set-up was
+  /// abandoned before the handoff reached it); gpurun never takes it as a state source.
+  /// On the wire only when false ("has_state":false); absent = true.
+  bool has_state = true;
+  /// After a `snapshot` decision, the state source's outcome: "ok" (written and verified) or
+  /// the error sentence; empty otherwise (and absent on the wire).
+  std::string snapshot;
 
   std::string to_json() const;
   /// Throws ProtocolError.
@@ -115,6 +125,9 @@ std::string start(int64_t generation);
 std::string joined(int64_t generation, int rank);
 std::string report(int64_t generation, int64_t round, int rank);
 std::string decision(int64_t generation, int64_t round);
+/// Written by gpurun when a participant of `generation` died before the generation was
+/// established; value: the reason. Communicators of that generation stop waiting on it.
+std::string abort(int64_t generation);
 std::string parked(int gpu, int64_t park_generation);
 std::string wake(int gpu, int64_t park_generation);
 inline constexpr std::string_view kGeneration = "gpurun/generation";

@@ -45,8 +45,12 @@ class WorkerControl {
   /// world_size() are the new generation's (when this slot stays a member). Kind `exit`:
   /// the job is finishing (another member finished training); the caller stops training
   /// and exits 0; this object is then unusable. Throws StoreError on a broken connection,
-  /// ProtocolError on a bad decision.
-  Decision report_and_wait(int64_t epoch, int64_t step);
+  /// ProtocolError on a bad decision. `has_state` false: this rank holds no training state
+  /// (a joiner whose set-up was abandoned); gpurun decides without taking it as a source.
+  /// `snapshot`: after a `snapshot` decision, the state source's outcome ("ok" or the error).
+  /// A `snapshot` decision, like `continue`, moves to the next round of the generation.
+  Decision report_and_wait(int64_t epoch, int64_t step, bool has_state = true,
+                           std::string snapshot = {});
 
   /// Hold mode, after the caller freed its GPU state: SETs gpurun/slot/<gpu>/parked/<G>,
   /// then blocks (no deadline) on the wake key. Returns the decision of the generation to

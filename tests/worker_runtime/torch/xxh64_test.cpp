@@ -1,0 +1,63 @@
+#include "state/xxh64.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using gpurun::rt::Xxh64;
+
+namespace {
+
+uint64_t of(const std::string& s) {
+  return Xxh64::of(s.data(), s.size());
+}
+
+}  // namespace
+
+TEST_CASE("xxh64: digests equal the reference implementation's") {
+  // Expected values: `printf '<input>' | xxhsum -H1` (xxHash 0.8.1, the reference).
+  CHECK(of("") == 0xef46db3751d8e999ULL);
+  CHECK(of("a") == 0xd24ec4f1a98c6e5bULL);
+  CHECK(of("abc") == 0x44bc2cf5ad770999ULL);
+  CHECK(of(std::string(100, 'x')) == 0x92f0de5a88a3c094ULL);
+  CHECK(of("The quick brown fox jumps over the lazy dog, 0123456789!") == 0xe7f33cf046a90de0ULL);
+}
+
+TEST_CASE("xxh64: a stream cut anywhere gives the one-buffer digest; every bit counts") {
+  std::vector<uint8_t> buf(1000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
+  const uint64_t whole = Xxh64::of(buf.data(), buf.size());
+  for (size_t piece : {1, 3, 7, 8, 31, 32, 33, 64, 999}) {
+    CAPTURE(piece);
+    Xxh64 h;
+    for (size_t at = 0; at < buf.size(); at += piece)
+      h.update(buf.data() + at, std::min(piece, buf.size() - at));
+    CHECK(h.digest() == whole);
+  }
+  for (size_t bit : {0, 7, 4000, 7999}) {
+    CAPTURE(bit);
+    auto flipped = buf;
+    flipped[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    CHECK(Xxh64::of(flipped.data(), flipped.size()) != whole);
+  }
+  CHECK(Xxh64::of(buf.data(), buf.size() - 1) != whole);  // truncation
+  CHECK(Xxh64::of(buf.data(), buf.size(), /*seed=*/1) != whole);
+}
+
+TEST_CASE("xxh64: throughput on a 1 GiB buffer" * doctest::skip()) {
+  std::vector<uint8_t> buf(size_t{1} << 30);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  double best = 1e9;
+  uint64_t digest = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    digest ^= Xxh64::of(buf.data(), buf.size());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  MESSAGE("XXH64 of 1 GiB: " << best << " s, " << buf.size() / best / 1e9 << " GB/s (digest "
+                             << digest << ")");
+}
