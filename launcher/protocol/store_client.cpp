@@ -62,6 +62,9 @@ class CleanWaitTimeout : public StoreTimeout {
 }  // namespace
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
+  // "[::1]" (the URL form users give --master-addr) is the address ::1 to getaddrinfo.
+  if (options_.host.size() > 2 && options_.host.front() == '[' && options_.host.back() == ']')
+    options_.host = options_.host.substr(1, options_.host.size() - 2);
   peer_ = options_.host.find(':') != std::string::npos
               ? fmt::format("[{}]:{}", options_.host, options_.port)
               : fmt::format("{}:{}", options_.host, options_.port);

@@ -604,10 +604,14 @@ void Supervisor::print_summary() {
   }
   auto report = read_error_file(f.error_file);
   if (report) {
-    line(fmt::format("  error file : {}", f.error_file));
-    if (!report->timestamp.empty())
-      line(fmt::format("  time       : {}", format_error_time(report->timestamp)));
-    line(fmt::format("  message    : {}", report->message));
+    if (!report->problem.empty()) {  // the file exists but holds no usable report
+      line(fmt::format("  error file : {} {}", f.error_file, report->problem));
+    } else {
+      line(fmt::format("  error file : {}", f.error_file));
+      if (!report->timestamp.empty())
+        line(fmt::format("  time       : {}", format_error_time(report->timestamp)));
+      line(fmt::format("  message    : {}", report->message));
+    }
     if (!report->traceback.empty()) {
       line("  traceback  :");
       LineSplitter split;

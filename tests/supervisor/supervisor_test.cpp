@@ -508,3 +508,19 @@ TEST_CASE("supervisor: SIGTERM while paused says the snapshot (path, size) is de
   CHECK(h2.console.err.find("gpurun: stopping while paused: no snapshot at " +
                             snapshot_path(h2.run_dir)) != std::string::npos);
 }
+
+TEST_CASE("supervisor: an error file that holds no report says why on its own line") {
+  Harness h(2);
+  h.sup->start();
+  const std::string path = h.env(1, "TORCHELASTIC_ERROR_FILE");
+  {
+    std::ofstream f(path);
+    f << R"({"message": oops})";
+  }
+  h.spawner.exit(1, {1, 0});
+  h.drive();
+  const std::string& err = h.console.err;
+  CHECK(err.find("error file : " + path + " is not valid JSON (") != std::string::npos);
+  CHECK(err.find("message    :") == std::string::npos);
+  CHECK(err.find("<not written>") == std::string::npos);
+}
