@@ -38,14 +38,14 @@ import json, sys, glob
 d = sys.argv[1]
 tr = [json.loads(l) for f in glob.glob(d + "/trace/*.jsonl") for l in open(f)]
 gens = [t for t in tr if t["event"] == "generation"]
-pause = [t for t in gens if t["world"] == 0]
+pause = [t for t in tr if t["event"] == "snapshot_written"]  # the pause's first phase
 resume = [t for t in gens if t["world"] > 0 and t["generation"] > 0]
 parked = [t for t in tr if t["event"] == "parked"]
 loss = [l.split() for f in glob.glob(d + "/out/loss.*") for l in open(f)]
 loss.sort(key=lambda x: int(x[0]))
 print("checksum before pause:", pause[0]["checksum"] if pause else None)
 print("checksum after resume:", resume[0]["checksum"] if resume else None)
-print("snapshot bytes:", pause[0]["bytes"] if pause else None, "pause ms:", pause[0]["ms"] if pause else None,
+print("snapshot bytes:", pause[0].get("tensor_bytes") if pause else None, "pause ms:", pause[0]["ms"] if pause else None,
       "resume ms:", resume[0]["ms"] if resume else None)
 print("parked events:", parked)
 print("loss by epoch:", [(int(e), round(float(v), 4), int(w), int(g)) for e, v, w, g in loss])

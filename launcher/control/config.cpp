@@ -28,6 +28,10 @@ constexpr std::string_view kEveryAllowed = R"("epoch" or a positive integer numb
 constexpr std::string_view kDeadlineAllowed = "a positive number of seconds (default 300)";
 constexpr std::string_view kGlobalAllowed =
     "a positive integer (samples per optimizer step, summed over the active GPUs)";
+/// Upper bound for [batch] global, in samples per optimizer step (2^31 - 1): orders of magnitude
+/// above the global batches used in practice, so a larger value is a slip such as extra zeros. The
+/// worker also checks it against the dataset (docs/config.md).
+constexpr int64_t kMaxGlobalBatch = 2'147'483'647;
 /// Upper bound for [boundary] deadline_s, in seconds (~31 years: "practically never").
 constexpr int64_t kMaxDeadlineSeconds = 1'000'000'000;
 
@@ -395,6 +399,11 @@ class Validator {
               fmt::format("expected an integer, found {}", found_phrase(value)), kGlobalAllowed);
       } else if (integer->get() <= 0) {
         error(value.source(), "batch.global", fmt::format("{} is not positive", integer->get()),
+              kGlobalAllowed);
+      } else if (integer->get() > kMaxGlobalBatch) {
+        error(value.source(), "batch.global",
+              fmt::format("{} is larger than {} samples per optimizer step", integer->get(),
+                          kMaxGlobalBatch),
               kGlobalAllowed);
       } else {
         config.global_batch = integer->get();

@@ -83,6 +83,8 @@ TEST_CASE("parse_config: valid files give the expected settings") {
       {"tiny deadline rounds up to 1 ms", "[boundary]\ndeadline_s = 0.0001\n",
        with([](Config& c) { c.boundary_deadline = 1ms; })},
       {"global batch", "[batch]\nglobal = 256\n", with([](Config& c) { c.global_batch = 256; })},
+      {"the largest global batch", "[batch]\nglobal = 2147483647\n",
+       with([](Config& c) { c.global_batch = 2147483647; })},
       {"everything", R"(active_gpus = [0, 2]
 [park]
 mode = "hold"
@@ -250,6 +252,14 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
       {"zero global batch", "[batch]\nglobal = 0",
        "config.toml:2:10: batch.global: 0 is not positive; allowed: a positive integer (samples "
        "per optimizer step, summed over the active GPUs)"},
+      {"global batch larger than any dataset needs", "[batch]\nglobal = 100000000000",
+       "config.toml:2:10: batch.global: 100000000000 is larger than 2147483647 samples per "
+       "optimizer step; allowed: a positive integer (samples per optimizer step, summed over the "
+       "active GPUs)"},
+      {"global batch of 2^31", "[batch]\nglobal = 2147483648",
+       "config.toml:2:10: batch.global: 2147483648 is larger than 2147483647 samples per "
+       "optimizer step; allowed: a positive integer (samples per optimizer step, summed over the "
+       "active GPUs)"},
       {"float global batch", "[batch]\nglobal = 64.0",
        "config.toml:2:10: batch.global: expected an integer, found a floating-point number "
        "(64.0); allowed: a positive integer (samples per optimizer step, summed over the active "

@@ -9,9 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include <torch/torch.h>
 
@@ -314,4 +317,126 @@ TEST_CASE("worker state table: every pair walked; an illegal move throws naming 
     }
   }
   CHECK(legal == 9);  // docs/worker-runtime.md: the 9 edges of the table
+}
+
+namespace {
+
+/// Optimizer steps (and their sizes) that each rank's process took, epoch by epoch, with a
+/// sampler of kSamples and the given drop_last.
+struct StepCounter {
+  bool drop_last = false;
+  std::mutex mu;
+  std::map<int, std::vector<std::vector<int64_t>>> global_samples;  // gpu -> epoch -> steps
+
+  void operator()(Runtime& rt) {
+    torch::nn::Linear model(8, 4);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    rt.track(*model, opt);
+    rt.sampler(kSamples, {.seed = 5, .drop_last = drop_last});
+    for (int64_t epoch : rt.epochs(3)) {
+      (void)epoch;
+      std::vector<int64_t> sizes;
+      for (const gpurun::Step& step : rt.steps(kMicro)) sizes.push_back(step.global_samples);
+      std::lock_guard<std::mutex> lock(mu);
+      global_samples[rt.gpu_id()].push_back(sizes);
+    }
+  }
+};
+
+/// Sends this process's stderr to a file while alive; text() reads what was written.
+struct StderrCapture {
+  std::string path;
+  int saved = -1;
+  explicit StderrCapture(const std::string& name)
+      : path((std::filesystem::temp_directory_path() /
+              ("gpurun-inprocess-" + name + "-" + std::to_string(::getpid()) + ".err"))
+                 .string()) {
+    std::fflush(stderr);
+    saved = ::dup(2);
+    REQUIRE(saved >= 0);
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    ::dup2(::fileno(f), 2);
+    std::fclose(f);
+  }
+  ~StderrCapture() { restore(); }
+  void restore() {
+    if (saved < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    saved = -1;
+  }
+  std::string text() {
+    restore();
+    std::ifstream in(path);
+    std::ostringstream out;
+    out << in.rdbuf();
+    std::filesystem::remove(path);
+    return out.str();
+  }
+};
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("in-process: [batch] global above the epoch without drop_last: rank 0 warns once") {
+  Config c = config({0, 1});
+  c.global_batch = 100000000000;  // what the user wrote; the parser now caps it, the struct not
+  StepCounter t;
+  StderrCapture err("global-warn");
+  {
+    ThreadJob job(job_options(c, "global-warn"), std::ref(t));
+    job.start();
+    REQUIRE(job.wait(20s));
+    for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.how);
+  }
+  const std::string text = err.text();
+  const std::string warning =
+      "gpurun worker (slot 0): warning: [batch] global = 100000000000 is larger than the "
+      "epoch's 64 samples: each epoch is one optimizer step of 64 samples";
+  CHECK_MESSAGE(count_of(text, warning) == 1, text);  // rank 0 only, the first step only
+  CHECK_MESSAGE(count_of(text, "[batch] global") == 1, text);
+  // The behaviour the warning describes: every epoch is one step of the whole epoch.
+  for (int gpu : {0, 1})
+    CHECK(t.global_samples[gpu] == std::vector<std::vector<int64_t>>(3, {kSamples}));
+}
+
+TEST_CASE("in-process: [batch] global above the epoch with drop_last fails naming both numbers") {
+  Config c = config({0, 1});
+  c.global_batch = 65;  // one more than the epoch: every step would be dropped
+  StepCounter t;
+  t.drop_last = true;
+  ThreadJob job(job_options(c, "global-drop"), std::ref(t));
+  job.start();
+  REQUIRE(job.wait(20s));
+  const auto exits = job.exits();
+  REQUIRE(exits.size() == 2);
+  for (const auto& x : exits) {
+    CHECK_FALSE(x.clean);
+    CHECK_MESSAGE(x.how.find("[batch] global = 65 is larger than the epoch's 64 samples") !=
+                      std::string::npos,
+                  x.how);
+    CHECK_MESSAGE(x.how.find("drop_last") != std::string::npos, x.how);
+  }
+  // No epoch ran a step (nor silently went through an epoch with none).
+  for (const auto& [gpu, epochs] : t.global_samples) CHECK_MESSAGE(epochs.empty(), gpu);
+}
+
+TEST_CASE("in-process: [batch] global equal to the epoch with drop_last trains one full step") {
+  Config c = config({0, 1});
+  c.global_batch = kSamples;
+  StepCounter t;
+  t.drop_last = true;
+  ThreadJob job(job_options(c, "global-equal"), std::ref(t));
+  job.start();
+  REQUIRE(job.wait(20s));
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.how);
+  for (int gpu : {0, 1})
+    CHECK(t.global_samples[gpu] == std::vector<std::vector<int64_t>>(3, {kSamples}));
 }

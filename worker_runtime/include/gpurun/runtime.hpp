@@ -157,6 +157,8 @@ class Runtime {
   /// The optimizer steps of the current epoch from the sampler's position. Global batch:
   /// `[batch] global` from config.toml when set, else micro_batch × world_size.
   /// drop_last (sampler option) drops a final step smaller than the global batch.
+  /// A global batch above the epoch's samples: rank 0 warns once (each epoch is one step); with
+  /// drop_last nothing could train, and every rank throws gpurun::Error naming both numbers.
   StepRange steps(int64_t micro_batch);
 
   /// This rank's micro-batches (sample indices) of the steps from the sampler's position up to

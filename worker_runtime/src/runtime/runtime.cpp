@@ -455,6 +455,7 @@ struct Runtime::Impl {
         return true;
       }
       case Decision::Kind::kStart:
+      case Decision::Kind::kSnapshot:  // consumed above: never here
         break;
     }
     throw control::ProtocolError(
@@ -474,6 +475,8 @@ struct Runtime::Impl {
       trace.write("snapshot_written",
                   {{"path", Trace::str(path)},
                    {"bytes", Trace::num(st.file_bytes)},
+                   {"tensor_bytes", Trace::num(st.tensor_bytes)},
+                   {"checksum", Trace::str(hex(registry.checksum()))},
                    {"fell_back", Trace::num(static_cast<int64_t>(st.failed_attempts.size()))},
                    {"ms", Trace::num(ms_since(t0))}});
       for (const auto& f : st.failed_attempts)
@@ -561,11 +564,38 @@ struct Runtime::Impl {
     return true;
   }
 
+  /// The `[batch] global` value last warned about (0: none), so the warning is printed once.
+  int64_t warned_global_batch = 0;
+  /// `[batch] global` against the epoch's sample count (the sampler's dataset size), at every
+  /// step built: larger with drop_last throws (every step would be dropped: nothing trains);
+  /// without drop_last, each epoch is one optimizer step of the whole epoch: rank 0 warns once
+  /// per value (a new value from a config edit warns again). Same on every rank (the decision
+  /// and the dataset size are), so every rank throws at the same step, before any collective.
+  void check_global_batch(const ElasticSampler& s) {
+    const int64_t samples = s.dataset_size();
+    if (global_batch <= 0 || samples == 0 || global_batch <= samples) return;
+    if (s.options().drop_last)
+      throw Error(fmt::format(
+          "[batch] global = {} is larger than the epoch's {} samples and the sampler drops a "
+          "step smaller than the global batch (drop_last), so no optimizer step would train; "
+          "set [batch] global to at most {} in config.toml, or the sampler's drop_last to false",
+          global_batch, samples, samples));
+    if (warned_global_batch == global_batch) return;
+    warned_global_batch = global_batch;
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "gpurun worker (slot %d): warning: [batch] global = %lld is larger than the "
+                   "epoch's %lld samples: each epoch is one optimizer step of %lld samples\n",
+                   slot, static_cast<long long>(global_batch), static_cast<long long>(samples),
+                   static_cast<long long>(samples));
+  }
+
   void build_step() {
     step_valid = false;
     if (!sampler) throw Error("Runtime::steps(): call Runtime::sampler() first");
     if (finishing || epoch != range_epoch) return;
     if (sampler->epoch() != epoch) sampler->set_epoch(epoch);
+    check_global_batch(*sampler);
     std::optional<Window> w = next_window(*sampler, range_micro);
     if (!w) return;
     step_count = w->count;
