@@ -67,7 +67,7 @@ TEST_CASE("decision and report parse errors name the field") {
                        R"(decision lacks the integer field 'generation': '{"kind":"resize"}')",
                        ProtocolError);
   CHECK_THROWS_AS(Decision::from_json(R"({"kind":"bogus","generation":1})"), ProtocolError);
-  Report r{1, 3, 2, 5, 7, 0, 4242, 1'764'000'000'123};
+  Report r{1, 3, 2, 5, 7, 0, 4242, 1'764'000'000'123, /*has_state=*/false, /*snapshot=*/"ok"};
   CHECK(Report::from_json(r.to_json()) == r);
   // A report without time_ms (an older worker) parses, with time 0 = unknown.
   const Report old = Report::from_json(

@@ -293,7 +293,7 @@ TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without
   CHECK(h.decisions.back().active == std::vector<int>{0, 2});
   CHECK(h.decisions.back().failed == std::vector<int>{1});
   // A late report of the stalled worker and a stale deadline change nothing.
-  Report late{1, 1, h.s.generation() - 1, 0, 1, 0, 1001};
+  Report late{1, 1, h.s.generation() - 1, 0, 1, 0, 1001, 0, true, ""};
   h.s.on_report(late);
   h.s.on_deadline(h.s.generation() - 1, 0);
   h.drain();
