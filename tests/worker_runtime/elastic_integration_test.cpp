@@ -493,3 +493,53 @@ TEST_CASE("a pause whose snapshot cannot be written anywhere is refused: trainin
   run.wait_continues(2);
   CHECK(run.finish() == 0);
 }
+
+TEST_CASE("a leaver killed during the resize: the continuing rank does not wait for it") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0, 1]"), {"--epoch-ms", "300"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
+  run.wait_continues(2);
+  int64_t leaver = -1;
+  for (auto& st : run.trace("start"))
+    if (st.at("gpu").as_int64() == 1) leaver = st.at("pid").as_int64();
+  REQUIRE(leaver > 0);
+  write_file(tmp.path / "config.toml", config("[0]"));
+  run.wait_resize(2);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(static_cast<pid_t>(leaver), SIGKILL);  // it may have exited already: fine
+  run.wait_continues(2);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO(run.full_diag());
+  CHECK(s < 20.0);
+  CHECK(run.resizes().size() == 2);  // no further decision was needed
+  CHECK(run.events("state_lost").empty());
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("a leaving state source killed before its handoff (a swap): the state is lost, fast") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "3000"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
+  run.wait_continues(2);
+  int64_t source = -1;
+  for (auto& st : run.trace("start"))
+    if (st.at("gpu").as_int64() == 0) source = st.at("pid").as_int64();
+  REQUIRE(source > 0);
+  write_file(tmp.path / "config.toml", config("[1]"));  // gpu 0 hands off to gpu 1, then leaves
+  const auto d = run.wait_resize(2);
+  REQUIRE(json::serialize(d.at("leavers")) == "[0]");
+  wait_started_after_resize(run, 1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  REQUIRE(::kill(static_cast<pid_t>(source), SIGKILL) == 0);
+  const bool ended = run.wait(60s);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  CHECK(s < 20.0);
+  CHECK(slurp(tmp.path / "gpurun.stderr")
+            .find("the training state is lost: gpu 0 (the state "
+                  "source of generation 1") != std::string::npos);
+}
