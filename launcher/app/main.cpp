@@ -38,6 +38,7 @@
 #include "supervisor/gpu_inventory.hpp"
 #include "supervisor/posix_spawner.hpp"
 #include "supervisor/run_dir.hpp"
+#include "supervisor/slurm.hpp"
 #include "supervisor/supervisor.hpp"
 #include "supervisor/worker_command.hpp"
 #include "supervisor/worker_env.hpp"
@@ -247,6 +248,12 @@ int run(int argc, char** argv) {
   }
 
   const sv::EnvMap inherited = sv::current_environment();
+  try {  // inside a Slurm step: topology from Slurm (docs/cli.md#slurm)
+    if (const auto line = sv::use_slurm(opt, inherited)) print_err(*line);
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
+  }
   int gpus_counted = -1;  // nvidia-smi runs at most once
   const auto count_gpus = [&] {
     if (gpus_counted < 0) gpus_counted = sv::count_physical_gpus();

@@ -279,6 +279,7 @@ Options parse(const std::vector<std::string>& args) {
   };
   constexpr auto kMaxInt = std::numeric_limits<int>::max();
   const Setter nproc = [&](std::string_view f, std::string_view v) {
+    o.nproc_given = true;
     if (v == "auto") {
       o.nproc_mode = NprocMode::kAuto;
     } else if (v == "gpu") {
@@ -317,11 +318,13 @@ Options parse(const std::vector<std::string>& args) {
                 "give a static node count",
                 v));
           o.nnodes = n;
+          o.nnodes_given = true;
         }}},
       {"node-rank",
        {true,
         [&](std::string_view f, std::string_view v) {
           o.node_rank = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
+          o.node_rank_given = true;
         }}},
       {"master-addr",
        {true,
@@ -338,6 +341,20 @@ Options parse(const std::vector<std::string>& args) {
           o.master_port_given = true;
         }}},
       {"standalone", {false, [&](std::string_view, std::string_view) { o.standalone = true; }}},
+      {"slurm",
+       {false,
+        [&](std::string_view, std::string_view) {
+          if (o.slurm == SlurmMode::kOff)
+            throw UsageError("--slurm and --no-slurm cannot be combined");
+          o.slurm = SlurmMode::kOn;
+        }}},
+      {"no-slurm",
+       {false,
+        [&](std::string_view, std::string_view) {
+          if (o.slurm == SlurmMode::kOn)
+            throw UsageError("--slurm and --no-slurm cannot be combined");
+          o.slurm = SlurmMode::kOff;
+        }}},
       {"store-memory-budget",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -488,7 +505,8 @@ Options parse(const std::vector<std::string>& args) {
   if (o.help || o.version) return o;
   if (o.command.empty())
     throw UsageError("missing worker command, e.g. gpurun --nproc 2 ./train (see gpurun --help)");
-  if (o.node_rank >= o.nnodes)
+  // With --slurm and no --nnodes the node count comes from Slurm: apply_slurm checks the rank.
+  if (o.node_rank >= o.nnodes && !(o.slurm == SlurmMode::kOn && !o.nnodes_given))
     throw UsageError(fmt::format("invalid value '{}' for --node-rank: must be below --nnodes {}",
                                  o.node_rank, o.nnodes));
   if (o.standalone && o.nnodes > 1)
@@ -505,7 +523,9 @@ Options parse(const std::vector<std::string>& args) {
   if (o.module && o.no_python) throw UsageError("--module and --no-python cannot be combined");
   // The local ranks are known here for a plain --nproc N (elastic mode on GPUs makes every
   // visible GPU a slot: main checks once it knows them, as for --nproc gpu|cpu|auto).
-  if (o.nproc_mode == NprocMode::kCount && !(o.config && o.device == Device::kCuda))
+  // With --slurm and no --nproc the count comes from Slurm's GPUs: main checks then.
+  if (o.nproc_mode == NprocMode::kCount && !(o.config && o.device == Device::kCuda) &&
+      (o.nproc_given || o.slurm != SlurmMode::kOn))
     check_local_ranks(o, o.nproc);
   return o;
 }
@@ -527,6 +547,10 @@ Topology:
   --master-addr ADDR      store address given to workers (default 127.0.0.1)
   --master-port PORT      store port (default 29500); 0 = pick a free port
   --standalone            single node: MASTER_ADDR=localhost, free port, random run id
+  --slurm                 take --nnodes, --node-rank, the master and the default --nproc
+                          from Slurm (gpurun run by srun, one task per node); automatic
+                          inside a Slurm step unless --nnodes/--node-rank/--standalone
+  --no-slurm              ignore Slurm's environment
   --store-memory-budget SIZE  bytes the store may hold for all clients together (e.g. 2GiB;
                           default min(RAM/8, 4 GiB); 0 = unlimited); a client whose request
                           would exceed it loses its connection
@@ -575,6 +599,7 @@ Examples:
   gpurun --standalone --nproc-per-node=gpu train.py
   gpurun --nproc 2 --max-restarts 3 --log-dir /tmp/logs --tee 3 -- ./train
   CUDA_VISIBLE_DEVICES=2,3 gpurun --nproc 2 ./train     # slots 0,1 on GPUs 2,3
+  srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8 gpurun ./train   # Slurm
 
 Exit status: 0 when every worker succeeds; the first failing worker's exit code,
 or 128+signal when it was killed by a signal; 1 for a launcher error; 2 for a

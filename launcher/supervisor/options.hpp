@@ -38,6 +38,9 @@ struct StdSpec {
   bool any() const { return all != kNone || !per_rank.empty(); }
 };
 
+/// --slurm / --no-slurm: whether Slurm's environment sets the topology (docs/cli.md#slurm).
+enum class SlurmMode { kAuto, kOn, kOff };
+
 /// --energy: whether the supervisor monitors GPU energy (docs/energy.md).
 enum class EnergyMode { kAuto, kOn, kOff };
 
@@ -48,6 +51,14 @@ struct Options {
   int nproc = 1;      ///< workers on this node (resolved later for non-count modes)
   int nnodes = 1;     ///< static number of nodes
   int node_rank = 0;  ///< this node's index in [0, nnodes)
+
+  bool nproc_given = false;      ///< --nproc / --nproc-per-node was on the command line
+  bool nnodes_given = false;     ///< --nnodes was on the command line
+  bool node_rank_given = false;  ///< --node-rank was on the command line
+  /// auto: use Slurm's environment when gpurun is a step's task and neither --nnodes,
+  /// --node-rank nor --standalone was given; on (--slurm): always, else a usage error;
+  /// off (--no-slurm): never (supervisor/slurm.hpp).
+  SlurmMode slurm = SlurmMode::kAuto;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;  ///< --master-addr was on the command line
   uint16_t master_port = 29500;    ///< 0 = bind a free port and tell the workers

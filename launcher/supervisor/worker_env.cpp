@@ -9,6 +9,7 @@
 #include "gpurun/check.hpp"
 #include "gpurun/env_names.hpp"
 #include "supervisor/gpu_inventory.hpp"
+#include "supervisor/slurm.hpp"
 
 extern char** environ;
 
@@ -89,6 +90,7 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   GPURUN_CHECK(local_rank >= 0 && local_rank < plan.nproc, "local rank {} of {}", local_rank,
                plan.nproc);
   EnvMap env = inherited;
+  remove_slurm_task_vars(env);  // a worker is not a Slurm task (docs/cli.md#slurm)
   const int rank = plan.node_rank * plan.nproc + local_rank;
   auto set = [&](const char* k, std::string v) { env[k] = std::move(v); };
   set("RANK", std::to_string(rank));

@@ -59,7 +59,8 @@ void remove_snapshot(const std::string& run_dir);
 std::string error_file_path(const JobPlan& plan, int attempt, int rank);
 
 /// Complete environment of local slot `local_rank` in restart attempt `attempt`:
-/// the inherited environment plus the worker variables (which override it).
+/// the inherited environment plus the worker variables (which override it), without the
+/// SLURM_* variables that describe a Slurm task (remove_slurm_task_vars in slurm.hpp).
 EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const EnvMap& inherited);
 
 /// The process's own environment as a map.

@@ -11,6 +11,7 @@
 #include "gpurun_process.hpp"  // TempDir
 #include "supervisor/cli.hpp"
 #include "supervisor/gpu_inventory.hpp"
+#include "supervisor/slurm.hpp"
 
 using namespace gpurun::supervisor;
 
@@ -205,4 +206,49 @@ TEST_CASE("gpu inventory: parsing CUDA_VISIBLE_DEVICES") {
   CHECK(calls == 0);  // the driver is not asked when the user chose the GPUs
   CHECK(slot_gpu_ids(std::nullopt, count) == std::vector<std::string>{"0", "1"});
   CHECK(calls == 1);
+}
+
+TEST_CASE("env: workers keep only the job-level SLURM_* variables (docs/cli.md#slurm)") {
+  const EnvMap inherited = {
+      {"PATH", "/bin"},
+      {"SLURM_JOB_ID", "123456"},
+      {"SLURM_JOB_NAME", "train"},
+      {"SLURM_ARRAY_JOB_ID", "123400"},
+      {"SLURM_ARRAY_TASK_ID", "56"},
+      {"SLURM_CLUSTER_NAME", "c1"},
+      {"SLURM_SUBMIT_DIR", "/home/u"},
+      {"SLURM_CONF", "/etc/slurm/slurm.conf"},
+      // what makes a worker look like a Slurm task (Lightning's SLURMEnvironment.detect()
+      // reads SLURM_NTASKS; its ranks come from SLURM_PROCID/SLURM_LOCALID/SLURM_NODEID)
+      {"SLURM_NTASKS", "2"},
+      {"SLURM_NPROCS", "2"},
+      {"SLURM_PROCID", "1"},
+      {"SLURM_LOCALID", "0"},
+      {"SLURM_NODEID", "1"},
+      {"SLURM_STEP_ID", "0"},
+      {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+      {"SLURM_NTASKS_PER_NODE", "1"},
+      {"SLURM_GPUS_ON_NODE", "4"},
+      {"SLURM_", "x"},
+      {"SLURMD_NODENAME", "gpu08"},  // not SLURM_*: kept
+      {"MY_SLURM_NTASKS", "7"},      // not SLURM_*: kept
+  };
+  JobPlan plan = plan_for({"--nproc", "2", "--device", "cpu"}, inherited);
+  plan.run_dir = "/tmp/run";
+  const EnvMap env = build_worker_env(plan, 1, 0, inherited);
+  std::vector<std::string> slurm;
+  for (const auto& [k, v] : env)
+    if (k.rfind("SLURM", 0) == 0 || k.find("SLURM_") != std::string::npos) slurm.push_back(k);
+  CHECK(slurm == std::vector<std::string>{"MY_SLURM_NTASKS", "SLURMD_NODENAME",
+                                          "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+                                          "SLURM_CLUSTER_NAME", "SLURM_CONF", "SLURM_JOB_ID",
+                                          "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR"});
+  CHECK(env.at("SLURM_JOB_ID") == "123456");
+  CHECK(env.at("PATH") == "/bin");
+  CHECK(env.at("RANK") == "1");
+  // Same list, in the order slurm_vars_for_workers() documents (sorted).
+  CHECK(slurm_vars_for_workers() ==
+        std::vector<std::string>{"SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME",
+                                 "SLURM_CONF", "SLURM_JOB_ID", "SLURM_JOB_NAME",
+                                 "SLURM_SUBMIT_DIR"});
 }
