@@ -36,6 +36,7 @@
 #include "supervisor/event_log.hpp"
 #include "supervisor/fd_limit.hpp"
 #include "supervisor/gpu_inventory.hpp"
+#include "supervisor/node_sync.hpp"
 #include "supervisor/posix_spawner.hpp"
 #include "supervisor/run_dir.hpp"
 #include "supervisor/slurm.hpp"
@@ -537,20 +538,60 @@ int run(int argc, char** argv) {
     return std::make_pair(int{gpurun::energy::EnergyMonitor::kExitEarlyStop},
                           std::string("stopped early by the energy cost threshold"));
   };
+  // --nnodes > 1: every node tells node 0 its exit status; node 0 keeps its store up until
+  // every node has (the exit barrier, docs/cli.md#exit-barrier). Nodes > 0 connect now.
+  std::unique_ptr<sv::NodeSync> node_sync;
+  std::optional<int> barrier_code;  // node 0: the exit status the barrier decided
+  if (plan.nnodes > 1) {
+    sv::NodeSyncOptions no;
+    no.nnodes = plan.nnodes;
+    no.node_rank = plan.node_rank;
+    no.host = plan.master_addr;
+    no.port = plan.master_port;
+    no.barrier_timeout = opt.exit_barrier_timeout;
+    no.say = [](const std::string& line) { print_err(line); };
+    if (store)
+      node_sync = std::make_unique<sv::NodeSync>(
+          io, std::move(no),
+          [&store](const std::string& key) -> std::optional<std::string> {
+            if (!store->backend().check({key})) return std::nullopt;
+            return store->backend().get(key);
+          },
+          [&store](const std::string& key, const std::string& value) {
+            store->backend().set(key, value);
+          });
+    else
+      node_sync = std::make_unique<sv::NodeSync>(std::move(no));
+  }
   supervisor.on_done = [&](int exit_code) {
-    boost::system::error_code ignored;
-    signals.cancel(ignored);
     status_refresh.cancel();
     if (energy) energy->finish(exit_code);
-    if (store) store->close();
-    io.stop();
+    const auto close_store = [&] {
+      boost::system::error_code ignored;
+      signals.cancel(ignored);
+      if (store) store->close();
+      io.stop();
+    };
+    if (node_sync && store) {  // node 0: the barrier (not after a failure) keeps the store up
+      node_sync->finish(exit_code, [&barrier_code, close_store](int code) {
+        barrier_code = code;
+        close_store();
+      });
+      return;
+    }
+    close_store();
   };
 
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
         if (ec) return;
-        supervisor.handle_signal(sig);
-        if (!supervisor.done()) signals.async_wait(on_signal);
+        if (node_sync && node_sync->waiting()) {  // only the exit barrier is left
+          if (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT) node_sync->interrupt(sig);
+        } else {
+          supervisor.handle_signal(sig);
+        }
+        if (!supervisor.done() || (node_sync && node_sync->waiting()))
+          signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
 
@@ -569,12 +610,14 @@ int run(int argc, char** argv) {
         energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
       }
     }
-    if (!supervisor.done()) io.run();
+    if (!supervisor.done() || (node_sync && node_sync->waiting())) io.run();
     code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
+    if (barrier_code) code = *barrier_code;
   } catch (const std::exception& e) {
     print_err(fmt::format("internal error: {}", e.what()));
     code = kExitLauncherError;
   }
+  if (node_sync && !store) node_sync->report(code);  // one SET, at most a few seconds
   if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
     print_err(fmt::format(
         "energy: the job was stopped early by its cost threshold (exit status {})", code));

@@ -381,6 +381,22 @@ Options parse(const std::vector<std::string>& args) {
             detail::bad_value(f, v, "a number of seconds between 0 and 86400");
           o.grace_period = std::chrono::milliseconds(std::llround(secs * 1000.0));
         }}},
+      {"exit-barrier-timeout",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          // Seconds, integer or decimal, like --grace-period.
+          double secs = -1;
+          std::string s(v);
+          size_t used = 0;
+          try {
+            secs = std::stod(s, &used);
+          } catch (const std::exception&) {
+            used = 0;
+          }
+          if (s.empty() || used != s.size() || !(secs >= 0) || secs > 86400.0)
+            detail::bad_value(f, v, "a number of seconds between 0 and 86400");
+          o.exit_barrier_timeout = std::chrono::milliseconds(std::llround(secs * 1000.0));
+        }}},
       {"log-dir",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -559,6 +575,8 @@ Topology:
 Supervision:
   --max-restarts K        restart the whole worker set at most K times (default 0)
   --grace-period SECONDS  SIGTERM -> SIGKILL delay on teardown (default 30)
+  --exit-barrier-timeout SECONDS  with --nnodes > 1: how long node 0 keeps its store up
+                          for the other nodes after its own workers succeeded (default 300)
 
 Logs:
   --log-dir DIR           keep DIR/<run_id>_XXXXXX/attempt_<n>/<rank>/{stdout,stderr}.log

@@ -71,6 +71,9 @@ struct Options {
   // --- supervision --------------------------------------------------------
   int max_restarts = 0;                            ///< whole-set restarts after a failure
   std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL delay
+  /// --exit-barrier-timeout: with --nnodes > 1, how long node 0 keeps its store up for the
+  /// other nodes after its own workers succeeded (docs/cli.md#exit-barrier).
+  std::chrono::milliseconds exit_barrier_timeout{300'000};
 
   // --- logs ---------------------------------------------------------------
   std::optional<std::string> log_dir;  ///< keeps <log_dir>/<run_id>_XXXXXX/attempt_<n>/<rank>/
