@@ -125,6 +125,7 @@ void Scheduler::publish(const Decision& d, const std::string& json,
   if (new_generation) {
     established_.clear();
     source_gpu_ = d.state_source.is_peer() ? d.state_source.gpu : -1;
+    source_snapshot_ = d.state_source.is_snapshot();
     write(keys::start(d.generation), json);
     write(std::string(keys::kGeneration), std::to_string(d.generation));
     generation_keys_[d.generation] = static_cast<int>(d.active.size());
@@ -183,6 +184,7 @@ void Scheduler::start_attempt(int attempt) {
   for (int gpu : active_) {
     SlotInfo& s = slot(gpu);
     s.state = SlotState::kStarting;  // reset, not a transition (new attempt)
+    s.holds_state = true;            // a fresh start: rank 0's initial state is broadcast
     s.generation = generation_;
     s.rank = d.rank_of(gpu);
     spawn_effect(gpu, generation_, json);
@@ -251,12 +253,13 @@ void Scheduler::on_report(const Report& r) {
   SlotInfo& s = slot(r.gpu);
   // A joiner whose set-up was abandoned reports without the state: it stays REJOINING and is
   // never taken as a state source.
-  const bool stateless = !r.has_state && s.state == SlotState::kRejoining;
+  const bool stateless = !r.has_state && !s.holds_state;
   if (!stateless && (s.state == SlotState::kStarting || s.state == SlotState::kRejoining)) {
     state_exists_ = true;
     set_state(s, SlotState::kActive, "reported before joining");
   }
   if (s.state != SlotState::kActive && !stateless) return;  // e.g. declared FAILED (stalled)
+  if (r.has_state) s.holds_state = true;                    // past its handoff
   established_.insert(s.gpu);
   if (!r.snapshot.empty()) pause_snapshot_outcome(r);
   s.last_boundary = {r.epoch, r.step};
@@ -329,6 +332,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   s.will_exit = false;
   moved_on(gpu);
   bool absorbed = true;
+  std::string goes_on;  // said last, unless the job ends because of this exit
   switch (s.state) {
     case SlotState::kStarting:
       // Never spoke the protocol: exactly the non-elastic behaviour.
@@ -344,21 +348,18 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       } else {
         set_state(s, SlotState::kFailed, how);
         absorbed = !can_restart;
-        if (absorbed) {
-          say(fmt::format(
-              "gpu {} (rank {} of generation {}, pid {}) {}; the job goes on without it", gpu,
-              s.rank, generation_, pid, how));
-        }
+        if (absorbed)
+          goes_on = fmt::format("gpu {} (rank {} of generation {}, pid {}) {}", gpu, s.rank,
+                                generation_, pid, how);
       }
       break;
     case SlotState::kRejoining:
       set_state(s, clean ? SlotState::kExited : SlotState::kFailed, "joiner ended: " + how);
       if (clean) begin_finish(s, how);
       absorbed = clean ? false : !can_restart;
-      if (!clean && absorbed) {
-        say(fmt::format("gpu {} (joining generation {}, pid {}) {}; the job goes on without it",
-                        gpu, generation_, pid, how));
-      }
+      if (!clean && absorbed)
+        goes_on =
+            fmt::format("gpu {} (joining generation {}, pid {}) {}", gpu, generation_, pid, how);
       break;
     case SlotState::kOffloading:
       if (clean) {
@@ -368,14 +369,31 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       }
       break;
     case SlotState::kParked:
-      if (!clean) set_state(s, SlotState::kFailed, "died while parked: " + how);
+      if (!clean) {
+        set_state(s, SlotState::kFailed, "died while parked: " + how);
+        say(
+            fmt::format("parked gpu {} (pid {}) {}: it stays out of this attempt (a config that "
+                        "names it again does not bring it back)",
+                        gpu, pid, how));
+      }
       break;
     case SlotState::kExited:
     case SlotState::kFailed:
       break;
   }
+  const bool was_source = gpu == source_gpu_;
+  s.holds_state = false;  // its process is gone
   if (!absorbed) return false;
-  if (!clean && s.state == SlotState::kFailed) participant_died(s, pid, how);
+  if (!clean && s.state == SlotState::kFailed) {
+    participant_died(s, pid, how);
+  } else if (was_source && aborted_.count(generation_) && !finished_ && !holder_alive() &&
+             !snapshot_current() && state_exists_) {
+    // The leaving source gave up its handoff (its joiner died) and left: nobody has the state.
+    lose_state(
+        fmt::format("gpu {} (the state source of generation {}, pid {}) left before its "
+                    "handoff completed ({})",
+                    gpu, generation_, pid, how));
+  }
   // A joiner waiting for this process to go away.
   if (s.spawn_pending && !finished_) {
     s.spawn_pending = false;
@@ -385,6 +403,16 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   }
   try_decide();
   check_all_gone();
+  if (!goes_on.empty() && !finished_) {
+    bool member_holds = false;
+    for (int m : active_)
+      member_holds = member_holds || (alive_member(slot(m)) && slot(m).holds_state);
+    say(goes_on + (member_holds || snapshot_current() || !state_exists_
+                       ? std::string("; the job goes on without it")
+                       : fmt::format("; only the leaving state source (gpu {}) still holds the "
+                                     "training state",
+                                     source_gpu_)));
+  }
   return true;
 }
 
@@ -420,11 +448,7 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
   }
   // Who still holds the training state: every ACTIVE member (continuing ranks, and joiners
   // that completed the handoff), and a leaving state source until it is gone.
-  for (int gpu : active_)
-    if (slot(gpu).state == SlotState::kActive) return;
-  if (source_gpu_ >= 0 && slot(source_gpu_).pid >= 0 &&
-      slot(source_gpu_).state == SlotState::kOffloading)
-    return;
+  if (holder_alive()) return;
   if (snapshot_current()) return;  // the joiners load the pause snapshot again
   if (!state_exists_) return;
   lose_state(
@@ -456,6 +480,18 @@ void Scheduler::pause_snapshot_outcome(const Report& r) {
                   join_ids(active_, ", "), r.gpu, r.snapshot));
 }
 
+bool Scheduler::holder_alive() const {
+  for (int gpu : active_) {
+    const SlotInfo& m = slots_.at(gpu);
+    if (alive_member(m) && m.holds_state) return true;
+  }
+  if (source_gpu_ >= 0) {
+    const SlotInfo& src = slots_.at(source_gpu_);
+    if (src.pid >= 0 && src.holds_state && src.state == SlotState::kOffloading) return true;
+  }
+  return false;
+}
+
 bool Scheduler::snapshot_current() const {
   return state_exists_ && snapshot_boundary_ && last_boundary_ == snapshot_boundary_;
 }
@@ -478,7 +514,16 @@ void Scheduler::check_all_gone() {
   if (finished_ || active_.empty()) return;
   for (int gpu : active_)
     if (alive_member(slot(gpu))) return;
+  // A leaving state source may still be handing on (or giving up): it decides (on its exit).
+  if (holder_alive()) return;
   // Every member of the generation died: nothing can carry on.
+  if (source_snapshot_ && state_exists_) {
+    lose_state(
+        fmt::format("no member of generation {} could take it from the pause snapshot "
+                    "(their errors are above)",
+                    generation_));
+    return;
+  }
   finished_ = true;
   say(fmt::format("every member of generation {} failed; ending the job", generation_));
   wake_all_parked_to_exit("every active worker failed");
@@ -534,7 +579,8 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   s.generation = d.generation;
   s.rank = d.rank_of(s.gpu);
   const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
-  if (s.pid >= 0 && s.state == SlotState::kRejoining) {
+  s.holds_state = false;  // until it reports in d.generation, after the handoff
+  if (s.pid >= 0 && (s.state == SlotState::kRejoining || s.state == SlotState::kActive)) {
     // A joiner whose previous join was abandoned: it reported and reads this decision itself.
     s.reason = why + " (again, after an abandoned join)";
     s.park_generation = -1;
@@ -566,8 +612,9 @@ void Scheduler::decide() {
   for (int gpu : old) {
     const SlotInfo& s = slot(gpu);
     if (s.state == SlotState::kFailed) failed.push_back(gpu);
-    if (s.state == SlotState::kActive) survivors.push_back(gpu);
-    if (s.state == SlotState::kRejoining && reports_.count(s.rank)) stateless.push_back(gpu);
+    const bool live = s.state == SlotState::kActive || s.state == SlotState::kRejoining;
+    if (live && s.holds_state) survivors.push_back(gpu);
+    if (live && !s.holds_state && reports_.count(s.rank)) stateless.push_back(gpu);
   }
   std::vector<int> target = effective_desired();
   if (survivors.empty() && !snapshot_current()) {
@@ -603,10 +650,11 @@ void Scheduler::decide() {
       d.active = old;
       d.state_source = StateSource::peer(slot(src).rank, src);
       publish(d, d.to_json(), key);
-      say(
-          fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, epoch {}, "
-                      "step {})",
-                      src, generation_, d.epoch, d.step));
+      if (pause_refused_.empty())
+        say(
+            fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, epoch "
+                        "{}, step {})",
+                        src, generation_, d.epoch, d.step));
       ++round_;
       snapshot_round_ = true;
       collect_keys();

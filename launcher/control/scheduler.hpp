@@ -53,6 +53,10 @@ struct SlotInfo {
   bool will_exit = false;        ///< its process is expected to exit 0 (release / exit wake)
   std::optional<std::pair<int64_t, int64_t>> last_boundary;  ///< (epoch, step) last reported
   std::string reason;                                        ///< why it is FAILED / last change
+  /// Its process has the current training state: every member of a fresh start, a continuing
+  /// member, a joiner once it reported in its generation (after the handoff). Not a joiner
+  /// that only joined (read its start record) — that is before the handoff.
+  bool holds_state = false;
 };
 
 /// A boundary round that every live member has reported, about to be decided.
@@ -173,6 +177,8 @@ class Scheduler {
   // The state source's report after a `snapshot` decision: verified, or the pause is refused.
   void pause_snapshot_outcome(const Report& r);
   void lose_state(const std::string& why);
+  // Whether a live process still holds the state (a member, or the leaving state source).
+  bool holder_alive() const;
   Decision base_decision() const;
   void say(std::string text);
 
@@ -212,6 +218,7 @@ class Scheduler {
   std::set<int> established_;    ///< gpus that joined or reported in generation_ since its decision
   std::set<int64_t> aborted_;    ///< generations whose abort key was written
   int source_gpu_ = -1;          ///< slot of the current generation's state source (a peer), -1
+  bool source_snapshot_ = false;  ///< the current generation's state comes from the snapshot
   /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
   std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;
   std::vector<Effect> effects_;

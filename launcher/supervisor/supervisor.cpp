@@ -540,7 +540,7 @@ void Supervisor::finish_attempt() {
     events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
     say(fmt::format("restarting the worker set (restart {} of at most {}){}", attempt_,
                     opt_.plan.max_restarts,
-                    controller_ ? ": elastic training starts again from generation 0 with the "
+                    controller_ ? ": elastic training starts again in a new generation from the "
                                   "program's initial state (or its own checkpoint); the state "
                                   "of the failed attempt is not carried over"
                                 : ""));

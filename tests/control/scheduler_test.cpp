@@ -611,3 +611,36 @@ TEST_CASE("scheduler: a pause writes the snapshot first; a failed one refuses th
   CHECK(d.state_source.is_snapshot());
   CHECK(d.epoch == 3);
 }
+
+TEST_CASE("scheduler: a joiner that only joined holds no state: its source's death loses it") {
+  // Joined = read its start record, before the handoff: taking it as a source would train on
+  // its random initialisation silently.
+  Harness h(cfg(std::vector<int>{0}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.boundary(0);
+  h.join_all();  // gpu 1 wrote its joined key: ACTIVE, still without state
+  CHECK(h.state(1) == SlotState::kActive);
+  CHECK_FALSE(h.s.slots().at(1).holds_state);
+  CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK_FALSE(h.s.state_lost().empty());
+  // Its report without state (its set-up was abandoned) gets `exit`, never a resize from it.
+  report_stateless(h, 1, 0);
+  CHECK(h.decisions.back().kind == Decision::Kind::kExit);
+}
+
+TEST_CASE("scheduler: a joiner that reported after its handoff holds the state") {
+  Harness h(cfg(std::vector<int>{0}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.boundary(0);
+  h.join_all();
+  h.boundary(1);  // both report in generation 1: gpu 1 is past its handoff
+  CHECK(h.s.slots().at(1).holds_state);
+  CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.s.state_lost().empty());
+  h.report(1, 1);
+  CHECK(h.decisions.back().state_source == StateSource::peer(1, 1));
+}

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -542,4 +543,59 @@ TEST_CASE("a leaving state source killed before its handoff (a swap): the state 
   CHECK(slurp(tmp.path / "gpurun.stderr")
             .find("the training state is lost: gpu 0 (the state "
                   "source of generation 1") != std::string::npos);
+}
+
+TEST_CASE("a swap whose joiner dies: the leaving source says so, gpurun says the state is lost") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "3000"},
+               {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
+  run.wait_continues(2);
+  write_file(tmp.path / "config.toml", config("[1]"));
+  run.wait_resize(2);
+  const int64_t joiner = wait_started_after_resize(run, 1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  REQUIRE(::kill(static_cast<pid_t>(joiner), SIGKILL) == 0);
+  const bool ended = run.wait(60s);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  CHECK(s < 20.0);
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  const std::string out = slurp(tmp.path / "gpurun.stdout") + err;
+  CHECK(err.find("the training state is lost") != std::string::npos);
+  CHECK(out.find("terminate called") == std::string::npos);            // no abort in the source
+  CHECK(err.find("the job goes on without it") == std::string::npos);  // it does not
+}
+
+TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost', non-zero") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 1, config("[0]"), {"--epoch-ms", "200"});
+  run.wait_continues(2);
+  int64_t pid = -1;
+  for (auto& st : run.trace("start")) pid = st.at("pid").as_int64();
+  REQUIRE(pid > 0);
+  const fs::path primary = env_of(pid, "GPURUN_SNAPSHOT_PATH");
+  const fs::path fallback = env_of(pid, "GPURUN_SNAPSHOT_FALLBACK_PATH");
+  write_file(tmp.path / "config.toml", config("[]"));
+  run.wait_resize(2);
+  run.wait_for("the paused worker to exit",
+               [&] { return ::kill(static_cast<pid_t>(pid), 0) != 0; });
+  const fs::path snap = fs::exists(primary) ? primary : fallback;
+  REQUIRE(fs::exists(snap));
+  {
+    std::fstream f(snap, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5000);  // in the tensors (the manifest comes first, ~2 KB here)
+    f.write("\x5a\xa5\x5a\xa5\x5a\xa5\x5a\xa5", 8);  // in the payload (after the 128-byte header)
+  }
+  write_file(tmp.path / "config.toml", config("[0]"));
+  const bool ended = run.wait(60s);
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  const std::string all = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  CHECK(all.find("payload checksum") != std::string::npos);
+  CHECK(all.find(snap.string()) != std::string::npos);
+  CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
 }

@@ -59,7 +59,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: elastic_trainer OUT_DIR [options]\n");
     return 2;
@@ -171,4 +171,13 @@ int main(int argc, char** argv) {
   }
   std::printf("elastic_trainer gpu %d: done\n", rt->gpu_id());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // gpurun::Error included: a message, not an abort
+    std::fprintf(stderr, "elastic_trainer: error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -447,7 +447,24 @@ struct Runtime::Impl {
           // A peer failed during the handoff or the new communicator's rendezvous. This rank
           // holds the state: report again in the new generation; the supervisor removes the
           // failed rank and decides without it.
-          if (!d.is_member(slot)) throw;
+          if (!d.is_member(slot)) {
+            // A leaving state source whose handoff failed (its joiner died): it cannot hand
+            // the state on; it leaves as decided and gpurun, seeing no holder left, says the
+            // state is lost (docs/control-protocol.md#failures-during-a-resize).
+            std::fprintf(stderr,
+                         "gpurun worker (slot %d): handing the state to generation %lld failed: "
+                         "%s; leaving as decided\n",
+                         slot, static_cast<long long>(d.generation), err.what());
+            if (comm) comm->abort();
+            comm.reset();
+            try {
+              leave(d);
+            } catch (const ExitRequested&) {
+              finishing = true;
+              return false;
+            }
+            return true;
+          }
           adopt(d);
           return recover(err.what());
         }
