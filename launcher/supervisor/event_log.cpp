@@ -82,13 +82,27 @@ void EventLog::emit(std::string_view event, const JsonObject& fields) {
                              .add("limit_bytes", static_cast<int64_t>(kMaxRecordBytes)));
   }
   line.push_back('\n');
-  const ssize_t n = ::write(fd_, line.data(), line.size());
-  if (n != static_cast<ssize_t>(line.size()) && !write_failed_) {
+  // A short write (a nearly full disk) is continued: the rest either fits or fails with the
+  // real errno (ENOSPC), which is what the warning names.
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+  }
+  if (done != line.size() && !write_failed_) {
     write_failed_ = true;
     const std::string msg = fmt::format(
-        "gpurun: warning: writing event log '{}' failed: {}; the job goes on (later "
-        "failures are not reported)\n",
-        path_, n < 0 ? std::strerror(errno) : "short write");
+        "gpurun: warning: writing event log '{}' failed: {} ({} of {} bytes of a record "
+        "written); the job goes on (later failures are not reported)\n",
+        path_, std::strerror(err), done, line.size());
     [[maybe_unused]] auto r = ::write(STDERR_FILENO, msg.data(), msg.size());
   }
 }
