@@ -125,6 +125,9 @@ class Scheduler {
   /// pause snapshot of the current position exists: the job stops (non-zero exit status)
   /// with this sentence; empty otherwise.
   const std::string& state_lost() const { return state_lost_; }
+  /// Why the pause the config asks for is refused (its snapshot could not be written; tried
+  /// again at every boundary); empty when no pause is refused.
+  const std::string& pause_refused() const { return pause_refused_; }
   /// The last boundary any member reported (epoch, step); nullopt before the first.
   const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const { return last_boundary_; }
 

@@ -66,6 +66,9 @@ RunStatus run_status(const Scheduler& sch) {
   st.desired_active = sch.effective_desired();
   st.park_mode = sch.config().park_mode;
   st.last_config_error = sch.last_config_error();
+  // A refusal matters only while the config still asks for the pause.
+  if (sch.effective_desired().empty()) st.pause_refused = sch.pause_refused();
+  st.state_lost = sch.state_lost();
   st.last_decision = sch.last_decision();
   for (const auto& [gpu, s] : sch.slots())
     st.slots.push_back(
@@ -141,6 +144,14 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_null("last_config_error");
   else
     root.add("last_config_error", st.last_config_error);
+  if (st.pause_refused.empty())
+    root.add_null("pause_refused");
+  else
+    root.add("pause_refused", st.pause_refused);
+  if (st.state_lost.empty())
+    root.add_null("state_lost");
+  else
+    root.add("state_lost", st.state_lost);
   if (st.last_decision.empty())
     root.add_null("last_decision");
   else
@@ -441,6 +452,11 @@ int status_command(const std::vector<std::string>& args) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  if (const json::value* p = o.if_contains("pause_refused"); p && p->is_string())
+    out += fmt::format("pause refused (training goes on, tried at every boundary): {}\n",
+                       std::string(p->as_string()));
+  if (const json::value* l = o.if_contains("state_lost"); l && l->is_string())
+    out += fmt::format("{}\n", std::string(l->as_string()));
   if (const json::value* e = o.if_contains("energy"); e && e->is_object())
     out += fmt::format(
         "energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",

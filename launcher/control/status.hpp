@@ -65,6 +65,8 @@ struct RunStatus {
   std::vector<int> desired_active;
   std::optional<ParkMode> park_mode;  ///< nullopt for a plain run
   std::string last_config_error;      ///< empty: none
+  std::string pause_refused;          ///< why the wanted pause is refused; empty: none
+  std::string state_lost;             ///< set when the training state is lost; empty: none
   std::string last_decision;          ///< JSON object text; empty: none
   std::vector<SlotStatus> slots;
 };

@@ -80,6 +80,22 @@ std::size_t store_budget_flag(std::string_view flag, std::string_view value) {
   return static_cast<std::size_t>(bytes);
 }
 
+/// Seconds, integer or decimal ("2", "0.5"), 0..86400 -> milliseconds (rounded). Throws
+/// UsageError naming the flag otherwise.
+std::chrono::milliseconds seconds_flag(std::string_view flag, std::string_view value) {
+  double secs = -1;
+  const std::string s(value);
+  size_t used = 0;
+  try {
+    secs = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size() || !(secs >= 0) || secs > 86400.0)
+    bad_value(flag, value, "a number of seconds between 0 and 86400");
+  return std::chrono::milliseconds(std::llround(secs * 1000.0));
+}
+
 std::optional<std::string> run_id_problem(std::string_view id) {
   if (id.empty()) return "a run id cannot be empty";
   if (id.find_first_not_of('.') == std::string_view::npos)
@@ -366,37 +382,11 @@ Options parse(const std::vector<std::string>& args) {
           o.max_restarts = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
         }}},
       {"grace-period",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          // Seconds, integer or decimal ("2", "0.5").
-          double secs = -1;
-          std::string s(v);
-          size_t used = 0;
-          try {
-            secs = std::stod(s, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (s.empty() || used != s.size() || !(secs >= 0) || secs > 86400.0)
-            detail::bad_value(f, v, "a number of seconds between 0 and 86400");
-          o.grace_period = std::chrono::milliseconds(std::llround(secs * 1000.0));
-        }}},
+       {true, [&](std::string_view f,
+                  std::string_view v) { o.grace_period = detail::seconds_flag(f, v); }}},
       {"exit-barrier-timeout",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          // Seconds, integer or decimal, like --grace-period.
-          double secs = -1;
-          std::string s(v);
-          size_t used = 0;
-          try {
-            secs = std::stod(s, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (s.empty() || used != s.size() || !(secs >= 0) || secs > 86400.0)
-            detail::bad_value(f, v, "a number of seconds between 0 and 86400");
-          o.exit_barrier_timeout = std::chrono::milliseconds(std::llround(secs * 1000.0));
-        }}},
+       {true, [&](std::string_view f,
+                  std::string_view v) { o.exit_barrier_timeout = detail::seconds_flag(f, v); }}},
       {"log-dir",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -418,7 +408,13 @@ Options parse(const std::vector<std::string>& args) {
               throw UsageError(
                   fmt::format("invalid value '{}' for --{}: piece {} is empty; expected {}", v, f,
                               k + 1, kWant));
-            ranks.insert(detail::int_flag(f, detail::trim(items[k]), 0, kMaxInt, kWant));
+            const auto rank = detail::to_int(detail::trim(items[k]), 0, kMaxInt);
+            if (!rank)
+              throw UsageError(fmt::format(
+                  "invalid value '{}' for --{}: piece {} ('{}') is not a rank (an integer >= 0); "
+                  "expected {}",
+                  v, f, k + 1, detail::trim(items[k]), kWant));
+            ranks.insert(static_cast<int>(*rank));
           }
           o.ranks_filter = std::move(ranks);
         }}},

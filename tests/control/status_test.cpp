@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "control/scheduler.hpp"
 #include "gpurun_process.hpp"
 
 namespace gpurun::control {
@@ -32,6 +33,45 @@ TEST_CASE("write_status_file: a failed write leaves no .status.json.<pid> behind
     CHECK(gpurun::testing::slurp(dir.path / "status.json") == "{\"a\": 1}\n");
     CHECK_FALSE(fs::exists(tmp));
   }
+}
+
+}  // namespace
+}  // namespace gpurun::control
+
+namespace gpurun::control {
+namespace {
+
+TEST_CASE("status: a refused pause and a lost state are in the status JSON") {
+  Config c;
+  c.active_gpus = std::vector<int>{0};
+  Scheduler s({0, 1}, c);
+  s.config_loaded(c, "config.toml");
+  s.start_attempt(0);
+  s.take_effects();
+  s.on_spawned(0, 100);
+  s.on_joined(0, 0, 100);
+  Config pause = c;
+  pause.active_gpus = std::vector<int>{};
+  s.config_loaded(pause, "config.toml");
+  Report r;
+  r.gpu = 0;
+  r.rank = 0;
+  r.generation = 0;
+  r.round = 0;
+  r.pid = 100;
+  s.on_report(r);  // -> a `snapshot` decision
+  r.round = 1;
+  r.snapshot = "cannot write the state snapshot: every path failed";
+  s.on_report(r);  // -> refused, continue
+  const StatusSnapshot snap{};
+  std::string text = render_status(s, snap);
+  const bool refused =
+      text.find(R"("pause_refused": "cannot write the state snapshot: every path failed")") !=
+          std::string::npos ||
+      text.find(R"("pause_refused":"cannot write the state snapshot: every path failed")") !=
+          std::string::npos;
+  CHECK(refused);
+  CHECK(text.find("state_lost") != std::string::npos);
 }
 
 }  // namespace

@@ -164,7 +164,8 @@ TEST_CASE("cli: invalid command lines give exact messages") {
       {{"--tee", "0:1,1", "x"},
        "invalid value '0:1,1' for --tee: expected 0-3 or a per-local-rank map like 0:1,1:2"},
       {{"--ranks-filter", "0,a", "x"},
-       "invalid value 'a' for --ranks-filter: expected a comma-separated list of ranks like 0,3"},
+       "invalid value '0,a' for --ranks-filter: piece 2 ('a') is not a rank (an integer >= 0); "
+       "expected a comma-separated list of ranks like 0,3"},
       {{"--device", "tpu", "x"}, "invalid value 'tpu' for --device: expected cuda or cpu"},
       {{"--nnodes", "1:4", "x"},
        "invalid value '1:4' for --nnodes: elastic node ranges are not supported, give a static "
