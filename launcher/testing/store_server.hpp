@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -30,6 +32,29 @@ namespace gpurun::store::testing {
 
 // Deadline used only to turn a hang into a failure, never to assert speed.
 inline constexpr auto kHangGuard = std::chrono::seconds(20);
+
+// Whether this build runs under AddressSanitizer (its quarantine keeps freed memory resident, so
+// RSS bounds are not measured there).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
+// This process's resident set size (VmRSS of /proc/self/status), in KiB; 0 when unreadable.
+inline int64_t resident_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return 0;
+}
 
 inline bool eventually(const std::function<bool()>& pred) {
   const auto deadline = std::chrono::steady_clock::now() + kHangGuard;

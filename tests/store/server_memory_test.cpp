@@ -26,7 +26,9 @@ namespace gpurun::store {
 
 using testing::eventually;
 using testing::frame;
+using testing::kAddressSanitizer;
 using testing::RawConn;
+using testing::resident_kib;
 using testing::TestServer;
 using testing::validate_frame;
 
@@ -34,27 +36,6 @@ namespace {
 
 constexpr int64_t kMiB = 1024;  // in KiB, the unit of VmRSS
 constexpr std::size_t kBudgetBytes = std::size_t{64} << 20;
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
-// This process's resident set size (VmRSS of /proc/self/status), in KiB.
-int64_t resident_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  return 0;
-}
 
 // Samples VmRSS every 2 ms on a thread of its own until destroyed; peak() = the highest.
 class RssSampler {

@@ -19,20 +19,13 @@ namespace gpurun::store {
 
 using testing::eventually;
 using testing::frame;
+using testing::kAddressSanitizer;
 using testing::RawConn;
+using testing::resident_kib;
 using testing::TestServer;
 using testing::validate_frame;
 
 namespace {
-
-// This process's resident set size (VmRSS of /proc/self/status), in KiB.
-int64_t resident_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  return 0;
-}
 
 ServerOptions with_threads(std::size_t n) {
   ServerOptions o;
@@ -404,18 +397,6 @@ TEST_CASE("server: destroying a busy multi-threaded server joins its threads") {
     for (auto& t : load) t.join();
   }
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 TEST_CASE("server: requests sent without reading the replies wait once 16 MiB are unsent") {
   // 80 GETs of a 1 MiB value in one send: 80 MiB of replies. The session handles requests
