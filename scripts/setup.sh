@@ -17,6 +17,7 @@ PACKAGES=(
   procps psmisc         # ps/pkill used by the integration tests
   gnuplot-nox           # draws `gpurun report`'s PNG (docs/energy.md#plots)
   clang-format          # scripts/format.sh --check, run first by scripts/test.sh (.clang-format)
+  slurm-wlm munge       # a real one-machine Slurm for tests/slurm (slurmctld, slurmd, sbatch)
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

@@ -30,14 +30,17 @@
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
 #include "report/report.hpp"
+#include "store/backend.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/event_log.hpp"
 #include "supervisor/fd_limit.hpp"
 #include "supervisor/gpu_inventory.hpp"
+#include "supervisor/master_address.hpp"
 #include "supervisor/node_sync.hpp"
 #include "supervisor/posix_spawner.hpp"
+#include "supervisor/preemption.hpp"
 #include "supervisor/run_dir.hpp"
 #include "supervisor/slurm.hpp"
 #include "supervisor/supervisor.hpp"
@@ -67,9 +70,23 @@ std::string random_uuid() {
                      b >> 48, b & 0xFFFFFFFFFFFFull);
 }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.rfind("127.", 0) == 0;
-}
+/// Node 0's store as the multi-node sync sees it.
+class BackendStore final : public gpurun::supervisor::LocalStore {
+ public:
+  explicit BackendStore(gpurun::store::Backend& b) : b_(b) {}
+  std::optional<std::string> get(const std::string& key) override {
+    if (!b_.check({key})) return std::nullopt;
+    return b_.get(key);
+  }
+  void set(const std::string& key, const std::string& value) override { b_.set(key, value); }
+  std::string set_if_missing(const std::string& key, const std::string& value) override {
+    return b_.compare_set(key, "", value);
+  }
+  void reset_keyspace(const std::string& keep_prefix) override { b_.reset_keyspace(keep_prefix); }
+
+ private:
+  gpurun::store::Backend& b_;
+};
 
 /// The monitor's figures for status.json (io thread: the totals are the io thread's).
 gpurun::control::EnergyStatus energy_status(const gpurun::energy::EnergyMonitor& m) {
@@ -270,20 +287,44 @@ int run(int argc, char** argv) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitUsage;
   }
-  // A --master-addr that does not resolve fails now, not in every worker later. The defaults
-  // (127.0.0.1; localhost with --standalone) are not looked up: nothing to wait for.
-  if (opt.master_addr_given && !opt.standalone) {
+  // The master address (docs/cli.md#master-address-and-where-the-store-listens): one that does
+  // not resolve fails now, not in every worker later; on node 0 it must be this host (node 0
+  // hosts the store there). The default 127.0.0.1 is a literal (no lookup); --standalone's
+  // localhost is not looked up. What the lookup found also decides where the store listens.
+  std::vector<std::string> store_hosts = sv::store_listen_hosts(plan.nnodes, {});
+  if (!opt.standalone) {
+    const std::string what = opt.master_addr_given || plan.master_addr == "127.0.0.1"
+                                 ? "--master-addr"
+                                 : "the master address (the first host of Slurm's node list)";
     const sv::AddressCheck addr = sv::check_master_addr(plan.master_addr);
     if (addr.result == sv::AddressCheck::Result::kUnresolvable) {
-      print_err(fmt::format("error: --master-addr '{}' does not resolve: {}", plan.master_addr,
-                            addr.reason));
+      print_err(
+          fmt::format("error: {} '{}' does not resolve: {}", what, plan.master_addr, addr.reason));
       return kExitUsage;
     }
     if (addr.result == sv::AddressCheck::Result::kTimedOut)
       print_err(fmt::format(
-          "warning: --master-addr '{}' could not be resolved yet ({}); starting anyway: the "
-          "workers look it up again",
-          plan.master_addr, addr.reason));
+          "warning: {} '{}' could not be resolved yet ({}); starting anyway: the workers look it "
+          "up again{}",
+          what, plan.master_addr, addr.reason,
+          plan.node_rank == 0 && plan.nnodes == 1 ? "; the store listens on loopback only" : ""));
+    if (plan.node_rank == 0 && addr.result == sv::AddressCheck::Result::kOk) {
+      std::vector<std::string> local = addr.addresses;  // when the interfaces cannot be read
+      try {
+        const std::vector<sv::InterfaceAddress> interfaces = sv::interface_addresses();
+        local = sv::local_addresses(addr.addresses, interfaces);
+        if (local.empty()) {
+          print_err(
+              fmt::format("error: {} '{}' is not this host: {}", what, plan.master_addr,
+                          sv::not_this_host_reason(plan.master_addr, addr.addresses, interfaces)));
+          return kExitUsage;
+        }
+      } catch (const gpurun::Error& e) {
+        print_err(fmt::format("warning: {}; not checking that {} '{}' is this host", e.what(), what,
+                              plan.master_addr));
+      }
+      store_hosts = sv::store_listen_hosts(plan.nnodes, local);
+    }
   }
 
   // Elastic mode (--config): a bad initial config is a usage error naming file:line:col.
@@ -358,11 +399,49 @@ int run(int argc, char** argv) {
   wargv[0] = *exe;
 
   asio::io_context io;
+  // --nnodes > 1 (docs/cli.md#multi-node): nodes > 0 join node 0's store before anything
+  // else — node 0 starts the job once every node joined; its run id and --max-restarts hold
+  // for every node. (Blocking, before gpurun handles signals: Ctrl-C ends it as usual.)
+  std::unique_ptr<sv::NodeSync> node_sync;
+  sv::NodeSyncOptions node_opts;
+  if (plan.nnodes > 1) {
+    node_opts.nnodes = plan.nnodes;
+    node_opts.node_rank = plan.node_rank;
+    node_opts.nproc = plan.nproc;
+    node_opts.host = plan.master_addr;
+    node_opts.port = plan.master_port;
+    node_opts.run_id = plan.run_id;
+    node_opts.max_restarts = plan.max_restarts;
+    node_opts.barrier_timeout = opt.exit_barrier_timeout;
+    node_opts.join_timeout = opt.join_timeout;
+    node_opts.say = [](const std::string& line) { print_err(line); };
+  }
+  if (plan.nnodes > 1 && plan.node_rank > 0) {
+    node_sync = std::make_unique<sv::NodeSync>(io, node_opts);
+    try {
+      const sv::JobStart js = node_sync->join();
+      if (js.max_restarts != plan.max_restarts)
+        print_err(fmt::format(
+            "warning: node 0 runs with --max-restarts {}, this node was given {}: node 0 decides "
+            "restarts for the whole job, so {} holds",
+            js.max_restarts, plan.max_restarts, js.max_restarts));
+      plan.run_id = js.run_id;
+      plan.max_restarts = js.max_restarts;
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
+      return kExitLauncherError;
+    }
+  }
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
   signals.add(SIGHUP);
   signals.add(SIGQUIT);  // stops the job like SIGTERM (torchrun's agent does the same)
+  if (opt.preempt_signal != 0 && opt.preempt_signal != SIGUSR1 && opt.preempt_signal != SIGUSR2)
+    signals.add(opt.preempt_signal);  // --preempt-signal (docs/cli.md#preemption)
+  // Preemption timing: under Slurm the defaults fit inside KillWait.
+  const sv::StopTiming stop_timing = sv::stop_timing(opt, inherited);
+  if (!stop_timing.note.empty()) print_err(stop_timing.note);
 
   sv::EventLog events;
   std::unique_ptr<gpurun::store::Server> store;
@@ -371,7 +450,7 @@ int run(int argc, char** argv) {
     if (opt.event_log) events = sv::EventLog(*opt.event_log);
     if (plan.node_rank == 0) {
       gpurun::store::ServerOptions so;
-      if (!is_loopback(plan.master_addr)) so.hosts = {"::"};
+      so.hosts = store_hosts;
       so.port = plan.master_port;
       if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
       so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
@@ -439,7 +518,10 @@ int run(int argc, char** argv) {
   so.display_name = display_name;
   so.inherited = inherited;
   if (progress) so.inherited[gpurun::env::kProgressFile] = progress->path();
-  so.grace_period = opt.grace_period;
+  so.grace_period = stop_timing.grace_period;
+  so.stop_timeout = stop_timing.stop_timeout;
+  so.preempt_signal = opt.preempt_signal;
+  so.stop_on_preempt = opt.requeue;
   so.keep_logs = opt.log_dir.has_value();
   so.redirects = opt.redirects;
   so.tee = opt.tee;
@@ -529,7 +611,8 @@ int run(int argc, char** argv) {
   registration = std::make_unique<gpurun::control::RunRegistration>(plan.run_id, plan.run_dir);
   if (!registration->error().empty()) print_err("warning: " + registration->error());
   supervisor.on_restart = [&](int attempt) {
-    if (store) store->reset_keyspace("gpurun/");
+    // Multi-node: node 0's NodeSync reset the store before it told the nodes to restart.
+    if (store && !node_sync) store->reset_keyspace("gpurun/");
     if (energy) energy->restart(attempt);
   };
   // An early stop by the energy monitor: every worker exited 0, gpurun exits 3.
@@ -538,30 +621,51 @@ int run(int argc, char** argv) {
     return std::make_pair(int{gpurun::energy::EnergyMonitor::kExitEarlyStop},
                           std::string("stopped early by the energy cost threshold"));
   };
-  // --nnodes > 1: every node tells node 0 its exit status; node 0 keeps its store up until
-  // every node has (the exit barrier, docs/cli.md#exit-barrier). Nodes > 0 connect now.
-  std::unique_ptr<sv::NodeSync> node_sync;
-  std::optional<int> barrier_code;  // node 0: the exit status the barrier decided
-  if (plan.nnodes > 1) {
-    sv::NodeSyncOptions no;
-    no.nnodes = plan.nnodes;
-    no.node_rank = plan.node_rank;
-    no.host = plan.master_addr;
-    no.port = plan.master_port;
-    no.barrier_timeout = opt.exit_barrier_timeout;
-    no.say = [](const std::string& line) { print_err(line); };
-    if (store)
-      node_sync = std::make_unique<sv::NodeSync>(
-          io, std::move(no),
-          [&store](const std::string& key) -> std::optional<std::string> {
-            if (!store->backend().check({key})) return std::nullopt;
-            return store->backend().get(key);
-          },
-          [&store](const std::string& key, const std::string& value) {
-            store->backend().set(key, value);
-          });
-    else
-      node_sync = std::make_unique<sv::NodeSync>(std::move(no));
+  // --nnodes > 1: a failure anywhere stops every node; node 0 decides each attempt's end for
+  // the whole job (restart or exit, the root cause) and keeps its store up until every node
+  // is done (the exit barrier). docs/cli.md#multi-node.
+  std::unique_ptr<BackendStore> node0_store;
+  if (plan.nnodes > 1 && store) {
+    node0_store = std::make_unique<BackendStore>(store->backend());
+    node_sync = std::make_unique<sv::NodeSync>(io, node_opts, *node0_store);
+  }
+  if (node_sync) {
+    node_sync->on_peer_failure = [&supervisor](const std::string& why) {
+      supervisor.stop_for_peer(why);
+    };
+    node_sync->on_root_cause = [&events](int attempt, const sv::NodeFailure& root) {
+      print_err(fmt::format(
+          "root cause of attempt {} (first failure in time, of every node): "
+          "node {}{}: {}",
+          attempt, root.node,
+          root.rank >= 0 ? fmt::format(", rank {} (local rank {})", root.rank, root.local_rank)
+                         : std::string(),
+          root.reason));
+      events.emit("root_cause", sv::JsonObject()
+                                    .add("attempt", attempt)
+                                    .add("node", root.node)
+                                    .add("rank", root.rank)
+                                    .add("local_rank", root.local_rank)
+                                    .add("code", root.code)
+                                    .add("reason", root.reason));
+    };
+    supervisor.on_attempt_start = [&node_sync](int attempt) {
+      node_sync->attempt_started(attempt);
+    };
+    supervisor.on_failure = [&node_sync](const sv::Supervisor::LocalFailure& f) {
+      sv::NodeFailure nf;
+      nf.rank = f.rank;
+      nf.local_rank = f.local_rank;
+      nf.code = f.code;
+      nf.reason = f.reason;
+      node_sync->local_failure(f.attempt, nf);
+    };
+    supervisor.attempt_gate = [&node_sync](int attempt, int code, bool by_signal,
+                                           sv::Supervisor::AttemptDecision decide) {
+      node_sync->attempt_ended(attempt, code, by_signal, [decide](const sv::AttemptOutcome& out) {
+        decide(out.restart, out.code, out.reason);
+      });
+    };
   }
   supervisor.on_done = [&](int exit_code) {
     status_refresh.cancel();
@@ -572,32 +676,54 @@ int run(int argc, char** argv) {
       if (store) store->close();
       io.stop();
     };
-    if (node_sync && store) {  // node 0: the barrier (not after a failure) keeps the store up
-      node_sync->finish(exit_code, [&barrier_code, close_store](int code) {
-        barrier_code = code;
-        close_store();
-      });
+    if (node_sync) {  // node 0: until the other nodes have read the decision
+      node_sync->finish(close_store);
       return;
     }
     close_store();
   };
 
+  std::string rendezvous_error;  // node 0: the start rendezvous failed
+  int rendezvous_signal = 0;     // ... because of this signal
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
         if (ec) return;
-        if (node_sync && node_sync->waiting()) {  // only the exit barrier is left
-          if (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT) node_sync->interrupt(sig);
+        const bool stop = sig == SIGINT || sig == SIGTERM || sig == SIGQUIT;
+        if (node_sync && node_sync->rendezvous_pending()) {  // no worker runs yet
+          if (stop) {
+            rendezvous_signal = sig;
+            node_sync->cancel_rendezvous(
+                fmt::format("node 0 received signal {} during the start rendezvous", sig));
+            return;
+          }
+        } else if (node_sync && node_sync->waiting()) {  // the other nodes' end is awaited
+          if (stop) node_sync->interrupt(sig);
         } else {
           supervisor.handle_signal(sig);
         }
-        if (!supervisor.done() || (node_sync && node_sync->waiting()))
-          signals.async_wait(on_signal);
+        if (!supervisor.done()) signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
 
   int code = kExitLauncherError;
   try {
-    supervisor.start();
+    if (node_sync && store) {  // node 0: every node joins before any worker starts
+      node_sync->rendezvous([&](const std::string& error) {
+        if (error.empty()) {
+          supervisor.start();
+          return;
+        }
+        rendezvous_error = error;
+        boost::system::error_code ignored;
+        signals.cancel(ignored);
+        node_sync->finish([&] {  // the joined nodes read the error first
+          store->close();
+          io.stop();
+        });
+      });
+    } else {
+      supervisor.start();
+    }
     if (discovery.valid()) {
       // The workers are starting; the monitor begins with the job's start time.
       std::optional<DiscoveredGpus> found = discovery.get();
@@ -610,14 +736,26 @@ int run(int argc, char** argv) {
         energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
       }
     }
-    if (!supervisor.done() || (node_sync && node_sync->waiting())) io.run();
+    if (!supervisor.done() || node_sync) io.run();
     code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
-    if (barrier_code) code = *barrier_code;
+    if (!rendezvous_error.empty()) {
+      print_err(fmt::format("error: {}", rendezvous_error));
+      code = rendezvous_signal ? 128 + rendezvous_signal : kExitLauncherError;
+    }
   } catch (const std::exception& e) {
     print_err(fmt::format("internal error: {}", e.what()));
     code = kExitLauncherError;
   }
-  if (node_sync && !store) node_sync->report(code);  // one SET, at most a few seconds
+  // --requeue after a stop by SIGTERM or the preempt signal (docs/cli.md#preemption); with
+  // several nodes node 0 alone requeues the job (once for every node).
+  if (opt.requeue && plan.node_rank == 0 && supervisor.done() &&
+      supervisor.shutdown_signal() != 0 &&
+      (supervisor.shutdown_signal() == SIGTERM ||
+       supervisor.shutdown_signal() == opt.preempt_signal)) {
+    const sv::RequeueResult rq = sv::requeue_job(inherited);
+    print_err(rq.message);
+    if (rq.requeued) code = sv::kExitRequeued;
+  }
   if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
     print_err(fmt::format(
         "energy: the job was stopped early by its cost threshold (exit status {})", code));

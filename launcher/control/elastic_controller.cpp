@@ -88,6 +88,16 @@ bool ElasticController::succeeded() const {
   return false;
 }
 
+void ElasticController::on_checkpoint_request() {
+  scheduler_.request_checkpoint();
+}
+
+bool ElasticController::on_stop_request(const std::string& why) {
+  const bool ok = scheduler_.request_stop(why);
+  run_effects();
+  return ok;
+}
+
 void ElasticController::on_reload_request() {
   console_.write(StreamId::kStderr, "gpurun: received SIGHUP: reloading the config\n");
   sighup_pending_ = true;  // the next reload answers it, whatever it finds

@@ -72,6 +72,8 @@ class ElasticController : public supervisor::SlotController {
   bool succeeded() const override;
   std::string failure_summary() const override;
   void on_reload_request() override;
+  void on_checkpoint_request() override;
+  bool on_stop_request(const std::string& why) override;
 
   const Scheduler& scheduler() const { return scheduler_; }
   /// Installs the energy monitor's hooks; call before the supervisor starts.

@@ -553,6 +553,16 @@ void Scheduler::try_decide() {
     const SlotInfo& s = slot(gpu);
     if (alive_member(s) && !reports_.count(s.rank)) return;
   }
+  if (!stop_pending_.empty()) {
+    finished_ = true;
+    stop_reason_ = std::exchange(stop_pending_, std::string());
+    const Report& r = reports_.begin()->second;
+    say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", r.epoch, r.step,
+                    stop_reason_));
+    wake_all_parked_to_exit("the job was stopped");
+    publish_exit();
+    return;
+  }
   // The re-report after a `snapshot` decision is the same boundary: no second window.
   if (on_boundary && !std::exchange(snapshot_round_, false)) {
     BoundaryInfo b;
@@ -666,6 +676,7 @@ void Scheduler::decide() {
   reports_.clear();
   deadline_armed_ = false;
 
+  d.checkpoint = std::exchange(checkpoint_pending_, false);
   if (failed.empty() && target == old && survivors == old) {
     d.kind = Decision::Kind::kContinue;
     d.generation = generation_;
@@ -745,6 +756,13 @@ void Scheduler::resume() {
   deadline_armed_ = false;
   for (int gpu : target) admit(slot(gpu), d, json);
   collect_keys();
+}
+
+bool Scheduler::request_stop(const std::string& why) {
+  if (finished_ || holds_job_open()) return false;
+  stop_pending_ = why;
+  try_decide();  // a round already complete (never left undecided today) is answered now
+  return true;
 }
 
 void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {

@@ -119,7 +119,14 @@ class Scheduler {
   /// this boundary: the round is answered with `exit` (workers leave their epochs() loop
   /// normally), parked workers are told to exit, and stop_reason() keeps the sentence.
   std::function<std::optional<std::string>(const BoundaryInfo&)> on_boundary;
-  /// Why the job was stopped through on_boundary; empty when it was not.
+  /// The preemption warning (docs/cli.md#preemption): the next `continue` or `resize` decision
+  /// carries `checkpoint: true` (every rank sees it at that boundary).
+  void request_checkpoint() { checkpoint_pending_ = true; }
+  /// SIGTERM: the next complete boundary round is answered with `exit` (parked workers are told
+  /// to exit), as for on_boundary's stop; stop_reason() keeps `why`. Returns false when no
+  /// boundary will come (finished, or paused with no member).
+  bool request_stop(const std::string& why);
+  /// Why the job was stopped through on_boundary or request_stop; empty when it was not.
   const std::string& stop_reason() const { return stop_reason_; }
   /// Set when every process that held the training state died before handing it on and no
   /// pause snapshot of the current position exists: the job stops (non-zero exit status)
@@ -212,6 +219,8 @@ class Scheduler {
   std::string last_config_error_;
   std::string last_decision_;
   std::string stop_reason_;
+  std::string stop_pending_;         ///< request_stop's reason until a round is complete
+  bool checkpoint_pending_ = false;  ///< request_checkpoint() until a decision carries it
   std::string state_lost_;
   std::string pause_refused_;  ///< why the last pause's snapshot failed ("" once one succeeds)
   /// Boundary at which the pause snapshot failed: training goes on from it; the next boundary

@@ -133,10 +133,11 @@ std::string Decision::to_json() const {
   return fmt::format(
       R"({{"v":1,"kind":"{}","generation":{},"prev_generation":{},"round":{},"epoch":{},"step":{},)"
       R"("active":{},"joiners":{},"leavers":{},"failed":{},"state_source":{},"state_source_gpu":{},)"
-      R"("park_mode":"{}","every_steps":{},"global_batch":{}}})",
+      R"("park_mode":"{}","every_steps":{},"global_batch":{}{}}})",
       to_string(kind), generation, prev_generation, round, epoch, step, ids_json(active),
       ids_json(joiners), ids_json(leavers), ids_json(failed), state_source.wire_code(),
-      state_source.gpu, to_string(park_mode), every_steps, global_batch);
+      state_source.gpu, to_string(park_mode), every_steps, global_batch,
+      checkpoint ? R"(,"checkpoint":true)" : "");
 }
 
 Decision Decision::from_json(std::string_view text) {
@@ -179,6 +180,11 @@ Decision Decision::from_json(std::string_view text) {
     throw ProtocolError(fmt::format("decision has an unknown park_mode '{}': '{}'", park, text));
   d.every_steps = get_int(o, "every_steps", what, text);
   d.global_batch = get_int(o, "global_batch", what, text);
+  if (const json::value* c = o.if_contains("checkpoint")) {
+    if (!c->is_bool())
+      throw ProtocolError(fmt::format("decision has a non-boolean 'checkpoint': '{}'", text));
+    d.checkpoint = c->as_bool();
+  }
   return d;
 }
 

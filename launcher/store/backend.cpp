@@ -1,6 +1,7 @@
 #include "store/backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <utility>
 
@@ -305,6 +306,38 @@ void Backend::wake_one(const std::string& key) {
   it->second.pop_front();
   if (it->second.empty()) waiters_by_key_.erase(it);
   count_down(id);
+}
+
+void Backend::bind_live(ConnectionId conn, const std::string& key) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (key.rfind(kLivePrefix, 0) != 0) return;
+  live_owner_[key] = conn;
+}
+
+void Backend::drop_connection(ConnectionId conn) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  cancel_waits_locked(conn);
+  std::vector<std::string> released;
+  for (auto it = live_owner_.begin(); it != live_owner_.end();) {
+    if (it->second != conn) {
+      ++it;
+      continue;
+    }
+    released.push_back(it->first);
+    it = live_owner_.erase(it);
+  }
+  if (released.empty()) return;
+  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  for (const std::string& key : released) {
+    if (auto kv = kv_.find(key); kv != kv_.end()) {
+      shrink(kv_entry_bytes(kv->first.size(), kv->second.size()));
+      kv_.erase(kv);
+    }
+    const std::string lost = std::string(kLostPrefix) + key.substr(kLivePrefix.size());
+    set_locked(lost, std::to_string(now_ms));  // wakes its waiters and the observer
+  }
 }
 
 void Backend::cancel_waits(ConnectionId conn) {

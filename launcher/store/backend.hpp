@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpurun/store/frame_codec.hpp"
+#include "gpurun/store/live_keys.hpp"
 #include "store/memory_budget.hpp"
 
 namespace gpurun::store {
@@ -124,8 +125,19 @@ class Backend {
   /// CANCEL_WAIT: drops every pending wait of `conn`. The reply is always 1.
   void cancel_waits(ConnectionId conn);
 
-  /// Connection closed: drops its pending waits.
-  void drop_connection(ConnectionId conn) { cancel_waits(conn); }
+  /// gpurun's liveness keys (docs/store-protocol.md#liveness-keys), an extension torch's
+  /// clients never touch: a client's SET of a key `gpurun/live/<name>` binds that key to the
+  /// client's connection (the session calls bind_live after the SET); when the connection
+  /// closes, the key is deleted and `gpurun/lost/<name>` is SET to the close time in Unix
+  /// milliseconds (decimal text), waking its waiters. A node's gpurun that dies (even by
+  /// SIGKILL: the kernel closes its socket) is seen this way at once. A later SET of the
+  /// same live key by another connection moves the binding there.
+  /// Binds the live key `key` (which must start with kLivePrefix) to `conn`.
+  void bind_live(ConnectionId conn, const std::string& key);
+
+  /// Connection closed: drops its pending waits and releases its live keys (see
+  /// bind_live: each becomes a `gpurun/lost/<name>` key).
+  void drop_connection(ConnectionId conn);
 
   /// GETNUMKEYS: number of KV entries (queues excluded).
   int64_t num_keys() const;
@@ -215,6 +227,7 @@ class Backend {
   std::unordered_map<WaitId, PendingWait> waits_;
   std::unordered_map<ConnectionId, std::vector<WaitId>> waits_by_conn_;
   std::unordered_map<ConnectionId, std::size_t> registrations_by_conn_;
+  std::unordered_map<std::string, ConnectionId> live_owner_;  // live key -> its connection
   WaitId next_wait_id_ = 1;
   MemoryBudget* budget_ = nullptr;
   std::size_t stored_bytes_ = 0;

@@ -273,6 +273,7 @@ void Session::handle(Request& req) {
       break;
     case QueryType::kSet:
       b.set(req.keys[0], std::move(req.values[0]), kAdmit);
+      if (req.keys[0].rfind(kLivePrefix, 0) == 0) b.bind_live(id_, req.keys[0]);
       break;
     case QueryType::kCompareSet:
       put_bytes(out, b.compare_set(req.keys[0], req.values[0], std::move(req.values[1]), kAdmit));

@@ -1,8 +1,12 @@
 #include "supervisor/cli.hpp"
 
+#include <arpa/inet.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -14,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/error.hpp"
+#include "supervisor/preemption.hpp"
 
 #ifndef GPURUN_VERSION
 #define GPURUN_VERSION "0.1.0"
@@ -187,11 +192,33 @@ void check_local_ranks(const Options& o, int local_ranks, std::string_view count
 }
 
 namespace {
-/// getaddrinfo's answer for the name `host` within `timeout`: 0, an EAI_* code, or EAI_AGAIN
-/// with `timed_out` set. getaddrinfo_a runs the lookup on glibc's own thread; a lookup that does
-/// not answer in time is cancelled (or, when glibc cannot cancel it, left to finish on its own: its
-/// request block is then deliberately not freed).
-int lookup(const std::string& host, std::chrono::milliseconds timeout, bool& timed_out) {
+/// The numeric addresses of `list`, in order, without duplicates (IPv6 with "%scope" when set).
+std::vector<std::string> numeric_addresses(const addrinfo* list) {
+  std::vector<std::string> out;
+  for (const addrinfo* a = list; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    std::string addr;
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) addr = text;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      if (::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) addr = text;
+      char name[IF_NAMESIZE] = {};
+      if (!addr.empty() && in6->sin6_scope_id != 0 && ::if_indextoname(in6->sin6_scope_id, name))
+        addr += std::string("%") + name;
+    }
+    if (!addr.empty() && std::find(out.begin(), out.end(), addr) == out.end()) out.push_back(addr);
+  }
+  return out;
+}
+
+/// getaddrinfo's answer for the name `host` within `timeout`: 0 (with `addresses` filled), an
+/// EAI_* code, or EAI_AGAIN with `timed_out` set. getaddrinfo_a runs the lookup on glibc's own
+/// thread; a lookup that does not answer in time is cancelled (or, when glibc cannot cancel it,
+/// left to finish on its own: its request block is then deliberately not freed).
+int lookup(const std::string& host, std::chrono::milliseconds timeout, bool& timed_out,
+           std::vector<std::string>& addresses) {
   struct Request {
     std::string host;
     addrinfo hints{};
@@ -228,6 +255,7 @@ int lookup(const std::string& host, std::chrono::milliseconds timeout, bool& tim
     }
   }
   const int rc = ::gai_error(&req->cb);
+  if (rc == 0) addresses = numeric_addresses(req->cb.ar_result);
   if (req->cb.ar_result) ::freeaddrinfo(req->cb.ar_result);
   delete req;
   return rc;
@@ -259,7 +287,10 @@ AddressCheck check_master_addr(const std::string& addr, std::chrono::millisecond
   addrinfo* numeric = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &numeric) == 0) {
     ::freeaddrinfo(numeric);
-    if (!bracketed || host.find(':') != std::string::npos) return out;
+    if (!bracketed || host.find(':') != std::string::npos) {
+      out.addresses = {host};
+      return out;
+    }
   }
   if (bracketed || host.find_first_of("[]") != std::string::npos) {
     out.result = AddressCheck::Result::kUnresolvable;
@@ -272,7 +303,7 @@ AddressCheck check_master_addr(const std::string& addr, std::chrono::millisecond
     return out;
   }
   bool timed_out = false;
-  const int rc = lookup(host, timeout, timed_out);
+  const int rc = lookup(host, timeout, timed_out, out.addresses);
   if (rc == 0) return out;
   out.result = timed_out ? AddressCheck::Result::kTimedOut : AddressCheck::Result::kUnresolvable;
   out.reason = timed_out ? fmt::format("no answer within {} ms", timeout.count())
@@ -382,11 +413,24 @@ Options parse(const std::vector<std::string>& args) {
           o.max_restarts = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
         }}},
       {"grace-period",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          o.grace_period = detail::seconds_flag(f, v);
+          o.grace_period_given = true;
+        }}},
+      {"preempt-signal",
        {true, [&](std::string_view f,
-                  std::string_view v) { o.grace_period = detail::seconds_flag(f, v); }}},
+                  std::string_view v) { o.preempt_signal = preempt_signal_flag(f, v); }}},
+      {"stop-timeout",
+       {true, [&](std::string_view f,
+                  std::string_view v) { o.stop_timeout = detail::seconds_flag(f, v); }}},
+      {"requeue", {false, [&](std::string_view, std::string_view) { o.requeue = true; }}},
       {"exit-barrier-timeout",
        {true, [&](std::string_view f,
                   std::string_view v) { o.exit_barrier_timeout = detail::seconds_flag(f, v); }}},
+      {"join-timeout",
+       {true, [&](std::string_view f,
+                  std::string_view v) { o.join_timeout = detail::seconds_flag(f, v); }}},
       {"log-dir",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -573,6 +617,17 @@ Supervision:
   --grace-period SECONDS  SIGTERM -> SIGKILL delay on teardown (default 30)
   --exit-barrier-timeout SECONDS  with --nnodes > 1: how long node 0 keeps its store up
                           for the other nodes after its own workers succeeded (default 300)
+  --join-timeout SECONDS  with --nnodes > 1: how long the start rendezvous waits for every
+                          node to join before any worker starts (default 600)
+
+Preemption (docs/cli.md#preemption):
+  --preempt-signal SIG    warning signal turned into a checkpoint request at the workers'
+                          next boundary (default USR2; none = plain forwarding off)
+  --stop-timeout SECONDS  after SIGTERM, how long runtime workers may take to stop at a
+                          boundary before they get SIGTERM (default 30; under Slurm the
+                          defaults of this and --grace-period share KillWait - 2 s)
+  --requeue               after a stop by SIGTERM or the preempt signal: scontrol requeue
+                          $SLURM_JOB_ID and exit 75 when it worked
 
 Logs:
   --log-dir DIR           keep DIR/<run_id>_XXXXXX/attempt_<n>/<rank>/{stdout,stderr}.log

@@ -37,6 +37,10 @@ struct AddressCheck {
   };
   Result result = Result::kOk;
   std::string reason;
+  /// kOk: the numeric addresses it names, in the resolver's order without duplicates: the
+  /// literal itself (brackets removed, scope kept: "fe80::1%eth0"), or what the name resolves
+  /// to ("127.0.0.1", "::1"). Empty otherwise.
+  std::vector<std::string> addresses;
 };
 
 /// Checks `addr` as given to --master-addr: "10.0.0.1", "::1", "[::1]", "node0". Literals are

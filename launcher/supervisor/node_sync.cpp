@@ -1,13 +1,19 @@
 #include "supervisor/node_sync.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
+#include <sstream>
+#include <thread>
 #include <utility>
-#include <vector>
 
 #include <fmt/format.h>
+#include <boost/asio/post.hpp>
 
 #include "gpurun/error.hpp"
+#include "gpurun/store/client.hpp"
+#include "gpurun/store/live_keys.hpp"
 
 namespace gpurun::supervisor {
 
@@ -15,20 +21,54 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string seconds(std::chrono::milliseconds d) {
-  return fmt::format("{:g} s", static_cast<double>(d.count()) / 1000.0);
+std::string seconds(Clock::duration d) {
+  return fmt::format(
+      "{:g} s",
+      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) /
+          1000.0);
 }
 
-std::string seconds_since(Clock::time_point t0) {
-  return seconds(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
-/// A done key's value as a shell status: itself when it is an integer in 0..255, else 1.
-int parse_status(const std::string& value) {
-  int v = -1;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || v < 0 || v > 255) return 1;
-  return v;
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+template <class Int>
+bool parse_int(std::string_view text, Int& out) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+/// Splits off the first `n` space-separated fields; the rest (maybe with spaces) is `rest`.
+bool split_fields(const std::string& text, std::size_t n, std::vector<std::string>& fields,
+                  std::string& rest) {
+  fields.clear();
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t sp = text.find(' ', pos);
+    if (sp == std::string::npos) {
+      if (i + 1 != n) return false;
+      fields.push_back(text.substr(pos));
+      rest.clear();
+      return true;
+    }
+    fields.push_back(text.substr(pos, sp - pos));
+    pos = sp + 1;
+  }
+  rest = text.substr(pos);
+  return true;
+}
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
 }
 
 std::string node_list(const std::vector<int>& nodes) {
@@ -37,162 +77,529 @@ std::string node_list(const std::vector<int>& nodes) {
 
 }  // namespace
 
-std::string node_done_key(int node_rank) {
-  return fmt::format("gpurun/node/{}/done", node_rank);
+namespace job_keys {
+std::string join(int node) {
+  return fmt::format("gpurun/job/join/{}", node);
+}
+std::string start() {
+  return "gpurun/job/start";
+}
+std::string fail(int attempt, int node) {
+  return fmt::format("gpurun/job/{}/fail/{}", attempt, node);
+}
+std::string stop(int attempt) {
+  return fmt::format("gpurun/job/{}/stop", attempt);
+}
+std::string end(int attempt, int node) {
+  return fmt::format("gpurun/job/{}/end/{}", attempt, node);
+}
+std::string next(int attempt) {
+  return fmt::format("gpurun/job/{}/next", attempt);
+}
+std::string live(int node) {
+  return fmt::format("{}node{}", store::kLivePrefix, node);
+}
+std::string lost(int node) {
+  return fmt::format("{}node{}", store::kLostPrefix, node);
+}
+}  // namespace job_keys
+
+std::string NodeFailure::encode() const {
+  return fmt::format("{} {} {} {} {} {}", time_ms, node, rank, local_rank, code, one_line(reason));
 }
 
-NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalRead read,
-                   LocalWrite write)
-    : opt_(std::move(options)),
-      io_(&io),
-      read_(std::move(read)),
-      write_(std::move(write)),
-      timer_(std::make_unique<boost::asio::steady_timer>(io)) {}
-
-NodeSync::NodeSync(NodeSyncOptions options) : opt_(std::move(options)) {
-  connect_thread_ = std::thread([this] { connect_loop(); });
+std::optional<NodeFailure> NodeFailure::decode(const std::string& text) {
+  std::vector<std::string> f;
+  NodeFailure out;
+  if (!split_fields(text, 5, f, out.reason)) return std::nullopt;
+  if (!parse_int(f[0], out.time_ms) || !parse_int(f[1], out.node) || !parse_int(f[2], out.rank) ||
+      !parse_int(f[3], out.local_rank) || !parse_int(f[4], out.code))
+    return std::nullopt;
+  return out;
 }
 
-NodeSync::~NodeSync() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+std::optional<NodeFailure> root_cause(const std::vector<NodeFailure>& failures) {
+  if (failures.empty()) return std::nullopt;
+  return *std::min_element(failures.begin(), failures.end(), [](const auto& a, const auto& b) {
+    return a.time_ms != b.time_ms ? a.time_ms < b.time_ms : a.node < b.node;
+  });
+}
+
+std::string AttemptOutcome::encode() const {
+  if (restart) return "restart " + one_line(reason);
+  return fmt::format("exit {} {}", code, one_line(reason));
+}
+
+std::optional<AttemptOutcome> AttemptOutcome::decode(const std::string& text) {
+  AttemptOutcome out;
+  std::vector<std::string> f;
+  if (text.rfind("restart", 0) == 0) {
+    out.restart = true;
+    out.reason = text.size() > 8 ? text.substr(8) : "";
+    return out;
   }
-  stop_cv_.notify_all();
-  if (connect_thread_.joinable()) connect_thread_.join();
+  if (!split_fields(text, 2, f, out.reason) || f[0] != "exit" || !parse_int(f[1], out.code) ||
+      out.code < 0 || out.code > 255)
+    return std::nullopt;
+  return out;
 }
 
-void NodeSync::finish(int exit_code, std::function<void(int)> done) {
-  write_(node_done_key(0), std::to_string(exit_code));
-  if (exit_code != 0) {  // fail fast: the other nodes' workers lose the store (docs/cli.md)
-    done(exit_code);
-    return;
+/// Node 0's backend or a client of node 0's store. Client requests throw gpurun::Error.
+struct NodeSync::Store {
+  LocalStore* local = nullptr;
+  std::unique_ptr<store::Client> client;
+
+  std::optional<std::string> get(const std::string& key) {
+    if (local) return local->get(key);
+    if (!client->check({key})) return std::nullopt;
+    return client->get(key);
   }
-  done_ = std::move(done);
-  barrier_deadline_ = Clock::now() + opt_.barrier_timeout;
-  poll();
+  void set(const std::string& key, const std::string& value) {
+    if (local)
+      local->set(key, value);
+    else
+      client->set(key, value);
+  }
+  std::string set_if_missing(const std::string& key, const std::string& value) {
+    return local ? local->set_if_missing(key, value) : client->compare_set(key, "", value);
+  }
+};
+
+NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalStore& local)
+    : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
+  store_->local = &local;
+  hosts_.assign(static_cast<std::size_t>(opt_.nnodes), "");
+  hosts_[0] = this_host();
 }
 
-void NodeSync::poll() {
-  if (!done_) return;
+NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options)
+    : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
+  hosts_.assign(static_cast<std::size_t>(opt_.nnodes), "");
+}
+
+NodeSync::~NodeSync() = default;
+
+std::string NodeSync::node_name(int node) const {
+  const auto i = static_cast<std::size_t>(node);
+  if (i < hosts_.size() && !hosts_[i].empty()) return fmt::format("node {} ({})", node, hosts_[i]);
+  return fmt::format("node {}", node);
+}
+
+void NodeSync::arm(std::function<void()> tick) {
+  tick_ = std::move(tick);
+  timer_.expires_after(opt_.poll_interval);
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || !tick_) return;
+    std::function<void()> t = std::move(tick_);
+    tick_ = nullptr;
+    t();
+  });
+}
+
+JobStart NodeSync::join() {
+  const auto t0 = Clock::now();
+  const std::string where = fmt::format("{}:{}", opt_.host, opt_.port);
+  int windows = 0;
+  std::string last;
+  while (!store_->client) {
+    store::ClientOptions co;
+    co.host = opt_.host;
+    co.port = opt_.port;
+    co.timeout = opt_.op_timeout;
+    ++windows;
+    try {
+      store_->client = std::make_unique<store::Client>(co);
+      break;
+    } catch (const gpurun::Error& e) {
+      last = e.what();
+    }
+    if (Clock::now() - t0 >= opt_.connect_timeout)
+      throw gpurun::Error(fmt::format(
+          "node 0's store at {} did not answer within {} ({} tried in {} windows; last: {})", where,
+          seconds(opt_.connect_timeout), seconds(Clock::now() - t0), windows, last));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a window can end early
+  }
+  const std::string me = fmt::format("{} {}", this_host(), ::getpid());
+  const auto t_join = Clock::now();
+  try {
+    store_->client->set(job_keys::live(opt_.node_rank), me);
+    store_->client->set(job_keys::join(opt_.node_rank), fmt::format("{} {}", opt_.nproc, me));
+    for (;;) {
+      if (const auto v = store_->get(job_keys::start())) {
+        std::vector<std::string> f;
+        std::string rest;
+        if (v->rfind("error ", 0) == 0)
+          throw gpurun::Error(
+              fmt::format("node 0 ({}) refused this node: {}", where, v->substr(6)));
+        JobStart js;
+        if (!split_fields(*v, 2, f, js.run_id) || f[0] != "ok" ||
+            !parse_int(f[1], js.max_restarts) || js.run_id.empty())
+          throw gpurun::Error(
+              fmt::format("node 0's start record {} = '{}' is not gpurun's (another program on "
+                          "{}?)",
+                          job_keys::start(), *v, where));
+        for (int r = 0; r < opt_.nnodes; ++r)  // the hosts, to name nodes in messages
+          if (const auto j = store_->get(job_keys::join(r)))
+            if (split_fields(*j, 2, f, rest)) hosts_[static_cast<std::size_t>(r)] = f[1];
+        return js;
+      }
+      if (Clock::now() - t_join >= opt_.join_timeout)
+        throw gpurun::Error(fmt::format(
+            "the start rendezvous at {} timed out after {} (--join-timeout): node 0 did not "
+            "start the job (are all {} nodes started, with --nnodes {}?)",
+            where, seconds(opt_.join_timeout), opt_.nnodes, opt_.nnodes));
+      std::this_thread::sleep_for(opt_.poll_interval);
+    }
+  } catch (const gpurun::StoreError& e) {
+    throw gpurun::Error(
+        fmt::format("node 0's store at {} failed during the start rendezvous after {}: {}", where,
+                    seconds(Clock::now() - t0), e.what()));
+  }
+}
+
+void NodeSync::rendezvous(std::function<void(const std::string& error)> ready) {
+  ready_ = std::move(ready);
+  rendezvous_deadline_ = Clock::now() + opt_.join_timeout;
+  rendezvous_tick();
+}
+
+void NodeSync::rendezvous_tick() {
   std::vector<int> missing;
   for (int r = 1; r < opt_.nnodes; ++r) {
-    const std::optional<std::string> v = read_(node_done_key(r));
+    const auto v = store_->get(job_keys::join(r));
     if (!v) {
       missing.push_back(r);
       continue;
     }
-    if (const int status = parse_status(*v); status != 0) {
-      if (opt_.say)
-        opt_.say(fmt::format(
-            "node {}'s workers failed (exit status {}, key {} = '{}'); node 0 stops waiting and "
-            "closes the store",
-            r, status, node_done_key(r), *v));
-      end_barrier(status);
+    std::vector<std::string> f;
+    std::string rest;
+    int nproc = -1;
+    if (split_fields(*v, 2, f, rest) && parse_int(f[0], nproc)) {
+      hosts_[static_cast<std::size_t>(r)] = f[1];
+    }
+    if (nproc != opt_.nproc) {
+      const std::string error = fmt::format(
+          "{} joined with {} workers (--nproc), node 0 has {}: every node of a static job runs "
+          "the same number of workers",
+          node_name(r), nproc, opt_.nproc);
+      store_->set(job_keys::start(), "error " + error);
+      auto r2 = std::move(ready_);
+      ready_ = nullptr;
+      r2(error);
       return;
     }
   }
   if (missing.empty()) {
-    end_barrier(0);
+    store_->set(job_keys::join(0), fmt::format("{} {} {}", opt_.nproc, hosts_[0], ::getpid()));
+    store_->set(job_keys::start(), fmt::format("ok {} {}", opt_.max_restarts, opt_.run_id));
+    if (opt_.say) opt_.say(fmt::format("all {} nodes joined; starting the workers", opt_.nnodes));
+    auto r2 = std::move(ready_);
+    ready_ = nullptr;
+    r2("");
     return;
   }
-  if (!announced_ && opt_.say)
-    opt_.say(
-        fmt::format("node 0's workers are done; keeping the store up for node(s) {} (at most {})",
-                    node_list(missing), seconds(opt_.barrier_timeout)));
-  announced_ = true;
-  if (Clock::now() >= barrier_deadline_) {
-    if (opt_.say)
-      opt_.say(fmt::format(
-          "warning: exit barrier timed out after {}: no done status from node(s) {} (key {}); "
-          "closing the store (exit status 0: node 0's workers succeeded)",
-          seconds(opt_.barrier_timeout), node_list(missing), node_done_key(missing.front())));
-    end_barrier(0);
+  if (Clock::now() >= rendezvous_deadline_) {
+    const std::string error = fmt::format(
+        "the start rendezvous timed out after {} (--join-timeout): node(s) {} did not join "
+        "(they connect to this node's store at {}:{})",
+        seconds(opt_.join_timeout), node_list(missing), opt_.host, opt_.port);
+    store_->set(job_keys::start(), "error " + error);
+    auto r2 = std::move(ready_);
+    ready_ = nullptr;
+    r2(error);
     return;
   }
-  timer_->expires_after(
-      std::min<Clock::duration>(opt_.poll_interval, barrier_deadline_ - Clock::now()));
-  timer_->async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) poll();
-  });
+  arm([this] { rendezvous_tick(); });
+}
+
+void NodeSync::cancel_rendezvous(const std::string& why) {
+  if (!ready_) return;
+  tick_ = nullptr;
+  timer_.cancel();
+  store_->set(job_keys::start(), "error " + one_line(why));
+  auto ready = std::move(ready_);
+  ready_ = nullptr;
+  ready(why);
+}
+
+bool NodeSync::node_lost(int node) {
+  return store_->get(job_keys::lost(node)).has_value();
+}
+
+void NodeSync::attempt_started(int attempt) {
+  attempt_ = attempt;
+  watching_ = true;
+  peer_stopped_ = false;
+  announced_ = false;
+  arm([this] { watch_tick(); });
+}
+
+void NodeSync::watch_tick() {
+  if (!watching_) return;
+  const int a = attempt_;
+  try {
+    if (store_->local) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
+      for (int r = 1; r < opt_.nnodes; ++r) {
+        if (store_->get(job_keys::end(a, r))) continue;
+        const auto lost = store_->get(job_keys::lost(r));
+        if (!lost || store_->get(job_keys::fail(a, r))) continue;
+        NodeFailure f;
+        f.node = r;
+        if (!parse_int(*lost, f.time_ms)) f.time_ms = now_ms();
+        f.reason = fmt::format(
+            "{}'s gpurun disconnected from node 0's store (killed, or its host or network "
+            "failed)",
+            node_name(r));
+        store_->set(job_keys::fail(a, r), f.encode());
+        store_->set_if_missing(job_keys::stop(a), std::to_string(r));
+      }
+    }
+    if (const auto stopper = store_->get(job_keys::stop(a)); stopper && !peer_stopped_) {
+      int node = -1;
+      if (!parse_int(*stopper, node)) node = -1;
+      if (node != opt_.node_rank) {
+        peer_stopped_ = true;
+        std::string why = fmt::format("{} failed", node >= 0 ? node_name(node) : "a node");
+        if (node >= 0)
+          if (const auto rec = store_->get(job_keys::fail(a, node)))
+            if (const auto f = NodeFailure::decode(*rec))
+              why = f->rank >= 0 ? why + ": " + f->reason : f->reason;
+        if (on_peer_failure) on_peer_failure(why);
+      }
+    }
+  } catch (const gpurun::Error& e) {  // nodes > 0: node 0's store is gone
+    watching_ = false;
+    node0_gone_ = true;
+    node0_error_ = fmt::format(
+        "node 0's store at {}:{} is gone ({}): node 0's gpurun stopped or its host failed",
+        opt_.host, opt_.port, e.what());
+    if (on_peer_failure) on_peer_failure(node0_error_);
+    return;
+  }
+  arm([this] { watch_tick(); });
+}
+
+void NodeSync::local_failure(int attempt, const NodeFailure& failure) {
+  NodeFailure f = failure;
+  f.node = opt_.node_rank;
+  if (f.time_ms == 0) f.time_ms = now_ms();
+  try {
+    store_->set(job_keys::fail(attempt, opt_.node_rank), f.encode());
+    store_->set_if_missing(job_keys::stop(attempt), std::to_string(opt_.node_rank));
+  } catch (const gpurun::Error& e) {
+    node0_gone_ = true;
+    node0_error_ =
+        fmt::format("node 0's store at {}:{} is gone ({})", opt_.host, opt_.port, e.what());
+  }
+}
+
+void NodeSync::attempt_ended(int attempt, int code, bool by_signal,
+                             std::function<void(const AttemptOutcome&)> decide) {
+  watching_ = false;
+  tick_ = nullptr;
+  timer_.cancel();
+  attempt_ = attempt;
+  decide_ = std::move(decide);
+  own_code_ = code;
+  own_by_signal_ = by_signal;
+  if (!node0_gone_) {
+    try {
+      store_->set(job_keys::end(attempt, opt_.node_rank),
+                  fmt::format("{} {}", code, by_signal ? 1 : 0));
+    } catch (const gpurun::Error& e) {
+      node0_gone_ = true;
+      node0_error_ =
+          fmt::format("node 0's store at {}:{} is gone ({})", opt_.host, opt_.port, e.what());
+    }
+  }
+  if (node0_gone_) {  // nobody to decide with: this node's own result, or 1
+    AttemptOutcome out{false, code != 0 ? code : 1, node0_error_};
+    boost::asio::post(io_, [this, out] {
+      if (decide_) decided(out);
+    });
+    return;
+  }
+  wait_deadline_ = Clock::now() + opt_.barrier_timeout;
+  if (store_->local) {
+    node0_decide_tick();
+  } else {
+    wait_deadline_ += std::chrono::seconds(60);  // node 0's own bound comes first
+    node_wait_tick();
+  }
+}
+
+void NodeSync::node0_decide_tick() {
+  if (!decide_) return;
+  const int a = attempt_;
+  std::vector<NodeFailure> failures;
+  std::vector<int> missing, lost_nodes;
+  bool any_signal = own_by_signal_;
+  for (int r = 0; r < opt_.nnodes; ++r) {
+    std::optional<NodeFailure> rec;
+    if (const auto v = store_->get(job_keys::fail(a, r))) rec = NodeFailure::decode(*v);
+    int code = 0;
+    bool by_signal = false;
+    if (r == 0) {
+      code = own_code_;
+      by_signal = own_by_signal_;
+    } else if (const auto end = store_->get(job_keys::end(a, r))) {
+      std::vector<std::string> f;
+      std::string rest;
+      if (!split_fields(*end, 1, f, rest) || !parse_int(f[0], code)) code = 1;
+      by_signal = rest == "1";
+      any_signal = any_signal || by_signal;
+    } else if (const auto lost = store_->get(job_keys::lost(r))) {
+      lost_nodes.push_back(r);
+      if (!rec) {
+        NodeFailure f;
+        f.node = r;
+        if (!parse_int(*lost, f.time_ms)) f.time_ms = now_ms();
+        f.reason = fmt::format("{}'s gpurun disconnected from node 0's store", node_name(r));
+        rec = f;
+      }
+    } else {
+      missing.push_back(r);
+    }
+    if (!rec && code != 0) {  // e.g. a node that got SIGTERM: it ended, but no worker failed
+      NodeFailure f;
+      f.time_ms = now_ms();
+      f.node = r;
+      f.code = code;
+      f.reason = by_signal ? fmt::format("{}'s gpurun was stopped by a signal (status {})",
+                                         node_name(r), code)
+                           : fmt::format("{} ended with status {}", node_name(r), code);
+      rec = f;
+    }
+    if (rec) failures.push_back(*rec);
+  }
+  if (!missing.empty()) {
+    if (!failures.empty()) {
+      // Every node must stop: a node that ended by a signal wrote no stop key.
+      store_->set_if_missing(job_keys::stop(a), std::to_string(failures.front().node));
+    } else if (!announced_ && opt_.say) {
+      opt_.say(
+          fmt::format("node 0's workers are done; keeping the store up for node(s) {} (at most {})",
+                      node_list(missing), seconds(opt_.barrier_timeout)));
+    }
+    announced_ = true;
+    if (Clock::now() < wait_deadline_) {
+      arm([this] { node0_decide_tick(); });
+      return;
+    }
+    if (failures.empty()) {
+      if (opt_.say)
+        opt_.say(fmt::format(
+            "warning: exit barrier timed out after {}: no done status from node(s) {} (key {}); "
+            "closing the store (exit status 0: node 0's workers succeeded)",
+            seconds(opt_.barrier_timeout), node_list(missing), job_keys::end(a, missing.front())));
+    } else if (opt_.say) {
+      opt_.say(
+          fmt::format("warning: node(s) {} did not end attempt {} within {}; deciding "
+                      "without them",
+                      node_list(missing), a, seconds(opt_.barrier_timeout)));
+    }
+  }
+  AttemptOutcome out;
+  if (failures.empty()) {
+    out.reason = missing.empty() ? "all nodes' workers succeeded"
+                                 : "node 0's workers succeeded (exit barrier timed out)";
+  } else {
+    const NodeFailure root = *root_cause(failures);
+    if (on_root_cause) on_root_cause(a, root);
+    out.reason = fmt::format("{}: {}", node_name(root.node), root.reason);
+    out.code = root.code != 0 ? root.code : 1;
+    if (a >= opt_.max_restarts) {
+      // no restart left: out.restart stays false
+    } else if (!lost_nodes.empty() || !missing.empty()) {
+      out.reason += fmt::format(" (no restart: node(s) {} gone, and a static job needs every node)",
+                                node_list(lost_nodes.empty() ? missing : lost_nodes));
+    } else if (any_signal) {
+      out.reason += " (no restart after a shutdown signal)";
+    } else {
+      out.restart = true;
+      // The next attempt starts on a clean store: only gpurun's own keys stay.
+      store_->local->reset_keyspace("gpurun/");
+    }
+  }
+  store_->set(job_keys::next(a), out.encode());
+  if (!out.restart && out.code != 0 && opt_.say)
+    opt_.say(fmt::format("the job failed: {}", out.reason));
+  decided(out);
+}
+
+void NodeSync::node_wait_tick() {
+  if (!decide_) return;
+  std::optional<std::string> v;
+  try {
+    v = store_->get(job_keys::next(attempt_));
+  } catch (const gpurun::Error& e) {
+    decided(AttemptOutcome{
+        false, own_code_ != 0 ? own_code_ : 1,
+        fmt::format("node 0's store at {}:{} went away before it decided attempt {} ({})",
+                    opt_.host, opt_.port, attempt_, e.what())});
+    return;
+  }
+  if (v) {
+    if (auto out = AttemptOutcome::decode(*v)) {
+      if (!out->restart && out->code != 0 && opt_.say)
+        opt_.say(fmt::format("the job failed (decided by node 0): {}", out->reason));
+      decided(*out);
+      return;
+    }
+    decided(AttemptOutcome{
+        false, 1,
+        fmt::format("node 0's decision {} = '{}' is not gpurun's", job_keys::next(attempt_), *v)});
+    return;
+  }
+  if (Clock::now() >= wait_deadline_) {
+    decided(AttemptOutcome{false, own_code_ != 0 ? own_code_ : 1,
+                           fmt::format("node 0 did not decide attempt {} in time", attempt_)});
+    return;
+  }
+  arm([this] { node_wait_tick(); });
+}
+
+void NodeSync::decided(const AttemptOutcome& outcome) {
+  tick_ = nullptr;
+  timer_.cancel();
+  auto d = std::move(decide_);
+  decide_ = nullptr;
+  if (d) d(outcome);
 }
 
 void NodeSync::interrupt(int sig) {
-  if (!done_) return;
-  if (opt_.say)
-    opt_.say(fmt::format(
-        "signal {} during the exit barrier: node 0 stops waiting and closes the store", sig));
-  end_barrier(128 + sig);
+  if (!decide_) return;
+  AttemptOutcome out{false, 128 + sig,
+                     fmt::format("node {} received signal {} while waiting for the other nodes",
+                                 opt_.node_rank, sig)};
+  if (opt_.say) opt_.say(out.reason + "; not waiting any longer");
+  if (store_->local) store_->set(job_keys::next(attempt_), out.encode());
+  decided(out);
 }
 
-void NodeSync::end_barrier(int code) {
-  timer_->cancel();
-  std::function<void(int)> done = std::move(done_);
-  done_ = nullptr;
-  done(code);
-}
-
-void NodeSync::connect_loop() {
-  const auto t0 = Clock::now();
-  const auto deadline = t0 + opt_.connect_timeout;
-  int windows = 0;
-  std::string last;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stop_) return;
-    }
-    store::ClientOptions co;
-    co.host = opt_.host;
-    co.port = opt_.port;
-    co.timeout = opt_.op_timeout;  // also the final SET's deadline
-    ++windows;
-    try {
-      auto client = std::make_unique<store::Client>(co);
-      std::lock_guard<std::mutex> lock(mutex_);
-      client_ = std::move(client);
-      return;
-    } catch (const gpurun::Error& e) {
-      last = e.what();
-    }
-    if (Clock::now() >= deadline) {
-      if (opt_.say)
-        opt_.say(fmt::format(
-            "error: node 0's store at {}:{} did not answer within {} ({} tried in {} windows; "
-            "last: {}); node {} cannot report its exit status to node 0",
-            opt_.host, opt_.port, seconds(opt_.connect_timeout), seconds_since(t0), windows, last,
-            opt_.node_rank));
-      return;
-    }
-    // A window can end early (e.g. the name does not resolve): do not spin.
-    std::unique_lock<std::mutex> lock(mutex_);
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stop_; });
-  }
-}
-
-void NodeSync::report(int exit_code) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  stop_cv_.notify_all();
-  if (connect_thread_.joinable()) connect_thread_.join();
-  const std::string key = node_done_key(opt_.node_rank);
-  if (!client_) {
-    if (opt_.say)
-      opt_.say(fmt::format(
-          "warning: node {}'s exit status {} was not written to node 0's store at {}:{} (never "
-          "connected); node 0 waits for {} until its exit barrier times out",
-          opt_.node_rank, exit_code, opt_.host, opt_.port, key));
+void NodeSync::finish(std::function<void()> closed) {
+  if (!store_->local) {
+    store_->client.reset();  // node 0 sees this node's lost key: it has read the decision
+    closed();
     return;
   }
-  try {
-    client_->set(key, std::to_string(exit_code));
-  } catch (const gpurun::Error& e) {
-    if (opt_.say)
-      opt_.say(fmt::format("warning: node {}'s exit status {} was not written to {} at {}: {}",
-                           opt_.node_rank, exit_code, key, client_->peer(), e.what()));
+  closed_ = std::move(closed);
+  disconnect_deadline_ = Clock::now() + opt_.disconnect_wait;
+  finish_tick();
+}
+
+void NodeSync::finish_tick() {
+  // A node is done with the store once its live key's connection closed (or it never joined).
+  bool gone = true;
+  for (int r = 1; r < opt_.nnodes; ++r)
+    if (store_->get(job_keys::live(r)) && !node_lost(r)) gone = false;
+  if (gone || Clock::now() >= disconnect_deadline_) {
+    auto c = std::move(closed_);
+    closed_ = nullptr;
+    if (c) c();
+    return;
   }
+  arm([this] { finish_tick(); });
 }
 
 }  // namespace gpurun::supervisor

@@ -1,117 +1,201 @@
-// gpurun::supervisor::NodeSync — the end of a static multi-node job (--nnodes > 1): every
-// node writes `gpurun/node/<rank>/done` = its exit status to node 0's store, and node 0 keeps
-// its store up until every node's key exists (the exit barrier, like torchrun's agent) or one
-// reports a failure. Behaviour and flag: docs/cli.md#exit-barrier.
+// gpurun::supervisor::NodeSync — a static multi-node job (--nnodes > 1) held together through
+// node 0's store: the start rendezvous (one run id, one restart limit), a failure anywhere
+// stopping every node, one restart count for the whole job decided by node 0, the root cause
+// named on node 0, and the exit barrier. Behaviour, keys and flags: docs/cli.md#multi-node.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "gpurun/store/client.hpp"
+namespace gpurun::store {
+class Client;
+}  // namespace gpurun::store
 
 namespace gpurun::supervisor {
 
-/// The key node `node_rank` writes its exit status to ("gpurun/node/<rank>/done").
-std::string node_done_key(int node_rank);
+/// The keys in node 0's store (all under "gpurun/", which survives a restart's key reset).
+namespace job_keys {
+std::string join(int node);               ///< gpurun/job/join/<node>
+std::string start();                      ///< gpurun/job/start
+std::string fail(int attempt, int node);  ///< gpurun/job/<attempt>/fail/<node>
+std::string stop(int attempt);            ///< gpurun/job/<attempt>/stop
+std::string end(int attempt, int node);   ///< gpurun/job/<attempt>/end/<node>
+std::string next(int attempt);            ///< gpurun/job/<attempt>/next
+std::string live(int node);               ///< gpurun/live/node<node> (Backend)
+std::string lost(int node);               ///< gpurun/lost/node<node> (Backend)
+}  // namespace job_keys
+
+/// A node's first failure in an attempt, as written to node 0's store: one line,
+/// "<time_ms> <node> <rank> <local_rank> <code> <reason>".
+struct NodeFailure {
+  int64_t time_ms = 0;  ///< when it was seen (Unix ms: the reporting node's clock)
+  int node = 0;
+  int rank = -1;  ///< global rank; -1 when not one worker (the node itself was lost)
+  int local_rank = -1;
+  int code = 1;        ///< shell status: exit code, or 128 + signal
+  std::string reason;  ///< one line
+  std::string encode() const;
+  /// nullopt when `text` is not encode()'s form.
+  static std::optional<NodeFailure> decode(const std::string& text);
+};
+
+/// The root cause among `failures`: the earliest time, then the lowest node (torchrun also
+/// names the first failure in time). nullopt when empty.
+std::optional<NodeFailure> root_cause(const std::vector<NodeFailure>& failures);
+
+/// Node 0's decision after an attempt: "restart", or "exit <code> <reason>".
+struct AttemptOutcome {
+  bool restart = false;
+  int code = 0;        ///< the job's exit status when !restart
+  std::string reason;  ///< one line
+  std::string encode() const;
+  static std::optional<AttemptOutcome> decode(const std::string& text);
+};
+
+/// What nodes > 0 learn from node 0 at the start rendezvous.
+struct JobStart {
+  std::string run_id;    ///< node 0's (TORCHELASTIC_RUN_ID of every worker)
+  int max_restarts = 0;  ///< node 0's --max-restarts: the job's one restart limit
+};
+
+/// Node 0's in-process store, as NodeSync uses it (main adapts the store's Backend). Calls
+/// must not block (the backend's own mutex only).
+class LocalStore {
+ public:
+  virtual ~LocalStore() = default;
+  /// The value; nullopt when the key is missing.
+  virtual std::optional<std::string> get(const std::string& key) = 0;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  /// Stores `value` unless the key exists; returns what the key holds afterwards.
+  virtual std::string set_if_missing(const std::string& key, const std::string& value) = 0;
+  /// Drops every key not under `keep_prefix` (before a restart).
+  virtual void reset_keyspace(const std::string& keep_prefix) = 0;
+};
 
 /// Settings; defaults match the CLI's.
 struct NodeSyncOptions {
-  int nnodes = 1;     ///< --nnodes
-  int node_rank = 0;  ///< --node-rank
-  /// Node 0's store (--master-addr, --master-port): where nodes > 0 connect.
-  std::string host = "127.0.0.1";
-  uint16_t port = 29500;
+  int nnodes = 2;                  ///< --nnodes
+  int node_rank = 0;               ///< --node-rank
+  int nproc = 1;                   ///< this node's workers (every node must have the same)
+  std::string host = "127.0.0.1";  ///< node 0's store (--master-addr), for nodes > 0
+  uint16_t port = 29500;           ///< --master-port
+  std::string run_id;              ///< node 0: announced to the others
+  int max_restarts = 0;            ///< node 0: announced to the others
   /// Nodes > 0: how long to keep trying to reach node 0's store (torch's store default).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
-  /// Nodes > 0: one connect attempt window (the client's jittered backoff runs inside it) and
-  /// the deadline of the final write. A stop request is seen within one window.
+  /// Every node: how long the start rendezvous waits for the other nodes (--join-timeout).
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  /// Nodes > 0: the deadline of one request to node 0's store; a request that fails or
+  /// exceeds it means node 0 is gone.
   std::chrono::milliseconds op_timeout{std::chrono::seconds(5)};
-  /// Node 0: --exit-barrier-timeout, how long its store stays up for the other nodes after
-  /// its own workers succeeded.
+  /// Node 0: --exit-barrier-timeout: after its own workers succeeded, how long its store stays
+  /// up for nodes whose workers still run; also bounds the wait for the nodes' end of an
+  /// attempt after a failure.
   std::chrono::milliseconds barrier_timeout{std::chrono::seconds(300)};
-  /// Node 0: how often the barrier looks at the done keys.
+  /// Node 0: after the final decision, how long it waits for the other nodes to read it and
+  /// disconnect before it closes the store.
+  std::chrono::milliseconds disconnect_wait{std::chrono::seconds(5)};
+  /// How often the keys are read.
   std::chrono::milliseconds poll_interval{100};
-  /// One "gpurun: ..." line without the prefix. Node 0: called on the io thread; nodes > 0:
-  /// also on the connect thread (must be thread-safe, e.g. fprintf to stderr).
+  /// One "gpurun: ..." line without the prefix (io thread; nodes > 0: also join()'s thread).
   std::function<void(const std::string& line)> say;
 };
 
-/// Node 0's in-process store: the value of `key`, nullopt when it is missing (must not
-/// block: e.g. Backend::check + Backend::get).
-using LocalRead = std::function<std::optional<std::string>(const std::string& key)>;
-/// Node 0's in-process store: SET `key` = `value`.
-using LocalWrite = std::function<void(const std::string& key, const std::string& value)>;
-
-/// One per gpurun with nnodes > 1.
-///
-/// Node 0 (first constructor): finish() writes its own key through `write`; on success it
-/// waits on the io_context (a timer polling `read`, never blocking a handler) until every
-/// other node's key exists, a node reports a non-zero status, the barrier times out or
-/// interrupt() is called; then `done` runs once with gpurun's exit status.
-///
-/// Nodes > 0 (second constructor): a thread connects to node 0's store at once, retrying until
-/// connect_timeout (an error line names host:port and the elapsed time when it gives up);
-/// report() then writes the node's status with one blocking SET (at most op_timeout).
-///
-/// Not thread-safe beyond what is said: call every member on one thread (node 0: io's).
+/// One per gpurun with nnodes > 1. Every member runs on the io thread, except join().
+/// Nodes > 0 talk to node 0's store with blocking requests of at most op_timeout each (a
+/// lost node 0 stalls this node's io thread once, for at most op_timeout).
 class NodeSync {
  public:
-  /// Node 0 (options.node_rank == 0).
-  NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalRead read, LocalWrite write);
-  /// Nodes > 0: starts the connect thread.
-  explicit NodeSync(NodeSyncOptions options);
-  /// Stops and joins the connect thread (within op_timeout).
+  /// Node 0, over its in-process store (which must outlive this).
+  NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalStore& local);
+  /// Nodes > 0: nothing happens until join().
+  NodeSync(boost::asio::io_context& io, NodeSyncOptions options);
   ~NodeSync();
   NodeSync(const NodeSync&) = delete;
   NodeSync& operator=(const NodeSync&) = delete;
 
-  /// Node 0: its workers finished with `exit_code`. Writes its done key, then: non-zero →
-  /// `done(exit_code)` at once (no barrier: fail fast); zero → the barrier. `done` receives 0
-  /// when every node reported 0 or the barrier timed out (a warning names the missing
-  /// nodes), a node's status when it reported a failure (its value; 1 if it is not a number
-  /// in 1..255), or 128 + sig after interrupt(sig). Runs on the io thread, maybe inside this
-  /// call.
-  void finish(int exit_code, std::function<void(int exit_code)> done);
-  /// Node 0: true while the barrier waits.
-  bool waiting() const { return done_ != nullptr; }
-  /// Node 0: a stop signal (SIGINT/SIGTERM/SIGQUIT) while the barrier waits: stop waiting,
-  /// `done(128 + sig)`. No-op when not waiting.
-  void interrupt(int sig);
+  /// Nodes > 0, before io runs: connects to node 0's store (retrying until connect_timeout),
+  /// announces this node (its live key and join key) and blocks until node 0's start record
+  /// (at most join_timeout). Throws gpurun::Error naming host:port, the elapsed time and the
+  /// cause (never reached; node 0 refused this node, e.g. a different --nproc; timed out).
+  JobStart join();
+  /// Node 0: waits (on io) until every node joined, checks them, writes the start record,
+  /// then calls `ready("")`; `ready(error)` when a node cannot take part (its join names a
+  /// different nproc) or join_timeout passes (the error names the missing nodes).
+  void rendezvous(std::function<void(const std::string& error)> ready);
+  /// Node 0: true until rendezvous() called `ready`.
+  bool rendezvous_pending() const { return static_cast<bool>(ready_); }
+  /// Node 0: ends a pending rendezvous now: the joined nodes are told `why`, `ready(why)`.
+  void cancel_rendezvous(const std::string& why);
 
-  /// Nodes > 0: writes this node's status to node 0's store. Blocks: waits for the connect
-  /// thread (it gives up at once if it has not connected yet, within op_timeout), then one
-  /// SET (at most op_timeout). Never throws; says why when the status could not be written.
-  void report(int exit_code);
+  /// Called when another node failed (or node 0 was lost): stop this node's workers,
+  /// naming the cause. Set before the first attempt starts.
+  std::function<void(const std::string& reason)> on_peer_failure;
+  /// Node 0: called once per decided attempt that failed, with the root cause (for the
+  /// console summary and the event log).
+  std::function<void(int attempt, const NodeFailure& root)> on_root_cause;
+
+  /// Attempt `attempt`'s workers start: watch for other nodes' failures.
+  void attempt_started(int attempt);
+  /// This node's first failure in `attempt`: written for everyone, which stops the others.
+  void local_failure(int attempt, const NodeFailure& failure);
+  /// Every worker of `attempt` is gone; this node's result is `code` (`by_signal`: gpurun
+  /// got a shutdown signal). Node 0 waits for every node's end (bounded; see the options),
+  /// decides; the others wait for that decision. `decide` runs once, on the io thread.
+  void attempt_ended(int attempt, int code, bool by_signal,
+                     std::function<void(const AttemptOutcome&)> decide);
+  /// True while attempt_ended waits.
+  bool waiting() const { return static_cast<bool>(decide_); }
+  /// A shutdown signal while waiting: node 0 decides exit 128 + sig for the job at once;
+  /// nodes > 0 stop waiting with that status. No-op when not waiting.
+  void interrupt(int sig);
+  /// After the final decision. Node 0: waits until every other node disconnected (at most
+  /// disconnect_wait), then calls `closed` (close the store then). Nodes > 0: disconnects,
+  /// then `closed`.
+  void finish(std::function<void()> closed);
 
  private:
-  void poll();
-  void end_barrier(int code);
-  void connect_loop();
+  struct Store;  // get/set over the backend or the client
+  void arm(std::function<void()> tick);
+  void watch_tick();
+  void node0_decide_tick();
+  void node_wait_tick();
+  void decided(const AttemptOutcome& outcome);
+  void rendezvous_tick();
+  void finish_tick();
+  bool node_lost(int node);  // node 0: its live key's connection closed
+  std::string node_name(int node) const;
 
+  boost::asio::io_context& io_;
   NodeSyncOptions opt_;
-  // Node 0.
-  boost::asio::io_context* io_ = nullptr;
-  LocalRead read_;
-  LocalWrite write_;
-  std::unique_ptr<boost::asio::steady_timer> timer_;
-  std::chrono::steady_clock::time_point barrier_deadline_;
-  std::function<void(int)> done_;
-  bool announced_ = false;  // the "keeping the store up" line was said
-  // Nodes > 0: the connect thread's result.
-  std::mutex mutex_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;
-  std::unique_ptr<store::Client> client_;
-  std::thread connect_thread_;
+  std::unique_ptr<Store> store_;
+  boost::asio::steady_timer timer_;
+  std::function<void()> tick_;  // what the timer runs next
+  int attempt_ = -1;
+  bool watching_ = false;
+  bool peer_stopped_ = false;  // on_peer_failure called for attempt_
+  bool node0_gone_ = false;    // nodes > 0: a request to node 0's store failed
+  std::string node0_error_;
+  // attempt_ended
+  std::function<void(const AttemptOutcome&)> decide_;
+  int own_code_ = 0;
+  bool own_by_signal_ = false;
+  std::chrono::steady_clock::time_point wait_deadline_;
+  bool announced_ = false;
+  // rendezvous
+  std::function<void(const std::string&)> ready_;
+  std::chrono::steady_clock::time_point rendezvous_deadline_;
+  std::vector<std::string> hosts_;  // per node, from the join records ("" unknown)
+  std::function<void()> closed_;
+  std::chrono::steady_clock::time_point disconnect_deadline_;
 };
 
 }  // namespace gpurun::supervisor

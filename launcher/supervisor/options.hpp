@@ -71,9 +71,21 @@ struct Options {
   // --- supervision --------------------------------------------------------
   int max_restarts = 0;                            ///< whole-set restarts after a failure
   std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL delay
+  bool grace_period_given = false;                 ///< --grace-period was on the command line
+  // --- preemption (docs/cli.md#preemption) ---------------------------------
+  /// --preempt-signal: the warning signal gpurun turns into a checkpoint request (0 = none).
+  int preempt_signal = 12;  // SIGUSR2 (NCCL handles SIGUSR1)
+  /// --stop-timeout: after a SIGTERM, how long runtime workers may take to stop at their next
+  /// boundary before they get SIGTERM. nullopt: 30 s, or a share of Slurm's KillWait.
+  std::optional<std::chrono::milliseconds> stop_timeout;
+  /// --requeue: after a stop by SIGTERM or the preempt signal, `scontrol requeue` the job.
+  bool requeue = false;
   /// --exit-barrier-timeout: with --nnodes > 1, how long node 0 keeps its store up for the
-  /// other nodes after its own workers succeeded (docs/cli.md#exit-barrier).
+  /// other nodes after its own workers succeeded (docs/cli.md#multi-node).
   std::chrono::milliseconds exit_barrier_timeout{300'000};
+  /// --join-timeout: with --nnodes > 1, how long the start rendezvous waits for every node
+  /// (docs/cli.md#multi-node).
+  std::chrono::milliseconds join_timeout{600'000};
 
   // --- logs ---------------------------------------------------------------
   std::optional<std::string> log_dir;  ///< keeps <log_dir>/<run_id>_XXXXXX/attempt_<n>/<rank>/

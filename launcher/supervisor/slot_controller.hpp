@@ -29,6 +29,12 @@ class SlotController {
   virtual std::string failure_summary() const { return "every elastic worker failed"; }
   /// SIGHUP: reload the config.
   virtual void on_reload_request() = 0;
+  /// The preemption-warning signal: every worker sees a checkpoint request at its next
+  /// boundary (the same one on every rank).
+  virtual void on_checkpoint_request() {}
+  /// SIGTERM (docs/cli.md#preemption): stop every worker at its next boundary (their loops
+  /// end; they exit 0). Returns false when it cannot (no boundary will come: paused).
+  virtual bool on_stop_request(const std::string& /*why*/) { return false; }
 };
 
 }  // namespace gpurun::supervisor

@@ -11,9 +11,11 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/asio/post.hpp>
 
 #include "gpurun/check.hpp"
+#include "gpurun/env_names.hpp"
 #include "supervisor/error_file.hpp"
 
 namespace gpurun::supervisor {
@@ -57,6 +59,7 @@ struct Supervisor::Failure {
   std::string error_file;
   std::string start_error;  // non-empty: the worker never ran
   std::vector<std::string> tail;
+  bool peer = false;  // stop_for_peer: another node failed (no local summary)
 };
 
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank) {
@@ -86,7 +89,8 @@ Supervisor::Supervisor(asio::io_context& io, SupervisorOptions options, ProcessS
       grace_timer_(io),
       kill_timer_(io),
       poll_timer_(io),
-      drain_timer_(io) {
+      drain_timer_(io),
+      stop_timer_(io) {
   GPURUN_CHECK(!opt_.argv.empty(), "empty worker command");
   GPURUN_CHECK(opt_.plan.nproc >= 1, "nproc {}", opt_.plan.nproc);
 }
@@ -112,6 +116,13 @@ void Supervisor::start() {
           "warning: --ranks-filter names none of the ranks on this node ({}-{}): no worker output "
           "will be shown on the console",
           first, first + opt_.plan.nproc - 1));
+  }
+  if (!preempt_dir().empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(preempt_dir(), ec);
+    if (ec)
+      say(fmt::format("warning: cannot create {}: {} (no stop at a boundary on SIGTERM)",
+                      preempt_dir(), ec.message()));
   }
   start_attempt();
 }
@@ -151,6 +162,7 @@ void Supervisor::open_logs(Worker& w, bool append) {
 }
 
 void Supervisor::start_attempt() {
+  if (on_attempt_start) on_attempt_start(attempt_);
   workers_.clear();
   retired_.clear();
   failure_.reset();
@@ -186,6 +198,10 @@ void Supervisor::launch(Worker& w, const EnvMap& overlay) {
   req.argv = opt_.argv;
   req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
   for (const auto& [k, v] : overlay) req.env[k] = v;
+  if (!preempt_dir().empty()) {  // the worker runtime's side of docs/cli.md#preemption
+    req.env[env::kPreemptDir] = preempt_dir();
+    req.env[env::kPreemptSignal] = std::to_string(opt_.preempt_signal);
+  }
   req.stdout_pty = w.out.lines.redraws();
   req.stderr_pty = w.err.lines.redraws();
   WorkerCallbacks cb;
@@ -419,7 +435,24 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   failure_->start_error = w.start_error;
   say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
                   opt_.grace_period.count()));
+  if (on_failure)
+    on_failure(LocalFailure{attempt_, w.rank, w.local_rank, status.shell_code(), failure_->reason});
   stop_workers(SIGTERM);
+}
+
+void Supervisor::stop_for_peer(const std::string& reason) {
+  if (phase_ != Phase::kRunning || failure_ || shutdown_signal_) return;
+  failure_ = std::make_unique<Failure>();
+  failure_->rank = -1;
+  failure_->local_rank = -1;
+  failure_->status = ExitStatus{1, 0};
+  failure_->reason = reason;
+  failure_->peer = true;
+  events_.emit("peer_failure", JsonObject().add("attempt", attempt_).add("reason", reason));
+  say(fmt::format("{}; stopping this node's workers (SIGTERM, SIGKILL after {} ms)", reason,
+                  opt_.grace_period.count()));
+  stop_workers(SIGTERM);
+  check_progress();
 }
 
 void Supervisor::signal_all(int sig) {
@@ -480,7 +513,7 @@ void Supervisor::arm_poll() {
 }
 
 void Supervisor::check_progress() {
-  if (phase_ == Phase::kDone) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kGated) return;
   // Elastic mode, paused: no process runs, yet the job waits for a resume.
   if (phase_ == Phase::kRunning && controller_ && !failure_ && !shutdown_signal_ &&
       controller_->holds_job_open())
@@ -529,34 +562,64 @@ void Supervisor::finish_attempt() {
     w->out.file.reset();
     w->err.file.reset();
   }
-  if (failure_) {
+  if (failure_ && !failure_->peer) {
     for (auto& w : workers_)
       if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());
     print_summary();
   }
-  if (failure_ && !shutdown_signal_ && attempt_ < opt_.plan.max_restarts) {
-    const std::string reason = failure_->reason;
-    ++attempt_;
-    events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
-    say(fmt::format("restarting the worker set (restart {} of at most {}){}", attempt_,
-                    opt_.plan.max_restarts,
-                    controller_ ? ": elastic training starts again in a new generation from the "
-                                  "program's initial state (or its own checkpoint); the state "
-                                  "of the failed attempt is not carried over"
-                                : ""));
-    try {
-      if (on_restart) on_restart(attempt_);
-    } catch (const std::exception& e) {
-      say(fmt::format("cannot restart: {}", e.what()));
-      finish(failure_->status.shell_code(), reason);
-      return;
+  if (attempt_gate) {  // multi-node: node 0 decides for every node
+    int code = 0;
+    std::string reason = "all workers succeeded";
+    if (failure_) {
+      code = failure_->status.shell_code();
+      reason = failure_->reason;
+    } else if (shutdown_signal_) {
+      code = 128 + shutdown_signal_;
+      reason = fmt::format("received {}", signal_name(shutdown_signal_));
     }
-    // Start from a fresh stack: we may be inside a callback of a worker of this attempt.
-    asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
-      if (!alive.expired()) start_attempt();
-    });
+    phase_ = Phase::kGated;
+    attempt_gate(
+        attempt_, code, !failure_ && shutdown_signal_ != 0,
+        [this, alive = std::weak_ptr<int>(alive_)](bool again, int c, const std::string& why) {
+          if (alive.expired() || phase_ != Phase::kGated) return;
+          if (again) {
+            restart(why);
+          } else {
+            finish(c, why);
+          }
+        });
     return;
   }
+  if (failure_ && !shutdown_signal_ && attempt_ < opt_.plan.max_restarts) {
+    restart(failure_->reason);
+    return;
+  }
+  finish_unrestarted();
+}
+
+void Supervisor::restart(const std::string& reason) {
+  ++attempt_;
+  events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
+  say(fmt::format("restarting the worker set (restart {} of at most {}){}", attempt_,
+                  opt_.plan.max_restarts,
+                  controller_ ? ": elastic training starts again in a new generation from the "
+                                "program's initial state (or its own checkpoint); the state "
+                                "of the failed attempt is not carried over"
+                              : ""));
+  try {
+    if (on_restart) on_restart(attempt_);
+  } catch (const std::exception& e) {
+    say(fmt::format("cannot restart: {}", e.what()));
+    finish(failure_ ? failure_->status.shell_code() : 1, reason);
+    return;
+  }
+  // Start from a fresh stack: we may be inside a callback of a worker of this attempt.
+  asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) start_attempt();
+  });
+}
+
+void Supervisor::finish_unrestarted() {
   if (failure_) {
     finish(failure_->status.shell_code(), failure_->reason);
   } else if (shutdown_signal_) {
@@ -635,6 +698,7 @@ void Supervisor::print_summary() {
 
 void Supervisor::finish(int code, const std::string& why) {
   phase_ = Phase::kDone;
+  stop_timer_.cancel();
   std::string reason = why;
   if (final_status)
     if (std::optional<std::pair<int, std::string>> r = final_status(code)) {
@@ -668,8 +732,111 @@ void Supervisor::say_paused_snapshot() {
       primary));
 }
 
+std::string Supervisor::preempt_dir() const {
+  return opt_.plan.run_dir.empty() ? std::string() : opt_.plan.run_dir + "/preempt";
+}
+
+bool Supervisor::uses_runtime(const Worker& w) const {
+  if (controller_) return true;  // elastic workers follow the control protocol's boundaries
+  if (w.pid <= 0 || preempt_dir().empty()) return false;
+  std::error_code ec;
+  return std::filesystem::exists(fmt::format("{}/runtime.{}", preempt_dir(), w.pid), ec);
+}
+
+void Supervisor::on_preempt_signal(int sig) {
+  events_.emit("signal", JsonObject().add("signal", signal_name(sig)).add("preempt", true));
+  if (controller_) {
+    // Elastic: the next decision carries the request; a raw signal could reach a joiner that
+    // is still starting (no handler yet) and kill it.
+    controller_->on_checkpoint_request();
+    say(fmt::format(
+        "received {} (preemption warning): every worker sees a checkpoint request at its next "
+        "boundary",
+        signal_name(sig)));
+  } else {
+    signal_all(sig);
+    say(fmt::format(
+        "received {} (preemption warning): forwarded to every worker; workers on the gpurun "
+        "runtime see a checkpoint request at their next boundary",
+        signal_name(sig)));
+  }
+  if (opt_.stop_on_preempt) stop_at_boundary(sig, /*signal_others_now=*/false);
+}
+
+void Supervisor::stop_at_boundary(int sig, bool signal_others_now) {
+  shutdown_signal_ = sig;
+  if (sig == SIGTERM) events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
+  const std::string why = fmt::format("gpurun received {}", signal_name(sig));
+  if (!preempt_dir().empty()) {
+    // The static runtime's request: read at every boundary (all ranks agree on it there).
+    const std::string path = preempt_dir() + "/stop";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      say(fmt::format("warning: cannot write {}: {}", path, std::strerror(errno)));
+    } else {
+      const std::string text = signal_name(sig) + "\n";
+      [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
+      ::close(fd);
+    }
+  }
+  const bool boundary_ahead = controller_ ? controller_->on_stop_request(why) : true;
+  std::vector<Worker*> others;
+  int runtime = 0;
+  for (auto& w : workers_) {
+    if (!w->proc || w->exit) continue;
+    if (boundary_ahead && uses_runtime(*w))
+      ++runtime;
+    else
+      others.push_back(w.get());
+  }
+  if (runtime == 0 && signal_others_now) {  // nobody to wait for: the plain shutdown
+    say(fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
+                    signal_name(sig), opt_.grace_period.count()));
+    stop_workers(sig);
+    check_progress();
+    return;
+  }
+  if (signal_others_now)
+    for (Worker* w : others) {
+      try {
+        w->proc->signal_group(sig);
+      } catch (const Error& e) {
+        say(fmt::format("warning: {}", e.what()));
+      }
+    }
+  say(fmt::format(
+      "received {}: asking {} worker{} on the gpurun runtime to stop at {} next boundary; {} after "
+      "{} ms, SIGKILL {} ms later{}",
+      signal_name(sig), runtime, runtime == 1 ? "" : "s", runtime == 1 ? "its" : "their",
+      signal_name(SIGTERM), opt_.stop_timeout.count(), opt_.grace_period.count(),
+      others.empty() || !signal_others_now
+          ? std::string()
+          : fmt::format("; {} sent now to the {} other worker{}", signal_name(sig), others.size(),
+                        others.size() == 1 ? "" : "s")));
+  stop_timer_.expires_after(opt_.stop_timeout);
+  stop_timer_.async_wait(
+      [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+        if (ec || alive.expired() || phase_ != Phase::kRunning) return;
+        std::vector<int> left;
+        for (auto& w : workers_)
+          if (w->proc && !w->exit) left.push_back(w->rank);
+        say(fmt::format(
+            "--stop-timeout of {} ms over: rank{} {} did not stop at a boundary; sending {} "
+            "(SIGKILL after {} ms)",
+            opt_.stop_timeout.count(), left.size() == 1 ? "" : "s", fmt::join(left, ", "),
+            signal_name(SIGTERM), opt_.grace_period.count()));
+        stop_workers(SIGTERM);
+        check_progress();
+      });
+  check_progress();
+}
+
 void Supervisor::handle_signal(int sig) {
   if (phase_ == Phase::kDone) return;
+  if (sig == opt_.preempt_signal && sig != 0 && !shutdown_signal_) {
+    on_preempt_signal(sig);
+    return;
+  }
   switch (sig) {
     case SIGINT:
     case SIGQUIT:
@@ -678,6 +845,7 @@ void Supervisor::handle_signal(int sig) {
         say(fmt::format("received {} again: sending SIGKILL to every worker process group",
                         signal_name(sig)));
         killed_ = true;
+        stop_timer_.cancel();
         signal_all(SIGKILL);
         grace_timer_.cancel();
         kill_timer_.expires_after(opt_.kill_timeout);
@@ -688,6 +856,11 @@ void Supervisor::handle_signal(int sig) {
               check_progress();
             });
         arm_poll();
+        return;
+      }
+      if (sig == SIGTERM && phase_ == Phase::kRunning && opt_.stop_timeout.count() > 0 &&
+          !(controller_ && controller_->holds_job_open())) {
+        stop_at_boundary(sig, /*signal_others_now=*/true);
         return;
       }
       shutdown_signal_ = sig;

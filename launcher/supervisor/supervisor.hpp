@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <signal.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -45,6 +47,15 @@ struct SupervisorOptions {
   /// Workers spawned per io_context turn: between batches signals and early exits are
   /// handled, so a SIGINT during a large launch stops spawning within one batch.
   std::size_t spawn_batch = 32;
+  // --- preemption (docs/cli.md#preemption) ---------------------------------
+  /// The warning signal turned into a checkpoint request (0: none; then SIGUSR1/SIGUSR2 are
+  /// only forwarded).
+  int preempt_signal = SIGUSR2;
+  /// After SIGTERM: how long workers that use the runtime may take to stop at their next
+  /// boundary before SIGTERM is forwarded to them (0: forward at once, as before).
+  std::chrono::milliseconds stop_timeout{30'000};
+  /// --requeue: the preempt signal also stops the job at the workers' next boundary.
+  bool stop_on_preempt = false;
 };
 
 /// Expands ${rank}, ${local_rank} and ${role_name} in a console prefix template.
@@ -76,8 +87,38 @@ class Supervisor {
   /// `shutdown` event, on_done and exit_code() then carry.
   std::function<std::optional<std::pair<int, std::string>>(int exit_code)> final_status;
 
+  /// Multi-node (docs/cli.md#multi-node): this node's first failure of an attempt, as
+  /// `on_failure` receives it (before the other workers are stopped).
+  struct LocalFailure {
+    int attempt = 0;
+    int rank = -1;  ///< global rank
+    int local_rank = -1;
+    int code = 1;        ///< shell status: the exit code, or 128 + signal
+    std::string reason;  ///< e.g. "rank 3 (pid 123) ended with exit code 7"
+  };
+  /// Called once per attempt at this node's first worker failure (not for stop_for_peer).
+  std::function<void(const LocalFailure&)> on_failure;
+  /// Called when attempt n's workers are about to start (n = 0 first).
+  std::function<void(int attempt)> on_attempt_start;
+  /// Continues after an attempt: restart the worker set (attempt + 1), or finish with `code`
+  /// and `reason`. Call once, on the io thread (now or later).
+  using AttemptDecision = std::function<void(bool restart, int code, const std::string& reason)>;
+  /// Multi-node: when set, decides what follows every attempt instead of the local rule
+  /// (restart while attempt < max_restarts after a failure): called once all of the attempt's
+  /// workers are gone, with this node's result (0, a failure's shell code, 1 after
+  /// stop_for_peer, 128 + signal after a shutdown signal; `by_signal` then true). Until
+  /// `decide` runs, the supervisor waits (handle_signal ignores shutdown signals: route them
+  /// to whoever holds `decide`).
+  std::function<void(int attempt, int code, bool by_signal, AttemptDecision decide)> attempt_gate;
+
   /// Spawns attempt 0.
   void start();
+
+  /// Multi-node: another node failed. Stops this node's workers as a local failure would
+  /// (SIGTERM, SIGKILL after the grace period), saying `reason`; the attempt counts as failed
+  /// (result 1) without a local failure summary. No-op unless the attempt is running and has
+  /// no failure or shutdown yet.
+  void stop_for_peer(const std::string& reason);
 
   /// Elastic mode: `controller` (outliving the supervisor's run) decides which slots start
   /// and how their exits count. Call before start().
@@ -95,7 +136,20 @@ class Supervisor {
   /// agent; while paused (elastic, no member) it also says that the pause snapshot is
   /// deleted. SIGUSR1/SIGUSR2 are forwarded; SIGHUP reloads the config (elastic) or is
   /// only logged.
+  /// Preemption (docs/cli.md#preemption): SIGTERM first asks the workers that use the worker
+  /// runtime (their process group wrote <run_dir>/preempt/runtime.<pgid>; every worker in
+  /// elastic mode) to stop at their next boundary (<run_dir>/preempt/stop; elastic: an `exit`
+  /// decision) and forwards SIGTERM to them only after stop_timeout (the others get it at
+  /// once); exit status 143 all the same. The preempt signal (default SIGUSR2) is forwarded to
+  /// every worker group (not in elastic mode, where the next decision carries it) and becomes
+  /// the runtime's checkpoint request; with stop_on_preempt it then stops the job like SIGTERM
+  /// (but forwards nothing before stop_timeout).
   void handle_signal(int sig);
+  /// The signal that stopped the job (SIGINT/SIGTERM/SIGQUIT, or the preempt signal with
+  /// stop_on_preempt); 0 when none did.
+  int shutdown_signal() const { return shutdown_signal_; }
+  /// <run_dir>/preempt: the files of gpurun's requests to the worker runtime.
+  std::string preempt_dir() const;
 
   bool done() const { return exit_code_.has_value(); }
   int exit_code() const { return exit_code_.value_or(-1); }
@@ -107,7 +161,8 @@ class Supervisor {
   struct Stream;
   struct Worker;
   struct Failure;
-  enum class Phase { kRunning, kStopping, kDraining, kDone };
+  // kGated: every worker of the attempt is gone; attempt_gate's decision is awaited.
+  enum class Phase { kRunning, kStopping, kDraining, kGated, kDone };
 
   void start_attempt();
   void spawn_from(std::size_t first);
@@ -129,10 +184,17 @@ class Supervisor {
   void check_progress();
   void arm_poll();
   void finish_attempt();
+  void restart(const std::string& reason);  // the next attempt, on a fresh stack
+  void finish_unrestarted();                // the local rule's end: success or a failure
   void print_summary();
   void finish(int code, const std::string& reason);
   void say(const std::string& line);  // "gpurun: ..." on the console's stderr
   void say_paused_snapshot();         // a shutdown signal while paused: the snapshot's fate
+  // Preemption: the warning signal; a stop at the next boundary (SIGTERM, or the warning with
+  // stop_on_preempt); whether `w`'s process group uses the worker runtime.
+  void on_preempt_signal(int sig);
+  void stop_at_boundary(int sig, bool signal_others_now);
+  bool uses_runtime(const Worker& w) const;
 
   boost::asio::io_context& io_;
   SupervisorOptions opt_;
@@ -158,6 +220,7 @@ class Supervisor {
   boost::asio::steady_timer kill_timer_;
   boost::asio::steady_timer poll_timer_;
   boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer stop_timer_;                   // stop at a boundary -> SIGTERM
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // handlers check it via weak_ptr
 };
 

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -137,6 +138,47 @@ TEST_CASE("backend: CANCEL_WAIT and connection drop forget waits") {
   b.set("j", "v");
   CHECK(r.woken.size() == 1);
   b.cancel_waits(99);  // nothing pending: harmless
+}
+
+TEST_CASE("backend: a live key's connection closing deletes it and sets its lost key") {
+  Recorder r;
+  Backend& b = r.backend;
+  b.set("gpurun/live/node1", "host-a 42");
+  b.bind_live(7, "gpurun/live/node1");
+  b.set("gpurun/live/node2", "host-b 43");
+  b.bind_live(8, "gpurun/live/node2");
+  b.bind_live(7, "other/key");  // not a live key: ignored
+  b.wait(9, {"gpurun/lost/node1"});
+  b.drop_connection(8);  // node 2 only
+  CHECK(b.check({"gpurun/live/node1"}));
+  CHECK_FALSE(b.check({"gpurun/live/node2"}));
+  CHECK(b.check({"gpurun/lost/node2"}));
+  CHECK_FALSE(b.check({"gpurun/lost/node1"}));
+  CHECK(r.woken.empty());
+  const auto before = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  b.drop_connection(7);
+  CHECK_FALSE(b.check({"gpurun/live/node1"}));
+  const int64_t lost_ms = std::stoll(b.get("gpurun/lost/node1"));
+  CHECK(lost_ms >= before);
+  CHECK(lost_ms <= before + 60'000);
+  CHECK(r.woken == std::vector<ConnectionId>{9});  // a WAIT on the lost key is woken
+  b.drop_connection(7);                            // twice: nothing more happens
+  CHECK(b.get("gpurun/lost/node1") == std::to_string(lost_ms));
+}
+
+TEST_CASE("backend: a live key SET again by another connection moves to it") {
+  Recorder r;
+  Backend& b = r.backend;
+  b.bind_live(1, "gpurun/live/n");
+  b.set("gpurun/live/n", "second");
+  b.bind_live(2, "gpurun/live/n");
+  b.drop_connection(1);
+  CHECK(b.get("gpurun/live/n") == "second");
+  CHECK_FALSE(b.check({"gpurun/lost/n"}));
+  b.drop_connection(2);
+  CHECK(b.check({"gpurun/lost/n"}));
 }
 
 TEST_CASE("backend: per-connection limit on pending wait registrations") {

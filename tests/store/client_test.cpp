@@ -234,6 +234,22 @@ TEST_CASE("client: an IPv6 host in brackets ('[::1]', as --master-addr takes it)
   CHECK(c.peer() == "[::1]:" + std::to_string(ts.port()));
 }
 
+TEST_CASE(
+    "client: a SET of a gpurun/live/ key is bound to the connection; closing it sets "
+    "gpurun/lost/") {
+  TestServer ts;
+  Client watcher(ts.client_options());
+  {
+    Client node(ts.client_options());
+    node.set("gpurun/live/node1", "up");
+    CHECK(watcher.get("gpurun/live/node1") == "up");
+    CHECK_FALSE(watcher.check({"gpurun/lost/node1"}));
+  }  // the connection closes (as when a node's gpurun dies)
+  watcher.wait({"gpurun/lost/node1"}, std::chrono::seconds(10));
+  CHECK_FALSE(watcher.check({"gpurun/live/node1"}));
+  CHECK(std::stoll(watcher.get("gpurun/lost/node1")) > 0);
+}
+
 TEST_CASE("client: every operation works against the server") {
   TestServer ts;
   Client c(ts.client_options());

@@ -601,3 +601,140 @@ TEST_CASE("gpurun: IPv4, IPv6 (bare and bracketed) and host names reach the work
     CHECK(env.at("GPURUN_STORE_ADDR") == addr);
   }
 }
+
+// ---- preemption (docs/cli.md#preemption) -----------------------------------------------------
+
+namespace {
+std::string sigs_of(const fs::path& dir, int rank) {
+  const fs::path p = dir / ("sig." + std::to_string(rank));
+  return fs::exists(p) ? slurp(p) : std::string();
+}
+bool started(const fs::path& dir, int n) {
+  for (int r = 0; r < n; ++r) {  // the pid line written completely
+    const fs::path p = dir / ("pid." + std::to_string(r));
+    if (!fs::exists(p) || slurp(p).find('\n') == std::string::npos) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("gpurun preemption: SIGTERM stops runtime workers at a boundary before any SIGTERM") {
+  TempDir dir;
+  // Rank 0 and 1 on the runtime, rank 2 a plain program: it gets SIGTERM at once.
+  Gpurun g({"--nproc", "3", "--device", "cpu", "--master-port", "0", "--stop-timeout", "30",
+            "--grace-period", "30", "--event-log", (dir.path / "events.jsonl").string(),
+            worker("preempt.sh")},
+           {{"OUT_DIR", dir.str()}, {"MODE", "runtime"}, {"MODE_2", "plain"}}, dir.path);
+  REQUIRE(wait_for([&] { return started(dir.path, 3); }, 20s));
+  ::kill(g.pid, SIGTERM);
+  REQUIRE(g.wait(10s));  // well inside --stop-timeout: nobody waited for it
+  CHECK(g.code() == 128 + SIGTERM);
+  CHECK(fs::exists(dir.path / "stopped.0"));
+  CHECK(fs::exists(dir.path / "stopped.1"));
+  CHECK(sigs_of(dir.path, 0).empty());  // no SIGTERM reached the runtime workers
+  CHECK(sigs_of(dir.path, 1).empty());
+  CHECK(sigs_of(dir.path, 2) == "TERM\n");  // the plain worker: at once, as before
+  const std::string err = g.stderr_text();
+  CHECK(err.find("asking 2 workers on the gpurun runtime to stop at their next boundary") !=
+        std::string::npos);
+  const std::string events = slurp(dir.path / "events.jsonl");
+  CHECK(count_of(events, "\"event\": \"worker_exited\"") == 3);
+  CHECK(count_of(events, "\"code\": 0") == 2);  // ranks 0 and 1; rank 2 exited 143
+}
+
+TEST_CASE("gpurun preemption: no boundary -> SIGTERM after --stop-timeout, SIGKILL after grace") {
+  TempDir dir;
+  Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--stop-timeout", "1.5",
+            "--grace-period", "1", worker("preempt.sh")},
+           {{"OUT_DIR", dir.str()}, {"MODE", "stuck"}}, dir.path);
+  REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+  const pid_t wpid = std::stoi(slurp(dir.path / "pid.0"));
+  ::kill(g.pid, SIGTERM);
+  std::this_thread::sleep_for(700ms);
+  CHECK(sigs_of(dir.path, 0).empty());  // still inside --stop-timeout
+  CHECK(wait_for([&] { return sigs_of(dir.path, 0) == "TERM\n"; }, 5s));
+  REQUIRE(g.wait(10s));
+  CHECK(g.code() == 128 + SIGTERM);
+  CHECK(!alive(wpid));  // it ignored SIGTERM: SIGKILL ended it
+  const std::string err = g.stderr_text();
+  CHECK(err.find("--stop-timeout of 1500 ms over: rank 0 did not stop at a boundary") !=
+        std::string::npos);
+  CHECK(err.find("grace period of 1000 ms over: sending SIGKILL") != std::string::npos);
+}
+
+TEST_CASE("gpurun preemption: --preempt-signal URG is forwarded; a second SIGTERM kills at once") {
+  TempDir dir;
+  Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--preempt-signal", "SIGURG",
+            "--stop-timeout", "30", "--grace-period", "30", worker("preempt.sh")},
+           {{"OUT_DIR", dir.str()}, {"MODE", "stuck"}}, dir.path);
+  REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+  ::kill(g.pid, SIGURG);
+  CHECK(wait_for([&] { return sigs_of(dir.path, 0) == "URG\n"; }, 5s));
+  ::kill(g.pid, SIGTERM);
+  std::this_thread::sleep_for(300ms);
+  ::kill(g.pid, SIGTERM);
+  REQUIRE(g.wait(5s));  // neither --stop-timeout nor --grace-period waited for
+  CHECK(g.code() == 128 + SIGTERM);
+  CHECK(g.stderr_text().find("preemption warning") != std::string::npos);
+}
+
+TEST_CASE("gpurun preemption: --requeue runs scontrol requeue $SLURM_JOB_ID, exit 75") {
+  TempDir dir;
+  fs::create_directories(dir.path / "bin");
+  const fs::path scontrol = dir.path / "bin" / "scontrol";
+  std::ofstream(scontrol) << "#!/bin/sh\necho \"$@\" >> " << (dir.path / "scontrol.args").string()
+                          << "\n";
+  fs::permissions(scontrol, fs::perms::owner_all);
+  std::ofstream(dir.path / "slurm.conf") << "ClusterName=test\n# KillWait=99\nKillWait=20 "
+                                            "SlurmdTimeout=300\n";
+  const std::map<std::string, std::string> slurm = {
+      {"OUT_DIR", dir.str()},
+      {"SLURM_JOB_ID", "4242"},
+      {"SLURM_CONF", (dir.path / "slurm.conf").string()},
+      {"PATH", (dir.path / "bin").string() + ":/usr/bin:/bin"}};
+
+  SUBCASE("after SIGTERM") {
+    Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--requeue",
+              worker("preempt.sh")},
+             slurm, dir.path);
+    REQUIRE(wait_for([&] { return started(dir.path, 2); }, 20s));
+    ::kill(g.pid, SIGTERM);
+    REQUIRE(g.wait(10s));
+    CHECK(g.code() == 75);
+    CHECK(slurp(dir.path / "scontrol.args") == "requeue 4242\n");
+    const std::string err = g.stderr_text();
+    // Under Slurm the defaults share KillWait - 2 s: 9 s + 9 s.
+    CHECK(err.find("KillWait=20 s from") != std::string::npos);
+    CHECK(err.find("--stop-timeout 9 s, then SIGTERM, SIGKILL after --grace-period 9 s") !=
+          std::string::npos);
+    CHECK(err.find("--requeue: job 4242 requeued") != std::string::npos);
+  }
+  SUBCASE("after the preempt signal: the runtime workers stop at their boundary") {
+    Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--requeue",
+              worker("preempt.sh")},
+             slurm, dir.path);
+    REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+    ::kill(g.pid, SIGUSR2);
+    REQUIRE(g.wait(10s));
+    CHECK(g.code() == 75);
+    CHECK(fs::exists(dir.path / "stopped.0"));
+    CHECK(sigs_of(dir.path, 0) == "USR2\n");  // the warning itself, no SIGTERM
+    CHECK(slurp(dir.path / "scontrol.args") == "requeue 4242\n");
+  }
+  SUBCASE("no scontrol on PATH: said, and the exit status stays 143") {
+    fs::remove(scontrol);
+    // A PATH with only what the worker needs (this machine may have a real scontrol).
+    fs::create_symlink("/bin/sleep", dir.path / "bin" / "sleep");
+    std::map<std::string, std::string> env = slurm;
+    env["PATH"] = (dir.path / "bin").string();
+    Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--requeue",
+              worker("preempt.sh")},
+             env, dir.path);
+    REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+    ::kill(g.pid, SIGTERM);
+    REQUIRE(g.wait(10s));
+    CHECK(g.code() == 128 + SIGTERM);
+    CHECK(g.stderr_text().find("--requeue: not requeued: scontrol is not on PATH") !=
+          std::string::npos);
+  }
+}

@@ -1,12 +1,14 @@
-// Static multi-node (--nnodes 2) on loopback with the real gpurun binary: node 0 keeps its
-// store up until node 1 reported (the exit barrier, docs/cli.md#exit-barrier) and stops
-// waiting at once when node 1 reports a failure.
+// Static multi-node (--nnodes 2) on loopback with the real gpurun binary (docs/cli.md#multi-node):
+// the start rendezvous, a failure anywhere stopping every node with the root cause named on
+// node 0, a lost node (SIGKILL of its gpurun), restarts shared by all nodes, and the exit barrier
+// (node 0 keeps its store up until node 1 is done).
 #include <doctest/doctest.h>
 
 #include "gpurun_process.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,32 +49,52 @@ std::string free_port() {
 /// gpurun for node `rank` of 2 with two CPU workers running multinode.sh.
 struct Node : ChildProcess {
   Node(int rank, const std::string& port, const std::map<std::string, std::string>& env,
-       const fs::path& dir, std::vector<std::string> extra = {})
-      : ChildProcess(argv(rank, port, std::move(extra)), env,
+       const fs::path& dir, std::vector<std::string> extra = {}, int nproc = 2)
+      : ChildProcess(argv(rank, port, std::move(extra), nproc), env,
                      dir / ("node" + std::to_string(rank) + ".stdout"),
                      dir / ("node" + std::to_string(rank) + ".stderr")) {}
 
  private:
   static std::vector<std::string> argv(int rank, const std::string& port,
-                                       std::vector<std::string> extra) {
-    std::vector<std::string> a{kGpurun,
-                               "--nnodes",
-                               "2",
-                               "--node-rank",
-                               std::to_string(rank),
-                               "--master-addr",
-                               "127.0.0.1",
-                               "--master-port",
-                               port,
-                               "--nproc",
-                               "2",
-                               "--device",
-                               "cpu"};
+                                       std::vector<std::string> extra, int nproc) {
+    std::vector<std::string> a{
+        kGpurun,     "--nnodes",      "2",  "--node-rank", std::to_string(rank),  "--master-addr",
+        "127.0.0.1", "--master-port", port, "--nproc",     std::to_string(nproc), "--device",
+        "cpu"};
     a.insert(a.end(), extra.begin(), extra.end());
     a.push_back(kWorker);
     return a;
   }
 };
+
+std::string host_name() {
+  char buf[256] = {};
+  REQUIRE(::gethostname(buf, sizeof buf - 1) == 0);
+  return buf;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+/// Waits until every file exists (true) or `limit` passes (false).
+bool wait_for_files(const std::vector<fs::path>& files, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  for (;;) {
+    bool all = true;
+    for (const auto& f : files) all = all && fs::exists(f);
+    if (all) return true;
+    if (Clock::now() >= end) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+std::vector<fs::path> started(const fs::path& dir, int attempt) {
+  std::vector<fs::path> out;
+  for (int rank = 0; rank < 4; ++rank)
+    out.push_back(dir / ("started." + std::to_string(attempt) + "." + std::to_string(rank)));
+  return out;
+}
 
 }  // namespace
 
@@ -110,52 +132,200 @@ TEST_CASE("multinode: node 0 keeps its store up until node 1's workers are done,
         std::string::npos);
 }
 
-TEST_CASE("multinode: node 1's worker exits 3 -> node 0 stops waiting at once, naming node 1") {
+TEST_CASE(
+    "multinode: node 1's worker exits 3 -> node 0's running workers are stopped too, "
+    "the root cause names node 1, every node exits 3") {
   TempDir dir;
   const std::string port = free_port();
   const std::map<std::string, std::string> env{
-      {"OUT_DIR", dir.str()}, {"NODE1_SLEEP", "1"}, {"NODE1_CODE", "3"}};
-  Node n0(0, port, env, dir.path);
+      {"OUT_DIR", dir.str()}, {"NODE0_SLEEP", "60"}, {"NODE1_SLEEP", "1"}, {"NODE1_CODE", "3"}};
+  Node n0(0, port, env, dir.path, {"--grace-period", "2"});
   Node n1(1, port, env, dir.path, {"--grace-period", "2"});
   const bool n1_done = n1.wait(20s);
-  const auto t1 = Clock::now();
-  const bool n0_done = n0.wait(5s);
-  const auto lag = Clock::now() - t1;
-  INFO("node 0 stderr:\n" << n0.stderr_text());
-  INFO("node 1 stderr:\n" << n1.stderr_text());
+  const bool n0_done = n0.wait(10s);  // node 0's workers would sleep 60 s
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
   REQUIRE(n1_done);
-  CHECK(n1.code() == 3);
   REQUIRE(n0_done);
-  CHECK(lag < 3s);  // not the 300 s barrier
   CHECK(n0.code() == 3);
-  CHECK(n0.stderr_text().find("node 1's workers failed (exit status 3") != std::string::npos);
+  CHECK(n1.code() == 3);
+  CHECK(contains(e0, "all 2 nodes joined; starting the workers"));
+  // Node 0 stopped its own workers because of node 1, and named it as the root cause.
+  CHECK(contains(e0, "failed: rank 2 (pid "));
+  CHECK(contains(e0, "stopping this node's workers (SIGTERM, SIGKILL after 2000 ms)"));
+  CHECK(contains(e0,
+                 "root cause of attempt 0 (first failure in time, of every node): node 1, "
+                 "rank 2 (local rank 0): rank 2 (pid "));
+  CHECK(contains(e1, "the job failed (decided by node 0): node 1"));
+  CHECK_FALSE(contains(e0, "keeping the store up"));
 }
 
-TEST_CASE("multinode: node 0's own failure does not wait for the other nodes") {
+TEST_CASE("multinode: node 0's own failure stops node 1's workers; both exit with its status") {
   TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"NODE0_CODE", "5"}, {"NODE1_SLEEP", "60"}};
   const auto t0 = Clock::now();
-  Node n0(0, free_port(), {{"OUT_DIR", dir.str()}, {"NODE0_CODE", "5"}}, dir.path);
-  const bool done = n0.wait(10s);
-  INFO("node 0 stderr:\n" << n0.stderr_text());
-  REQUIRE(done);
-  CHECK(Clock::now() - t0 < 8s);
+  Node n0(0, port, env, dir.path);
+  Node n1(1, port, env, dir.path);
+  const bool n0_done = n0.wait(15s);
+  const bool n1_done = n1.wait(5s);
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n0_done);
+  REQUIRE(n1_done);
+  CHECK(Clock::now() - t0 < 12s);  // not node 1's 60 s, not a barrier
   CHECK(n0.code() == 5);
-  CHECK(n0.stderr_text().find("keeping the store up") == std::string::npos);
+  CHECK(n1.code() == 5);
+  CHECK(contains(e1, "node 0 ("));
+  CHECK(contains(e1, "node 0 (" + host_name() + ") failed: rank "));
+  CHECK(contains(e0,
+                 "root cause of attempt 0 (first failure in time, of every node): node 0, "
+                 "rank "));
+  CHECK_FALSE(fs::exists(dir.path / "finished.1.0"));
+  CHECK_FALSE(contains(e0, "keeping the store up"));
 }
 
-TEST_CASE("multinode: --exit-barrier-timeout bounds node 0's wait for a node that never reports") {
+TEST_CASE(
+    "multinode: --exit-barrier-timeout bounds node 0's wait; node 1 then sees the store gone") {
   TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}, {"NODE1_SLEEP", "60"}};
+  Node n1(1, port, env, dir.path);
   const auto t0 = Clock::now();
-  Node n0(0, free_port(), {{"OUT_DIR", dir.str()}}, dir.path, {"--exit-barrier-timeout", "1"});
-  const bool done = n0.wait(10s);
+  Node n0(0, port, env, dir.path, {"--exit-barrier-timeout", "1"});
+  const bool done = n0.wait(15s);
   const auto took = Clock::now() - t0;
   const std::string err = n0.stderr_text();
   INFO("node 0 stderr:\n" << err);
   REQUIRE(done);
   CHECK(took >= 1s);
-  CHECK(took < 8s);
+  CHECK(took < 10s);
   CHECK(n0.code() == 0);
-  CHECK(err.find("keeping the store up for node(s) 1 (at most 1 s)") != std::string::npos);
-  CHECK(err.find("warning: exit barrier timed out after 1 s: no done status from node(s) 1") !=
-        std::string::npos);
+  CHECK(contains(err, "keeping the store up for node(s) 1 (at most 1 s)"));
+  CHECK(contains(err, "warning: exit barrier timed out after 1 s: no done status from node(s) 1"));
+  // Node 1 does not run on without node 0: it stops its workers and fails.
+  const bool n1_done = n1.wait(15s);
+  const std::string e1 = n1.stderr_text();
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n1_done);
+  CHECK(n1.code() == 1);
+  CHECK(contains(e1, "node 0's store at 127.0.0.1:" + port + " is gone"));
+  CHECK_FALSE(fs::exists(dir.path / "finished.1.0"));
+}
+
+TEST_CASE(
+    "multinode: SIGKILL of node 1's gpurun stops node 0's workers within the grace period; "
+    "the root cause names node 1") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"NODE0_SLEEP", "60"}, {"NODE1_SLEEP", "60"}};
+  Node n0(0, port, env, dir.path, {"--grace-period", "3", "--max-restarts", "2"});
+  Node n1(1, port, env, dir.path);
+  REQUIRE(wait_for_files(started(dir.path, 0), 20s));
+  REQUIRE(::kill(n1.pid, SIGKILL) == 0);
+  const auto t_kill = Clock::now();
+  const bool n0_done = n0.wait(15s);
+  const auto took = Clock::now() - t_kill;
+  const std::string e0 = n0.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  REQUIRE(n0_done);
+  CHECK(took < 3s + 3s);  // the grace period plus a margin; the workers would sleep 60 s
+  CHECK(n0.code() == 1);
+  CHECK(contains(e0,
+                 "root cause of attempt 0 (first failure in time, of every node): node 1: "
+                 "node 1 ("));
+  CHECK(contains(e0, "'s gpurun disconnected from node 0's store"));
+  // A static job cannot restart without the lost node, even with restarts left.
+  CHECK(contains(e0, "(no restart: node(s) 1 gone, and a static job needs every node)"));
+  CHECK_FALSE(contains(e0, "restarting the worker set"));
+}
+
+TEST_CASE(
+    "multinode: SIGKILL of node 0's gpurun -> node 1 stops its workers and exits 1 naming "
+    "node 0's store") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"NODE0_SLEEP", "60"}, {"NODE1_SLEEP", "60"}};
+  Node n0(0, port, env, dir.path);
+  Node n1(1, port, env, dir.path, {"--grace-period", "3"});
+  REQUIRE(wait_for_files(started(dir.path, 0), 20s));
+  REQUIRE(::kill(n0.pid, SIGKILL) == 0);
+  const auto t_kill = Clock::now();
+  const bool n1_done = n1.wait(15s);
+  const std::string e1 = n1.stderr_text();
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n1_done);
+  CHECK(Clock::now() - t_kill < 3s + 5s);
+  CHECK(n1.code() == 1);
+  CHECK(contains(e1, "node 0's store at 127.0.0.1:" + port + " is gone"));
+  CHECK(contains(e1, "stopping this node's workers"));
+}
+
+TEST_CASE(
+    "multinode: --max-restarts restarts every node together with one shared count (node "
+    "0's)") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"FAIL_ONCE", "1"}, {"NODE0_SLEEP", "2"}, {"NODE1_SLEEP", "1"}};
+  Node n0(0, port, env, dir.path, {"--max-restarts", "1"});
+  Node n1(1, port, env, dir.path);  // no --max-restarts: node 0's holds
+  const bool n0_done = n0.wait(30s);
+  const bool n1_done = n1.wait(10s);
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n0_done);
+  REQUIRE(n1_done);
+  CHECK(n0.code() == 0);
+  CHECK(n1.code() == 0);
+  CHECK(wait_for_files(started(dir.path, 1), 0ms));  // all four ranks ran attempt 1
+  CHECK_FALSE(fs::exists(dir.path / "started.2.0"));
+  CHECK(contains(e0, "restarting the worker set (restart 1 of at most 1)"));
+  CHECK(contains(e1, "restarting the worker set (restart 1 of at most 1)"));
+  CHECK(contains(e1, "warning: node 0 runs with --max-restarts 1, this node was given 0"));
+  CHECK(contains(e0,
+                 "root cause of attempt 0 (first failure in time, of every node): node 1, "
+                 "rank 2 (local rank 0)"));
+}
+
+TEST_CASE("multinode: a node with a different --nproc is refused at the start rendezvous") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}};
+  Node n0(0, port, env, dir.path);
+  Node n1(1, port, env, dir.path, {}, /*nproc=*/1);
+  const bool n0_done = n0.wait(15s);
+  const bool n1_done = n1.wait(10s);
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n0_done);
+  REQUIRE(n1_done);
+  CHECK(n0.code() == 1);
+  CHECK(n1.code() == 1);
+  CHECK(contains(e0, "joined with 1 workers (--nproc), node 0 has 2"));
+  CHECK(contains(e1, "refused this node: node 1 ("));
+  CHECK_FALSE(fs::exists(dir.path / "started.0.0"));  // no worker started anywhere
+}
+
+TEST_CASE("multinode: node 0 alone gives up after --join-timeout, naming the missing node") {
+  TempDir dir;
+  const auto t0 = Clock::now();
+  Node n0(0, free_port(), {{"OUT_DIR", dir.str()}}, dir.path, {"--join-timeout", "1"});
+  const bool done = n0.wait(15s);
+  const std::string e0 = n0.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  REQUIRE(done);
+  CHECK(Clock::now() - t0 < 10s);
+  CHECK(n0.code() == 1);
+  CHECK(contains(e0,
+                 "the start rendezvous timed out after 1 s (--join-timeout): node(s) 1 did "
+                 "not join"));
+  CHECK_FALSE(fs::exists(dir.path / "started.0.0"));
 }

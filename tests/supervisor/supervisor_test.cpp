@@ -524,3 +524,56 @@ TEST_CASE("supervisor: an error file that holds no report says why on its own li
   CHECK(err.find("message    :") == std::string::npos);
   CHECK(err.find("<not written>") == std::string::npos);
 }
+
+// ---- preemption (docs/cli.md#preemption) -----------------------------------------------------
+
+TEST_CASE("supervisor: SIGTERM asks runtime workers to stop at a boundary; the others at once") {
+  Harness h(2, /*max_restarts=*/3, [](SupervisorOptions& o) { o.stop_timeout = 300ms; });
+  h.sup->start();
+  CHECK(h.env(0, "GPURUN_PREEMPT_DIR") == h.run_dir + "/preempt");
+  CHECK(h.env(0, "GPURUN_PREEMPT_SIGNAL") == std::to_string(SIGUSR2));
+  // Rank 0's process group runs the worker runtime (it announced itself).
+  std::ofstream(h.run_dir + "/preempt/runtime." + std::to_string(h.proc(0).pid));
+  h.sup->handle_signal(SIGTERM);
+  CHECK(std::filesystem::exists(h.run_dir + "/preempt/stop"));
+  CHECK(h.proc(0).signals.empty());  // asked through the stop file, not signalled
+  CHECK(h.proc(1).signals == std::vector<int>{SIGTERM});
+  h.spawner.exit(0, {0, 0});  // stops at its boundary
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.proc(0).signals.empty());
+  CHECK(h.sup->exit_code() == 143);
+  CHECK(h.restarts.empty());
+}
+
+TEST_CASE("supervisor: a runtime worker that reaches no boundary: SIGTERM after stop_timeout") {
+  Harness h(1, 0, [](SupervisorOptions& o) { o.stop_timeout = 150ms; });
+  h.spawner.configure = [](FakeSpawner::Proc& p) { p.ignores_sigterm = true; };
+  h.sup->start();
+  std::ofstream(h.run_dir + "/preempt/runtime." + std::to_string(h.proc(0).pid));
+  h.sup->handle_signal(SIGTERM);
+  h.settle();
+  CHECK(h.proc(0).signals.empty());
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.proc(0).signals == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK(h.sup->exit_code() == 143);
+  CHECK(h.console.err.find("--stop-timeout of 150 ms over: rank 0") != std::string::npos);
+}
+
+TEST_CASE("supervisor: the preempt signal is forwarded; with stop_on_preempt the job stops") {
+  Harness h(1, 0, [](SupervisorOptions& o) {
+    o.preempt_signal = SIGURG;
+    o.stop_on_preempt = true;
+  });
+  h.sup->start();
+  std::ofstream(h.run_dir + "/preempt/runtime." + std::to_string(h.proc(0).pid));
+  h.sup->handle_signal(SIGURG);
+  CHECK(h.proc(0).signals == std::vector<int>{SIGURG});
+  CHECK(std::filesystem::exists(h.run_dir + "/preempt/stop"));
+  h.spawner.exit(0, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 128 + SIGURG);
+  CHECK(h.sup->shutdown_signal() == SIGURG);
+}

@@ -599,3 +599,62 @@ TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost',
   CHECK(all.find(snap.string()) != std::string::npos);
   CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
 }
+
+// ---- preemption (docs/cli.md#preemption, docs/worker-runtime.md#preemption) ------------------
+
+namespace {
+/// The first "epoch step" line of out/checkpoint.<gpu> ("" when none yet).
+std::string first_checkpoint(const TrainRun& run, int gpu) {
+  const fs::path p = run.out() / ("checkpoint." + std::to_string(gpu));
+  if (!fs::exists(p)) return {};
+  const std::string text = slurp(p);
+  return text.substr(0, text.find('\n'));
+}
+
+/// The preempt signal, then SIGTERM: every rank sees the checkpoint request at the same
+/// boundary, then stops at a boundary and exits 0 with the same state; gpurun exits 143.
+void preempt_then_stop(TrainRun& run, int nproc) {
+  run.wait_for("a trained epoch", [&] { return fs::exists(run.out() / "loss.0"); });
+  ::kill(run.proc.pid, SIGUSR2);
+  run.wait_for("the checkpoint request on every rank", [&] {
+    for (int g = 0; g < nproc; ++g)
+      if (first_checkpoint(run, g).empty()) return false;
+    return true;
+  });
+  for (int g = 1; g < nproc; ++g) CHECK(first_checkpoint(run, g) == first_checkpoint(run, 0));
+  ::kill(run.proc.pid, SIGTERM);
+  if (!run.wait(60s)) FAIL("gpurun did not stop\n" << run.full_diag());
+  INFO(run.full_diag());
+  CHECK(run.code() == 128 + SIGTERM);
+  // Every rank ended its loop at gpurun's request (no SIGTERM killed it) with one state.
+  std::set<std::string> sums;
+  for (int g = 0; g < nproc; ++g) {
+    const fs::path p = run.out() / ("stopped." + std::to_string(g));
+    REQUIRE(fs::exists(p));
+    sums.insert(slurp(p));
+  }
+  CHECK(sums.size() == 1);
+  int exits = 0;
+  for (auto& e : run.events("worker_exited")) {
+    CHECK(e.at("code").as_int64() == 0);
+    ++exits;
+  }
+  CHECK(exits == nproc);
+}
+}  // namespace
+
+TEST_CASE("preemption without --config: checkpoint at the same boundary, SIGTERM stops cleanly") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, std::nullopt, {"--epochs", "100000", "--epoch-ms", "20"}, {},
+               {"--stop-timeout", "50", "--grace-period", "5"});
+  preempt_then_stop(run, 2);
+}
+
+TEST_CASE(
+    "preemption with --config: the decision carries the checkpoint; SIGTERM -> exit decision") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0, 1]", "release", "every = 2\n"),
+               {"--epochs", "100000", "--epoch-ms", "20"}, {},
+               {"--stop-timeout", "50", "--grace-period", "5"});
+  preempt_then_stop(run, 2);
+}

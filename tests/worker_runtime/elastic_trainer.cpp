@@ -126,11 +126,22 @@ int run(int argc, char** argv) {
   std::ofstream indices(idx_path, std::ios::app);
   if (const char* g = std::getenv("GPURUN_JOIN_GENERATION"); g && std::string(g) != "0")
     std::this_thread::sleep_for(std::chrono::milliseconds(join_delay_ms));
+  // Preemption: each boundary interval with a checkpoint request, as "epoch step" lines in
+  // OUT_DIR/checkpoint.<gpu> (where a program would save its checkpoint).
+  bool requested = false;
+  const auto note_checkpoint = [&](int64_t epoch, int64_t step) {
+    if (rt->checkpoint_requested() && !requested)
+      std::ofstream(out / ("checkpoint." + std::to_string(rt->gpu_id())), std::ios::app)
+          << epoch << ' ' << step << '\n';
+    requested = rt->checkpoint_requested();
+  };
   for (int64_t epoch : rt->epochs(epochs)) {
+    note_checkpoint(epoch, 0);
     const long stop = stop_epoch(out / "stop");
     if (stop >= 0 && epoch >= stop) break;
     for (const gpurun::Step& step : rt->steps(micro)) {
       if (step.index == 0) epoch_loss_sum = epoch_count = 0;
+      note_checkpoint(step.epoch, step.index);
       double loss_sum = 0, count = 0;
       opt->zero_grad();
       indices << step.epoch;
@@ -167,6 +178,11 @@ int run(int argc, char** argv) {
   }
   if (rt->left()) {  // a leaver (release mode, or told to exit while parked)
     std::printf("elastic_trainer gpu %d: left the job\n", rt->gpu_id());
+    return 0;
+  }
+  if (rt->stop_requested()) {  // gpurun asked to stop (SIGTERM): save, exit 0
+    std::ofstream(out / ("stopped." + std::to_string(rt->gpu_id()))) << rt->state_checksum();
+    std::printf("elastic_trainer gpu %d: stopped by gpurun\n", rt->gpu_id());
     return 0;
   }
   std::printf("elastic_trainer gpu %d: done\n", rt->gpu_id());

@@ -1,5 +1,9 @@
 #include "comm/communicator.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -11,6 +15,9 @@
 #include <vector>
 
 #include "gpurun/check.hpp"
+#if GPURUN_HAVE_GLOO
+#include "comm/gloo/communicator.hpp"
+#endif
 #include "gpurun/store/client.hpp"
 #include "testing/store_server.hpp"
 
@@ -332,6 +339,39 @@ TEST_CASE("gloo: a rank that aborts or goes away mid-collective makes the others
     CHECK_FALSE(errors[2]);
     if (!destroy) CHECK(contains(late_call_error, "aborted"));
   }
+}
+
+TEST_CASE("gloo: the device listens where the other nodes can reach it") {
+  // One node: loopback, as before.
+  for (const std::string host : {"127.0.0.1", "localhost", "::1", "[::1]", ""}) {
+    CAPTURE(host);
+    const GlooListenAddress a = gloo_listen_address(host, "");
+    CHECK(a.hostname == "127.0.0.1");
+    CHECK(a.iface.empty());
+  }
+  // torch's GLOO_SOCKET_IFNAME wins; its first interface.
+  const GlooListenAddress named = gloo_listen_address("10.1.2.3", "ib0,eth0");
+  CHECK(named.iface == "ib0");
+  CHECK(named.hostname.empty());
+  // Several nodes: this host's address on the route to the master. Toward one of this host's
+  // own non-loopback addresses, the route's source address is that address (before: always
+  // 127.0.0.1, which no other node can dial).
+  ifaddrs* list = nullptr;
+  REQUIRE(::getifaddrs(&list) == 0);
+  std::string own;
+  for (ifaddrs* i = list; i && own.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) own = text;
+  }
+  ::freeifaddrs(list);
+  if (own.empty()) {
+    MESSAGE("skipped the route case: this host has no non-loopback IPv4 address");
+    return;
+  }
+  CAPTURE(own);
+  CHECK(gloo_listen_address(own, "").hostname == own);
 }
 
 #endif  // GPURUN_HAVE_GLOO

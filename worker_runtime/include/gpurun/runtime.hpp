@@ -130,6 +130,18 @@ class Runtime {
   /// assumes training went to the end. False for a rank whose loop ended because the job is
   /// finishing (it holds the final state). Not thread-safe with the training loop.
   bool left() const;
+  /// Preemption (docs/worker-runtime.md#preemption): true from the boundary at which gpurun's
+  /// checkpoint request (its preemption-warning signal, `--preempt-signal`, default SIGUSR2)
+  /// reached this job until the next boundary — the same boundary on every rank, so every
+  /// rank can save (rank 0 writes) between those two boundaries. Elastic: the decision
+  /// carries it; static: the ranks agree on it at every epoch boundary (one 8-byte all-gather
+  /// while gpurun runs the job). Not thread-safe with the training loop.
+  bool checkpoint_requested() const;
+  /// True once the loops ended because gpurun asked the job to stop (it received SIGTERM, or
+  /// the warning signal with --requeue): epochs() and steps() finished at a boundary, the
+  /// same one on every rank, and the state is the one trained to there. Save a checkpoint
+  /// and return 0 before gpurun's --stop-timeout runs out (then SIGTERM comes).
+  bool stop_requested() const;
   /// Slots of the current generation, sorted (rank = index).
   std::vector<int> active_gpus() const;
 

@@ -2,10 +2,12 @@
 // Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
 #include "gpurun/runtime.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +58,12 @@ int index_of(const std::vector<int>& v, int x) {
   return it == v.end() ? -1 : static_cast<int>(it - v.begin());
 }
 
+/// Preemption-warning signals caught (the handler only counts; boundaries read it).
+std::atomic<uint64_t> g_preempt_signals{0};
+extern "C" void on_preempt_signal(int) {
+  g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// Thrown inside the runtime when this rank has left the job (a release-mode leaver, or a
 /// hold-mode one told to exit while parked), to unwind to the loop that then ends; never
 /// escapes to user code.
@@ -96,6 +104,14 @@ struct Runtime::Impl {
   rt::SnapshotPaths snapshot_paths() const { return {snapshot_path, snapshot_fallback_path}; }
   bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE=1: map the snapshot file ahead
   Trace trace;
+  // Preemption (docs/cli.md#preemption): gpurun's request files, the signals seen so far.
+  std::string preempt_dir;
+  uint64_t preempt_seen = 0;
+  bool checkpoint_req = false;  // checkpoint_requested(): this boundary interval
+  bool stop_req = false;        // stop_requested()
+  bool stop_file_exists() const {
+    return !preempt_dir.empty() && ::access((preempt_dir + "/stop").c_str(), F_OK) == 0;
+  }
 
   rt::StateRegistry registry;
   bool tracked = false;
@@ -224,6 +240,7 @@ struct Runtime::Impl {
   /// start record / wake of a joiner). `have_state`: this process holds the current state.
   void enter(const Decision& d, bool have_state) {
     const auto t0 = Clock::now();
+    checkpoint_req = d.checkpoint;
     const int src = d.state_source.gpu;  // -1 unless a peer hands the state on
     const bool member = d.is_member(slot);
     if (grads) grads->set_communicator(nullptr);
@@ -408,7 +425,8 @@ struct Runtime::Impl {
   /// A boundary: report, wait for the decision, follow it. Returns false when the job is
   /// finishing (loops end).
   bool boundary(int64_t report_epoch, int64_t report_step) {
-    if (!control || finishing) return !finishing;
+    if (finishing) return false;
+    if (!control) return static_boundary();
     const auto t0 = Clock::now();
     Decision d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, {});
     // A pause is wanted: the state source writes the snapshot while everyone still holds the
@@ -429,12 +447,18 @@ struct Runtime::Impl {
                              {"wait_ms", Trace::num(wait_ms)}});
     switch (d.kind) {
       case Decision::Kind::kContinue:
+        checkpoint_req = d.checkpoint;
         every_steps = d.every_steps;
         global_batch = d.global_batch;
         if (prepare_snapshot) prepare_snapshot_once();
         return true;
       case Decision::Kind::kExit:
         finishing = true;
+        checkpoint_req = false;
+        stop_req = stop_file_exists();  // gpurun writes it before asking for the exit
+        if (stop_req)
+          trace.write("stop",
+                      {{"epoch", Trace::num(report_epoch)}, {"step", Trace::num(report_step)}});
         return false;
       case Decision::Kind::kResize: {
         const int64_t e = epoch;
@@ -477,6 +501,33 @@ struct Runtime::Impl {
     }
     throw control::ProtocolError(
         fmt::format("unexpected decision kind {} at a boundary", control::to_string(d.kind)));
+  }
+
+  /// A static job's boundary (no control protocol), only while gpurun runs it
+  /// (GPURUN_PREEMPT_DIR): this rank's requests — a warning signal caught since the last
+  /// boundary (checkpoint), the stop file (stop) — OR-ed over the world with one all-gather, so
+  /// that every rank acts at the same boundary. Returns false when the job stops here.
+  bool static_boundary() {
+    if (preempt_dir.empty()) return true;
+    int64_t mine = 0;
+    const uint64_t n = g_preempt_signals.load(std::memory_order_relaxed);
+    if (n != preempt_seen) {
+      preempt_seen = n;
+      mine |= 1;
+    }
+    if (stop_file_exists()) mine |= 2;
+    int64_t all = mine;
+    if (comm && world > 1)
+      for (int64_t bits : comm->all_gather_int64(mine)) all |= bits;
+    checkpoint_req = (all & 1) != 0;
+    if ((all & 3) != 0)
+      trace.write("preempt", {{"epoch", Trace::num(epoch)},
+                              {"checkpoint", Trace::num(all & 1)},
+                              {"stop", Trace::num((all >> 1) & 1)}});
+    if ((all & 2) == 0) return true;
+    stop_req = true;
+    finishing = true;
+    return false;
   }
 
   /// The state source's part of a `snapshot` decision: writes the pause snapshot (primary
@@ -654,6 +705,25 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
   detail::RuntimeSeams seams;
   seams.options = std::move(options);
   seams.env = rt::RuntimeEnv::from_env();
+  // Preemption (docs/cli.md#preemption): catch gpurun's warning signal (its default action
+  // would end the process) unless the program handles it, then tell gpurun that this process
+  // group's runtime stops at a boundary when asked (runtime.<pgid>).
+  if (seams.env.preempt_signal > 0) {
+    struct sigaction cur {};
+    if (::sigaction(seams.env.preempt_signal, nullptr, &cur) == 0 && cur.sa_handler == SIG_DFL) {
+      struct sigaction sa {};
+      sa.sa_handler = on_preempt_signal;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(seams.env.preempt_signal, &sa, nullptr);
+    }
+  }
+  if (!seams.env.preempt_dir.empty()) {
+    const std::string ack =
+        fmt::format("{}/runtime.{}", seams.env.preempt_dir, static_cast<long>(::getpgrp()));
+    const int fd = ::open(ack.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) ::close(fd);  // without it gpurun forwards SIGTERM at once: nothing is lost
+  }
   seams.progress = control::ProgressWriter::from_env();
   if (auto wc = control::WorkerControl::from_env())
     seams.control = rt::make_worker_control_client(std::move(wc));
@@ -688,6 +758,8 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->snapshot_path = e.snapshot_path;
   m->snapshot_fallback_path = e.snapshot_fallback_path;
   m->prepare_snapshot = e.prepare_snapshot;
+  m->preempt_dir = e.preempt_dir;
+  m->preempt_seen = g_preempt_signals.load(std::memory_order_relaxed);
   const std::string trace_dir = !m->opt.trace_dir.empty() ? m->opt.trace_dir : e.trace_dir;
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
   m->comm_factory = seams.make_comm ? std::move(seams.make_comm) : &rt::make_communicator;
@@ -739,6 +811,12 @@ WorkerState Runtime::state() const {
 }
 bool Runtime::left() const {
   return impl_->state == WorkerState::kExited;
+}
+bool Runtime::checkpoint_requested() const {
+  return impl_->checkpoint_req;
+}
+bool Runtime::stop_requested() const {
+  return impl_->stop_req;
 }
 std::vector<int> Runtime::active_gpus() const {
   return impl_->active;

@@ -65,6 +65,11 @@ RuntimeEnv RuntimeEnv::from_env() {
   e.snapshot_fallback_path = getenv_nonempty(env::kSnapshotFallbackPath).value_or("");
   e.prepare_snapshot = getenv_nonempty(env::kSnapshotPrepare).value_or("0") == "1";
   e.trace_dir = getenv_nonempty(env::kTraceDir).value_or("");
+  e.preempt_dir = getenv_nonempty(env::kPreemptDir).value_or("");
+  e.preempt_signal = static_cast<int>(env_int(env::kPreemptSignal, 0));
+  if (e.preempt_signal < 0 || e.preempt_signal > 64)
+    throw Error(fmt::format("environment variable {}={} is not a signal number",
+                            env::kPreemptSignal, e.preempt_signal));
   return e;
 }
 

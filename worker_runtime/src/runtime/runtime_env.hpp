@@ -32,6 +32,10 @@ struct RuntimeEnv {
   std::string snapshot_fallback_path;
   bool prepare_snapshot = false;  ///< GPURUN_SNAPSHOT_PREPARE=1
   std::string trace_dir;          ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
+  /// GPURUN_PREEMPT_DIR: gpurun's requests (`stop`) and this process's answer
+  /// (`runtime.<pgid>`); empty when gpurun did not set it (docs/cli.md#preemption).
+  std::string preempt_dir;
+  int preempt_signal = 0;  ///< GPURUN_PREEMPT_SIGNAL: the warning signal's number (0: none)
 
   /// Reads the variables. Throws gpurun::Error naming the variable when one is malformed.
   static RuntimeEnv from_env();

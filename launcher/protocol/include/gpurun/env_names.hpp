@@ -34,5 +34,12 @@ inline constexpr const char* kPowerLockDir = "GPURUN_POWER_LOCK_DIR";  ///< per-
 /// Where the pause snapshot goes when GPURUN_SNAPSHOT_PATH (in /dev/shm) cannot hold it (full):
 /// <run_dir>/state.snapshot. Set only when the primary path is not that file already.
 inline constexpr const char* kSnapshotFallbackPath = "GPURUN_SNAPSHOT_FALLBACK_PATH";
+/// Preemption (docs/cli.md#preemption): the directory of gpurun's requests to the worker
+/// runtime (<run_dir>/preempt: `stop` = stop at the next boundary) and of its answers
+/// (`runtime.<pgid>`: this process group's runtime handles them).
+inline constexpr const char* kPreemptDir = "GPURUN_PREEMPT_DIR";
+/// The preemption-warning signal's number (--preempt-signal; 0 = none): the runtime catches it
+/// as a "checkpoint now" request.
+inline constexpr const char* kPreemptSignal = "GPURUN_PREEMPT_SIGNAL";
 
 }  // namespace gpurun::env

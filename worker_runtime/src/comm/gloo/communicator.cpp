@@ -1,7 +1,13 @@
 #include "comm/gloo/communicator.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
@@ -23,6 +29,10 @@
 namespace gpurun::rt {
 
 namespace {
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -57,6 +67,54 @@ long long elapsed_ms(Clock::time_point since) {
 }
 
 }  // namespace
+
+GlooListenAddress gloo_listen_address(const std::string& store_host,
+                                      const std::string& gloo_socket_ifname) {
+  GlooListenAddress attr;
+  if (!gloo_socket_ifname.empty()) {
+    attr.iface = gloo_socket_ifname.substr(0, gloo_socket_ifname.find(','));
+    return attr;
+  }
+  std::string host = store_host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host.empty() || is_loopback_host(host)) {
+    attr.hostname = "127.0.0.1";
+    return attr;
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) == 0 && res) {
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+      const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof local;
+      char text[INET6_ADDRSTRLEN] = {};
+      bool ok = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+      if (ok && local.ss_family == AF_INET)
+        ok = ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&local)->sin_addr, text,
+                         sizeof text) != nullptr;
+      else if (ok && local.ss_family == AF_INET6)
+        ok = ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, text,
+                         sizeof text) != nullptr;
+      else
+        ok = false;
+      ::close(fd);
+      if (ok) {
+        ::freeaddrinfo(res);
+        attr.hostname = text;
+        return attr;
+      }
+    }
+    ::freeaddrinfo(res);
+  }
+  char name[256] = {};
+  attr.hostname = ::gethostname(name, sizeof name - 1) == 0 ? name : "127.0.0.1";
+  return attr;
+}
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<::gloo::Context> context, CommOptions options)
     : context_(std::move(context)), options_(std::move(options)) {}
@@ -322,8 +380,11 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
   auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
   context->setTimeout(options.timeout);
   try {
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    const GlooListenAddress where = gloo_listen_address(options.store.host, ifname ? ifname : "");
     ::gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    attr.iface = where.iface;
+    attr.hostname = where.hostname;
     auto device = ::gloo::transport::tcp::CreateDevice(attr);
     context->connectFullMesh(*store, device);
     if (options.size > 1) {

@@ -1,5 +1,5 @@
-// gpurun::rt::GlooCommunicator — Communicator over Gloo's TCP transport, for CPU tensors of
-// processes on this node (elastic mode is single-node: the transport binds 127.0.0.1).
+// gpurun::rt::GlooCommunicator — Communicator over Gloo's TCP transport, for CPU tensors; the
+// device's address is chosen by gloo_listen_address (one node: 127.0.0.1).
 #pragma once
 
 #include <atomic>
@@ -16,6 +16,19 @@ class Context;
 }  // namespace gloo
 
 namespace gpurun::rt {
+
+/// Where this rank's Gloo device listens (every peer dials it): exactly one of the two is set.
+struct GlooListenAddress {
+  std::string iface;     ///< an interface name (from GLOO_SOCKET_IFNAME)
+  std::string hostname;  ///< a numeric address or host name
+};
+/// The rule of docs/worker-runtime.md#gloo-across-nodes: `gloo_socket_ifname` (torch's
+/// GLOO_SOCKET_IFNAME; its first entry) when non-empty; 127.0.0.1 while `store_host` (the
+/// master address, maybe "[v6]") is loopback; else this host's source address on the route
+/// to `store_host` (a connected UDP socket; nothing is sent); else the host name. Blocks for
+/// a name lookup of `store_host`; never throws.
+GlooListenAddress gloo_listen_address(const std::string& store_host,
+                                      const std::string& gloo_socket_ifname);
 
 /// Rendezvous (see make_gloo_communicator), then blocking collectives on CPU tensors.
 /// Every collective blocks the calling thread until it completed on this rank or failed.

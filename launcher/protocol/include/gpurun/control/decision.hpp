@@ -74,6 +74,9 @@ struct Decision {
   ParkMode park_mode = ParkMode::kRelease;
   int64_t every_steps = 0;   ///< 0 = every epoch
   int64_t global_batch = 0;  ///< 0 = unset
+  /// gpurun received the preemption-warning signal (docs/cli.md#preemption): every rank sees
+  /// Runtime::checkpoint_requested() from this boundary on. On the wire only when true.
+  bool checkpoint = false;
 
   /// Rank of `gpu` in `active`, -1 when it is not a member.
   int rank_of(int gpu) const;

@@ -1,0 +1,224 @@
+// --master-addr through the real gpurun binary (docs/cli.md#master-address-and-where-the-store-
+// listens): a name that does not resolve fails at start on every node, an address of another
+// host fails at start on node 0; node 0's store listens on every interface only with
+// --nnodes > 1 (loopback, or exactly the master address, with one node).
+#include <doctest/doctest.h>
+
+#include "gpurun_process.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "supervisor/master_address.hpp"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+namespace sv = gpurun::supervisor;
+
+namespace {
+
+const std::string kGpurun = GPURUN_BINARY;
+// Waits until $OUT_DIR/stop exists, then exits 0.
+const std::string kWaitForStop =
+    "while [ ! -e \"$OUT_DIR/stop\" ]; do sleep 0.05; done; echo \"$MASTER_ADDR\" > "
+    "\"$OUT_DIR/addr.$RANK\"";
+
+using gpurun::testing::ChildProcess;
+using gpurun::testing::TempDir;
+
+/// A port that was free a moment ago (bind port 0, read it back, close).
+std::string free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(s);
+  return std::to_string(ntohs(addr.sin_port));
+}
+
+/// 0 when a TCP connection to numeric `host`:`port` is accepted, else the errno of connect.
+int connect_errno(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  REQUIRE(::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0);
+  const int s = ::socket(res->ai_family, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  const int rc = ::connect(s, res->ai_addr, res->ai_addrlen);
+  const int err = rc == 0 ? 0 : errno;
+  ::close(s);
+  ::freeaddrinfo(res);
+  return err;
+}
+
+/// Waits (up to 20 s) until `host`:`port` accepts a connection: the store is up.
+bool wait_listening(const std::string& host, const std::string& port) {
+  const auto end = Clock::now() + 20s;
+  while (Clock::now() < end) {
+    if (connect_errno(host, port) == 0) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+/// A non-loopback, non-link-local address of this host of the family (AF_INET/AF_INET6).
+std::optional<std::string> non_loopback_address(int family) {
+  for (const sv::InterfaceAddress& a : sv::interface_addresses()) {
+    const bool v6 = a.address.find(':') != std::string::npos;
+    if (v6 != (family == AF_INET6)) continue;
+    if (a.address.rfind("127.", 0) == 0 || a.address == "::1" || a.address.rfind("fe80", 0) == 0)
+      continue;
+    return a.address;
+  }
+  return std::nullopt;
+}
+
+/// gpurun with `args` (before the worker command) and two CPU workers running kWaitForStop.
+struct Gpurun : ChildProcess {
+  Gpurun(std::vector<std::string> args, const TempDir& dir, const std::string& name)
+      : ChildProcess(argv(std::move(args)), {{"OUT_DIR", dir.str()}}, dir.path / (name + ".stdout"),
+                     dir.path / (name + ".stderr")) {}
+
+ private:
+  static std::vector<std::string> argv(std::vector<std::string> args) {
+    std::vector<std::string> a{kGpurun};
+    a.insert(a.end(), args.begin(), args.end());
+    for (const char* w : {"--nproc", "2", "--device", "cpu", "sh", "-c"}) a.emplace_back(w);
+    a.push_back(kWaitForStop);
+    return a;
+  }
+};
+
+/// Lets the workers of `g` finish and waits for gpurun's exit status.
+int stop(Gpurun& g, const TempDir& dir) {
+  std::ofstream(dir.path / "stop") << "\n";
+  if (!g.wait(30s)) return -1;
+  return g.code();
+}
+
+}  // namespace
+
+TEST_CASE("address: a --master-addr that does not resolve fails at start on node 0 and node 1") {
+  for (const std::string rank : {"0", "1"}) {
+    CAPTURE(rank);
+    TempDir dir;
+    const auto start = Clock::now();
+    Gpurun g({"--nnodes", "2", "--node-rank", rank, "--master-port", free_port(), "--master-addr",
+              "nosuchhost.invalid"},
+             dir, "node" + rank);
+    REQUIRE(g.wait(10s));
+    CHECK(Clock::now() - start < 1s);
+    CHECK(g.code() == 2);
+    CHECK(g.stderr_text() ==
+          "gpurun: error: --master-addr 'nosuchhost.invalid' does not resolve: Name or service "
+          "not known\n");
+    CHECK_FALSE(fs::exists(dir.path / "addr.0"));  // no worker started
+  }
+}
+
+TEST_CASE("address: on node 0 an address of another host fails at start, naming it and why") {
+  const std::string other = "203.0.113.7";  // TEST-NET-3 (RFC 5737): no host has it
+  if (!sv::local_addresses({other}, sv::interface_addresses()).empty()) {
+    MESSAGE("skipped: this host has " << other);
+    return;
+  }
+  for (const std::string nnodes : {"1", "2"}) {
+    CAPTURE(nnodes);
+    TempDir dir;
+    const auto start = Clock::now();
+    Gpurun g({"--nnodes", nnodes, "--node-rank", "0", "--master-port", free_port(), "--master-addr",
+              other},
+             dir, "node0");
+    REQUIRE(g.wait(10s));
+    const std::string err = g.stderr_text();
+    INFO(err);
+    CHECK(Clock::now() - start < 1s);
+    CHECK(g.code() == 2);
+    CHECK(err.rfind("gpurun: error: --master-addr '203.0.113.7' is not this host: node 0 hosts the "
+                    "store, but 203.0.113.7 is not an address of this host (lo: 127.0.0.1",
+                    0) == 0);
+    CHECK(err.find("start node 0 (--node-rank 0) on the host this address names") !=
+          std::string::npos);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK_FALSE(fs::exists(dir.path / "addr.0"));
+  }
+}
+
+TEST_CASE("address: with one node the store listens on loopback only, not on other interfaces") {
+  const std::optional<std::string> lan = non_loopback_address(AF_INET);
+  if (!lan) {
+    MESSAGE("skipped: this host has no non-loopback IPv4 address");
+    return;
+  }
+  TempDir dir;
+  const std::string port = free_port();
+  Gpurun g({"--master-port", port}, dir, "single");
+  REQUIRE(wait_listening("127.0.0.1", port));
+  CHECK(connect_errno("::1", port) == 0);
+  CHECK(connect_errno(*lan, port) == ECONNREFUSED);  // before the fix: "::", every interface
+  if (const auto lan6 = non_loopback_address(AF_INET6))
+    CHECK(connect_errno(*lan6, port) == ECONNREFUSED);
+  INFO(g.stderr_text());
+  CHECK(stop(g, dir) == 0);
+}
+
+TEST_CASE(
+    "address: with one node and --master-addr <this host's address> the store listens there "
+    "only") {
+  const std::optional<std::string> lan = non_loopback_address(AF_INET);
+  if (!lan) {
+    MESSAGE("skipped: this host has no non-loopback IPv4 address");
+    return;
+  }
+  TempDir dir;
+  const std::string port = free_port();
+  Gpurun g({"--master-port", port, "--master-addr", *lan}, dir, "single");
+  REQUIRE(wait_listening(*lan, port));
+  CHECK(connect_errno("127.0.0.1", port) == ECONNREFUSED);
+  INFO(g.stderr_text());
+  CHECK(stop(g, dir) == 0);
+  std::ifstream in(dir.path / "addr.0");
+  std::string addr;
+  in >> addr;
+  CHECK(addr == *lan);  // verbatim
+}
+
+TEST_CASE("address: with --nnodes 2 node 0's store listens on every interface, IPv4 and IPv6") {
+  const std::optional<std::string> lan = non_loopback_address(AF_INET);
+  if (!lan) {
+    MESSAGE("skipped: this host has no non-loopback IPv4 address");
+    return;
+  }
+  TempDir dir;
+  const std::string port = free_port();
+  Gpurun n0({"--nnodes", "2", "--node-rank", "0", "--master-port", port}, dir, "node0");
+  REQUIRE(wait_listening("127.0.0.1", port));
+  CHECK(connect_errno(*lan, port) == 0);  // before the fix: loopback only for 127.0.0.1
+  CHECK(connect_errno("::1", port) == 0);
+  if (const auto lan6 = non_loopback_address(AF_INET6)) CHECK(connect_errno(*lan6, port) == 0);
+  Gpurun n1({"--nnodes", "2", "--node-rank", "1", "--master-port", port}, dir, "node1");
+  INFO("node 0 stderr:\n" << n0.stderr_text());
+  INFO("node 1 stderr:\n" << n1.stderr_text());
+  CHECK(stop(n1, dir) == 0);
+  CHECK(stop(n0, dir) == 0);
+}
