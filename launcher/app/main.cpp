@@ -13,7 +13,9 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -83,6 +85,7 @@ class BackendStore final : public gpurun::supervisor::LocalStore {
     return b_.compare_set(key, "", value);
   }
   void reset_keyspace(const std::string& keep_prefix) override { b_.reset_keyspace(keep_prefix); }
+  void remove(const std::string& key) override { b_.delete_key(key); }
 
  private:
   gpurun::store::Backend& b_;
@@ -416,22 +419,6 @@ int run(int argc, char** argv) {
     node_opts.join_timeout = opt.join_timeout;
     node_opts.say = [](const std::string& line) { print_err(line); };
   }
-  if (plan.nnodes > 1 && plan.node_rank > 0) {
-    node_sync = std::make_unique<sv::NodeSync>(io, node_opts);
-    try {
-      const sv::JobStart js = node_sync->join();
-      if (js.max_restarts != plan.max_restarts)
-        print_err(fmt::format(
-            "warning: node 0 runs with --max-restarts {}, this node was given {}: node 0 decides "
-            "restarts for the whole job, so {} holds",
-            js.max_restarts, plan.max_restarts, js.max_restarts));
-      plan.run_id = js.run_id;
-      plan.max_restarts = js.max_restarts;
-    } catch (const gpurun::Error& e) {
-      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
-      return kExitLauncherError;
-    }
-  }
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
@@ -439,6 +426,49 @@ int run(int argc, char** argv) {
   signals.add(SIGQUIT);  // stops the job like SIGTERM (torchrun's agent does the same)
   if (opt.preempt_signal != 0 && opt.preempt_signal != SIGUSR1 && opt.preempt_signal != SIGUSR2)
     signals.add(opt.preempt_signal);  // --preempt-signal (docs/cli.md#preemption)
+  if (plan.nnodes > 1 && plan.node_rank > 0) {
+    // The join blocks on its own thread; this one handles signals meanwhile (a stop signal
+    // ends the join within about a second, exit 128 + signal).
+    node_sync = std::make_unique<sv::NodeSync>(io, node_opts);
+    std::optional<sv::JobStart> joined;
+    std::exception_ptr join_error;
+    auto guard = asio::make_work_guard(io);
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (!ec && (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT)) node_sync->cancel_join(sig);
+    });
+    std::thread joiner([&] {
+      try {
+        joined = node_sync->join();
+      } catch (...) {
+        join_error = std::current_exception();
+      }
+      asio::post(io, [&] {
+        boost::system::error_code ignored;
+        signals.cancel(ignored);
+        guard.reset();
+      });
+    });
+    io.run();
+    joiner.join();
+    io.restart();
+    try {
+      if (join_error) std::rethrow_exception(join_error);
+      const sv::JobStart& js = *joined;
+      if (js.max_restarts != plan.max_restarts)
+        print_err(fmt::format(
+            "warning: node 0 runs with --max-restarts {}, this node was given {}: node 0 decides "
+            "restarts for the whole job, so {} holds",
+            js.max_restarts, plan.max_restarts, js.max_restarts));
+      plan.run_id = js.run_id;
+      plan.max_restarts = js.max_restarts;
+    } catch (const sv::JoinError& e) {
+      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
+      return e.code;
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
+      return kExitLauncherError;
+    }
+  }
   // Preemption timing: under Slurm the defaults fit inside KillWait.
   const sv::StopTiming stop_timing = sv::stop_timing(opt, inherited);
   if (!stop_timing.note.empty()) print_err(stop_timing.note);
@@ -455,6 +485,11 @@ int run(int argc, char** argv) {
       if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
       so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
+      if (plan.nnodes > 1 && plan.master_port == 0)
+        print_err(
+            fmt::format("node 0's store listens on port {}: start the other nodes with "
+                        "--master-port {}",
+                        store->port(), store->port()));
       plan.master_port = store->port();
     }
     if (!opt.log_dir) sv::remove_stale_run_dirs(sv::temp_run_base());  // left by kill -9
@@ -630,8 +665,11 @@ int run(int argc, char** argv) {
     node_sync = std::make_unique<sv::NodeSync>(io, node_opts, *node0_store);
   }
   if (node_sync) {
-    node_sync->on_peer_failure = [&supervisor](const std::string& why) {
-      supervisor.stop_for_peer(why);
+    node_sync->on_peer_failure = [&supervisor](const std::string& why, int sig) {
+      if (sig != 0)
+        supervisor.peer_signal(sig, why);
+      else
+        supervisor.stop_for_peer(why);
     };
     node_sync->on_root_cause = [&events](int attempt, const sv::NodeFailure& root) {
       print_err(fmt::format(
@@ -693,12 +731,16 @@ int run(int argc, char** argv) {
           if (stop) {
             rendezvous_signal = sig;
             node_sync->cancel_rendezvous(
-                fmt::format("node 0 received signal {} during the start rendezvous", sig));
+                fmt::format("node 0 received {} during the start rendezvous", sv::signal_name(sig)),
+                128 + sig);
             return;
           }
         } else if (node_sync && node_sync->waiting()) {  // the other nodes' end is awaited
           if (stop) node_sync->interrupt(sig);
         } else {
+          // Several nodes: the others stop the same way (e.g. SIGTERM: at their next boundary).
+          if (node_sync && stop && !supervisor.done())
+            node_sync->local_signal(supervisor.attempt(), sig);
           supervisor.handle_signal(sig);
         }
         if (!supervisor.done()) signals.async_wait(on_signal);
@@ -755,6 +797,10 @@ int run(int argc, char** argv) {
     const sv::RequeueResult rq = sv::requeue_job(inherited);
     print_err(rq.message);
     if (rq.requeued) code = sv::kExitRequeued;
+    events.emit("requeue", sv::JsonObject()
+                               .add("requeued", rq.requeued)
+                               .add("exit_code", code)
+                               .add("message", rq.message));
   }
   if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
     print_err(fmt::format(

@@ -14,6 +14,7 @@
 #include "gpurun/error.hpp"
 #include "gpurun/store/client.hpp"
 #include "gpurun/store/live_keys.hpp"
+#include "supervisor/process_spawner.hpp"
 
 namespace gpurun::supervisor {
 
@@ -199,13 +200,20 @@ void NodeSync::arm(std::function<void()> tick) {
 JobStart NodeSync::join() {
   const auto t0 = Clock::now();
   const std::string where = fmt::format("{}:{}", opt_.host, opt_.port);
+  const auto cancelled = [&] {
+    if (const int sig = join_cancel_.load())
+      throw JoinError(
+          128 + sig, fmt::format("{} while joining node 0's store at {}", signal_name(sig), where));
+  };
   int windows = 0;
   std::string last;
   while (!store_->client) {
+    cancelled();
     store::ClientOptions co;
     co.host = opt_.host;
     co.port = opt_.port;
-    co.timeout = opt_.op_timeout;
+    // Short windows while connecting, so that a signal is seen within about a second.
+    co.timeout = std::min(opt_.op_timeout, std::chrono::milliseconds(1000));
     ++windows;
     try {
       store_->client = std::make_unique<store::Client>(co);
@@ -213,47 +221,74 @@ JobStart NodeSync::join() {
     } catch (const gpurun::Error& e) {
       last = e.what();
     }
+    if (windows == 1 && opt_.say)
+      opt_.say(fmt::format("node {}: waiting for node 0's store at {} (at most {})", opt_.node_rank,
+                           where, seconds(opt_.connect_timeout)));
     if (Clock::now() - t0 >= opt_.connect_timeout)
-      throw gpurun::Error(fmt::format(
-          "node 0's store at {} did not answer within {} ({} tried in {} windows; last: {})", where,
-          seconds(opt_.connect_timeout), seconds(Clock::now() - t0), windows, last));
+      throw JoinError(1, fmt::format("node 0's store at {} did not answer within {} ({} tried in "
+                                     "{} windows; last: {})",
+                                     where, seconds(opt_.connect_timeout),
+                                     seconds(Clock::now() - t0), windows, last));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a window can end early
   }
+  store::ClientOptions co;
+  co.host = opt_.host;
+  co.port = opt_.port;
+  co.timeout = opt_.op_timeout;
   const std::string me = fmt::format("{} {}", this_host(), ::getpid());
+  const std::string record = fmt::format("{} {} {}", opt_.nproc, opt_.nnodes, me);
   const auto t_join = Clock::now();
   try {
+    // First come, first served: a second gpurun with the same --node-rank is refused.
+    const std::string held =
+        store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
+    if (held != record) {
+      std::vector<std::string> f;
+      std::string rest;
+      const std::string other = split_fields(held, 2, f, rest) ? rest : held;
+      throw JoinError(1, fmt::format("another gpurun ({}) already joined node 0's store at {} as "
+                                     "node {}: every node needs its own --node-rank",
+                                     other, where, opt_.node_rank));
+    }
     store_->client->set(job_keys::live(opt_.node_rank), me);
-    store_->client->set(job_keys::join(opt_.node_rank), fmt::format("{} {}", opt_.nproc, me));
+    if (opt_.say)
+      opt_.say(fmt::format(
+          "node {}: joined node 0's store at {}; waiting for the other nodes (at most {})",
+          opt_.node_rank, where, seconds(opt_.join_timeout)));
     for (;;) {
+      cancelled();
       if (const auto v = store_->get(job_keys::start())) {
         std::vector<std::string> f;
         std::string rest;
-        if (v->rfind("error ", 0) == 0)
-          throw gpurun::Error(
-              fmt::format("node 0 ({}) refused this node: {}", where, v->substr(6)));
+        if (v->rfind("error ", 0) == 0) {
+          int code = 1;
+          std::string why = v->substr(6);
+          if (split_fields(why, 1, f, rest) && parse_int(f[0], code)) why = rest;
+          throw JoinError(code, fmt::format("node 0 ({}) refused this node: {}", where, why));
+        }
         JobStart js;
         if (!split_fields(*v, 2, f, js.run_id) || f[0] != "ok" ||
             !parse_int(f[1], js.max_restarts) || js.run_id.empty())
-          throw gpurun::Error(
-              fmt::format("node 0's start record {} = '{}' is not gpurun's (another program on "
-                          "{}?)",
-                          job_keys::start(), *v, where));
+          throw JoinError(1, fmt::format("node 0's start record {} = '{}' is not gpurun's "
+                                         "(another program on {}?)",
+                                         job_keys::start(), *v, where));
         for (int r = 0; r < opt_.nnodes; ++r)  // the hosts, to name nodes in messages
           if (const auto j = store_->get(job_keys::join(r)))
-            if (split_fields(*j, 2, f, rest)) hosts_[static_cast<std::size_t>(r)] = f[1];
+            if (split_fields(*j, 3, f, rest)) hosts_[static_cast<std::size_t>(r)] = f[2];
         return js;
       }
       if (Clock::now() - t_join >= opt_.join_timeout)
-        throw gpurun::Error(fmt::format(
-            "the start rendezvous at {} timed out after {} (--join-timeout): node 0 did not "
-            "start the job (are all {} nodes started, with --nnodes {}?)",
-            where, seconds(opt_.join_timeout), opt_.nnodes, opt_.nnodes));
+        throw JoinError(1,
+                        fmt::format("the start rendezvous at {} timed out after {} "
+                                    "(--join-timeout): node 0 did not start the job (are all "
+                                    "{} nodes started, with --nnodes {}?)",
+                                    where, seconds(opt_.join_timeout), opt_.nnodes, opt_.nnodes));
       std::this_thread::sleep_for(opt_.poll_interval);
     }
   } catch (const gpurun::StoreError& e) {
-    throw gpurun::Error(
-        fmt::format("node 0's store at {} failed during the start rendezvous after {}: {}", where,
-                    seconds(Clock::now() - t0), e.what()));
+    throw JoinError(1, fmt::format("node 0's store at {} failed during the start rendezvous "
+                                   "after {}: {}",
+                                   where, seconds(Clock::now() - t0), e.what()));
   }
 }
 
@@ -265,6 +300,12 @@ void NodeSync::rendezvous(std::function<void(const std::string& error)> ready) {
 
 void NodeSync::rendezvous_tick() {
   std::vector<int> missing;
+  const auto refuse = [this](const std::string& error) {
+    store_->set(job_keys::start(), "error 1 " + one_line(error));
+    auto r2 = std::move(ready_);
+    ready_ = nullptr;
+    r2(error);
+  };
   for (int r = 1; r < opt_.nnodes; ++r) {
     const auto v = store_->get(job_keys::join(r));
     if (!v) {
@@ -273,24 +314,36 @@ void NodeSync::rendezvous_tick() {
     }
     std::vector<std::string> f;
     std::string rest;
-    int nproc = -1;
-    if (split_fields(*v, 2, f, rest) && parse_int(f[0], nproc)) {
-      hosts_[static_cast<std::size_t>(r)] = f[1];
+    int nproc = -1, nnodes = -1;
+    if (split_fields(*v, 3, f, rest) && parse_int(f[0], nproc) && parse_int(f[1], nnodes))
+      hosts_[static_cast<std::size_t>(r)] = f[2];
+    if (store_->get(job_keys::lost(r))) {  // it joined, then its gpurun went away
+      store_->local->remove(job_keys::join(r));
+      store_->local->remove(job_keys::lost(r));
+      if (opt_.say)
+        opt_.say(
+            fmt::format("{} left before the start; waiting for a node {} again", node_name(r), r));
+      missing.push_back(r);
+      continue;
+    }
+    if (nnodes != opt_.nnodes) {
+      refuse(
+          fmt::format("{} was started with --nnodes {}, node 0 with --nnodes {}: every node "
+                      "of a static job gives the same node count",
+                      node_name(r), nnodes, opt_.nnodes));
+      return;
     }
     if (nproc != opt_.nproc) {
-      const std::string error = fmt::format(
-          "{} joined with {} workers (--nproc), node 0 has {}: every node of a static job runs "
-          "the same number of workers",
-          node_name(r), nproc, opt_.nproc);
-      store_->set(job_keys::start(), "error " + error);
-      auto r2 = std::move(ready_);
-      ready_ = nullptr;
-      r2(error);
+      refuse(
+          fmt::format("{} joined with {} workers (--nproc), node 0 has {}: every node of a "
+                      "static job runs the same number of workers",
+                      node_name(r), nproc, opt_.nproc));
       return;
     }
   }
   if (missing.empty()) {
-    store_->set(job_keys::join(0), fmt::format("{} {} {}", opt_.nproc, hosts_[0], ::getpid()));
+    store_->set(job_keys::join(0),
+                fmt::format("{} {} {} {}", opt_.nproc, opt_.nnodes, hosts_[0], ::getpid()));
     store_->set(job_keys::start(), fmt::format("ok {} {}", opt_.max_restarts, opt_.run_id));
     if (opt_.say) opt_.say(fmt::format("all {} nodes joined; starting the workers", opt_.nnodes));
     auto r2 = std::move(ready_);
@@ -299,24 +352,20 @@ void NodeSync::rendezvous_tick() {
     return;
   }
   if (Clock::now() >= rendezvous_deadline_) {
-    const std::string error = fmt::format(
-        "the start rendezvous timed out after {} (--join-timeout): node(s) {} did not join "
-        "(they connect to this node's store at {}:{})",
-        seconds(opt_.join_timeout), node_list(missing), opt_.host, opt_.port);
-    store_->set(job_keys::start(), "error " + error);
-    auto r2 = std::move(ready_);
-    ready_ = nullptr;
-    r2(error);
+    refuse(
+        fmt::format("the start rendezvous timed out after {} (--join-timeout): node(s) {} did "
+                    "not join (they connect to this node's store at {}:{})",
+                    seconds(opt_.join_timeout), node_list(missing), opt_.host, opt_.port));
     return;
   }
   arm([this] { rendezvous_tick(); });
 }
 
-void NodeSync::cancel_rendezvous(const std::string& why) {
+void NodeSync::cancel_rendezvous(const std::string& why, int code) {
   if (!ready_) return;
   tick_ = nullptr;
   timer_.cancel();
-  store_->set(job_keys::start(), "error " + one_line(why));
+  store_->set(job_keys::start(), fmt::format("error {} {}", code, one_line(why)));
   auto ready = std::move(ready_);
   ready_ = nullptr;
   ready(why);
@@ -355,8 +404,11 @@ void NodeSync::watch_tick() {
       }
     }
     if (const auto stopper = store_->get(job_keys::stop(a)); stopper && !peer_stopped_) {
-      int node = -1;
-      if (!parse_int(*stopper, node)) node = -1;
+      int node = -1, sig = 0;
+      std::vector<std::string> f;
+      std::string rest;
+      if (!split_fields(*stopper, 1, f, rest) || !parse_int(f[0], node)) node = -1;
+      if (!rest.empty() && !parse_int(rest, sig)) sig = 0;
       if (node != opt_.node_rank) {
         peer_stopped_ = true;
         std::string why = fmt::format("{} failed", node >= 0 ? node_name(node) : "a node");
@@ -364,7 +416,7 @@ void NodeSync::watch_tick() {
           if (const auto rec = store_->get(job_keys::fail(a, node)))
             if (const auto f = NodeFailure::decode(*rec))
               why = f->rank >= 0 ? why + ": " + f->reason : f->reason;
-        if (on_peer_failure) on_peer_failure(why);
+        if (on_peer_failure) on_peer_failure(why, sig);
       }
     }
   } catch (const gpurun::Error& e) {  // nodes > 0: node 0's store is gone
@@ -373,7 +425,7 @@ void NodeSync::watch_tick() {
     node0_error_ = fmt::format(
         "node 0's store at {}:{} is gone ({}): node 0's gpurun stopped or its host failed",
         opt_.host, opt_.port, e.what());
-    if (on_peer_failure) on_peer_failure(node0_error_);
+    if (on_peer_failure) on_peer_failure(node0_error_, 0);
     return;
   }
   arm([this] { watch_tick(); });
@@ -393,6 +445,23 @@ void NodeSync::local_failure(int attempt, const NodeFailure& failure) {
   }
 }
 
+void NodeSync::local_signal(int attempt, int sig) {
+  if (node0_gone_ || attempt < 0) return;
+  NodeFailure f;
+  f.time_ms = now_ms();
+  f.node = opt_.node_rank;
+  f.code = 128 + sig;
+  f.reason = fmt::format("{}'s gpurun received {}", node_name(opt_.node_rank), signal_name(sig));
+  try {
+    store_->set_if_missing(job_keys::fail(attempt, opt_.node_rank), f.encode());
+    store_->set_if_missing(job_keys::stop(attempt), fmt::format("{} {}", opt_.node_rank, sig));
+  } catch (const gpurun::Error& e) {
+    node0_gone_ = true;
+    node0_error_ =
+        fmt::format("node 0's store at {}:{} is gone ({})", opt_.host, opt_.port, e.what());
+  }
+}
+
 void NodeSync::attempt_ended(int attempt, int code, bool by_signal,
                              std::function<void(const AttemptOutcome&)> decide) {
   watching_ = false;
@@ -402,6 +471,7 @@ void NodeSync::attempt_ended(int attempt, int code, bool by_signal,
   decide_ = std::move(decide);
   own_code_ = code;
   own_by_signal_ = by_signal;
+  interrupted_ = false;
   if (!node0_gone_) {
     try {
       store_->set(job_keys::end(attempt, opt_.node_rank),
@@ -569,9 +639,28 @@ void NodeSync::decided(const AttemptOutcome& outcome) {
 
 void NodeSync::interrupt(int sig) {
   if (!decide_) return;
+  if (store_->local && !interrupted_) {
+    // Every node still running stops as if it got the signal; node 0 waits for them a while.
+    interrupted_ = true;
+    own_code_ = 128 + sig;
+    own_by_signal_ = true;
+    NodeFailure f;
+    f.time_ms = now_ms();
+    f.code = own_code_;
+    f.reason = fmt::format("{}'s gpurun received {}", node_name(0), signal_name(sig));
+    store_->set_if_missing(job_keys::fail(attempt_, 0), f.encode());
+    store_->set_if_missing(job_keys::stop(attempt_), fmt::format("0 {}", sig));
+    wait_deadline_ = std::min(wait_deadline_, Clock::now() + opt_.peer_stop_wait);
+    if (opt_.say)
+      opt_.say(
+          fmt::format("received {} while waiting for the other nodes: they stop too (at "
+                      "most {}; again: stop waiting)",
+                      signal_name(sig), seconds(opt_.peer_stop_wait)));
+    return;
+  }
   AttemptOutcome out{false, 128 + sig,
-                     fmt::format("node {} received signal {} while waiting for the other nodes",
-                                 opt_.node_rank, sig)};
+                     fmt::format("node {} received {} while waiting for the other nodes",
+                                 opt_.node_rank, signal_name(sig))};
   if (opt_.say) opt_.say(out.reason + "; not waiting any longer");
   if (store_->local) store_->set(job_keys::next(attempt_), out.encode());
   decided(out);

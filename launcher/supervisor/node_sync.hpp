@@ -4,6 +4,7 @@
 // named on node 0, and the exit barrier. Behaviour, keys and flags: docs/cli.md#multi-node.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,8 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+
+#include "gpurun/error.hpp"
 
 namespace gpurun::store {
 class Client;
@@ -60,6 +63,13 @@ struct AttemptOutcome {
   static std::optional<AttemptOutcome> decode(const std::string& text);
 };
 
+/// join() could not join the job; `code` is the exit status to end with (node 0's for a
+/// rendezvous it ended by a signal, else 1).
+struct JoinError : gpurun::Error {
+  JoinError(int exit_code, const std::string& what) : gpurun::Error(what), code(exit_code) {}
+  int code;
+};
+
 /// What nodes > 0 learn from node 0 at the start rendezvous.
 struct JobStart {
   std::string run_id;    ///< node 0's (TORCHELASTIC_RUN_ID of every worker)
@@ -78,6 +88,8 @@ class LocalStore {
   virtual std::string set_if_missing(const std::string& key, const std::string& value) = 0;
   /// Drops every key not under `keep_prefix` (before a restart).
   virtual void reset_keyspace(const std::string& keep_prefix) = 0;
+  /// Deletes `key` (no-op when missing).
+  virtual void remove(const std::string& key) = 0;
 };
 
 /// Settings; defaults match the CLI's.
@@ -100,6 +112,9 @@ struct NodeSyncOptions {
   /// up for nodes whose workers still run; also bounds the wait for the nodes' end of an
   /// attempt after a failure.
   std::chrono::milliseconds barrier_timeout{std::chrono::seconds(300)};
+  /// After a shutdown signal on one node, how long node 0 waits for the other nodes' workers
+  /// to stop the same way (their stop timeout + grace period, and a margin).
+  std::chrono::milliseconds peer_stop_wait{std::chrono::seconds(70)};
   /// Node 0: after the final decision, how long it waits for the other nodes to read it and
   /// disconnect before it closes the store.
   std::chrono::milliseconds disconnect_wait{std::chrono::seconds(5)};
@@ -127,18 +142,23 @@ class NodeSync {
   /// (at most join_timeout). Throws gpurun::Error naming host:port, the elapsed time and the
   /// cause (never reached; node 0 refused this node, e.g. a different --nproc; timed out).
   JobStart join();
+  /// Makes a running join() throw JoinError(128 + sig) within about a second (any thread).
+  void cancel_join(int sig) { join_cancel_.store(sig); }
   /// Node 0: waits (on io) until every node joined, checks them, writes the start record,
   /// then calls `ready("")`; `ready(error)` when a node cannot take part (its join names a
   /// different nproc) or join_timeout passes (the error names the missing nodes).
   void rendezvous(std::function<void(const std::string& error)> ready);
   /// Node 0: true until rendezvous() called `ready`.
   bool rendezvous_pending() const { return static_cast<bool>(ready_); }
-  /// Node 0: ends a pending rendezvous now: the joined nodes are told `why`, `ready(why)`.
-  void cancel_rendezvous(const std::string& why);
+  /// Node 0: ends a pending rendezvous now: the joined nodes are told `why` and exit with
+  /// `code`; `ready(why)`.
+  void cancel_rendezvous(const std::string& why, int code);
 
   /// Called when another node failed (or node 0 was lost): stop this node's workers,
-  /// naming the cause. Set before the first attempt starts.
-  std::function<void(const std::string& reason)> on_peer_failure;
+  /// naming the cause. `sig` != 0: that node's gpurun got the shutdown signal `sig`: stop as
+  /// if this node got it too (e.g. SIGTERM: at the next boundary). Set before the first
+  /// attempt starts.
+  std::function<void(const std::string& reason, int sig)> on_peer_failure;
   /// Node 0: called once per decided attempt that failed, with the root cause (for the
   /// console summary and the event log).
   std::function<void(int attempt, const NodeFailure& root)> on_root_cause;
@@ -147,6 +167,10 @@ class NodeSync {
   void attempt_started(int attempt);
   /// This node's first failure in `attempt`: written for everyone, which stops the others.
   void local_failure(int attempt, const NodeFailure& failure);
+  /// This node's gpurun got the shutdown signal `sig` (SIGINT/SIGTERM/SIGQUIT) while attempt
+  /// `attempt` runs: recorded as this node's failure (status 128 + sig), and every other node
+  /// stops its workers as if it got `sig` too.
+  void local_signal(int attempt, int sig);
   /// Every worker of `attempt` is gone; this node's result is `code` (`by_signal`: gpurun
   /// got a shutdown signal). Node 0 waits for every node's end (bounded; see the options),
   /// decides; the others wait for that decision. `decide` runs once, on the io thread.
@@ -154,8 +178,10 @@ class NodeSync {
                      std::function<void(const AttemptOutcome&)> decide);
   /// True while attempt_ended waits.
   bool waiting() const { return static_cast<bool>(decide_); }
-  /// A shutdown signal while waiting: node 0 decides exit 128 + sig for the job at once;
-  /// nodes > 0 stop waiting with that status. No-op when not waiting.
+  /// A shutdown signal while waiting. Node 0, the first time: every node still running stops as
+  /// if it got `sig`, and node 0 waits for them at most peer_stop_wait more; again: node 0
+  /// decides exit 128 + sig at once. Nodes > 0: stop waiting with 128 + sig. No-op when not
+  /// waiting.
   void interrupt(int sig);
   /// After the final decision. Node 0: waits until every other node disconnected (at most
   /// disconnect_wait), then calls `closed` (close the store then). Nodes > 0: disconnects,
@@ -190,11 +216,13 @@ class NodeSync {
   bool own_by_signal_ = false;
   std::chrono::steady_clock::time_point wait_deadline_;
   bool announced_ = false;
+  bool interrupted_ = false;  // node 0: a signal during attempt_ended
   // rendezvous
   std::function<void(const std::string&)> ready_;
   std::chrono::steady_clock::time_point rendezvous_deadline_;
   std::vector<std::string> hosts_;  // per node, from the join records ("" unknown)
   std::function<void()> closed_;
+  std::atomic<int> join_cancel_{0};
   std::chrono::steady_clock::time_point disconnect_deadline_;
 };
 

@@ -597,6 +597,12 @@ void Supervisor::finish_attempt() {
   finish_unrestarted();
 }
 
+void Supervisor::peer_signal(int sig, const std::string& reason) {
+  if (phase_ != Phase::kRunning || failure_ || shutdown_signal_) return;
+  say(fmt::format("{}; this node stops as if it got {} too", reason, signal_name(sig)));
+  handle_signal(sig);
+}
+
 void Supervisor::restart(const std::string& reason) {
   ++attempt_;
   events_.emit("restart", JsonObject().add("attempt", attempt_).add("reason", reason));
@@ -832,7 +838,7 @@ void Supervisor::stop_at_boundary(int sig, bool signal_others_now) {
 }
 
 void Supervisor::handle_signal(int sig) {
-  if (phase_ == Phase::kDone) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kGated) return;  // gated: the gate's holder
   if (sig == opt_.preempt_signal && sig != 0 && !shutdown_signal_) {
     on_preempt_signal(sig);
     return;

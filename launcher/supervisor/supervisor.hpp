@@ -119,6 +119,10 @@ class Supervisor {
   /// (result 1) without a local failure summary. No-op unless the attempt is running and has
   /// no failure or shutdown yet.
   void stop_for_peer(const std::string& reason);
+  /// Multi-node: another node's gpurun got the shutdown signal `sig`: says `reason`, then
+  /// reacts as handle_signal(sig) would (SIGTERM: stop at the next boundary). No-op unless the
+  /// attempt is running with no failure or shutdown yet.
+  void peer_signal(int sig, const std::string& reason);
 
   /// Elastic mode: `controller` (outliving the supervisor's run) decides which slots start
   /// and how their exits count. Call before start().

@@ -329,3 +329,149 @@ TEST_CASE("multinode: node 0 alone gives up after --join-timeout, naming the mis
                  "not join"));
   CHECK_FALSE(fs::exists(dir.path / "started.0.0"));
 }
+
+TEST_CASE("multinode: a second gpurun with the same --node-rank, or another --nnodes, is refused") {
+  SUBCASE("the same --node-rank twice") {
+    TempDir dir;
+    const std::string port = free_port();
+    const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}, {"NODE1_SLEEP", "2"}};
+    // --nnodes 3 keeps node 0 in its rendezvous while both "node 1"s join.
+    Node n0(0, port, env, dir.path, {"--nnodes", "3", "--join-timeout", "8"});
+    Node a(1, port, env, dir.path, {"--nnodes", "3"});
+    std::this_thread::sleep_for(1500ms);
+    fs::create_directories(dir.path / "b");
+    Node b(1, port, env, dir.path / "b", {"--nnodes", "3"});
+    const bool b_done = b.wait(10s);
+    INFO("second node 1 stderr:\n" << b.stderr_text());
+    REQUIRE(b_done);
+    CHECK(b.code() == 1);
+    CHECK(contains(b.stderr_text(), "already joined node 0's store at 127.0.0.1:" + port +
+                                        " as node 1: every node needs its own --node-rank"));
+  }
+  SUBCASE("another --nnodes") {
+    TempDir dir;
+    const std::string port = free_port();
+    const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}};
+    Node n0(0, port, env, dir.path);                     // --nnodes 2
+    Node n1(1, port, env, dir.path, {"--nnodes", "3"});  // the later flag wins
+    REQUIRE(n0.wait(15s));
+    REQUIRE(n1.wait(10s));
+    INFO("node 0 stderr:\n" << n0.stderr_text());
+    INFO("node 1 stderr:\n" << n1.stderr_text());
+    CHECK(n0.code() == 1);
+    CHECK(n1.code() == 1);
+    CHECK(contains(n0.stderr_text(), "was started with --nnodes 3, node 0 with --nnodes 2"));
+    CHECK_FALSE(fs::exists(dir.path / "started.0.0"));
+  }
+}
+
+TEST_CASE("multinode: SIGTERM to node 1's gpurun stops node 0's workers at once; both exit 143") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"NODE0_SLEEP", "60"}, {"NODE1_SLEEP", "60"}};
+  Node n0(0, port, env, dir.path, {"--grace-period", "3"});
+  Node n1(1, port, env, dir.path, {"--grace-period", "3"});
+  REQUIRE(wait_for_files(started(dir.path, 0), 20s));
+  REQUIRE(::kill(n1.pid, SIGTERM) == 0);
+  const auto t_kill = Clock::now();
+  const bool n0_done = n0.wait(20s);
+  const bool n1_done = n1.wait(10s);
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n0_done);
+  REQUIRE(n1_done);
+  CHECK(Clock::now() - t_kill < 15s);  // not node 0's workers' 60 s
+  CHECK(n0.code() == 143);
+  CHECK(n1.code() == 143);
+  CHECK(contains(e0, "'s gpurun received SIGTERM; this node stops as if it got SIGTERM too"));
+  CHECK_FALSE(contains(e0, "restarting"));
+}
+
+TEST_CASE("multinode: SIGTERM to node 0 while it waits in the exit barrier stops node 1 too") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}, {"NODE1_SLEEP", "60"}};
+  Node n0(0, port, env, dir.path);
+  Node n1(1, port, env, dir.path, {"--grace-period", "3"});
+  REQUIRE(wait_for_files(started(dir.path, 0), 20s));
+  const auto until = Clock::now() + 10s;
+  while (!contains(n0.stderr_text(), "keeping the store up") && Clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE(::kill(n0.pid, SIGTERM) == 0);
+  const bool n1_done = n1.wait(20s);
+  const bool n0_done = n0.wait(10s);
+  const std::string e0 = n0.stderr_text(), e1 = n1.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  INFO("node 1 stderr:\n" << e1);
+  REQUIRE(n1_done);
+  REQUIRE(n0_done);
+  CHECK(n0.code() == 143);
+  CHECK(n1.code() == 143);  // was 1: node 1 found the store gone
+  CHECK_FALSE(contains(e1, "is gone"));
+}
+
+TEST_CASE("multinode: signals during the start rendezvous") {
+  SUBCASE("SIGINT on node 0: the joined node 1 ends with 130 too") {
+    TempDir dir;
+    const std::string port = free_port();
+    const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}};
+    Node n0(0, port, env, dir.path, {"--nnodes", "3"});
+    Node n1(1, port, env, dir.path, {"--nnodes", "3"});
+    const auto until = Clock::now() + 10s;
+    while (!contains(n1.stderr_text(), "joined node 0's store") && Clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE(::kill(n0.pid, SIGINT) == 0);
+    REQUIRE(n0.wait(10s));
+    REQUIRE(n1.wait(10s));
+    INFO("node 1 stderr:\n" << n1.stderr_text());
+    CHECK(n0.code() == 130);
+    CHECK(n1.code() == 130);  // was 1
+    CHECK(contains(n1.stderr_text(), "node 0 received SIGINT during the start rendezvous"));
+  }
+  SUBCASE("SIGINT on node 1 while node 0 is not there yet: it stops within a second or two") {
+    TempDir dir;
+    Node n1(1, free_port(), {{"OUT_DIR", dir.str()}}, dir.path);
+    const auto until = Clock::now() + 10s;
+    while (!contains(n1.stderr_text(), "waiting for node 0's store") && Clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE(::kill(n1.pid, SIGINT) == 0);
+    const auto t = Clock::now();
+    REQUIRE(n1.wait(10s));
+    INFO("node 1 stderr:\n" << n1.stderr_text());
+    CHECK(Clock::now() - t < 4s);
+    CHECK(n1.code() == 130);
+    CHECK(contains(n1.stderr_text(), "error: node 1: SIGINT while joining node 0's store"));
+  }
+}
+
+TEST_CASE("multinode: a node that joined and left before the start is waited for again") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}, {"NODE1_SLEEP", "1"}};
+  Node n0(0, port, env, dir.path, {"--nnodes", "3"});
+  {
+    fs::create_directories(dir.path / "gone");
+    Node gone(1, port, env, dir.path / "gone", {"--nnodes", "3"});
+    const auto until = Clock::now() + 10s;
+    while (!contains(gone.stderr_text(), "joined node 0's store") && Clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE(::kill(gone.pid, SIGKILL) == 0);
+    REQUIRE(gone.wait(5s));
+  }
+  const auto until = Clock::now() + 10s;
+  while (!contains(n0.stderr_text(), "left before the start") && Clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  Node n1(1, port, env, dir.path, {"--nnodes", "3"});
+  Node n2(2, port, env, dir.path, {"--nnodes", "3"});
+  REQUIRE(n0.wait(30s));
+  REQUIRE(n1.wait(10s));
+  REQUIRE(n2.wait(10s));
+  INFO("node 0 stderr:\n" << n0.stderr_text());
+  CHECK(contains(n0.stderr_text(), "node 1 ("));
+  CHECK(contains(n0.stderr_text(), ") left before the start; waiting for a node 1 again"));
+  CHECK(n0.code() == 0);
+  CHECK(n1.code() == 0);
+  CHECK(n2.code() == 0);
+}

@@ -489,6 +489,9 @@ TEST_CASE("a pause whose snapshot cannot be written anywhere is refused: trainin
   CHECK(json::serialize(pause.at("active")) == "[]");
   CHECK(pause.at("state_source").as_int64() == -1);
   CHECK(run.events("pause_refused").size() == 1);  // said once, tried at every boundary
+  // Resume once both released leavers are gone (a resume edit while they still offload is
+  // another case).
+  run.wait_for("both leavers to exit", [&] { return run.events("worker_exited").size() == 2; });
   write_file(tmp.path / "config.toml", config("[0]"));
   run.wait_resize(3);
   run.wait_continues(2);
@@ -648,6 +651,27 @@ TEST_CASE("preemption without --config: checkpoint at the same boundary, SIGTERM
   TrainRun run(tmp.path, 2, std::nullopt, {"--epochs", "100000", "--epoch-ms", "20"}, {},
                {"--stop-timeout", "50", "--grace-period", "5"});
   preempt_then_stop(run, 2);
+}
+
+TEST_CASE(
+    "under Slurm a SIGTERM straight to the workers (as slurmstepd sends it) stops them at "
+    "a boundary, not at once") {
+  TempDir tmp;
+  // SLURM_JOB_ID alone: the workers are in a Slurm job; gpurun is not made a Slurm step.
+  TrainRun run(tmp.path, 2, std::nullopt, {"--epochs", "100000", "--epoch-ms", "20"},
+               {{"SLURM_JOB_ID", "4242"}}, {"--stop-timeout", "50", "--grace-period", "5"});
+  run.wait_for("a trained epoch", [&] { return fs::exists(run.out() / "loss.0"); });
+  std::vector<pid_t> pids;
+  for (auto& e : run.events("worker_started"))
+    pids.push_back(static_cast<pid_t>(e.at("pid").as_int64()));
+  REQUIRE(pids.size() == 2);
+  for (pid_t p : pids) REQUIRE(::kill(p, SIGTERM) == 0);  // Slurm signals every process first
+  ::kill(run.proc.pid, SIGTERM);                          // ... and gpurun
+  if (!run.wait(60s)) FAIL("gpurun did not stop\n" << run.full_diag());
+  INFO(run.full_diag());
+  CHECK(run.code() == 128 + SIGTERM);
+  for (int g = 0; g < 2; ++g) CHECK(fs::exists(run.out() / ("stopped." + std::to_string(g))));
+  for (auto& e : run.events("worker_exited")) CHECK(e.at("code").as_int64() == 0);
 }
 
 TEST_CASE(

@@ -60,6 +60,22 @@ int index_of(const std::vector<int>& v, int x) {
 
 /// Preemption-warning signals caught (the handler only counts; boundaries read it).
 std::atomic<uint64_t> g_preempt_signals{0};
+/// Under Slurm, slurmstepd sends SIGTERM (time limit, scancel, preemption) to every process of
+/// the step, so the workers get it straight from Slurm besides gpurun. One not from gpurun
+/// (the parent) asks for a stop at the next boundary, like gpurun's stop request; gpurun's
+/// own SIGTERM (after --stop-timeout) still ends the process at once.
+std::atomic<int> g_external_term{0};
+extern "C" void on_term_signal(int sig, siginfo_t* info, void*) {
+  if (info && info->si_pid != 0 && info->si_pid == ::getppid()) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+    ::raise(sig);
+    return;
+  }
+  g_external_term.store(1, std::memory_order_relaxed);
+}
 extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
@@ -515,7 +531,7 @@ struct Runtime::Impl {
       preempt_seen = n;
       mine |= 1;
     }
-    if (stop_file_exists()) mine |= 2;
+    if (stop_file_exists() || g_external_term.load(std::memory_order_relaxed) != 0) mine |= 2;
     int64_t all = mine;
     if (comm && world > 1)
       for (int64_t bits : comm->all_gather_int64(mine)) all |= bits;
@@ -716,6 +732,16 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
       sa.sa_flags = SA_RESTART;
       sigemptyset(&sa.sa_mask);
       ::sigaction(seams.env.preempt_signal, &sa, nullptr);
+    }
+  }
+  if (!seams.env.preempt_dir.empty() && std::getenv("SLURM_JOB_ID") != nullptr) {
+    struct sigaction cur {};
+    if (::sigaction(SIGTERM, nullptr, &cur) == 0 && cur.sa_handler == SIG_DFL) {
+      struct sigaction sa {};
+      sa.sa_sigaction = on_term_signal;
+      sa.sa_flags = SA_RESTART | SA_SIGINFO;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(SIGTERM, &sa, nullptr);
     }
   }
   if (!seams.env.preempt_dir.empty()) {
