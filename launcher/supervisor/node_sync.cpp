@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -680,8 +679,8 @@ void NodeSync::finish(std::function<void()> closed) {
 void NodeSync::finish_tick() {
   // A node is done with the store once its live key's connection closed (or it never joined).
   bool gone = true;
-  for (int r = 1; r < opt_.nnodes; ++r)
-    if (store_->get(job_keys::live(r)) && !node_lost(r)) gone = false;
+  for (int r = 1; r < opt_.nnodes; ++r)  // the store deletes a live key when its connection closes
+    if (store_->get(job_keys::live(r))) gone = false;
   if (gone || Clock::now() >= disconnect_deadline_) {
     auto c = std::move(closed_);
     closed_ = nullptr;

@@ -4,9 +4,12 @@
 
 #include <ftw.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,21 @@
 #include <doctest/doctest.h>
 
 namespace gpurun::testing {
+
+/// A loopback TCP port that was free a moment ago (bind port 0, read it back, close), as text
+/// for --master-port.
+inline std::string free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(s);
+  return std::to_string(ntohs(addr.sin_port));
+}
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p);

@@ -29,22 +29,8 @@ const std::string kGpurun = GPURUN_BINARY;
 const std::string kWorker = std::string(GPURUN_TEST_WORKERS) + "/multinode.sh";
 
 using gpurun::testing::ChildProcess;
+using gpurun::testing::free_port;
 using gpurun::testing::TempDir;
-
-/// A port that was free a moment ago (bind port 0, read it back, close).
-std::string free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(s);
-  return std::to_string(ntohs(addr.sin_port));
-}
 
 /// gpurun for node `rank` of 2 with two CPU workers running multinode.sh.
 struct Node : ChildProcess {

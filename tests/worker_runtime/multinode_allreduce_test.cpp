@@ -29,6 +29,7 @@ const std::string kGpurun = GPURUN_BINARY;
 const std::string kWorker = GPURUN_ALLREDUCE_WORKER;
 
 using gpurun::testing::ChildProcess;
+using gpurun::testing::free_port;
 using gpurun::testing::TempDir;
 
 /// One of this host's non-loopback IPv4 addresses ("" when none).
@@ -44,20 +45,6 @@ std::string non_loopback_ipv4() {
   }
   ::freeifaddrs(list);
   return own;
-}
-
-/// A port that was free a moment ago (bind port 0, read it back, close).
-std::string free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(s);
-  return std::to_string(ntohs(addr.sin_port));
 }
 
 /// gpurun for node `rank` of 2 with two CPU workers running allreduce_worker.
