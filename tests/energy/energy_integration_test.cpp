@@ -250,7 +250,7 @@ TEST_CASE(
   const double run_s = num(sum.at("seconds"));
   CHECK(num(sum.at("gpu_energy_j").as_object().at("1")) < 200 * run_s - 200 * 0.6);
   CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) ==
-        doctest::Approx(300 * run_s).epsilon(0.05));
+        doctest::Approx(300 * run_s).epsilon(0.1));
 }
 
 TEST_CASE("elastic: a paused job is not charged; the pause is a window of its own") {
@@ -282,9 +282,15 @@ TEST_CASE("elastic: a paused job is not charged; the pause is a window of its ow
   CHECK(paused_s > 1.4);
   const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
   const double run_s = num(sum.at("seconds"));
-  // Charged: the run's time minus the pause, at 400 W.
+  // The summary charges exactly what the windows charged (the pause windows nothing) ...
+  double windows_j = 0;
+  for (const auto& w : run.events("energy")) windows_j += num(w.at("energy_j"));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) == doctest::Approx(windows_j));
+  // ... which is the run's time minus the pause at 400 W. The tolerance absorbs a loaded
+  // machine's late samples at the pause's edges (up to ~16% seen in CI); charging the ≥ 1.4 s
+  // pause would add ≥ 560 J to ~500 J.
   CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) ==
-        doctest::Approx(400 * (run_s - paused_s)).epsilon(0.05));
+        doctest::Approx(400 * (run_s - paused_s)).epsilon(0.3));
 }
 
 TEST_CASE(
@@ -575,7 +581,8 @@ TEST_CASE("window_s: a worker without boundaries under --config gets time window
   for (const auto& w : run.events("energy")) {
     if (w.at("kind").as_string() != "time") continue;
     ++time_windows;
-    CHECK(num(w.at("seconds")) <= 1.3);
+    // About window_s each; a loaded machine may run the timer late, never a whole period.
+    CHECK(num(w.at("seconds")) < 1.9);
   }
   CHECK(time_windows >= 3);
 }
