@@ -36,27 +36,43 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 #endif
 }
 
-torch::nn::Linear xavier_linear(int64_t in, int64_t out) {
-  torch::nn::Linear linear(in, out);
-  torch::NoGradGuard no_grad;
-  torch::nn::init::xavier_uniform_(linear->weight);
-  torch::nn::init::zeros_(linear->bias);
-  return linear;
+}  // namespace
+}  // namespace detail
+
+Dense::Dense(int64_t in, int64_t out, const ModelOptions& o) {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(o.device);
+  // torch::empty: no value is computed until init, or ever when the state is handed over.
+  weight = register_parameter("weight", torch::empty({out, in}, opts));
+  bias = register_parameter("bias", torch::empty({out}, opts));
+  if (o.init) {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::xavier_uniform_(weight);
+    torch::nn::init::zeros_(bias);
+  }
 }
+
+torch::Tensor Dense::forward(const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, weight, bias);
+}
+
+namespace detail {
+namespace {
+
+namespace F = torch::nn::functional;
 
 // One pre-norm transformer block: x += proj(MHSA(LN1(x))); x += fc2(GELU(fc1(LN2(x)))).
 class Block : public torch::nn::Module {
  public:
-  explicit Block(const ViTConfig& c)
+  Block(const ViTConfig& c, const ModelOptions& o)
       : heads_(c.heads),
         norm1_(
             register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed})))),
-        qkv_(register_module("qkv", xavier_linear(c.embed, 3 * c.embed))),
-        proj_(register_module("proj", xavier_linear(c.embed, c.embed))),
+        qkv_(register_module("qkv", std::make_shared<Dense>(c.embed, 3 * c.embed, o))),
+        proj_(register_module("proj", std::make_shared<Dense>(c.embed, c.embed, o))),
         norm2_(
             register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed})))),
-        fc1_(register_module("fc1", xavier_linear(c.embed, c.mlp))),
-        fc2_(register_module("fc2", xavier_linear(c.mlp, c.embed))) {}
+        fc1_(register_module("fc1", std::make_shared<Dense>(c.embed, c.mlp, o))),
+        fc2_(register_module("fc2", std::make_shared<Dense>(c.mlp, c.embed, o))) {}
 
   // x: [B, T, E] -> [B, T, E].
   torch::Tensor forward(torch::Tensor x) {
@@ -64,20 +80,20 @@ class Block : public torch::nn::Module {
     const int64_t t = x.size(1);
     const int64_t e = x.size(2);
     const auto qkv =
-        qkv_(norm1_(x)).reshape({b, t, 3, heads_, e / heads_}).permute({2, 0, 3, 1, 4});
+        qkv_->forward(norm1_(x)).reshape({b, t, 3, heads_, e / heads_}).permute({2, 0, 3, 1, 4});
     const auto heads = attention(qkv[0], qkv[1], qkv[2]);  // [B, H, T, D]
-    x = x + proj_(heads.transpose(1, 2).reshape({b, t, e}));
-    return x + fc2_(F::gelu(fc1_(norm2_(x))));
+    x = x + proj_->forward(heads.transpose(1, 2).reshape({b, t, e}));
+    return x + fc2_->forward(F::gelu(fc1_->forward(norm2_(x))));
   }
 
  private:
   int64_t heads_;
   torch::nn::LayerNorm norm1_;
-  torch::nn::Linear qkv_;
-  torch::nn::Linear proj_;
+  std::shared_ptr<Dense> qkv_;
+  std::shared_ptr<Dense> proj_;
   torch::nn::LayerNorm norm2_;
-  torch::nn::Linear fc1_;
-  torch::nn::Linear fc2_;
+  std::shared_ptr<Dense> fc1_;
+  std::shared_ptr<Dense> fc2_;
 };
 
 }  // namespace
@@ -95,7 +111,7 @@ int64_t vit_param_count(const ViTConfig& c) {
   return patch_embed + cls_and_pos + c.depth * block + norm_and_head;
 }
 
-ViT::ViT(const ViTConfig& config) : config_(config) {
+ViT::ViT(const ViTConfig& config, const ModelOptions& options) : config_(config) {
   detail::validate(config_);
   const int64_t e = config_.embed;
   const int64_t grid = config_.img_size / config_.patch;
@@ -103,19 +119,22 @@ ViT::ViT(const ViTConfig& config) : config_(config) {
       "patch_embed",
       torch::nn::Conv2d(
           torch::nn::Conv2dOptions(config_.in_channels, e, config_.patch).stride(config_.patch)));
-  cls_token_ = register_parameter("cls_token", torch::zeros({1, 1, e}));
-  pos_embed_ = register_parameter("pos_embed", torch::zeros({1, grid * grid + 1, e}));
-  {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
+  cls_token_ = register_parameter("cls_token", torch::zeros({1, 1, e}, opts));
+  pos_embed_ = register_parameter("pos_embed", torch::zeros({1, grid * grid + 1, e}, opts));
+  if (options.init) {
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(cls_token_, 0.0, 0.02);
     torch::nn::init::normal_(pos_embed_, 0.0, 0.02);
   }
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.depth; ++i) {
-    blocks_->push_back(std::make_shared<detail::Block>(config_));
+    blocks_->push_back(std::make_shared<detail::Block>(config_, options));
   }
   norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
-  head_ = register_module("head", detail::xavier_linear(e, config_.num_classes));
+  head_ = register_module("head", std::make_shared<Dense>(e, config_.num_classes, options));
+  // The small rest (patch embedding, LayerNorms): built by LibTorch on the CPU, moved here.
+  to(options.device);
 }
 
 torch::Tensor ViT::forward(const torch::Tensor& images) {
@@ -129,7 +148,7 @@ torch::Tensor ViT::forward(const torch::Tensor& images) {
   auto x = patch_embed_(images).flatten(2).transpose(1, 2);             // [B, N, E]
   x = torch::cat({cls_token_.expand({b, -1, -1}), x}, 1) + pos_embed_;  // [B, N + 1, E]
   for (const auto& block : *blocks_) x = block->as<detail::Block>()->forward(x);
-  return head_(norm_(x).select(1, 0));  // [B, classes]
+  return head_->forward(norm_(x).select(1, 0));  // [B, classes]
 }
 
 SmallCnn::SmallCnn(int64_t num_classes) {
@@ -189,10 +208,15 @@ ViTConfig vit_preset(const std::string& name, int64_t num_classes) {
       fmt::format("unknown ViT preset \"{}\": expected one of {}", name, fmt::join(names, ", ")));
 }
 
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes) {
-  if (name == "cnn") return std::make_shared<SmallCnn>(num_classes);
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes,
+                                       const ModelOptions& options) {
+  if (name == "cnn") {
+    auto cnn = std::make_shared<SmallCnn>(num_classes);
+    cnn->to(options.device);
+    return cnn;
+  }
   for (const auto& known : model_names()) {
-    if (name == known) return std::make_shared<ViT>(vit_preset(name, num_classes));
+    if (name == known) return std::make_shared<ViT>(vit_preset(name, num_classes), options);
   }
   throw Error(fmt::format("unknown model preset \"{}\": expected one of {}", name,
                           fmt::join(model_names(), ", ")));

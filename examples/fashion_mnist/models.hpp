@@ -23,6 +23,29 @@ class Classifier : public torch::nn::Module {
   virtual int64_t input_size() const = 0;
 };
 
+/// Where and how make_model() builds a model.
+struct ModelOptions {
+  /// The device the parameters are created on (no CPU copy first: ViT-H's 2.5 GB of float32
+  /// would take seconds to initialise on the CPU and more to copy).
+  torch::Device device = torch::kCPU;
+  /// Random initialisation of the ViT's Linear weights, class token and positions. false:
+  /// left uninitialised (torch::empty) — only for a rank whose state is overwritten before its
+  /// first step, i.e. when gpurun::Runtime::joining() (docs/worker-runtime.md#cheap-joiners).
+  bool init = true;
+};
+
+/// A Linear layer (y = x W^T + b; W float32 [out, in], b float32 [out]) whose parameters are
+/// created on ModelOptions::device, Xavier-uniform / zero when ModelOptions::init, else left
+/// uninitialised. Same parameter names as torch::nn::Linear ("weight", "bias"), so state
+/// dicts and checkpoints match.
+class Dense : public torch::nn::Module {
+ public:
+  Dense(int64_t in, int64_t out, const ModelOptions& options);
+  /// x [..., in] -> [..., out].
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+};
+
 /// Shape of a Vision Transformer (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words",
 /// arXiv:2010.11929, Table 1 for B and H).
 struct ViTConfig {
@@ -54,7 +77,7 @@ class ViT : public Classifier {
  public:
   /// Throws Error on a config with non-positive sizes, img_size not a multiple of patch or embed
   /// not a multiple of heads.
-  explicit ViT(const ViTConfig& config);
+  explicit ViT(const ViTConfig& config, const ModelOptions& options = {});
   torch::Tensor forward(const torch::Tensor& images) override;
   int64_t input_size() const override { return config_.img_size; }
   const ViTConfig& config() const { return config_; }
@@ -66,7 +89,7 @@ class ViT : public Classifier {
   torch::Tensor pos_embed_;  // [1, T, E]
   torch::nn::ModuleList blocks_;
   torch::nn::LayerNorm norm_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  std::shared_ptr<Dense> head_;
 };
 
 /// Two conv blocks (Conv3x3 -> ReLU -> MaxPool2, 32 then 64 channels) and an MLP
@@ -96,10 +119,12 @@ const std::vector<std::string>& model_names();
 /// Throws Error listing the ViT preset names for any other name (including "cnn").
 ViTConfig vit_preset(const std::string& name, int64_t num_classes = 10);
 
-/// Builds preset `name` (one of model_names()) on the CPU in float32, in training mode.
-/// The caller moves it with ->to(device). Throws Error listing the allowed names for an unknown
-/// name. Constructing "h" allocates ~2.5 GB and takes seconds.
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10);
+/// Builds preset `name` (one of model_names()) in float32, in training mode, with its
+/// parameters on options.device (the CNN: built on the CPU and moved). Throws Error listing the
+/// allowed names for an unknown name. "h" has 2.5 GB of parameters: on the CPU its
+/// initialisation takes seconds, on a GPU milliseconds, and none with options.init = false.
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10,
+                                       const ModelOptions& options = {});
 
 /// Total elements of model->parameters().
 int64_t count_parameters(const torch::nn::Module& model);

@@ -21,6 +21,11 @@
 //   --metrics PATH      rank 0 appends one JSON line per epoch (epoch, gpus, losses,
 //                       accuracies, images/s)
 //   --limit-train N     train on the first N training images only (quick runs)
+//   --build-on-cpu      build and initialise the model on the CPU, then move it (the
+//                       slow way, kept to measure against); default: on the device, and
+//                       without a random init when rt->joining() (the handoff overwrites it)
+//   --timings PATH      every process appends one JSON line: its slot, joining, and the
+//                       seconds its runtime, data, model and optimizer took to set up
 //   --bf16              CUDA only: forward pass and loss under bfloat16 autocast
 //                       (gpurun::CudaAutocast); weights, gradients and AdamW stay float32
 #include <unistd.h>
@@ -58,6 +63,8 @@ struct Args {
   int64_t warmup_steps = 0;
   uint64_t seed = 42;
   std::string data = fm::kDefaultDataDir;
+  bool build_on_cpu = false;
+  std::string timings;
   std::string checkpoint;
   int64_t checkpoint_every = 0;
   std::string metrics;
@@ -74,11 +81,16 @@ Args parse(int argc, char** argv) {
           "usage: fmnist_train [--model cnn|tiny|small|b|h] [--epochs N] [--micro B] "
           "[--lr X] [--weight-decay X] [--warmup-steps N] [--seed N] [--data DIR] [--checkpoint "
           "PATH] "
-          "[--checkpoint-every N] [--metrics PATH] [--limit-train N] [--bf16]\n");
+          "[--checkpoint-every N] [--metrics PATH] [--limit-train N] [--bf16] [--build-on-cpu] "
+          "[--timings PATH]\n");
       std::exit(0);
     }
     if (k == "--bf16") {
       a.bf16 = true;
+      continue;
+    }
+    if (k == "--build-on-cpu") {
+      a.build_on_cpu = true;
       continue;
     }
     if (i + 1 >= argc) throw gpurun::Error(fmt::format("{} needs a value", k));
@@ -106,6 +118,8 @@ Args parse(int argc, char** argv) {
         a.checkpoint_every = std::stoll(v);
       else if (k == "--metrics")
         a.metrics = v;
+      else if (k == "--timings")
+        a.timings = v;
       else if (k == "--limit-train")
         a.limit_train = std::stoll(v);
       else
@@ -118,27 +132,50 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 int run(const Args& a) {
+  const auto t_start = Clock::now();
   auto rt = gpurun::Runtime::from_env();
+  const double runtime_s = seconds_since(t_start);
   const torch::Device dev = rt->device();
   if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
   const bool bf16 = a.bf16 && dev.is_cuda();
   if (a.bf16 && !bf16 && rt->rank() == 0)
     std::cout << "fmnist_train: --bf16 ignored on device " << dev.str() << " (CUDA only)\n";
 
+  auto t_part = Clock::now();
   fm::FashionMnist data = fm::FashionMnist::load(a.data);
   if (a.limit_train > 0 && a.limit_train < data.train.size()) {
     data.train.images = data.train.images.slice(0, 0, a.limit_train);
     data.train.labels = data.train.labels.slice(0, 0, a.limit_train);
   }
+  const double data_s = seconds_since(t_part);
+  t_part = Clock::now();
   torch::manual_seed(a.seed);
-  std::shared_ptr<fm::Classifier> model = fm::make_model(a.model);
+  // Cheap construction (docs/worker-runtime.md#cheap-joiners): parameters made on the device;
+  // a rank that receives the state at its first boundary skips the random init it would lose.
+  const fm::ModelOptions mopt{.device = a.build_on_cpu ? torch::Device(torch::kCPU) : dev,
+                              .init = a.build_on_cpu || !rt->joining()};
+  std::shared_ptr<fm::Classifier> model = fm::make_model(a.model, 10, mopt);
   model->to(dev);
+  if (dev.is_cuda()) torch::cuda::synchronize(dev.index());  // the init kernels, in model_s
+  const double model_s = seconds_since(t_part);
+  t_part = Clock::now();
   torch::optim::AdamW opt(model->parameters(),
                           torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));
   gpurun::FusedAdamW fused_step(opt);  // torch's fused kernel on CUDA (LibTorch >= 2)
   rt->track(*model, opt);
   rt->sampler(data.train.size(), {.seed = a.seed});
+  if (!a.timings.empty()) {
+    std::ofstream(a.timings, std::ios::app) << fmt::format(
+        "{{\"slot\":{},\"joining\":{},\"build\":\"{}\",\"init\":{},\"runtime_s\":{:.4f},"
+        "\"data_s\":{:.4f},\"model_s\":{:.4f},\"optimizer_s\":{:.4f},\"total_s\":{:.4f}}}\n",
+        rt->gpu_id(), rt->joining(), mopt.device.str(), mopt.init, runtime_s, data_s, model_s,
+        seconds_since(t_part), seconds_since(t_start));
+  }
   const int64_t img = model->input_size();
   fm::BatchOptions bopt{.stats = data.stats, .pin_memory = dev.is_cuda()};
 

@@ -62,6 +62,8 @@ void ElasticController::on_attempt_start(int attempt) {
 }
 
 bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool can_restart) {
+  if (auto s = scheduler_.slots().find(local_rank); s != scheduler_.slots().end())
+    timeline_.slot_gone(local_rank, s->second.pid);
   const bool was_finished = scheduler_.finished();
   const bool absorbed =
       scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
@@ -129,6 +131,7 @@ void ElasticController::reload() {
       console_.write(StreamId::kStderr,
                      "gpurun: note: [energy] changed: the energy monitor keeps the settings it "
                      "started with; the change takes effect at the next run\n");
+    timeline_.config_seen();
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   } catch (const ConfigError& e) {
     scheduler_.config_rejected(opt_.config_path.string(), e.what());
@@ -141,7 +144,8 @@ void ElasticController::reload() {
 }
 
 namespace {
-std::optional<std::pair<int, int64_t>> parse_parked_key(std::string_view key) {
+// gpurun/slot/<gpu>/<what>/<n> -> (gpu, n); nullopt for another key.
+std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what) {
   constexpr std::string_view kSlot = "gpurun/slot/";
   if (key.substr(0, kSlot.size()) != kSlot) return std::nullopt;
   key.remove_prefix(kSlot.size());
@@ -149,9 +153,10 @@ std::optional<std::pair<int, int64_t>> parse_parked_key(std::string_view key) {
   auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), gpu);
   if (ec != std::errc{}) return std::nullopt;
   std::string_view rest(p, static_cast<size_t>(key.data() + key.size() - p));
-  constexpr std::string_view kParked = "/parked/";
-  if (rest.substr(0, kParked.size()) != kParked) return std::nullopt;
-  rest.remove_prefix(kParked.size());
+  if (rest.size() < what.size() + 2 || rest[0] != '/' || rest.substr(1, what.size()) != what ||
+      rest[what.size() + 1] != '/')
+    return std::nullopt;
+  rest.remove_prefix(what.size() + 2);
   int64_t g = 0;
   auto [p2, ec2] = std::from_chars(rest.data(), rest.data() + rest.size(), g);
   if (ec2 != std::errc{} || p2 != rest.data() + rest.size()) return std::nullopt;
@@ -178,15 +183,23 @@ void ElasticController::on_key(const std::string& key) {
                                                     "report: {}\n",
                                                     e.what()));
     }
-  } else if (auto parked = parse_parked_key(key)) {
+  } else if (auto parked = parse_slot_key(key, "parked")) {
     scheduler_.on_parked(parked->first, parked->second);
+  } else if (auto ready = parse_slot_key(key, "ready")) {
+    scheduler_.on_ready(ready->first, ready->second);
+  } else if (auto timing = ResizeTimeline::parse_key(key)) {
+    backend_.delete_key(key);  // read once: the store keeps no timing key
+    timeline_.on_record(timing->first, timing->second, value);
+    emit_resize_events();
+    write_status();
+    return;
   } else {
     return;  // our own writes, and keys we do not know
   }
   run_effects();
 }
 
-void ElasticController::spawn(int gpu, int64_t generation, const std::string& json) {
+void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, const std::string& json) {
   const Decision d = Decision::from_json(json);
   supervisor::EnvMap env;
   const int rank = d.rank_of(gpu);
@@ -197,10 +210,14 @@ void ElasticController::spawn(int gpu, int64_t generation, const std::string& js
   env["ROLE_WORLD_SIZE"] = world;
   env["LOCAL_WORLD_SIZE"] = world;
   env[env::kElastic] = "1";
-  env[env::kJoinGeneration] = std::to_string(generation);
+  if (warm >= 0)
+    env[env::kWarm] = std::to_string(warm);  // joins no generation until it is admitted
+  else
+    env[env::kJoinGeneration] = std::to_string(generation);
   env[env::kActiveGpus] = join_ids(d.active);
   env[env::kParkMode] = std::string(to_string(d.park_mode));
   const int pid = supervisor_.spawn_slot(gpu, env);
+  if (pid > 0) timeline_.spawned(gpu, pid);
   if (pid > 0) scheduler_.on_spawned(gpu, pid);
 }
 
@@ -212,12 +229,13 @@ void ElasticController::run_effects() {
       switch (e.kind) {
         case Effect::Kind::kWriteKey:
           backend_.set(e.key, e.value);
+          note_decision_write(e.key, e.value);
           break;
         case Effect::Kind::kDeleteKey:
           backend_.delete_key(e.key);
           break;
         case Effect::Kind::kSpawn:
-          spawn(e.gpu, e.generation, e.value);
+          spawn(e.gpu, e.generation, e.warm, e.value);
           break;
         case Effect::Kind::kKill:
           supervisor_.kill_slot(e.gpu);
@@ -243,6 +261,7 @@ void ElasticController::run_effects() {
       }
     }
   }
+  emit_resize_events();
   if (energy_.active_changed && scheduler_.active() != energy_active_) {
     energy_active_ = scheduler_.active();
     energy_.active_changed(energy_active_);
@@ -254,6 +273,24 @@ void ElasticController::run_effects() {
     it = current ? std::next(it) : deadlines_.erase(it);
   }
   write_status();
+}
+
+void ElasticController::note_decision_write(const std::string& key, const std::string& value) {
+  const auto ends_with = [&](std::string_view tail) {
+    return key.size() >= tail.size() &&
+           key.compare(key.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (key.rfind(keys::kGenPrefix, 0) != 0 || !(ends_with("/decision") || ends_with("/start")))
+    return;
+  try {
+    timeline_.decision_written(Decision::from_json(value));
+  } catch (const ProtocolError&) {
+    // Our own write: never malformed; nothing to time if it were.
+  }
+}
+
+void ElasticController::emit_resize_events() {
+  for (const JsonObject& e : timeline_.take_ready()) events_.emit("resize", e);
 }
 
 void ElasticController::write_status() {
@@ -268,6 +305,7 @@ std::string ElasticController::render_current_status() const {
   snap.supervisor_pid = static_cast<int>(::getpid());
   snap.physical_gpus = opt_.physical_gpus;
   snap.energy = opt_.energy_status;
+  snap.last_resize = timeline_.last();
   return render_status(scheduler_, snap);
 }
 

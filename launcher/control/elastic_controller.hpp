@@ -17,6 +17,7 @@
 
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
+#include "control/resize_timeline.hpp"
 #include "control/scheduler.hpp"
 #include "control/status.hpp"
 #include "store/backend.hpp"
@@ -87,9 +88,13 @@ class ElasticController : public supervisor::SlotController {
   void reload();
   void on_key(const std::string& key);
   void run_effects();
-  void spawn(int gpu, int64_t generation, const std::string& decision_json);
+  void spawn(int gpu, int64_t generation, int64_t warm, const std::string& decision_json);
   void write_status();
   std::string render_current_status() const;
+  /// Resize timings (docs/control-protocol.md#resize-timings): a written key that may be a
+  /// decision, and the `resize` events completed.
+  void note_decision_write(const std::string& key, const std::string& value);
+  void emit_resize_events();
 
   boost::asio::io_context& io_;
   store::Backend& backend_;
@@ -101,6 +106,7 @@ class ElasticController : public supervisor::SlotController {
   std::unique_ptr<ConfigWatcher> watcher_;
   StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
+  ResizeTimeline timeline_;
   EnergyHooks energy_;
   std::vector<int> energy_active_;  // the set last given to energy_.active_changed
   bool sighup_pending_ = false;     // a SIGHUP waits for its reload's answer

@@ -160,6 +160,7 @@ void Scheduler::start_attempt(int attempt) {
       delete_key(keys::parked(gpu, s.park_generation));
       delete_key(keys::wake(gpu, s.park_generation));
     }
+    drop_warm_keys(s);
   }
   const int64_t prev = generation_;
   generation_ = generation_ < 0 ? 0 : generation_ + 1;
@@ -211,6 +212,7 @@ void Scheduler::config_loaded(Config config, const std::string& path) {
   for (const auto& w : config_.warnings) say("warning: " + w);
   if (finished_) return;
   if (to_release) wake_all_parked_to_exit("park mode is now release");
+  warm_up();
   if (generation_ >= 0 && active_.empty()) resume();
 }
 
@@ -233,6 +235,7 @@ void Scheduler::on_joined(int64_t generation, int rank, int pid) {
   established_.insert(s.gpu);
   set_state(s, SlotState::kActive,
             fmt::format("joined generation {} as rank {}", generation, rank));
+  drop_warm_keys(s);        // a warm joiner: its ready and admit keys are read
   if (s.woken_from >= 0) {  // its park and wake keys are read
     delete_key(keys::parked(s.gpu, s.woken_from));
     delete_key(keys::wake(s.gpu, s.woken_from));
@@ -290,6 +293,21 @@ void Scheduler::on_parked(int gpu, int64_t park_generation) {
     set_state(s, SlotState::kParked, "parked (hold mode)");
     moved_on(gpu);  // it read the decision that made it leave
   }
+}
+
+void Scheduler::on_ready(int gpu, int64_t warm) {
+  auto it = slots_.find(gpu);
+  if (it == slots_.end()) return;
+  SlotInfo& s = it->second;
+  if (s.state != SlotState::kWarming || s.warm_id != warm || s.warm_ready) return;
+  s.warm_ready = true;
+  s.reason = "warm: ready, joins at the next boundary";
+  Effect e;
+  e.kind = Effect::Kind::kEvent;
+  e.key = "warm_ready";
+  e.fields.add("gpu", gpu).add("pid", s.pid).add("warm", warm);
+  effects_.push_back(std::move(e));
+  if (holds_job_open()) resume();  // paused: nobody trains, no boundary comes
 }
 
 void Scheduler::on_deadline(int64_t generation, int64_t round) {
@@ -368,8 +386,18 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         set_state(s, SlotState::kFailed, "died while offloading: " + how);
       }
       break;
+    case SlotState::kWarming:
+      // Not a participant of anything: nobody waits for it, nothing is lost.
+      set_state(s, SlotState::kFailed, "warm joiner ended before it was admitted: " + how);
+      say(
+          fmt::format("warming gpu {} (pid {}) {} before it joined: dropped, the job goes on "
+                      "without it (it stays out of this attempt)",
+                      gpu, pid, how));
+      break;
     case SlotState::kParked:
-      if (!clean) {
+      if (s.cancelled) {
+        s.cancelled = false;  // a warm joiner ended because it was no longer wanted
+      } else if (!clean) {
         set_state(s, SlotState::kFailed, "died while parked: " + how);
         say(
             fmt::format("parked gpu {} (pid {}) {}: it stays out of this attempt (a config that "
@@ -383,6 +411,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   }
   const bool was_source = gpu == source_gpu_;
   s.holds_state = false;  // its process is gone
+  drop_warm_keys(s);
   if (!absorbed) return false;
   if (!clean && s.state == SlotState::kFailed) {
     participant_died(s, pid, how);
@@ -403,6 +432,8 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   }
   try_decide();
   check_all_gone();
+  warm_up();  // a slot wanted again whose previous process just ended
+  if (holds_job_open()) resume();
   if (!goes_on.empty() && !finished_) {
     bool member_holds = false;
     for (int m : active_)
@@ -530,6 +561,8 @@ void Scheduler::check_all_gone() {
 }
 
 void Scheduler::wake_all_parked_to_exit(const std::string& why) {
+  for (auto& [gpu, s] : slots_)
+    if (s.state == SlotState::kWarming) cancel_warming(s, why);
   for (auto& [gpu, s] : slots_) {
     if ((s.state != SlotState::kParked && s.state != SlotState::kOffloading) || s.pid < 0 ||
         s.park_generation < 0 || s.will_exit)
@@ -589,7 +622,17 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   s.generation = d.generation;
   s.rank = d.rank_of(s.gpu);
   const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
-  s.holds_state = false;  // until it reports in d.generation, after the handoff
+  s.holds_state = false;                 // until it reports in d.generation, after the handoff
+  if (s.state == SlotState::kWarming) {  // ready and waiting: only the set-up is left
+    set_state(s, SlotState::kRejoining, why + " (warm: ready before this decision)");
+    s.warm_ready = false;
+    Effect e;
+    e.kind = Effect::Kind::kWriteKey;
+    e.key = keys::admit(s.gpu, s.warm_id);
+    e.value = json;
+    effects_.push_back(std::move(e));
+    return;
+  }
   if (s.pid >= 0 && (s.state == SlotState::kRejoining || s.state == SlotState::kActive)) {
     // A joiner whose previous join was abandoned: it reported and reads this decision itself.
     s.reason = why + " (again, after an abandoned join)";
@@ -627,6 +670,16 @@ void Scheduler::decide() {
     if (live && !s.holds_state && reports_.count(s.rank)) stateless.push_back(gpu);
   }
   std::vector<int> target = effective_desired();
+  {
+    // Warm joiners still starting (and slots whose old process is still exiting) join at a
+    // later boundary: the members never wait here for a start-up.
+    std::vector<int> now;
+    for (int gpu : target)
+      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(slot(gpu)))
+        now.push_back(gpu);
+    if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile
+    target = std::move(now);
+  }
   if (survivors.empty() && !snapshot_current()) {
     // Only joiners without state are left (the holders died during the set-up).
     lose_state(fmt::format("no process of generation {} holds it (failed: [{}])", generation_,
@@ -738,6 +791,11 @@ void Scheduler::admit(SlotInfo& s, const Decision& d, const std::string& json) {
 void Scheduler::resume() {
   const std::vector<int> target = effective_desired();
   if (target.empty()) return;
+  // Nobody trains, but the new generation's members would wait for each other inside its
+  // set-up: it is made once every slot of it is ready (warm joiners that reported ready, held
+  // processes), so only the set-up and the snapshot load are left after the decision.
+  for (int gpu : target)
+    if (!joinable_now(slot(gpu))) return;
   Decision d = base_decision();
   d.kind = Decision::Kind::kResize;
   d.prev_generation = generation_;
@@ -879,6 +937,69 @@ void Scheduler::collect_keys() {
     if (aborted_.erase(g)) delete_key(keys::abort(g));
     it = generation_keys_.erase(it);
   }
+}
+
+bool Scheduler::joinable_now(const SlotInfo& s) const {
+  if (s.state == SlotState::kWarming) return s.warm_ready;
+  if (s.state == SlotState::kParked && s.pid >= 0 && (s.will_exit || s.cancelled)) return false;
+  if (s.state == SlotState::kOffloading && s.will_exit) return false;
+  return true;  // a held process (woken), or no process (spawned by the decision)
+}
+
+void Scheduler::warm_up() {
+  if (generation_ < 0) return;
+  const bool ending = finished_ || !stop_pending_.empty();
+  const std::vector<int> want = ending ? std::vector<int>{} : effective_desired();
+  for (auto& [gpu, s] : slots_)
+    if (s.state == SlotState::kWarming && !std::binary_search(want.begin(), want.end(), gpu))
+      cancel_warming(s, ending ? "the job is finishing" : "the config no longer names it");
+  for (int gpu : want) {
+    SlotInfo& s = slot(gpu);
+    if (member(s) || s.state != SlotState::kParked || s.pid >= 0) continue;
+    s.warm_id = next_warm_++;
+    s.warm_ready = false;
+    s.generation = -1;
+    s.rank = -1;
+    set_state(s, SlotState::kWarming,
+              "spawned warm: it starts while the others train, joins at a boundary once ready");
+    // The provisional world (the environment's RANK/WORLD_SIZE): the admitting decision's wins.
+    Decision d = base_decision();
+    d.kind = Decision::Kind::kResize;
+    d.generation = generation_ + 1;
+    d.prev_generation = generation_;
+    d.active = want;
+    d.joiners = {gpu};
+    d.state_source = StateSource::snapshot();
+    Effect e;
+    e.kind = Effect::Kind::kSpawn;
+    e.gpu = gpu;
+    e.generation = -1;
+    e.warm = s.warm_id;
+    e.value = d.to_json();
+    effects_.push_back(std::move(e));
+  }
+}
+
+void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
+  set_state(s, SlotState::kParked, "warm joiner cancelled: " + why);
+  s.warm_ready = false;
+  if (s.pid < 0) {
+    drop_warm_keys(s);
+    return;
+  }
+  s.cancelled = true;  // its exit (any status) is no failure
+  say(fmt::format("ending warming gpu {} (pid {}): {}", s.gpu, s.pid, why));
+  Effect e;
+  e.kind = Effect::Kind::kKill;
+  e.gpu = s.gpu;
+  effects_.push_back(std::move(e));
+}
+
+void Scheduler::drop_warm_keys(SlotInfo& s) {
+  if (s.warm_id < 0) return;
+  delete_key(keys::ready(s.gpu, s.warm_id));
+  delete_key(keys::admit(s.gpu, s.warm_id));
+  s.warm_id = -1;
 }
 
 bool Scheduler::holds_job_open() const {

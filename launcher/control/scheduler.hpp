@@ -24,7 +24,8 @@ struct Effect {
   enum class Kind {
     kWriteKey,     ///< store SET key = value
     kDeleteKey,    ///< store DELETE_KEY key (a key no process will read again)
-    kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value)
+    kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value); with
+                   ///< `warm` >= 0 a warm joiner (GPURUN_WARM=warm; value: the provisional set)
     kKill,         ///< SIGKILL the process group of `gpu` (stalled)
     kArmDeadline,  ///< call on_deadline(generation, round) after `deadline`
     kEvent,        ///< event log record: name = key, fields
@@ -38,6 +39,7 @@ struct Effect {
   int64_t round = -1;
   std::chrono::milliseconds deadline{0};
   JsonObject fields;
+  int64_t warm = -1;  ///< kSpawn of a warm joiner: its id (keys::ready / keys::admit)
 };
 
 /// Everything known about one slot.
@@ -57,6 +59,11 @@ struct SlotInfo {
   /// member, a joiner once it reported in its generation (after the handoff). Not a joiner
   /// that only joined (read its start record) — that is before the handoff.
   bool holds_state = false;
+  /// Warm joiner (WARMING, or REJOINING after its admission until it joined): its id, -1 when
+  /// none. Its ready/admit keys are deleted when it joined or its process ended.
+  int64_t warm_id = -1;
+  bool warm_ready = false;  ///< WARMING: it wrote its ready key (waits for its admission)
+  bool cancelled = false;   ///< PARKED: a warm joiner killed because it is no longer wanted
 };
 
 /// A boundary round that every live member has reported, about to be decided.
@@ -96,6 +103,9 @@ class Scheduler {
   void on_report(const Report& report);
   /// `gpurun/slot/<gpu>/parked/<p>` was written (hold mode).
   void on_parked(int gpu, int64_t park_generation);
+  /// `gpurun/slot/<gpu>/ready/<w>` was written: the warm joiner `w` of `gpu` is ready (built,
+  /// loaded, waiting): the next boundary decision admits it (at once while paused).
+  void on_ready(int gpu, int64_t warm);
   /// The deadline armed for (generation, round) expired.
   void on_deadline(int64_t generation, int64_t round);
   /// A process was started for `gpu` (after a kSpawn effect, or by the supervisor).
@@ -162,6 +172,14 @@ class Scheduler {
   void try_decide();
   void decide();
   void resume();
+  // Warm joiners: spawns one for every wanted slot that has no process (docs/control-protocol.md
+  // #warm-joiners), ends those no longer wanted (or every one when the job is finishing).
+  void warm_up();
+  void cancel_warming(SlotInfo& s, const std::string& why);
+  // Whether a wanted slot can be in the next generation now (a ready warm joiner, a held
+  // process); false for one still warming or whose previous process is still exiting.
+  bool joinable_now(const SlotInfo& s) const;
+  void drop_warm_keys(SlotInfo& s);
   void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
   // The `decision` event for the event log.
   void decision_event(const Decision& d);
@@ -234,6 +252,7 @@ class Scheduler {
   /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
   std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;
   std::vector<Effect> effects_;
+  int64_t next_warm_ = 0;  ///< the next warm joiner's id (unique for the Scheduler's life)
 };
 
 }  // namespace gpurun::control

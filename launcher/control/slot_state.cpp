@@ -21,6 +21,10 @@ constexpr Move kTable[] = {
     {S::kParked, S::kRejoining},     {S::kParked, S::kExited},        {S::kParked, S::kFailed},
     {S::kRejoining, S::kActive},     {S::kRejoining, S::kExited},     {S::kRejoining, S::kFailed},
     {S::kRejoining, S::kOffloading},  // its join was abandoned and the next decision leaves it out
+    {S::kParked, S::kWarming},        // a config adds it: spawned at once, joins once ready
+    {S::kWarming, S::kRejoining},     // ready, admitted by a decision
+    {S::kWarming, S::kParked},        // cancelled (a config edit removed it, the job finishes)
+    {S::kWarming, S::kFailed},        // died before it was admitted
 };
 
 }  // namespace
@@ -37,6 +41,8 @@ std::string_view to_string(SlotState state) {
       return "PARKED";
     case S::kRejoining:
       return "REJOINING";
+    case S::kWarming:
+      return "WARMING";
     case S::kExited:
       return "EXITED";
     case S::kFailed:

@@ -15,6 +15,7 @@ enum class SlotState {
   kOffloading,  ///< told to leave; its process still runs (freeing GPU state)
   kParked,      ///< not in the active set: no process (release, never launched) or held
   kRejoining,   ///< joiner spawned or woken, not joined yet
+  kWarming,     ///< warm joiner: process started before a decision names it; admitted once ready
   kExited,      ///< finished training (exit 0 while a member)
   kFailed,      ///< died or stalled past the boundary deadline
 };
@@ -37,7 +38,7 @@ SlotState transition(SlotState from, SlotState to);
 
 /// Every state, in declaration order (for tests and tables).
 inline constexpr SlotState kAllSlotStates[] = {
-    SlotState::kStarting,  SlotState::kActive, SlotState::kOffloading, SlotState::kParked,
-    SlotState::kRejoining, SlotState::kExited, SlotState::kFailed};
+    SlotState::kStarting,  SlotState::kActive,  SlotState::kOffloading, SlotState::kParked,
+    SlotState::kRejoining, SlotState::kWarming, SlotState::kExited,     SlotState::kFailed};
 
 }  // namespace gpurun::control

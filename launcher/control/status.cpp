@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include "control/resize_timeline.hpp"
 #include "supervisor/event_log.hpp"
 
 namespace gpurun::control {
@@ -156,6 +157,10 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_null("last_decision");
   else
     root.add_raw("last_decision", st.last_decision);
+  if (snap.last_resize.empty())
+    root.add_null("last_resize");
+  else
+    root.add_raw("last_resize", snap.last_resize);
   root.add_raw("slots", slots);
   if (snap.energy) {
     JsonObject e;
@@ -457,6 +462,9 @@ int status_command(const std::vector<std::string>& args) {
                        std::string(p->as_string()));
   if (const json::value* l = o.if_contains("state_lost"); l && l->is_string())
     out += fmt::format("{}\n", std::string(l->as_string()));
+  if (const json::value* r = o.if_contains("last_resize"); r && r->is_object())
+    for (const std::string& line : ResizeTimeline::describe(json::serialize(*r)))
+      out += line + "\n";
   if (const json::value* e = o.if_contains("energy"); e && e->is_object())
     out += fmt::format(
         "energy: {} epochs finished, Zeus cost so far {} J, early-stop threshold {}\n",

@@ -43,6 +43,9 @@ struct StatusSnapshot {
   std::vector<std::string> physical_gpus;  ///< per slot; empty with --device cpu
   /// Energy columns and totals; empty function = no energy monitor (fields absent).
   std::function<EnergyStatus()> energy;
+  /// The last `resize` event's fields (JSON object text, docs/control-protocol.md#resize-
+  /// timings); empty: none yet (status.json says null).
+  std::string last_resize;
 };
 
 /// One slot as status.json shows it.

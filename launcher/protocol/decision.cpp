@@ -240,11 +240,20 @@ std::string report(int64_t g, int64_t n, int rank) {
 std::string decision(int64_t g, int64_t n) {
   return fmt::format("gpurun/gen/{}/round/{}/decision", g, n);
 }
+std::string timing(int64_t g, int gpu) {
+  return fmt::format("gpurun/gen/{}/timing/{}", g, gpu);
+}
 std::string parked(int gpu, int64_t p) {
   return fmt::format("gpurun/slot/{}/parked/{}", gpu, p);
 }
 std::string wake(int gpu, int64_t p) {
   return fmt::format("gpurun/slot/{}/wake/{}", gpu, p);
+}
+std::string ready(int gpu, int64_t w) {
+  return fmt::format("gpurun/slot/{}/ready/{}", gpu, w);
+}
+std::string admit(int gpu, int64_t w) {
+  return fmt::format("gpurun/slot/{}/admit/{}", gpu, w);
 }
 
 namespace {

@@ -44,14 +44,17 @@ std::unique_ptr<WorkerControl> WorkerControl::from_env() {
   o.store.host = env_or_throw(env::kStoreAddr);
   o.store.port = static_cast<uint16_t>(env_int(env::kStorePort));
   o.gpu = static_cast<int>(env_int(env::kSlot));
-  o.join_generation = env_int(env::kJoinGeneration);
+  if (const char* w = std::getenv(env::kWarm); w && *w)
+    o.warm = env_int(env::kWarm);
+  else
+    o.join_generation = env_int(env::kJoinGeneration);
   return std::make_unique<WorkerControl>(std::move(o));
 }
 
 WorkerControl::WorkerControl(WorkerControlOptions options)
     : opt_(std::move(options)),
       client_(std::make_unique<store::Client>(opt_.store)),
-      generation_(opt_.join_generation) {}
+      generation_(opt_.warm >= 0 ? -1 : opt_.join_generation) {}
 
 std::string WorkerControl::wait_get(const std::string& key) {
   while (true) {
@@ -117,12 +120,14 @@ Decision WorkerControl::report_and_wait(int64_t epoch, int64_t step, bool has_st
   return d;
 }
 
-std::optional<Decision> WorkerControl::park_and_wait() {
-  GPURUN_CHECK(park_generation_ >= 0, "slot {} parks without having left", opt_.gpu);
-  client_->set(keys::parked(opt_.gpu, park_generation_), std::to_string(::getpid()));
-  const std::string json = wait_get(keys::wake(opt_.gpu, park_generation_));
+std::optional<Decision> WorkerControl::wait_admission() {
+  GPURUN_CHECK(opt_.warm >= 0, "slot {} waits for an admission but is not a warm joiner", opt_.gpu);
+  client_->set(keys::ready(opt_.gpu, opt_.warm), std::to_string(::getpid()));
+  return take_join_decision(wait_get(keys::admit(opt_.gpu, opt_.warm)));
+}
+
+std::optional<Decision> WorkerControl::take_join_decision(const std::string& json) {
   Decision d = Decision::from_json(json);
-  park_generation_ = -1;
   if (d.kind == Decision::Kind::kExit) return std::nullopt;
   current_json_ = json;
   current_ = d;
@@ -130,6 +135,18 @@ std::optional<Decision> WorkerControl::park_and_wait() {
   round_ = 0;
   joined();
   return d;
+}
+
+void WorkerControl::publish_timing(int64_t generation, const std::string& json) {
+  client_->set(keys::timing(generation, opt_.gpu), json);
+}
+
+std::optional<Decision> WorkerControl::park_and_wait() {
+  GPURUN_CHECK(park_generation_ >= 0, "slot {} parks without having left", opt_.gpu);
+  client_->set(keys::parked(opt_.gpu, park_generation_), std::to_string(::getpid()));
+  const std::string json = wait_get(keys::wake(opt_.gpu, park_generation_));
+  park_generation_ = -1;
+  return take_join_decision(json);
 }
 
 }  // namespace gpurun::control

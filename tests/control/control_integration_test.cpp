@@ -390,7 +390,9 @@ TEST_CASE("--device cpu: --nproc 4 with active_gpus = [0, 1] starts 2; growing s
     CHECK(e["GPURUN_SLOT"] == std::to_string(gpu));
     CHECK(e["RANK"] == std::to_string(gpu));
     CHECK(e["WORLD_SIZE"] == "4");
-    CHECK(e["GPURUN_JOIN_GENERATION"] == "1");
+    // A warm joiner: spawned at the edit with its id, joins the generation that admits it.
+    CHECK(e["GPURUN_JOIN_GENERATION"] == "<unset>");
+    CHECK(e["GPURUN_WARM"] != "<unset>");
     CHECK(e["GPURUN_GPU_ID"] == "<unset>");
   }
   CHECK(run.finish() == 0);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
     std::ofstream env(dir / ("env." + me));
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPURUN_SLOT",
                              "GPURUN_GPU_ID", "GPURUN_DEVICE", "GPURUN_JOIN_GENERATION",
-                             "GPURUN_ACTIVE_GPUS", "CUDA_VISIBLE_DEVICES"}) {
+                             "GPURUN_WARM", "GPURUN_ACTIVE_GPUS", "CUDA_VISIBLE_DEVICES"}) {
       const char* v = std::getenv(name);
       env << name << "=" << (v ? v : "<unset>") << "\n";
     }
@@ -73,7 +74,17 @@ int main(int argc, char** argv) {
     }
   };
 
-  const Decision& start = wc->join();
+  Decision start;
+  if (wc->warm()) {  // a warm joiner: ready at once, waits for its admission
+    std::optional<Decision> admitted = wc->wait_admission();
+    if (!admitted) {
+      std::printf("fake_worker gpu %d: told to exit before it was admitted\n", gpu);
+      return 0;
+    }
+    start = *admitted;
+  } else {
+    start = wc->join();
+  }
   record(keys::start(start.generation));
   joined_as_joiner(start);
   long epoch = start.epoch >= 0 ? start.epoch + 1 : 0;

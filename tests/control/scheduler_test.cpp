@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -30,6 +31,9 @@ struct Harness {
   std::vector<std::string> wakes;  // wake keys written
   std::set<std::string> store;     // keys present in the store (workers' writes included)
   int next_pid = 1000;
+  /// A warm joiner is ready as soon as it is spawned (false: the test says when, ready()).
+  bool auto_ready = true;
+  std::map<int, int64_t> warm;  // gpu -> id of its last warm joiner
 
   explicit Harness(Config c, int slots = 4, std::optional<std::vector<int>> launch = std::nullopt)
       : s(ids(slots), c, std::move(launch)) {
@@ -49,6 +53,10 @@ struct Harness {
         if (e.kind == Effect::Kind::kSpawn) {
           spawned.push_back(e.gpu);
           s.on_spawned(e.gpu, next_pid++);
+          if (e.warm >= 0) {
+            warm[e.gpu] = e.warm;
+            if (auto_ready) s.on_ready(e.gpu, e.warm);  // a joiner that starts at once
+          }
         } else if (e.kind == Effect::Kind::kKill) {
           killed.push_back(e.gpu);
         } else if (e.kind == Effect::Kind::kDeleteKey) {
@@ -67,6 +75,12 @@ struct Harness {
     }
   }
   SlotState state(int gpu) const { return s.slots().at(gpu).state; }
+  /// The warm joiner of `gpu` wrote its ready key.
+  void ready(int gpu) {
+    store.insert(keys::ready(gpu, warm.at(gpu)));
+    s.on_ready(gpu, warm.at(gpu));
+    drain();
+  }
   void join_all() {
     const auto active = s.active();
     for (size_t r = 0; r < active.size(); ++r) {
@@ -179,6 +193,7 @@ TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause hol
   Harness h(cfg(std::nullopt));
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
   Decision d = h.boundary(0);
   CHECK(d.leavers == std::vector<int>{2, 3});
   CHECK(h.s.on_process_exit(2, true, "exit code 0", false));
@@ -219,7 +234,7 @@ TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause hol
   CHECK(h.spawned.back() == 1);
 }
 
-TEST_CASE("scheduler: a joiner whose old process is still exiting is spawned after it exits") {
+TEST_CASE("scheduler: a joiner whose old process is still exiting is warmed after it exits") {
   Harness h(cfg(std::nullopt));
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0}), "c");
@@ -228,12 +243,15 @@ TEST_CASE("scheduler: a joiner whose old process is still exiting is spawned aft
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
   h.drain();
   const size_t spawns = h.spawned.size();
-  Decision d = h.boundary(1);  // gpu 1 has not exited yet
-  CHECK(d.joiners == std::vector<int>{1});
+  Decision d = h.boundary(1);  // gpu 1 has not exited yet: nobody waits for it
+  CHECK(d.kind == Decision::Kind::kContinue);
   CHECK(h.spawned.size() == spawns);
   CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
   h.drain();
-  CHECK(h.spawned.size() == spawns + 1);
+  CHECK(h.spawned.size() == spawns + 1);  // a warm joiner, ready at once (the harness)
+  CHECK(h.state(1) == SlotState::kWarming);
+  d = h.boundary(2);
+  CHECK(d.joiners == std::vector<int>{1});
   CHECK(h.state(1) == SlotState::kRejoining);
 }
 
@@ -469,6 +487,7 @@ TEST_CASE("scheduler: a joiner dies during the set-up: the abort key, then a dec
   Harness h(cfg(std::vector<int>{0}), 3);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
   Decision d = h.boundary(0);
   REQUIRE(d.joiners == std::vector<int>{1});
   CHECK_FALSE(h.store.count(keys::abort(1)));
@@ -494,6 +513,7 @@ TEST_CASE(
   Harness h(cfg(std::vector<int>{0}), 3);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
   h.boundary(0);
   CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
   h.drain();
@@ -512,6 +532,7 @@ TEST_CASE("scheduler: an abandoned joiner stays stateless, joins again or leaves
   Harness h(cfg(std::vector<int>{0}), 4);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1, 2}), "c");
+  h.drain();
   h.boundary(0);
   const size_t spawned = h.spawned.size();
   CHECK(h.s.on_process_exit(1, false, "exit code 1", false));
@@ -548,6 +569,7 @@ TEST_CASE("scheduler: a joiner dies while a resume loads the pause snapshot: loa
   Harness h(cfg(std::vector<int>{0, 1}), 3);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
   h.boundary(0);  // pause: rank 0 writes the snapshot
   for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
   h.s.config_loaded(cfg(std::vector<int>{1, 2}), "c");
@@ -618,6 +640,7 @@ TEST_CASE("scheduler: a joiner that only joined holds no state: its source's dea
   Harness h(cfg(std::vector<int>{0}), 3);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
   h.boundary(0);
   h.join_all();  // gpu 1 wrote its joined key: ACTIVE, still without state
   CHECK(h.state(1) == SlotState::kActive);
@@ -634,6 +657,7 @@ TEST_CASE("scheduler: a joiner that reported after its handoff holds the state")
   Harness h(cfg(std::vector<int>{0}), 3);
   h.join_all();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
   h.boundary(0);
   h.join_all();
   h.boundary(1);  // both report in generation 1: gpu 1 is past its handoff
@@ -643,4 +667,113 @@ TEST_CASE("scheduler: a joiner that reported after its handoff holds the state")
   CHECK(h.s.state_lost().empty());
   h.report(1, 1);
   CHECK(h.decisions.back().state_source == StateSource::peer(1, 1));
+}
+
+TEST_CASE("scheduler: a warm joiner is spawned at the edit, not waited for, admitted once ready") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.auto_ready = false;
+  h.join_all();
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2}), "c");
+  h.drain();
+  // Spawned at once, before any boundary: WARMING, with a warm id and no generation.
+  REQUIRE(h.spawned == std::vector<int>{0, 1, 2});
+  CHECK(h.state(2) == SlotState::kWarming);
+  CHECK(h.s.slots().at(2).warm_id >= 0);
+  // Not ready: the members' boundaries are answered without waiting for it, twice.
+  CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+  CHECK(h.boundary(2).kind == Decision::Kind::kContinue);
+  CHECK(h.state(2) == SlotState::kWarming);
+  CHECK(h.events("warm_ready") == 0);
+  h.ready(2);
+  CHECK(h.events("warm_ready") == 1);
+  CHECK(h.state(2) == SlotState::kWarming);  // ready: waits for the next boundary
+  const Decision d = h.boundary(3);
+  CHECK(d.kind == Decision::Kind::kResize);
+  CHECK(d.joiners == std::vector<int>{2});
+  CHECK(d.active == std::vector<int>{0, 1, 2});
+  CHECK(h.state(2) == SlotState::kRejoining);
+  CHECK(h.spawned == std::vector<int>{0, 1, 2});  // admitted, not spawned again
+  const int64_t w = h.warm.at(2);
+  CHECK(h.store.count(keys::admit(2, w)) == 1);
+  h.join_all();
+  CHECK(h.state(2) == SlotState::kActive);
+  CHECK(h.store.count(keys::admit(2, w)) == 0);  // read: deleted with the ready key
+  CHECK(h.store.count(keys::ready(2, w)) == 0);
+  CHECK(h.boundary(4).kind == Decision::Kind::kContinue);
+}
+
+TEST_CASE("scheduler: a swap to warming slots trains on the old set until they are ready") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.auto_ready = false;
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{2, 3}), "c");
+  h.drain();
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);  // not a pause
+  h.ready(3);
+  Decision d = h.boundary(1);
+  CHECK(d.active == std::vector<int>{3});
+  CHECK(d.leavers == std::vector<int>{0, 1});
+  CHECK(h.state(2) == SlotState::kWarming);
+}
+
+TEST_CASE("scheduler: a warming joiner that dies, is removed by an edit, or outlives the job") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.auto_ready = false;
+  h.join_all();
+  // Dies while warming (even with restarts left): dropped, nobody stops.
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2, 3}), "c");
+  h.drain();
+  REQUIRE(h.state(2) == SlotState::kWarming);
+  CHECK(h.s.on_process_exit(2, false, "signal SIGKILL (9)", /*can_restart=*/true));
+  h.drain();
+  CHECK(h.state(2) == SlotState::kFailed);
+  CHECK(h.events("generation_abandoned") == 0);
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  // Removed by an edit before it was ready: killed, PARKED; its exit is no failure.
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  CHECK(h.killed == std::vector<int>{3});
+  CHECK(h.state(3) == SlotState::kParked);
+  CHECK(h.s.on_process_exit(3, false, "signal SIGKILL (9)", true));
+  h.drain();
+  CHECK(h.state(3) == SlotState::kParked);
+  CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+  // Named again: a new warm joiner (gpu 2 stays out: FAILED for this attempt).
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 2, 3}), "c");
+  h.drain();
+  CHECK(h.spawned == std::vector<int>{0, 1, 2, 3, 3});
+  CHECK(h.state(3) == SlotState::kWarming);
+  // The job finishes while it warms: it is ended (killed), the job does not wait for it.
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.killed == std::vector<int>{3, 3});
+  CHECK(h.state(3) == SlotState::kParked);
+}
+
+TEST_CASE("scheduler: a resume from a pause is decided once its warm joiners are ready") {
+  Harness h(cfg(std::vector<int>{0, 1}));
+  h.auto_ready = false;
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  CHECK(h.boundary(0).active.empty());
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.s.holds_job_open());
+  const size_t decided = h.decisions.size();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  CHECK(h.spawned == std::vector<int>{0, 1, 0, 1});  // both at once, warm
+  CHECK(h.state(0) == SlotState::kWarming);
+  CHECK(h.decisions.size() == decided);  // no generation before they are ready
+  h.ready(1);
+  CHECK(h.decisions.size() == decided);
+  CHECK(h.s.holds_job_open());
+  h.ready(0);
+  REQUIRE(h.decisions.size() == decided + 1);
+  CHECK(h.decisions.back().joiners == std::vector<int>{0, 1});
+  CHECK(h.decisions.back().state_source.is_snapshot());
+  CHECK(h.state(0) == SlotState::kRejoining);
+  CHECK_FALSE(h.s.holds_job_open());
 }

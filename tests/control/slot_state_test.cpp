@@ -32,6 +32,10 @@ TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal one
       {S::kRejoining, S::kFailed},
       {S::kRejoining, S::kOffloading},  // its join was abandoned and the next decision leaves it
                                         // out
+      {S::kParked, S::kWarming},        // a config adds it: a warm joiner
+      {S::kWarming, S::kRejoining},     // ready, admitted
+      {S::kWarming, S::kParked},        // cancelled
+      {S::kWarming, S::kFailed},        // died before it was admitted
   };
   int walked = 0, allowed = 0;
   for (S from : kAllSlotStates) {
@@ -51,13 +55,14 @@ TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal one
       }
     }
   }
-  CHECK(walked == 49);
-  CHECK(allowed == 16);
+  CHECK(walked == 64);
+  CHECK(allowed == 20);
 }
 
 TEST_CASE("slot state names") {
   CHECK(to_string(SlotState::kStarting) == "STARTING");
   CHECK(to_string(SlotState::kActive) == "ACTIVE");
+  CHECK(to_string(SlotState::kWarming) == "WARMING");
   CHECK(to_string(SlotState::kOffloading) == "OFFLOADING");
   CHECK(to_string(SlotState::kParked) == "PARKED");
   CHECK(to_string(SlotState::kRejoining) == "REJOINING");

@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -295,8 +298,13 @@ TEST_CASE(
         return false;
       });
       const size_t loads = run.events("config_loaded").size();
+      const size_t readies = run.events("warm_ready").size();
       write_file(run.dir / "config.toml", cfg(active));
       run.wait_for("the config reload", [&] { return run.events("config_loaded").size() > loads; });
+      // A grow's joiner is admitted once it is ready (a warm joiner): wait for it here.
+      if (active == "[0, 1]")
+        run.wait_for("the warm joiner ready",
+                     [&] { return run.events("warm_ready").size() > readies; });
       write_file(run.out() / ("go." + tag), "");
       return run.wait_resize(n);
     };
@@ -367,30 +375,58 @@ TEST_CASE("without --config: a static data-parallel job (rank 0's state broadcas
 
 namespace {
 /// The pid of the `worker_started` event of `local_rank` after the latest resize decision.
-int64_t wait_started_after_resize(TrainRun& run, int local_rank) {
+/// The pid of the latest process started on `local_rank` (a warm joiner is started at the
+/// config edit, before the decision that admits it).
+int64_t latest_started(TrainRun& run, int local_rank) {
   int64_t pid = -1;
   run.wait_for("the joiner's worker_started event", [&] {
-    bool after = false;
-    for (auto& e : run.events()) {
-      const auto& name = e.at("event").as_string();
-      if (name == "decision" && e.at("kind").as_string() != "continue") after = true;
-      if (after && name == "worker_started" && e.at("local_rank").as_int64() == local_rank)
-        pid = e.at("pid").as_int64();
-    }
+    for (auto& e : run.events("worker_started"))
+      if (e.at("local_rank").as_int64() == local_rank) pid = e.at("pid").as_int64();
     return pid > 0;
   });
+  return pid;
+}
+
+/// Index in the event log of the first event `name` for `gpu` matching `pred`; -1 when none.
+long find_event(const std::vector<json::object>& events, const std::string& name,
+                const std::function<bool(const json::object&)>& pred) {
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].at("event").as_string() == name && pred(events[i])) return static_cast<long>(i);
+  return -1;
+}
+bool slot_to(const json::object& e, int gpu, const std::string& to) {
+  return e.at("gpu").as_int64() == gpu && e.at("to").as_string() == to;
+}
+
+/// A joiner stuck before the set-up of the generation that admits it: with the members held at
+/// boundary `tag` (their --hold-at), writes `cfg`, waits until the warm joiner of `gpu` is ready,
+/// stops it (SIGSTOP: it will not read its admission), then lets the members go. The boundary
+/// admits it and the members wait for it in the new generation's rendezvous. Returns its pid.
+int64_t admit_stopped_joiner(TrainRun& run, const std::string& tag, const std::string& cfg,
+                             int gpu) {
+  run.wait_for("a trainer holding at " + tag, [&] {
+    return fs::exists(run.out() / "holding.0") && slurp(run.out() / "holding.0") == tag;
+  });
+  write_file(run.dir / "config.toml", cfg);
+  run.wait_for("the warm joiner ready", [&] {
+    for (auto& e : run.events("warm_ready"))
+      if (e.at("gpu").as_int64() == gpu) return true;
+    return false;
+  });
+  const int64_t pid = latest_started(run, gpu);
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGSTOP) == 0);
+  write_file(run.out() / ("go." + tag), "");
   return pid;
 }
 }  // namespace
 
 TEST_CASE("a joiner killed during the resize's set-up: the continuing rank goes on at once") {
   TempDir tmp;
-  TrainRun run(tmp.path, 3, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "4000"},
+  // One rank: 16 steps an epoch; held before the boundary after epoch 2.
+  TrainRun run(tmp.path, 3, config("[0]"), {"--epoch-ms", "300", "--hold-at", "2:16"},
                {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
-  run.wait_continues(2);
-  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  const int64_t joiner = admit_stopped_joiner(run, "2.16", config("[0, 1]"), 1);
   REQUIRE(json::serialize(run.wait_resize(2).at("joiners")) == "[1]");
-  const int64_t joiner = wait_started_after_resize(run, 1);
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(::kill(static_cast<pid_t>(joiner), SIGKILL) == 0);
   const auto d = run.wait_resize(3);
@@ -419,7 +455,7 @@ TEST_CASE(
   REQUIRE(source > 0);
   write_file(tmp.path / "config.toml", config("[0, 1]"));
   run.wait_resize(2);
-  wait_started_after_resize(run, 1);
+  latest_started(run, 1);  // its handoff sleeps (--join-delay-ms)
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(::kill(static_cast<pid_t>(source), SIGKILL) == 0);
   const bool ended = run.wait(60s);
@@ -451,7 +487,10 @@ std::string env_of(int64_t pid, const std::string& name) {
 
 TEST_CASE("a pause whose snapshot cannot be written anywhere is refused: training goes on") {
   TempDir tmp;
-  TrainRun run(tmp.path, 2, config("[0, 1]"), {"--epoch-ms", "200"});
+  // Not prepared ahead (a prepared file would already sit where the blockers go): this is
+  // the first write's own fallback.
+  TrainRun run(tmp.path, 2, config("[0, 1]"), {"--epoch-ms", "200"},
+               {{"GPURUN_SNAPSHOT_PREPARE", "0"}});
   run.wait_continues(2);
   int64_t pid = -1;
   for (auto& st : run.trace("start"))
@@ -533,7 +572,7 @@ TEST_CASE("a leaving state source killed before its handoff (a swap): the state 
   write_file(tmp.path / "config.toml", config("[1]"));  // gpu 0 hands off to gpu 1, then leaves
   const auto d = run.wait_resize(2);
   REQUIRE(json::serialize(d.at("leavers")) == "[0]");
-  wait_started_after_resize(run, 1);
+  latest_started(run, 1);  // its handoff sleeps (--join-delay-ms)
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(::kill(static_cast<pid_t>(source), SIGKILL) == 0);
   const bool ended = run.wait(60s);
@@ -550,12 +589,10 @@ TEST_CASE("a leaving state source killed before its handoff (a swap): the state 
 
 TEST_CASE("a swap whose joiner dies: the leaving source says so, gpurun says the state is lost") {
   TempDir tmp;
-  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "300", "--join-delay-ms", "3000"},
+  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "300", "--hold-at", "2:16"},
                {{"GPURUN_COMM_TIMEOUT_MS", "60000"}});
-  run.wait_continues(2);
-  write_file(tmp.path / "config.toml", config("[1]"));
+  const int64_t joiner = admit_stopped_joiner(run, "2.16", config("[1]"), 1);
   run.wait_resize(2);
-  const int64_t joiner = wait_started_after_resize(run, 1);
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(::kill(static_cast<pid_t>(joiner), SIGKILL) == 0);
   const bool ended = run.wait(60s);
@@ -681,4 +718,265 @@ TEST_CASE(
                {"--epochs", "100000", "--epoch-ms", "20"}, {},
                {"--stop-timeout", "50", "--grace-period", "5"});
   preempt_then_stop(run, 2);
+}
+
+namespace {
+
+/// The `resize` event of generation `g` (waits for it).
+json::object resize_event(TrainRun& run, int64_t g) {
+  const auto find = [&]() -> std::optional<json::object> {
+    for (auto& e : run.events("resize"))
+      if (e.at("generation").as_int64() == g) return e;
+    return std::nullopt;
+  };
+  run.wait_for("the resize event of generation " + std::to_string(g),
+               [&] { return find().has_value(); });
+  return *find();
+}
+
+/// Asserts that the event's critical path and the rank on `gpu` have every phase named.
+void check_phases(const json::object& e, const std::vector<std::string>& path, int gpu,
+                  const std::string& role, const std::vector<std::string>& marks) {
+  INFO("resize event " << json::serialize(e));
+  CHECK(e.at("complete").as_bool());
+  const json::object& phases = e.at("phases_ms").as_object();
+  for (const auto& p : path) {
+    CHECK_MESSAGE(phases.contains(p), "phase " << p);
+    if (phases.contains(p)) CHECK(phases.at(p).to_number<double>() >= 0);
+  }
+  double sum = 0;
+  for (const auto& [k, v] : phases) sum += v.to_number<double>();
+  CHECK(e.at("total_ms").to_number<double>() <= sum + 0.01);  // the path ends at the end
+  bool found = false;
+  for (const auto& rv : e.at("ranks").as_array()) {
+    const json::object& r = rv.as_object();
+    if (r.at("gpu").as_int64() != gpu) continue;
+    found = true;
+    CHECK(r.at("role").as_string() == role);
+    double last = -1e18;
+    for (const auto& [k, v] : r.at("ms").as_object()) {  // in the order they happened
+      CHECK_MESSAGE(v.to_number<double>() >= last, "mark " << std::string_view(k));
+      last = v.to_number<double>();
+    }
+    for (const auto& m : marks) CHECK_MESSAGE(r.at("ms").as_object().contains(m), "mark " << m);
+  }
+  CHECK_MESSAGE(found, "no record of gpu " << gpu);
+}
+
+/// `gpurun status ARGS` of the runs registered under DIR/xdg: (exit status, output).
+std::pair<int, std::string> gpurun_status(const fs::path& dir, const std::string& args) {
+  const std::string cmd =
+      "XDG_RUNTIME_DIR=" + (dir / "xdg").string() + " " + kGpurun + " status " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  return {WEXITSTATUS(rc), out};
+}
+
+}  // namespace
+
+TEST_CASE("every resize's latency breakdown: one resize event per generation, in gpurun status") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "150"});
+  run.wait_continues(1);
+  const auto edit = [&](const std::string& active) {
+    write_file(tmp.path / "config.toml", config(active));
+  };
+  // grow: the joiner is spawned, starts, takes the state from rank 0
+  edit("[0, 1]");
+  const json::object grow = resize_event(run, 1);
+  CHECK(grow.at("kind").as_string() == "grow");
+  CHECK(grow.at("origin").as_string() == "config seen");
+  const std::vector<std::string> handoff = {"ready", "comm", "state", "checksum", "resumed"};
+  check_phases(grow, {"decision", "spawned", "ready", "comm", "state", "checksum", "resumed"}, 0,
+               "source", handoff);
+  check_phases(grow, {}, 1, "joiner",
+               {"spawned", "seen", "ready", "comm", "state", "checksum", "resumed"});
+  run.wait_continues(2);
+  // shrink: nothing moves; the leaver's part ends when it leaves
+  edit("[0]");
+  const json::object shrink = resize_event(run, 2);
+  CHECK(shrink.at("kind").as_string() == "shrink");
+  check_phases(shrink, {"decision", "comm", "checksum", "resumed", "left"}, 0, "source",
+               {"seen", "ready", "comm", "checksum", "resumed"});
+  check_phases(shrink, {}, 1, "leaver", {"seen", "ready", "left"});
+  run.wait_continues(2);
+  // pause: the snapshot round first, then everyone leaves
+  edit("[]");
+  const json::object pause = resize_event(run, 3);
+  CHECK(pause.at("kind").as_string() == "pause");
+  check_phases(pause, {"snapshot_decision", "snapshot_end", "decision", "left"}, 0, "leaver",
+               {"snapshot_begin", "snapshot_end", "seen", "left"});
+  // resume: a new process loads the snapshot
+  edit("[0]");
+  const json::object resume = resize_event(run, 4);
+  CHECK(resume.at("kind").as_string() == "resume");
+  check_phases(resume, {"decision", "spawned", "state", "checksum", "resumed"}, 0, "joiner",
+               {"spawned", "seen", "ready", "state", "comm", "checksum", "resumed"});
+  run.wait_continues(1);
+  // gpurun status shows the last one, in status.json and in the text form
+  auto [rc, text] = gpurun_status(tmp.path, "");
+  INFO(text);
+  CHECK(rc == 0);
+  CHECK(text.find("last resize: generation 4 resume [] -> [0]: ") != std::string::npos);
+  CHECK(text.find("  gpu 0 joiner: spawned ") != std::string::npos);
+  auto [rcj, js] = gpurun_status(tmp.path, "--json");
+  CHECK(rcj == 0);
+  const json::value st = json::parse(js);
+  CHECK(st.at("last_resize").at("generation").as_int64() == 4);
+  CHECK(run.events("resize").size() == 4);  // one per generation, none for the launch
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("the pause snapshot is prepared in the background by default") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 2, config("[0, 1]"), {"--epoch-ms", "150"});
+  run.wait_continues(3);
+  INFO(run.full_diag());
+  // Every rank prepared (one shared file) on its own thread, before any pause was asked for.
+  const auto prepared = run.trace("snapshot_prepared");
+  REQUIRE(prepared.size() >= 2);
+  int64_t pid = -1;
+  for (auto& st : run.trace("start"))
+    if (st.at("gpu").as_int64() == 0) pid = st.at("pid").as_int64();
+  const fs::path primary = env_of(pid, "GPURUN_SNAPSHOT_PATH");
+  for (auto& p : prepared) {
+    CHECK(p.at("background").as_bool());
+    CHECK(p.at("path").as_string() == primary.string());
+    CHECK(p.at("file_bytes").as_int64() > 0);
+  }
+  CHECK(fs::is_regular_file(primary));
+  // The pause writes into it and the resume reads it back.
+  write_file(tmp.path / "config.toml", config("[]"));
+  run.wait_resize(2);
+  write_file(tmp.path / "config.toml", config("[1]"));
+  run.wait_resize(3);
+  run.wait_continues(1);
+  const auto written = run.trace("snapshot_written");
+  REQUIRE(written.size() == 1);
+  CHECK(written[0].at("path").as_string() == primary.string());
+  // The resume's warm joiner mapped the file while it started, so its read only verifies and
+  // copies (no mapping inside the resume).
+  const auto premapped = run.trace("snapshot_premapped");
+  REQUIRE(premapped.size() == 1);
+  CHECK(premapped[0].at("path").as_string() == primary.string());
+  const auto read = run.trace("snapshot_read");
+  REQUIRE(read.size() == 1);
+  CHECK(read[0].at("setup_ms").to_number<double>() == 0);
+  CHECK(run.check_checksums() >= 2);
+  CHECK(run.finish() == 0);
+}
+
+TEST_CASE("a memlock limit below the snapshot's size: prepared unlocked, said in one line") {
+  TempDir tmp;
+  // The workers inherit a soft RLIMIT_MEMLOCK of 4 KiB (the trainer's state is larger).
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_MEMLOCK, &old) == 0);
+  struct rlimit low = old;
+  low.rlim_cur = 4096;
+  REQUIRE(::setrlimit(RLIMIT_MEMLOCK, &low) == 0);
+  std::optional<TrainRun> run;
+  run.emplace(tmp.path, 2, config("[0, 1]"), std::vector<std::string>{"--epoch-ms", "150"});
+  ::setrlimit(RLIMIT_MEMLOCK, &old);
+  run->wait_continues(3);
+  INFO(run->full_diag());
+  bool unlocked = false;
+  for (auto& p : run->trace("snapshot_prepared"))
+    if (p.contains("locked")) unlocked = unlocked || !p.at("locked").as_bool();
+  CHECK(unlocked);
+  const std::string out = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  CHECK(out.find("is prepared but not locked in memory: RLIMIT_MEMLOCK (ulimit -l) is 4 KiB") !=
+        std::string::npos);
+  // A pause still works.
+  write_file(tmp.path / "config.toml", config("[]"));
+  run->wait_resize(2);
+  write_file(tmp.path / "config.toml", config("[0]"));
+  run->wait_resize(3);
+  run->wait_continues(1);
+  CHECK(run->finish() == 0);
+}
+
+TEST_CASE("a slow-starting joiner warms while the others train and is admitted once ready") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 3, config("[0, 1]"), {"--epoch-ms", "100", "--startup-ms", "3000"});
+  run.wait_continues(1);
+  write_file(tmp.path / "config.toml", config("[0, 1, 2]"));
+  const auto d = run.wait_resize(2);
+  INFO(run.full_diag());
+  CHECK(json::serialize(d.at("joiners")) == "[2]");
+  CHECK(json::serialize(d.at("active")) == "[0,1,2]");
+  const auto ev = run.events();
+  const long warming = find_event(ev, "worker_state",
+                                  [](const json::object& e) { return slot_to(e, 2, "WARMING"); });
+  const long started = find_event(ev, "worker_started", [](const json::object& e) {
+    return e.at("local_rank").as_int64() == 2;
+  });
+  const long ready = find_event(ev, "warm_ready",
+                                [](const json::object& e) { return e.at("gpu").as_int64() == 2; });
+  const long admitted = find_event(ev, "decision", [](const json::object& e) {
+    return json::serialize(e.at("joiners")) == "[2]";
+  });
+  REQUIRE(warming >= 0);
+  REQUIRE(started >= 0);
+  REQUIRE(ready >= 0);
+  REQUIRE(admitted >= 0);
+  // Spawned at the edit, before any decision named it; admitted only after it said ready.
+  CHECK(warming < admitted);
+  CHECK(started < admitted);
+  CHECK(ready < admitted);
+  // The two members passed boundaries while it started up: nobody waited for its start-up.
+  int continues = 0;
+  for (long i = started; i < ready; ++i)
+    continues += ev[static_cast<size_t>(i)].at("event").as_string() == "decision" &&
+                 ev[static_cast<size_t>(i)].at("kind").as_string() == "continue";
+  CHECK(continues >= 2);
+  // Only one process ever ran on gpu 2: the warm one was admitted, not respawned.
+  CHECK(std::count_if(ev.begin(), ev.end(), [](const json::object& e) {
+          return e.at("event").as_string() == "worker_started" &&
+                 e.at("local_rank").as_int64() == 2;
+        }) == 1);
+  run.wait_continues(2);
+  CHECK(run.finish() == 0);
+  CHECK(run.check_checksums() >= 2);
+}
+
+TEST_CASE("warming joiners killed, stalled or cancelled by an edit: the job trains on, same set") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 4, config("[0, 1]"), {"--epoch-ms", "100", "--startup-ms", "60000"});
+  run.wait_continues(1);
+  const auto warming = [&](int gpu, const std::string& to) {
+    run.wait_for("gpu " + std::to_string(gpu) + " " + to, [&] {
+      const auto ev = run.events("worker_state");
+      return find_event(ev, "worker_state",
+                        [&](const json::object& e) { return slot_to(e, gpu, to); }) >= 0;
+    });
+  };
+  // Killed while it warms: dropped (FAILED), the members never stop.
+  write_file(tmp.path / "config.toml", config("[0, 1, 2]"));
+  warming(2, "WARMING");
+  REQUIRE(::kill(static_cast<pid_t>(latest_started(run, 2)), SIGKILL) == 0);
+  warming(2, "FAILED");
+  run.wait_continues(3);
+  // Stalled (SIGSTOP) while it warms, then removed by an edit: ended, PARKED, not a failure.
+  write_file(tmp.path / "config.toml", config("[0, 1, 3]"));
+  warming(3, "WARMING");
+  const int64_t stalled = latest_started(run, 3);
+  REQUIRE(::kill(static_cast<pid_t>(stalled), SIGSTOP) == 0);
+  run.wait_continues(3);
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  warming(3, "PARKED");
+  run.wait_for("the stalled warm joiner's exit", [&] {
+    for (auto& e : run.events("worker_exited"))
+      if (e.at("pid").as_int64() == stalled) return true;
+    return false;
+  });
+  run.wait_continues(3);
+  INFO(run.full_diag());
+  CHECK(run.resizes().size() == 1);  // only the start: the set stayed [0, 1] throughout
+  CHECK(run.events("generation_abandoned").empty());
+  CHECK(run.finish() == 0);
+  for (auto& e : run.events("worker_state"))
+    if (e.at("gpu").as_int64() == 3) CHECK(e.at("to").as_string() != "FAILED");
 }

@@ -6,6 +6,11 @@
 //                   [--width W --depth D]   (D hidden layers of W units; default 32, 1)
 // On the device gpurun gives it (GPURUN_DEVICE=cuda: NCCL on the slot's GPU).
 //
+// --startup-ms MS: a joiner (a process not started in generation 0) sleeps MS before it builds
+// its model: a slow start-up (process start, CUDA, model build, data load), which a warm
+// joiner spends while the others train.
+// --join-delay-ms MS: a joiner sleeps MS inside its first state handoff (after gpurun admitted
+// it: the resize's set-up), so that a test can act while the set-up is under way.
 // --hold-at E:S: after step S of epoch E (1-based count of steps done), before the boundary
 // that may follow it, create OUT_DIR/holding.<gpu> and wait for OUT_DIR/go.E.S — so a test
 // can make a config change land exactly at that boundary.
@@ -26,6 +31,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -66,7 +72,8 @@ int run(int argc, char** argv) {
   }
   const fs::path out = argv[1];
   int64_t epochs = 1000, micro = 16, samples = 256, epoch_ms = 0, width = 32, depth = 1;
-  int64_t join_delay_ms = 0;  // a joiner (spawned after generation 0) waits before joining
+  int64_t join_delay_ms = 0;  // a joiner sleeps inside its first handoff (the set-up)
+  int64_t startup_ms = 0;     // a joiner sleeps before it builds its model (start-up)
   std::string opt_name = "adamw";
   std::set<std::pair<int64_t, int64_t>> holds;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -87,6 +94,8 @@ int run(int argc, char** argv) {
       opt_name = v;
     else if (k == "--join-delay-ms")
       join_delay_ms = std::stoll(v);
+    else if (k == "--startup-ms")
+      startup_ms = std::stoll(v);
     else if (k == "--hold-at")
       holds.emplace(std::stoll(v), std::stoll(v.substr(v.find(':') + 1)));
     else {
@@ -96,6 +105,10 @@ int run(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   auto rt = gpurun::Runtime::from_env();
+  // A joiner: spawned for a later generation (GPURUN_JOIN_GENERATION > 0) or warm (GPURUN_WARM).
+  const char* join_gen = std::getenv("GPURUN_JOIN_GENERATION");
+  const bool joiner = std::getenv("GPURUN_WARM") || (join_gen && std::string(join_gen) != "0");
+  if (joiner && startup_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(startup_ms));
 
   // The same data on every rank (fixed seed); a different initialisation per slot, so the
   // start broadcast is what makes the replicas equal.
@@ -119,13 +132,26 @@ int run(int argc, char** argv) {
   rt->track_scalar("epoch_loss_sum", &epoch_loss_sum);
   rt->track_scalar("epoch_count", &epoch_count);
   rt->sampler(samples, {.seed = 5});
+  // --join-delay-ms: loaded (received) first in a joiner's handoff, once.
+  struct SlowFirstLoad : gpurun::StateExtension {
+    int64_t ms = 0;
+    std::string save() const override { return {}; }
+    void load(std::string_view) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::exchange(ms, 0)));
+    }
+  };
+  if (joiner && join_delay_ms > 0) {
+    auto slow = std::make_shared<SlowFirstLoad>();
+    slow->ms = join_delay_ms;
+    rt->track_extension("test.join_delay", slow);
+  } else if (join_delay_ms > 0) {
+    rt->track_extension("test.join_delay", std::make_shared<SlowFirstLoad>());  // same manifest
+  }
 
   const std::string idx_path =
       (out / ("indices." + std::to_string(rt->gpu_id()) + "." + std::to_string(::getpid())))
           .string();
   std::ofstream indices(idx_path, std::ios::app);
-  if (const char* g = std::getenv("GPURUN_JOIN_GENERATION"); g && std::string(g) != "0")
-    std::this_thread::sleep_for(std::chrono::milliseconds(join_delay_ms));
   // Preemption: each boundary interval with a checkpoint request, as "epoch step" lines in
   // OUT_DIR/checkpoint.<gpu> (where a program would save its checkpoint).
   bool requested = false;

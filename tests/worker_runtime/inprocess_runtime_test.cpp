@@ -9,12 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -59,6 +63,10 @@ struct Trainer {
   torch::Tensor x, y;
   std::mutex mu;
   std::vector<RankLog> logs;
+  /// Called at the top of every epoch body (tests: hold a rank until something happened).
+  std::function<void(Runtime&, int64_t epoch)> before_epoch;
+  /// Called before the model is built (tests: a warm joiner's start-up).
+  std::function<void(Runtime&)> before_build;
 
   Trainer() {
     torch::manual_seed(7);
@@ -69,12 +77,13 @@ struct Trainer {
   void operator()(Runtime& rt) {
     RankLog log;
     log.gpu = rt.gpu_id();
+    if (before_build) before_build(rt);
     torch::nn::Linear model(8, 4);  // initialised differently per thread: the start broadcast
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
     rt.track(*model, opt);
     rt.sampler(kSamples, {.seed = 5});
     for (int64_t epoch : rt.epochs(epochs)) {
-      (void)epoch;
+      if (before_epoch) before_epoch(rt, epoch);
       if (!log.first_of_generation.count(rt.generation()))
         log.first_of_generation[rt.generation()] = rt.state_checksum();
       for (const gpurun::Step& step : rt.steps(kMicro)) {
@@ -149,9 +158,17 @@ struct OneThread {
 
 TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner gets the state") {
   Trainer t;
+  t.epochs = 4;
   ThreadJob job(job_options(config({0, 1}), "resize"), std::ref(t));
   job.supervisor().load_config_at(0, 0, config({0}));
   job.supervisor().load_config_at(1, 0, config({0, 1}));
+  // The joiner is warm (spawned at the boundary of epoch 1): rank 0 waits in epoch 2 until it
+  // is ready, so that the boundary after epoch 2 admits it.
+  t.before_epoch = [&](Runtime& rt, int64_t epoch) {
+    if (rt.gpu_id() == 0 && epoch == 2)
+      REQUIRE(job.supervisor().wait_for(
+          [](const gpurun::control::Scheduler& s) { return s.slots().at(1).warm_ready; }, 10s));
+  };
   job.start();
   REQUIRE(job.wait(20s));
 
@@ -173,7 +190,7 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   CHECK(leaver.epochs_done == 1);  // left at the end of epoch 0: its loop ended there
   CHECK_FALSE(joiner.left);
   CHECK_FALSE(s0[0].left);
-  CHECK(s0[0].epochs_done == 3);
+  CHECK(s0[0].epochs_done == 4);
   // The handoff: the joiner starts generation 2 with the source's model + optimizer state,
   // and the two replicas stay equal to the end.
   REQUIRE(joiner.first_of_generation.count(2));
@@ -439,4 +456,86 @@ TEST_CASE("in-process: [batch] global equal to the epoch with drop_last trains o
   for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.how);
   for (int gpu : {0, 1})
     CHECK(t.global_samples[gpu] == std::vector<std::vector<int64_t>>(3, {kSamples}));
+}
+
+namespace {
+/// The resize that admitted `gpu` (nullopt when none).
+std::optional<Decision> admitting(ThreadJob& job, int gpu) {
+  for (const Decision& d : resizes(job))
+    if (std::find(d.joiners.begin(), d.joiners.end(), gpu) != d.joiners.end()) return d;
+  return std::nullopt;
+}
+}  // namespace
+
+TEST_CASE("in-process: a slow warm joiner: the members pass boundaries while it starts up") {
+  Trainer t;
+  t.epochs = 6;
+  ThreadJob::Options o = job_options(config({0, 1}), "warm");
+  o.slots = {0, 1, 2};
+  ThreadJob job(o, std::ref(t));
+  job.supervisor().load_config_at(0, 0, config({0, 1, 2}));
+  std::atomic<bool> go{false};
+  int64_t continues_while_warming = 0;
+  t.before_build = [&](Runtime& rt) {  // the warm joiner's start-up lasts until `go`
+    if (rt.generation() >= 0) return;
+    CHECK(rt.gpu_id() == 2);
+    CHECK(rt.active_gpus().empty());
+    while (!go) std::this_thread::sleep_for(1ms);
+  };
+  t.before_epoch = [&](Runtime& rt, int64_t epoch) {
+    if (rt.gpu_id() != 0 || epoch != 3) return;
+    job.supervisor().inspect([&](const gpurun::control::Scheduler& s) {
+      CHECK(s.slots().at(2).state == gpurun::control::SlotState::kWarming);
+      CHECK(s.active() == std::vector<int>{0, 1});
+    });
+    for (const Decision& d : job.supervisor().decisions())
+      continues_while_warming += d.kind == Decision::Kind::kContinue;
+    go = true;  // its start-up ends now; rank 0 trains on once it is ready
+    REQUIRE(job.supervisor().wait_for(
+        [](const gpurun::control::Scheduler& s) { return s.slots().at(2).warm_ready; }, 10s));
+  };
+  job.start();
+  REQUIRE(job.wait(20s));
+  // The boundaries of epochs 0, 1 and 2 were decided without it (it had been spawned at the
+  // first one); the boundary after epoch 3, after it was ready, admitted it.
+  CHECK(continues_while_warming == 3);
+  const auto d = admitting(job, 2);
+  REQUIRE(d);
+  CHECK(d->epoch == 3);
+  CHECK(d->active == std::vector<int>{0, 1, 2});
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+  const auto s2 = t.of(2);
+  REQUIRE(s2.size() == 1);  // one process: the warm one was admitted, not respawned
+  CHECK(s2[0].final_checksum == t.of(0).at(0).final_checksum);
+  CHECK(moves(job, 2) == "REJOINING->ACTIVE");
+}
+
+TEST_CASE("in-process: a warm joiner removed by an edit before it is ready is told to exit") {
+  Trainer t;
+  t.epochs = 4;
+  ThreadJob::Options o = job_options(config({0, 1}), "warm-cancel");
+  o.slots = {0, 1, 2};
+  ThreadJob job(o, std::ref(t));
+  job.supervisor().load_config_at(0, 0, config({0, 1, 2}));
+  job.supervisor().load_config_at(1, 0, config({0, 1}));
+  std::atomic<bool> go{false};
+  t.before_build = [&](Runtime& rt) {
+    while (rt.generation() < 0 && !go) std::this_thread::sleep_for(1ms);
+  };
+  t.before_epoch = [&](Runtime& rt, int64_t epoch) {
+    if (rt.gpu_id() == 0 && epoch == 2) go = true;
+  };
+  job.start();
+  REQUIRE(job.wait(20s));
+  CHECK(resizes(job).empty());  // the set stayed [0, 1]
+  bool cancelled = false;
+  for (const auto& x : job.exits()) {
+    CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+    if (x.gpu == 2) cancelled = x.left && x.join_generation == -1;
+  }
+  CHECK(cancelled);
+  CHECK(t.of(0).at(0).epochs_done == 4);
+  job.supervisor().inspect([](const gpurun::control::Scheduler& s) {
+    CHECK(s.slots().at(2).state == gpurun::control::SlotState::kParked);
+  });
 }

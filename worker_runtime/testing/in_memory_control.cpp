@@ -70,6 +70,22 @@ void InMemorySupervisor::parked(int gpu, int64_t park_generation, int pid) {
   run_effects();
 }
 
+void InMemorySupervisor::ready(int gpu, int64_t warm, int pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_[keys::ready(gpu, warm)] = std::to_string(pid);
+  scheduler_.on_ready(gpu, warm);
+  run_effects();
+  // Ended (killed) before it was ready: a thread cannot be killed, it is told to exit instead.
+  const control::SlotInfo& s = scheduler_.slots().at(gpu);
+  const std::string admit = keys::admit(gpu, warm);
+  if ((s.state != control::SlotState::kWarming || s.warm_id != warm) && !kv_.count(admit)) {
+    Decision x;
+    x.kind = Decision::Kind::kExit;
+    kv_[admit] = x.to_json();
+    cv_.notify_all();
+  }
+}
+
 std::string InMemorySupervisor::wait_get(const std::string& key) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, opt_.wait_timeout, [&] { return kv_.count(key) != 0; }))
@@ -119,13 +135,23 @@ void InMemorySupervisor::run_effects() {
           break;
         case Effect::Kind::kSpawn: {
           const int pid = next_pid_++;
-          spawner_(e.gpu, e.generation, pid);
+          spawner_(e.gpu, e.generation, e.warm, pid);
           scheduler_.on_spawned(e.gpu, pid);
           break;
         }
-        case Effect::Kind::kKill:
+        case Effect::Kind::kKill: {
           ignored_.push_back(fmt::format("kill {}", e.gpu));
+          const std::string ready = fmt::format("gpurun/slot/{}/ready/", e.gpu);
+          for (auto it = kv_.lower_bound(ready);
+               it != kv_.end() && it->first.compare(0, ready.size(), ready) == 0; ++it) {
+            const std::string admit =
+                keys::admit(e.gpu, std::stoll(it->first.substr(ready.size())));
+            Decision x;
+            x.kind = Decision::Kind::kExit;
+            if (!kv_.count(admit)) kv_[admit] = x.to_json();
+          }
           break;
+        }
         case Effect::Kind::kArmDeadline:
           ignored_.push_back(fmt::format("deadline {}/{}", e.generation, e.round));
           break;
@@ -140,8 +166,25 @@ void InMemorySupervisor::run_effects() {
 
 // ---- InMemoryControl ------------------------------------------------------------------------
 
-InMemoryControl::InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid)
-    : sup_(sup), gpu_(gpu), pid_(pid), generation_(join_generation) {}
+InMemoryControl::InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid,
+                                 int64_t warm)
+    : sup_(sup), gpu_(gpu), pid_(pid), generation_(join_generation), warm_(warm) {}
+
+std::optional<Decision> InMemoryControl::wait_admission() {
+  if (warm_ < 0) throw control::ProtocolError(fmt::format("slot {} is not a warm joiner", gpu_));
+  sup_.ready(gpu_, warm_, pid_);
+  return take_join_decision(sup_.wait_get(keys::admit(gpu_, warm_)));
+}
+
+std::optional<Decision> InMemoryControl::take_join_decision(const std::string& json) {
+  Decision d = Decision::from_json(json);
+  if (d.kind == Decision::Kind::kExit) return std::nullopt;
+  current_ = d;
+  generation_ = d.generation;
+  round_ = 0;
+  write_joined();
+  return d;
+}
 
 void InMemoryControl::write_joined() {
   const int r = current_.rank_of(gpu_);
@@ -190,14 +233,9 @@ std::optional<Decision> InMemoryControl::park_and_wait() {
   if (park_generation_ < 0)
     throw control::ProtocolError(fmt::format("slot {} parks without having left", gpu_));
   sup_.parked(gpu_, park_generation_, pid_);
-  Decision d = Decision::from_json(sup_.wait_get(keys::wake(gpu_, park_generation_)));
+  const std::string json = sup_.wait_get(keys::wake(gpu_, park_generation_));
   park_generation_ = -1;
-  if (d.kind == Decision::Kind::kExit) return std::nullopt;
-  current_ = d;
-  generation_ = d.generation;
-  round_ = 0;
-  write_joined();
-  return d;
+  return take_join_decision(json);
 }
 
 // ---- ThreadJob --------------------------------------------------------------------------------
@@ -206,7 +244,9 @@ ThreadJob::ThreadJob(Options options, Train train)
     : opt_(std::move(options)),
       train_(std::move(train)),
       sup_({.slots = opt_.slots, .config = opt_.config, .wait_timeout = opt_.wait_timeout},
-           [this](int gpu, int64_t generation, int pid) { spawn(gpu, generation, pid); }) {}
+           [this](int gpu, int64_t generation, int64_t warm, int pid) {
+             spawn(gpu, generation, warm, pid);
+           }) {}
 
 ThreadJob::~ThreadJob() {
   std::vector<std::thread> threads;
@@ -221,13 +261,14 @@ ThreadJob::~ThreadJob() {
   }
 }
 
-void ThreadJob::spawn(int gpu, int64_t generation, int pid) {
+void ThreadJob::spawn(int gpu, int64_t generation, int64_t warm, int pid) {
   std::lock_guard<std::mutex> lock(mu_);
   ++running_;
-  threads_.emplace_back([this, gpu, generation, pid] { run_rank(gpu, generation, pid); });
+  threads_.emplace_back(
+      [this, gpu, generation, warm, pid] { run_rank(gpu, generation, warm, pid); });
 }
 
-void ThreadJob::run_rank(int gpu, int64_t generation, int pid) {
+void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, int pid) {
   Exit x;
   x.gpu = gpu;
   x.pid = pid;
@@ -237,7 +278,7 @@ void ThreadJob::run_rank(int gpu, int64_t generation, int pid) {
     s.options = opt_.runtime;
     s.env.slot = gpu;
     s.env.snapshot_path = opt_.snapshot_path;
-    s.control = std::make_unique<InMemoryControl>(sup_, gpu, generation, pid);
+    s.control = std::make_unique<InMemoryControl>(sup_, gpu, generation, pid, warm);
     s.make_comm = comms_.factory(gpu);
     s.on_state = [this, gpu, pid](WorkerState from, WorkerState to, const std::string& why) {
       std::lock_guard<std::mutex> lock(mu_);

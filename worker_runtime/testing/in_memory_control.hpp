@@ -40,9 +40,10 @@ class InMemorySupervisor {
     /// fails instead of hanging).
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
   };
-  /// Starts a rank on `gpu` that joins `generation`, as process `pid`. Called with the
-  /// supervisor's lock held: it must not call back into the supervisor on this thread.
-  using Spawner = std::function<void(int gpu, int64_t generation, int pid)>;
+  /// Starts a rank on `gpu` that joins `generation`, as process `pid` (`warm` >= 0: a warm
+  /// joiner with that id, generation -1). Called with the supervisor's lock held: it must not
+  /// call back into the supervisor on this thread.
+  using Spawner = std::function<void(int gpu, int64_t generation, int64_t warm, int pid)>;
 
   InMemorySupervisor(Options options, Spawner spawner);
 
@@ -60,6 +61,8 @@ class InMemorySupervisor {
   void joined(int64_t generation, int rank, int pid);
   void report(const control::Report& report);
   void parked(int gpu, int64_t park_generation, int pid);
+  /// A warm joiner is ready (its ready key).
+  void ready(int gpu, int64_t warm, int pid);
   /// Blocks until `key` exists, returns its value. Throws StoreTimeout after wait_timeout.
   std::string wait_get(const std::string& key);
 
@@ -71,7 +74,9 @@ class InMemorySupervisor {
   void inspect(const std::function<void(const control::Scheduler&)>& f) const;
   /// Every decision written (start records, boundary decisions, wakes), in order.
   std::vector<control::Decision> decisions() const;
-  /// Effects the fake does not carry out (kKill, kArmDeadline), as "kill <gpu>" etc.
+  /// Effects the fake does not carry out (kKill, kArmDeadline), as "kill <gpu>" etc. A kill of
+  /// a slot whose warm joiner waits for its admission answers it with `exit` (a thread cannot
+  /// be killed: it ends as promptly).
   std::vector<std::string> ignored_effects() const;
 
  private:
@@ -92,21 +97,26 @@ class InMemorySupervisor {
 
 class InMemoryControl final : public rt::ControlClient {
  public:
-  InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid);
+  InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid,
+                  int64_t warm = -1);
   const control::Decision& join() override;
   control::Decision report_and_wait(int64_t epoch, int64_t step, bool has_state,
                                     std::string snapshot) override;
   std::optional<control::Decision> park_and_wait() override;
+  bool warm() const override { return warm_ >= 0; }
+  std::optional<control::Decision> wait_admission() override;
   const control::Decision& current() const override { return current_; }
 
  private:
   void write_joined();
+  std::optional<control::Decision> take_join_decision(const std::string& json);
   InMemorySupervisor& sup_;
   int gpu_;
   int pid_;
   int64_t generation_;
   int64_t round_ = 0;
   int64_t park_generation_ = -1;
+  int64_t warm_ = -1;
   control::Decision current_;
 };
 
@@ -125,7 +135,7 @@ class ThreadJob {
   struct Exit {
     int gpu = -1;
     int pid = -1;
-    int64_t join_generation = -1;
+    int64_t join_generation = -1;              ///< -1: a warm joiner
     bool clean = false;                        ///< returned from train (exit 0)
     std::string how;                           ///< "exit 0", or the exception's text
     WorkerState state = WorkerState::kActive;  ///< Runtime::state() at the end
@@ -152,8 +162,8 @@ class ThreadJob {
   std::vector<StateChange> state_changes(int gpu) const;
 
  private:
-  void spawn(int gpu, int64_t generation, int pid);  // supervisor lock held
-  void run_rank(int gpu, int64_t generation, int pid);
+  void spawn(int gpu, int64_t generation, int64_t warm, int pid);  // supervisor lock held
+  void run_rank(int gpu, int64_t generation, int64_t warm, int pid);
 
   Options opt_;
   Train train_;

@@ -130,6 +130,30 @@ TEST_CASE("comm: backend names, availability and the error for a backend not bui
 
 #if GPURUN_HAVE_GLOO
 
+TEST_CASE("a group of one meets no one: no store connection, identity collectives, abort ends it") {
+  CommOptions o;
+  o.prefix = "t/solo";
+  o.store.host = "127.0.0.1";
+  o.store.port = 1;  // nothing listens there: a rendezvous would fail
+  o.store.timeout = milliseconds(200);
+  o.timeout = milliseconds(200);
+  auto c = make_communicator(CommBackend::kGloo, o);
+  CHECK(c->rank() == 0);
+  CHECK(c->size() == 1);
+  at::Tensor t = at::arange(5, at::kFloat);
+  c->all_reduce_sum(t);
+  CHECK(at::equal(t, at::arange(5, at::kFloat)));
+  c->broadcast(t, 0);
+  CHECK(at::equal(t, at::arange(5, at::kFloat)));
+  CHECK_THROWS_AS(c->broadcast(t, 1), Error);
+  CHECK(c->all_gather_int64(42) == std::vector<int64_t>{42});
+  c->barrier();
+  c->synchronize();
+  c->abort();
+  CHECK_THROWS_AS(c->all_reduce_sum(t), CommError);
+  CHECK_THROWS_AS(c->barrier(), CommError);
+}
+
 TEST_CASE("gloo: all_reduce_sum of every supported dtype equals the sum of the ranks' inputs") {
   store::testing::TestServer server;
   constexpr int kSize = 3;

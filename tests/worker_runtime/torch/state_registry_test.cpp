@@ -928,14 +928,14 @@ TEST_CASE("state registry: a truncated snapshot or another format version is ref
     CHECK(msg.find("'" + path + "' is truncated: " + std::to_string(good.size() / 2) + " of " +
                    std::to_string(good.size()) + " bytes") != std::string::npos);
   }
-  SUBCASE("version 2 (the format before payload checksums)") {
+  SUBCASE("version 3 (the format with a one-stream payload checksum)") {
     std::string old = good;
-    const uint32_t v2 = 2;
-    std::memcpy(old.data() + 8, &v2, sizeof v2);
+    const uint32_t v3 = 3;
+    std::memcpy(old.data() + 8, &v3, sizeof v3);
     write_file(path, old);
     const auto msg = error_of([&] { receiver.reg.read_snapshot(path, torch::kCPU); });
-    CHECK(msg.find("'" + path + "' has format version 2") != std::string::npos);
-    CHECK(msg.find("reads only version 3") != std::string::npos);
+    CHECK(msg.find("'" + path + "' has format version 3") != std::string::npos);
+    CHECK(msg.find("reads only version 4") != std::string::npos);
     CHECK(msg.find("older gpurun") != std::string::npos);
   }
   SUBCASE("a changed header field") {
@@ -958,10 +958,11 @@ TEST_CASE("state registry: the header records the payload size and checksum; bit
     source.reg.write_snapshot(path);
     const std::string bytes = read_file(path);
     const uint64_t data_end = u64_at(bytes, 40);
-    CHECK(u64_at(bytes, 8) % (uint64_t{1} << 32) == 3);  // version
+    CHECK(u64_at(bytes, 8) % (uint64_t{1} << 32) == 4);  // version
     CHECK(u64_at(bytes, 80) == data_end - 128);          // payload_bytes
     CHECK(u64_at(bytes, 88) ==
-          gpurun::rt::Xxh64::of(bytes.data() + 128, data_end - 128));  // payload_checksum
+          gpurun::rt::payload_digest(reinterpret_cast<const uint8_t*>(bytes.data()) + 128,
+                                     data_end - 128));  // payload_checksum
     Side restored(kind, 2);
     restored.reg.release();
     restored.reg.read_snapshot(path, torch::kCPU);

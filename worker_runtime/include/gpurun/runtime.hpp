@@ -122,6 +122,14 @@ class Runtime {
   int gpu_id() const;  ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
   bool elastic() const;
   WorkerState state() const;
+  /// True when the state this process tracks is overwritten before its first step, so that
+  /// its model needs no random initialisation (docs/worker-runtime.md#cheap-joiners): a
+  /// joiner of a running job (spawned, warm, or resuming from the pause snapshot), or a rank
+  /// other than 0 at a start (rank 0's initial state is broadcast, as DDP does). False for
+  /// the rank whose state the others receive, and outside gpurun. Known from from_env() on,
+  /// before track(); it does not change later (a hold-mode rank that rejoins keeps its
+  /// tensors' storage, and their values are overwritten at the rejoin anyway).
+  bool joining() const;
   /// True once this rank has left the job before the end of training: a leaver of a resize in
   /// release mode, or a hold-mode leaver told to exit while parked (state() == kExited). Its
   /// loops have ended (epochs() and steps() return no more), it holds no usable copy of the

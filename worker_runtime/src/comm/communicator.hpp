@@ -83,11 +83,16 @@ class Communicator {
   virtual void abort() noexcept = 0;
 };
 
+/// True for the dtypes all_reduce_sum takes on every backend: float32, float64, float16,
+/// bfloat16, int32, int64.
+bool all_reduce_dtype_supported(at::ScalarType dtype) noexcept;
+
 /// True when this build has the backend (Gloo needs libgloo, NCCL a CUDA build).
 bool comm_backend_available(CommBackend b);
 
 /// Creates the communicator of one group: all `size` members call it with the same prefix
-/// and their own rank; blocks until every member has joined (or options.timeout passes:
+/// and their own rank; a group of one (size 1) meets no one and opens no connection (every
+/// collective is the identity); blocks until every member has joined (or options.timeout passes:
 /// CommError naming the prefix and the ranks that did not arrive, where known).
 /// Throws gpurun::Error when the backend is not built in (naming the CMake option).
 std::unique_ptr<Communicator> make_communicator(CommBackend backend, const CommOptions& options);

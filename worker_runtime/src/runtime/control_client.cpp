@@ -18,6 +18,11 @@ class WorkerControlClient final : public ControlClient {
   }
   std::optional<control::Decision> park_and_wait() override { return c_->park_and_wait(); }
   const control::Decision& current() const override { return c_->current(); }
+  void publish_timing(int64_t generation, const std::string& json) override {
+    c_->publish_timing(generation, json);
+  }
+  bool warm() const override { return c_->warm(); }
+  std::optional<control::Decision> wait_admission() override { return c_->wait_admission(); }
 
  private:
   std::unique_ptr<control::WorkerControl> c_;

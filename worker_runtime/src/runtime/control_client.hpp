@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "gpurun/control/decision.hpp"
 
@@ -33,8 +34,16 @@ class ControlClient {
   /// Hold mode, after a leave: write `parked`, block until woken. The decision to join
   /// (joined key already written), or nullopt when told to exit.
   virtual std::optional<control::Decision> park_and_wait() = 0;
+  /// A warm joiner (started before any decision named it): join() is not called; once the
+  /// program is ready (its first epochs()/steps()), wait_admission() says so and blocks until
+  /// gpurun admits it: the decision to join (joined key written), or nullopt: exit.
+  virtual bool warm() const { return false; }
+  virtual std::optional<control::Decision> wait_admission() { return std::nullopt; }
   /// The last decision read (start record, boundary decision or wake).
   virtual const control::Decision& current() const = 0;
+  /// This rank's phase timestamps of the resize into `generation` (JSON object text) for
+  /// gpurun's `resize` event. Default: dropped (fakes without a supervisor).
+  virtual void publish_timing(int64_t /*generation*/, const std::string& /*json*/) {}
 };
 
 /// The real client: forwards to `control` (never null).

@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
@@ -30,6 +34,7 @@
 #include "runtime/runtime_seams.hpp"
 #include "runtime/trace.hpp"
 #include "runtime/worker_state.hpp"
+#include "state/snapshot_format.hpp"
 #include "state/state_registry.hpp"
 
 namespace gpurun {
@@ -80,6 +85,32 @@ extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
 
+/// Now on the host's monotonic clock (steady_clock = CLOCK_MONOTONIC: one clock for every
+/// process of the host, never stepped), in ms: the clock base of resize timings, shared with
+/// gpurun (elastic mode is single-node).
+double mono_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+/// One rank's phase timestamps of a resize (mono_ms), in the order they happened; published to
+/// gpurun (gpurun/gen/<G>/timing/<gpu>) for its `resize` event (docs/control-protocol.md).
+struct ResizePhases {
+  int64_t generation = -1;
+  std::vector<std::pair<std::string, double>> marks;
+  void mark(const std::string& name, double t = mono_ms()) { marks.emplace_back(name, t); }
+  bool has(const std::string& name) const {
+    return std::any_of(marks.begin(), marks.end(), [&](const auto& m) { return m.first == name; });
+  }
+  std::string json(int slot, const std::string& role, int64_t bytes) const {
+    std::string out = fmt::format(
+        R"({{"v":1,"gpu":{},"pid":{},"role":"{}","bytes":{},"clock":"monotonic","marks":{{)", slot,
+        static_cast<long>(::getpid()), role, bytes);
+    for (size_t i = 0; i < marks.size(); ++i)
+      out += fmt::format(R"({}"{}":{:.3f})", i == 0 ? "" : ",", marks[i].first, marks[i].second);
+    return out + "}}";
+  }
+};
+
 /// Thrown inside the runtime when this rank has left the job (a release-mode leaver, or a
 /// hold-mode one told to exit while parked), to unwind to the loop that then ends; never
 /// escapes to user code.
@@ -118,8 +149,13 @@ struct Runtime::Impl {
   std::string snapshot_path;
   std::string snapshot_fallback_path;
   rt::SnapshotPaths snapshot_paths() const { return {snapshot_path, snapshot_fallback_path}; }
-  bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE=1: map the snapshot file ahead
+  bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE (default on): map the file ahead
   Trace trace;
+  // Resize timings (docs/control-protocol.md#resize-timings): when this rank saw the decision
+  // it is about to follow, the pause snapshot it wrote (0: none), the resize in progress.
+  double decision_seen_ms = 0;
+  double snapshot_begin_ms = 0, snapshot_end_ms = 0;
+  std::optional<ResizePhases> phases;
   // Preemption (docs/cli.md#preemption): gpurun's request files, the signals seen so far.
   std::string preempt_dir;
   uint64_t preempt_seen = 0;
@@ -149,6 +185,7 @@ struct Runtime::Impl {
   int64_t max_epochs = 0;
   bool started = false;
   bool finishing = false;  // the job is finishing: loops end
+  bool joining = false;    // Runtime::joining(): the tracked state is overwritten before training
   bool jumped = false;     // a hold-mode rejoin moved the position to another epoch
   Step step;               // current step of a StepRange
   int64_t step_count = 0;  // samples of the world in `step`
@@ -256,6 +293,9 @@ struct Runtime::Impl {
   /// start record / wake of a joiner). `have_state`: this process holds the current state.
   void enter(const Decision& d, bool have_state) {
     const auto t0 = Clock::now();
+    begin_phases(d);
+    adopt_premapped();              // a warm joiner's mapping of the snapshot file
+    finish_snapshot_preparation();  // the registry changes below: the preparation must be over
     checkpoint_req = d.checkpoint;
     const int src = d.state_source.gpu;  // -1 unless a peer hands the state on
     const bool member = d.is_member(slot);
@@ -286,9 +326,12 @@ struct Runtime::Impl {
       if (contains(group, slot)) {
         const bool same = group == d.active;
         auto c = make_comm(same ? "train" : "handoff", group, d.generation);
+        mark_phase("comm");
         const int root = index_of(group, src);
         moved = broadcast_state(*c, root);
+        mark_phase("state");
         checksum = verify(*c, root, "after the handoff");
+        mark_phase("checksum");
         verified = true;
         if (same) comm = std::move(c);
       }
@@ -296,24 +339,83 @@ struct Runtime::Impl {
       registry.read_snapshot(snapshot_paths(), device);
       sync_in();
       moved = registry.nbytes();
+      mark_phase("state");
+      const auto& st = registry.last_snapshot_stats();
+      trace.write("snapshot_read", {{"path", Trace::str(st.path)},
+                                    {"bytes", Trace::num(st.file_bytes)},
+                                    {"pinned", Trace::num(int64_t{st.pinned})},
+                                    {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
+                                    {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
+                                    {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
+                                    {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
+                                    {"ms", Trace::num(st.total_seconds * 1e3)}});
     }
 
     if (!member) {
       trace_resize(d, role, t0, moved, checksum);
+      phase_role = role, phase_bytes = moved;
       leave(d);
       return;
     }
     adopt(d);
-    if (!comm) comm = make_comm("train", d.active, d.generation);
-    if (d.state_source.is_none()) moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
+    if (!comm) {
+      comm = make_comm("train", d.active, d.generation);
+      mark_phase(phases && phases->has("comm") ? "train_comm" : "comm");
+    }
+    if (d.state_source.is_none()) {
+      moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
+      mark_phase("state");
+    }
     if (!verified) {
       const int root = std::max(0, index_of(d.active, src));
       checksum = verify(*comm, root, "after the boundary");
+      mark_phase("checksum");
     }
     if (grads) grads->set_communicator(comm.get());
     if (state != WorkerState::kActive)
       set_state(WorkerState::kActive, "joined generation " + std::to_string(generation));
     trace_resize(d, role, t0, moved, checksum);
+    mark_phase("resumed");
+    publish_phases(role, moved);
+  }
+
+  // ---- resize timings (docs/control-protocol.md#resize-timings) -------------------------
+  std::string phase_role;  // a leaver's role and bytes, for leave()'s record
+  int64_t phase_bytes = 0;
+  /// Starts this rank's record of the resize into d.generation (only for `resize` decisions:
+  /// a launch or a restart is no resize): when it saw the decision, when it was ready to set
+  /// the generation up (now), and the pause snapshot it wrote before it (the source).
+  void begin_phases(const Decision& d) {
+    phases.reset();
+    phase_role.clear();
+    phase_bytes = 0;
+    const double seen = std::exchange(decision_seen_ms, 0.0);
+    if (!control || d.kind != Decision::Kind::kResize) return;
+    phases.emplace();
+    phases->generation = d.generation;
+    if (snapshot_end_ms > 0) {
+      phases->mark("snapshot_begin", snapshot_begin_ms);
+      phases->mark("snapshot_end", snapshot_end_ms);
+    }
+    snapshot_begin_ms = snapshot_end_ms = 0;
+    if (seen > 0) phases->mark("seen", seen);
+    phases->mark("ready");
+  }
+  void mark_phase(const std::string& name) {
+    if (phases) phases->mark(name);
+  }
+  /// Sends the record to gpurun (one store SET) and ends it. A store error here only loses
+  /// the timing (the protocol's next step reports a broken store).
+  void publish_phases(const std::string& role, int64_t bytes) {
+    if (!phases || !control) return;
+    const ResizePhases p = std::move(*phases);
+    phases.reset();
+    try {
+      control->publish_timing(p.generation, p.json(slot, role, bytes));
+    } catch (const Error& e) {
+      trace.write("timing_lost",
+                  {{"generation", Trace::num(p.generation)}, {"error", Trace::str(e.what())}});
+    }
   }
 
   void trace_resize(const Decision& d, const std::string& role, Clock::time_point t0, int64_t bytes,
@@ -348,6 +450,8 @@ struct Runtime::Impl {
       // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
       trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
                            {"ms", Trace::num(ms_since(t0))}});
+      mark_phase("left");
+      publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
       set_state(WorkerState::kExited,
                 "release mode: left in generation " + std::to_string(d.generation));
       throw ExitRequested{};
@@ -357,7 +461,10 @@ struct Runtime::Impl {
     set_state(WorkerState::kParked, "hold mode");
     trace.write("parked", {{"ms", Trace::num(ms_since(t0))},
                            {"device_bytes", Trace::num(registry.nbytes())}});
+    mark_phase("left");
+    publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
     std::optional<Decision> wake = control->park_and_wait();
+    decision_seen_ms = mono_ms();
     if (!wake) {
       set_state(WorkerState::kExited, "told to exit while parked");
       throw ExitRequested{};
@@ -413,6 +520,21 @@ struct Runtime::Impl {
     if (control) {
       // An elastic process starts REJOINING (make_runtime): a joiner until it holds the
       // state; enter() makes it ACTIVE through the table.
+      if (control->warm()) {
+        // A warm joiner is ready here (model built and tracked, data loaded): say so and wait,
+        // without a deadline, for gpurun to admit it at a boundary (or to say exit).
+        trace.write("warm_ready", {{"gpu", Trace::num(int64_t{slot})}});
+        const std::optional<Decision> admitted = control->wait_admission();
+        decision_seen_ms = mono_ms();  // resize timings: it saw its admission here
+        if (!admitted) {
+          set_state(WorkerState::kExited, "a warm joiner told to exit before it was admitted");
+          finishing = true;
+          return;
+        }
+        adopt(*admitted);
+        trace.write("warm_admitted", {{"gpu", Trace::num(int64_t{slot})},
+                                      {"generation", Trace::num(admitted->generation)}});
+      }
       const Decision d = control->current();
       try {
         enter_as_joiner(d, /*have_state=*/d.state_source.is_none());
@@ -445,6 +567,7 @@ struct Runtime::Impl {
     if (!control) return static_boundary();
     const auto t0 = Clock::now();
     Decision d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, {});
+    if (d.kind == Decision::Kind::kSnapshot) finish_snapshot_preparation();  // the file it writes
     // A pause is wanted: the state source writes the snapshot while everyone still holds the
     // state, then all report again here; gpurun pauses only after a verified snapshot.
     while (d.kind == Decision::Kind::kSnapshot) {
@@ -453,6 +576,8 @@ struct Runtime::Impl {
       d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, outcome);
     }
     const double wait_ms = ms_since(t0);
+    if (d.kind == Decision::Kind::kResize) decision_seen_ms = mono_ms();
+    if (d.kind != Decision::Kind::kContinue) finish_snapshot_preparation();
     trace.write("boundary", {{"generation", Trace::num(d.prev_generation)},
                              {"round", Trace::num(d.round)},
                              {"epoch", Trace::num(report_epoch)},
@@ -466,7 +591,8 @@ struct Runtime::Impl {
         checkpoint_req = d.checkpoint;
         every_steps = d.every_steps;
         global_batch = d.global_batch;
-        if (prepare_snapshot) prepare_snapshot_once();
+        if (prepare_snapshot) start_snapshot_preparation();
+        if (prepare_done.load(std::memory_order_acquire)) finish_snapshot_preparation();
         return true;
       case Decision::Kind::kExit:
         finishing = true;
@@ -552,6 +678,8 @@ struct Runtime::Impl {
   /// refuses the pause and the job trains on.
   std::string write_pause_snapshot() {
     const auto t0 = Clock::now();
+    snapshot_begin_ms = mono_ms();
+    snapshot_end_ms = 0;
     try {
       sync_out();
       const std::string path = registry.write_snapshot(snapshot_paths());
@@ -562,10 +690,16 @@ struct Runtime::Impl {
                    {"tensor_bytes", Trace::num(st.tensor_bytes)},
                    {"checksum", Trace::str(hex(registry.checksum()))},
                    {"fell_back", Trace::num(static_cast<int64_t>(st.failed_attempts.size()))},
+                   {"pinned", Trace::num(int64_t{st.pinned})},
+                   {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
+                   {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
+                   {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
+                   {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
                    {"ms", Trace::num(ms_since(t0))}});
       for (const auto& f : st.failed_attempts)
         std::fprintf(stderr, "gpurun worker (slot %d): warning: pause snapshot fell back: %s\n",
                      slot, f.c_str());
+      snapshot_end_ms = mono_ms();
       return "ok";
     } catch (const Error& e) {
       trace.write("snapshot_written", {{"error", Trace::str(e.what())}});
@@ -573,21 +707,160 @@ struct Runtime::Impl {
     }
   }
 
-  /// GPURUN_SNAPSHOT_PREPARE=1, at the first `continue` boundary (the optimizer has made its
-  /// state, so the size is final): create/map/page-lock the pause snapshot file now, so that a
-  /// pause only copies. Host memory: the file (~ the state's bytes) stays in /dev/shm for the
-  /// run. A failure (a full /dev/shm) is traced, not fatal: the pause will try again.
-  void prepare_snapshot_once() {
+  // ---- prepared snapshots (docs/worker-runtime.md#snapshot-files) ---------------------
+  std::thread prepare_thread;
+  std::atomic<bool> prepare_done{false};  // set by prepare_thread when `prepared` is written
+  std::optional<rt::StateRegistry::PreparedSnapshot> prepared;
+  Clock::time_point prepare_t0;
+  std::string prepare_note;  // the lock fallback, said when the file is adopted
+
+  /// One line on stderr (rank 0 only: every rank of the node sees the same /dev/shm and
+  /// limits) and the trace.
+  void snapshot_note(const std::string& line) {
+    trace.write("snapshot_prepared", {{"note", Trace::str(line)}});
+    if (rank == 0) std::fprintf(stderr, "gpurun worker (slot %d): %s\n", slot, line.c_str());
+  }
+
+  /// After the first optimizer step of an elastic rank's steps() loop, or at its first
+  /// `continue` boundary when it uses only epochs() (the optimizer has made its state, so the
+  /// size is known), unless GPURUN_SNAPSHOT_PREPARE=0: creates, reserves, maps and locks
+  /// (CUDA: cudaHostRegister; CPU: mlock) the pause snapshot file on a background thread, so
+  /// that a pause only copies and no boundary waits for it. Skipped, with one line saying so,
+  /// when the snapshot path's file system (/dev/shm) has less free space than the file; a CPU
+  /// state whose file exceeds RLIMIT_MEMLOCK is prepared without mlock (said too).
+  void start_snapshot_preparation() {
     prepare_snapshot = false;
-    const auto t0 = Clock::now();
+    if (!control || !tracked || registry.empty() || snapshot_path.empty()) return;
+    rt::StateRegistry::SnapshotPreparation plan;
     try {
-      registry.prepare_snapshot(snapshot_paths());
-      trace.write("snapshot_prepared",
-                  {{"file_bytes", Trace::num(registry.last_snapshot_stats().file_bytes)},
-                   {"ms", Trace::num(ms_since(t0))}});
+      plan = registry.plan_snapshot_preparation(snapshot_paths(),
+                                                /*lock_host_memory=*/!device.is_cuda());
     } catch (const Error& e) {
       trace.write("snapshot_prepared", {{"error", Trace::str(e.what())}});
+      return;
     }
+    if (plan.done) return;
+    const std::string& primary = plan.paths.front();
+    if (::access(primary.c_str(), F_OK) != 0) {  // a new file: it needs the space
+      const std::string dir = std::filesystem::path(primary).parent_path().string();
+      struct statvfs vfs {};
+      if (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0) {
+        const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+        if (free_bytes < plan.file_bytes) {
+          snapshot_note(fmt::format(
+              "note: the pause snapshot is not prepared ahead: {} has {} MiB free, the state "
+              "needs {} MiB; a pause writes it then{} (slower)",
+              dir, free_bytes >> 20, (plan.file_bytes + (1 << 20) - 1) >> 20,
+              snapshot_fallback_path.empty()
+                  ? ""
+                  : " (at " + snapshot_fallback_path + " if there is no room)"));
+          return;
+        }
+      }
+    }
+    if (plan.lock_host_memory) {
+      struct rlimit lim {};
+      if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+          lim.rlim_cur < plan.file_bytes) {
+        plan.lock_host_memory = false;
+        prepare_note = fmt::format(
+            "note: the pause snapshot file ({} KiB) is prepared but not locked in memory: "
+            "RLIMIT_MEMLOCK (ulimit -l) is {} KiB; raise it to lock the file",
+            (plan.file_bytes + 1023) >> 10, static_cast<uint64_t>(lim.rlim_cur) >> 10);
+      }
+    }
+    prepare_t0 = Clock::now();
+    const at::Device dev = device;
+    prepare_thread = std::thread([this, plan = std::move(plan), dev] {
+      if (dev.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
+      prepared = rt::StateRegistry::make_prepared_snapshot(plan);
+      prepare_done.store(true, std::memory_order_release);
+    });
+  }
+
+  /// Joins the background preparation (waits for it if it still runs) and gives the file to
+  /// the registry. Before anything that writes, reads or changes the state's storage.
+  void finish_snapshot_preparation() {
+    if (!prepare_thread.joinable()) return;
+    prepare_thread.join();
+    prepare_done.store(false, std::memory_order_relaxed);
+    rt::StateRegistry::PreparedSnapshot p = std::move(*prepared);
+    prepared.reset();
+    const std::string lock_error = p.lock_error;
+    try {
+      registry.adopt_prepared_snapshot(std::move(p));
+    } catch (const Error& e) {
+      snapshot_note(
+          fmt::format("note: the pause snapshot could not be prepared ahead ({}); a "
+                      "pause writes it then (slower)",
+                      e.what()));
+      return;
+    }
+    const auto& st = registry.last_snapshot_stats();
+    trace.write("snapshot_prepared", {{"path", Trace::str(st.path)},
+                                      {"file_bytes", Trace::num(st.file_bytes)},
+                                      {"background", "true"},
+                                      {"pinned", st.pinned ? "true" : "false"},
+                                      {"locked", st.locked ? "true" : "false"},
+                                      {"ms", Trace::num(ms_since(prepare_t0))}});
+    if (!prepare_note.empty()) {
+      snapshot_note(std::exchange(prepare_note, {}));
+    } else if (!lock_error.empty()) {
+      snapshot_note(fmt::format(
+          "note: the pause snapshot file is prepared but not locked in memory: {}", lock_error));
+    }
+  }
+
+  // ---- a warm joiner maps the pause snapshot while it starts -----------------------------
+  std::thread premap_thread;
+  std::optional<rt::StateRegistry::PreparedSnapshot> premapped;  // written by premap_thread
+
+  /// A warm joiner (from make_runtime) of a job whose node has a snapshot file: maps it and
+  /// page-locks it (CUDA) on a thread while the program builds its model and loads its data,
+  /// so that a resume from a pause only verifies and copies (ViT-H's 7.5 GB: ~0.9 s of map
+  /// and cudaHostRegister otherwise inside the resume). The file is not read or changed
+  /// here; adopt_premapped() gives the mapping to the registry, which then reads the snapshot
+  /// in it, or writes the next pause into it (it is the node's prepared file during a grow).
+  void start_premap() {
+    std::string path;
+    for (const std::string& p : snapshot_paths().list())
+      if (::access(p.c_str(), F_OK) == 0) {
+        path = p;
+        break;
+      }
+    if (path.empty()) return;
+    rt::StateRegistry::SnapshotPreparation plan;
+    plan.paths = {path};
+    plan.data_end = rt::SnapshotHeader::kBytes;  // an existing file is mapped whatever it holds
+    plan.on_device = device.is_cuda();
+    const at::Device dev = device;
+    premap_thread = std::thread([this, plan = std::move(plan), dev] {
+      if (dev.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
+      premapped = rt::StateRegistry::make_prepared_snapshot(plan);
+    });
+  }
+
+  /// Joins start_premap()'s thread and gives its mapping to the registry (none: nothing).
+  void adopt_premapped() {
+    if (!premap_thread.joinable()) return;
+    premap_thread.join();
+    if (premapped && premapped->file) {
+      const double ms = premapped->stats.total_seconds * 1e3;
+      try {
+        registry.adopt_prepared_snapshot(std::move(*premapped));
+        trace.write(
+            "snapshot_premapped",
+            {{"path", Trace::str(registry.last_snapshot_stats().path)}, {"ms", Trace::num(ms)}});
+      } catch (const Error& e) {  // read_snapshot maps it itself then
+        trace.write("snapshot_premapped", {{"error", Trace::str(e.what())}});
+      }
+    }
+    premapped.reset();
+  }
+
+  ~Impl() {
+    if (premap_thread.joinable()) premap_thread.join();
+    if (prepare_thread.joinable()) prepare_thread.join();
   }
 
   /// After a failed collective: drop the communicator and report at once (same position);
@@ -698,6 +971,9 @@ struct Runtime::Impl {
     ++global_step;
     if (progress) progress->step(static_cast<uint64_t>(global_step));
     step_valid = false;
+    // The optimizer made its state in this first step (AdamW: lazily): the pause snapshot's
+    // size is known, so its file is prepared from here on, not only at the first boundary.
+    if (prepare_snapshot && control) start_snapshot_preparation();
     const bool epoch_left = sampler->remaining() > 0;
     if (every_steps > 0 && step_in_epoch % every_steps == 0 && epoch_left) {
       if (!boundary(epoch, step_in_epoch)) return;
@@ -792,9 +1068,20 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->on_state = std::move(seams.on_state);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);
-  if (m->control) {
+  if (m->control && m->control->warm()) {
+    // A warm joiner: started before any decision names it. Until gpurun admits it (at its first
+    // epochs()/steps(), ensure_started()) it is in no generation: generation() is -1, rank()
+    // and world_size() are the provisional ones of its environment.
+    m->state = WorkerState::kRejoining;
+    m->generation = -1;
+    m->rank = e.rank;
+    m->world = e.world;
+    m->active.clear();
+    m->start_premap();
+  } else if (m->control) {
     m->state = WorkerState::kRejoining;  // initial state: a joiner until it holds the state
     const Decision& d = m->control->join();
+    m->decision_seen_ms = mono_ms();  // a joiner sees its generation's decision here
     m->adopt(d);
     if (m->rank < 0)
       throw Error(fmt::format("slot {} is not a member of generation {}", m->slot, d.generation));
@@ -805,6 +1092,17 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
       throw Error(fmt::format("environment: RANK={} is not in WORLD_SIZE={}", m->rank, m->world));
     m->active.clear();
     for (int r = 0; r < m->world; ++r) m->active.push_back(r);
+  }
+  // Whose tracked state survives the start (enter(), static_boundary()): the decision's state
+  // source, rank 0 at a fresh start or in a static job; a warm joiner always receives it.
+  if (m->control && m->control->warm()) {
+    m->joining = true;
+  } else if (m->control) {
+    const Decision& d = m->control->current();
+    m->joining = d.state_source.is_snapshot() ||
+                 (d.state_source.is_peer() ? d.state_source.gpu != m->slot : m->rank != 0);
+  } else {
+    m->joining = m->world > 1 && m->rank != 0;
   }
   m->trace.write("start", {{"gpu", Trace::num(int64_t{m->slot})},
                            {"generation", Trace::num(m->generation)},
@@ -834,6 +1132,9 @@ bool Runtime::elastic() const {
 }
 WorkerState Runtime::state() const {
   return impl_->state;
+}
+bool Runtime::joining() const {
+  return impl_->joining;
 }
 bool Runtime::left() const {
   return impl_->state == WorkerState::kExited;

@@ -63,7 +63,13 @@ RuntimeEnv RuntimeEnv::from_env() {
     e.snapshot_path = fmt::format("/tmp/gpurun-state-{}.snapshot", ::getpid());
   }
   e.snapshot_fallback_path = getenv_nonempty(env::kSnapshotFallbackPath).value_or("");
-  e.prepare_snapshot = getenv_nonempty(env::kSnapshotPrepare).value_or("0") == "1";
+  {  // default on; "0" turns the background preparation off (docs/worker-runtime.md)
+    const std::string v = getenv_nonempty(env::kSnapshotPrepare).value_or("1");
+    if (v != "0" && v != "1")
+      throw Error(
+          fmt::format("environment variable {}='{}' must be 0 or 1", env::kSnapshotPrepare, v));
+    e.prepare_snapshot = v == "1";
+  }
   e.trace_dir = getenv_nonempty(env::kTraceDir).value_or("");
   e.preempt_dir = getenv_nonempty(env::kPreemptDir).value_or("");
   e.preempt_signal = static_cast<int>(env_int(env::kPreemptSignal, 0));

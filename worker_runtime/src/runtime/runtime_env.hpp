@@ -30,8 +30,10 @@ struct RuntimeEnv {
   /// GPURUN_SNAPSHOT_FALLBACK_PATH: where the pause snapshot goes when the primary path has
   /// no room (the run directory); empty: none.
   std::string snapshot_fallback_path;
-  bool prepare_snapshot = false;  ///< GPURUN_SNAPSHOT_PREPARE=1
-  std::string trace_dir;          ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
+  /// GPURUN_SNAPSHOT_PREPARE: from_env() sets it unless the variable is 0 (default on); a
+  /// hand-built environment (tests) leaves it off.
+  bool prepare_snapshot = false;
+  std::string trace_dir;  ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
   /// GPURUN_PREEMPT_DIR: gpurun's requests (`stop`) and this process's answer
   /// (`runtime.<pgid>`); empty when gpurun did not set it (docs/cli.md#preemption).
   std::string preempt_dir;

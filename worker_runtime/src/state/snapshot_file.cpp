@@ -1,9 +1,11 @@
 #include "state/snapshot_file.hpp"
 
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -64,6 +66,7 @@ SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
   if (this != &other) {
     registration_ = std::move(other.registration_);  // unregisters ours while still mapped
     file_ = std::move(other.file_);
+    locked_ = std::exchange(other.locked_, false);
   }
   return *this;
 }
@@ -73,6 +76,15 @@ double SnapshotFile::pin() {
   const auto t0 = std::chrono::steady_clock::now();
   registration_ = compat::HostRegistration(data(), size(), /*read_only=*/!writable());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string SnapshotFile::lock_in_memory() {
+  if (locked_ || data() == nullptr) return {};
+  if (::mlock(data(), size()) != 0)
+    return fmt::format("mlock of {} bytes of '{}' failed: {}", size(), path(),
+                       std::strerror(errno));
+  locked_ = true;
+  return {};
 }
 
 void SnapshotFile::begin(SnapshotHeader header, std::string_view manifest) {

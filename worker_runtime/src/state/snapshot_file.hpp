@@ -50,6 +50,12 @@ class SnapshotFile {
   double pin();
   bool pinned() const noexcept { return registration_.pinned(); }
 
+  /// Locks the whole mapping in memory (mlock: resident, never swapped out; released with the
+  /// mapping) — the CPU counterpart of pin() for a prepared file. Returns "" when locked (or
+  /// already), else why not (the errno text, e.g. RLIMIT_MEMLOCK exceeded). Never throws.
+  std::string lock_in_memory();
+  bool locked() const noexcept { return locked_; }
+
   /// Starts writing a snapshot: clears the commit word (and syncs that page), so that the file
   /// stops being a valid snapshot before any of it changes, then writes `header` (uncommitted;
   /// file_bytes, manifest_hash, writer_pid, written_unix_ns, payload_bytes and the next
@@ -59,7 +65,7 @@ class SnapshotFile {
   /// Requires writable() and header.data_end <= size(). Throws gpurun::Error on I/O errors.
   void begin(SnapshotHeader header, std::string_view manifest);
 
-  /// Ends the snapshot begun by begin(): records `payload_checksum` (XXH64 of bytes
+  /// Ends the snapshot begun by begin(): records `payload_checksum` (payload_digest() of bytes
   /// [128, data_end) as written: the caller computed it from the mapping) in the header,
   /// writes the whole file back (msync + fsync; cheap on tmpfs, the disk's write time
   /// elsewhere), sets the commit word and writes its page back; then verifies: the file is
@@ -74,6 +80,7 @@ class SnapshotFile {
 
   MappedFile file_;
   SnapshotHeader pending_;                 ///< of the snapshot begun, until commit()
+  bool locked_ = false;                    ///< lock_in_memory() succeeded
   compat::HostRegistration registration_;  ///< after file_: unregistered before unmapping
 };
 

@@ -1,6 +1,10 @@
 #include "state/snapshot_format.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -97,8 +101,39 @@ void SnapshotHeader::encode(uint8_t* out) const {
   put<uint64_t>(out, kCommitAt, committed ? kCommitted : 0);
 }
 
+uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept {
+  const uint64_t chunks = (bytes + kPayloadChunkBytes - 1) / kPayloadChunkBytes;
+  std::vector<uint64_t> digests(chunks);
+  std::atomic<uint64_t> next{0};
+  const auto work = [&] {
+    for (uint64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      const uint64_t at = c * kPayloadChunkBytes;
+      digests[c] = Xxh64::of(data + at, std::min(kPayloadChunkBytes, bytes - at));
+    }
+  };
+  const uint64_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t threads = std::min<uint64_t>({16, hw, chunks});
+  std::vector<std::thread> pool;
+  for (uint64_t i = 1; i < threads; ++i) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: the calling thread takes the rest
+    }
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+  Xxh64 top;
+  for (uint64_t d : digests) {
+    uint8_t le[8];
+    for (int b = 0; b < 8; ++b) le[b] = static_cast<uint8_t>(d >> (8 * b));
+    top.update(le, sizeof le);
+  }
+  return top.digest();
+}
+
 void SnapshotHeader::check_payload(const uint8_t* data, const std::string& path) const {
-  const uint64_t actual = Xxh64::of(data + kBytes, data_end - kBytes);
+  const uint64_t actual = payload_digest(data + kBytes, data_end - kBytes);
   if (actual != payload_checksum) {
     throw StateError(fmt::format(
         "state snapshot '{}': payload checksum 0x{:016x} != header 0x{:016x} (file corrupt: "

@@ -2,7 +2,7 @@
 // (StateRegistry::write_snapshot / read_snapshot). Internal header.
 //
 //   offset 0     header, 128 bytes, native byte order (little-endian on supported hosts):
-//                    0 magic "GPURUNSS" (8 bytes)   8 version u32 (=3)   12 header size u32 (=128)
+//                    0 magic "GPURUNSS" (8 bytes)   8 version u32 (=4)   12 header size u32 (=128)
 //                   16 manifest_bytes u64          24 tensor_count u64
 //                   32 data_offset u64             40 data_end u64 (end of the last tensor)
 //                   48 file_bytes u64 (the file's size: data_end plus spare room)
@@ -10,8 +10,9 @@
 //                   64 writer_pid u64              72 sequence u64 (1 for the file's first
 //                                                     snapshot)
 //                   80 payload_bytes u64 (= data_end - 128: manifest, padding and tensors)
-//                   88 payload_checksum u64 (XXH64, seed 0, of the payload: file bytes
-//                      [128, data_end); state/xxh64.hpp)
+//                   88 payload_checksum u64 (of the payload, file bytes [128, data_end):
+//                      payload_digest() — XXH64, seed 0, of the XXH64s (seed 0) of its
+//                      64 MiB chunks, little-endian u64s in order; state/xxh64.hpp)
 //                   96 written_unix_ns u64 (CLOCK_REALTIME when the writer began it: of two
 //                      snapshot files of one run, the newer one wins)
 //                  104 header_checksum u64 (XXH64, seed 0, of header bytes [0, 104))
@@ -26,7 +27,9 @@
 //                covered by any checksum
 //
 // Version history: 2 had no payload_bytes, payload_checksum, written_unix_ns or
-// header_checksum (bytes 80..119 zero); version 3 refuses it (decode: "format version 2").
+// header_checksum (bytes 80..119 zero); 3's payload_checksum was one XXH64 stream over the
+// payload (one core: ~0.1 s per GB, 0.75 s for ViT-H's state); 4 hashes 64 MiB chunks in
+// parallel. Another version is refused (decode: "format version 3").
 //
 // Writing in place (SnapshotFile): the commit word is cleared first, then header, manifest and
 // tensors are written, then the payload checksum, then the commit word is set. A writer that
@@ -45,7 +48,7 @@ namespace gpurun::rt {
 
 struct SnapshotHeader {
   static constexpr char kMagic[8] = {'G', 'P', 'U', 'R', 'U', 'N', 'S', 'S'};
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   static constexpr size_t kBytes = 128;      ///< header size
   static constexpr size_t kAlignment = 64;   ///< of the data section and of every tensor
   static constexpr size_t kSequenceAt = 72;  ///< offset of the sequence number
@@ -61,7 +64,7 @@ struct SnapshotHeader {
   uint64_t writer_pid = 0;
   uint64_t sequence = 0;
   uint64_t payload_bytes = 0;     ///< data_end - kBytes
-  uint64_t payload_checksum = 0;  ///< XXH64 of file bytes [kBytes, data_end)
+  uint64_t payload_checksum = 0;  ///< payload_digest() of file bytes [kBytes, data_end)
   uint64_t written_unix_ns = 0;   ///< CLOCK_REALTIME (ns since 1970) when writing began
   bool committed = false;
 
@@ -85,12 +88,24 @@ struct SnapshotHeader {
   /// check_payload). Throws StateError naming the path and what is wrong.
   static SnapshotHeader decode(const uint8_t* data, size_t file_bytes, const std::string& path);
 
-  /// Verifies the payload of the decoded snapshot mapped at `data` (the file `path`): XXH64 of
-  /// bytes [kBytes, data_end) against payload_checksum. Blocks for one read pass over the
-  /// payload (about 0.1 s per GB: state/xxh64.hpp). Throws StateError "state snapshot '<path>':
-  /// payload checksum 0x... != header 0x... (file corrupt)" on a mismatch.
+  /// Verifies the payload of the decoded snapshot mapped at `data` (the file `path`):
+  /// payload_digest() of bytes [kBytes, data_end) against payload_checksum. Blocks for one
+  /// read pass over the payload (about 0.1 s per GB per core, on up to 16 cores). Throws StateError
+  /// "state snapshot '<path>': payload checksum 0x... != header 0x... (file corrupt)" on a
+  /// mismatch.
   void check_payload(const uint8_t* data, const std::string& path) const;
 };
+
+/// Bytes per chunk of payload_digest().
+inline constexpr uint64_t kPayloadChunkBytes = uint64_t{64} << 20;
+
+/// The payload checksum (format 4): `bytes` bytes at `data` cut into kPayloadChunkBytes chunks
+/// (the last one shorter; none for 0 bytes), each hashed with XXH64 (seed 0) — on up to
+/// min(16, hardware threads, chunks) threads — then XXH64 (seed 0) of the chunk digests as
+/// little-endian u64s in chunk order. A tree of depth two, so that the chunks hash in
+/// parallel: a 7.5 GB state in ~0.1 s on 8 cores instead of ~0.6 s on one. Blocks; never
+/// throws (a thread that cannot be started: its chunks are hashed on the calling thread).
+uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept;
 
 /// `n` rounded up to a multiple of SnapshotHeader::kAlignment.
 constexpr uint64_t snapshot_align(uint64_t n) {

@@ -31,7 +31,6 @@
 #include "state/snapshot_file.hpp"
 #include "state/snapshot_format.hpp"
 #include "state/state_checksum.hpp"
-#include "state/xxh64.hpp"
 
 namespace gpurun::rt {
 namespace detail {
@@ -972,14 +971,11 @@ SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::s
   return *kept;
 }
 
-// Host tensors are copied into the file in chunks of this size, each hashed while it is still
-// in the cache (L2 of a current x86 core: 512 KiB to 2 MiB).
-constexpr size_t kCopyChunk = size_t{256} << 10;
-
-// Fills the payload of `file` (after begin()) for `plan` and returns its XXH64 (file bytes
-// [128, data_end), as snapshot_format.hpp defines it). Device tensors are copied first
-// (compat::copy_host: side stream, one synchronise); then one pass in file order zeroes the
-// padding, copies every host tensor chunk by chunk and hashes the file's bytes.
+// Fills the payload of `file` (after begin()) for `plan` and returns its checksum
+// (payload_digest() of file bytes [128, data_end), as snapshot_format.hpp defines it). Device
+// tensors are copied first (compat::copy_host: side stream, one synchronise); then one pass in
+// file order zeroes the padding and copies every host tensor; then the payload is hashed, its
+// chunks in parallel.
 uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
                       StateRegistry::SnapshotStats& st) {
   uint8_t* const base = file.data();
@@ -989,34 +985,20 @@ uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
     if (!plan.tensors[i].is_cpu()) device.push_back({plan.tensors[i], base + plan.offsets[i]});
   if (!device.empty()) compat::copy_host(device, /*to_host=*/true);
 
-  double device_hash_seconds = 0;
-  Xxh64 hash;
-  uint64_t at = SnapshotHeader::kBytes;  // manifest and its padding: written by begin()
-  hash.update(base + at, plan.header.data_offset - at);
-  at = plan.header.data_offset;
+  uint64_t at = plan.header.data_offset;  // manifest and its padding: written by begin()
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const at::Tensor& t = plan.tensors[i];
     const uint64_t offset = plan.offsets[i], n = t.nbytes();
     std::memset(base + at, 0, offset - at);
-    hash.update(base + at, offset - at);
-    uint8_t* const dst = base + offset;
-    if (t.is_cpu()) {
-      const auto* src = static_cast<const uint8_t*>(t.data_ptr());
-      for (uint64_t k = 0; k < n; k += kCopyChunk) {
-        const size_t m = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, n - k));
-        std::memcpy(dst + k, src + k, m);
-        hash.update(dst + k, m);
-      }
-    } else {
-      const auto t_hash = SteadyClock::now();
-      hash.update(dst, n);
-      device_hash_seconds += seconds_since(t_hash);
-    }
+    if (t.is_cpu() && n > 0) std::memcpy(base + offset, t.data_ptr(), n);
     at = offset + n;
   }
-  st.checksum_seconds = device_hash_seconds;
-  st.copy_seconds = seconds_since(t_copy) - device_hash_seconds;
-  return hash.digest();
+  st.copy_seconds = seconds_since(t_copy);
+  const auto t_hash = SteadyClock::now();
+  const uint64_t digest =
+      payload_digest(base + SnapshotHeader::kBytes, plan.header.data_end - SnapshotHeader::kBytes);
+  st.checksum_seconds = seconds_since(t_hash);
+  return digest;
 }
 
 // One attempt of write_snapshot: the snapshot of `plan` into the file at `path`. On any
@@ -1221,61 +1203,114 @@ void StateRegistry::prepare_snapshot(const std::string& path) {
 }
 
 void StateRegistry::prepare_snapshot(const SnapshotPaths& paths) {
-  const auto t0 = SteadyClock::now();
+  SnapshotPreparation plan = plan_snapshot_preparation(paths);
+  if (plan.done) return;
+  PreparedSnapshot prepared = make_prepared_snapshot(plan);
+  if (prepared.existing_unfit) {  // left alone, as documented: the first write replaces it
+    impl_->stats = prepared.stats;
+    return;
+  }
+  adopt_prepared_snapshot(std::move(prepared));
+}
+
+StateRegistry::SnapshotPreparation StateRegistry::plan_snapshot_preparation(
+    const SnapshotPaths& paths, bool lock_host_memory) {
   Impl& m = *impl_;
   m.check_not_released("prepare_snapshot()");
-  const std::vector<std::string> all = paths.list();
-  GPURUN_CHECK(!all.empty(), "prepare_snapshot() without a path");
-  const SnapshotPlan plan(manifest(), tensors());
-  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
-  SnapshotStats st;
+  SnapshotPreparation plan;
+  plan.paths = paths.list();
+  GPURUN_CHECK(!plan.paths.empty(), "prepare_snapshot() without a path");
+  const SnapshotPlan sp(manifest(), tensors());
+  plan.data_end = sp.header.data_end;
+  plan.manifest_bytes = sp.manifest.size();
+  plan.file_bytes = snapshot_file_bytes(plan.data_end, plan.manifest_bytes);
+  plan.on_device = any_on_device(sp.tensors);
+  plan.lock_host_memory = lock_host_memory && !plan.on_device;
   if (m.snapshot) {
-    const bool fits = std::any_of(all.begin(), all.end(), [&](const std::string& p) {
-      return still_fits(*m.snapshot, p, end, manifest_bytes);
+    const bool fits = std::any_of(plan.paths.begin(), plan.paths.end(), [&](const std::string& p) {
+      return still_fits(*m.snapshot, p, plan.data_end, plan.manifest_bytes);
     });
-    if (!fits) m.snapshot.reset();
+    if (fits) {
+      // Already mapped (a resume read it, or an earlier preparation): page-lock it if needed.
+      if (plan.on_device) m.stats.pin_seconds = m.snapshot->pin();
+      plan.done = true;
+    } else {
+      m.snapshot.reset();
+    }
   }
-  if (!m.snapshot) {
-    const auto t_setup = SteadyClock::now();
-    const auto existing = std::find_if(
-        all.begin(), all.end(), [](const std::string& p) { return file_size_at(p).has_value(); });
-    if (existing != all.end()) {
+  return plan;
+}
+
+StateRegistry::PreparedSnapshot StateRegistry::make_prepared_snapshot(
+    const SnapshotPreparation& plan) {
+  const auto t0 = SteadyClock::now();
+  PreparedSnapshot out;
+  SnapshotStats& st = out.stats;
+  const uint64_t end = plan.data_end, manifest_bytes = plan.manifest_bytes;
+  std::optional<SnapshotFile> file;
+  try {
+    const auto existing =
+        std::find_if(plan.paths.begin(), plan.paths.end(),
+                     [](const std::string& p) { return file_size_at(p).has_value(); });
+    if (existing != plan.paths.end()) {
       // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
-      m.snapshot = open_if_fits(*existing, end, manifest_bytes);
-      st.mapped = m.snapshot.has_value();
+      file = open_if_fits(*existing, end, manifest_bytes);
+      st.mapped = file.has_value();
+      out.existing_unfit = !file;
+      if (!file)
+        out.error =
+            fmt::format("the file '{}' exists and does not fit the state (a file of {} bytes)",
+                        *existing, plan.file_bytes);
     } else {
       std::vector<std::string> failed;
-      for (const std::string& p : all) {
+      for (const std::string& p : plan.paths) {
         try {
-          m.snapshot = SnapshotFile::create(p, snapshot_file_bytes(end, manifest_bytes),
-                                            /*replace=*/false);  // nullopt: another rank was first
-          st.created = m.snapshot.has_value();
-          if (!m.snapshot) {
-            m.snapshot = open_if_fits(p, end, manifest_bytes);
-            st.mapped = m.snapshot.has_value();
+          file = SnapshotFile::create(p, plan.file_bytes, /*replace=*/false);  // nullopt: another
+          st.created = file.has_value();                                       // rank was first
+          if (!file) {
+            file = open_if_fits(p, end, manifest_bytes);
+            st.mapped = file.has_value();
           }
           break;
         } catch (const Error& e) {
           failed.push_back(fmt::format("'{}': {}", p, e.what()));
         }
       }
-      if (failed.size() == all.size()) {
-        throw StateError(fmt::format(
+      if (failed.size() == plan.paths.size())
+        out.error = fmt::format(
             "cannot prepare the state snapshot (a file of {} bytes): every path failed: {}",
-            snapshot_file_bytes(end, manifest_bytes), numbered(failed)));
-      }
+            plan.file_bytes, numbered(failed));
       st.failed_attempts = std::move(failed);
     }
-    st.setup_seconds = seconds_since(t_setup);
+  } catch (const Error& e) {
+    out.error = e.what();
+    file.reset();
   }
-  if (m.snapshot) {
-    if (any_on_device(plan.tensors)) st.pin_seconds = m.snapshot->pin();
-    st.file_bytes = static_cast<int64_t>(m.snapshot->size());
-    st.pinned = m.snapshot->pinned();
-    st.path = m.snapshot->path();
+  st.setup_seconds = seconds_since(t0);
+  if (file) {
+    if (plan.on_device) st.pin_seconds = file->pin();
+    if (plan.lock_host_memory) {
+      const auto t_lock = SteadyClock::now();
+      out.lock_error = file->lock_in_memory();
+      st.pin_seconds = seconds_since(t_lock);
+    }
+    st.file_bytes = static_cast<int64_t>(file->size());
+    st.pinned = file->pinned();
+    st.locked = file->locked();
+    st.path = file->path();
+    out.file = std::make_shared<SnapshotFile>(std::move(*file));
   }
   st.total_seconds = seconds_since(t0);
-  m.stats = st;
+  return out;
+}
+
+void StateRegistry::adopt_prepared_snapshot(PreparedSnapshot prepared) {
+  Impl& m = *impl_;
+  m.stats = prepared.stats;
+  if (!prepared.file) throw StateError(prepared.error);
+  if (prepared.file.use_count() != 1)  // never: one owner per preparation
+    throw StateError("adopt_prepared_snapshot(): the prepared file is shared");
+  m.snapshot = std::move(*prepared.file);
 }
 
 const StateRegistry::SnapshotStats& StateRegistry::last_snapshot_stats() const {

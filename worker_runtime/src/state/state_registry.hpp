@@ -16,6 +16,7 @@
 
 #include "gpurun/error.hpp"
 #include "gpurun/state.hpp"
+#include "state/snapshot_file.hpp"
 
 namespace gpurun::rt {
 
@@ -171,6 +172,7 @@ class StateRegistry {
     bool created = false;         ///< this call created (and reserved) the file
     bool mapped = false;          ///< this call mapped an existing file (not kept from before)
     bool pinned = false;          ///< the mapping is page-locked (CUDA build, device state)
+    bool locked = false;          ///< the mapping is mlock-ed (CPU state, prepared ahead)
     double setup_seconds = 0;     ///< create + posix_fallocate + mmap, or open + mmap
     double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister)
     double copy_seconds = 0;      ///< tensor copies, the final synchronise included
@@ -183,6 +185,39 @@ class StateRegistry {
     std::vector<std::string> failed_attempts;
   };
   const SnapshotStats& last_snapshot_stats() const;
+
+  /// prepare_snapshot() in three steps, so that the slow middle one (creating, reserving with
+  /// posix_fallocate, mapping, page-locking: seconds for GBs) can run on another thread while
+  /// training goes on (the runtime's background preparation, docs/worker-runtime.md).
+  struct SnapshotPreparation {
+    std::vector<std::string> paths;  ///< SnapshotPaths::list()
+    uint64_t data_end = 0, manifest_bytes = 0;
+    uint64_t file_bytes = 0;        ///< the file a new snapshot file would get
+    bool on_device = false;         ///< page-lock it for device copies (cudaHostRegister)
+    bool lock_host_memory = false;  ///< CPU state: mlock the mapping (resident, never swapped)
+    bool done = false;              ///< the registry already maps a file that fits: nothing to do
+  };
+  struct PreparedSnapshot {
+    std::shared_ptr<SnapshotFile> file;  ///< null when no path could be prepared (`error`)
+    SnapshotStats stats;
+    std::string error;  ///< why there is no file
+    /// No file because one exists at the path and does not fit the state (it is never
+    /// replaced: the first write does that). prepare_snapshot() leaves it without an error.
+    bool existing_unfit = false;
+    std::string
+        lock_error;  ///< why the file is not locked in memory (lock_host_memory); empty: it is
+  };
+  /// Step 1, on the training thread (cheap: the manifest): the file the current state needs.
+  /// `lock_host_memory`: mlock a CPU state's file (SnapshotFile::lock_in_memory). Throws
+  /// StateError after release().
+  SnapshotPreparation plan_snapshot_preparation(const SnapshotPaths& paths,
+                                                bool lock_host_memory = false);
+  /// Step 2, on any thread (uses nothing of a registry): the file as prepare_snapshot()
+  /// describes. Never throws: failures are in `error` / `lock_error`.
+  static PreparedSnapshot make_prepared_snapshot(const SnapshotPreparation& plan);
+  /// Step 3, on the training thread: keeps the file for the next write_snapshot; its stats
+  /// become last_snapshot_stats(). Throws StateError with `error` when there is no file.
+  void adopt_prepared_snapshot(PreparedSnapshot prepared);
 
   /// Unmaps (and unregisters) the kept snapshot file now; the file itself stays. The next
   /// snapshot call maps it again. Never throws.

@@ -21,7 +21,9 @@ inline constexpr const char* kProgressFile = "GPURUN_PROGRESS_FILE";  ///< step-
 inline constexpr const char* kElastic = "GPURUN_ELASTIC";  ///< "1": follow the control protocol
 inline constexpr const char* kJoinGeneration = "GPURUN_JOIN_GENERATION";  ///< first generation
 inline constexpr const char* kActiveGpus = "GPURUN_ACTIVE_GPUS";  ///< "0,1,…" at spawn time
-inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";      ///< "release" or "hold"
+/// A warm joiner's id <w> (instead of kJoinGeneration): it gets ready, then waits for its admit key
+inline constexpr const char* kWarm = "GPURUN_WARM";
+inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";  ///< "release" or "hold"
 // --- read by the worker runtime, set by the user or a test ----------------------------------
 inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///< collective deadline
 inline constexpr const char* kSnapshotPrepare = "GPURUN_SNAPSHOT_PREPARE";  ///< "1": pre-create

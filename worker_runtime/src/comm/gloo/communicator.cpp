@@ -191,19 +191,11 @@ void GlooCommunicator::all_reduce_sum(at::Tensor& t) {
   constexpr const char* kOp = "all_reduce_sum";
   check_tensor(kOp, t);
   const auto dtype = t.scalar_type();
-  switch (dtype) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kInt:
-    case at::kLong:
-      break;
-    default:
-      throw Error(
-          fmt::format("gloo {} (group '{}', rank {}): dtype {} is not supported (float32, "
-                      "float64, float16, bfloat16, int32, int64)",
-                      kOp, options_.prefix, options_.rank, c10::toString(dtype)));
+  if (!all_reduce_dtype_supported(dtype)) {
+    throw Error(
+        fmt::format("gloo {} (group '{}', rank {}): dtype {} is not supported (float32, "
+                    "float64, float16, bfloat16, int32, int64)",
+                    kOp, options_.prefix, options_.rank, c10::toString(dtype)));
   }
   ensure_usable(kOp);
   if (t.numel() == 0) return;

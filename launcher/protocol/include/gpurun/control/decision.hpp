@@ -133,6 +133,16 @@ std::string decision(int64_t generation, int64_t round);
 std::string abort(int64_t generation);
 std::string parked(int gpu, int64_t park_generation);
 std::string wake(int gpu, int64_t park_generation);
+/// Written once by each participant (member or leaver) of a resize into generation
+/// `generation` when its part is done: its phase timestamps (docs/control-protocol.md#resize-
+/// timings). gpurun reads and deletes it.
+std::string timing(int64_t generation, int gpu);
+/// A warm joiner (spawned with GPURUN_WARM=<w> before any decision names it): its pid, written
+/// once it is ready (model built, data loaded: its first epochs()/steps() call).
+std::string ready(int gpu, int64_t warm);
+/// gpurun's answer to a warm joiner: the decision that created the generation it joins, or
+/// {"v":1,"kind":"exit",...} when it is not needed after all.
+std::string admit(int gpu, int64_t warm);
 inline constexpr std::string_view kGeneration = "gpurun/generation";
 
 /// A parsed key under gpurun/gen/: which one and its numbers.

@@ -20,6 +20,9 @@ struct WorkerControlOptions {
   store::ClientOptions store;   ///< GPURUN_STORE_ADDR / GPURUN_STORE_PORT
   int gpu = 0;                  ///< GPURUN_SLOT: this worker's slot id
   int64_t join_generation = 0;  ///< GPURUN_JOIN_GENERATION
+  /// GPURUN_WARM: a warm joiner's id (-1: none). It joins no generation at start: it calls
+  /// wait_admission() once it is ready.
+  int64_t warm = -1;
   /// One store WAIT lasts at most this long; waits are repeated until the key appears
   /// (the supervisor enforces the boundary deadline, not the worker).
   std::chrono::milliseconds wait_chunk{std::chrono::seconds(30)};
@@ -40,6 +43,13 @@ class WorkerControl {
   /// is not a member of that generation.
   const Decision& join();
 
+  /// A warm joiner (options.warm >= 0), once it is ready to train (model built, data loaded):
+  /// SETs gpurun/slot/<gpu>/ready/<w> = pid, then blocks (no deadline) on
+  /// gpurun/slot/<gpu>/admit/<w>. Returns the decision of the generation to join (joined key
+  /// written, as join() does), or nullopt when gpurun says exit (not needed after all).
+  std::optional<Decision> wait_admission();
+  bool warm() const { return opt_.warm >= 0; }
+
   /// At a boundary: SETs the report for (generation, round), blocks until the decision,
   /// returns it. After a `resize` this object follows it: generation(), rank(),
   /// world_size() are the new generation's (when this slot stays a member). Kind `exit`:
@@ -57,6 +67,11 @@ class WorkerControl {
   /// join (already joined: joined key written), or nullopt when told to exit.
   std::optional<Decision> park_and_wait();
 
+  /// SETs gpurun/gen/<generation>/timing/<gpu> = `json` (this rank's phase timestamps of the
+  /// resize into `generation`, docs/control-protocol.md#resize-timings). One store round trip;
+  /// throws StoreError on a broken connection.
+  void publish_timing(int64_t generation, const std::string& json);
+
   int gpu() const { return opt_.gpu; }
   int64_t generation() const { return generation_; }
   int64_t round() const { return round_; }
@@ -70,6 +85,8 @@ class WorkerControl {
   store::Client& client() { return *client_; }
 
  private:
+  /// A wake or admission record: nullopt for `exit`, else this slot's generation from now on.
+  std::optional<Decision> take_join_decision(const std::string& json);
   std::string wait_get(const std::string& key);
   void joined();
 

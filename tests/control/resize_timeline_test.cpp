@@ -1,0 +1,121 @@
+#include "control/resize_timeline.hpp"
+
+#include <doctest/doctest.h>
+
+#include <boost/json.hpp>
+
+using gpurun::control::Decision;
+using gpurun::control::ResizeTimeline;
+namespace json = boost::json;
+
+namespace {
+
+Decision grow() {  // [0] -> [0, 1], the state from gpu 0
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 1;
+  d.prev_generation = 0;
+  d.active = {0, 1};
+  d.joiners = {1};
+  return d;
+}
+
+json::object event_of(ResizeTimeline& t) {
+  auto ready = t.take_ready();
+  REQUIRE(ready.size() == 1);
+  return json::parse(ready[0].str()).as_object();
+}
+
+}  // namespace
+
+TEST_CASE("a grow's event: gpurun's moments and every rank's marks on one critical path") {
+  double now = 1000;
+  ResizeTimeline t([&] { return now; });
+  t.config_seen();  // 1000
+  now = 1500;
+  t.decision_written(grow());  // 1500: waited 500 ms for the boundary
+  t.decision_written(grow());  // the start record of the same generation: ignored
+  now = 1510;
+  t.spawned(1, 42);
+  CHECK(t.on_record(
+      1, 0,
+      R"({"v":1,"gpu":0,"pid":7,"role":"source","bytes":64,"marks":)"
+      R"({"seen":1501,"ready":1501,"comm":1900,"state":1905,"checksum":1906,"resumed":1907}})"));
+  CHECK(t.take_ready().empty());  // gpu 1 not yet
+  CHECK(t.on_record(
+      1, 1,
+      R"({"v":1,"gpu":1,"pid":42,"role":"joiner","bytes":64,"marks":)"
+      R"({"seen":1700,"ready":1890,"comm":1900,"state":1905,"checksum":1906,"resumed":1908}})"));
+  const json::object e = event_of(t);
+  CHECK(e.at("kind").as_string() == "grow");
+  CHECK(e.at("origin").as_string() == "config seen");
+  CHECK(e.at("total_ms").to_number<double>() == doctest::Approx(908));
+  const json::object& p = e.at("phases_ms").as_object();
+  CHECK(p.at("decision").to_number<double>() == doctest::Approx(500));
+  CHECK(p.at("spawned").to_number<double>() == doctest::Approx(10));
+  CHECK(p.at("ready").to_number<double>() == doctest::Approx(380));  // the joiner's start-up
+  CHECK(p.at("comm").to_number<double>() == doctest::Approx(10));
+  CHECK(p.at("resumed").to_number<double>() == doctest::Approx(2));
+  CHECK(e.at("complete").as_bool());
+  CHECK(e.at("ranks").as_array().size() == 2);
+  CHECK(e.at("ranks").as_array()[1].at("ms").at("spawned").to_number<double>() ==
+        doctest::Approx(510));
+  CHECK(json::parse(t.last()) == json::value(e));
+  const auto lines = ResizeTimeline::describe(t.last());
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].rfind("last resize: generation 1 grow [0] -> [0,1]: 908 ms", 0) == 0);
+  CHECK(lines[2].rfind("  gpu 1 joiner: spawned 510, seen 700", 0) == 0);
+}
+
+TEST_CASE("a participant that dies without its record: the event says which one is missing") {
+  double now = 0;
+  ResizeTimeline t([&] { return now; });
+  t.decision_written(grow());
+  t.spawned(1, 42);
+  CHECK(t.on_record(1, 0, R"({"role":"source","marks":{"ready":1,"resumed":5}})"));
+  t.slot_gone(1, 41);  // an older process of the slot: the spawned one is still awaited
+  CHECK(t.take_ready().empty());
+  t.slot_gone(1, 42);
+  const json::object e = event_of(t);
+  CHECK(e.at("origin").as_string() == "decision");  // no config asked for it
+  CHECK(!e.at("complete").as_bool());
+  CHECK(json::serialize(e.at("missing")) == "[1]");
+}
+
+TEST_CASE("timing keys and bad records") {
+  CHECK(ResizeTimeline::parse_key("gpurun/gen/12/timing/3") == std::make_pair(int64_t{12}, 3));
+  CHECK(!ResizeTimeline::parse_key("gpurun/gen/12/joined/3"));
+  CHECK(!ResizeTimeline::parse_key("gpurun/gen/12/timing/3x"));
+  ResizeTimeline t([] { return 0.0; });
+  CHECK(!t.on_record(1, 0, R"({"marks":{}})"));  // no open generation
+  t.decision_written(grow());
+  CHECK(!t.on_record(1, 0, "not json"));
+  CHECK(!t.on_record(1, 0, R"({"marks":{"ready":"soon"}})"));
+  t.flush();
+  CHECK(json::serialize(event_of(t).at("missing")) == "[0,1]");
+}
+
+TEST_CASE("a hold-mode rank woken by a resume: its launch's spawn is no phase of the resume") {
+  double now = 100;
+  ResizeTimeline t([&] { return now; });
+  t.spawned(0, 7);  // the launch: no resize open
+  now = 9000;
+  t.config_seen();  // active_gpus = [0] after a pause to []
+  Decision resume;
+  resume.kind = Decision::Kind::kResize;
+  resume.generation = 2;
+  resume.prev_generation = 1;
+  resume.active = {0};
+  resume.joiners = {0};
+  now = 9001;
+  t.decision_written(resume);
+  CHECK(t.on_record(2, 0,
+                    R"({"v":1,"gpu":0,"pid":7,"role":"joiner","bytes":64,"marks":)"
+                    R"({"seen":9002,"ready":9002,"state":9003,"comm":9005,"resumed":9010}})"));
+  const json::object e = event_of(t);
+  CHECK(e.at("total_ms").to_number<double>() == doctest::Approx(10));
+  const json::object& p = e.at("phases_ms").as_object();
+  CHECK_FALSE(p.contains("spawned"));
+  CHECK(p.at("decision").to_number<double>() == doctest::Approx(1));  // the first phase
+  CHECK_FALSE(e.at("ranks").as_array()[0].at("ms").as_object().contains("spawned"));
+}
