@@ -815,23 +815,20 @@ struct Runtime::Impl {
   std::thread premap_thread;
   std::optional<rt::StateRegistry::PreparedSnapshot> premapped;  // written by premap_thread
 
-  /// A warm joiner (from make_runtime) of a job whose node has a snapshot file: maps it and
-  /// page-locks it (CUDA) on a thread while the program builds its model and loads its data,
-  /// so that a resume from a pause only verifies and copies (ViT-H's 7.5 GB: ~0.9 s of map
-  /// and cudaHostRegister otherwise inside the resume). The file is not read or changed
-  /// here; adopt_premapped() gives the mapping to the registry, which then reads the snapshot
-  /// in it, or writes the next pause into it (it is the node's prepared file during a grow).
+  /// A warm joiner (from make_runtime) of a paused job (the node's snapshot file holds a
+  /// committed snapshot): maps the file and page-locks it (CUDA) on a thread while the program
+  /// builds its model and loads its data, so that the resume only verifies and copies
+  /// (ViT-H's 7.5 GB: ~0.9 s of map and cudaHostRegister otherwise inside the resume). The
+  /// file is not changed here; adopt_premapped() gives the mapping to the registry, which then
+  /// reads the snapshot in it (and writes the next pause into it).
   void start_premap() {
-    std::string path;
+    rt::StateRegistry::SnapshotPreparation plan;
     for (const std::string& p : snapshot_paths().list())
-      if (::access(p.c_str(), F_OK) == 0) {
-        path = p;
+      if (rt::SnapshotHeader::peek_sizes(p, plan.data_end, plan.manifest_bytes)) {
+        plan.paths = {p};  // a paused job's snapshot: the one this joiner will read
         break;
       }
-    if (path.empty()) return;
-    rt::StateRegistry::SnapshotPreparation plan;
-    plan.paths = {path};
-    plan.data_end = rt::SnapshotHeader::kBytes;  // an existing file is mapped whatever it holds
+    if (plan.paths.empty()) return;
     plan.on_device = device.is_cuda();
     const at::Device dev = device;
     premap_thread = std::thread([this, plan = std::move(plan), dev] {

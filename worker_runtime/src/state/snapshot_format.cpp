@@ -1,5 +1,8 @@
 #include "state/snapshot_format.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -130,6 +133,21 @@ uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept {
     top.update(le, sizeof le);
   }
   return top.digest();
+}
+
+bool SnapshotHeader::peek_sizes(const std::string& path, uint64_t& data_end,
+                                uint64_t& manifest_bytes) noexcept {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  uint8_t h[kBytes];
+  const bool whole = ::pread(fd, h, kBytes, 0) == static_cast<ssize_t>(kBytes);
+  ::close(fd);
+  if (!whole || std::memcmp(h, kMagic, sizeof kMagic) != 0 ||
+      get<uint64_t>(h, kCommitAt) != kCommitted)
+    return false;
+  data_end = get<uint64_t>(h, kDataEndAt);
+  manifest_bytes = get<uint64_t>(h, kManifestAt);
+  return true;
 }
 
 void SnapshotHeader::check_payload(const uint8_t* data, const std::string& path) const {

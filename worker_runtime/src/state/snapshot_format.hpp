@@ -88,6 +88,13 @@ struct SnapshotHeader {
   /// check_payload). Throws StateError naming the path and what is wrong.
   static SnapshotHeader decode(const uint8_t* data, size_t file_bytes, const std::string& path);
 
+  /// Reads the 128 header bytes of the file `path` (no mapping) and, when the commit word
+  /// says it holds a snapshot, its data_end and manifest_bytes (the sizes a mapping must fit;
+  /// nothing else is checked: read_snapshot decodes and verifies). False for no file, a short
+  /// one, an I/O error or no committed snapshot. Never throws.
+  static bool peek_sizes(const std::string& path, uint64_t& data_end,
+                         uint64_t& manifest_bytes) noexcept;
+
   /// Verifies the payload of the decoded snapshot mapped at `data` (the file `path`):
   /// payload_digest() of bytes [kBytes, data_end) against payload_checksum. Blocks for one
   /// read pass over the payload (about 0.1 s per GB per core, on up to 16 cores). Throws StateError
