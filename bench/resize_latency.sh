@@ -2,7 +2,7 @@
 # Resize latency of the main job (fmnist_train) under gpurun, one worker: a pause to [] and a
 # resume to [0], in release and hold mode, broken down from gpurun's `resize` events
 # (docs/control-protocol.md#resize-timings) and the worker traces (snapshot write/read).
-# The "before" row is the same run the slow way (model built and initialised on the CPU, no
+# RUNS="release hold" runs a subset. The "before" row is the same run the slow way (model built and initialised on the CPU, no
 # prepared snapshot): the ratios in the last table are against it, in the same run.
 #
 #   bench/resize_latency.sh BUILD_DIR OUT_DIR DEVICE MODEL [fmnist_train args...]
@@ -93,9 +93,14 @@ mine = [l for l in out.splitlines() if l.split(",")[0].strip() == str(os.getpid(
 print(mine[0].split(",")[1].strip() if mine else "unknown")
 PY
 fi
-PREPARE=0 scenario before release --build-on-cpu; echo "before: rc=$?"
-PREPARE=1 scenario release release; echo "release: rc=$?"
-PREPARE=1 scenario hold hold; echo "hold: rc=$?"
+for run in ${RUNS:-before release hold}; do  # RUNS: a subset, e.g. "release hold"
+  case $run in
+    before) PREPARE=0 scenario before release --build-on-cpu ;;
+    release) PREPARE=1 scenario release release ;;
+    hold) PREPARE=1 scenario hold hold ;;
+  esac
+  echo "$run: rc=$?"
+done
 
 python3 - "$OUT" "$DEV" "$MODEL" <<'PY'
 import glob, json, os, sys
@@ -106,6 +111,7 @@ def lines(p):
 rows = {}
 for label in ("before", "release", "hold"):
     d = os.path.join(out, label)
+    if not os.path.isdir(d): continue  # not in RUNS
     ev = lines(d + "/events.jsonl")
     tr = [t for f in glob.glob(d + "/trace/*.jsonl") for t in lines(f)]
     rz = [e for e in ev if e.get("event") == "resize"]
