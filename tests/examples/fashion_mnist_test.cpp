@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -443,6 +444,32 @@ TEST_CASE("models: a training step changes every ViT parameter (gradients reach 
   opt.step();
   size_t i = 0;
   for (const auto& p : model->parameters()) CHECK_FALSE(torch::equal(p, before[i++]));
+}
+
+TEST_CASE(
+    "models: a joiner's uninitialised ViT (ModelOptions.init = false) has the same state layout; "
+    "a seeded init is reproducible") {
+  torch::manual_seed(3);
+  const auto a = fm::make_model("tiny");
+  torch::manual_seed(3);
+  const auto b = fm::make_model("tiny", 10, {.device = torch::kCPU, .init = true});
+  const auto joiner = fm::make_model("tiny", 10, {.device = torch::kCPU, .init = false});
+  const auto pa = a->named_parameters(), pb = b->named_parameters(),
+             pj = joiner->named_parameters();
+  REQUIRE(pa.size() == pj.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].key());
+    CHECK(pa[i].key() == pj[i].key());  // the names a handoff, snapshot or checkpoint matches on
+    CHECK(shape(pa[i].value()) == shape(pj[i].value()));
+    CHECK(torch::equal(pa[i].value(), pb[i].value()));
+  }
+  // Linear layers keep torch::nn::Linear's names; Xavier-uniform weights, zero biases.
+  const torch::Tensor qkv = pa["blocks.0.qkv.weight"];
+  CHECK(shape(qkv) == "192x64");
+  const double bound = std::sqrt(6.0 / (64 + 192));
+  CHECK(qkv.abs().max().item<double>() <= bound);
+  CHECK(qkv.abs().max().item<double>() > 0.9 * bound);
+  CHECK(pa["blocks.0.qkv.bias"].abs().max().item<double>() == 0);
 }
 
 TEST_CASE("models: unknown preset names list the allowed ones") {

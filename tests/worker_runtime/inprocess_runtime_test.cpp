@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -51,6 +52,8 @@ struct RankLog {
   int gpu = -1;
   int pid = -1;
   bool left = false;
+  bool joining = false;     // rt.joining() when it started
+  bool finite = false;      // every parameter finite at the end
   int64_t epochs_done = 0;  // epoch bodies run to the end (not left in them)
   uint64_t final_checksum = 0;
   /// checksum at the top of the first epoch body of each generation it trained in
@@ -67,6 +70,9 @@ struct Trainer {
   std::function<void(Runtime&, int64_t epoch)> before_epoch;
   /// Called before the model is built (tests: a warm joiner's start-up).
   std::function<void(Runtime&)> before_build;
+  /// The cheap-joiner recipe, made visible: a rank with rt.joining() fills its fresh model
+  /// with NaN instead of keeping its init (the handoff must overwrite every value).
+  bool poison_when_joining = true;
 
   Trainer() {
     torch::manual_seed(7);
@@ -79,6 +85,11 @@ struct Trainer {
     log.gpu = rt.gpu_id();
     if (before_build) before_build(rt);
     torch::nn::Linear model(8, 4);  // initialised differently per thread: the start broadcast
+    log.joining = rt.joining();
+    if (poison_when_joining && log.joining) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.fill_(std::numeric_limits<float>::quiet_NaN());
+    }
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
     rt.track(*model, opt);
     rt.sampler(kSamples, {.seed = 5});
@@ -103,6 +114,9 @@ struct Trainer {
     }
     log.left = rt.left();
     log.final_checksum = rt.state_checksum();
+    log.finite = true;
+    for (const auto& p : model->parameters())
+      log.finite = log.finite && p.isfinite().all().item<bool>();
     std::lock_guard<std::mutex> lock(mu);
     logs.push_back(log);
   }
@@ -189,6 +203,13 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   CHECK(leaver.left);
   CHECK(leaver.epochs_done == 1);  // left at the end of epoch 0: its loop ended there
   CHECK_FALSE(joiner.left);
+  // joining(): rank 0 at the start is the state the others receive; rank 1 at the start and
+  // the warm joiner receive it — their NaN-filled models train to the source's state.
+  CHECK_FALSE(s0[0].joining);
+  CHECK(leaver.joining);
+  CHECK(joiner.joining);
+  CHECK(s0[0].finite);
+  CHECK(joiner.finite);
   CHECK_FALSE(s0[0].left);
   CHECK(s0[0].epochs_done == 4);
   // The handoff: the joiner starts generation 2 with the source's model + optimizer state,
@@ -260,6 +281,9 @@ TEST_CASE("in-process: pause to [] and resume to [0, 1] from the host snapshot")
       CHECK(s0.front().final_checksum == a.first_of_generation.at(g));
     }
     CHECK(a.final_checksum == b.final_checksum);
+    CHECK(a.finite);  // release: new processes, joining() true, NaN-filled before the resume
+    CHECK(b.finite);
+    CHECK(a.joining == (mode == ParkMode::kRelease));  // hold: the processes of the start
     // Epoch 0 before the pause, then 1 and 2 (hold mode: in the same process).
     CHECK(a.epochs_done == (mode == ParkMode::kHold ? 3 : 2));
     for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
