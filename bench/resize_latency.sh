@@ -9,9 +9,9 @@
 #   e.g. bench/resize_latency.sh build-gpu out cuda h --bf16 --micro 64 --limit-train 6400
 #        bench/resize_latency.sh build out cpu tiny --limit-train 4096
 #
-# Waits on events, never on fixed sleeps: the pause is measured once gpurun's resize event
-# for it is out (release: the worker has exited; hold: it reported itself parked), and
-# nvidia-smi is read then. Prints a table last; logs, traces and event logs under OUT_DIR.
+# Waits on events, never on fixed sleeps: nvidia-smi is read once `gpurun status` shows every
+# slot PARKED (release: the worker has exited and been reaped); "decision -> PARKED" is from
+# gpurun's own event log (the snapshot decision's and the PARKED worker_state's ts, 1 ms). Prints a table last; logs, traces and event logs under OUT_DIR.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODEL=${4:?model preset}; shift 4
 mkdir -p "$OUT"
@@ -131,6 +131,14 @@ for label in ("before", "release", "hold"):
     # both on the wall clock of this machine (event ts, the bench's poll of gpurun status).
     import datetime
     first = next((e for e in ev if e.get("event") == "decision" and e.get("kind") == "snapshot"), None)
+    def wall_ms(ts):
+        return datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp() * 1e3
+    # gpurun's own PARKED moment (worker_state event; release: the process was reaped), the
+    # last slot's, after the pause's first decision; the script's poll only gates nvidia-smi.
+    parked = [wall_ms(e["ts"]) for e in ev if e.get("event") == "worker_state" and
+              e.get("to") == "PARKED" and first and wall_ms(e["ts"]) >= wall_ms(first["ts"])]
+    parked_ts = max(parked) if parked else None
     smi = dict(l.split(": ", 1) for l in open(d + "/smi.txt").read().splitlines() if ": " in l)
     rows[label] = dict(
         write_ms=w[0]["ms"] if w else None, write=w[0] if w else {},
@@ -138,9 +146,7 @@ for label in ("before", "release", "hold"):
         resume_ms=resume["total_ms"], resume_phases=resume["phases_ms"],
         same=bool(w and after and w[0]["checksum"] == after[0]["checksum"]),
         paused_smi=smi.get("paused", "?"), edit_to_parked=float(smi.get("edit_to_parked_ms", "nan")),
-        decision_to_parked=(float(smi["parked_at_ms"]) - datetime.datetime.strptime(
-            first["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp() * 1e3)
-            if first and "parked_at_ms" in smi else float("nan"), timings=tim, bytes=w[0].get("tensor_bytes") if w else None)
+        decision_to_parked=(parked_ts - wall_ms(first["ts"])) if first and parked_ts else float("nan"), timings=tim, bytes=w[0].get("tensor_bytes") if w else None)
 json.dump(rows, open(out + "/summary.json", "w"), indent=1)
 idle = open(out + "/idle_context.txt").read().strip() if os.path.exists(out + "/idle_context.txt") else "-"
 print(f"\nresize latency, fmnist_train --model {model} on {dev}, one worker (ms; monotonic clock)")

@@ -240,24 +240,43 @@ std::vector<std::string> ResizeTimeline::describe(std::string_view event_json) {
   const json::value v = json::parse(event_json, ec);
   if (ec || !v.is_object()) return {};
   const json::object& o = v.as_object();
+  // Numbers as people write them (0.1 ms: "1630.2", "908"; never "1.6302E3"), lists as
+  // "[0, 1]".
+  const auto number = [](const json::value& x) -> std::string {
+    if (x.is_int64() || x.is_uint64()) return json::serialize(x);
+    std::string s = fmt::format("{:.1f}", x.to_number<double>());
+    if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+    return s == "-0" ? "0" : s;
+  };
+  const auto show = [&](const json::value& x) -> std::string {
+    if (x.is_number()) return number(x);
+    if (x.is_string()) return std::string(x.as_string());
+    if (x.is_array()) {
+      std::string s = "[";
+      for (const auto& e : x.as_array()) s += (s.size() > 1 ? ", " : "") + json::serialize(e);
+      return s + "]";
+    }
+    return json::serialize(x);
+  };
   const auto text = [&](const json::object& obj, std::string_view k) -> std::string {
     const json::value* x = obj.if_contains(k);
     if (!x || x->is_null()) return "-";
-    if (x->is_string()) return std::string(x->as_string());
-    return json::serialize(*x);
+    return show(*x);
   };
   const auto ms_list = [&](const json::value* x) {
     std::string s;
     if (!x || !x->is_object()) return s;
     for (const auto& [k, t] : x->as_object())
-      s += fmt::format("{}{} {}", s.empty() ? "" : ", ", std::string_view(k), json::serialize(t));
+      s += fmt::format("{}{} {}", s.empty() ? "" : ", ", std::string_view(k), show(t));
     return s;
   };
+  const json::value* to = o.if_contains("to");
+  const bool pause = to && to->is_array() && to->as_array().empty();
   std::vector<std::string> out;
   out.push_back(fmt::format(
-      "last resize: generation {} {} {} -> {}: {} ms from the {} to training (phases, ms: {}){}",
+      "last resize: generation {} {} {} -> {}: {} ms from the {} to {} (phases, ms: {}){}",
       text(o, "generation"), text(o, "kind"), text(o, "from"), text(o, "to"), text(o, "total_ms"),
-      text(o, "origin"), ms_list(o.if_contains("phases_ms")),
+      text(o, "origin"), pause ? "paused" : "training", ms_list(o.if_contains("phases_ms")),
       text(o, "complete") == "true" ? "" : "; no record from gpu " + text(o, "missing")));
   if (const json::value* r = o.if_contains("ranks"); r && r->is_array())
     for (const auto& rv : r->as_array()) {

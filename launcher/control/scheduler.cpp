@@ -387,8 +387,19 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       }
       break;
     case SlotState::kWarming:
-      // Not a participant of anything: nobody waits for it, nothing is lost.
+      // Not a participant of anything: nobody waits for it, nothing is lost — unless the job
+      // is paused and this was the last slot that could resume it (FAILED slots stay out).
       set_state(s, SlotState::kFailed, "warm joiner ended before it was admitted: " + how);
+      if (active_.empty() && generation_ >= 0 && !finished_ &&
+          std::all_of(slots_.begin(), slots_.end(),
+                      [](const auto& kv) { return kv.second.state == SlotState::kFailed; })) {
+        lose_state(fmt::format(
+            "warming gpu {} (pid {}) {} before it joined, and every slot has failed: no slot "
+            "is left to resume the paused job on (a failed slot is not started again in this "
+            "attempt)",
+            gpu, pid, how));
+        break;
+      }
       say(
           fmt::format("warming gpu {} (pid {}) {} before it joined: dropped, the job goes on "
                       "without it (it stays out of this attempt)",

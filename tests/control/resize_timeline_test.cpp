@@ -63,7 +63,7 @@ TEST_CASE("a grow's event: gpurun's moments and every rank's marks on one critic
   CHECK(json::parse(t.last()) == json::value(e));
   const auto lines = ResizeTimeline::describe(t.last());
   REQUIRE(lines.size() == 3);
-  CHECK(lines[0].rfind("last resize: generation 1 grow [0] -> [0,1]: 908 ms", 0) == 0);
+  CHECK(lines[0].rfind("last resize: generation 1 grow [0] -> [0, 1]: 908 ms", 0) == 0);
   CHECK(lines[2].rfind("  gpu 1 joiner: spawned 510, seen 700", 0) == 0);
 }
 
@@ -118,4 +118,33 @@ TEST_CASE("a hold-mode rank woken by a resume: its launch's spawn is no phase of
   CHECK_FALSE(p.contains("spawned"));
   CHECK(p.at("decision").to_number<double>() == doctest::Approx(1));  // the first phase
   CHECK_FALSE(e.at("ranks").as_array()[0].at("ms").as_object().contains("spawned"));
+}
+
+TEST_CASE(
+    "gpurun status's resize lines: fractional ms as 1630.2, lists as [0, 1], a pause ends paused") {
+  double now = 1000.25;
+  ResizeTimeline t([&] { return now; });
+  t.config_seen();
+  Decision pause;
+  pause.kind = Decision::Kind::kResize;
+  pause.generation = 1;
+  pause.prev_generation = 0;
+  pause.leavers = {0, 1};
+  now = 2630.45;
+  t.decision_written(pause);
+  for (int gpu : {0, 1})
+    CHECK(t.on_record(
+        1, gpu,
+        R"({"v":1,"gpu":)" + std::to_string(gpu) +
+            R"(,"pid":7,"role":"leaver","bytes":0,"marks":{"seen":2630.62,"left":4918.902}})"));
+  (void)t.take_ready();
+  const auto lines = ResizeTimeline::describe(t.last());
+  REQUIRE(lines.size() == 3);
+  INFO(lines[0]);
+  CHECK(
+      lines[0].rfind("last resize: generation 1 pause [0, 1] -> []: 3918.7 ms from the config seen "
+                     "to paused (phases, ms: decision 1630.2, left 2288.5)",
+                     0) == 0);
+  CHECK(lines[0].find("E3") == std::string::npos);
+  CHECK(lines[1] == "  gpu 0 leaver: seen 1630.4, left 3918.7");
 }

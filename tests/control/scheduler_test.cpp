@@ -777,3 +777,38 @@ TEST_CASE("scheduler: a resume from a pause is decided once its warm joiners are
   CHECK(h.state(0) == SlotState::kRejoining);
   CHECK_FALSE(h.s.holds_job_open());
 }
+
+TEST_CASE(
+    "scheduler: paused, the last usable slot's warm joiner dies: the job ends, it does not hang") {
+  Harness h(cfg(std::vector<int>{0, 1}), /*slots=*/2);
+  h.auto_ready = false;
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  CHECK(h.boundary(0).active.empty());
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.s.holds_job_open());
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  REQUIRE(h.state(0) == SlotState::kWarming);
+  REQUIRE(h.state(1) == SlotState::kWarming);
+  // One dies: the other can still resume the job (it is dropped, the job waits for the other).
+  CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", true));
+  h.drain();
+  CHECK(h.state(0) == SlotState::kFailed);
+  CHECK(h.events("state_lost") == 0);
+  CHECK(h.s.holds_job_open());
+  // The last one dies too: nothing can ever resume it — the job ends (was: paused forever,
+  // after "the job goes on without it").
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", true));
+  h.drain();
+  CHECK(h.events("state_lost") == 1);
+  CHECK_FALSE(h.s.holds_job_open());
+  bool said = false;
+  for (const Effect& e : h.log)
+    said =
+        said || (e.kind == Effect::Kind::kSay &&
+                 e.value.find("no slot is left to resume the paused job on") != std::string::npos);
+  CHECK(said);
+}
