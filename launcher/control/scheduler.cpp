@@ -549,6 +549,19 @@ void Scheduler::lose_state(const std::string& why) {
   effects_.push_back(std::move(ev));
   say(state_lost_ + "; stopping the job (it cannot go on without restarting from scratch)");
   wake_all_parked_to_exit("the training state is lost");
+  // A member without the state (a joiner in its set-up) has nothing to save, and it may be
+  // blocked where only its communicator timeout would end it (Gloo's connect to the dead
+  // source, GPURUN_COMM_TIMEOUT_MS): end it now rather than keep the job up that long.
+  for (auto& [gpu, s] : slots_)
+    if (s.pid >= 0 && alive_member(s) && !s.holds_state) {
+      say(fmt::format("ending gpu {} (pid {}): it holds no training state (it was joining "
+                      "generation {})",
+                      gpu, s.pid, generation_));
+      Effect e;
+      e.kind = Effect::Kind::kKill;
+      e.gpu = gpu;
+      effects_.push_back(std::move(e));
+    }
   if (!reports_.empty()) publish_exit();
 }
 

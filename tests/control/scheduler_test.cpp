@@ -645,9 +645,13 @@ TEST_CASE("scheduler: a joiner that only joined holds no state: its source's dea
   h.join_all();  // gpu 1 wrote its joined key: ACTIVE, still without state
   CHECK(h.state(1) == SlotState::kActive);
   CHECK_FALSE(h.s.slots().at(1).holds_state);
+  CHECK(h.killed.empty());
   CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
   h.drain();
   CHECK_FALSE(h.s.state_lost().empty());
+  // It holds nothing and may be blocked in its communicator's connect to the dead source
+  // (until GPURUN_COMM_TIMEOUT_MS): it is ended at once.
+  CHECK(h.killed == std::vector<int>{1});
   // Its report without state (its set-up was abandoned) gets `exit`, never a resize from it.
   report_stateless(h, 1, 0);
   CHECK(h.decisions.back().kind == Decision::Kind::kExit);
