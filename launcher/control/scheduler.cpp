@@ -554,7 +554,8 @@ void Scheduler::lose_state(const std::string& why) {
   // source, GPURUN_COMM_TIMEOUT_MS): end it now rather than keep the job up that long.
   for (auto& [gpu, s] : slots_)
     if (s.pid >= 0 && alive_member(s) && !s.holds_state) {
-      say(fmt::format("ending gpu {} (pid {}): it holds no training state (it was joining "
+      say(
+          fmt::format("ending gpu {} (pid {}): it holds no training state (it was joining "
                       "generation {})",
                       gpu, s.pid, generation_));
       Effect e;
