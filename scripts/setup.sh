@@ -18,6 +18,7 @@ PACKAGES=(
   gnuplot-nox           # draws `gpurun report`'s PNG (docs/energy.md#plots)
   clang-format          # scripts/format.sh --check, run first by scripts/test.sh (.clang-format)
   slurm-wlm munge       # a real one-machine Slurm for tests/slurm (slurmctld, slurmd, sbatch)
+  python3-torch         # torch 1.13 for Python (same LibTorch): tests/python under gpurun
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

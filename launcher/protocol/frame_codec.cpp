@@ -22,6 +22,18 @@ constexpr const char* kNames[kNumQueryTypes] = {
     "CANCEL_WAIT", "PING",       "QUEUE_PUSH",  "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS",
 };
 
+// torch 1.13's QueryType (no VALIDATE, PING, APPEND, MULTI_*, CANCEL_WAIT, queues, LIST_KEYS)
+// in today's numbering; WATCH_KEY (7, key-change callbacks) has no counterpart.
+constexpr uint8_t kLegacyWatchKey = 7;
+constexpr uint8_t kNumLegacyTypes = 9;
+constexpr QueryType kLegacyTypes[kNumLegacyTypes] = {
+    QueryType::kSet,        QueryType::kCompareSet,
+    QueryType::kGet,        QueryType::kAdd,
+    QueryType::kCheck,      QueryType::kWait,
+    QueryType::kGetNumKeys, QueryType::kWait /* WATCH_KEY: refused before use */,
+    QueryType::kDeleteKey,
+};
+
 uint64_t load_le(const uint8_t* p, std::size_t n) {
   uint64_t v = 0;
   for (std::size_t i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
@@ -56,7 +68,10 @@ std::string printable(std::string_view bytes, std::size_t max_chars) {
 // ---- FrameDecoder ---------------------------------------------------------------
 
 FrameDecoder::FrameDecoder(Limits limits, bool expect_handshake)
-    : limits_(limits), expect_handshake_(expect_handshake), validated_(!expect_handshake) {}
+    : limits_(limits),
+      expect_handshake_(expect_handshake),
+      validated_(!expect_handshake),
+      dialect_(expect_handshake ? Dialect::kUndecided : Dialect::kCurrent) {}
 
 FrameDecoder::Status FrameDecoder::fail(std::string reason) {
   stage_ = Stage::kFailed;
@@ -65,19 +80,35 @@ FrameDecoder::Status FrameDecoder::fail(std::string reason) {
 }
 
 FrameDecoder::Status FrameDecoder::begin_command(uint8_t code) {
-  if (expect_handshake_ && !validated_ && code != 0) {
-    return fail(fmt::format(
-        "first request is {} (byte 0x{:02x}), not VALIDATE: pre-2.2 TCPStore client (torch "
-        "1.13?) or not a TCPStore client; gpurun serves torch >= 2.3",
-        query_type_name(code), code));
+  if (dialect_ == Dialect::kUndecided) {
+    if (code == 0) {  // VALIDATE, or a torch 1.13 SET: the next 4 bytes tell
+      stage_ = Stage::kProbe;
+      int_have_ = 0;
+      int_need_ = 4;
+      return Status::kNeedMore;
+    }
+    dialect_ = Dialect::kLegacy;
+    validated_ = true;
   }
-  if (code >= kNumQueryTypes) {
+  if (dialect_ == Dialect::kLegacy) {
+    if (code == kLegacyWatchKey) {
+      return fail(
+          "WATCH_KEY (code 7 of a torch 1.13 client: key-change callbacks) is not served by "
+          "gpurun's store");
+    }
+    if (code >= kNumLegacyTypes) {
+      return fail(fmt::format(
+          "unknown command byte {} from a torch 1.13 - 2.0 client (it has codes 0-8)", code));
+    }
+    code = static_cast<uint8_t>(kLegacyTypes[code]);
+  } else if (code >= kNumQueryTypes) {
     return fail(fmt::format(
         "unknown command byte {} (gpurun serves codes 0-17 of torch 2.11; 18 is BARRIER of "
         "newer torch)",
         code));
   }
-  if (expect_handshake_ && validated_ && code == 0) {
+  if (expect_handshake_ && dialect_ == Dialect::kCurrent && validated_ &&
+      code == static_cast<uint8_t>(QueryType::kValidate)) {
     return fail("second VALIDATE on an already validated connection");
   }
   req_ = Request{};
@@ -123,6 +154,26 @@ FrameDecoder::Status FrameDecoder::begin_command(uint8_t code) {
     case QueryType::kListKeys:
       break;
   }
+  return Status::kNeedMore;
+}
+
+FrameDecoder::Status FrameDecoder::finish_probe() {
+  if (load_le(int_buf_, 4) == kValidationMagic) {
+    dialect_ = Dialect::kCurrent;
+    req_ = Request{};
+    req_.type = QueryType::kValidate;
+    req_.u32 = kValidationMagic;
+    num_fixed_ = next_fixed_ = 0;
+    repeat_left_ = 0;
+    repeat_value_next_ = repeated_pairs_ = false;
+    return Status::kRequest;
+  }
+  // A torch 1.13 SET: the 4 bytes are the low half of its key's u64 length.
+  dialect_ = Dialect::kLegacy;
+  validated_ = true;
+  if (begin_command(0) == Status::kError) return Status::kError;  // SET: key, value
+  start_next_field();                                             // the key's length ...
+  int_have_ = 4;                                                  // ... half read already
   return Status::kNeedMore;
 }
 
@@ -181,9 +232,14 @@ FrameDecoder::Status FrameDecoder::finish_string_length() {
   const bool is_key = current_ == Field::kKey;
   const std::size_t limit = is_key ? limits_.max_key_bytes : limits_.max_value_bytes;
   if (len > limit) {
-    return fail(fmt::format("{} {} of {} bytes exceeds the limit of {} bytes",
-                            query_type_name(static_cast<uint8_t>(req_.type)),
-                            is_key ? "key" : "value", len, limit));
+    const bool probed = dialect_ == Dialect::kLegacy && first_request_ &&
+                        req_.type == QueryType::kSet && req_.keys.empty() && is_key;
+    return fail(fmt::format(
+        "{} {} of {} bytes exceeds the limit of {} bytes{}",
+        query_type_name(static_cast<uint8_t>(req_.type)), is_key ? "key" : "value", len, limit,
+        probed ? " (a first byte 0x00 not followed by VALIDATE's magic CE F7 85 3C is read as "
+                 "the SET of a torch 1.13 client)"
+               : ""));
   }
   str_.clear();
   str_.reserve(std::min<std::size_t>(len, kInitialStringReserve));
@@ -211,7 +267,26 @@ FrameDecoder::Status FrameDecoder::decode(std::span<const uint8_t>& input, Reque
         const uint8_t code = input[0];
         input = input.subspan(1);
         if (begin_command(code) == Status::kError) return Status::kError;
+        if (stage_ == Stage::kProbe) continue;  // VALIDATE or a torch 1.13 SET: 4 bytes decide
         break;
+      }
+      case Stage::kProbe: {
+        const std::size_t take = std::min<std::size_t>(int_need_ - int_have_, input.size());
+        std::memcpy(int_buf_ + int_have_, input.data(), take);
+        int_have_ = static_cast<uint8_t>(int_have_ + take);
+        input = input.subspan(take);
+        if (int_have_ < int_need_) return Status::kNeedMore;
+        const Status s = finish_probe();
+        if (s == Status::kError) return s;
+        if (s == Status::kRequest) {
+          stage_ = Stage::kCommand;
+          first_request_ = false;
+          validated_ = true;
+          out = std::move(req_);
+          req_ = Request{};
+          return Status::kRequest;
+        }
+        continue;  // the rest of the SET's key length
       }
       case Stage::kFixedInt:
       case Stage::kStringLength: {
@@ -238,6 +313,7 @@ FrameDecoder::Status FrameDecoder::decode(std::span<const uint8_t>& input, Reque
     // A field (or the command byte) just completed: start the next field or finish.
     if (!start_next_field()) {
       stage_ = Stage::kCommand;
+      first_request_ = false;
       if (req_.type == QueryType::kValidate) validated_ = true;
       out = std::move(req_);
       req_ = Request{};

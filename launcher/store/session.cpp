@@ -165,7 +165,7 @@ bool Session::charge_request(std::size_t consumed) {
   request_bytes_ -= consumed;
   queue_replies();
   close(fmt::format("{} request: receiving {} of it so far does not fit {}",
-                    query_type_name(request_code_),
+                    query_type_name(static_cast<uint8_t>(decoder_.request_type())),
                     MemoryBudget::format_bytes(request_bytes_ + consumed), budget_state()),
         true);
   return false;
@@ -190,7 +190,6 @@ bool Session::charge_reply(QueryType type, std::size_t before) {
 void Session::handle_input(std::span<const uint8_t> input) {
   Request req;
   while (!closing_) {
-    if (!decoder_.mid_request() && !input.empty()) request_code_ = input.front();
     const std::size_t before = input.size();
     const auto status = decoder_.decode(input, req);
     if (status == FrameDecoder::Status::kError) {

@@ -98,7 +98,6 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string replies_;            // replies produced by the read being handled, not yet queued
   std::size_t request_bytes_ = 0;  // bytes of the request being decoded (charged)
   std::size_t backlog_bytes_ = 0;  // backlog_.size() as charged
-  uint8_t request_code_ = 0;       // command byte of the request being decoded
   bool reading_ = false;
   bool writing_ = false;
   bool closed_ = false;  // socket closed

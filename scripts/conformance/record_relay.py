@@ -5,14 +5,19 @@ A relay sits between the two and writes every chunk, in the order the relay saw
 it, to a fixture file that tests/store replays against gpurun's store and
 compares byte for byte (see docs/conformance.md).
 
-Usage (needs torch >= 2.10 for list_keys; run on the GPU machine):
+Usage:
     python3 record_relay.py OUT.txt
+torch >= 2.10 records every command (list_keys came in 2.10; the GPU machine's 2.11 made
+tests/store/fixtures/tcpstore_torch211.txt). torch 1.13 (Debian 12's python3-torch, made
+tcpstore_torch113.txt) has no VALIDATE, append, multi_*, queues or list_keys: the operations its
+client lacks are left out, and its server is the legacy (non-libuv) one.
 
 Fixture format, one event per line:  <conn> <c2s|s2c> <hex bytes>
 Lines starting with '#' are comments (torch version, the operation that follows).
 """
 import datetime
 import faulthandler
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -22,14 +27,14 @@ import time
 import torch
 import torch.distributed as dist
 
-events = []  # (conn, dir, bytes) or ("#", text)
+events = []  # (conn, dir, bytes) or ("#", text), kept by the relay process
 lock = threading.Lock()
+notes = None  # the main process's end of the pipe to the relay process
 
 
 def note(text):
     print(text, file=sys.stderr, flush=True)
-    with lock:
-        events.append(("#", text))
+    notes.send(text)
 
 
 def pump(conn_id, direction, src, dst):
@@ -69,11 +74,48 @@ def settle():
     time.sleep(0.15)  # let the relay record a reply before the next operation
 
 
+LEGACY = not hasattr(dist.TCPStore, "append")  # torch < 2: no libuv server, fewer commands
+STORE_KW = {} if LEGACY else {"use_libuv": True}
+
+
+def relay_process(pipe, out_path):
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, **STORE_KW)
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    threading.Thread(target=relay, args=(lsock, master.port), daemon=True).start()
+    pipe.send(lsock.getsockname()[1])
+    while True:
+        msg = pipe.recv()
+        if msg is None:
+            pipe.send(write_fixture(out_path))
+            return
+        with lock:
+            events.append(("#", msg))
+
+
+def finish():
+    notes.send(None)
+    return notes.recv()
+
+
+def waker(rport, expr):
+    """A child process that runs `expr` on its own client 0.5 s from now (the caller blocks)."""
+    code = (
+        "import datetime, time, torch.distributed as d;"
+        f"s = d.TCPStore('127.0.0.1', {rport}, is_master=False, timeout=datetime.timedelta(seconds=30));"
+        f"time.sleep(0.5); {expr}"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 def write_fixture(out_path):
     with lock:
         snapshot = list(events)
+    server = "legacy server" if LEGACY else "libuv server"
     with open(out_path, "w") as f:
-        f.write(f"# recorded with torch {torch.__version__} (libuv server) by scripts/conformance/record_relay.py\n")
+        f.write(f"# recorded with torch {torch.__version__} ({server}) by scripts/conformance/record_relay.py\n")
         for e in snapshot:
             if e[0] == "#":
                 f.write(f"# {e[1]}\n")
@@ -84,24 +126,24 @@ def write_fixture(out_path):
 
 def main(out_path):
     faulthandler.dump_traceback_later(130, exit=False)
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
-    lsock = socket.socket()
-    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(16)
-    rport = lsock.getsockname()[1]
-    threading.Thread(target=relay, args=(lsock, master.port), daemon=True).start()
+    # The relay (and torch's server) run in a process of their own: torch 1.13's client holds
+    # the GIL while it blocks (its constructor included), which would freeze a relay thread.
+    global notes
+    notes, theirs = multiprocessing.Pipe()
+    proc = multiprocessing.Process(target=relay_process, args=(theirs, out_path))
+    proc.start()
+    rport = notes.recv()
 
     td = datetime.timedelta
-    note("connect: VALIDATE + PING, world_size=1 client sends ADD init/ 1")
-    a = dist.TCPStore("127.0.0.1", rport, world_size=1, is_master=False, timeout=td(seconds=30), use_libuv=True)
+    note("connect: " + ("no handshake" if LEGACY else "VALIDATE + PING") + ", world_size=1 client sends ADD init/ 1")
+    a = dist.TCPStore("127.0.0.1", rport, world_size=1, is_master=False, timeout=td(seconds=30), **STORE_KW)
     settle()
     note("connect second client (no world_size: no ADD)")
-    b = dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), use_libuv=True)
+    b = dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), **STORE_KW)
     settle()
 
     def fresh_client():
-        return dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), use_libuv=True)
+        return dist.TCPStore("127.0.0.1", rport, is_master=False, timeout=td(seconds=30), **STORE_KW)
 
     ops = [
         ("set", lambda s: s.set("key0", "value0")),
@@ -135,6 +177,10 @@ def main(out_path):
         ("queue_len empty (separate process)", "s.queue_len('q')"),
         ("num_keys after", lambda s: s.num_keys()),
     ]
+    if LEGACY:  # the operations torch 1.13's Python client does not have
+        ops = [(n, f) for n, f in ops
+               if not n.startswith(("append", "get appended", "multi_", "queue_", "check"))]
+
     def in_child(expr):
         # Some torch 2.11 bindings (queue_len, list_keys) hold the GIL while they block,
         # so an unanswered call would freeze this recorder: run it in a child process.
@@ -184,22 +230,24 @@ def main(out_path):
     settle()
 
     note("wait woken by another connection's set")
-    t = threading.Thread(target=lambda: a.wait(["late"], td(seconds=20)))
-    t.start()
-    time.sleep(0.5)
-    b.set("late", "here")
-    t.join()
+    w = waker(rport, "s.set('late', 'here')")
+    a.wait(["late"], td(seconds=20))
+    w.wait()
     settle()
 
     note("blocking get woken by another connection's add")
     res = {}
-    t = threading.Thread(target=lambda: res.setdefault("v", a.get("late2")))
-    t.start()
-    time.sleep(0.5)
-    b.add("late2", 3)
-    t.join()
+    w = waker(rport, "s.add('late2', 3)")
+    res["v"] = a.get("late2")
+    w.wait()
     note(f"  -> {res.get('v')!r}")
     settle()
+
+    if LEGACY:
+        del a, b
+        time.sleep(0.3)
+        print(f"wrote {finish()} chunks to {out_path}")
+        return
 
     note("blocking queue_pop woken by a push from another connection")
     t = threading.Thread(target=lambda: res.setdefault("q", a.queue_pop("q2")))
@@ -218,7 +266,7 @@ def main(out_path):
 
     del a, b
     time.sleep(0.3)
-    n = write_fixture(out_path)
+    n = finish()
     print(f"wrote {n} chunks to {out_path}")
     faulthandler.cancel_dump_traceback_later()
 

@@ -1,5 +1,5 @@
 // Replays bytes that torch's own Python TCPStore client sent to torch's own
-// TCPStore server (recorded on torch 2.11 by scripts/conformance/record_relay.py)
+// TCPStore server (recorded on torch 2.11 and 1.13 by scripts/conformance/record_relay.py)
 // against gpurun's store, and compares every reply byte for byte.
 #include <fstream>
 #include <map>
@@ -77,9 +77,10 @@ std::vector<Chunk> load_fixture(const std::string& path) {
   return chunks;
 }
 
-TEST_CASE("torch 2.11 TCPStore client bytes get torch 2.11 server replies from gpurun's store") {
-  const auto chunks = load_fixture(GPURUN_FIXTURE_DIR "/tcpstore_torch211.txt");
-  REQUIRE(chunks.size() > 40);
+// Replays `fixture` against a fresh gpurun store; returns the number of replies compared.
+int replay(const std::string& fixture) {
+  const auto chunks = load_fixture(fixture);
+  REQUIRE(chunks.size() > 20);
 
   TestServer server;
   std::map<int, std::unique_ptr<RawConn>> conns;
@@ -101,7 +102,17 @@ TEST_CASE("torch 2.11 TCPStore client bytes get torch 2.11 server replies from g
     ++replies_compared;
   }
   MESSAGE("compared " << replies_compared << " replies");
-  CHECK(replies_compared > 30);
+  return replies_compared;
+}
+
+TEST_CASE("torch 2.11 TCPStore client bytes get torch 2.11 server replies from gpurun's store") {
+  CHECK(replay(GPURUN_FIXTURE_DIR "/tcpstore_torch211.txt") > 30);
+}
+
+// torch 1.13 (Debian 12's python3-torch): no handshake, its own command numbering; recorded
+// against torch 1.13's (legacy) server on the CPU machine.
+TEST_CASE("torch 1.13 TCPStore client bytes get torch 1.13 server replies from gpurun's store") {
+  CHECK(replay(GPURUN_FIXTURE_DIR "/tcpstore_torch113.txt") >= 18);
 }
 
 }  // namespace

@@ -134,25 +134,98 @@ TEST_CASE("codec: a truncated request is never returned") {
   }
 }
 
+// Requests as a torch 1.13 client writes them (tests/store/fixtures/tcpstore_torch113.txt):
+// no handshake, SET=0 COMPARE_SET=1 GET=2 ADD=3 CHECK=4 WAIT=5 GETNUMKEYS=6 DELETE_KEY=8.
+std::string legacy_bytes(uint8_t code, const std::vector<std::string>& strings) {
+  std::string out(1, static_cast<char>(code));
+  for (const auto& s : strings) put_bytes(out, s);
+  return out;
+}
+
+TEST_CASE("codec: a torch 1.13 client's requests decode in its own numbering") {
+  const std::string add = "\x03" + std::string("\x05\0\0\0\0\0\0\0init/", 13) +
+                          std::string("\x01\0\0\0\0\0\0\0", 8);  // ADD init/ 1: its first
+  std::string wait(1, '\x05');
+  put_u64(wait, 1);
+  put_bytes(wait, "/k");
+  const std::string bytes = add + legacy_bytes(0, {"/k", "v"}) + legacy_bytes(1, {"/k", "v", "w"}) +
+                            legacy_bytes(2, {"/k"}) + wait + std::string("\x06", 1) +
+                            legacy_bytes(8, {"/k"});
+  // Every split point: the dialect is decided the same way.
+  for (std::size_t cut : {std::size_t{1}, std::size_t{3}, std::size_t{5}, bytes.size()}) {
+    FrameDecoder dec;
+    std::vector<Request> got;
+    for (std::string_view part :
+         {std::string_view(bytes).substr(0, cut), std::string_view(bytes).substr(cut)}) {
+      std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(part.data()), part.size());
+      Request r;
+      while (dec.decode(in, r) == FrameDecoder::Status::kRequest) got.push_back(r);
+    }
+    CHECK(dec.dialect() == Dialect::kLegacy);
+    REQUIRE(got.size() == 7);
+    CHECK(got[0] == Request{QueryType::kAdd, {"init/"}, {}, 1, 0});
+    CHECK(got[1] == Request{QueryType::kSet, {"/k"}, {"v"}, 0, 0});
+    CHECK(got[2] == Request{QueryType::kCompareSet, {"/k"}, {"v", "w"}, 0, 0});
+    CHECK(got[3] == Request{QueryType::kGet, {"/k"}, {}, 0, 0});
+    CHECK(got[4] == Request{QueryType::kWait, {"/k"}, {}, 0, 0});
+    CHECK(got[5].type == QueryType::kGetNumKeys);
+    CHECK(got[6] == Request{QueryType::kDeleteKey, {"/k"}, {}, 0, 0});
+  }
+  SUBCASE("a first SET (0x00 and a key length) is not taken for VALIDATE") {
+    for (std::size_t cut = 1; cut < 9; ++cut) {
+      const std::string set = legacy_bytes(0, {"/key0", "value0"});
+      FrameDecoder dec;
+      std::vector<Request> got;
+      for (std::string_view part :
+           {std::string_view(set).substr(0, cut), std::string_view(set).substr(cut)}) {
+        std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(part.data()), part.size());
+        Request r;
+        while (dec.decode(in, r) == FrameDecoder::Status::kRequest) got.push_back(r);
+      }
+      REQUIRE(got.size() == 1);
+      CHECK(got[0] == Request{QueryType::kSet, {"/key0"}, {"value0"}, 0, 0});
+      CHECK(dec.dialect() == Dialect::kLegacy);
+    }
+  }
+  SUBCASE("WATCH_KEY (7) and codes past 8 close, naming them") {
+    auto d = feed(legacy_bytes(7, {"/k"}));
+    CHECK(d.last == FrameDecoder::Status::kError);
+    CHECK(d.error.find("WATCH_KEY") != std::string::npos);
+    d = feed(add + std::string("\x09", 1));
+    CHECK(d.last == FrameDecoder::Status::kError);
+    CHECK(d.error.find("unknown command byte 9 from a torch 1.13 - 2.0 client") !=
+          std::string::npos);
+  }
+  SUBCASE("a 2.x client is kCurrent") {
+    std::string v = validate_bytes();
+    encode_request(Request{QueryType::kSet, {"/k"}, {"v"}, 0, 0}, v);
+    for (std::size_t cut = 1; cut < 8; ++cut) {
+      FrameDecoder dec;
+      std::vector<Request> got;
+      for (std::string_view part :
+           {std::string_view(v).substr(0, cut), std::string_view(v).substr(cut)}) {
+        std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(part.data()), part.size());
+        Request r;
+        while (dec.decode(in, r) == FrameDecoder::Status::kRequest) got.push_back(r);
+      }
+      REQUIRE(got.size() == 2);
+      CHECK(got[0] == Request{QueryType::kValidate, {}, {}, 0, kValidationMagic});
+      CHECK(got[1] == Request{QueryType::kSet, {"/k"}, {"v"}, 0, 0});
+      CHECK(dec.dialect() == Dialect::kCurrent);
+    }
+  }
+}
+
 TEST_CASE("codec: handshake errors") {
-  SUBCASE("first byte of a torch 1.13 client (ADD=3)") {
-    auto d = feed(std::string("\x03", 1));
-    CHECK(d.last == FrameDecoder::Status::kError);
-    CHECK(d.error.find("pre-2.2 TCPStore client (torch 1.13?)") != std::string::npos);
-  }
-  SUBCASE("first request SET without VALIDATE") {
-    std::string bytes;
-    encode_request(Request{QueryType::kSet, {"k"}, {"v"}, 0, 0}, bytes);
-    auto d = feed(bytes);
-    CHECK(d.last == FrameDecoder::Status::kError);
-    CHECK(d.error.find("pre-2.2") != std::string::npos);
-  }
-  SUBCASE("wrong magic") {
+  SUBCASE("a first 0x00 without the magic is a torch 1.13 SET: a ~300 MB key is refused") {
     std::string bytes;
     encode_request(Request{QueryType::kValidate, {}, {}, 0, 0x12345678}, bytes);
+    bytes += std::string(4, '\0');  // the rest of the 8-byte length: 0x12345678
     auto d = feed(bytes);
     CHECK(d.last == FrameDecoder::Status::kError);
-    CHECK(d.error.find("magic 0x12345678") != std::string::npos);
+    CHECK(d.error.find("SET key of 305419896 bytes exceeds the limit of 8192") !=
+          std::string::npos);
+    CHECK(d.error.find("not followed by VALIDATE's magic") != std::string::npos);
   }
   SUBCASE("second VALIDATE") {
     auto d = feed(validate_bytes() + validate_bytes());

@@ -130,10 +130,12 @@ TEST_CASE("server: a malformed client is dropped with a logged reason; others ca
   CHECK(eventually([&] { return ts.log_contains("unknown command byte 200"); }));
   CHECK(ts.log_contains("from 127.0.0.1:"));
 
-  RawConn old(ts.port());
-  old.send(std::string("\x03", 1));
+  RawConn old(ts.port());  // a torch 1.13 client: served, but WATCH_KEY (7) is not
+  std::string watch(1, '\x07');
+  put_bytes(watch, "/k");
+  old.send(watch);
   CHECK(old.closed_by_peer());
-  CHECK(eventually([&] { return ts.log_contains("pre-2.2 TCPStore client (torch 1.13?)"); }));
+  CHECK(eventually([&] { return ts.log_contains("WATCH_KEY (code 7 of a torch 1.13 client"); }));
 
   RawConn big(ts.port());
   std::string frame_bytes = validate_frame();

@@ -331,15 +331,26 @@ TEST_CASE(
 
 TEST_CASE("a worker killed at a boundary: the others go on without it, the event log says so") {
   TempDir tmp;
-  TrainRun run(tmp.path, 3, config("[0, 1, 2]"), {"--epoch-ms", "400"},
+  // Three ranks: 6 steps an epoch (micro 16 x 3 over 256 samples); all held after epoch 1's
+  // last step, so the kill lands between steps, not inside a collective. (A kill inside an
+  // all-reduce can leave the survivors one optimizer step apart: their checksums then differ
+  // and the state is declared lost; docs/worker-runtime.md#failures.)
+  TrainRun run(tmp.path, 3, config("[0, 1, 2]"), {"--epoch-ms", "400", "--hold-at", "1:6"},
                {{"GPURUN_COMM_TIMEOUT_MS", "5000"}});
-  run.wait_continues(2);
+  run.wait_for("every rank holding at 1.6", [&] {
+    for (int g = 0; g < 3; ++g) {
+      const fs::path f = run.out() / ("holding." + std::to_string(g));
+      if (!fs::exists(f) || slurp(f) != "1.6") return false;
+    }
+    return true;
+  });
   int64_t victim = -1;
   for (auto& s : run.trace("start"))
     if (s.at("gpu").as_int64() == 1) victim = s.at("pid").as_int64();
   REQUIRE(victim > 0);
   const auto killed_at = std::chrono::steady_clock::now();
-  ::kill(static_cast<pid_t>(victim), SIGKILL);
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  write_file(run.out() / "go.1.6", "");
   const auto d = run.wait_resize(2);
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();

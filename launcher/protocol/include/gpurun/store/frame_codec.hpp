@@ -94,6 +94,15 @@ struct Request {
   bool operator==(const Request&) const = default;
 };
 
+/// Which TCPStore client generation a connection speaks, fixed by its first bytes.
+enum class Dialect : uint8_t {
+  kUndecided,  ///< no byte decoded yet (or only a 0x00 whose next 4 bytes decide)
+  kCurrent,    ///< torch >= 2.1: VALIDATE + magic first, codes of torch 2.11 (QueryType)
+  /// torch 1.13 - 2.0: no handshake; SET=0, COMPARE_SET=1, GET=2, ADD=3, CHECK=4, WAIT=5,
+  /// GETNUMKEYS=6, WATCH_KEY=7 (not served), DELETE_KEY=8; replies as in torch 2.11.
+  kLegacy,
+};
+
 /// Incremental request decoder (server side). Feed it byte chunks as they
 /// arrive, split or coalesced arbitrarily; it returns one complete request at
 /// a time. Work and memory are linear in the bytes fed; no allocation is ever
@@ -107,9 +116,20 @@ class FrameDecoder {
     kError,     ///< malformed input; error() says why; the decoder stays failed
   };
 
-  /// `expect_handshake`: the first request must be VALIDATE with
-  /// kValidationMagic, and any later VALIDATE is an error (server behaviour).
+  /// `expect_handshake` (server behaviour): the connection's first bytes choose its dialect.
+  /// VALIDATE + kValidationMagic (00 CE F7 85 3C) → Dialect::kCurrent, where any later
+  /// VALIDATE is an error; any other start → Dialect::kLegacy (torch 1.13's numbering; its
+  /// SET is also 0x00, but a key length whose low 4 bytes are the magic is ~1 GB, far over
+  /// any limit, so the two never collide). Requests come out as QueryType either way.
+  /// Without `expect_handshake` (client-side decoding): Dialect::kCurrent from the start.
   explicit FrameDecoder(Limits limits = {}, bool expect_handshake = true);
+
+  /// The connection's dialect, once its first request decided it.
+  Dialect dialect() const { return dialect_; }
+
+  /// The command of the request being decoded, in QueryType numbering whatever the dialect
+  /// (meaningful once its first byte was decoded; VALIDATE while a first 0x00 is probed).
+  QueryType request_type() const { return req_.type; }
 
   /// Consumes bytes from the front of `input` (advancing it) until one request
   /// is complete (kRequest, written to `out`), the input is exhausted
@@ -127,11 +147,20 @@ class FrameDecoder {
   bool mid_request() const { return stage_ != Stage::kCommand; }
 
  private:
-  enum class Stage : uint8_t { kCommand, kFixedInt, kStringLength, kStringBody, kFailed };
+  enum class Stage : uint8_t {
+    kCommand,
+    kProbe,  // a first 0x00: VALIDATE's magic or a torch 1.13 SET's key length follows
+    kFixedInt,
+    kStringLength,
+    kStringBody,
+    kFailed
+  };
   enum class Field : uint8_t { kU32, kI64, kCount, kKey, kValue };
 
   Status fail(std::string reason);
   Status begin_command(uint8_t code);
+  // The probe's 4 bytes are in: VALIDATE (kCurrent) or the start of a 1.13 SET (kLegacy).
+  Status finish_probe();
   // Starts the next field or, when none is left, reports completion.
   bool start_next_field();
   Status finish_fixed_int();
@@ -141,6 +170,8 @@ class FrameDecoder {
   Limits limits_;
   bool expect_handshake_;
   bool validated_;
+  Dialect dialect_;
+  bool first_request_ = true;  // no request of this connection completed yet
   Stage stage_ = Stage::kCommand;
   std::string error_;
 
