@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""A small elastic Python trainer for tests/python/run_elastic.sh: gpurun.Runtime with a tracked
+model + optimizer + LR scheduler, gpurun's loader, a sleep per epoch so that config edits land
+between boundaries.
+
+    gpurun --config config.toml --nproc 2 --device cpu python3 elastic_train.py OUT EPOCHS SLEEP_S
+
+Each process appends to OUT/log.<slot>.<pid> one JSON line per epoch: epoch, rank, world,
+generation, the indices it trained, the state checksum at the start of the epoch, and
+(rank 0) the epoch's mean loss over all ranks.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "worker_runtime", "python"))
+import gpurun  # noqa: E402
+
+out, epochs, sleep_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+torch.manual_seed(0)
+x = torch.randn(240, 8)
+y = (x @ torch.randn(8, 1)).squeeze(1)
+data = TensorDataset(x, y, torch.arange(240))
+
+rt = gpurun.Runtime()
+torch.manual_seed(100 + rt.slot)  # a different init per slot: the start broadcast equalises it
+net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+rt.track(model=net, optimizer=opt, scheduler=sched)
+loader = rt.loader(data, batch_size=8, seed=4)
+log = open(os.path.join(out, f"log.{rt.slot}.{os.getpid()}"), "a")
+for epoch in rt.epochs(epochs):
+    start_sum = rt.checksum()
+    seen, total = [], torch.zeros(2)
+    for xb, yb, ib in loader:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(rt.model(xb).squeeze(1), yb)
+        loss.backward()
+        opt.step()
+        seen += ib.tolist()
+        total += torch.tensor([loss.item() * len(xb), len(xb)])
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    sched.step()
+    log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
+                          "generation": rt.generation, "seen": seen, "start_checksum": start_sum,
+                          "loss": total[0].item() / total[1].item()}) + "\n")
+    log.flush()
+    time.sleep(sleep_s)
+print(f"elastic_train slot {rt.slot}: done", flush=True)

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# ctest python_elastic_<mode>: tests/python/elastic_train.py (the gpurun Python package) under
+# gpurun --config with Debian's torch 1.13, 3 CPU slots: [0,1,2] -> shrink to [0] -> grow to
+# [0,2] -> pause [] -> resume [1,2], edited while it trains. Asserts: every epoch trains each
+# of the 240 samples exactly once over all ranks; the state checksum at the start of each epoch
+# is equal on every rank; the world sizes follow the edits; gpurun exits 0.
+# Usage: run_elastic.sh GPURUN release|hold
+set -euo pipefail
+GPURUN=$1
+MODE=${2:-release}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=$("$HERE/find_torch_python.sh")
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/out"
+fail() { echo "python_elastic_$MODE: FAIL: $*" >&2; cat "$TMP/gpurun.log" >&2 || true; exit 1; }
+conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "$MODE" > "$TMP/config.toml.new"
+         mv "$TMP/config.toml.new" "$TMP/config.toml"; }
+# Epochs finished so far (rank 0's lines; any slot can be rank 0).
+done_epochs() { cat "$TMP"/out/log.* 2>/dev/null | "$PY" -c '
+import json, sys
+print(max([json.loads(l)["epoch"] for l in sys.stdin if json.loads(l)["rank"] == 0] + [-1]) + 1)'; }
+wait_epochs() {
+  for _ in $(seq 1 600); do
+    (( $(done_epochs) >= $1 )) && return 0
+    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before epoch $1"
+    sleep 0.1
+  done
+  fail "epoch $1 not reached in 60 s"
+}
+wait_event() {  # wait_event PATTERN: a line of the event log matches
+  for _ in $(seq 1 600); do
+    grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "no event matching $1 in 60 s"
+}
+
+conf "[0, 1, 2]"
+"$GPURUN" --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+  "$PY" "$HERE/elastic_train.py" "$TMP/out" 20 0.3 > "$TMP/gpurun.log" 2>&1 &
+pid=$!
+wait_epochs 2;  conf "[0]"
+wait_event '"active": \[0\],'
+wait_epochs 5;  conf "[0, 2]"
+wait_event '"active": \[0,2\]'
+wait_epochs 7;  conf "[]"
+wait_event '"active": \[\]'
+sleep 1; conf "[1, 2]"
+wait "$pid" || fail "gpurun exited $?"
+
+"$PY" - "$TMP/out" <<'PY' || fail "the checks above"
+import collections, glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(f)]
+by_epoch = collections.defaultdict(list)
+for l in lines:
+    by_epoch[l["epoch"]].append(l)
+assert sorted(by_epoch) == list(range(20)), f"epochs trained: {sorted(by_epoch)}"
+worlds = []
+for e in range(20):
+    ls = by_epoch[e]
+    seen = sorted(i for l in ls for i in l["seen"])
+    assert seen == list(range(240)), f"epoch {e}: {len(seen)} samples, {len(set(seen))} distinct"
+    sums = {l["start_checksum"] for l in ls}
+    assert len(sums) == 1, f"epoch {e}: ranks start from different states {sums}"
+    assert len(ls) == ls[0]["world"], f"epoch {e}: {len(ls)} ranks logged, world {ls[0]['world']}"
+    worlds.append(ls[0]["world"])
+    print(f"epoch {e:2d} world {ls[0]['world']} generation {ls[0]['generation']} "
+          f"loss {[l['loss'] for l in ls if l['rank'] == 0][0]:.6f}")
+# The edits: 3 ranks, then 1, then 2, then (after the pause) 2 on other slots.
+assert worlds[0] == 3 and 1 in worlds and worlds[-1] == 2, worlds
+print("worlds", worlds)
+PY
+grep -q '"state_source": -1' "$TMP/events.jsonl" || fail "no resume from the pause snapshot"
+echo "python_elastic_$MODE: OK"

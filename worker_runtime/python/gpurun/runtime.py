@@ -1,0 +1,406 @@
+"""gpurun.Runtime: elastic data-parallel training for Python scripts under
+``gpurun --config config.toml`` (docs/python.md). It speaks the same control protocol as the C++
+worker runtime (docs/control-protocol.md): at each epoch boundary it reports to gpurun and
+follows the decision: continue, exit, or a resize into a new generation (a new process group,
+the model wrapped in DDP again, joiners given the current state by broadcast, a checksum
+compared on every rank); a leaver exits (release mode) or parks (hold mode); a pause writes a
+host snapshot that the resume reads.
+
+Without gpurun's elastic environment (plain ``python3 train.py``, torchrun, or gpurun without
+``--config``) it is a static data-parallel run: ``init_process_group("env://")`` when
+WORLD_SIZE > 1, else a single process.
+"""
+import datetime
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ._sampler import ElasticSampler
+from ._store import StoreClient
+
+
+class StateMismatch(RuntimeError):
+    """The ranks' state checksums differ after a start or resize (names the ranks)."""
+
+
+def _env_int(name, default=None):
+    v = os.environ.get(name, "")
+    if v == "":
+        if default is None:
+            raise RuntimeError(f"environment variable {name} is not set (is this worker "
+                               "started by gpurun --config?)")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}='{v}' is not an integer") from None
+
+
+def _keys_start(g):
+    return f"gpurun/gen/{g}/start"
+
+
+class Runtime:
+    """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
+    ``device`` (torch.device), ``model`` (the tracked model wrapped in DDP for the current
+    group), ``epoch`` (int, the epoch being trained)."""
+
+    def __init__(self, backend=None):
+        self.elastic = os.environ.get("GPURUN_ELASTIC") == "1"
+        self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
+        if os.environ.get("GPURUN_DEVICE", "cpu") == "cuda" and torch.cuda.is_available():
+            self.device = torch.device("cuda", _env_int("GPURUN_GPU_ID", _env_int("LOCAL_RANK", 0)))
+        else:
+            self.device = torch.device("cpu")
+        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.comm_timeout = datetime.timedelta(
+            milliseconds=_env_int("GPURUN_COMM_TIMEOUT_MS", 300_000))
+        self.rank, self.world_size, self.generation = 0, 1, 0
+        self.epoch, self.max_epochs = 0, 0
+        self.model = None
+        self._module, self._optimizer, self._others = None, None, {}
+        self._sampler = None
+        self._started = False
+        self._round = 0
+        self._park_generation = -1
+        self._decision = None
+        self._pg_store = None
+        self._warned = set()
+        if self.elastic:
+            self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
+                                      _env_int("GPURUN_STORE_PORT"))
+            self._warm = _env_int("GPURUN_WARM", -1)
+            self._join_generation = -1 if self._warm >= 0 else _env_int("GPURUN_JOIN_GENERATION")
+            self._park_mode = os.environ.get("GPURUN_PARK_MODE", "release")
+            self._snapshot_path = os.environ.get("GPURUN_SNAPSHOT_PATH", "")
+
+    # ---- what moves with the state ----------------------------------------------------
+    def track(self, model=None, optimizer=None, scheduler=None, **others):
+        """Registers the training state. ``model`` (torch.nn.Module) is moved to
+        ``self.device``; every value needs ``state_dict()``/``load_state_dict()``. The RNG
+        states, the sampler position and the epoch move with it. Returns self."""
+        if model is not None:
+            self._module = model.to(self.device)
+        self._optimizer = optimizer
+        if scheduler is not None:
+            others["scheduler"] = scheduler
+        self._others.update(others)
+        return self
+
+    def _state(self):
+        s = {"position": {"epoch": self.epoch,
+                          "sampler": self._sampler.state_dict() if self._sampler else None},
+             "rng": {"torch": torch.get_rng_state()}}
+        if self._module is not None:
+            s["model"] = self._module.state_dict()
+        if self._optimizer is not None:
+            s["optimizer"] = self._optimizer.state_dict()
+        for k, v in self._others.items():
+            s["other." + k] = v.state_dict()
+        return s
+
+    def _load(self, s):
+        self.epoch = int(s["position"]["epoch"])
+        if self._sampler and s["position"]["sampler"]:
+            self._sampler.load_state_dict(s["position"]["sampler"])
+        torch.set_rng_state(s["rng"]["torch"])
+        if self._module is not None:
+            self._module.load_state_dict(s["model"])
+        if self._optimizer is not None:
+            self._optimizer.load_state_dict(s["optimizer"])
+        for k, v in self._others.items():
+            v.load_state_dict(s["other." + k])
+
+    def checksum(self):
+        """A 64-bit hash (int) of the model's and the optimizer's tensors and the position:
+        equal on every rank after each start and resize."""
+        h = hashlib.blake2b(digest_size=8)
+
+        def feed(obj):
+            if isinstance(obj, torch.Tensor):
+                h.update(obj.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                         if obj.numel() else b"")
+            elif isinstance(obj, dict):
+                for k in sorted(obj, key=str):
+                    h.update(str(k).encode())
+                    feed(obj[k])
+            elif isinstance(obj, (list, tuple)):
+                for x in obj:
+                    feed(x)
+            else:
+                h.update(repr(obj).encode())
+
+        s = self._state()
+        s.pop("rng")
+        feed(s)
+        return int.from_bytes(h.digest(), "little", signed=True)
+
+    # ---- data -----------------------------------------------------------------------
+    def loader(self, dataset, batch_size, seed=0, shuffle=True, **dataloader_kwargs):
+        """Per-rank batches of ``batch_size`` from ``dataset``, dealt by gpurun's elastic
+        sampler: one step takes batch_size × world_size samples of the epoch's permutation,
+        so every sample is trained exactly once per epoch across resizes. Iterate it once
+        per epoch inside ``epochs()``."""
+        self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)
+        return _Loader(self, dataset, batch_size, dataloader_kwargs)
+
+    # ---- the epoch loop ---------------------------------------------------------------
+    def epochs(self, n):
+        """Yields the epochs to train (int, from the current state's epoch up to n-1); a
+        boundary follows each but the last. A leaver in release mode exits the process (exit
+        status 0) from inside this loop."""
+        self.max_epochs = n
+        self._ensure_started()
+        while self.epoch < n:
+            if self._sampler and self._sampler.epoch != self.epoch:
+                self._sampler.set_epoch(self.epoch)
+            yield self.epoch
+            finished = self.epoch
+            self.epoch += 1
+            if self._sampler:
+                self._sampler.set_epoch(self.epoch)
+            if self.epoch < n and not self._boundary(finished, 0):
+                return
+
+    def _ensure_started(self):
+        if self._started:
+            return
+        self._started = True
+        if not self.elastic:
+            return self._start_static()
+        if self._warm >= 0:
+            self._store.set(f"gpurun/slot/{self.slot}/ready/{self._warm}", str(os.getpid()))
+            d = self._take_join(self._store.get(f"gpurun/slot/{self.slot}/admit/{self._warm}"))
+            if d is None:
+                sys.exit(0)
+            self._enter(d, have_state=False)
+            return
+        self.generation = self._join_generation
+        d = json.loads(self._store.get(_keys_start(self.generation)))
+        self._decision, self._round = d, 0
+        self._joined()
+        self._enter(d, have_state=d.get("kind") == "start" or self.generation == 0)
+
+    def _start_static(self):
+        world = _env_int("WORLD_SIZE", 1)
+        if world > 1:
+            dist.init_process_group(self.backend, timeout=self.comm_timeout)
+            self.rank, self.world_size = dist.get_rank(), world
+            self._broadcast_state(0)
+            self._verify(0, "after the start")
+        self._wrap()
+
+    # ---- protocol ---------------------------------------------------------------------
+    def _joined(self):
+        active = self._decision["active"]
+        if self.slot not in active:
+            raise RuntimeError(f"slot {self.slot} is not a member of generation "
+                               f"{self.generation} (active {active})")
+        self._store.set(f"gpurun/gen/{self.generation}/joined/{active.index(self.slot)}",
+                        str(os.getpid()))
+
+    def _take_join(self, raw):
+        d = json.loads(raw)
+        if d.get("kind") == "exit":
+            return None
+        self._decision, self.generation, self._round = d, d["generation"], 0
+        self._joined()
+        return d
+
+    def _report(self, epoch, step, snapshot=None):
+        r = {"v": 1, "rank": self.rank, "gpu": self.slot, "generation": self.generation,
+             "round": self._round, "epoch": epoch, "step": step, "pid": os.getpid(),
+             "time_ms": int(time.time() * 1000)}
+        if snapshot is not None:
+            r["snapshot"] = snapshot
+        g, n = self.generation, self._round
+        self._store.set(f"gpurun/gen/{g}/round/{n}/report/{self.rank}",
+                        json.dumps(r, separators=(",", ":")))
+        d = json.loads(self._store.get(f"gpurun/gen/{g}/round/{n}/decision"))
+        kind = d["kind"]
+        if kind in ("continue", "snapshot"):
+            self._round += 1
+        elif kind == "resize":
+            if self.slot in d.get("leavers", []):
+                self._park_generation = d["generation"]
+            self.generation, self._round = d["generation"], 0
+        self._decision = d
+        return d
+
+    def _warn_unsupported(self, d):
+        for key, what in (("every_steps", "[boundary] every = N steps"),
+                          ("global_batch", "[batch] global")):
+            if d.get(key, 0) and key not in self._warned and self.rank == 0:
+                self._warned.add(key)
+                print(f"gpurun (python, slot {self.slot}): warning: {what} = {d[key]} is not "
+                      "supported by the Python runtime yet: boundaries stay at epoch ends and "
+                      "each rank keeps its batch size (docs/python.md#limits)",
+                      file=sys.stderr, flush=True)
+
+    def _boundary(self, epoch, step):
+        d = self._report(epoch, step)
+        while d["kind"] == "snapshot":
+            outcome = None
+            if self.slot == d["state_source_gpu"]:
+                outcome = self._write_snapshot()
+            d = self._report(epoch, step, outcome)
+        if d["kind"] == "continue":
+            self._warn_unsupported(d)
+            return True
+        if d["kind"] == "exit":
+            return False
+        self._enter(d, have_state=True)
+        return True
+
+    def _write_snapshot(self):
+        if not self._snapshot_path:
+            return "no GPURUN_SNAPSHOT_PATH: gpurun gave this worker no snapshot file"
+        try:
+            tmp = self._snapshot_path + ".py.tmp"
+            torch.save(_to_cpu(self._state()), tmp)
+            os.replace(tmp, self._snapshot_path)
+            return "ok"
+        except Exception as e:  # noqa: BLE001 - the outcome goes to gpurun, which refuses the pause
+            return f"cannot write the pause snapshot '{self._snapshot_path}': {e}"
+
+    # ---- generations -------------------------------------------------------------------
+    def _enter(self, d, have_state):
+        src = d.get("state_source_gpu", -1)
+        code = d.get("state_source", -2)
+        active = d["active"]
+        member = self.slot in active
+        self._destroy_group()
+        if not active:  # pause: the source wrote the snapshot at the "snapshot" round
+            return self._leave(d)
+        verified = False
+        if code >= 0 and d.get("joiners"):
+            group = sorted(set(active) | {src})
+            if self.slot in group:
+                self._make_group(d["generation"], "handoff" if group != active else "train",
+                                 group)
+                root = group.index(src)
+                self._broadcast_state(root)
+                self._verify(root, "after the handoff")
+                verified = True
+                if group != active:
+                    self._destroy_group()
+        elif code == -1 and member:
+            self._load(torch.load(self._snapshot_path, map_location=self.device))
+        if not member:
+            return self._leave(d)
+        self.rank, self.world_size = active.index(self.slot), len(active)
+        if not dist.is_initialized():
+            self._make_group(d["generation"], "train", active)
+        if code == -2:
+            self._broadcast_state(0)  # fresh start: rank 0's initialisation
+        if not verified:
+            self._verify(max(0, active.index(src)) if src in active else 0, "after the boundary")
+        self._wrap()
+        self._warn_unsupported(d)
+
+    def _leave(self, d):
+        self.model = None
+        if self._park_mode != "hold":
+            sys.exit(0)  # release: the process ends, its GPU memory with it
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._store.set(f"gpurun/slot/{self.slot}/parked/{self._park_generation}",
+                        str(os.getpid()))
+        d = self._take_join(self._store.get(
+            f"gpurun/slot/{self.slot}/wake/{self._park_generation}"))
+        self._park_generation = -1
+        if d is None:
+            sys.exit(0)
+        self._enter(d, have_state=False)
+
+    def _make_group(self, generation, name, group):
+        if self._pg_store is None:
+            self._pg_store = dist.TCPStore(os.environ["GPURUN_STORE_ADDR"],
+                                           _env_int("GPURUN_STORE_PORT"), is_master=False,
+                                           timeout=self.comm_timeout)
+        prefix = f"gpurun/pygroup/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{generation}/{name}"
+        dist.init_process_group(self.backend, store=dist.PrefixStore(prefix, self._pg_store),
+                                rank=group.index(self.slot), world_size=len(group),
+                                timeout=self.comm_timeout)
+
+    def _destroy_group(self):
+        self.model = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _wrap(self):
+        if self._module is None:
+            return
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model = torch.nn.parallel.DistributedDataParallel(self._module, device_ids=ids)
+        else:
+            self.model = self._module
+
+    def _broadcast_state(self, root):
+        if dist.get_rank() == root:
+            buf = io.BytesIO()
+            torch.save(_to_cpu(self._state()), buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            n = torch.tensor([data.numel()], dtype=torch.int64)
+        else:
+            n = torch.zeros(1, dtype=torch.int64)
+        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        n = n.to(dev)
+        dist.broadcast(n, root)
+        if dist.get_rank() != root:
+            data = torch.empty(int(n.item()), dtype=torch.uint8)
+        data = data.to(dev)
+        dist.broadcast(data, root)
+        if dist.get_rank() != root:
+            self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()),
+                                  map_location=self.device))
+
+    def _verify(self, root, what):
+        mine = self.checksum()
+        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        t = torch.tensor([mine], dtype=torch.int64, device=dev)
+        out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, t)
+        sums = [int(x.item()) for x in out]
+        bad = [f"rank {r} has {v & (2**64 - 1):016x}" for r, v in enumerate(sums) if v != sums[root]]
+        if bad:
+            raise StateMismatch(f"state checksum mismatch {what} (generation {self.generation}): "
+                                f"rank {root} (the source) has {sums[root] & (2**64 - 1):016x}, "
+                                + ", ".join(bad))
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+class _Loader:
+    """One epoch's batches of this rank (see Runtime.loader)."""
+
+    def __init__(self, rt, dataset, batch_size, kwargs):
+        self.rt, self.dataset, self.batch_size, self.kwargs = rt, dataset, batch_size, kwargs
+
+    def __iter__(self):
+        rt, s = self.rt, self.rt._sampler
+        collate = self.kwargs.get("collate_fn", torch.utils.data.default_collate
+                                  if hasattr(torch.utils.data, "default_collate")
+                                  else torch.utils.data.dataloader.default_collate)
+        while s.remaining() >= rt.world_size:  # a tail smaller than the world is skipped
+            count = min(self.batch_size * rt.world_size, s.remaining())
+            yield collate([self.dataset[i] for i in s.window(count, rt.rank, rt.world_size)])
+            s.advance(count)
+        s.advance(s.remaining())
