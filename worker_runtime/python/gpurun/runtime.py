@@ -72,6 +72,7 @@ class Runtime:
         self._decision = None
         self._pg_store = None
         self._warned = set()
+        self._steps_done = 0  # steps of the current epoch done (the position of a report)
         if self.elastic:
             self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
                                       _env_int("GPURUN_STORE_PORT"))
@@ -160,6 +161,7 @@ class Runtime:
         while self.epoch < n:
             if self._sampler and self._sampler.epoch != self.epoch:
                 self._sampler.set_epoch(self.epoch)
+            self._steps_done = 0
             yield self.epoch
             finished = self.epoch
             self.epoch += 1
@@ -232,6 +234,20 @@ class Runtime:
             self.generation, self._round = d["generation"], 0
         self._decision = d
         return d
+
+    @property
+    def step(self):
+        """Optimizer steps of the current epoch done so far (int, counted by ``loader``)."""
+        return self._steps_done
+
+    def _recover(self, err):
+        """After a failed collective: drop the group, report at once at this position (the
+        epoch and its step), follow gpurun's decision (a resize without the failed rank).
+        Returns False when the job is finishing."""
+        print(f"gpurun (python, slot {self.slot}): a collective failed ({str(err).strip()[:300]}); "
+              "reporting to gpurun to go on without the failed rank", file=sys.stderr, flush=True)
+        self._destroy_group()
+        return self._boundary(self.epoch, self._steps_done)
 
     def _warn_unsupported(self, d):
         for key, what in (("every_steps", "[boundary] every = N steps"),
@@ -376,6 +392,63 @@ class Runtime:
                                 + ", ".join(bad))
 
 
+# What a collective's error says when a peer died or hung (Gloo and NCCL as of torch 1.13 -
+# 2.11). Only these are taken for a peer's failure: any other error is the program's own.
+_COMM_FAILURE_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                       "Connection refused", "Timed out", "timed out", "NCCL error",
+                       "NCCL communicator was aborted", "DistBackendError")
+
+
+def is_comm_failure(err):
+    """True when ``err`` (an exception) is a collective failing because a peer died or hung."""
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in _COMM_FAILURE_MARKS)
+
+
+def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size=None,
+            seed=0, **others):
+    """Decorator for a per-epoch function ``train_one_epoch(loader, epoch[, rt])``:
+
+        @gpurun.elastic(model=net, optimizer=opt, dataset=train_set, batch_size=64)
+        def train_one_epoch(loader, epoch, rt):
+            for x, y in loader:
+                ...  # forward with rt.model (DDP over this generation's group)
+
+        rt = train_one_epoch(epochs=10)
+
+    Calling the decorated function runs the whole elastic loop (``Runtime.epochs``) and
+    returns the Runtime on every rank that finishes (a release-mode leaver exits with status
+    0 inside it). A collective that fails because a peer died (``is_comm_failure``) is
+    followed at once: the rank reports at its position, gpurun removes the dead rank, and the
+    rest of the epoch runs again over the survivors (the failed step included, so each sample
+    is still trained once). Limits: docs/python.md#limits."""
+    import inspect
+
+    def wrap(fn):
+        takes_rt = len(inspect.signature(fn).parameters) >= 3
+
+        def run(epochs):
+            rt = Runtime()
+            rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
+            loader = rt.loader(dataset, batch_size=batch_size, seed=seed) if dataset else None
+            for epoch in rt.epochs(epochs):
+                while True:
+                    try:
+                        fn(loader, epoch, rt) if takes_rt else fn(loader, epoch)
+                        break
+                    except RuntimeError as e:
+                        if not is_comm_failure(e) or not rt.elastic:
+                            raise
+                        if not rt._recover(e):
+                            return rt
+            return rt
+
+        run.__wrapped__ = fn
+        run.__doc__ = fn.__doc__
+        return run
+
+    return wrap
+
+
 def _to_cpu(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
@@ -402,5 +475,6 @@ class _Loader:
         while s.remaining() >= rt.world_size:  # a tail smaller than the world is skipped
             count = min(self.batch_size * rt.world_size, s.remaining())
             yield collate([self.dataset[i] for i in s.window(count, rt.rank, rt.world_size)])
-            s.advance(count)
+            s.advance(count)  # after the step: a step whose collective failed is run again
+            rt._steps_done += 1
         s.advance(s.remaining())

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""The decorator form (gpurun.elastic) for tests/python/run_failure.sh. Slot DIE_SLOT ends
+itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
+must go on without it.
+
+    gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
+
+Each process appends to OUT/steps.<slot>.<pid> one JSON line per optimizer step taken
+(epoch, rank, world, indices) and to OUT/epochs.<slot>.<pid> the state checksum at the start
+of each epoch.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "worker_runtime", "python"))
+import gpurun  # noqa: E402
+
+out, epochs = sys.argv[1], int(sys.argv[2])
+die = tuple(int(os.environ.get(k, "-1")) for k in ("DIE_SLOT", "DIE_EPOCH", "DIE_STEP"))
+torch.manual_seed(0)
+x = torch.randn(240, 8)
+data = TensorDataset(x, x.sum(1), torch.arange(240))
+net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+slot = int(os.environ.get("GPURUN_SLOT", "0"))
+steps_log = open(os.path.join(out, f"steps.{slot}.{os.getpid()}"), "a")
+epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
+
+
+@gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2)
+def train_one_epoch(loader, epoch, rt):
+    if rt.step == 0:
+        epochs_log.write(json.dumps({"epoch": epoch, "checksum": rt.checksum()}) + "\n")
+        epochs_log.flush()
+    for xb, yb, ib in loader:
+        if (slot, epoch, rt.step) == die:
+            os._exit(1)
+        opt.zero_grad()
+        nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()
+        opt.step()
+        steps_log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
+                                    "seen": ib.tolist()}) + "\n")
+        steps_log.flush()
+
+
+rt = train_one_epoch(epochs=epochs)
+print(f"decorated_train slot {slot}: done, world {rt.world_size}", flush=True)
