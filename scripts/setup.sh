@@ -19,6 +19,7 @@ PACKAGES=(
   clang-format          # scripts/format.sh --check, run first by scripts/test.sh (.clang-format)
   slurm-wlm munge       # a real one-machine Slurm for tests/slurm (slurmctld, slurmd, sbatch)
   python3-torch         # torch 1.13 for Python (same LibTorch): tests/python under gpurun
+  python3-torchvision python3-tqdm  # examples/python/fmnist_vit.py (ViT, progress bar)
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

@@ -467,6 +467,13 @@ class _Loader:
     def __init__(self, rt, dataset, batch_size, kwargs):
         self.rt, self.dataset, self.batch_size, self.kwargs = rt, dataset, batch_size, kwargs
 
+    def steps_left(self):
+        """Steps left in this epoch at the current world size (int; for progress bars)."""
+        s, w = self.rt._sampler, self.rt.world_size
+        if s.remaining() < w:
+            return 0
+        return -(-s.remaining() // (self.batch_size * w))
+
     def __iter__(self):
         rt, s = self.rt, self.rt._sampler
         collate = self.kwargs.get("collate_fn", torch.utils.data.default_collate

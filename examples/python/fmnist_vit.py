@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Fashion-MNIST with a Vision Transformer, elastic under gpurun (the gpurun Python package).
+
+    gpurun --nproc 2 --device cpu --config config.toml python3 examples/python/fmnist_vit.py
+    gpurun --nproc 8 --config config.toml python3 examples/python/fmnist_vit.py --model b
+
+Edit config.toml while it trains (active_gpus = [0] shrinks, [0, 1] grows, [] pauses) and
+the job follows at the next epoch boundary. Rank 0 shows a tqdm bar (train loss and accuracy)
+and the validation accuracy after every epoch. --epochs 0 trains until stopped.
+Models (torchvision's VisionTransformer, 28x28 images, patches of 7): tiny (CPU), b (ViT-B
+sized: 12 layers, width 768), h (ViT-H sized: 32 layers, width 1280).
+Data: the IDX files of Debian's dataset-fashion-mnist, or --data DIR.
+"""
+import argparse
+import gzip
+import itertools
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torchvision
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "worker_runtime", "python"))
+import gpurun  # noqa: E402
+
+try:
+    from tqdm import tqdm
+except ImportError:  # the bar is optional
+    tqdm = None
+
+MODELS = {  # layers, heads, width, mlp width
+    "tiny": (2, 4, 64, 128),
+    "b": (12, 12, 768, 3072),
+    "h": (32, 16, 1280, 5120),
+}
+
+
+def read_idx(path):
+    """An IDX file (gzip or plain) as a numpy array: images (n, 28, 28) uint8 or labels (n,)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    dims = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load(data_dir, split, limit):
+    name = "train" if split == "train" else "t10k"
+    find = lambda kind: next(os.path.join(data_dir, f) for f in (  # noqa: E731
+        f"{name}-{kind}-idx{3 if kind == 'images' else 1}-ubyte.gz",
+        f"{name}-{kind}-idx{3 if kind == 'images' else 1}-ubyte")
+        if os.path.exists(os.path.join(data_dir, f)))
+    x = torch.from_numpy(read_idx(find("images")).copy()).float().div_(255).sub_(0.2860).div_(0.3530)
+    y = torch.from_numpy(read_idx(find("labels")).copy()).long()
+    if limit:
+        x, y = x[:limit], y[:limit]
+    return torch.utils.data.TensorDataset(x.unsqueeze(1), y)
+
+
+class ViT(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        layers, heads, width, mlp = MODELS[size]
+        self.vit = torchvision.models.VisionTransformer(
+            image_size=28, patch_size=7, num_layers=layers, num_heads=heads, hidden_dim=width,
+            mlp_dim=mlp, num_classes=10)
+
+    def forward(self, x):  # grey images: the patch embedding takes 3 channels
+        return self.vit(x.expand(-1, 3, -1, -1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--epochs", type=int, default=5, help="0: until stopped")
+    p.add_argument("--batch", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--limit-train", type=int, default=0)
+    p.add_argument("--limit-val", type=int, default=2000)
+    p.add_argument("--no-bar", action="store_true")
+    a = p.parse_args()
+
+    train, val = load(a.data, "train", a.limit_train), load(a.data, "val", a.limit_val)
+    rt = gpurun.Runtime()
+    torch.manual_seed(0)
+    net = ViT(a.model)
+    opt = torch.optim.AdamW(net.parameters(), lr=a.lr)
+    rt.track(model=net, optimizer=opt)
+    loader = rt.loader(train, batch_size=a.batch, seed=1)
+    epochs = a.epochs if a.epochs > 0 else sys.maxsize
+    for epoch in rt.epochs(epochs):
+        net.train()
+        bar = None
+        if rt.rank == 0 and tqdm and not a.no_bar:
+            bar = tqdm(total=loader.steps_left(), desc=f"epoch {epoch} (world {rt.world_size})",
+                       unit="step", dynamic_ncols=True)
+        total = torch.zeros(3)
+        for x, y in loader:
+            x, y = x.to(rt.device), y.to(rt.device)
+            opt.zero_grad()
+            out = rt.model(x)
+            loss = nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            total += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)])
+            if bar:
+                bar.set_postfix(loss=f"{total[0] / total[2]:.4f}", acc=f"{total[1] / total[2]:.3f}")
+                bar.update(1)
+        if bar:
+            bar.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(total)
+        acc = evaluate(net, val, rt.device) if rt.rank == 0 else float("nan")
+        if rt.rank == 0:
+            print(f"epoch {epoch} world {rt.world_size} generation {rt.generation}: "
+                  f"train loss {total[0] / total[2]:.4f} acc {total[1] / total[2]:.4f} "
+                  f"val acc {acc:.4f}", flush=True)
+
+
+@torch.no_grad()
+def evaluate(net, val, device):
+    net.eval()
+    right = 0
+    for i in range(0, len(val), 256):
+        x, y = val[i:i + 256]
+        right += (net(x.to(device)).argmax(1).cpu() == y).sum().item()
+    return right / len(val)
+
+
+if __name__ == "__main__":
+    main()
