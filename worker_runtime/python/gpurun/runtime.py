@@ -73,6 +73,8 @@ class Runtime:
         self._pg_store = None
         self._warned = set()
         self._steps_done = 0  # steps of the current epoch done (the position of a report)
+        self.global_batch = 0  # [batch] global in force (0: batch_size x world_size)
+        self._uses_steps = False
         if self.elastic:
             self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
                                       _env_int("GPURUN_STORE_PORT"))
@@ -235,6 +237,18 @@ class Runtime:
         self._decision = d
         return d
 
+    def steps(self, loader):
+        """The epoch's optimizer steps (use inside ``epochs()``), for ``[batch] global``:
+        each step is ``[batch] global`` samples over all ranks (else
+        ``batch_size × world_size``), this rank's share cut into micro-batches of at most
+        ``batch_size``. Iterating a step yields ``(batch, weight)``; backward
+        ``loss * weight`` (``loss`` the mean over the micro-batch) for each, then step the
+        optimizer once: the gradient is then the mean over the step's samples whatever the
+        world size (weight = len(micro-batch) × world_size / samples of the step; DDP
+        averages over ranks). All but the last micro-batch run under DDP's ``no_sync``."""
+        self._uses_steps = True
+        return loader._steps()
+
     @property
     def step(self):
         """Optimizer steps of the current epoch done so far (int, counted by ``loader``)."""
@@ -250,8 +264,11 @@ class Runtime:
         return self._boundary(self.epoch, self._steps_done)
 
     def _warn_unsupported(self, d):
+        self.global_batch = int(d.get("global_batch", 0) or 0)
         for key, what in (("every_steps", "[boundary] every = N steps"),
-                          ("global_batch", "[batch] global")):
+                          ("global_batch", "[batch] global (outside Runtime.steps)")):
+            if key == "global_batch" and self._uses_steps:
+                continue
             if d.get(key, 0) and key not in self._warned and self.rank == 0:
                 self._warned.add(key)
                 print(f"gpurun (python, slot {self.slot}): warning: {what} = {d[key]} is not "
@@ -324,8 +341,7 @@ class Runtime:
         self.model = None
         if self._park_mode != "hold":
             sys.exit(0)  # release: the process ends, its GPU memory with it
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
         self._store.set(f"gpurun/slot/{self.slot}/parked/{self._park_generation}",
                         str(os.getpid()))
         d = self._take_join(self._store.get(
@@ -333,7 +349,23 @@ class Runtime:
         self._park_generation = -1
         if d is None:
             sys.exit(0)
+        if self._module is not None:
+            self._module.to(self.device)  # the state itself comes from the source
         self._enter(d, have_state=False)
+
+    def _offload(self):
+        """A parked rank keeps no tensor on its GPU: the model and the optimizer state move
+        to host memory and torch's CUDA cache is emptied (the CUDA context stays)."""
+        if self.device.type != "cuda":
+            return
+        if self._module is not None:
+            self._module.to("cpu")
+        if self._optimizer is not None:
+            for st in self._optimizer.state.values():
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        st[k] = v.cpu()
+        torch.cuda.empty_cache()
 
     def _make_group(self, generation, name, group):
         if self._pg_store is None:
@@ -474,14 +506,49 @@ class _Loader:
             return 0
         return -(-s.remaining() // (self.batch_size * w))
 
-    def __iter__(self):
-        rt, s = self.rt, self.rt._sampler
+    def _collate(self, idx):
         collate = self.kwargs.get("collate_fn", torch.utils.data.default_collate
                                   if hasattr(torch.utils.data, "default_collate")
                                   else torch.utils.data.dataloader.default_collate)
+        return collate([self.dataset[i] for i in idx])
+
+    def __iter__(self):
+        rt, s = self.rt, self.rt._sampler
         while s.remaining() >= rt.world_size:  # a tail smaller than the world is skipped
             count = min(self.batch_size * rt.world_size, s.remaining())
-            yield collate([self.dataset[i] for i in s.window(count, rt.rank, rt.world_size)])
+            yield self._collate(s.window(count, rt.rank, rt.world_size))
             s.advance(count)  # after the step: a step whose collective failed is run again
             rt._steps_done += 1
         s.advance(s.remaining())
+
+    def _steps(self):
+        rt, s = self.rt, self.rt._sampler
+        while s.remaining() >= rt.world_size:
+            per_step = rt.global_batch or self.batch_size * rt.world_size
+            count = min(per_step, s.remaining())
+            yield _Step(self, s.window(count, rt.rank, rt.world_size), count)
+            s.advance(count)
+            rt._steps_done += 1
+        s.advance(s.remaining())
+
+
+class _Step:
+    """One optimizer step's micro-batches of this rank (see Runtime.steps)."""
+
+    def __init__(self, loader, mine, count):
+        self.loader, self.mine, self.count = loader, mine, count
+        b = loader.batch_size
+        self.micro = [mine[i:i + b] for i in range(0, len(mine), b)]
+
+    def __len__(self):
+        return len(self.micro)
+
+    def __iter__(self):
+        import contextlib
+        rt = self.loader.rt
+        for i, mb in enumerate(self.micro):
+            last = i == len(self.micro) - 1
+            ddp = isinstance(rt.model, torch.nn.parallel.DistributedDataParallel)
+            ctx = rt.model.no_sync() if ddp and not last else contextlib.nullcontext()
+            with ctx:
+                yield self.loader._collate(mb), len(mb) * rt.world_size / self.count
