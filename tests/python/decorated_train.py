@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The decorator form (gpurun.elastic) for tests/python/run_failure.sh. Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
-must go on without it.
+must go on without it. STEP_SLEEP (s) sleeps after each step.
 
     gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
 
@@ -12,6 +12,7 @@ of each epoch.
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -22,6 +23,7 @@ import gpurun  # noqa: E402
 
 out, epochs = sys.argv[1], int(sys.argv[2])
 die = tuple(int(os.environ.get(k, "-1")) for k in ("DIE_SLOT", "DIE_EPOCH", "DIE_STEP"))
+step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
 torch.manual_seed(0)
 x = torch.randn(240, 8)
 data = TensorDataset(x, x.sum(1), torch.arange(240))
@@ -46,6 +48,7 @@ def train_one_epoch(loader, epoch, rt):
         steps_log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
                                     "seen": ib.tolist()}) + "\n")
         steps_log.flush()
+        time.sleep(step_sleep)
 
 
 rt = train_one_epoch(epochs=epochs)

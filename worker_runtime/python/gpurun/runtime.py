@@ -74,6 +74,9 @@ class Runtime:
         self._warned = set()
         self._steps_done = 0  # steps of the current epoch done (the position of a report)
         self.global_batch = 0  # [batch] global in force (0: batch_size x world_size)
+        self.every_steps = 0   # [boundary] every: 0 = at epoch ends, N = every N steps
+        self._finishing = False
+        self._jumped = False
         self._uses_steps = False
         if self.elastic:
             self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
@@ -97,7 +100,7 @@ class Runtime:
         return self
 
     def _state(self):
-        s = {"position": {"epoch": self.epoch,
+        s = {"position": {"epoch": self.epoch, "step": self._steps_done,
                           "sampler": self._sampler.state_dict() if self._sampler else None},
              "rng": {"torch": torch.get_rng_state()}}
         if self._module is not None:
@@ -110,6 +113,7 @@ class Runtime:
 
     def _load(self, s):
         self.epoch = int(s["position"]["epoch"])
+        self._steps_done = int(s["position"].get("step", 0))
         if self._sampler and s["position"]["sampler"]:
             self._sampler.load_state_dict(s["position"]["sampler"])
         torch.set_rng_state(s["rng"]["torch"])
@@ -160,17 +164,25 @@ class Runtime:
         status 0) from inside this loop."""
         self.max_epochs = n
         self._ensure_started()
-        while self.epoch < n:
+        while self.epoch < n and not self._finishing:
             if self._sampler and self._sampler.epoch != self.epoch:
                 self._sampler.set_epoch(self.epoch)
-            self._steps_done = 0
+            if not self._sampler or self._sampler.cursor == 0:
+                self._steps_done = 0
             yield self.epoch
+            if self._finishing:  # a step boundary's decision: the job is finishing
+                return
+            if self._jumped:  # rejoined (hold mode) at another position: go on from there
+                self._jumped = False
+                continue
             finished = self.epoch
             self.epoch += 1
             if self._sampler:
                 self._sampler.set_epoch(self.epoch)
+            self._steps_done = 0
             if self.epoch < n and not self._boundary(finished, 0):
                 return
+            self._jumped = False  # the loop goes on from the position this boundary left
 
     def _ensure_started(self):
         if self._started:
@@ -265,8 +277,8 @@ class Runtime:
 
     def _warn_unsupported(self, d):
         self.global_batch = int(d.get("global_batch", 0) or 0)
-        for key, what in (("every_steps", "[boundary] every = N steps"),
-                          ("global_batch", "[batch] global (outside Runtime.steps)")):
+        self.every_steps = int(d.get("every_steps", 0) or 0)
+        for key, what in (("global_batch", "[batch] global (outside Runtime.steps)"),):
             if key == "global_batch" and self._uses_steps:
                 continue
             if d.get(key, 0) and key not in self._warned and self.rank == 0:
@@ -287,9 +299,20 @@ class Runtime:
             self._warn_unsupported(d)
             return True
         if d["kind"] == "exit":
+            self._finishing = True
             return False
         self._enter(d, have_state=True)
         return True
+
+    def _after_step(self):
+        """Called by the loader after each step: a step boundary when ``[boundary] every``
+        says so and the epoch is not over. False when this epoch's iteration must end (the
+        job is finishing, or this rank rejoined at another position)."""
+        s = self._sampler
+        if not (self.elastic and self.every_steps > 0 and self._steps_done % self.every_steps == 0
+                and s.remaining() >= self.world_size):
+            return True
+        return self._boundary(self.epoch, self._steps_done) and not self._jumped
 
     def _write_snapshot(self):
         if not self._snapshot_path:
@@ -352,6 +375,7 @@ class Runtime:
         if self._module is not None:
             self._module.to(self.device)  # the state itself comes from the source
         self._enter(d, have_state=False)
+        self._jumped = True  # its position is the state's, not where it parked
 
     def _offload(self):
         """A parked rank keeps no tensor on its GPU: the model and the optimizer state move
@@ -519,6 +543,8 @@ class _Loader:
             yield self._collate(s.window(count, rt.rank, rt.world_size))
             s.advance(count)  # after the step: a step whose collective failed is run again
             rt._steps_done += 1
+            if not rt._after_step():
+                return
         s.advance(s.remaining())
 
     def _steps(self):
@@ -529,6 +555,8 @@ class _Loader:
             yield _Step(self, s.window(count, rt.rank, rt.world_size), count)
             s.advance(count)
             rt._steps_done += 1
+            if not rt._after_step():
+                return
         s.advance(s.remaining())
 
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ctest python_step_boundary_<mode>: [boundary] every = 4 steps (10 steps an epoch on 3 ranks)
+# with the decorator form (tests/python/decorated_train.py) on 3 CPU slots: [0,1,2] -> [0]
+# -> [0,2], each taking effect at a step boundary inside an epoch. Asserts: each sample trained
+# exactly once in every epoch (the ranks' steps together), some epoch trained by two world
+# sizes (a resize inside it), the last world 2, gpurun exits 0.
+# Usage: run_step_boundary.sh GPURUN release|hold
+set -euo pipefail
+GPURUN=$1
+MODE=${2:-release}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=$("$HERE/find_torch_python.sh")
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/out"
+fail() { echo "python_step_boundary_$MODE: FAIL: $*" >&2; tail -30 "$TMP/gpurun.log" >&2 || true; exit 1; }
+conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = 4\n' "$1" "$MODE" > "$TMP/c.new"
+         mv "$TMP/c.new" "$TMP/config.toml"; }
+steps() { cat "$TMP"/out/steps.* 2>/dev/null | wc -l; }
+wait_steps() {
+  for _ in $(seq 1 900); do
+    (( $(steps) >= $1 )) && return 0
+    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before $1 steps"
+    sleep 0.1
+  done
+  fail "$1 steps not reached in 90 s"
+}
+wait_event() {
+  for _ in $(seq 1 900); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
+  fail "no event matching $1 in 90 s"
+}
+conf "[0, 1, 2]"
+STEP_SLEEP=0.15 "$GPURUN" --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+  "$PY" "$HERE/decorated_train.py" "$TMP/out" 8 > "$TMP/gpurun.log" 2>&1 &
+pid=$!
+wait_steps 20; conf "[0]"
+wait_event '"active": \[0\],'
+wait_steps 60; conf "[0, 2]"
+wait_event '"active": \[0,2\]'
+wait "$pid" || fail "gpurun exited $?"
+"$PY" - "$TMP/out" "$TMP/events.jsonl" <<'PY' || fail "the checks above"
+import collections, glob, json, sys
+steps = [json.loads(l) for f in glob.glob(sys.argv[1] + "/steps.*") for l in open(f)]
+resizes = [json.loads(l) for l in open(sys.argv[2]) if '"event": "decision"' in l]
+resizes = [d for d in resizes if d["kind"] == "resize"]
+mid = [d for d in resizes if d["step"] > 0]
+assert len(mid) >= 2, f"resizes at (epoch, step): {[(d['epoch'], d['step']) for d in resizes]}"
+mixed = 0
+for e in range(8):
+    seen = sorted(i for s in steps if s["epoch"] == e for i in s["seen"])
+    assert seen == list(range(240)), f"epoch {e}: {len(seen)} samples, {len(set(seen))} distinct"
+    worlds = sorted({s["world"] for s in steps if s["epoch"] == e})
+    mixed += len(worlds) > 1
+    print(f"epoch {e}: 240 samples once, worlds {worlds}")
+assert mixed >= 1, "no epoch was resized inside"
+last = [s for s in steps if s["epoch"] == 7]
+assert {s["world"] for s in last} == {2}, "the last epoch did not run on 2 ranks"
+print("resizes at (epoch, step):", [(d["epoch"], d["step"]) for d in resizes])
+PY
+echo "python_step_boundary_$MODE: OK"
