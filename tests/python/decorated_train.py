@@ -45,8 +45,8 @@ def train_one_epoch(loader, epoch, rt):
         opt.zero_grad()
         nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()
         opt.step()
-        steps_log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
-                                    "seen": ib.tolist()}) + "\n")
+        steps_log.write(json.dumps({"epoch": epoch, "step": rt.step, "rank": rt.rank,
+                                    "world": rt.world_size, "seen": ib.tolist()}) + "\n")
         steps_log.flush()
         time.sleep(step_sleep)
 

@@ -16,7 +16,7 @@ mkdir -p "$TMP/gpurun" "$TMP/ref"
 fail() { echo "python_ddp_plain: FAIL: $*" >&2; exit 1; }
 
 echo "python_ddp_plain: $("$PY" -c 'import torch; print("torch", torch.__version__)') ($PY)"
-"$GPURUN" --nproc 2 --device cpu "$PY" "$HERE/ddp_plain.py" "$TMP/gpurun" > "$TMP/gpurun.log" 2>&1 \
+"$GPURUN" --master-port 0 --nproc 2 --device cpu "$PY" "$HERE/ddp_plain.py" "$TMP/gpurun" > "$TMP/gpurun.log" 2>&1 \
   || { rc=$?; cat "$TMP/gpurun.log"; fail "gpurun exited $rc"; }
 
 # The reference: rank 0 hosts torch's own TCPStore (no TORCHELASTIC_USE_AGENT_STORE).

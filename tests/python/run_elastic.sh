@@ -37,7 +37,7 @@ wait_event() {  # wait_event PATTERN: a line of the event log matches
 }
 
 conf "[0, 1, 2]"
-"$GPURUN" --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+"$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" 20 0.3 > "$TMP/gpurun.log" 2>&1 &
 pid=$!
 wait_epochs 2;  conf "[0]"

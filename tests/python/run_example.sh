@@ -21,7 +21,7 @@ wait_line() {
   fail "no line '$1' in 180 s"
 }
 printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
-"$GPURUN" --nproc 2 --device cpu --config "$TMP/config.toml" "$PY" \
+"$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" "$PY" \
   "$HERE/../../examples/python/fmnist_vit.py" --epochs 8 --limit-train 4000 > "$TMP/gpurun.log" 2>&1 &
 pid=$!
 wait_line "epoch 0 world 2"; printf 'active_gpus = [0]\n' > "$TMP/config.toml.new"; mv "$TMP/config.toml.new" "$TMP/config.toml"

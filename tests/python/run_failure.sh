@@ -16,7 +16,7 @@ fail() { echo "python_elastic_failure: FAIL: $*" >&2; cat "$TMP/gpurun.log" >&2 
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/config.toml"
 rc=0
 DIE_SLOT=1 DIE_EPOCH=2 DIE_STEP=3 GPURUN_COMM_TIMEOUT_MS=20000 timeout 240 \
-  "$GPURUN" --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+  "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/decorated_train.py" "$TMP/out" 5 > "$TMP/gpurun.log" 2>&1 || rc=$?
 echo "python_elastic_failure: gpurun exited $rc"
 grep -q '"failed": \[1\]' "$TMP/events.jsonl" || fail "no decision without the failed slot 1"

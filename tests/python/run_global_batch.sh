@@ -13,10 +13,10 @@ trap 'rm -rf "$TMP"' EXIT
 fail() { echo "python_global_batch: FAIL: $*" >&2; cat "$TMP"/*.log >&2 || true; exit 1; }
 mkdir -p "$TMP/fixed" "$TMP/elastic"
 printf 'active_gpus = [0]\n[batch]\nglobal = 48\n' > "$TMP/fixed.toml"
-"$GPURUN" --nproc 1 --device cpu --config "$TMP/fixed.toml" "$PY" "$HERE/global_batch.py" \
+"$GPURUN" --master-port 0 --nproc 1 --device cpu --config "$TMP/fixed.toml" "$PY" "$HERE/global_batch.py" \
   "$TMP/fixed" 6 0 > "$TMP/fixed.log" 2>&1 || fail "the fixed run failed"
 printf 'active_gpus = [0, 1, 2]\n[batch]\nglobal = 48\n' > "$TMP/elastic.toml"
-"$GPURUN" --nproc 3 --device cpu --config "$TMP/elastic.toml" "$PY" "$HERE/global_batch.py" \
+"$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/elastic.toml" "$PY" "$HERE/global_batch.py" \
   "$TMP/elastic" 6 0.5 > "$TMP/elastic.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do [[ -s $TMP/elastic/loss ]] && break; sleep 0.1; done

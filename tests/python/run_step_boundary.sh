@@ -17,25 +17,30 @@ fail() { echo "python_step_boundary_$MODE: FAIL: $*" >&2; tail -30 "$TMP/gpurun.
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = 4\n' "$1" "$MODE" > "$TMP/c.new"
          mv "$TMP/c.new" "$TMP/config.toml"; }
 steps() { cat "$TMP"/out/steps.* 2>/dev/null | wc -l; }
-wait_steps() {
+# Waits until $1 steps are logged and rank 0 has just taken the first or second step of an
+# epoch: the next boundary (step 4) is then inside the epoch, not at its end.
+wait_epoch_start() {
   for _ in $(seq 1 900); do
-    (( $(steps) >= $1 )) && return 0
+    if (( $(steps) >= $1 )) && cat "$TMP"/out/steps.* | "$PY" -c '
+import json, sys
+last = [json.loads(l) for l in sys.stdin if json.loads(l)["rank"] == 0][-1]
+sys.exit(0 if last["step"] in (0, 1) else 1)'; then return 0; fi
     kill -0 "$pid" 2>/dev/null || fail "gpurun ended before $1 steps"
-    sleep 0.1
+    sleep 0.05
   done
-  fail "$1 steps not reached in 90 s"
+  fail "no epoch start after $1 steps in 45 s"
 }
 wait_event() {
   for _ in $(seq 1 900); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
   fail "no event matching $1 in 90 s"
 }
 conf "[0, 1, 2]"
-STEP_SLEEP=0.15 "$GPURUN" --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+STEP_SLEEP=0.15 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/decorated_train.py" "$TMP/out" 8 > "$TMP/gpurun.log" 2>&1 &
 pid=$!
-wait_steps 20; conf "[0]"
+wait_epoch_start 20; conf "[0]"
 wait_event '"active": \[0\],'
-wait_steps 60; conf "[0, 2]"
+wait_epoch_start 60; conf "[0, 2]"
 wait_event '"active": \[0,2\]'
 wait "$pid" || fail "gpurun exited $?"
 "$PY" - "$TMP/out" "$TMP/events.jsonl" <<'PY' || fail "the checks above"
