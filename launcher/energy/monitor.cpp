@@ -148,8 +148,13 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
   for (const MonitoredGpu& g : gpus_) {
     std::optional<uint64_t> mj;
     std::optional<unsigned> mw;
+    // The counter's time is the middle of its read: a thread descheduled around the read
+    // (a busy machine) then misplaces the reading by half the delay, not all of it.
+    const double before = now_s();
+    double counter_t = before;
     try {
       mj = nvml_->total_energy_mj(g.device);
+      counter_t = (before + now_s()) / 2;
     } catch (const NvmlError& e) {
       report_read_failure(g, "energy counter", e.what(),
                           "its energy is integrated from the power readings instead");
@@ -162,7 +167,8 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
     const double t = now_s();
     Reading& r = readings_[g.slot];
     if (mj && !r.counter_failed) {
-      taken.push_back({g.slot, Sample{t, *mj / 1000.0, mw ? *mw / 1000.0 : r.last_power_w}});
+      taken.push_back(
+          {g.slot, Sample{counter_t, *mj / 1000.0, mw ? *mw / 1000.0 : r.last_power_w}});
     } else if (mw) {
       // No counter (ever, or since it failed): a counter of our own, the trapezoid integral
       // of the power readings. Switching to it looks like a counter reset, which the series
