@@ -257,6 +257,14 @@ void FrameDecoder::finish_string_body() {
   str_ = std::string();
 }
 
+bool FrameDecoder::take_int(std::span<const uint8_t>& input) {
+  const std::size_t take = std::min<std::size_t>(int_need_ - int_have_, input.size());
+  std::memcpy(int_buf_ + int_have_, input.data(), take);
+  int_have_ = static_cast<uint8_t>(int_have_ + take);
+  input = input.subspan(take);
+  return int_have_ == int_need_;
+}
+
 FrameDecoder::Status FrameDecoder::decode(std::span<const uint8_t>& input, Request& out) {
   for (;;) {
     switch (stage_) {
@@ -271,11 +279,7 @@ FrameDecoder::Status FrameDecoder::decode(std::span<const uint8_t>& input, Reque
         break;
       }
       case Stage::kProbe: {
-        const std::size_t take = std::min<std::size_t>(int_need_ - int_have_, input.size());
-        std::memcpy(int_buf_ + int_have_, input.data(), take);
-        int_have_ = static_cast<uint8_t>(int_have_ + take);
-        input = input.subspan(take);
-        if (int_have_ < int_need_) return Status::kNeedMore;
+        if (!take_int(input)) return Status::kNeedMore;
         const Status s = finish_probe();
         if (s == Status::kError) return s;
         if (s == Status::kRequest) {
@@ -290,11 +294,7 @@ FrameDecoder::Status FrameDecoder::decode(std::span<const uint8_t>& input, Reque
       }
       case Stage::kFixedInt:
       case Stage::kStringLength: {
-        const std::size_t take = std::min<std::size_t>(int_need_ - int_have_, input.size());
-        std::memcpy(int_buf_ + int_have_, input.data(), take);
-        int_have_ = static_cast<uint8_t>(int_have_ + take);
-        input = input.subspan(take);
-        if (int_have_ < int_need_) return Status::kNeedMore;
+        if (!take_int(input)) return Status::kNeedMore;
         const Status s = stage_ == Stage::kFixedInt ? finish_fixed_int() : finish_string_length();
         if (s == Status::kError) return s;
         if (stage_ == Stage::kStringBody) continue;  // the string's bytes come next

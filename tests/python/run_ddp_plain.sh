@@ -6,18 +6,13 @@
 # torchrun 1.13 does not start under Python 3.11). Both runs must give identical per-epoch
 # losses and identical final parameters (SHA-256), on every rank.
 # Usage: run_ddp_plain.sh GPURUN
-set -euo pipefail
-GPURUN=$1
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TEST=python_ddp_plain
+source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/gpurun" "$TMP/ref"
-fail() { echo "python_ddp_plain: FAIL: $*" >&2; exit 1; }
 
 echo "python_ddp_plain: $("$PY" -c 'import torch; print("torch", torch.__version__)') ($PY)"
-"$GPURUN" --master-port 0 --nproc 2 --device cpu "$PY" "$HERE/ddp_plain.py" "$TMP/gpurun" > "$TMP/gpurun.log" 2>&1 \
-  || { rc=$?; cat "$TMP/gpurun.log"; fail "gpurun exited $rc"; }
+"$GPURUN" --master-port 0 --nproc 2 --device cpu "$PY" "$HERE/ddp_plain.py" "$TMP/gpurun" > "$LOG" 2>&1 \
+  || { rc=$?; cat "$LOG"; fail "gpurun exited $rc"; }
 
 # The reference: rank 0 hosts torch's own TCPStore (no TORCHELASTIC_USE_AGENT_STORE).
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -31,7 +26,7 @@ done
 for p in "${pids[@]}"; do wait "$p" || { cat "$TMP"/ref.*.log; fail "the reference run failed"; }; done
 
 for r in 0 1; do
-  [[ -s $TMP/gpurun/result.$r ]] || { cat "$TMP/gpurun.log"; fail "rank $r wrote no result under gpurun"; }
+  [[ -s $TMP/gpurun/result.$r ]] || { cat "$LOG"; fail "rank $r wrote no result under gpurun"; }
   grep "^world 2 local_rank $r$" "$TMP/gpurun/result.$r" > /dev/null || fail "rank $r: $(tail -1 "$TMP/gpurun/result.$r")"
   diff <(grep -v '^world' "$TMP/gpurun/result.$r") <(grep -v '^world' "$TMP/ref/result.$r") \
     || fail "rank $r: gpurun's run differs from the reference"

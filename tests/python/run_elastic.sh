@@ -5,15 +5,10 @@
 # of the 240 samples exactly once over all ranks; the state checksum at the start of each epoch
 # is equal on every rank; the world sizes follow the edits; gpurun exits 0.
 # Usage: run_elastic.sh GPURUN release|hold
-set -euo pipefail
-GPURUN=$1
 MODE=${2:-release}
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TEST=python_elastic_$MODE
+source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
-fail() { echo "python_elastic_$MODE: FAIL: $*" >&2; cat "$TMP/gpurun.log" >&2 || true; exit 1; }
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "$MODE" > "$TMP/config.toml.new"
          mv "$TMP/config.toml.new" "$TMP/config.toml"; }
 # Epochs finished so far (rank 0's lines; any slot can be rank 0).
@@ -28,17 +23,10 @@ wait_epochs() {
   done
   fail "epoch $1 not reached in 60 s"
 }
-wait_event() {  # wait_event PATTERN: a line of the event log matches
-  for _ in $(seq 1 600); do
-    grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "no event matching $1 in 60 s"
-}
 
 conf "[0, 1, 2]"
 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
-  "$PY" "$HERE/elastic_train.py" "$TMP/out" 20 0.3 > "$TMP/gpurun.log" 2>&1 &
+  "$PY" "$HERE/elastic_train.py" "$TMP/out" 20 0.3 > "$LOG" 2>&1 &
 pid=$!
 wait_epochs 2;  conf "[0]"
 wait_event '"active": \[0\],'

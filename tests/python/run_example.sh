@@ -5,16 +5,11 @@
 # (2, 1, 2; the last of the 8 epochs on 2 ranks), the
 # validation accuracy after the last epoch is >= 0.6, and gpurun exits 0.
 # Usage: run_example.sh GPURUN
-set -euo pipefail
-GPURUN=$1
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "python_example_vit: FAIL: $*" >&2; tr '\r' '\n' < "$TMP/gpurun.log" | tail -40 >&2 || true; exit 1; }
+TEST=python_example_vit
+source "$(dirname "$0")/common.sh"
 wait_line() {
   for _ in $(seq 1 1800); do
-    grep -q "$1" "$TMP/gpurun.log" 2>/dev/null && return 0
+    grep -q "$1" "$LOG" 2>/dev/null && return 0
     kill -0 "$pid" 2>/dev/null || fail "gpurun ended before '$1'"
     sleep 0.1
   done
@@ -22,14 +17,14 @@ wait_line() {
 }
 printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
 "$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" "$PY" \
-  "$HERE/../../examples/python/fmnist_vit.py" --epochs 8 --limit-train 4000 > "$TMP/gpurun.log" 2>&1 &
+  "$HERE/../../examples/python/fmnist_vit.py" --epochs 8 --limit-train 4000 > "$LOG" 2>&1 &
 pid=$!
 wait_line "epoch 0 world 2"; printf 'active_gpus = [0]\n' > "$TMP/config.toml.new"; mv "$TMP/config.toml.new" "$TMP/config.toml"
 wait_line "epoch [12] world 1"; printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml.new"; mv "$TMP/config.toml.new" "$TMP/config.toml"
 wait "$pid" || fail "gpurun exited $?"
-grep "^\[rank0\]: epoch .* generation" "$TMP/gpurun.log"
-grep -q "^\[rank0\]: epoch 7 world 2" "$TMP/gpurun.log" || fail "the last epoch did not run on 2 ranks"
-grep -q "it/s\|step/s\|s/step" "$TMP/gpurun.log" || fail "no tqdm bar in the output"
-acc=$(grep "^\[rank0\]: epoch 7 world" "$TMP/gpurun.log" | sed 's/.*val acc //')
+grep "^\[rank0\]: epoch .* generation" "$LOG"
+grep -q "^\[rank0\]: epoch 7 world 2" "$LOG" || fail "the last epoch did not run on 2 ranks"
+grep -q "it/s\|step/s\|s/step" "$LOG" || fail "no tqdm bar in the output"
+acc=$(grep "^\[rank0\]: epoch 7 world" "$LOG" | sed 's/.*val acc //')
 awk -v a="$acc" 'BEGIN{exit !(a >= 0.6)}' || fail "val acc $acc < 0.6"
 echo "python_example_vit: OK (val acc $acc)"

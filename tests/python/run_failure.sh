@@ -5,22 +5,17 @@
 # sample trained exactly once in every epoch (the crashed rank's completed steps included),
 # equal state checksums at every epoch start, gpurun's decision names slot 1 as failed.
 # Usage: run_failure.sh GPURUN
-set -euo pipefail
-GPURUN=$1
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TEST=python_elastic_failure
+source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
-fail() { echo "python_elastic_failure: FAIL: $*" >&2; cat "$TMP/gpurun.log" >&2 || true; exit 1; }
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/config.toml"
 rc=0
 DIE_SLOT=1 DIE_EPOCH=2 DIE_STEP=3 GPURUN_COMM_TIMEOUT_MS=20000 timeout 240 \
   "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
-  "$PY" "$HERE/decorated_train.py" "$TMP/out" 5 > "$TMP/gpurun.log" 2>&1 || rc=$?
+  "$PY" "$HERE/decorated_train.py" "$TMP/out" 5 > "$LOG" 2>&1 || rc=$?
 echo "python_elastic_failure: gpurun exited $rc"
 grep -q '"failed": \[1\]' "$TMP/events.jsonl" || fail "no decision without the failed slot 1"
-[[ $(grep -c 'decorated_train slot .: done, world 2' "$TMP/gpurun.log") == 2 ]] \
+[[ $(grep -c 'decorated_train slot .: done, world 2' "$LOG") == 2 ]] \
   || fail "slots 0 and 2 did not both finish with world 2"
 "$PY" - "$TMP/out" <<'PY' || fail "the checks above"
 import collections, glob, json, sys

@@ -4,20 +4,15 @@
 # 3 slots shrunk to [0, 2] after epoch 1 give the same per-epoch loss (within 1e-4 relative:
 # only the summation order differs).
 # Usage: run_global_batch.sh GPURUN
-set -euo pipefail
-GPURUN=$1
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "python_global_batch: FAIL: $*" >&2; cat "$TMP"/*.log >&2 || true; exit 1; }
+TEST=python_global_batch
+source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/fixed" "$TMP/elastic"
 printf 'active_gpus = [0]\n[batch]\nglobal = 48\n' > "$TMP/fixed.toml"
 "$GPURUN" --master-port 0 --nproc 1 --device cpu --config "$TMP/fixed.toml" "$PY" "$HERE/global_batch.py" \
-  "$TMP/fixed" 6 0 > "$TMP/fixed.log" 2>&1 || fail "the fixed run failed"
+  "$TMP/fixed" 6 0 > "$TMP/fixed.log" 2>&1 || { tail -20 "$TMP/fixed.log"; fail "the fixed run failed"; }
 printf 'active_gpus = [0, 1, 2]\n[batch]\nglobal = 48\n' > "$TMP/elastic.toml"
 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/elastic.toml" "$PY" "$HERE/global_batch.py" \
-  "$TMP/elastic" 6 0.5 > "$TMP/elastic.log" 2>&1 &
+  "$TMP/elastic" 6 0.5 > "$LOG" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do [[ -s $TMP/elastic/loss ]] && break; sleep 0.1; done
 printf 'active_gpus = [0, 2]\n[batch]\nglobal = 48\n' > "$TMP/elastic.toml.new"

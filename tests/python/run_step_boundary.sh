@@ -5,15 +5,10 @@
 # exactly once in every epoch (the ranks' steps together), some epoch trained by two world
 # sizes (a resize inside it), the last world 2, gpurun exits 0.
 # Usage: run_step_boundary.sh GPURUN release|hold
-set -euo pipefail
-GPURUN=$1
 MODE=${2:-release}
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=$("$HERE/find_torch_python.sh")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TEST=python_step_boundary_$MODE
+source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
-fail() { echo "python_step_boundary_$MODE: FAIL: $*" >&2; tail -30 "$TMP/gpurun.log" >&2 || true; exit 1; }
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = 4\n' "$1" "$MODE" > "$TMP/c.new"
          mv "$TMP/c.new" "$TMP/config.toml"; }
 steps() { cat "$TMP"/out/steps.* 2>/dev/null | wc -l; }
@@ -30,13 +25,9 @@ sys.exit(0 if last["step"] in (0, 1) else 1)'; then return 0; fi
   done
   fail "no epoch start after $1 steps in 45 s"
 }
-wait_event() {
-  for _ in $(seq 1 900); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
-  fail "no event matching $1 in 90 s"
-}
 conf "[0, 1, 2]"
 STEP_SLEEP=0.15 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
-  "$PY" "$HERE/decorated_train.py" "$TMP/out" 8 > "$TMP/gpurun.log" 2>&1 &
+  "$PY" "$HERE/decorated_train.py" "$TMP/out" 8 > "$LOG" 2>&1 &
 pid=$!
 wait_epoch_start 20; conf "[0]"
 wait_event '"active": \[0\],'

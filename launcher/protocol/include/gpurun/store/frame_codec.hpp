@@ -161,6 +161,8 @@ class FrameDecoder {
   Status begin_command(uint8_t code);
   // The probe's 4 bytes are in: VALIDATE (kCurrent) or the start of a 1.13 SET (kLegacy).
   Status finish_probe();
+  // Moves bytes of the fixed-width integer being read from `input`; true once it is whole.
+  bool take_int(std::span<const uint8_t>& input);
   // Starts the next field or, when none is left, reports completion.
   bool start_next_field();
   Status finish_fixed_int();

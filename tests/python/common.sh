@@ -1,0 +1,24 @@
+# Sourced by tests/python/run_*.sh after setting TEST (the ctest name) and with the script's
+# arguments: sets GPURUN ($1), HERE (this folder), PY (a python3 with torch), TMP (a scratch
+# folder removed at exit) and LOG ($TMP/gpurun.log); defines
+#   fail MSG             prints "$TEST: FAIL: MSG" and the last 40 lines of $LOG, exits 1
+#   wait_event PATTERN   waits (90 s at most) for a line of $TMP/events.jsonl matching it
+set -euo pipefail
+GPURUN=$1
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PY=$("$HERE/find_torch_python.sh")
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+LOG=$TMP/gpurun.log
+fail() {
+  echo "$TEST: FAIL: $*" >&2
+  [[ -f $LOG ]] && tr '\r' '\n' < "$LOG" | tail -40 >&2
+  exit 1
+}
+wait_event() {
+  for _ in $(seq 1 900); do
+    grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "no event matching $1 in 90 s"
+}
