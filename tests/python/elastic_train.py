@@ -38,6 +38,7 @@ loader = rt.loader(data, batch_size=8, seed=4)
 log = open(os.path.join(out, f"log.{rt.slot}.{os.getpid()}"), "a")
 for epoch in rt.epochs(epochs):
     start_sum = rt.checksum()
+    draw = torch.rand(1).item()  # each process's own RNG stream: ranks must differ
     seen, total = [], torch.zeros(2)
     for xb, yb, ib in loader:
         opt.zero_grad()
@@ -50,7 +51,7 @@ for epoch in rt.epochs(epochs):
         dist.all_reduce(total)
     sched.step()
     log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
-                          "generation": rt.generation, "seen": seen, "start_checksum": start_sum,
+                          "generation": rt.generation, "seen": seen, "start_checksum": start_sum, "rng": draw,
                           "loss": total[0].item() / total[1].item()}) + "\n")
     log.flush()
     time.sleep(sleep_s)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest python_elastic_<mode>: tests/python/elastic_train.py (the gpurun Python package) under
 # gpurun --config with Debian's torch 1.13, 3 CPU slots: [0,1,2] -> shrink to [0] -> grow to
-# [0,2] -> pause [] -> resume [1,2], edited while it trains. Asserts: every epoch trains each
+# [0,2] -> pause [] -> resume [1,2] -> [1] in the other park mode (hold <-> release: a leaver
+# follows the decision's mode), edited while it trains. Asserts: every epoch trains each
 # of the 240 samples exactly once over all ranks; the state checksum at the start of each epoch
 # is equal on every rank; the world sizes follow the edits; gpurun exits 0.
 # Usage: run_elastic.sh GPURUN release|hold
@@ -9,7 +10,7 @@ MODE=${2:-release}
 TEST=python_elastic_$MODE
 source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
-conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "$MODE" > "$TMP/config.toml.new"
+conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "${2:-$MODE}" > "$TMP/config.toml.new"
          mv "$TMP/config.toml.new" "$TMP/config.toml"; }
 # Epochs finished so far (rank 0's lines; any slot can be rank 0).
 done_epochs() { cat "$TMP"/out/log.* 2>/dev/null | "$PY" -c '
@@ -26,7 +27,7 @@ wait_epochs() {
 
 conf "[0, 1, 2]"
 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
-  "$PY" "$HERE/elastic_train.py" "$TMP/out" 20 0.3 > "$LOG" 2>&1 &
+  "$PY" "$HERE/elastic_train.py" "$TMP/out" 26 0.3 > "$LOG" 2>&1 &
 pid=$!
 wait_epochs 2;  conf "[0]"
 wait_event '"active": \[0\],'
@@ -35,7 +36,14 @@ wait_event '"active": \[0,2\]'
 wait_epochs 7;  conf "[]"
 wait_event '"active": \[\]'
 sleep 1; conf "[1, 2]"
+wait_event '"active": \[1,2\]'
+# The park mode of a leaver is the decision's: the other mode for the last shrink.
+OTHER=$([[ $MODE == hold ]] && echo release || echo hold)
+wait_epochs 14; conf "[1]" "$OTHER"
+wait_event '"active": \[1\],'
 wait "$pid" || fail "gpurun exited $?"
+WANT=$([[ $OTHER == hold ]] && echo 'parked \(hold mode\)' || echo 'released')
+grep -Eq "\"gpu\": 2,[^}]*\"reason\": \"$WANT" "$TMP/events.jsonl" || fail "gpu 2 did not leave in $OTHER mode"
 
 "$PY" - "$TMP/out" <<'PY' || fail "the checks above"
 import collections, glob, json, sys
@@ -43,9 +51,9 @@ lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(
 by_epoch = collections.defaultdict(list)
 for l in lines:
     by_epoch[l["epoch"]].append(l)
-assert sorted(by_epoch) == list(range(20)), f"epochs trained: {sorted(by_epoch)}"
+assert sorted(by_epoch) == list(range(26)), f"epochs trained: {sorted(by_epoch)}"
 worlds = []
-for e in range(20):
+for e in range(26):
     ls = by_epoch[e]
     seen = sorted(i for l in ls for i in l["seen"])
     assert seen == list(range(240)), f"epoch {e}: {len(seen)} samples, {len(set(seen))} distinct"
@@ -55,8 +63,8 @@ for e in range(20):
     worlds.append(ls[0]["world"])
     print(f"epoch {e:2d} world {ls[0]['world']} generation {ls[0]['generation']} "
           f"loss {[l['loss'] for l in ls if l['rank'] == 0][0]:.6f}")
-# The edits: 3 ranks, then 1, then 2, then (after the pause) 2 on other slots.
-assert worlds[0] == 3 and 1 in worlds and worlds[-1] == 2, worlds
+# The edits: 3 ranks, then 1, then 2, then (after the pause) 2 on other slots, then 1.
+assert worlds[0] == 3 and 1 in worlds and 2 in worlds and worlds[-1] == 1, worlds
 print("worlds", worlds)
 PY
 grep -q '"state_source": -1' "$TMP/events.jsonl" || fail "no resume from the pause snapshot"

@@ -54,8 +54,12 @@ class Runtime:
     def __init__(self, backend=None):
         self.elastic = os.environ.get("GPURUN_ELASTIC") == "1"
         self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
-        if os.environ.get("GPURUN_DEVICE", "cpu") == "cuda" and torch.cuda.is_available():
-            self.device = torch.device("cuda", _env_int("GPURUN_GPU_ID", _env_int("LOCAL_RANK", 0)))
+        # gpurun's slot i is CUDA device i after CUDA_VISIBLE_DEVICES (docs/control-protocol.md
+        # "Words"); without gpurun (torchrun, plain python) a GPU is used when there is one.
+        wanted = os.environ.get("GPURUN_DEVICE", "")
+        if torch.cuda.is_available() and wanted in ("cuda", ""):
+            self.device = torch.device("cuda", self.slot)
+            torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
         self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
@@ -89,8 +93,10 @@ class Runtime:
     # ---- what moves with the state ----------------------------------------------------
     def track(self, model=None, optimizer=None, scheduler=None, **others):
         """Registers the training state. ``model`` (torch.nn.Module) is moved to
-        ``self.device``; every value needs ``state_dict()``/``load_state_dict()``. The RNG
-        states, the sampler position and the epoch move with it. Returns self."""
+        ``self.device``; every value needs ``state_dict()``/``load_state_dict()``. The
+        sampler position and the epoch move with it; torch's RNG state stays per process
+        (seed each rank yourself: moving one rank's RNG to another would make their dropout
+        and augmentation equal). Returns self."""
         if model is not None:
             self._module = model.to(self.device)
         self._optimizer = optimizer
@@ -101,8 +107,7 @@ class Runtime:
 
     def _state(self):
         s = {"position": {"epoch": self.epoch, "step": self._steps_done,
-                          "sampler": self._sampler.state_dict() if self._sampler else None},
-             "rng": {"torch": torch.get_rng_state()}}
+                          "sampler": self._sampler.state_dict() if self._sampler else None}}
         if self._module is not None:
             s["model"] = self._module.state_dict()
         if self._optimizer is not None:
@@ -116,7 +121,6 @@ class Runtime:
         self._steps_done = int(s["position"].get("step", 0))
         if self._sampler and s["position"]["sampler"]:
             self._sampler.load_state_dict(s["position"]["sampler"])
-        torch.set_rng_state(s["rng"]["torch"])
         if self._module is not None:
             self._module.load_state_dict(s["model"])
         if self._optimizer is not None:
@@ -143,9 +147,7 @@ class Runtime:
             else:
                 h.update(repr(obj).encode())
 
-        s = self._state()
-        s.pop("rng")
-        feed(s)
+        feed(self._state())
         return int.from_bytes(h.digest(), "little", signed=True)
 
     # ---- data -----------------------------------------------------------------------
@@ -154,6 +156,10 @@ class Runtime:
         sampler: one step takes batch_size × world_size samples of the epoch's permutation,
         so every sample is trained exactly once per epoch across resizes. Iterate it once
         per epoch inside ``epochs()``."""
+        unknown = sorted(set(dataloader_kwargs) - {"collate_fn"})
+        if unknown:
+            raise TypeError(f"Runtime.loader(): unsupported argument(s) {', '.join(unknown)} "
+                            "(only collate_fn; the samples are read in this process)")
         self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)
         return _Loader(self, dataset, batch_size, dataloader_kwargs)
 
@@ -289,6 +295,8 @@ class Runtime:
                       file=sys.stderr, flush=True)
 
     def _boundary(self, epoch, step):
+        if not self.elastic:  # a static run: nothing is decided at a boundary
+            return True
         d = self._report(epoch, step)
         while d["kind"] == "snapshot":
             outcome = None
@@ -341,13 +349,18 @@ class Runtime:
                 self._make_group(d["generation"], "handoff" if group != active else "train",
                                  group)
                 root = group.index(src)
-                self._broadcast_state(root)
+                self._broadcast_state(root, load=not have_state)
                 self._verify(root, "after the handoff")
                 verified = True
                 if group != active:
                     self._destroy_group()
         elif code == -1 and member:
-            self._load(torch.load(self._snapshot_path, map_location=self.device))
+            try:
+                snap = torch.load(self._snapshot_path, map_location="cpu")
+            except Exception as e:  # noqa: BLE001 - any unreadable file: say which
+                raise RuntimeError(f"cannot read the pause snapshot '{self._snapshot_path}': "
+                                   f"{type(e).__name__}: {e}") from e
+            self._load(snap)
         if not member:
             return self._leave(d)
         self.rank, self.world_size = active.index(self.slot), len(active)
@@ -362,7 +375,7 @@ class Runtime:
 
     def _leave(self, d):
         self.model = None
-        if self._park_mode != "hold":
+        if d.get("park_mode", self._park_mode) != "hold":  # the decision's mode, not the start's
             sys.exit(0)  # release: the process ends, its GPU memory with it
         self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
         self._store.set(f"gpurun/slot/{self.slot}/parked/{self._park_generation}",
@@ -415,7 +428,9 @@ class Runtime:
         else:
             self.model = self._module
 
-    def _broadcast_state(self, root):
+    def _broadcast_state(self, root, load=True):
+        """Sends the root's state to every rank of the group; ``load``: this rank takes it
+        (a rank that holds the current state already only takes part)."""
         if dist.get_rank() == root:
             buf = io.BytesIO()
             torch.save(_to_cpu(self._state()), buf)
@@ -430,9 +445,8 @@ class Runtime:
             data = torch.empty(int(n.item()), dtype=torch.uint8)
         data = data.to(dev)
         dist.broadcast(data, root)
-        if dist.get_rank() != root:
-            self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()),
-                                  map_location=self.device))
+        if dist.get_rank() != root and load:
+            self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu"))
 
     def _verify(self, root, what):
         mine = self.checksum()
@@ -526,9 +540,10 @@ class _Loader:
     def steps_left(self):
         """Steps left in this epoch at the current world size (int; for progress bars)."""
         s, w = self.rt._sampler, self.rt.world_size
-        if s.remaining() < w:
-            return 0
-        return -(-s.remaining() // (self.batch_size * w))
+        per = (self.rt.global_batch if self.rt._uses_steps and self.rt.global_batch
+               else self.batch_size * w)
+        full, rest = divmod(s.remaining(), per)
+        return full + (1 if rest >= w else 0)  # a tail smaller than the world is skipped
 
     def _collate(self, idx):
         collate = self.kwargs.get("collate_fn", torch.utils.data.default_collate
