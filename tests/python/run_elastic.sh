@@ -68,4 +68,14 @@ assert worlds[0] == 3 and 1 in worlds and 2 in worlds and worlds[-1] == 1, world
 print("worlds", worlds)
 PY
 grep -q '"state_source": -1' "$TMP/events.jsonl" || fail "no resume from the pause snapshot"
+# Every resize's timing record arrived from each participant (docs/control-protocol.md#resize-timings).
+"$PY" - "$TMP/events.jsonl" <<'PY' || fail "incomplete resize events"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+rs = [e for e in ev if e["event"] == "resize"]
+assert len(rs) >= 5, f"{len(rs)} resize events"
+for e in rs:
+    assert e["complete"] and not e["missing"], f"{e['kind']} {e['from']} -> {e['to']}: missing {e['missing']}"
+    print(f"resize {e['kind']} {e['from']} -> {e['to']}: {e['total_ms']:.0f} ms, phases {e['phases_ms']}")
+PY
 echo "python_elastic_$MODE: OK"

@@ -81,6 +81,9 @@ class Runtime:
         self.every_steps = 0   # [boundary] every: 0 = at epoch ends, N = every N steps
         self._finishing = False
         self._jumped = False
+        self._seen_ms = 0.0    # when the last resize decision was read (monotonic ms)
+        self._snapshot_marks = {}
+        self._timing = None    # the resize record being made: role, bytes, marks
         self._uses_steps = False
         if self.elastic:
             self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
@@ -231,6 +234,7 @@ class Runtime:
         d = json.loads(raw)
         if d.get("kind") == "exit":
             return None
+        self._seen_ms = _mono_ms()
         self._decision, self.generation, self._round = d, d["generation"], 0
         self._joined()
         return d
@@ -249,6 +253,7 @@ class Runtime:
         if kind in ("continue", "snapshot"):
             self._round += 1
         elif kind == "resize":
+            self._seen_ms = _mono_ms()
             if self.slot in d.get("leavers", []):
                 self._park_generation = d["generation"]
             self.generation, self._round = d["generation"], 0
@@ -301,7 +306,9 @@ class Runtime:
         while d["kind"] == "snapshot":
             outcome = None
             if self.slot == d["state_source_gpu"]:
+                begin = _mono_ms()
                 outcome = self._write_snapshot()
+                self._snapshot_marks = {"snapshot_begin": begin, "snapshot_end": _mono_ms()}
             d = self._report(epoch, step, outcome)
         if d["kind"] == "continue":
             self._warn_unsupported(d)
@@ -339,6 +346,7 @@ class Runtime:
         code = d.get("state_source", -2)
         active = d["active"]
         member = self.slot in active
+        self._begin_timing(d, member, have_state, src)
         self._destroy_group()
         if not active:  # pause: the source wrote the snapshot at the "snapshot" round
             return self._leave(d)
@@ -348,9 +356,12 @@ class Runtime:
             if self.slot in group:
                 self._make_group(d["generation"], "handoff" if group != active else "train",
                                  group)
+                self._mark("comm")
                 root = group.index(src)
                 self._broadcast_state(root, load=not have_state)
+                self._mark("state")
                 self._verify(root, "after the handoff")
+                self._mark("checksum")
                 verified = True
                 if group != active:
                     self._destroy_group()
@@ -361,25 +372,34 @@ class Runtime:
                 raise RuntimeError(f"cannot read the pause snapshot '{self._snapshot_path}': "
                                    f"{type(e).__name__}: {e}") from e
             self._load(snap)
+            self._mark("state")
         if not member:
             return self._leave(d)
         self.rank, self.world_size = active.index(self.slot), len(active)
         if not dist.is_initialized():
             self._make_group(d["generation"], "train", active)
+            self._mark("train_comm" if verified else "comm")
         if code == -2:
             self._broadcast_state(0)  # fresh start: rank 0's initialisation
         if not verified:
             self._verify(max(0, active.index(src)) if src in active else 0, "after the boundary")
+            self._mark("checksum")
         self._wrap()
+        self._mark("resumed")
+        self._publish_timing()
         self._warn_unsupported(d)
 
     def _leave(self, d):
         self.model = None
         if d.get("park_mode", self._park_mode) != "hold":  # the decision's mode, not the start's
+            self._mark("left")
+            self._publish_timing()
             sys.exit(0)  # release: the process ends, its GPU memory with it
         self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
         self._store.set(f"gpurun/slot/{self.slot}/parked/{self._park_generation}",
                         str(os.getpid()))
+        self._mark("left")
+        self._publish_timing()
         d = self._take_join(self._store.get(
             f"gpurun/slot/{self.slot}/wake/{self._park_generation}"))
         self._park_generation = -1
@@ -403,6 +423,38 @@ class Runtime:
                     if isinstance(v, torch.Tensor):
                         st[k] = v.cpu()
         torch.cuda.empty_cache()
+
+    # ---- resize timings (docs/control-protocol.md#resize-timings) ----------------------
+    def _begin_timing(self, d, member, have_state, src):
+        self._timing = None
+        if not self.elastic or d.get("kind") != "resize":
+            return  # a launch or a restart is no resize
+        role = "leaver" if not member else ("member" if have_state else "joiner")
+        if self.slot == src:
+            role = "source" if member else "source-leaver"
+        marks = dict(self._snapshot_marks)
+        self._snapshot_marks = {}
+        if self._seen_ms:
+            marks["seen"] = self._seen_ms
+        marks["ready"] = _mono_ms()
+        self._timing = {"generation": d["generation"], "role": role, "bytes": 0, "marks": marks}
+
+    def _mark(self, name):
+        if self._timing is not None:
+            self._timing["marks"][name] = _mono_ms()
+
+    def _publish_timing(self):
+        """One SET of gpurun/gen/<g>/timing/<slot>; a store error only loses the timing."""
+        t, self._timing = self._timing, None
+        if t is None:
+            return
+        rec = {"v": 1, "gpu": self.slot, "pid": os.getpid(), "role": t["role"],
+               "bytes": t["bytes"], "clock": "monotonic", "marks": t["marks"]}
+        try:
+            self._store.set(f"gpurun/gen/{t['generation']}/timing/{self.slot}",
+                            json.dumps(rec, separators=(",", ":")))
+        except Exception:  # noqa: BLE001 - the protocol's next step reports a broken store
+            pass
 
     def _make_group(self, generation, name, group):
         if self._pg_store is None:
@@ -445,6 +497,8 @@ class Runtime:
             data = torch.empty(int(n.item()), dtype=torch.uint8)
         data = data.to(dev)
         dist.broadcast(data, root)
+        if self._timing is not None:
+            self._timing["bytes"] += int(n.item())
         if dist.get_rank() != root and load:
             self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu"))
 
@@ -517,6 +571,11 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
         return run
 
     return wrap
+
+
+def _mono_ms():
+    """Milliseconds of CLOCK_MONOTONIC, the clock of gpurun's resize marks."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC) * 1000.0
 
 
 def _to_cpu(obj):
