@@ -7,7 +7,8 @@ between boundaries.
 
 Each process appends to OUT/log.<slot>.<pid> one JSON line per epoch: epoch, rank, world,
 generation, the indices it trained, the state checksum at the start of the epoch, and
-(rank 0) the epoch's mean loss over all ranks.
+(rank 0) the epoch's mean loss over all ranks. SLOW_LOAD=S: loading a received state takes S
+seconds more (the process writes OUT/loading.<slot> with its pid first).
 """
 import json
 import os
@@ -34,6 +35,17 @@ net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.AdamW(net.parameters(), lr=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
 rt.track(model=net, optimizer=opt, scheduler=sched)
+if os.environ.get("SLOW_LOAD"):  # a joiner's load takes SLOW_LOAD s (OUT/loading.<slot> = pid)
+    class Slow:
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, _):
+            with open(os.path.join(out, f"loading.{rt.slot}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(float(os.environ["SLOW_LOAD"]))
+
+    rt.track(slow=Slow())
 loader = rt.loader(data, batch_size=8, seed=4)
 log = open(os.path.join(out, f"log.{rt.slot}.{os.getpid()}"), "a")
 for epoch in rt.epochs(epochs):

@@ -10,7 +10,8 @@ import socket
 import struct
 import time
 
-_VALIDATE, _SET, _GET, _ADD, _WAIT, _DELETE_KEY, _CANCEL_WAIT, _PING = 0, 1, 3, 4, 6, 8, 12, 13
+_VALIDATE, _SET, _GET, _ADD, _CHECK, _WAIT, _DELETE_KEY, _CANCEL_WAIT, _PING = (
+    0, 1, 3, 4, 5, 6, 8, 12, 13)
 _MAGIC = 0x3C85F7CE
 
 
@@ -85,6 +86,11 @@ class StoreClient:
         """Adds ``delta`` (int) to the decimal counter at ``key``; returns the new value."""
         self._send(bytes([_ADD]) + _bytes(key) + struct.pack("<q", int(delta)))
         return struct.unpack("<q", self._recv(8))[0]
+
+    def check(self, keys):
+        """True when every key of ``keys`` (list of str) exists; never blocks."""
+        self._send(bytes([_CHECK]) + struct.pack("<Q", len(keys)) + b"".join(_bytes(k) for k in keys))
+        return self._recv(1) == b"\x00"
 
     def delete_key(self, key):
         """Removes ``key``; True if it existed."""

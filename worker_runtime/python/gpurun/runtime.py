@@ -25,6 +25,10 @@ from ._sampler import ElasticSampler
 from ._store import StoreClient
 
 
+class Abandoned(RuntimeError):
+    """gpurun abandoned a generation's set-up (a participant died before it was set up)."""
+
+
 class StateMismatch(RuntimeError):
     """The ranks' state checksums differ after a start or resize (names the ranks)."""
 
@@ -239,10 +243,12 @@ class Runtime:
         self._joined()
         return d
 
-    def _report(self, epoch, step, snapshot=None):
+    def _report(self, epoch, step, snapshot=None, has_state=True):
         r = {"v": 1, "rank": self.rank, "gpu": self.slot, "generation": self.generation,
              "round": self._round, "epoch": epoch, "step": step, "pid": os.getpid(),
              "time_ms": int(time.time() * 1000)}
+        if not has_state:
+            r["has_state"] = False
         if snapshot is not None:
             r["snapshot"] = snapshot
         g, n = self.generation, self._round
@@ -350,6 +356,46 @@ class Runtime:
         self._destroy_group()
         if not active:  # pause: the source wrote the snapshot at the "snapshot" round
             return self._leave(d)
+        try:
+            self._set_up(d, member, have_state, src, code, active)
+        except RuntimeError as e:
+            if not is_comm_failure(e):
+                raise
+            self._set_up_failed(d, member, have_state, e)
+
+    def _set_up_failed(self, d, member, have_state, err):
+        """A peer died (or gpurun abandoned the generation) while ``d``'s generation was being
+        set up. A holder reports again at its position and follows gpurun's next decision
+        (without the dead rank); a joiner without the state reports without it and follows
+        the answer (exit, or a later generation to join); a leaving source whose handoff
+        failed leaves as decided (gpurun then says whether the state is lost)."""
+        what = "holds the state" if have_state else "holds no state yet"
+        print(f"gpurun (python, slot {self.slot}): setting up generation {d['generation']} "
+              f"failed ({str(err).strip()[:300]}); this rank {what}: reporting to gpurun",
+              file=sys.stderr, flush=True)
+        self._timing = None
+        try:
+            self._destroy_group()
+        except Exception:  # noqa: BLE001 - a broken group: nothing more to release
+            pass
+        if not member:
+            return self._leave(d)
+        self.rank, self.world_size = d["active"].index(self.slot), len(d["active"])
+        if have_state:
+            self._boundary(self.epoch, self._steps_done)
+            return
+        while True:
+            nd = self._report(d.get("epoch", self.epoch), d.get("step", 0), has_state=False)
+            if nd["kind"] != "snapshot":
+                break
+        if nd["kind"] == "exit":
+            sys.exit(0)
+        if nd["kind"] != "resize":
+            raise RuntimeError(f"slot {self.slot} reported without state and got a "
+                               f"'{nd['kind']}' decision (expected resize or exit)")
+        self._enter(nd, have_state=False)
+
+    def _set_up(self, d, member, have_state, src, code, active):
         verified = False
         if code >= 0 and d.get("joiners"):
             group = sorted(set(active) | {src})
@@ -458,13 +504,38 @@ class Runtime:
 
     def _make_group(self, generation, name, group):
         if self._pg_store is None:
-            self._pg_store = dist.TCPStore(os.environ["GPURUN_STORE_ADDR"],
-                                           _env_int("GPURUN_STORE_PORT"), is_master=False,
-                                           timeout=self.comm_timeout)
+            # Its timeout bounds torch's own rendezvous, which a peer that died after
+            # _arrive() would hold up (init_process_group(store=...) keeps the store's timeout;
+            # the collectives use the group's): _RENDEZVOUS_TIMEOUT, at most the comm timeout.
+            self._pg_store = dist.TCPStore(
+                os.environ["GPURUN_STORE_ADDR"], _env_int("GPURUN_STORE_PORT"), is_master=False,
+                timeout=min(self.comm_timeout, _RENDEZVOUS_TIMEOUT))
         prefix = f"gpurun/pygroup/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{generation}/{name}"
+        if self.elastic:
+            self._arrive(generation, prefix, group)
         dist.init_process_group(self.backend, store=dist.PrefixStore(prefix, self._pg_store),
                                 rank=group.index(self.slot), world_size=len(group),
                                 timeout=self.comm_timeout)
+
+    def _arrive(self, generation, prefix, group):
+        """Waits until every rank of ``group`` reached this group's set-up, giving up at once
+        (``Abandoned``) when gpurun writes the generation's abort key: torch's own rendezvous
+        would wait for a dead peer until the comm timeout."""
+        me = group.index(self.slot)
+        self._store.set(f"{prefix}/arrived/{me}", str(os.getpid()))
+        abort = f"gpurun/gen/{generation}/abort"
+        waiting = [f"{prefix}/arrived/{i}" for i in range(len(group)) if i != me]
+        deadline = time.monotonic() + self.comm_timeout.total_seconds()
+        while waiting:
+            if self._store.check([abort]):
+                raise Abandoned(f"generation {generation} abandoned by gpurun: "
+                                f"{self._store.get(abort).decode(errors='replace')}")
+            waiting = [k for k in waiting if not self._store.check([k])]
+            if waiting:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Timed out: ranks of {prefix} did not arrive in "
+                                       f"{self.comm_timeout.total_seconds():.0f} s")
+                time.sleep(0.02)
 
     def _destroy_group(self):
         self.model = None
@@ -518,9 +589,15 @@ class Runtime:
 
 # What a collective's error says when a peer died or hung (Gloo and NCCL as of torch 1.13 -
 # 2.11). Only these are taken for a peer's failure: any other error is the program's own.
-_COMM_FAILURE_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+_COMM_FAILURE_MARKS = ("abandoned by gpurun", "Connection reset by peer", "Connection closed by peer", "Broken pipe",
                        "Connection refused", "Timed out", "timed out", "NCCL error",
                        "NCCL communicator was aborted", "DistBackendError")
+
+
+# How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks
+# go straight from _arrive() into init_process_group, so only a peer that died in between
+# waits this long.
+_RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def is_comm_failure(err):

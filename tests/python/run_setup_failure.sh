@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ctest python_setup_failure_<where>: a joiner killed during the resize's set-up. 2 CPU slots
+# train (loop form, tests/python/elastic_train.py, SLOW_LOAD=30); a grow to [0,1,2] admits
+# slot 2, which is SIGKILLed inside its state load (load: the holders are in the checksum
+# all-gather), or after it was SIGSTOPped once ready (rendezvous: the holders wait for it in the
+# new group's rendezvous until gpurun's abort key). The holders must give up on it at
+# once (not after the comm timeout), report again, and go on as [0,1]: gpurun decides
+# failed [2], the job finishes every epoch (each sample once per epoch) and exits 0.
+# Usage: run_setup_failure.sh GPURUN load|rendezvous
+WHERE=${2:-load}
+TEST=python_setup_failure_$WHERE
+source "$(dirname "$0")/common.sh"
+mkdir -p "$TMP/out"
+printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
+SLOW_LOAD=30 GPURUN_COMM_TIMEOUT_MS=120000 "$GPURUN" --master-port 0 --nproc 3 --device cpu \
+  --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
+  "$PY" "$HERE/elastic_train.py" "$TMP/out" 8 1.0 > "$LOG" 2>&1 &
+pid=$!
+wait_event '"event": "decision", "generation": 0, "prev_generation": 0, "round": 1,'
+printf 'active_gpus = [0, 1, 2]\n' > "$TMP/c.new"; mv "$TMP/c.new" "$TMP/config.toml"
+if [[ $WHERE == load ]]; then
+  for _ in $(seq 1 900); do [[ -s $TMP/out/loading.2 ]] && break; sleep 0.1; done
+  [[ -s $TMP/out/loading.2 ]] || fail "slot 2 never loaded a state"
+  victim=$(cat "$TMP/out/loading.2")
+else  # stopped once ready, so the holders wait for it in the new group's rendezvous
+  wait_event '"event": "warm_ready", "gpu": 2'
+  victim=$("$PY" -c 'import json,sys; print([json.loads(l)["pid"] for l in open(sys.argv[1]) if "\"warm_ready\"" in l][-1])' "$TMP/events.jsonl")
+  [[ $victim -gt 1 ]] && kill -STOP "$victim"
+  wait_event '"joiners": \[2\]'
+  sleep 1
+fi
+[[ $victim -gt 1 ]] && kill -9 "$victim"
+killed=$(date +%s)
+wait_event '"failed": \[2\]'
+(( $(date +%s) - killed < 20 )) || fail "the holders waited $(( $(date +%s) - killed )) s for the dead joiner"
+echo "$TEST: the holders went on $(( $(date +%s) - killed )) s after the kill"
+wait "$pid" || fail "gpurun exited $?"
+"$PY" - "$TMP/out" <<'PY' || fail "the checks above"
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(f)]
+for e in range(8):
+    ls = [l for l in lines if l["epoch"] == e]
+    assert sorted(i for l in ls for i in l["seen"]) == list(range(240)), f"epoch {e}"
+    assert len({l["start_checksum"] for l in ls}) == 1, f"epoch {e}"
+    assert {l["world"] for l in ls} == {2}, f"epoch {e}: worlds {[l['world'] for l in ls]}"
+print("8 epochs on [0, 1], each sample once; slot 2's death did not stop them")
+PY
+echo "$TEST: OK"
