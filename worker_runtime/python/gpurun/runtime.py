@@ -103,10 +103,11 @@ class Runtime:
         ``self.device``; every value needs ``state_dict()``/``load_state_dict()``. The
         sampler position and the epoch move with it; torch's RNG state stays per process
         (seed each rank yourself: moving one rank's RNG to another would make their dropout
-        and augmentation equal). Returns self."""
+        and augmentation equal). Several calls add up. Returns self."""
         if model is not None:
             self._module = model.to(self.device)
-        self._optimizer = optimizer
+        if optimizer is not None:  # a later call adds to what is tracked, it replaces nothing
+            self._optimizer = optimizer
         if scheduler is not None:
             others["scheduler"] = scheduler
         self._others.update(others)

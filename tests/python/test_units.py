@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest python_sampler: the Python elastic sampler deals what the C++ one deals.
+"""ctest python_units: the Python elastic sampler deals what the C++ one deals; track() calls add up.
 
 The golden permutation is the C++ test's (tests/worker_runtime/elastic_sampler_test.cpp,
 "the same indices on every platform"); a property check: any sequence of world sizes between
@@ -37,4 +37,29 @@ a.advance(20)
 b = ElasticSampler(50, seed=3)
 b.load_state_dict(a.state_dict())
 assert b.window(30, 0, 1) == a.window(30, 0, 1)
-print("python_sampler: OK")
+print("python_units: sampler OK")
+
+# Runtime.track() calls add up: a second call with other objects keeps the optimizer.
+import torch  # noqa: E402
+import gpurun  # noqa: E402
+
+rt = gpurun.Runtime()
+net = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+net(torch.ones(1, 2)).sum().backward()
+opt.step()
+before = rt.track(model=net, optimizer=opt).checksum()
+
+
+class Extra:
+    def state_dict(self):
+        return {"n": 1}
+
+    def load_state_dict(self, s):
+        pass
+
+
+rt.track(extra=Extra())
+assert "optimizer" in rt._state() and "other.extra" in rt._state(), sorted(rt._state())
+assert rt.checksum() != before  # the extra object counts too
+print("python_units: track() calls add up")
