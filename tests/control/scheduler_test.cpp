@@ -481,6 +481,18 @@ void report_stateless(Harness& h, int gpu, int64_t epoch) {
   h.s.on_report(r);
   h.drain();
 }
+
+// Every slot of `gpus` joins, a config edit pauses the job at boundary 0 and every process
+// exits (release mode): the job stays open with no process.
+void pause_and_release(Harness& h, const std::vector<int>& gpus) {
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  CHECK(h.boundary(0).active.empty());
+  for (int gpu : gpus) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.s.holds_job_open());
+}
 }  // namespace
 
 TEST_CASE("scheduler: a joiner dies during the set-up: the abort key, then a decision without it") {
@@ -758,13 +770,7 @@ TEST_CASE("scheduler: a warming joiner that dies, is removed by an edit, or outl
 TEST_CASE("scheduler: a resume from a pause is decided once its warm joiners are ready") {
   Harness h(cfg(std::vector<int>{0, 1}));
   h.auto_ready = false;
-  h.join_all();
-  h.s.config_loaded(cfg(std::vector<int>{}), "c");
-  h.drain();
-  CHECK(h.boundary(0).active.empty());
-  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
-  h.drain();
-  REQUIRE(h.s.holds_job_open());
+  pause_and_release(h, {0, 1});
   const size_t decided = h.decisions.size();
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
   h.drain();
@@ -786,13 +792,7 @@ TEST_CASE(
     "scheduler: paused, the last usable slot's warm joiner dies: the job ends, it does not hang") {
   Harness h(cfg(std::vector<int>{0, 1}), /*slots=*/2);
   h.auto_ready = false;
-  h.join_all();
-  h.s.config_loaded(cfg(std::vector<int>{}), "c");
-  h.drain();
-  CHECK(h.boundary(0).active.empty());
-  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
-  h.drain();
-  REQUIRE(h.s.holds_job_open());
+  pause_and_release(h, {0, 1});
   h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
   h.drain();
   REQUIRE(h.state(0) == SlotState::kWarming);
