@@ -278,8 +278,11 @@ if [[ $mode == scripts ]]; then
     sleep 0.2
   done
   if ((requeued)); then
-    # Slurm 22.05 makes a requeued job eligible only ~2 minutes later; an admin may skip that
-    scontrol update JobId="$j" StartTime=now || fail "scontrol update StartTime=now"
+    # Slurm 22.05 makes a requeued job eligible only ~2 minutes later (its credential is revoked
+    # on the node until then); an admin may shorten that. Not to "now": slurmd compares the new
+    # credential's creation time with the revocation time in whole seconds, and a relaunch within
+    # the same second is killed as "Job credential revoked" (seen in CI).
+    scontrol update JobId="$j" StartTime=now+3 || fail "scontrol update StartTime=now+3"
   else
     fail "preempt: job $j was not requeued (Restarts=$(job_field "$j" Restarts), $(job_field "$j" JobState))"
   fi
