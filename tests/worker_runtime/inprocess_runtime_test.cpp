@@ -56,6 +56,7 @@ struct RankLog {
   bool finite = false;      // every parameter finite at the end
   int64_t epochs_done = 0;  // epoch bodies run to the end (not left in them)
   uint64_t final_checksum = 0;
+  std::string checksum_error;  ///< state_checksum() after leaving
   /// checksum at the top of the first epoch body of each generation it trained in
   std::map<int64_t, uint64_t> first_of_generation;
 };
@@ -113,7 +114,13 @@ struct Trainer {
       ++log.epochs_done;
     }
     log.left = rt.left();
-    log.final_checksum = rt.state_checksum();
+    // A leaver's tracked tensors are freed (both park modes): only a pause's snapshot source
+    // or a leaving handoff source knows the checksum it left with.
+    try {
+      log.final_checksum = rt.state_checksum();
+    } catch (const gpurun::Error& e) {
+      log.checksum_error = e.what();
+    }
     log.finite = true;
     for (const auto& p : model->parameters())
       log.finite = log.finite && p.isfinite().all().item<bool>();
@@ -198,6 +205,9 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   const auto s0 = t.of(0), s1 = t.of(1);
   REQUIRE(s0.size() == 1);
   REQUIRE(s1.size() == 2);  // the leaver's process, then the joiner's
+  CHECK(s1[0].left);
+  CHECK_MESSAGE(s1[0].checksum_error.find("its tracked tensors are freed") != std::string::npos,
+                s1[0].checksum_error);
   const RankLog& leaver = s1[0].left ? s1[0] : s1[1];
   const RankLog& joiner = s1[0].left ? s1[1] : s1[0];
   CHECK(leaver.left);
@@ -278,7 +288,7 @@ TEST_CASE("in-process: pause to [] and resume to [0, 1] from the host snapshot")
     if (mode == ParkMode::kRelease) {  // the source's process ended at the pause
       REQUIRE(s0.size() == 2);
       CHECK(s0.front().left);
-      CHECK(s0.front().final_checksum == a.first_of_generation.at(g));
+      CHECK(s0.front().final_checksum == a.first_of_generation.at(g));  // what it paused with
     }
     CHECK(a.final_checksum == b.final_checksum);
     CHECK(a.finite);  // release: new processes, joining() true, NaN-filled before the resume

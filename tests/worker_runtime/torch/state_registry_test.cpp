@@ -22,11 +22,13 @@
 #include "gpurun_process.hpp"  // TempDir
 #include "state/snapshot_file.hpp"
 #include "state/snapshot_format.hpp"
+#include "state/state_checksum.hpp"
 #include "state/xxh64.hpp"
 
 using gpurun::StateExtension;
 using gpurun::rt::StateError;
 using gpurun::rt::StateRegistry;
+namespace rt = gpurun::rt;
 
 namespace {
 
@@ -288,6 +290,48 @@ TEST_CASE("state registry: canonical order is modules by name, then optimizer st
   int64_t total = 0;
   for (const auto& t : ts) total += static_cast<int64_t>(t.nbytes());
   CHECK(s.reg.nbytes() == total);
+}
+
+TEST_CASE("state checksum: the chunked prefix-sum form gives the direct sums of every tensor") {
+  // Words that make the int64 sums wrap, signed words, dtypes whose bytes are no whole number
+  // of words, an empty and a non-contiguous tensor; chunk sizes that split tensors across
+  // chunks (1, 3, 7 words), pack several into one (1000) and the default.
+  torch::manual_seed(3);
+  std::vector<at::Tensor> ts = {
+      torch::randint(INT32_MIN, INT32_MAX, {1000}, torch::kInt),
+      torch::full({17}, INT32_MAX, torch::kInt),
+      torch::full({23}, INT32_MIN, torch::kInt),
+      torch::randn({5, 7}),
+      torch::randn({3}, torch::kHalf),  // 6 bytes: the last word zero-padded
+      torch::randint(0, 2, {5}, torch::kBool),
+      torch::randint(-128, 127, {9}, torch::kChar),
+      torch::randint(-(int64_t{1} << 62), int64_t{1} << 62, {13}, torch::kLong),
+      torch::empty({0}),
+      torch::randn({6, 4}).t(),  // non-contiguous
+      torch::randn({1}),
+      torch::randn({2048}),
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> want;
+  for (const auto& t : ts) want.push_back(rt::reference_sums(t));
+  CHECK(want[1].first != 0);  // the wrapping cases are not trivially zero
+  for (int64_t chunk :
+       {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{1000}, rt::StateChecksum::kDefaultChunkWords}) {
+    CAPTURE(chunk);
+    rt::StateChecksum sum(chunk);
+    for (const auto& t : ts) sum.add_tensor(t);
+    const auto got = sum.tensor_sums();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[i] == want[i]);
+    }
+  }
+  // The folded value depends on the sums only, not on the chunking.
+  rt::StateChecksum a(3), b;
+  for (const auto& t : ts) a.add_tensor(t), b.add_tensor(t);
+  CHECK(a.finish() == b.finish());
+  CHECK_THROWS_WITH_AS(rt::StateChecksum(0), doctest::Contains("chunk_words must be > 0"),
+                       gpurun::InvariantError);
 }
 
 TEST_CASE("state registry: checksum is bitwise sensitive") {
@@ -812,7 +856,7 @@ TEST_CASE("state registry: with no room at any path the write fails once, listin
   Side source(Kind::kAdam, 1);
   source.step(0);
   source.reg.write_snapshot(paths.primary);  // an old snapshot there: it must not survive
-  source.reg.close_snapshot();  // no kept mapping: an in-place write would need no new space
+  (void)source.reg.close_snapshot();  // no kept mapping: an in-place write would need no new space
   std::filesystem::resize_file(paths.primary, 4096);  // ... and the old file does not fit
   source.step(1);
   gpurun::testing::TempDir out("gpurun-report");
@@ -913,6 +957,37 @@ TEST_CASE("state registry: a changed payload byte is refused and nothing is appl
   CHECK(receiver.reg.checksum() == source.reg.checksum());
 }
 
+TEST_CASE("state registry: verified while copying, a changed payload byte leaves nothing usable") {
+  // Verify::kWhileCopying (a rank resuming a paused job holds no state): the copies run
+  // before the payload checksum is known, so a corrupt file must leave the tensors released.
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);
+  const std::string good = read_file(path);
+  const SnapshotHeader h =
+      SnapshotHeader::decode(reinterpret_cast<const uint8_t*>(good.data()), good.size(), path);
+  std::string bad = good;
+  std::memcpy(bad.data() + (h.data_offset + h.data_end) / 2, "GARBAGE!", 8);
+  write_file(path, bad);
+  Side receiver(Kind::kAdam, 2);
+  const auto while_copying = StateRegistry::Verify::kWhileCopying;
+  const auto msg = error_of([&] {
+    receiver.reg.read_snapshot(SnapshotPaths{path, {}}, torch::kCPU, while_copying);
+  });
+  CHECK(msg.find("'" + path + "'") != std::string::npos);
+  CHECK(msg.find("payload checksum 0x") != std::string::npos);
+  CHECK(msg.find("(file corrupt") != std::string::npos);
+  CHECK(receiver.reg.tensors().empty());  // released: the copied bytes are gone
+  CHECK(error_of([&] { (void)receiver.reg.checksum(); }).find("release") != std::string::npos);
+  // The good file: the same state as the source's, and the same stats as a verify-first read.
+  write_file(path, good);
+  receiver.reg.read_snapshot(SnapshotPaths{path, {}}, torch::kCPU, while_copying);
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
+  CHECK(receiver.reg.last_snapshot_stats().checksum_seconds > 0);
+}
+
 TEST_CASE("state registry: a truncated snapshot or another format version is refused clearly") {
   gpurun::testing::TempDir dir("gpurun-state");
   const std::string path = (dir.path / "state.snap").string();
@@ -993,7 +1068,7 @@ TEST_CASE("state registry: of two snapshot files the newer one is read; the writ
   CHECK(restored.reg.checksum() == second.reg.checksum());
 
   // Both present (a crash between writing one and removing the other): the newer wins.
-  first.reg.close_snapshot();
+  (void)first.reg.close_snapshot();
   CHECK(write_to(first.reg, SnapshotPaths{paths.fallback, ""}) == paths.fallback);  // newer
   CHECK(std::filesystem::exists(paths.primary));
   Side again(Kind::kSgd, 4);

@@ -195,6 +195,9 @@ class Runtime {
   /// Element-wise sum over the active world of a few numbers (metrics: loss sums, counts).
   std::vector<double> all_reduce_sum(std::vector<double> values);
   /// Checksum of the tracked state (see StateRegistry): equal on every rank after a boundary.
+  /// Blocks until the device work is done. After left() (the tensors are freed): the checksum
+  /// of the state it left with where its last boundary computed one (it wrote the pause
+  /// snapshot, or handed the state on), else StateError.
   uint64_t state_checksum();
 
   /// The one-line form: for each epoch, train_one_epoch(epoch). Same semantics as epochs().

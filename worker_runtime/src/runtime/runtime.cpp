@@ -314,6 +314,7 @@ struct Runtime::Impl {
         moved = registry.nbytes();
       }
       trace_resize(d, role, t0, moved, checksum);
+      left_checksum = checksum ? checksum : written_checksum;
       leave(d);
       return;
     }
@@ -336,7 +337,9 @@ struct Runtime::Impl {
         if (same) comm = std::move(c);
       }
     } else if (d.state_source.is_snapshot() && member) {  // resume from the pause snapshot
-      registry.read_snapshot(snapshot_paths(), device);
+      // Every member of a paused job holds no state (it is the snapshot's): the payload is
+      // verified while it is copied (a corrupt file leaves the tensors released).
+      registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying);
       sync_in();
       moved = registry.nbytes();
       mark_phase("state");
@@ -353,6 +356,7 @@ struct Runtime::Impl {
 
     if (!member) {
       trace_resize(d, role, t0, moved, checksum);
+      left_checksum = checksum;
       phase_role = role, phase_bytes = moved;
       leave(d);
       return;
@@ -380,7 +384,11 @@ struct Runtime::Impl {
   }
 
   // ---- resize timings (docs/control-protocol.md#resize-timings) -------------------------
-  std::string phase_role;  // a leaver's role and bytes, for leave()'s record
+  /// The checksum of the state this rank held when it left, where that boundary computed one
+  /// (a pause's snapshot source, a leaving handoff source): state_checksum() after left().
+  std::optional<uint64_t> left_checksum;
+  std::optional<uint64_t> written_checksum;  ///< of the pause snapshot it wrote at this boundary
+  std::string phase_role;                    // a leaver's role and bytes, for leave()'s record
   int64_t phase_bytes = 0;
   /// Starts this rank's record of the resize into d.generation (only for `resize` decisions:
   /// a launch or a restart is no resize): when it saw the decision, when it was ready to set
@@ -448,7 +456,19 @@ struct Runtime::Impl {
     if (d.park_mode == control::ParkMode::kRelease) {
       // No std::exit: epochs() ends, user code after the loop (which checks left()) and the
       // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
+      // The state (written to the snapshot, or handed on) is freed here, before that: the
+      // process's exit then tears down a CUDA context with nothing allocated and no page-locked
+      // mapping, and the time it took is in the trace (free_ms, unmap_ms).
+      finish_snapshot_preparation();
+      const auto t_free = Clock::now();
+      registry.release();  // device memory: every cached block too
+      const double free_ms = ms_since(t_free);
+      // unregister + unmap the snapshot file (it stays)
+      const rt::StateRegistry::CloseTimes closed = registry.close_snapshot();
       trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
+                           {"free_ms", Trace::num(free_ms)},
+                           {"unpin_ms", Trace::num(closed.unpin_seconds * 1e3)},
+                           {"unmap_ms", Trace::num(closed.unmap_seconds * 1e3)},
                            {"ms", Trace::num(ms_since(t0))}});
       mark_phase("left");
       publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
@@ -567,6 +587,7 @@ struct Runtime::Impl {
     if (!control) return static_boundary();
     const auto t0 = Clock::now();
     Decision d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, {});
+    written_checksum.reset();
     if (d.kind == Decision::Kind::kSnapshot) finish_snapshot_preparation();  // the file it writes
     // A pause is wanted: the state source writes the snapshot while everyone still holds the
     // state, then all report again here; gpurun pauses only after a verified snapshot.
@@ -684,11 +705,12 @@ struct Runtime::Impl {
       sync_out();
       const std::string path = registry.write_snapshot(snapshot_paths());
       const auto& st = registry.last_snapshot_stats();
+      written_checksum = registry.checksum();
       trace.write("snapshot_written",
                   {{"path", Trace::str(path)},
                    {"bytes", Trace::num(st.file_bytes)},
                    {"tensor_bytes", Trace::num(st.tensor_bytes)},
-                   {"checksum", Trace::str(hex(registry.checksum()))},
+                   {"checksum", Trace::str(hex(*written_checksum))},
                    {"fell_back", Trace::num(static_cast<int64_t>(st.failed_attempts.size()))},
                    {"pinned", Trace::num(int64_t{st.pinned})},
                    {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
@@ -1253,6 +1275,14 @@ std::vector<double> Runtime::all_reduce_sum(std::vector<double> values) {
 }
 
 uint64_t Runtime::state_checksum() {
+  if (left()) {
+    if (impl_->left_checksum) return *impl_->left_checksum;
+    throw rt::StateError(fmt::format(
+        "state_checksum(): this rank left the job in generation {} and its tracked tensors are "
+        "freed; only a rank that wrote the pause snapshot or handed the state on knows the "
+        "checksum it left with (docs/worker-runtime.md: the code after the loop)",
+        impl_->generation));
+  }
   impl_->sync_out();
   return impl_->registry.checksum();
 }

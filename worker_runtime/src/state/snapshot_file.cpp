@@ -71,6 +71,13 @@ SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
   return *this;
 }
 
+double SnapshotFile::unpin() noexcept {
+  if (!pinned()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  registration_ = compat::HostRegistration{};
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double SnapshotFile::pin() {
   if (pinned() || data() == nullptr) return 0;
   const auto t0 = std::chrono::steady_clock::now();

@@ -48,6 +48,9 @@ class SnapshotFile {
   /// in CUDA builds with a device, nothing otherwise). Idempotent; returns the seconds it took
   /// (0 when already done). Never throws: without page-locking copies still work, slower.
   double pin();
+  /// Undoes pin() (cudaHostUnregister: the driver unpins every page) and returns the seconds
+  /// it took; 0 when not pinned. The mapping stays.
+  double unpin() noexcept;
   bool pinned() const noexcept { return registration_.pinned(); }
 
   /// Locks the whole mapping in memory (mlock: resident, never swapped out; released with the

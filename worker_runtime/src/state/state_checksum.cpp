@@ -3,15 +3,23 @@
 #include <algorithm>
 #include <bit>
 
+#include "gpurun/check.hpp"
+
 namespace gpurun::rt {
 namespace {
-
-// Words summed per chunk: bounds the int64 temporaries to 2 × 128 MiB per chunk.
-constexpr int64_t kChunkWords = int64_t{16} << 20;
 
 // Folds `value` into `h`, order-dependently.
 uint64_t fold(uint64_t h, uint64_t value) {
   return splitmix64(h ^ splitmix64(value));
+}
+
+// The tensor's raw bytes as int32 words, zero-padded to whole words (bool, int8, an odd count
+// of halfs).
+at::Tensor words_of(const at::Tensor& t) {
+  at::Tensor bytes = t.contiguous().reshape({-1}).view(at::kByte);
+  const int64_t pad = (4 - bytes.numel() % 4) % 4;
+  if (pad != 0) bytes = at::cat({bytes, at::zeros({pad}, bytes.options())});
+  return bytes.view(at::kInt);
 }
 
 }  // namespace
@@ -23,31 +31,28 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+StateChecksum::StateChecksum(int64_t chunk_words) : chunk_words_(chunk_words) {
+  GPURUN_CHECK(chunk_words > 0, "StateChecksum: chunk_words must be > 0, got {}", chunk_words);
+}
+
 void StateChecksum::add_tensor(const at::Tensor& t) {
   TensorEntry entry;
   entry.meta.push_back(static_cast<uint64_t>(t.dim()));
   for (int64_t s : t.sizes()) entry.meta.push_back(static_cast<uint64_t>(s));
   entry.meta.push_back(fnv1a64(c10::toString(t.scalar_type())));
-
-  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(t.device());
-  at::Tensor plain = at::zeros({}, long_opts);
-  at::Tensor weighted = at::zeros({}, long_opts);
-  if (t.numel() > 0) {
-    // Raw bytes, zero-padded to whole 32-bit words (bool, int8, an odd count of halfs).
-    at::Tensor bytes = t.contiguous().reshape({-1}).view(at::kByte);
-    const int64_t pad = (4 - bytes.numel() % 4) % 4;
-    if (pad != 0) bytes = at::cat({bytes, at::zeros({pad}, bytes.options())});
-    const at::Tensor words = bytes.view(at::kInt);
-    const int64_t n = words.numel();
-    for (int64_t begin = 0; begin < n; begin += kChunkWords) {
-      const int64_t len = std::min(kChunkWords, n - begin);
-      const at::Tensor w = words.slice(0, begin, begin + len).to(at::kLong);
-      plain.add_(w.sum());
-      weighted.add_(w.mul_(at::arange(begin + 1, begin + len + 1, long_opts)).sum());
-    }
-  }
-  entry.sums = at::stack({plain, weighted});
+  if (t.numel() > 0) entry.words = words_of(t);
   tensors_.push_back(std::move(entry));
+}
+
+std::pair<uint64_t, uint64_t> reference_sums(const at::Tensor& t) {
+  if (t.numel() == 0) return {0, 0};
+  const at::Tensor words = words_of(t);
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(t.device());
+  const at::Tensor w = words.to(at::kLong);
+  const int64_t n = w.numel();
+  const int64_t plain = w.sum().item<int64_t>();
+  const int64_t weighted = (w * at::arange(1, n + 1, long_opts)).sum().item<int64_t>();
+  return {static_cast<uint64_t>(plain), static_cast<uint64_t>(weighted)};
 }
 
 void StateChecksum::add(uint64_t value) {
@@ -63,35 +68,94 @@ void StateChecksum::add(std::string_view bytes) {
   values_.push_back(fnv1a64(bytes));
 }
 
-uint64_t StateChecksum::finish() const {
-  // One device->host transfer per device: stack the [2] sums of that device's tensors.
-  std::vector<int64_t> sums(2 * tensors_.size());
-  std::vector<bool> done(tensors_.size(), false);
-  for (size_t first = 0; first < tensors_.size(); ++first) {
+std::vector<std::pair<uint64_t, uint64_t>> StateChecksum::tensor_sums() const {
+  const size_t n = tensors_.size();
+  std::vector<std::pair<uint64_t, uint64_t>> sums(n, {0, 0});
+  std::vector<bool> done(n, false);
+  struct Piece {
+    size_t tensor;   // index into tensors_
+    int64_t offset;  // first word of the piece in its tensor
+    int64_t len;     // words, > 0
+    int64_t begin;   // first word of the piece in its chunk
+  };
+  for (size_t first = 0; first < n; ++first) {
     if (done[first]) continue;
-    const at::Device device = tensors_[first].sums.device();
-    std::vector<size_t> index;
-    std::vector<at::Tensor> group;
-    for (size_t i = first; i < tensors_.size(); ++i) {
-      if (!done[i] && tensors_[i].sums.device() == device) {
-        index.push_back(i);
-        group.push_back(tensors_[i].sums);
-        done[i] = true;
+    if (!tensors_[first].words.defined()) {  // no words: S = P = 0
+      done[first] = true;
+      continue;
+    }
+    const at::Device device = tensors_[first].words.device();
+    // Pack this device's tensors, in order, into chunks of at most chunk_words_ words.
+    std::vector<std::vector<Piece>> chunks(1);
+    int64_t fill = 0;
+    for (size_t i = first; i < n; ++i) {
+      const at::Tensor& w = tensors_[i].words;
+      if (done[i] || !w.defined() || w.device() != device) continue;
+      done[i] = true;
+      for (int64_t off = 0, total = w.numel(); off < total;) {
+        if (fill == chunk_words_) chunks.emplace_back(), fill = 0;
+        const int64_t len = std::min(chunk_words_ - fill, total - off);
+        chunks.back().push_back({i, off, len, fill});
+        fill += len;
+        off += len;
       }
     }
-    const at::Tensor host = at::stack(group).to(at::kCPU).contiguous();
-    const int64_t* p = host.data_ptr<int64_t>();
-    for (size_t j = 0; j < index.size(); ++j) {
-      sums[2 * index[j]] = p[2 * j];
-      sums[2 * index[j] + 1] = p[2 * j + 1];
+    // Per chunk, on the device: C1 = cumsum(w), C2 = cumsum(C1) (int64, wrapping like the
+    // sums they stand for), and the four entries per piece that the host needs:
+    // C1[b-1], C1[e-1], C2[b-1], C2[e-2] (an index of -1 reads entry 0 and is zeroed below).
+    const auto long_cpu = at::TensorOptions().dtype(at::kLong);
+    std::vector<at::Tensor> gathered;
+    for (const auto& chunk : chunks) {
+      std::vector<at::Tensor> parts;
+      std::vector<int64_t> i1, i2;
+      for (const Piece& p : chunk) {
+        parts.push_back(tensors_[p.tensor].words.slice(0, p.offset, p.offset + p.len));
+        const int64_t e = p.begin + p.len;
+        i1.push_back(std::max<int64_t>(p.begin - 1, 0));
+        i1.push_back(e - 1);
+        i2.push_back(std::max<int64_t>(p.begin - 1, 0));
+        i2.push_back(std::max<int64_t>(e - 2, 0));
+      }
+      const at::Tensor flat = parts.size() == 1 ? parts.front() : at::cat(parts);
+      const at::Tensor c1 = at::cumsum(flat, 0, at::kLong);
+      const at::Tensor c2 = at::cumsum(c1, 0);
+      const auto to_dev = [&](const std::vector<int64_t>& v) {
+        return at::tensor(v, long_cpu).to(device);
+      };
+      gathered.push_back(at::cat({c1.index_select(0, to_dev(i1)), c2.index_select(0, to_dev(i2))}));
+    }
+    // One device->host transfer per device.
+    const at::Tensor host = at::cat(gathered).to(at::kCPU).contiguous();
+    const int64_t* g = host.data_ptr<int64_t>();
+    for (const auto& chunk : chunks) {
+      const size_t k = chunk.size();
+      for (size_t j = 0; j < k; ++j) {
+        const Piece& p = chunk[j];
+        const auto at = [&](size_t idx) { return static_cast<uint64_t>(g[idx]); };
+        const bool starts = p.begin == 0;  // C[b-1] = 0
+        const uint64_t c1b = starts ? 0 : at(2 * j);
+        const uint64_t c1e = at(2 * j + 1);
+        const uint64_t c2b = starts ? 0 : at(2 * k + 2 * j);
+        const uint64_t c2e = p.begin + p.len - 2 < 0 ? 0 : at(2 * k + 2 * j + 1);
+        const auto len = static_cast<uint64_t>(p.len);
+        const uint64_t s = c1e - c1b;
+        const uint64_t local = len * s - (c2e - c2b) + (len - 1) * c1b;  // Σ (i-b+1)·w_i
+        sums[p.tensor].first += s;
+        sums[p.tensor].second += local + static_cast<uint64_t>(p.offset) * s;
+      }
+      g += 4 * k;
     }
   }
+  return sums;
+}
+
+uint64_t StateChecksum::finish() const {
+  const std::vector<std::pair<uint64_t, uint64_t>> sums = tensor_sums();
   uint64_t h = 0x67707572756e0001ULL;  // arbitrary nonzero start
-  size_t k = 0;
-  for (const auto& e : tensors_) {
-    for (uint64_t m : e.meta) h = fold(h, m);
-    h = fold(h, static_cast<uint64_t>(sums[k++]));
-    h = fold(h, static_cast<uint64_t>(sums[k++]));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    for (uint64_t m : tensors_[i].meta) h = fold(h, m);
+    h = fold(h, sums[i].first);
+    h = fold(h, sums[i].second);
   }
   for (uint64_t v : values_) h = fold(h, v);
   return h;

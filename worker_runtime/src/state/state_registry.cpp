@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <optional>
 #include <string_view>
+#include <thread>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -1109,10 +1111,11 @@ std::string StateRegistry::write_snapshot(const SnapshotPaths& paths) const {
 }
 
 void StateRegistry::read_snapshot(const std::string& path, const at::Device& device) {
-  read_snapshot(SnapshotPaths{path, {}}, device);
+  read_snapshot(SnapshotPaths{path, {}}, device, Verify::kBeforeCopy);
 }
 
-std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::Device& device) {
+std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::Device& device,
+                                         Verify verify) {
   const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
   const std::vector<std::string> all = paths.list();
@@ -1167,8 +1170,10 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
   SnapshotFile& file = *m.snapshot;
   const SnapshotHeader header = SnapshotHeader::decode(file.data(), file.size(), path);
   const auto t_hash = SteadyClock::now();
-  header.check_payload(file.data(), path);  // before anything of the state changes
-  st.checksum_seconds = seconds_since(t_hash);
+  if (verify == Verify::kBeforeCopy) {
+    header.check_payload(file.data(), path);  // before anything of the state changes
+    st.checksum_seconds = seconds_since(t_hash);
+  }
   const std::string manifest_text(
       reinterpret_cast<const char*>(file.data()) + SnapshotHeader::kBytes, header.manifest_bytes);
   try {
@@ -1187,8 +1192,34 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
   }
   if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
   const auto t_copy = SteadyClock::now();
-  compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
-  st.copy_seconds = seconds_since(t_copy);
+  if (verify == Verify::kBeforeCopy) {
+    compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
+    st.copy_seconds = seconds_since(t_copy);
+  } else {
+    // The payload hash (its own worker threads) over the same bytes the copies read; the
+    // tensors are released again when it finds the file corrupt (the caller held no state).
+    std::exception_ptr hash_error;
+    std::thread hasher([&] {
+      try {
+        header.check_payload(file.data(), path);
+      } catch (...) {
+        hash_error = std::current_exception();
+      }
+      st.checksum_seconds = seconds_since(t_copy);
+    });
+    std::exception_ptr copy_error;
+    try {
+      compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
+    } catch (...) {
+      copy_error = std::current_exception();
+    }
+    st.copy_seconds = seconds_since(t_copy);
+    hasher.join();
+    if (hash_error || copy_error) {
+      release();
+      std::rethrow_exception(hash_error ? hash_error : copy_error);
+    }
+  }
   st.tensor_bytes = plan.tensor_bytes;
   st.file_bytes = static_cast<int64_t>(file.size());
   st.pinned = file.pinned();
@@ -1317,8 +1348,14 @@ const StateRegistry::SnapshotStats& StateRegistry::last_snapshot_stats() const {
   return impl_->stats;
 }
 
-void StateRegistry::close_snapshot() noexcept {
+StateRegistry::CloseTimes StateRegistry::close_snapshot() noexcept {
+  CloseTimes t;
+  if (!impl_->snapshot) return t;
+  t.unpin_seconds = impl_->snapshot->unpin();
+  const auto t0 = SteadyClock::now();
   impl_->snapshot.reset();
+  t.unmap_seconds = seconds_since(t0);
+  return t;
 }
 
 }  // namespace gpurun::rt
