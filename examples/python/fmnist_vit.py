@@ -10,12 +10,20 @@ and the validation accuracy after every epoch. --epochs 0 trains until stopped.
 Models (torchvision's VisionTransformer, 28x28 images, patches of 7): tiny (CPU), b (ViT-B
 sized: 12 layers, width 768), h (ViT-H sized: 32 layers, width 1280).
 Data: the IDX files of Debian's dataset-fashion-mnist, or --data DIR.
+--timings PATH appends one JSON line per epoch from rank 0 (bench/python_gpu.sh): epoch,
+world, generation, pid, samples (over all ranks), seconds (the training loop only: no
+boundary, no evaluation; CUDA synchronised at both ends); with --checksums also
+start_checksum / end_checksum, a hash of the model's and optimizer's state when the epoch's
+training starts and ends (equal across a pause and resume: end of the last epoch before it,
+start of the first after it). --bf16: forward and loss under torch.autocast(bfloat16).
 """
 import argparse
 import gzip
-import itertools
+import hashlib
+import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -83,7 +91,13 @@ def main():
     p.add_argument("--limit-train", type=int, default=0)
     p.add_argument("--limit-val", type=int, default=2000)
     p.add_argument("--no-bar", action="store_true")
+    p.add_argument("--timings", metavar="PATH", help="append one JSON line per epoch (rank 0)")
+    p.add_argument("--checksums", action="store_true",
+                   help="with --timings: the state's hash at each epoch's start and end")
+    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
     a = p.parse_args()
+    if a.checksums and not a.timings:
+        p.error("--checksums needs --timings PATH (the checksums are written there)")
 
     train, val = load(a.data, "train", a.limit_train), load(a.data, "val", a.limit_val)
     rt = gpurun.Runtime()
@@ -100,26 +114,76 @@ def main():
             bar = tqdm(total=loader.steps_left(), desc=f"epoch {epoch} (world {rt.world_size})",
                        unit="step", dynamic_ncols=True)
         total = torch.zeros(3)
+        record = a.timings and rt.rank == 0
+        line = {"epoch": epoch, "world": rt.world_size, "generation": rt.generation,
+                "pid": os.getpid()}
+        if record and a.checksums:
+            line["start_checksum"] = state_checksum(net, opt)
+        sync(rt.device)
+        begin = time.perf_counter()
         for x, y in loader:
             x, y = x.to(rt.device), y.to(rt.device)
             opt.zero_grad()
-            out = rt.model(x)
-            loss = nn.functional.cross_entropy(out, y)
+            with torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=a.bf16):
+                out = rt.model(x)
+                loss = nn.functional.cross_entropy(out, y)
             loss.backward()
             opt.step()
             total += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)])
             if bar:
                 bar.set_postfix(loss=f"{total[0] / total[2]:.4f}", acc=f"{total[1] / total[2]:.3f}")
                 bar.update(1)
+        sync(rt.device)
+        line["seconds"] = time.perf_counter() - begin
         if bar:
             bar.close()
-        if torch.distributed.is_initialized():
+        if torch.distributed.is_initialized():  # NCCL reduces CUDA tensors only
+            total = total.to(rt.device)
             torch.distributed.all_reduce(total)
+            total = total.cpu()
+        if record:
+            line["samples"] = int(total[2])
+            if a.checksums:
+                line["end_checksum"] = state_checksum(net, opt)
+            with open(a.timings, "a") as f:
+                f.write(json.dumps(line) + "\n")
         acc = evaluate(net, val, rt.device) if rt.rank == 0 else float("nan")
         if rt.rank == 0:
             print(f"epoch {epoch} world {rt.world_size} generation {rt.generation}: "
                   f"train loss {total[0] / total[2]:.4f} acc {total[1] / total[2]:.4f} "
                   f"val acc {acc:.4f}", flush=True)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def state_checksum(net, opt):
+    """A 64-bit hash (hex str) of the model's and optimizer's state dicts: every tensor's bytes
+    weighted by their position and summed on the tensor's own device (cheap for ViT-H on a
+    GPU), hashed with the names, shapes, dtypes and the non-tensor values by BLAKE2b."""
+    h = hashlib.blake2b(digest_size=8)
+
+    def feed(name, v):
+        if isinstance(v, torch.Tensor):
+            b = v.detach().reshape(-1).contiguous().view(torch.uint8).long()
+            w = torch.arange(b.numel(), dtype=torch.int64, device=b.device)
+            w.mul_(-7046029254386353131).add_(1442695040888963407).bitwise_or_(1)
+            h.update(f"{name}:{v.dtype}:{tuple(v.shape)}:{int((b * w).sum())};".encode())
+        elif isinstance(v, dict):
+            for k in sorted(v, key=str):
+                feed(f"{name}.{k}", v[k])
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                feed(f"{name}[{i}]", x)
+        else:
+            h.update(f"{name}={v!r};".encode())
+
+    feed("model", net.state_dict())
+    feed("optimizer", opt.state_dict())
+    return h.hexdigest()
 
 
 @torch.no_grad()

@@ -63,3 +63,33 @@ rt.track(extra=Extra())
 assert "optimizer" in rt._state() and "other.extra" in rt._state(), sorted(rt._state())
 assert rt.checksum() != before  # the extra object counts too
 print("python_units: track() calls add up")
+
+# The per-tensor word sums (checksum()) are the C++ runtime's S and P: checked against a
+# direct computation in Python integers modulo 2^64, for dtypes with padding and wrapping.
+import numpy as np  # noqa: E402
+from gpurun.runtime import _word_sums  # noqa: E402
+
+
+def direct(t):
+    raw = t.contiguous().numpy().tobytes()
+    raw += b"\0" * (-len(raw) % 4)
+    w = np.frombuffer(raw, dtype="<i4").astype(object)
+    s = sum(w) % 2**64
+    p = sum((i + 1) * int(x) for i, x in enumerate(w)) % 2**64
+    return [x - 2**64 if x >= 2**63 else x for x in (int(s), int(p))]
+
+
+torch.manual_seed(0)
+cases = [torch.randn(37), torch.randn(3, dtype=torch.float16), torch.tensor([True, False, True]),
+         torch.full((50,), 2**31 - 1, dtype=torch.int32), torch.empty(0),
+         torch.randint(-2**62, 2**62, (9,), dtype=torch.int64), torch.randn(4, 6).t()]
+for t in cases:
+    assert _word_sums(t).tolist() == direct(t), (t.dtype, _word_sums(t).tolist(), direct(t))
+w = net.weight.detach() if hasattr(net, "weight") else next(net.parameters()).detach()
+c0 = rt.checksum()
+with torch.no_grad():
+    flat = w.view(-1)
+    a, b = flat[0].item(), flat[1].item()
+    flat[0], flat[1] = b, a  # two elements swapped: P changes even where S does not
+assert rt.checksum() != c0
+print("python_units: checksum sums equal the direct ones; swapped elements change it")

@@ -11,6 +11,7 @@ Without gpurun's elastic environment (plain ``python3 train.py``, torchrun, or g
 WORLD_SIZE > 1, else a single process.
 """
 import datetime
+import gc
 import hashlib
 import io
 import json
@@ -48,6 +49,20 @@ def _env_int(name, default=None):
 
 def _keys_start(g):
     return f"gpurun/gen/{g}/start"
+
+
+def _word_sums(t):
+    """int64 [2] on t's device: S = sum(w_i), P = sum((i+1) * w_i) over t's bytes as int32
+    words w_i (zero-padded to a whole word), wrapping modulo 2^64."""
+    if t.numel() == 0:
+        return torch.zeros(2, dtype=torch.int64, device=t.device)
+    b = t.contiguous().reshape(-1).view(torch.uint8)
+    pad = -b.numel() % 4
+    if pad:
+        b = torch.cat([b, torch.zeros(pad, dtype=torch.uint8, device=b.device)])
+    w = b.view(torch.int32).to(torch.int64)
+    weighted = (w * torch.arange(1, w.numel() + 1, dtype=torch.int64, device=w.device)).sum()
+    return torch.stack([w.sum(), weighted])
 
 
 class Runtime:
@@ -138,13 +153,21 @@ class Runtime:
 
     def checksum(self):
         """A 64-bit hash (int) of the model's and the optimizer's tensors and the position:
-        equal on every rank after each start and resize."""
+        equal on every rank after each start and resize. Blocks (one device->host copy).
+
+        Per tensor, on the tensor's own device: its bytes as int32 words w_i (the last one
+        zero-padded), S = sum(w_i) and P = sum((i+1) * w_i) modulo 2^64 (the C++ runtime's
+        per-tensor sums, worker_runtime/src/state/state_checksum.hpp: exact integers, so CPU
+        and CUDA agree); then BLAKE2b (8 bytes) over the names, shapes, dtypes, S, P and the
+        non-tensor values. Not cryptographic: it detects divergence, not tampering."""
         h = hashlib.blake2b(digest_size=8)
+        sums = []  # per tensor: an int64 [2] on its device
 
         def feed(obj):
             if isinstance(obj, torch.Tensor):
-                h.update(obj.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                         if obj.numel() else b"")
+                t = obj.detach()
+                h.update(f"{t.dtype}:{tuple(t.shape)};".encode())
+                sums.append(_word_sums(t))
             elif isinstance(obj, dict):
                 for k in sorted(obj, key=str):
                     h.update(str(k).encode())
@@ -155,7 +178,18 @@ class Runtime:
             else:
                 h.update(repr(obj).encode())
 
-        feed(self._state())
+        with torch.no_grad():
+            feed(self._state())
+            by_device = {}
+            for i, x in enumerate(sums):
+                by_device.setdefault(x.device, []).append(i)
+            values = [None] * len(sums)
+            for idx in by_device.values():  # one transfer per device
+                host = torch.stack([sums[i] for i in idx]).cpu().tolist()
+                for i, v in zip(idx, host):
+                    values[i] = v
+        for v in values:
+            h.update(b"".join(int(x).to_bytes(8, "little", signed=True) for x in v))
         return int.from_bytes(h.digest(), "little", signed=True)
 
     # ---- data -----------------------------------------------------------------------
@@ -459,17 +493,31 @@ class Runtime:
 
     def _offload(self):
         """A parked rank keeps no tensor on its GPU: the model and the optimizer state move
-        to host memory and torch's CUDA cache is emptied (the CUDA context stays)."""
+        to host memory, gradients are dropped (a rejoin gets the state anew; gradients are
+        not state), unreachable objects are collected, the cuBLAS workspaces dropped and torch's
+        CUDA cache emptied (the CUDA context stays). What torch still holds is printed (MiB): tensors the training
+        code itself keeps (its last batch, outputs) stay on the GPU."""
         if self.device.type != "cuda":
             return
         if self._module is not None:
+            for p in self._module.parameters():
+                p.grad = None
             self._module.to("cpu")
         if self._optimizer is not None:
             for st in self._optimizer.state.values():
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
                         st[k] = v.cpu()
+        gc.collect()
+        # cuBLAS/cuBLASLt workspaces are caching-allocator blocks too; a live one can sit in a
+        # segment of GBs (split from a freed one) and keep all of it reserved.
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
+        held = torch.cuda.memory_allocated(self.device)
+        print(f"gpurun (python, slot {self.slot}): parked (hold mode); torch still holds "
+              f"{held / 2**20:.0f} MiB allocated, {torch.cuda.memory_reserved(self.device) / 2**20:.0f} "
+              f"MiB reserved on {self.device}", file=sys.stderr, flush=True)
 
     # ---- resize timings (docs/control-protocol.md#resize-timings) ----------------------
     def _begin_timing(self, d, member, have_state, src):
