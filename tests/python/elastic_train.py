@@ -10,8 +10,10 @@ generation, the indices it trained, the state checksum at the start of the epoch
 (rank 0) the epoch's mean loss over all ranks. SLOW_LOAD=S: loading a received state takes S
 seconds more (the process writes OUT/loading.<slot> with its pid first).
 """
+import hashlib
 import json
 import os
+import random
 import sys
 import time
 
@@ -48,9 +50,18 @@ if os.environ.get("SLOW_LOAD"):  # a joiner's load takes SLOW_LOAD s (OUT/loadin
     rt.track(slow=Slow())
 loader = rt.loader(data, batch_size=8, seed=4)
 log = open(os.path.join(out, f"log.{rt.slot}.{os.getpid()}"), "a")
+def rng_hash():  # torch's CPU generator and Python's random (hash() differs per process)
+    h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+    h.update(repr(random.getstate()).encode())
+    return h.hexdigest()[:16]
+
+
+random.seed(200 + rt.slot)
 for epoch in rt.epochs(epochs):
     start_sum = rt.checksum()
+    rng_start = rng_hash()
     draw = torch.rand(1).item()  # each process's own RNG stream: ranks must differ
+    random.random()
     seen, total = [], torch.zeros(2)
     for xb, yb, ib in loader:
         opt.zero_grad()
@@ -64,6 +75,7 @@ for epoch in rt.epochs(epochs):
     sched.step()
     log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
                           "generation": rt.generation, "seen": seen, "start_checksum": start_sum, "rng": draw,
+                          "rng_start": rng_start, "rng_end": rng_hash(), "pid": os.getpid(),
                           "loss": total[0].item() / total[1].item()}) + "\n")
     log.flush()
     time.sleep(sleep_s)

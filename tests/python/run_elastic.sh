@@ -66,6 +66,26 @@ for e in range(26):
 # The edits: 3 ranks, then 1, then 2, then (after the pause) 2 on other slots, then 1.
 assert worlds[0] == 3 and 1 in worlds and 2 in worlds and worlds[-1] == 1, worlds
 print("worlds", worlds)
+# Per-slot RNG streams: each slot's torch and Python RNG state at the start of an epoch is the
+# one it ended its previous epoch with, also across a leave and a rejoin or a pause and a
+# resume in a new process (release mode); a rank's own draws differ from the others'.
+by_slot = collections.defaultdict(list)
+for f in glob.glob(sys.argv[1] + "/log.*"):
+    slot = int(f.rsplit("/", 1)[1].split(".")[1])
+    by_slot[slot] += [json.loads(l) for l in open(f)]
+rejoined = 0
+for slot, ls in sorted(by_slot.items()):
+    ls.sort(key=lambda l: l["epoch"])
+    for a, b in zip(ls, ls[1:]):
+        rejoined += a["pid"] != b["pid"]
+        assert b["rng_start"] == a["rng_end"], (
+            f"slot {slot}: epoch {b['epoch']} (pid {b['pid']}) starts from another RNG state "
+            f"than epoch {a['epoch']} (pid {a['pid']}) ended with")
+assert rejoined >= 1 or all(len({l["pid"] for l in ls}) == 1 for ls in by_slot.values())
+print(f"RNG streams continue per slot ({rejoined} rejoins in a new process)")
+for e in range(26):
+    draws = [l["rng"] for l in by_epoch[e]]
+    assert len(set(draws)) == len(draws), f"epoch {e}: ranks drew the same {draws}"
 PY
 grep -q '"state_source": -1' "$TMP/events.jsonl" || fail "no resume from the pause snapshot"
 # Every resize's timing record arrived from each participant (docs/control-protocol.md#resize-timings).

@@ -16,6 +16,8 @@ import hashlib
 import io
 import json
 import os
+import pickle
+import random
 import sys
 import time
 
@@ -116,9 +118,12 @@ class Runtime:
     def track(self, model=None, optimizer=None, scheduler=None, **others):
         """Registers the training state. ``model`` (torch.nn.Module) is moved to
         ``self.device``; every value needs ``state_dict()``/``load_state_dict()``. The
-        sampler position and the epoch move with it; torch's RNG state stays per process
-        (seed each rank yourself: moving one rank's RNG to another would make their dropout
-        and augmentation equal). Several calls add up. Returns self."""
+        sampler position and the epoch move with it. RNG streams are per slot, not part of
+        the state (moving one rank's RNG to another would make their dropout and augmentation
+        equal): seed each rank yourself; a slot that leaves and comes back — a new process in
+        release mode, a pause and resume — goes on with its own streams where it left them
+        (torch CPU, its CUDA device's, Python ``random``, numpy's global; kept in gpurun's
+        store). Several calls add up. Returns self."""
         if model is not None:
             self._module = model.to(self.device)
         if optimizer is not None:  # a later call adds to what is tracked, it replaces nothing
@@ -397,6 +402,42 @@ class Runtime:
             if not is_comm_failure(e):
                 raise
             self._set_up_failed(d, member, have_state, e)
+            return
+        if member and not have_state:
+            self._restore_rng()
+
+    # ---- per-slot RNG streams -----------------------------------------------------------
+    def _rng_key(self):
+        return f"gpurun/pyrng/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.slot}"
+
+    def _save_rng(self):
+        """A leaving rank keeps its slot's RNG streams in gpurun's store (a few KB): torch's
+        CPU generator, this device's CUDA generator, Python's ``random`` and numpy's global
+        one (where numpy is imported)."""
+        if not self.elastic:
+            return
+        st = {"torch": torch.get_rng_state().numpy().tobytes(), "random": random.getstate()}
+        if self.device.type == "cuda":
+            st["cuda"] = torch.cuda.get_rng_state(self.device).numpy().tobytes()
+        if "numpy" in sys.modules:
+            st["numpy"] = sys.modules["numpy"].random.get_state()
+        self._store.set(self._rng_key(), pickle.dumps(st))
+
+    def _restore_rng(self):
+        """A rank that joins without the state (a new process, or a parked one woken) takes
+        back its slot's RNG streams where the slot left them; a slot that never ran keeps the
+        program's own seeding."""
+        if not self.elastic or not self._store.check([self._rng_key()]):
+            return
+        # pickle: this job's own bytes, written by _save_rng() of the same slot
+        st = pickle.loads(self._store.get(self._rng_key()))
+        as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
+        torch.set_rng_state(as_tensor(st["torch"]))
+        random.setstate(st["random"])
+        if "cuda" in st and self.device.type == "cuda":
+            torch.cuda.set_rng_state(as_tensor(st["cuda"]), self.device)
+        if "numpy" in st and "numpy" in sys.modules:
+            sys.modules["numpy"].random.set_state(st["numpy"])
 
     def _set_up_failed(self, d, member, have_state, err):
         """A peer died (or gpurun abandoned the generation) while ``d``'s generation was being
@@ -472,6 +513,7 @@ class Runtime:
 
     def _leave(self, d):
         self.model = None
+        self._save_rng()
         if d.get("park_mode", self._park_mode) != "hold":  # the decision's mode, not the start's
             self._mark("left")
             self._publish_timing()
