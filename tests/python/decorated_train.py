@@ -34,7 +34,8 @@ steps_log = open(os.path.join(out, f"steps.{slot}.{os.getpid()}"), "a")
 epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
 
 
-@gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2)
+@gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2,
+                loader_kwargs={"num_workers": int(os.environ.get("WORKERS", "0"))})
 def train_one_epoch(loader, epoch, rt):
     if rt.step == 0:
         epochs_log.write(json.dumps({"epoch": epoch, "checksum": rt.checksum()}) + "\n")

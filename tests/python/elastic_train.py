@@ -30,6 +30,15 @@ torch.manual_seed(0)
 x = torch.randn(240, 8)
 y = (x @ torch.randn(8, 1)).squeeze(1)
 data = TensorDataset(x, y, torch.arange(240))
+WORKERS = int(os.environ.get("WORKERS", "0"))  # DataLoader worker processes of rt.loader
+
+
+class WithPid(torch.utils.data.Dataset):  # each sample says which process read it
+    def __len__(self):
+        return len(data)
+
+    def __getitem__(self, i):
+        return (*data[i], os.getpid())
 
 rt = gpurun.Runtime()
 torch.manual_seed(100 + rt.slot)  # a different init per slot: the start broadcast equalises it
@@ -48,7 +57,7 @@ if os.environ.get("SLOW_LOAD"):  # a joiner's load takes SLOW_LOAD s (OUT/loadin
             time.sleep(float(os.environ["SLOW_LOAD"]))
 
     rt.track(slow=Slow())
-loader = rt.loader(data, batch_size=8, seed=4)
+loader = rt.loader(WithPid(), batch_size=8, seed=4, num_workers=WORKERS)
 log = open(os.path.join(out, f"log.{rt.slot}.{os.getpid()}"), "a")
 def rng_hash():  # torch's CPU generator and Python's random (hash() differs per process)
     h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
@@ -62,8 +71,9 @@ for epoch in rt.epochs(epochs):
     rng_start = rng_hash()
     draw = torch.rand(1).item()  # each process's own RNG stream: ranks must differ
     random.random()
-    seen, total = [], torch.zeros(2)
-    for xb, yb, ib in loader:
+    seen, total, readers = [], torch.zeros(2), set()
+    for xb, yb, ib, pb in loader:
+        readers |= set(pb.tolist())
         opt.zero_grad()
         loss = nn.functional.mse_loss(rt.model(xb).squeeze(1), yb)
         loss.backward()
@@ -76,6 +86,7 @@ for epoch in rt.epochs(epochs):
     log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
                           "generation": rt.generation, "seen": seen, "start_checksum": start_sum, "rng": draw,
                           "rng_start": rng_start, "rng_end": rng_hash(), "pid": os.getpid(),
+                          "readers": sorted(readers),
                           "loss": total[0].item() / total[1].item()}) + "\n")
     log.flush()
     time.sleep(sleep_s)

@@ -25,6 +25,9 @@ wait_epochs() {
   fail "epoch $1 not reached in 60 s"
 }
 
+# Hold mode reads the batches with 2 DataLoader worker processes per rank (rt.loader's
+# num_workers), release mode in the training process.
+export WORKERS=$([[ $MODE == hold ]] && echo 2 || echo 0)
 conf "[0, 1, 2]"
 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" 26 0.3 > "$LOG" 2>&1 &
@@ -46,7 +49,7 @@ WANT=$([[ $OTHER == hold ]] && echo 'parked \(hold mode\)' || echo 'released')
 grep -Eq "\"gpu\": 2,[^}]*\"reason\": \"$WANT" "$TMP/events.jsonl" || fail "gpu 2 did not leave in $OTHER mode"
 
 "$PY" - "$TMP/out" <<'PY' || fail "the checks above"
-import collections, glob, json, sys
+import collections, glob, json, os, sys
 lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(f)]
 by_epoch = collections.defaultdict(list)
 for l in lines:
@@ -86,6 +89,13 @@ print(f"RNG streams continue per slot ({rejoined} rejoins in a new process)")
 for e in range(26):
     draws = [l["rng"] for l in by_epoch[e]]
     assert len(set(draws)) == len(draws), f"epoch {e}: ranks drew the same {draws}"
+workers = int(os.environ["WORKERS"])
+for l in lines:  # who read the samples: worker processes, or the rank itself
+    if workers:
+        assert l["pid"] not in l["readers"] and 1 <= len(l["readers"]) <= workers, l["readers"]
+    else:
+        assert l["readers"] == [l["pid"]], l["readers"]
+print(f"samples read by {'%d DataLoader workers' % workers if workers else 'the ranks'}")
 PY
 grep -q '"state_source": -1' "$TMP/events.jsonl" || fail "no resume from the pause snapshot"
 # Every resize's timing record arrived from each participant (docs/control-protocol.md#resize-timings).

@@ -9,6 +9,9 @@ MODE=${2:-release}
 TEST=python_step_boundary_$MODE
 source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
+# Hold mode reads the batches with 2 DataLoader workers per rank (loader_kwargs): each segment
+# up to the next step boundary has its own DataLoader, ended before the boundary.
+export WORKERS=$([[ $MODE == hold ]] && echo 2 || echo 0)
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = 4\n' "$1" "$MODE" > "$TMP/c.new"
          mv "$TMP/c.new" "$TMP/config.toml"; }
 steps() { cat "$TMP"/out/steps.* 2>/dev/null | wc -l; }

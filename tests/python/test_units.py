@@ -93,3 +93,20 @@ with torch.no_grad():
     flat[0], flat[1] = b, a  # two elements swapped: P changes even where S does not
 assert rt.checksum() != c0
 print("python_units: checksum sums equal the direct ones; swapped elements change it")
+
+# rt.loader(): DataLoader arguments the elastic sampler owns are refused, naming them.
+data = torch.utils.data.TensorDataset(torch.arange(10))
+for bad, err, text in (({"sampler": None, "batch_sampler": None}, TypeError, "batch_sampler, sampler"),
+                       ({"persistent_workers": True}, TypeError, "persistent_workers"),
+                       ({"num_workers": -1}, ValueError, "num_workers must be an int >= 0")):
+    try:
+        rt.loader(data, batch_size=2, **bad)
+    except err as e:
+        assert text in str(e), str(e)
+    else:
+        raise AssertionError(f"loader(**{bad}) was accepted")
+# Outside gpurun (one process), workers read the same batches as the process itself would.
+same = [b[0].tolist() for b in rt.loader(data, batch_size=3, seed=1)]
+with_workers = [b[0].tolist() for b in rt.loader(data, batch_size=3, seed=1, num_workers=2)]
+assert same == with_workers and sorted(sum(same, [])) == list(range(10)), (same, with_workers)
+print("python_units: loader arguments checked; workers read the same batches")

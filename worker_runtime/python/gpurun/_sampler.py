@@ -83,12 +83,14 @@ class ElasticSampler:
     def remaining(self):
         return self.size - self.cursor
 
-    def window(self, count, rank, world):
-        """This rank's indices of the next ``count`` samples (list of int)."""
-        if count < 0 or count > self.remaining():
+    def window(self, count, rank, world, offset=0):
+        """This rank's indices of the ``count`` samples that start ``offset`` samples after
+        the cursor (list of int; offset 0: the next window)."""
+        if count < 0 or offset < 0 or offset + count > self.remaining():
             raise ValueError(f"ElasticSampler: a window of {count} samples does not fit at "
-                             f"cursor {self.cursor} of {self.size} (epoch {self.epoch})")
-        return [self._perm[self.cursor + p] for p in range(rank, count, world)]
+                             f"cursor {self.cursor} + {offset} of {self.size} (epoch {self.epoch})")
+        base = self.cursor + offset
+        return [self._perm[base + p] for p in range(rank, count, world)]
 
     def advance(self, count):
         if count < 0 or count > self.remaining():

@@ -198,15 +198,31 @@ class Runtime:
         return int.from_bytes(h.digest(), "little", signed=True)
 
     # ---- data -----------------------------------------------------------------------
+    _LOADER_KWARGS = ("collate_fn", "num_workers", "pin_memory", "worker_init_fn",
+                      "prefetch_factor", "timeout", "multiprocessing_context")
+
     def loader(self, dataset, batch_size, seed=0, shuffle=True, **dataloader_kwargs):
         """Per-rank batches of ``batch_size`` from ``dataset``, dealt by gpurun's elastic
         sampler: one step takes batch_size × world_size samples of the epoch's permutation,
         so every sample is trained exactly once per epoch across resizes. Iterate it once
-        per epoch inside ``epochs()``."""
-        unknown = sorted(set(dataloader_kwargs) - {"collate_fn"})
+        per epoch inside ``epochs()``.
+
+        ``dataloader_kwargs``: ``collate_fn``, and for worker processes ``num_workers``,
+        ``pin_memory``, ``worker_init_fn``, ``prefetch_factor``, ``timeout``,
+        ``multiprocessing_context`` (torch.utils.data.DataLoader's meaning). With
+        ``num_workers`` > 0 a DataLoader reads the windows up to the next possible boundary
+        (the epoch's end, or the next ``[boundary] every`` step) and ends, its workers with
+        it, before that boundary: prefetching never runs past a resize. Anything else
+        (``sampler``, ``shuffle``, ``batch_size``, ``persistent_workers``, ...) is refused:
+        the elastic sampler decides the batches."""
+        unknown = sorted(set(dataloader_kwargs) - set(self._LOADER_KWARGS))
         if unknown:
             raise TypeError(f"Runtime.loader(): unsupported argument(s) {', '.join(unknown)} "
-                            "(only collate_fn; the samples are read in this process)")
+                            f"(supported: {', '.join(self._LOADER_KWARGS)}; the elastic "
+                            "sampler decides the batches)")
+        workers = dataloader_kwargs.get("num_workers", 0)
+        if not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"Runtime.loader(): num_workers must be an int >= 0, not {workers!r}")
         self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)
         return _Loader(self, dataset, batch_size, dataloader_kwargs)
 
@@ -697,7 +713,7 @@ def is_comm_failure(err):
 
 
 def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size=None,
-            seed=0, **others):
+            seed=0, loader_kwargs=None, **others):
     """Decorator for a per-epoch function ``train_one_epoch(loader, epoch[, rt])``:
 
         @gpurun.elastic(model=net, optimizer=opt, dataset=train_set, batch_size=64)
@@ -712,7 +728,8 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
     0 inside it). A collective that fails because a peer died (``is_comm_failure``) is
     followed at once: the rank reports at its position, gpurun removes the dead rank, and the
     rest of the epoch runs again over the survivors (the failed step included, so each sample
-    is still trained once). Limits: docs/python.md#limits."""
+    is still trained once). ``loader_kwargs`` (dict) goes to ``Runtime.loader`` (e.g.
+    ``{"num_workers": 2}``). Limits: docs/python.md#limits."""
     import inspect
 
     def wrap(fn):
@@ -721,7 +738,8 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
         def run(epochs):
             rt = Runtime()
             rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
-            loader = rt.loader(dataset, batch_size=batch_size, seed=seed) if dataset else None
+            loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
+                      if dataset else None)
             for epoch in rt.epochs(epochs):
                 while True:
                     try:
@@ -778,27 +796,63 @@ class _Loader:
                                   else torch.utils.data.dataloader.default_collate)
         return collate([self.dataset[i] for i in idx])
 
+    def _segment(self, per_step):
+        """[(count, this rank's indices)] of the steps from the cursor to the next possible
+        boundary: the epoch's end, or the step after which _after_step() may decide."""
+        rt, s = self.rt, self.rt._sampler
+        plan, offset, steps = [], 0, rt._steps_done
+        while s.remaining() - offset >= rt.world_size:
+            count = min(per_step, s.remaining() - offset)
+            plan.append((count, s.window(count, rt.rank, rt.world_size, offset)))
+            offset += count
+            steps += 1
+            if rt.elastic and rt.every_steps > 0 and steps % rt.every_steps == 0:
+                break
+        return plan
+
+    def _workers(self, batches):
+        """An iterator over the collated ``batches`` (lists of indices), read by a DataLoader
+        with this loader's worker arguments."""
+        kw = {k: v for k, v in self.kwargs.items() if k != "collate_fn"}
+        collate = self.kwargs.get("collate_fn")
+        if collate is not None:
+            kw["collate_fn"] = collate
+        return iter(torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **kw))
+
     def __iter__(self):
         rt, s = self.rt, self.rt._sampler
+        workers = self.kwargs.get("num_workers", 0) > 0
         while s.remaining() >= rt.world_size:  # a tail smaller than the world is skipped
-            count = min(self.batch_size * rt.world_size, s.remaining())
-            yield self._collate(s.window(count, rt.rank, rt.world_size))
-            s.advance(count)  # after the step: a step whose collective failed is run again
-            rt._steps_done += 1
-            if not rt._after_step():
-                return
+            plan = self._segment(self.batch_size * rt.world_size)
+            it = self._workers([mine for _, mine in plan]) if workers else None
+            for j, (count, mine) in enumerate(plan):
+                yield next(it) if workers else self._collate(mine)
+                s.advance(count)  # after the step: a step whose collective failed is run again
+                rt._steps_done += 1
+                if j == len(plan) - 1:
+                    it = None  # the segment's DataLoader and its workers end before a boundary
+                if not rt._after_step():
+                    return
         s.advance(s.remaining())
 
     def _steps(self):
         rt, s = self.rt, self.rt._sampler
+        workers = self.kwargs.get("num_workers", 0) > 0
         while s.remaining() >= rt.world_size:
-            per_step = rt.global_batch or self.batch_size * rt.world_size
-            count = min(per_step, s.remaining())
-            yield _Step(self, s.window(count, rt.rank, rt.world_size), count)
-            s.advance(count)
-            rt._steps_done += 1
-            if not rt._after_step():
-                return
+            plan = self._segment(rt.global_batch or self.batch_size * rt.world_size)
+            steps = [_Step(self, mine, count) for count, mine in plan]
+            if workers:
+                it = self._workers([mb for st in steps for mb in st.micro])
+                for st in steps:
+                    st.fetch = lambda _mb, it=it: next(it)
+            for j, ((count, _), st) in enumerate(zip(plan, steps)):
+                yield st
+                s.advance(count)
+                rt._steps_done += 1
+                if j == len(plan) - 1:
+                    it = steps = None  # the DataLoader and its workers end before a boundary
+                if not rt._after_step():
+                    return
         s.advance(s.remaining())
 
 
@@ -809,6 +863,7 @@ class _Step:
         self.loader, self.mine, self.count = loader, mine, count
         b = loader.batch_size
         self.micro = [mine[i:i + b] for i in range(0, len(mine), b)]
+        self.fetch = loader._collate  # micro-batch indices -> batch (workers: the next one read)
 
     def __len__(self):
         return len(self.micro)
@@ -821,4 +876,4 @@ class _Step:
             ddp = isinstance(rt.model, torch.nn.parallel.DistributedDataParallel)
             ctx = rt.model.no_sync() if ddp and not last else contextlib.nullcontext()
             with ctx:
-                yield self.loader._collate(mb), len(mb) * rt.world_size / self.count
+                yield self.fetch(mb), len(mb) * rt.world_size / self.count
