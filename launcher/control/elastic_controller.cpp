@@ -67,6 +67,11 @@ bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool c
   const bool was_finished = scheduler_.finished();
   const bool absorbed =
       scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
+  // A failure once the job is finishing (a member finished training) is nothing the others
+  // go on without: what it did after its loop (saving, evaluating) is lost, so the job fails.
+  if (was_finished && !status.success() && failed_while_finishing_.empty())
+    failed_while_finishing_ = fmt::format("gpu {} ended with {} after the job finished training",
+                                          local_rank, status.describe());
   if (!was_finished && scheduler_.finished() && status.success() &&
       scheduler_.stop_reason().empty() && energy_.training_finished) {
     // The last epoch ended with this exit: the one after the last end-of-epoch boundary, or
@@ -80,11 +85,13 @@ bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool c
 
 std::string ElasticController::failure_summary() const {
   if (!scheduler_.state_lost().empty()) return scheduler_.state_lost();
+  if (!failed_while_finishing_.empty()) return failed_while_finishing_;
   return SlotController::failure_summary();
 }
 
 bool ElasticController::succeeded() const {
   if (!scheduler_.state_lost().empty()) return false;  // stopped: nothing can go on
+  if (!failed_while_finishing_.empty()) return false;
   for (const auto& [gpu, s] : scheduler_.slots())
     if (s.state == SlotState::kExited) return true;
   return false;

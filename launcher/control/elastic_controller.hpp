@@ -83,6 +83,7 @@ class ElasticController : public supervisor::SlotController {
   void publish_status() { write_status(); }
 
  private:
+  std::string failed_while_finishing_;  ///< the first failure after a member finished (or "")
   /// Loads the file after a change or a SIGHUP: applies it, rejects it (and says what stays
   /// in force), or, when a SIGHUP finds it unchanged, says so (console + config_unchanged).
   void reload();

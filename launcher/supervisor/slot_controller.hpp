@@ -23,7 +23,8 @@ class SlotController {
   virtual bool on_worker_exit(int local_rank, ExitStatus status, bool can_restart) = 0;
   /// True while the job must stay up although no process runs (paused).
   virtual bool holds_job_open() const = 0;
-  /// True when a member finished training (decides the exit status after absorbed failures).
+  /// True when a member finished training and no worker failed after that (decides the exit
+  /// status after absorbed failures).
   virtual bool succeeded() const = 0;
   /// Why the elastic job failed when succeeded() is false (the end of the failure line).
   virtual std::string failure_summary() const { return "every elastic worker failed"; }

@@ -631,8 +631,8 @@ void Supervisor::finish_unrestarted() {
   } else if (shutdown_signal_) {
     finish(128 + shutdown_signal_, fmt::format("received {}", signal_name(shutdown_signal_)));
   } else if (absorbed_failure_ && controller_ && !controller_->succeeded()) {
-    // Every elastic worker failed: the same root-cause summary as a plain run's failure,
-    // naming the first worker that failed.
+    // Every elastic worker failed, or one failed after the job finished training: the same
+    // root-cause summary as a plain run's failure, naming the first worker that failed.
     failure_ = std::move(absorbed_failure_);
     for (auto& w : workers_)
       if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());

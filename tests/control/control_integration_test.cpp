@@ -484,6 +484,29 @@ TEST_CASE("a worker that finishes one epoch early ends the job; peers at the bou
   CHECK(slurp(tmp.path / "gpurun.stderr").find("finished training") != std::string::npos);
 }
 
+TEST_CASE("a worker that fails after the job finished training makes gpurun fail with its code") {
+  // Elastic mode goes on without a worker that fails during training; once a member finished,
+  // a failure (a save after the loop that fails) is lost work: not "all workers succeeded".
+  TempDir tmp;
+  Run run(tmp.path, 3, config("", "release", 30));
+  run.wait_continues(2);
+  long max_epoch = 0;
+  for (auto& e : run.events("decision"))
+    max_epoch = std::max<long>(max_epoch, e["epoch"].as_int64());
+  write_file(tmp.path / "exit_code_gpu2", "5");
+  write_file(tmp.path / "stop_gpu1", std::to_string(max_epoch + 2));
+  REQUIRE(run.wait(10s));
+  CHECK(run.code() == 5);
+  CHECK(slurp(tmp.path / "gpurun.stderr").find("exit       : exit code 5") != std::string::npos);
+  auto shutdown = run.events("shutdown");
+  REQUIRE(shutdown.size() == 1);
+  CHECK(shutdown[0].at("exit_code").as_int64() == 5);
+  const std::string why(shutdown[0].at("reason").as_string());
+  CHECK_MESSAGE(
+      why.find("gpu 2 ended with exit code 5 after the job finished training") != std::string::npos,
+      why);
+}
+
 TEST_CASE("the store's key count stays bounded over many boundaries and resizes") {
   TempDir tmp;
   Run run(tmp.path, 3, config(""), 20);

@@ -5,6 +5,7 @@
 //   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
+//   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 // Every decision read is appended to <dir>/reads.<gpu>.<pid>: "<store key> <json>".
 // At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
 // after each boundary it appends the store's key count to <dir>/keys.<gpu>.<pid>.
@@ -111,8 +112,10 @@ int main(int argc, char** argv) {
     }
     key_counts << wc->client().num_keys() << std::endl;
     if (d.kind == Decision::Kind::kExit) {
+      // exit_code_gpu<N>: what slot N's code after its loop ends with (a failed save).
+      const long code = stop_epoch(dir / ("exit_code_gpu" + std::to_string(gpu)));
       std::printf("fake_worker gpu %d: told to exit at epoch %ld\n", gpu, epoch);
-      return 0;
+      return code > 0 ? static_cast<int>(code) : 0;
     }
     ++epoch;
     if (d.kind == Decision::Kind::kResize && d.is_leaver(gpu)) {

@@ -98,15 +98,28 @@ print("python_units: checksum sums equal the direct ones; swapped elements chang
 data = torch.utils.data.TensorDataset(torch.arange(10))
 for bad, err, text in (({"sampler": None, "batch_sampler": None}, TypeError, "batch_sampler, sampler"),
                        ({"persistent_workers": True}, TypeError, "persistent_workers"),
-                       ({"num_workers": -1}, ValueError, "num_workers must be an int >= 0")):
+                       ({"num_workers": -1}, ValueError, "num_workers must be an int >= 0"),
+                       ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1")):
     try:
-        rt.loader(data, batch_size=2, **bad)
+        gpurun.Runtime().loader(data, **{"batch_size": 2, **bad})
     except err as e:
         assert text in str(e), str(e)
     else:
         raise AssertionError(f"loader(**{bad}) was accepted")
 # Outside gpurun (one process), workers read the same batches as the process itself would.
-same = [b[0].tolist() for b in rt.loader(data, batch_size=3, seed=1)]
-with_workers = [b[0].tolist() for b in rt.loader(data, batch_size=3, seed=1, num_workers=2)]
+same = [b[0].tolist() for b in gpurun.Runtime().loader(data, batch_size=3, seed=1)]
+with_workers = [b[0].tolist() for b in gpurun.Runtime().loader(data, batch_size=3, seed=1,
+                                                              num_workers=2)]
+# A second loader of one Runtime would move the first's position: refused, saying why.
+one = gpurun.Runtime()
+one.loader(data, batch_size=2)
+try:
+    one.loader(data, batch_size=2)
+except RuntimeError as e:
+    assert "called a second time" in str(e) and "plain torch.utils.data.DataLoader" in str(e), e
+else:
+    raise AssertionError("a second loader() was accepted")
+assert not gpurun.runtime.is_comm_failure(RuntimeError("DataLoader timed out after 1 seconds"))
+assert gpurun.runtime.is_comm_failure(RuntimeError("Connection closed by peer"))
 assert same == with_workers and sorted(sum(same, [])) == list(range(10)), (same, with_workers)
 print("python_units: loader arguments checked; workers read the same batches")

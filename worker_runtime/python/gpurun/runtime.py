@@ -215,6 +215,14 @@ class Runtime:
         it, before that boundary: prefetching never runs past a resize. Anything else
         (``sampler``, ``shuffle``, ``batch_size``, ``persistent_workers``, ...) is refused:
         the elastic sampler decides the batches."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"Runtime.loader(): batch_size must be an int >= 1, not {batch_size!r}")
+        if self._sampler is not None:
+            raise RuntimeError(
+                "Runtime.loader() was called a second time: the loader's position is part of "
+                "the elastic state and one Runtime has one (a second would move the first's); "
+                "make the training loader once, before epochs(), and use a plain "
+                "torch.utils.data.DataLoader for validation")
         unknown = sorted(set(dataloader_kwargs) - set(self._LOADER_KWARGS))
         if unknown:
             raise TypeError(f"Runtime.loader(): unsupported argument(s) {', '.join(unknown)} "
@@ -351,15 +359,15 @@ class Runtime:
     def _warn_unsupported(self, d):
         self.global_batch = int(d.get("global_batch", 0) or 0)
         self.every_steps = int(d.get("every_steps", 0) or 0)
-        for key, what in (("global_batch", "[batch] global (outside Runtime.steps)"),):
-            if key == "global_batch" and self._uses_steps:
-                continue
-            if d.get(key, 0) and key not in self._warned and self.rank == 0:
-                self._warned.add(key)
-                print(f"gpurun (python, slot {self.slot}): warning: {what} = {d[key]} is not "
-                      "supported by the Python runtime yet: boundaries stay at epoch ends and "
-                      "each rank keeps its batch size (docs/python.md#limits)",
-                      file=sys.stderr, flush=True)
+
+    def _warn_direct_iteration(self):
+        """Rank 0, once: ``[batch] global`` is in force but the loader is iterated directly."""
+        if self.global_batch and "global_batch" not in self._warned and self.rank == 0:
+            self._warned.add("global_batch")
+            print(f"gpurun (python, slot {self.slot}): warning: [batch] global = "
+                  f"{self.global_batch} is kept only through Runtime.steps(loader); iterating "
+                  "the loader directly keeps each rank's batch size (docs/python.md#limits)",
+                  file=sys.stderr, flush=True)
 
     def _boundary(self, epoch, step):
         if not self.elastic:  # a static run: nothing is decided at a boundary
@@ -709,7 +717,10 @@ _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
 
 def is_comm_failure(err):
     """True when ``err`` (an exception) is a collective failing because a peer died or hung."""
-    return isinstance(err, RuntimeError) and any(m in str(err) for m in _COMM_FAILURE_MARKS)
+    text = str(err)
+    if "DataLoader" in text:  # e.g. "DataLoader timed out after 1 seconds": the data, not a peer
+        return False
+    return isinstance(err, RuntimeError) and any(m in text for m in _COMM_FAILURE_MARKS)
 
 
 def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size=None,
@@ -819,8 +830,16 @@ class _Loader:
             kw["collate_fn"] = collate
         return iter(torch.utils.data.DataLoader(self.dataset, batch_sampler=batches, **kw))
 
+    def _check_inside_epochs(self):
+        if self.rt.elastic and not self.rt._started:
+            raise RuntimeError("iterate the gpurun loader inside `for epoch in rt.epochs(n):` "
+                               "(under gpurun --config the world, the rank and the state are "
+                               "set up by epochs())")
+
     def __iter__(self):
+        self._check_inside_epochs()
         rt, s = self.rt, self.rt._sampler
+        rt._warn_direct_iteration()
         workers = self.kwargs.get("num_workers", 0) > 0
         while s.remaining() >= rt.world_size:  # a tail smaller than the world is skipped
             plan = self._segment(self.batch_size * rt.world_size)
@@ -836,21 +855,27 @@ class _Loader:
         s.advance(s.remaining())
 
     def _steps(self):
+        self._check_inside_epochs()
         rt, s = self.rt, self.rt._sampler
         workers = self.kwargs.get("num_workers", 0) > 0
         while s.remaining() >= rt.world_size:
-            plan = self._segment(rt.global_batch or self.batch_size * rt.world_size)
+            per_step = rt.global_batch or self.batch_size * rt.world_size
+            if per_step < rt.world_size:
+                raise ValueError(f"[batch] global = {per_step} is smaller than the world size "
+                                 f"{rt.world_size}: every rank needs at least one sample per "
+                                 "step (raise [batch] global in the config)")
+            plan = self._segment(per_step)
             steps = [_Step(self, mine, count) for count, mine in plan]
+            box = [self._workers([mb for st in steps for mb in st.micro])] if workers else None
             if workers:
-                it = self._workers([mb for st in steps for mb in st.micro])
                 for st in steps:
-                    st.fetch = lambda _mb, it=it: next(it)
+                    st.fetch = lambda _mb, box=box: next(box[0])
             for j, ((count, _), st) in enumerate(zip(plan, steps)):
                 yield st
                 s.advance(count)
                 rt._steps_done += 1
-                if j == len(plan) - 1:
-                    it = steps = None  # the DataLoader and its workers end before a boundary
+                if j == len(plan) - 1 and box:
+                    box[0] = None  # the DataLoader and its workers end before a boundary
                 if not rt._after_step():
                     return
         s.advance(s.remaining())
