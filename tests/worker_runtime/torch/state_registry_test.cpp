@@ -924,15 +924,27 @@ TEST_CASE("state registry: a full tmpfs (ENOSPC) falls back; prepare too; no roo
   }
 }
 
+/// A source's snapshot at `path` after one step, its bytes and header.
+struct WrittenSnapshot {
+  gpurun::testing::TempDir dir{"gpurun-state"};
+  std::string path = (dir.path / "state.snap").string();
+  Side source{Kind::kAdam, 1};
+  std::string good;
+  SnapshotHeader h;
+  WrittenSnapshot() {
+    source.step(0);
+    source.reg.write_snapshot(path);
+    good = read_file(path);
+    h = SnapshotHeader::decode(reinterpret_cast<const uint8_t*>(good.data()), good.size(), path);
+  }
+};
+
 TEST_CASE("state registry: a changed payload byte is refused and nothing is applied") {
-  gpurun::testing::TempDir dir("gpurun-state");
-  const std::string path = (dir.path / "state.snap").string();
-  Side source(Kind::kAdam, 1);
-  source.step(0);
-  source.reg.write_snapshot(path);
-  const std::string good = read_file(path);
-  const SnapshotHeader h =
-      SnapshotHeader::decode(reinterpret_cast<const uint8_t*>(good.data()), good.size(), path);
+  WrittenSnapshot w;
+  const std::string& path = w.path;
+  const std::string& good = w.good;
+  const SnapshotHeader& h = w.h;
+  Side& source = w.source;
   Side receiver(Kind::kAdam, 2);
   const uint64_t untouched = receiver.reg.checksum();
   // 8 bytes overwritten in the middle of the tensors (the user's report), and one bit.
@@ -960,14 +972,11 @@ TEST_CASE("state registry: a changed payload byte is refused and nothing is appl
 TEST_CASE("state registry: verified while copying, a changed payload byte leaves nothing usable") {
   // Verify::kWhileCopying (a rank resuming a paused job holds no state): the copies run
   // before the payload checksum is known, so a corrupt file must leave the tensors released.
-  gpurun::testing::TempDir dir("gpurun-state");
-  const std::string path = (dir.path / "state.snap").string();
-  Side source(Kind::kAdam, 1);
-  source.step(0);
-  source.reg.write_snapshot(path);
-  const std::string good = read_file(path);
-  const SnapshotHeader h =
-      SnapshotHeader::decode(reinterpret_cast<const uint8_t*>(good.data()), good.size(), path);
+  WrittenSnapshot w;
+  const std::string& path = w.path;
+  const std::string& good = w.good;
+  const SnapshotHeader& h = w.h;
+  Side& source = w.source;
   std::string bad = good;
   std::memcpy(bad.data() + (h.data_offset + h.data_end) / 2, "GARBAGE!", 8);
   write_file(path, bad);
