@@ -190,15 +190,23 @@ TEST_CASE("elastic release mode: shrink, grow, bad config, swap, pause and resum
   CHECK(to23["state_source"].as_int64() == 2);  // rank 2 of the old generation = gpu 2 stays
   run.wait_continues(1);
   write_file(tmp.path / "config.toml", config("[0, 1]"));  // ... then swap [2,3] -> [0,1]
-  auto swap = run.wait_resize(5);
-  CHECK(ids(swap, "active") == "[0,1]");
-  CHECK(ids(swap, "joiners") == "[0,1]");
+  size_t n = 5;
+  auto swap = run.wait_resize(n);
   CHECK(ids(swap, "leavers") == "[2,3]");
-  CHECK(swap["state_source"].as_int64() == 0);  // a leaver hands the state off
+  if (ids(swap, "active") == "[0,1]") {
+    CHECK(ids(swap, "joiners") == "[0,1]");
+    CHECK(swap["state_source"].as_int64() == 0);  // a leaver hands the state off
+  } else {
+    // A warm joiner that was not ready at that boundary (a loaded machine: seen under ASan) is
+    // admitted at a later one; no boundary waits for it (docs/control-protocol.md#warm-joiners).
+    CHECK((ids(swap, "active") == "[0]" || ids(swap, "active") == "[1]"));
+    auto rest = run.wait_resize(++n);
+    CHECK(ids(rest, "active") == "[0,1]");
+  }
   run.wait_continues(1);
 
   write_file(tmp.path / "config.toml", config("[]"));  // pause
-  auto pause = run.wait_resize(6);
+  auto pause = run.wait_resize(++n);
   CHECK(ids(pause, "active") == "[]");
   // Paused: every worker exited (release) yet gpurun keeps running.
   run.wait_for("both leavers parked", [&] {
@@ -213,7 +221,7 @@ TEST_CASE("elastic release mode: shrink, grow, bad config, swap, pause and resum
   CHECK(!run.wait(0ms));
 
   write_file(tmp.path / "config.toml", config("[1, 3]"));  // resume on other GPUs
-  auto resume = run.wait_resize(7);
+  auto resume = run.wait_resize(++n);
   CHECK(ids(resume, "active") == "[1,3]");
   CHECK(resume["state_source"].as_int64() == -1);  // from the host snapshot
   CHECK(resume["round"].as_int64() == -1);
