@@ -593,9 +593,14 @@ TEST_CASE("a leaving state source killed before its handoff (a swap): the state 
   REQUIRE(ended);
   CHECK(run.code() != 0);
   CHECK(s < 20.0);
-  CHECK(slurp(tmp.path / "gpurun.stderr")
-            .find("the training state is lost: gpu 0 (the state "
-                  "source of generation 1") != std::string::npos);
+  // Which wording depends on which gpurun sees first: the source's death, or the joiner
+  // reporting without the state after its handoff broke (seen in a clean-clone CI).
+  const std::string err = slurp(tmp.path / "gpurun.stderr");
+  CHECK((err.find("the training state is lost: gpu 0 (the state source of generation 1") !=
+             std::string::npos ||
+         err.find("the training state is lost: no process of generation 1 holds it") !=
+             std::string::npos));
+  CHECK(!run.events("state_lost").empty());
 }
 
 TEST_CASE("a swap whose joiner dies: the leaving source says so, gpurun says the state is lost") {
