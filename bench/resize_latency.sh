@@ -11,7 +11,10 @@
 #
 # Waits on events, never on fixed sleeps: nvidia-smi is read once `gpurun status` shows every
 # slot PARKED (release: the worker has exited and been reaped); "decision -> PARKED" is from
-# gpurun's own event log (the snapshot decision's and the PARKED worker_state's ts, 1 ms). Prints a table last; logs, traces and event logs under OUT_DIR.
+# gpurun's own event log (the snapshot decision's and the PARKED worker_state's ts, 1 ms).
+# "decision -> GPU free (NVML)": on cuda, bench/nvml_watch.py polls NVML's process list every
+# 2 ms during the pause; the moment the worker's pid stopped being listed (release mode; hold
+# keeps its context). Prints a table last; logs, traces and event logs under OUT_DIR.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODEL=${4:?model preset}; shift 4
 mkdir -p "$OUT"
@@ -65,11 +68,18 @@ scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
     wait_for "the prepared snapshot" 300 prepared "$d" || { kill "$gp"; return 1; }
   fi
   echo "training: $(smi)" > "$d/smi.txt"
+  local nw=""  # NVML watcher (bench/nvml_watch.py): when the worker's process leaves the GPU
+  if [[ $DEV == cuda ]]; then
+    python3 "$(dirname "$0")/nvml_watch.py" "$d/nvml.jsonl" 0 0.002 2> "$d/nvml.err" &
+    nw=$!
+    wait_for "the NVML watcher" 30 test -s "$d/nvml.jsonl" || { kill "$nw"; nw=""; }
+  fi
   cfg "[]" "$mode" "$d/config.toml"
   local t_edit; t_edit=$(now_ms)
   wait_for "the pause's resize event" 300 ge "$d/events.jsonl" resize 1 || { kill "$gp"; return 1; }
   wait_for "PARKED" 300 parked || { kill "$gp"; return 1; }
   local t_parked; t_parked=$(now_ms)
+  [[ -n $nw ]] && { kill "$nw"; wait "$nw"; }
   echo "edit_to_parked_ms: $((t_parked - t_edit))" >> "$d/smi.txt"
   echo "parked_at_ms: $t_parked" >> "$d/smi.txt"
   echo "paused: $(smi)" >> "$d/smi.txt"
@@ -139,6 +149,17 @@ for label in ("before", "release", "hold"):
     parked = [wall_ms(e["ts"]) for e in ev if e.get("event") == "worker_state" and
               e.get("to") == "PARKED" and first and wall_ms(e["ts"]) >= wall_ms(first["ts"])]
     parked_ts = max(parked) if parked else None
+    # The GPU free, as NVML saw it (bench/nvml_watch.py): the last moment before PARKED that
+    # none of the worker processes (the traces' pids) was listed any more.
+    ours = {str(t["pid"]) for t in tr if "pid" in t}
+    gpu_free = float("nan")
+    if first:
+        for l in lines(d + "/nvml.jsonl"):
+            if l["t_ms"] < wall_ms(first["ts"]) or (parked_ts and l["t_ms"] > parked_ts + 1000):
+                continue
+            listed = ours & set(l["pids"])
+            if listed: gpu_free = float("nan")
+            elif gpu_free != gpu_free: gpu_free = l["t_ms"] - wall_ms(first["ts"])
     smi = dict(l.split(": ", 1) for l in open(d + "/smi.txt").read().splitlines() if ": " in l)
     rows[label] = dict(
         write_ms=w[0]["ms"] if w else None, write=w[0] if w else {},
@@ -146,19 +167,20 @@ for label in ("before", "release", "hold"):
         resume_ms=resume["total_ms"], resume_phases=resume["phases_ms"],
         same=bool(w and after and w[0]["checksum"] == after[0]["checksum"]),
         paused_smi=smi.get("paused", "?"), edit_to_parked=float(smi.get("edit_to_parked_ms", "nan")),
-        decision_to_parked=(parked_ts - wall_ms(first["ts"])) if first and parked_ts else float("nan"), timings=tim, bytes=w[0].get("tensor_bytes") if w else None)
+        decision_to_parked=(parked_ts - wall_ms(first["ts"])) if first and parked_ts else float("nan"),
+        decision_to_gpu_free=gpu_free, timings=tim, bytes=w[0].get("tensor_bytes") if w else None)
 json.dump(rows, open(out + "/summary.json", "w"), indent=1)
 idle = open(out + "/idle_context.txt").read().strip() if os.path.exists(out + "/idle_context.txt") else "-"
 print(f"\nresize latency, fmnist_train --model {model} on {dev}, one worker (ms; monotonic clock)")
 print("idle torch CUDA context on this GPU:", idle)
-hdr = "| run | state GB | snapshot write | (copy / checksum) | decision -> left | decision -> PARKED (GPU free) | paused (nvidia-smi) | resume: edit -> training | resume phases | checksums equal |"
-print(hdr); print("|" + "---|" * 10)
+hdr = "| run | state GB | snapshot write | (copy / checksum) | decision -> left | decision -> GPU free (NVML) | decision -> PARKED | paused (nvidia-smi) | resume: edit -> training | resume phases | checksums equal |"
+print(hdr); print("|" + "---|" * 11)
 for label, x in rows.items():
-    if not x: print(f"| {label} | failed | | | | | | | | |"); continue
+    if not x: print(f"| {label} | failed | | | | | | | | | |"); continue
     wr = x["write"]
     print(f"| {label} | {x['bytes'] / 1e9 if x['bytes'] else 0:.2f} | {x['write_ms']:.0f} | "
           f"{wr.get('copy_ms', 0):.0f} / {wr.get('checksum_ms', 0):.0f} | {x['gone_ms']:.0f} | "
-          f"{x['decision_to_parked']:.0f} | "
+          f"{x['decision_to_gpu_free']:.0f} | {x['decision_to_parked']:.0f} | "
           f"{x['paused_smi']} | {x['resume_ms']:.0f} | "
           + ", ".join(f"{k} {v:.0f}" for k, v in x["resume_phases"].items()) +
           f" | {x['same']} |")

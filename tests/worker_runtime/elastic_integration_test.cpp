@@ -832,8 +832,16 @@ TEST_CASE("every resize's latency breakdown: one resize event per generation, in
   check_phases(resume, {"decision", "spawned", "state", "checksum", "resumed"}, 0, "joiner",
                {"spawned", "seen", "ready", "state", "comm", "checksum", "resumed"});
   run.wait_continues(1);
-  // gpurun status shows the last one, in status.json and in the text form
-  auto [rc, text] = gpurun_status(tmp.path, "");
+  // gpurun status shows the last one, in status.json and in the text form. status.json is
+  // rewritten at most every 100 ms (StatusWriter), so a continue decision that follows the
+  // resize event at once may still find the previous file: read until it is there (≤ 5 s).
+  int rc = -1;
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    std::tie(rc, text) = gpurun_status(tmp.path, "");
+    if (text.find("last resize: generation 4 ") != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
   INFO(text);
   CHECK(rc == 0);
   CHECK(text.find("last resize: generation 4 resume [] -> [0]: ") != std::string::npos);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "state/snapshot_format.hpp"
@@ -101,4 +103,43 @@ TEST_CASE(
   std::swap_ranges(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(kPayloadChunkBytes),
                    buf.begin() + static_cast<std::ptrdiff_t>(kPayloadChunkBytes));
   CHECK(payload_digest(buf.data(), buf.size()) != before);
+}
+
+TEST_CASE(
+    "payload_digest with a PayloadFrontier: hashes only what the writer declared final, so a "
+    "payload written in order while it hashes gives the digest of the finished bytes") {
+  using gpurun::rt::kPayloadChunkBytes;
+  using gpurun::rt::payload_digest;
+  using gpurun::rt::PayloadFrontier;
+  const uint64_t n = kPayloadChunkBytes * 3 + 12345;
+  std::vector<uint8_t> want(n);
+  uint64_t x = 7;
+  for (auto& b : want) b = static_cast<uint8_t>((x = x * 6364136223846793005ULL + 1) >> 56);
+  const uint64_t expected = payload_digest(want.data(), n);
+
+  // The buffer starts as garbage (0xAB); a writer fills it in 1 MiB steps, advancing the
+  // frontier after each, with a pause before the last chunk. A digest that read ahead of the
+  // frontier would hash garbage and differ.
+  std::vector<uint8_t> buf(n, 0xAB);
+  PayloadFrontier written;
+  uint64_t got = 0;
+  std::thread hasher([&] { got = payload_digest(buf.data(), n, written); });
+  for (uint64_t at = 0; at < n; at += uint64_t{1} << 20) {
+    const uint64_t len = std::min<uint64_t>(uint64_t{1} << 20, n - at);
+    if (at == kPayloadChunkBytes * 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::memcpy(buf.data() + at, want.data() + at, len);
+    written.advance(at + len);
+    written.advance(at);  // a smaller value is ignored
+  }
+  hasher.join();
+  CHECK(got == expected);
+
+  // An abandoned write: the digest returns (it does not wait forever).
+  PayloadFrontier failed;
+  failed.advance(kPayloadChunkBytes);
+  std::thread h2([&] { (void)payload_digest(buf.data(), n, failed); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  failed.abandon();
+  h2.join();
+  CHECK(failed.wait_for(1) == false);
 }

@@ -50,7 +50,7 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
 
 // ---- host <-> device copies of a state snapshot
 
-void copy_host(const std::vector<HostCopy>& copies, bool to_host) {
+void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done) {
   at::NoGradGuard no_grad;  // parameters are written in place
   bool any_cuda = false;
   for (const HostCopy& c : copies) {
@@ -70,10 +70,14 @@ void copy_host(const std::vector<HostCopy>& copies, bool to_host) {
     }
   }
 #if GPURUN_HAVE_NCCL
-  if (any_cuda) detail::cuda::copy_host_async(copies, to_host);
+  if (any_cuda) {
+    detail::cuda::copy_host_async(copies, to_host, done);
+    return;  // it made the final done() call
+  }
 #else
   GPURUN_CHECK(!any_cuda, "a CUDA tensor in a build without CUDA");
 #endif
+  if (done) done(copies.size());
 }
 
 }  // namespace gpurun::rt::compat

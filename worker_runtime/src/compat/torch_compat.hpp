@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -77,6 +78,9 @@ class HostRegistration {
   HostRegistration& operator=(HostRegistration&& other) noexcept;
 
   bool pinned() const noexcept { return ptr_ != nullptr; }
+  /// Forgets the registration without undoing it: the CUDA context's teardown at the
+  /// process's end unpins the range. For a process about to exit. Never throws.
+  void leave_to_exit() noexcept { ptr_ = nullptr; }
 
  private:
   void* ptr_ = nullptr;  ///< registered base address; nullptr when not pinned
@@ -104,12 +108,20 @@ struct HostCopy {
 /// queued on that device's current stream, one synchronise at the end; fastest when the host
 /// ranges are page-locked (HostRegistration). Other tensors: plain copies (at::Tensor::copy_).
 /// Throws c10::Error on a CUDA failure, gpurun::InvariantError for a non-contiguous tensor.
-void copy_host(const std::vector<HostCopy>& copies, bool to_host);
+///
+/// `done` (optional) reports progress on the calling thread while it blocks: done(n) means
+/// copies [0, n) are complete; n only grows and the last call is done(copies.size()). CUDA
+/// tensors on one device: every copy is queued at once with an event about every
+/// kCopyProgressBytes, each waited for in turn (the snapshot write hashes what has landed
+/// while the rest copies); tensors on several devices: only the final call.
+using CopyProgress = std::function<void(size_t)>;
+inline constexpr size_t kCopyProgressBytes = size_t{64} << 20;
+void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done = {});
 
 namespace detail::cuda {
 // Defined in comm/nccl/cuda_memory.cpp (CUDA builds only): the CUDA tensors of `copies`
-// (others are skipped), as copy_host describes.
-void copy_host_async(const std::vector<HostCopy>& copies, bool to_host);
+// (others are skipped), as copy_host describes; `done` as copy_host's, counting every copy.
+void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done);
 }  // namespace detail::cuda
 
 }  // namespace gpurun::rt::compat

@@ -13,11 +13,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -456,19 +459,17 @@ struct Runtime::Impl {
     if (d.park_mode == control::ParkMode::kRelease) {
       // No std::exit: epochs() ends, user code after the loop (which checks left()) and the
       // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
-      // The state (written to the snapshot, or handed on) is freed here, before that: the
-      // process's exit then tears down a CUDA context with nothing allocated and no page-locked
-      // mapping, and the time it took is in the trace (free_ms, unmap_ms).
+      // The state (written to the snapshot, or handed on) is freed now, so that the GPU holds
+      // only the context. The page-locked snapshot mapping is left to the process's end: its
+      // unpinning and unmapping here, with the process's threads still running, took ~0.75 s
+      // for ViT-H's 7.5 GB on the H200 (docs/results.md); the exit does both for less.
       finish_snapshot_preparation();
       const auto t_free = Clock::now();
       registry.release();  // device memory: every cached block too
       const double free_ms = ms_since(t_free);
-      // unregister + unmap the snapshot file (it stays)
-      const rt::StateRegistry::CloseTimes closed = registry.close_snapshot();
+      registry.leave_snapshot_to_exit();  // the file stays; its mapping ends with the process
       trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
                            {"free_ms", Trace::num(free_ms)},
-                           {"unpin_ms", Trace::num(closed.unpin_seconds * 1e3)},
-                           {"unmap_ms", Trace::num(closed.unmap_seconds * 1e3)},
                            {"ms", Trace::num(ms_since(t0))}});
       mark_phase("left");
       publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
@@ -703,9 +704,41 @@ struct Runtime::Impl {
     snapshot_end_ms = 0;
     try {
       sync_out();
-      const std::string path = registry.write_snapshot(snapshot_paths());
+      // The state checksum (device kernels, ~50 ms for ViT-H) runs on a thread while this one
+      // writes (copies on a side stream, hashing on the host): neither changes the state, and
+      // the pause waits for both. Its kernels go on this thread's current stream, after the
+      // last step's work, as when it ran here.
+      const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+      std::optional<uint64_t> sum;
+      std::exception_ptr sum_error;
+      std::optional<std::thread> summer;
+      try {
+        summer.emplace([&] {
+          try {
+            const at::NoGradGuard no_grad;
+            const c10::StreamGuard on(stream);
+            sum = registry.checksum();
+          } catch (...) {
+            sum_error = std::current_exception();
+          }
+        });
+      } catch (const std::system_error&) {  // no thread: after the write, on this one
+      }
+      std::string path;
+      try {
+        path = registry.write_snapshot(snapshot_paths());
+      } catch (...) {
+        if (summer) summer->join();
+        throw;
+      }
+      if (summer) {
+        summer->join();
+        if (sum_error) std::rethrow_exception(sum_error);
+      } else {
+        sum = registry.checksum();
+      }
       const auto& st = registry.last_snapshot_stats();
-      written_checksum = registry.checksum();
+      written_checksum = sum;
       trace.write("snapshot_written",
                   {{"path", Trace::str(path)},
                    {"bytes", Trace::num(st.file_bytes)},
@@ -878,8 +911,12 @@ struct Runtime::Impl {
   }
 
   ~Impl() {
+    const auto t0 = Clock::now();
     if (premap_thread.joinable()) premap_thread.join();
     if (prepare_thread.joinable()) prepare_thread.join();
+    // The program is done with the runtime: what follows until the process is reaped (its
+    // other destructors, the CUDA context's teardown) is outside it (bench/resize_latency.sh).
+    trace.write("runtime_end", {{"join_ms", Trace::num(ms_since(t0))}});
   }
 
   /// After a failed collective: drop the communicator and report at once (same position);

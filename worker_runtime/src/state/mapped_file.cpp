@@ -142,6 +142,11 @@ void MappedFile::close() {
   }
 }
 
+void MappedFile::leave_to_exit() noexcept {
+  data_ = nullptr;  // mapped until the process ends
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+}
+
 void MappedFile::reset() noexcept {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;

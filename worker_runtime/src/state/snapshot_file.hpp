@@ -52,6 +52,12 @@ class SnapshotFile {
   /// it took; 0 when not pinned. The mapping stays.
   double unpin() noexcept;
   bool pinned() const noexcept { return registration_.pinned(); }
+  /// Leaves the page-locking and the mapping to the process's end (HostRegistration and
+  /// MappedFile::leave_to_exit): nothing is unpinned or unmapped now. data() is null after.
+  void leave_to_exit() noexcept {
+    registration_.leave_to_exit();
+    file_.leave_to_exit();
+  }
 
   /// Locks the whole mapping in memory (mlock: resident, never swapped out; released with the
   /// mapping) — the CPU counterpart of pin() for a prepared file. Returns "" when locked (or

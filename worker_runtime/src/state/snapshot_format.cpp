@@ -104,14 +104,20 @@ void SnapshotHeader::encode(uint8_t* out) const {
   put<uint64_t>(out, kCommitAt, committed ? kCommitted : 0);
 }
 
-uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept {
+namespace {
+
+// payload_digest() of both overloads: `written` null for a complete payload.
+uint64_t digest_chunks(const uint8_t* data, uint64_t bytes,
+                       const PayloadFrontier* written) noexcept {
   const uint64_t chunks = (bytes + kPayloadChunkBytes - 1) / kPayloadChunkBytes;
   std::vector<uint64_t> digests(chunks);
   std::atomic<uint64_t> next{0};
   const auto work = [&] {
     for (uint64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
       const uint64_t at = c * kPayloadChunkBytes;
-      digests[c] = Xxh64::of(data + at, std::min(kPayloadChunkBytes, bytes - at));
+      const uint64_t n = std::min(kPayloadChunkBytes, bytes - at);
+      if (written != nullptr && !written->wait_for(at + n)) return;
+      digests[c] = Xxh64::of(data + at, n);
     }
   };
   const uint64_t hw = std::max(1u, std::thread::hardware_concurrency());
@@ -133,6 +139,40 @@ uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept {
     top.update(le, sizeof le);
   }
   return top.digest();
+}
+
+}  // namespace
+
+uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept {
+  return digest_chunks(data, bytes, nullptr);
+}
+
+uint64_t payload_digest(const uint8_t* data, uint64_t bytes,
+                        const PayloadFrontier& written) noexcept {
+  return digest_chunks(data, bytes, &written);
+}
+
+void PayloadFrontier::advance(uint64_t bytes) noexcept {
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (bytes <= final_) return;
+    final_ = bytes;
+  }
+  cv_.notify_all();
+}
+
+void PayloadFrontier::abandon() noexcept {
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    abandoned_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool PayloadFrontier::wait_for(uint64_t bytes) const noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return abandoned_ || final_ >= bytes; });
+  return !abandoned_;
 }
 
 bool SnapshotHeader::peek_sizes(const std::string& path, uint64_t& data_end,

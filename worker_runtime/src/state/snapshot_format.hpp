@@ -38,8 +38,10 @@
 // check_payload() refuse it ("payload checksum ... (file corrupt)").
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -113,6 +115,32 @@ inline constexpr uint64_t kPayloadChunkBytes = uint64_t{64} << 20;
 /// parallel: a 7.5 GB state in ~0.1 s on 8 cores instead of ~0.6 s on one. Blocks; never
 /// throws (a thread that cannot be started: its chunks are hashed on the calling thread).
 uint64_t payload_digest(const uint8_t* data, uint64_t bytes) noexcept;
+
+/// How much of a payload that another thread writes in order is final, for the
+/// payload_digest() overload below: the snapshot write hashes each 64 MiB chunk as soon as the
+/// device copies have landed past it, instead of one pass after all of them. Thread-safe.
+class PayloadFrontier {
+ public:
+  /// Bytes [0, `bytes`) of the payload are final. A value below an earlier one is ignored.
+  void advance(uint64_t bytes) noexcept;
+  /// The writer failed: every wait returns false at once (the digest is then meaningless).
+  void abandon() noexcept;
+  /// Blocks until advance(>= `bytes`) (true) or abandon() (false).
+  bool wait_for(uint64_t bytes) const noexcept;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint64_t final_ = 0;
+  bool abandoned_ = false;
+};
+
+/// payload_digest() of a payload still being written: each chunk is hashed once `written`
+/// has advanced past its end (chunks are taken in order, so the hash threads follow the
+/// writer). Same value as the overload above once the payload is complete. Blocks until every
+/// chunk is hashed or `written` is abandoned (then returns an unspecified value). Never throws.
+uint64_t payload_digest(const uint8_t* data, uint64_t bytes,
+                        const PayloadFrontier& written) noexcept;
 
 /// `n` rounded up to a multiple of SnapshotHeader::kAlignment.
 constexpr uint64_t snapshot_align(uint64_t n) {

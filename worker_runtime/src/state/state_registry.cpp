@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <typeinfo>
 #include <unordered_map>
@@ -974,19 +975,17 @@ SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::s
 }
 
 // Fills the payload of `file` (after begin()) for `plan` and returns its checksum
-// (payload_digest() of file bytes [128, data_end), as snapshot_format.hpp defines it). Device
-// tensors are copied first (compat::copy_host: side stream, one synchronise); then one pass in
-// file order zeroes the padding and copies every host tensor; then the payload is hashed, its
-// chunks in parallel.
+// (payload_digest() of file bytes [128, data_end), as snapshot_format.hpp defines it). One pass
+// in file order zeroes the padding and copies every host tensor; then the device tensors are
+// copied (compat::copy_host: side stream, every copy queued at once, big tensors in
+// kCopyProgressBytes slices) while the payload's chunks are hashed behind them (a
+// PayloadFrontier follows the copies' progress), so the hash ends soon after the last copy.
 uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
                       StateRegistry::SnapshotStats& st) {
   uint8_t* const base = file.data();
+  const uint8_t* const payload = base + SnapshotHeader::kBytes;
+  const uint64_t payload_bytes = plan.header.data_end - SnapshotHeader::kBytes;
   const auto t_copy = SteadyClock::now();
-  std::vector<compat::HostCopy> device;
-  for (size_t i = 0; i < plan.tensors.size(); ++i)
-    if (!plan.tensors[i].is_cpu()) device.push_back({plan.tensors[i], base + plan.offsets[i]});
-  if (!device.empty()) compat::copy_host(device, /*to_host=*/true);
-
   uint64_t at = plan.header.data_offset;  // manifest and its padding: written by begin()
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const at::Tensor& t = plan.tensors[i];
@@ -995,11 +994,54 @@ uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
     if (t.is_cpu() && n > 0) std::memcpy(base + offset, t.data_ptr(), n);
     at = offset + n;
   }
+  std::vector<compat::HostCopy> device;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const at::Tensor& t = plan.tensors[i];
+    if (t.is_cpu()) continue;
+    uint8_t* const host = base + plan.offsets[i];
+    const int64_t per = static_cast<int64_t>(compat::kCopyProgressBytes / t.element_size());
+    if (!t.is_contiguous() || t.numel() <= per) {  // (copy_host refuses a non-contiguous one)
+      device.push_back({t, host});
+      continue;
+    }
+    const at::Tensor flat = t.view({-1});
+    for (int64_t e = 0; e < flat.numel(); e += per)
+      device.push_back({flat.narrow(0, e, std::min(per, flat.numel() - e)),
+                        host + static_cast<uint64_t>(e) * t.element_size()});
+  }
+
+  // Everything before the first device tensor is final now; after copies [0, k) everything
+  // before copy k's first byte.
+  PayloadFrontier written;
+  const auto final_before = [&](size_t k) -> uint64_t {
+    return k < device.size() ? static_cast<uint64_t>(device[k].host - payload) : payload_bytes;
+  };
+  written.advance(final_before(0));
+  uint64_t digest = 0;
+  std::optional<std::thread> hasher;
+  try {
+    hasher.emplace([&] {
+      digest = payload_digest(payload, payload_bytes, written);
+      st.checksum_seconds = seconds_since(t_copy);
+    });
+  } catch (const std::system_error&) {  // no thread: hash after the copies, on this one
+  }
+  try {
+    if (!device.empty())
+      compat::copy_host(device, /*to_host=*/true,
+                        [&](size_t n) { written.advance(final_before(n)); });
+  } catch (...) {
+    written.abandon();
+    if (hasher) hasher->join();
+    throw;
+  }
   st.copy_seconds = seconds_since(t_copy);
-  const auto t_hash = SteadyClock::now();
-  const uint64_t digest =
-      payload_digest(base + SnapshotHeader::kBytes, plan.header.data_end - SnapshotHeader::kBytes);
-  st.checksum_seconds = seconds_since(t_hash);
+  if (hasher) {
+    hasher->join();
+  } else {
+    digest = payload_digest(payload, payload_bytes);
+    st.checksum_seconds = seconds_since(t_copy);
+  }
   return digest;
 }
 
@@ -1346,6 +1388,12 @@ void StateRegistry::adopt_prepared_snapshot(PreparedSnapshot prepared) {
 
 const StateRegistry::SnapshotStats& StateRegistry::last_snapshot_stats() const {
   return impl_->stats;
+}
+
+void StateRegistry::leave_snapshot_to_exit() noexcept {
+  if (!impl_->snapshot) return;
+  impl_->snapshot->leave_to_exit();
+  impl_->snapshot.reset();
 }
 
 StateRegistry::CloseTimes StateRegistry::close_snapshot() noexcept {

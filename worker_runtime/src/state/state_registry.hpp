@@ -186,8 +186,9 @@ class StateRegistry {
     double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister)
     double copy_seconds = 0;      ///< tensor copies, the final synchronise included
     double total_seconds = 0;     ///< the whole call (manifest, checks, msync, commit, ...)
-    double checksum_seconds = 0;  ///< payload checksum (read: the verification pass; write:
-                                  ///< device-tensor bytes hashed after their copies)
+    double checksum_seconds = 0;  ///< payload checksum, from the copies' start: it runs
+                                  ///< while they land (read: verification; write: hashing
+                                  ///< each 64 MiB chunk once the copies passed it)
     std::string path;             ///< the file the snapshot is in (or was prepared at)
     /// Paths that failed before `path` was used (write/prepare), one "'<path>': <error>" each:
     /// a non-empty list means the snapshot fell back (worth a warning in the event log).
@@ -235,6 +236,10 @@ class StateRegistry {
     double unmap_seconds = 0;  ///< munmap + close
   };
   CloseTimes close_snapshot() noexcept;
+  /// For a process about to exit (a release-mode leaver): drops the kept snapshot file without
+  /// unpinning or unmapping it (SnapshotFile::leave_to_exit), so that the process's own end
+  /// does both. Never throws.
+  void leave_snapshot_to_exit() noexcept;
 
   bool empty() const;
 

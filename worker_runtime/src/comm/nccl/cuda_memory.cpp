@@ -14,6 +14,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 namespace gpurun::rt::compat::detail::cuda {
 
@@ -44,7 +46,7 @@ void host_unregister(void* ptr) noexcept {
   if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
-void copy_host_async(const std::vector<HostCopy>& copies, bool to_host) {
+void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done) {
   // One side stream per device the tensors live on (one, in a worker), each made to wait for
   // what that device's current stream has queued (the last optimizer step, or the allocation
   // of freshly materialised tensors).
@@ -62,7 +64,13 @@ void copy_host_async(const std::vector<HostCopy>& copies, bool to_host) {
     devices.push_back(d);
     streams.push_back(side);
   }
-  for (const HostCopy& c : copies) {
+  // Progress marks (one device only): an event after about every kCopyProgressBytes, with
+  // the number of copies complete once it has fired.
+  const bool marks = done && devices.size() == 1;
+  std::vector<std::pair<std::unique_ptr<at::cuda::CUDAEvent>, size_t>> fired;
+  size_t since_mark = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const HostCopy& c = copies[i];
     if (!c.tensor.is_cuda() || c.tensor.numel() == 0) continue;
     const size_t k = static_cast<size_t>(
         std::find(devices.begin(), devices.end(), c.tensor.device().index()) - devices.begin());
@@ -72,10 +80,21 @@ void copy_host_async(const std::vector<HostCopy>& copies, bool to_host) {
         to_host ? static_cast<void*>(c.host) : device_ptr,
         to_host ? device_ptr : static_cast<const void*>(c.host), c.tensor.nbytes(),
         to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, streams[k].stream()));
+    since_mark += c.tensor.nbytes();
+    if (marks && since_mark >= kCopyProgressBytes) {
+      fired.emplace_back(std::make_unique<at::cuda::CUDAEvent>(), i + 1);
+      fired.back().first->record(streams[k]);
+      since_mark = 0;
+    }
+  }
+  for (auto& [event, n] : fired) {
+    event->synchronize();
+    done(n);
   }
   // The one wait: the host bytes (to_host) or the tensors (!to_host) are complete after it, so
   // the current streams may use the tensors without further ordering.
   for (c10::cuda::CUDAStream& s : streams) s.synchronize();
+  if (done) done(copies.size());
 }
 
 }  // namespace gpurun::rt::compat::detail::cuda
