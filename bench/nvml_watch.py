@@ -32,7 +32,11 @@ def main():
     last = None
     with open(out, "a") as f:
         while running[0]:
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError:  # a transient failure: poll again
+                time.sleep(period)
+                continue
             now = {str(p.pid): p.usedGpuMemory for p in procs}
             if now != last:
                 f.write(json.dumps({"t_ms": time.time() * 1e3, "pids": now}) + "\n")

@@ -47,6 +47,8 @@ import json, sys
 slots = json.load(sys.stdin)["slots"]
 sys.exit(0 if slots and all(s["state"] == "PARKED" for s in slots) else 1)'
 }
+nw_started() { [[ -s $1/nvml.jsonl ]] || ! kill -0 "$nw" 2>/dev/null; }  # written, or it ended
+stop_nw() { [[ -n $nw ]] && { kill "$nw" 2>/dev/null; wait "$nw" 2>/dev/null; }; nw=""; }
 now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
 prepared() { grep -qs '"event": *"snapshot_prepared".*"path"' "$1"/trace/gpu0.jsonl; }
 cfg() {
@@ -68,18 +70,19 @@ scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
     wait_for "the prepared snapshot" 300 prepared "$d" || { kill "$gp"; return 1; }
   fi
   echo "training: $(smi)" > "$d/smi.txt"
-  local nw=""  # NVML watcher (bench/nvml_watch.py): when the worker's process leaves the GPU
+  nw=""  # NVML watcher (bench/nvml_watch.py): when the worker's process leaves the GPU
   if [[ $DEV == cuda ]]; then
     python3 "$(dirname "$0")/nvml_watch.py" "$d/nvml.jsonl" 0 0.002 2> "$d/nvml.err" &
     nw=$!
-    wait_for "the NVML watcher" 30 test -s "$d/nvml.jsonl" || { kill "$nw"; nw=""; }
+    wait_for "the NVML watcher" 30 nw_started "$d"
+    [[ -s $d/nvml.jsonl ]] || { echo "no NVML watcher: $(cat "$d/nvml.err")"; stop_nw; }
   fi
   cfg "[]" "$mode" "$d/config.toml"
   local t_edit; t_edit=$(now_ms)
-  wait_for "the pause's resize event" 300 ge "$d/events.jsonl" resize 1 || { kill "$gp"; return 1; }
-  wait_for "PARKED" 300 parked || { kill "$gp"; return 1; }
+  wait_for "the pause's resize event" 300 ge "$d/events.jsonl" resize 1 || { kill "$gp"; stop_nw; return 1; }
+  wait_for "PARKED" 300 parked || { kill "$gp"; stop_nw; return 1; }
   local t_parked; t_parked=$(now_ms)
-  [[ -n $nw ]] && { kill "$nw"; wait "$nw"; }
+  stop_nw
   echo "edit_to_parked_ms: $((t_parked - t_edit))" >> "$d/smi.txt"
   echo "parked_at_ms: $t_parked" >> "$d/smi.txt"
   echo "paused: $(smi)" >> "$d/smi.txt"
@@ -151,15 +154,19 @@ for label in ("before", "release", "hold"):
     parked_ts = max(parked) if parked else None
     # The GPU free, as NVML saw it (bench/nvml_watch.py): the last moment before PARKED that
     # none of the worker processes (the traces' pids) was listed any more.
+    # nan when no line lists one of them (another pid namespace, no NVML: nothing to time).
     ours = {str(t["pid"]) for t in tr if "pid" in t}
-    gpu_free = float("nan")
+    gpu_free, seen_ours = float("nan"), False
     if first:
         for l in lines(d + "/nvml.jsonl"):
-            if l["t_ms"] < wall_ms(first["ts"]) or (parked_ts and l["t_ms"] > parked_ts + 1000):
+            if parked_ts and l["t_ms"] > parked_ts + 1000:
                 continue
             listed = ours & set(l["pids"])
+            seen_ours |= bool(listed)
+            if l["t_ms"] < wall_ms(first["ts"]):
+                continue
             if listed: gpu_free = float("nan")
-            elif gpu_free != gpu_free: gpu_free = l["t_ms"] - wall_ms(first["ts"])
+            elif gpu_free != gpu_free and seen_ours: gpu_free = l["t_ms"] - wall_ms(first["ts"])
     smi = dict(l.split(": ", 1) for l in open(d + "/smi.txt").read().splitlines() if ": " in l)
     rows[label] = dict(
         write_ms=w[0]["ms"] if w else None, write=w[0] if w else {},
@@ -173,7 +180,7 @@ json.dump(rows, open(out + "/summary.json", "w"), indent=1)
 idle = open(out + "/idle_context.txt").read().strip() if os.path.exists(out + "/idle_context.txt") else "-"
 print(f"\nresize latency, fmnist_train --model {model} on {dev}, one worker (ms; monotonic clock)")
 print("idle torch CUDA context on this GPU:", idle)
-hdr = "| run | state GB | snapshot write | (copy / checksum) | decision -> left | decision -> GPU free (NVML) | decision -> PARKED | paused (nvidia-smi) | resume: edit -> training | resume phases | checksums equal |"
+hdr = "| run | state GB | snapshot write | (copy / hash done, from the copy start) | decision -> left | decision -> GPU free (NVML) | decision -> PARKED | paused (nvidia-smi) | resume: edit -> training | resume phases | checksums equal |"
 print(hdr); print("|" + "---|" * 11)
 for label, x in rows.items():
     if not x: print(f"| {label} | failed | | | | | | | | | |"); continue

@@ -2,6 +2,8 @@
 // (comm/nccl/cuda_memory.cpp) and their CPU fallbacks.
 #include "compat/torch_compat.hpp"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "gpurun/check.hpp"
 
 #ifndef GPURUN_HAVE_NCCL
@@ -78,6 +80,13 @@ void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProg
   GPURUN_CHECK(!any_cuda, "a CUDA tensor in a build without CUDA");
 #endif
   if (done) done(copies.size());
+}
+
+c10::Stream forked_stream(const at::Device& device) {
+#if GPURUN_HAVE_NCCL
+  if (device.is_cuda()) return detail::cuda::forked_stream(device);
+#endif
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
 }
 
 }  // namespace gpurun::rt::compat

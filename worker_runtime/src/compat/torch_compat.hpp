@@ -105,7 +105,8 @@ struct HostCopy {
 /// Copies every tensor's bytes to its host range (to_host) or every host range into its
 /// tensor (!to_host), and blocks until all of them are done. CUDA tensors (CUDA builds): one
 /// cudaMemcpyAsync per tensor on one side stream per device, ordered after the work already
-/// queued on that device's current stream, one synchronise at the end; fastest when the host
+/// queued on that device's current stream, the side streams synchronised at the end (and on
+/// an error, before it is thrown: no copy is still running then); fastest when the host
 /// ranges are page-locked (HostRegistration). Other tensors: plain copies (at::Tensor::copy_).
 /// Throws c10::Error on a CUDA failure, gpurun::InvariantError for a non-contiguous tensor.
 ///
@@ -118,10 +119,18 @@ using CopyProgress = std::function<void(size_t)>;
 inline constexpr size_t kCopyProgressBytes = size_t{64} << 20;
 void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done = {});
 
+/// A stream of `device` whose work runs after everything queued so far on the calling
+/// thread's current stream of that device, and does not queue behind what that stream gets
+/// next: CUDA, a pool stream made to wait on an event recorded now; other devices, the current
+/// stream. For work handed to another thread (the pause's state checksum while the snapshot
+/// copies run). Throws c10::Error on a CUDA failure.
+c10::Stream forked_stream(const at::Device& device);
+
 namespace detail::cuda {
 // Defined in comm/nccl/cuda_memory.cpp (CUDA builds only): the CUDA tensors of `copies`
 // (others are skipped), as copy_host describes; `done` as copy_host's, counting every copy.
 void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done);
+c10::Stream forked_stream(const at::Device& device);
 }  // namespace detail::cuda
 
 }  // namespace gpurun::rt::compat

@@ -706,9 +706,10 @@ struct Runtime::Impl {
       sync_out();
       // The state checksum (device kernels, ~50 ms for ViT-H) runs on a thread while this one
       // writes (copies on a side stream, hashing on the host): neither changes the state, and
-      // the pause waits for both. Its kernels go on this thread's current stream, after the
-      // last step's work, as when it ran here.
-      const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+      // the pause waits for both. Its kernels go on a stream of their own that waits for the
+      // last step's work (so the copies, which wait for this thread's current stream, do not
+      // queue behind them).
+      const c10::Stream stream = rt::compat::forked_stream(device);
       std::optional<uint64_t> sum;
       std::exception_ptr sum_error;
       std::optional<std::thread> summer;

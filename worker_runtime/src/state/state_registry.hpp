@@ -109,14 +109,14 @@ class StateRegistry {
   /// Writes manifest + tensor bytes to the first of `paths` that can hold them (layout:
   /// state/snapshot_format.hpp) and returns that path. The file is mapped (and page-locked
   /// when the state is on a device) once and kept: a later snapshot is written in place into
-  /// the kept file (wherever it is) when it still fits, copying only (device tensors:
-  /// asynchronous copies on a side stream, one synchronise; host tensors: copied in 256 KiB
-  /// chunks, each hashed while in cache). Otherwise, per path in order: the existing file
-  /// there if it fits, else a new one (reserved with posix_fallocate, renamed over the old);
-  /// a path that fails (ENOSPC, EDQUOT, EFBIG at the reservation, or any other I/O error,
-  /// also in msync/fsync or the read-back) loses its file (a partial or stale snapshot never
-  /// stays) and the next path is tried. Done means: payload checksum (XXH64 of the file's
-  /// bytes as written) recorded, file written back (msync + fsync), commit word set, header
+  /// the kept file (wherever it is) when it still fits, copying only (host tensors and padding
+  /// first; then every device tensor, in 64 MiB slices, queued at once on a side stream, while
+  /// the payload hash follows the copies chunk by chunk: fill_payload). Otherwise, per path in
+  /// order: the existing file there if it fits, else a new one (reserved with posix_fallocate,
+  /// renamed over the old); a path that fails (ENOSPC, EDQUOT, EFBIG at the reservation, or any
+  /// other I/O error, also in msync/fsync or the read-back) loses its file (a partial or stale
+  /// snapshot never stays) and the next path is tried. Done means: payload checksum (XXH64 of the
+  /// file's bytes as written) recorded, file written back (msync + fsync), commit word set, header
   /// read back and verified (SnapshotFile::commit). Then every other path's file is removed,
   /// so the returned path is the only one holding a snapshot. Crash-safe: the file is marked
   /// incomplete before it changes and committed last.

@@ -46,6 +46,16 @@ void host_unregister(void* ptr) noexcept {
   if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
+c10::Stream forked_stream(const at::Device& device) {
+  const c10::DeviceIndex d = device.has_index() ? device.index() : c10::cuda::current_device();
+  c10::cuda::CUDAGuard guard(d);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d);
+  at::cuda::CUDAEvent queued;
+  queued.record(c10::cuda::getCurrentCUDAStream(d));
+  queued.block(side);
+  return side.unwrap();
+}
+
 void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done) {
   // One side stream per device the tensors live on (one, in a worker), each made to wait for
   // what that device's current stream has queued (the last optimizer step, or the allocation
@@ -68,28 +78,36 @@ void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const Co
   // the number of copies complete once it has fired.
   const bool marks = done && devices.size() == 1;
   std::vector<std::pair<std::unique_ptr<at::cuda::CUDAEvent>, size_t>> fired;
-  size_t since_mark = 0;
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const HostCopy& c = copies[i];
-    if (!c.tensor.is_cuda() || c.tensor.numel() == 0) continue;
-    const size_t k = static_cast<size_t>(
-        std::find(devices.begin(), devices.end(), c.tensor.device().index()) - devices.begin());
-    c10::cuda::CUDAGuard guard(devices[k]);
-    void* device_ptr = c.tensor.data_ptr();
-    C10_CUDA_CHECK(cudaMemcpyAsync(
-        to_host ? static_cast<void*>(c.host) : device_ptr,
-        to_host ? device_ptr : static_cast<const void*>(c.host), c.tensor.nbytes(),
-        to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, streams[k].stream()));
-    since_mark += c.tensor.nbytes();
-    if (marks && since_mark >= kCopyProgressBytes) {
-      fired.emplace_back(std::make_unique<at::cuda::CUDAEvent>(), i + 1);
-      fired.back().first->record(streams[k]);
-      since_mark = 0;
+  try {
+    size_t since_mark = 0;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const HostCopy& c = copies[i];
+      if (!c.tensor.is_cuda() || c.tensor.numel() == 0) continue;
+      const size_t k = static_cast<size_t>(
+          std::find(devices.begin(), devices.end(), c.tensor.device().index()) - devices.begin());
+      c10::cuda::CUDAGuard guard(devices[k]);
+      void* device_ptr = c.tensor.data_ptr();
+      C10_CUDA_CHECK(cudaMemcpyAsync(
+          to_host ? static_cast<void*>(c.host) : device_ptr,
+          to_host ? device_ptr : static_cast<const void*>(c.host), c.tensor.nbytes(),
+          to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, streams[k].stream()));
+      since_mark += c.tensor.nbytes();
+      if (marks && since_mark >= kCopyProgressBytes) {
+        fired.emplace_back(std::make_unique<at::cuda::CUDAEvent>(), i + 1);
+        fired.back().first->record(streams[k]);
+        since_mark = 0;
+      }
     }
-  }
-  for (auto& [event, n] : fired) {
-    event->synchronize();
-    done(n);
+    for (auto& [event, n] : fired) {
+      event->synchronize();
+      done(n);
+    }
+  } catch (...) {
+    // Copies queued before the failure may still be running: they must end before the caller
+    // unmaps or unregisters their host ranges.
+    for (c10::cuda::CUDAStream& s : streams)
+      if (cudaStreamSynchronize(s.stream()) != cudaSuccess) (void)cudaGetLastError();
+    throw;
   }
   // The one wait: the host bytes (to_host) or the tensors (!to_host) are complete after it, so
   // the current streams may use the tensors without further ordering.
