@@ -263,7 +263,9 @@ if [[ $mode == scripts ]]; then
 
   # preemption: USR2 to the batch shell (what --signal=B:USR2@120 does at the time limit), the
   # workers checkpoint and exit 0, the script requeues, the second run resumes
-  export STEPS=30 STEP_SECONDS=0.1 CHECKPOINT_DIR=$T/work/ckpt
+  # 120 steps of 50 ms: the USR2 (sent ~1 s after both started) must land while they train; 30
+  # steps of 0.1 s were over before it on a loaded CI machine (the ASan part), so no rank saved.
+  export STEPS=120 STEP_SECONDS=0.05 CHECKPOINT_DIR=$T/work/ckpt
   j=$(submit "$scripts/preempt.sbatch" "$scripts/checkpoint-worker.sh") || exit 1
   o=$T/out/gpurun-preempt-$j.out
   if wait_output "$o" "checkpoint-worker: rank [01] of 2 starting at step 0" 2 60; then
@@ -297,7 +299,7 @@ if [[ $mode == scripts ]]; then
       fail "preempt: rank $r saved no checkpoint after some steps ('${saved}')"
     else
       expect "$o" "checkpoint-worker: rank $r of 2 resumed from step $saved\$" 1 "preempt: rank $r resumed"
-      expect "$o" "checkpoint-worker: rank $r: done, 30 steps \($((30 - saved)) in this run\)" 1 \
+      expect "$o" "checkpoint-worker: rank $r: done, $STEPS steps \($((STEPS - saved)) in this run\)" 1 \
         "preempt: rank $r finished in run 2"
     fi
   done
