@@ -495,6 +495,11 @@ int run(int argc, char** argv) {
     if (!opt.log_dir) sv::remove_stale_run_dirs(sv::temp_run_base());  // left by kill -9
     run_dir = sv::make_run_dir(opt.log_dir, plan.run_id);
     plan.run_dir = run_dir.path;
+    {  // the worker engine's C library of this gpurun, for the Python package
+      std::error_code ec_self;
+      const auto self = std::filesystem::read_symlink("/proc/self/exe", ec_self);
+      if (!ec_self) plan.worker_library = sv::find_worker_library(self.string());
+    }
   } catch (const gpurun::Error& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitLauncherError;

@@ -150,27 +150,6 @@ void ElasticController::reload() {
   run_effects();
 }
 
-namespace {
-// gpurun/slot/<gpu>/<what>/<n> -> (gpu, n); nullopt for another key.
-std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what) {
-  constexpr std::string_view kSlot = "gpurun/slot/";
-  if (key.substr(0, kSlot.size()) != kSlot) return std::nullopt;
-  key.remove_prefix(kSlot.size());
-  int gpu = 0;
-  auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), gpu);
-  if (ec != std::errc{}) return std::nullopt;
-  std::string_view rest(p, static_cast<size_t>(key.data() + key.size() - p));
-  if (rest.size() < what.size() + 2 || rest[0] != '/' || rest.substr(1, what.size()) != what ||
-      rest[what.size() + 1] != '/')
-    return std::nullopt;
-  rest.remove_prefix(what.size() + 2);
-  int64_t g = 0;
-  auto [p2, ec2] = std::from_chars(rest.data(), rest.data() + rest.size(), g);
-  if (ec2 != std::errc{} || p2 != rest.data() + rest.size()) return std::nullopt;
-  return std::make_pair(gpu, g);
-}
-}  // namespace
-
 void ElasticController::on_key(const std::string& key) {
   const keys::GenKey k = keys::parse_gen_key(key);
   const std::string value = backend_.get(key);
@@ -190,9 +169,9 @@ void ElasticController::on_key(const std::string& key) {
                                                     "report: {}\n",
                                                     e.what()));
     }
-  } else if (auto parked = parse_slot_key(key, "parked")) {
+  } else if (auto parked = keys::parse_slot_key(key, "parked")) {
     scheduler_.on_parked(parked->first, parked->second);
-  } else if (auto ready = parse_slot_key(key, "ready")) {
+  } else if (auto ready = keys::parse_slot_key(key, "ready")) {
     scheduler_.on_ready(ready->first, ready->second);
   } else if (auto timing = ResizeTimeline::parse_key(key)) {
     backend_.delete_key(key);  // read once: the store keeps no timing key

@@ -255,6 +255,32 @@ std::string ready(int gpu, int64_t w) {
 std::string admit(int gpu, int64_t w) {
   return fmt::format("gpurun/slot/{}/admit/{}", gpu, w);
 }
+std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what) {
+  constexpr std::string_view kSlot = "gpurun/slot/";
+  if (key.substr(0, kSlot.size()) != kSlot) return std::nullopt;
+  key.remove_prefix(kSlot.size());
+  int gpu = 0;
+  auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), gpu);
+  if (ec != std::errc{}) return std::nullopt;
+  std::string_view rest(p, static_cast<size_t>(key.data() + key.size() - p));
+  if (rest.size() < what.size() + 2 || rest[0] != '/' || rest.substr(1, what.size()) != what ||
+      rest[what.size() + 1] != '/')
+    return std::nullopt;
+  rest.remove_prefix(what.size() + 2);
+  int64_t g = 0;
+  auto [p2, ec2] = std::from_chars(rest.data(), rest.data() + rest.size(), g);
+  if (ec2 != std::errc{} || p2 != rest.data() + rest.size()) return std::nullopt;
+  return std::make_pair(gpu, g);
+}
+std::string comm(int64_t g, std::string_view purpose) {
+  return fmt::format("gpurun/gen/{}/comm/{}", g, purpose);
+}
+std::string arrived(std::string_view comm_prefix, int rank) {
+  return fmt::format("{}/arrived/{}", comm_prefix, rank);
+}
+std::string slot_data(int64_t restart, int gpu, std::string_view name) {
+  return fmt::format("gpurun/slotdata/{}/{}/{}", restart, gpu, name);
+}
 
 namespace {
 // Consumes "<int>/" or "<int>" at the end from `s`; nullopt when not a number.

@@ -132,7 +132,23 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   } else {
     env.erase(env::kGpuId);
   }
+  if (!plan.worker_library.empty()) set(env::kWorkerLibrary, plan.worker_library);
   return env;
+}
+
+std::string find_worker_library(const std::string& self_exe) {
+  namespace fs = std::filesystem;
+  if (self_exe.empty()) return {};
+  const fs::path dir = fs::path(self_exe).parent_path();
+  std::vector<fs::path> candidates = {dir / "libgpurun_worker.so",
+                                      dir / ".." / "lib" / "libgpurun_worker.so"};
+  std::error_code ec;
+  if (fs::is_directory(dir / ".." / "lib", ec))
+    for (const auto& e : fs::directory_iterator(dir / ".." / "lib", ec))
+      if (e.is_directory(ec)) candidates.push_back(e.path() / "libgpurun_worker.so");
+  for (const fs::path& p : candidates)
+    if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
+  return {};
 }
 
 std::string snapshot_path(const std::string& run_dir) {

@@ -28,7 +28,15 @@ struct JobPlan {
   std::vector<std::string> gpu_ids;  ///< per local slot; empty with --device cpu
   std::string run_dir;               ///< GPURUN_RUN_DIR: per-run directory for error files and logs
   bool set_omp_num_threads = false;  ///< OMP_NUM_THREADS=1 is added (nproc > 1, not inherited)
+  /// GPURUN_WORKER_LIBRARY: libgpurun_worker.so of this gpurun (find_worker_library); empty:
+  /// not set (the Python package then says it needs gpurun's library for an elastic run).
+  std::string worker_library;
 };
+
+/// The worker engine's C library that belongs to the gpurun binary `self_exe`: the first of
+/// <dir>/libgpurun_worker.so (the build tree), <dir>/../lib/libgpurun_worker.so and
+/// <dir>/../lib/<multiarch>/libgpurun_worker.so (an install) that exists; "" when none does.
+std::string find_worker_library(const std::string& self_exe);
 
 /// Resolves nproc (auto/gpu/cpu), the GPU of each slot, MASTER_ADDR and the run id.
 /// `count_gpus` is called only when CUDA_VISIBLE_DEVICES is unset and a GPU count

@@ -1,5 +1,6 @@
 // A fake elastic worker for the control-protocol integration tests: speaks the
-// protocol through WorkerControl, trains nothing. Behaviour is steered by files
+// protocol through the worker engine (WorkerSession), as the real runtimes do, and executes
+// its actions as no-ops: trains nothing. Behaviour is steered by files
 // in the directory given as argv[1] (the test creates them):
 //   stop            contains an epoch E: exit 0 on reaching epoch E (before reporting)
 //   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
@@ -21,12 +22,13 @@
 #include <string>
 #include <thread>
 
-#include "gpurun/control/worker_control.hpp"
+#include "gpurun/control/worker_session.hpp"
 
 namespace fs = std::filesystem;
 using gpurun::control::Decision;
-using gpurun::control::WorkerControl;
-namespace keys = gpurun::control::keys;
+using gpurun::control::EngineAction;
+using gpurun::control::EngineEvent;
+using gpurun::control::WorkerSession;
 
 namespace {
 
@@ -46,14 +48,25 @@ int main(int argc, char** argv) {
   }
   const fs::path dir = argv[1];
   const auto epoch_time = std::chrono::milliseconds(std::stol(argv[2]));
-  auto wc = WorkerControl::from_env();
-  if (!wc) {
+  const char* slot_env = std::getenv("GPURUN_SLOT");
+  const int gpu = slot_env ? std::atoi(slot_env) : -1;
+  const std::string me = std::to_string(gpu) + "." + std::to_string(::getpid());
+  std::ofstream log(dir / ("reads." + me), std::ios::app);
+  gpurun::control::SessionOptions so;
+  so.on_value = [&](const std::string& key, const std::string& value) {
+    // The decisions read: start records, round decisions, wakes, admissions.
+    std::string k = key;
+    if (k.find("/wake/") != std::string::npos || k.find("/admit/") != std::string::npos) {
+      const Decision d = Decision::from_json(value);
+      if (d.kind != Decision::Kind::kExit) k = gpurun::control::keys::start(d.generation);
+    }
+    log << k << " " << value << std::endl;
+  };
+  auto session = WorkerSession::from_env(std::move(so));
+  if (!session) {
     std::fprintf(stderr, "fake_worker: GPURUN_ELASTIC is not set\n");
     return 2;
   }
-  const int gpu = wc->gpu();
-  const std::string me = std::to_string(gpu) + "." + std::to_string(::getpid());
-  std::ofstream log(dir / ("reads." + me), std::ios::app);
   {
     std::ofstream env(dir / ("env." + me));
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPURUN_SLOT",
@@ -64,31 +77,59 @@ int main(int argc, char** argv) {
     }
   }
   std::ofstream key_counts(dir / ("keys." + me), std::ios::app);
-  auto record = [&](const std::string& key) {
-    log << key << " " << wc->current_json() << std::endl;
-  };
-  auto joined_as_joiner = [&](const Decision& d) {
-    if (d.generation > 0 && fs::exists(dir / ("die_gpu" + std::to_string(gpu)))) {
+  gpurun::store::Client counter(WorkerSession::store_options_from_env());
+  auto die_as_joiner = [&](int64_t generation) {
+    if (generation > 0 && fs::exists(dir / ("die_gpu" + std::to_string(gpu)))) {
       std::fprintf(stderr, "fake_worker gpu %d: dying as a joiner of generation %lld\n", gpu,
-                   static_cast<long long>(d.generation));
+                   static_cast<long long>(generation));
       std::_Exit(3);
     }
   };
 
-  Decision start;
-  if (wc->warm()) {  // a warm joiner: ready at once, waits for its admission
-    std::optional<Decision> admitted = wc->wait_admission();
-    if (!admitted) {
-      std::printf("fake_worker gpu %d: told to exit before it was admitted\n", gpu);
-      return 0;
+  long epoch = 0;
+  // Runs the engine's actions as no-ops until it waits for the program; returns the last.
+  auto drive = [&](EngineEvent e) {
+    EngineAction last;
+    while (true) {
+      std::optional<EngineEvent> next;
+      for (EngineAction& a : session->on(e)) {
+        if (a.kind == EngineAction::Kind::kState &&
+            a.to == gpurun::WorkerState::kRejoining) {  // woken in hold mode: a joiner again
+          epoch = session->engine().current().epoch + 1;
+        }
+        // A joiner (spawned, warm or woken) that joined a generation > 0 dies before its
+        // set-up when told to.
+        if (a.kind == EngineAction::Kind::kMakeGroup &&
+            session->engine().state() == gpurun::WorkerState::kRejoining)
+          die_as_joiner(session->engine().generation());
+        if (a.needs_outcome()) {
+          EngineEvent done;
+          done.kind = EngineEvent::Kind::kDone;
+          if (a.kind == EngineAction::Kind::kWriteSnapshot) done.text = "ok";
+          next = done;
+        }
+        last = std::move(a);
+      }
+      if (!next) return last;
+      e = *next;
     }
-    start = *admitted;
-  } else {
-    start = wc->join();
+  };
+
+  EngineEvent open;
+  open.kind = EngineEvent::Kind::kOpen;
+  drive(open);
+  if (session->engine().has_generation()) {
+    const Decision& start = session->engine().current();
+    epoch = start.epoch >= 0 ? start.epoch + 1 : 0;
   }
-  record(keys::start(start.generation));
-  joined_as_joiner(start);
-  long epoch = start.epoch >= 0 ? start.epoch + 1 : 0;
+  EngineEvent ready;
+  ready.kind = EngineEvent::Kind::kReady;
+  EngineAction last = drive(ready);
+  if (last.kind == EngineAction::Kind::kExit) {
+    std::printf("fake_worker gpu %d: told to exit before it was admitted\n", gpu);
+    return 0;
+  }
+  if (session->engine().warm()) epoch = session->engine().current().epoch + 1;
   while (true) {
     std::this_thread::sleep_for(epoch_time);
     const long stop = stop_epoch(dir / "stop");
@@ -101,30 +142,20 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fake_worker gpu %d: stalling before boundary %ld\n", gpu, epoch);
       while (true) ::pause();
     }
-    const std::string key = keys::decision(wc->generation(), wc->round());
-    Decision d = wc->report_and_wait(epoch, 0);
-    record(key);
-    // A pause: the state source "writes" the snapshot; everyone reports again at once.
-    while (d.kind == Decision::Kind::kSnapshot) {
-      const std::string again = keys::decision(wc->generation(), wc->round());
-      d = wc->report_and_wait(epoch, 0, true, d.state_source.gpu == gpu ? "ok" : "");
-      record(again);
-    }
-    key_counts << wc->client().num_keys() << std::endl;
-    if (d.kind == Decision::Kind::kExit) {
+    EngineEvent b;
+    b.kind = EngineEvent::Kind::kBoundary;
+    b.epoch = epoch;
+    b.step = 0;
+    const long reported = epoch;
+    ++epoch;
+    last = drive(b);
+    key_counts << counter.num_keys() << std::endl;
+    if (last.kind == EngineAction::Kind::kExit) {
+      if (last.left) return 0;  // a leaver (release mode), or told to exit while parked
       // exit_code_gpu<N>: what slot N's code after its loop ends with (a failed save).
       const long code = stop_epoch(dir / ("exit_code_gpu" + std::to_string(gpu)));
-      std::printf("fake_worker gpu %d: told to exit at epoch %ld\n", gpu, epoch);
+      std::printf("fake_worker gpu %d: told to exit at epoch %ld\n", gpu, reported);
       return code > 0 ? static_cast<int>(code) : 0;
-    }
-    ++epoch;
-    if (d.kind == Decision::Kind::kResize && d.is_leaver(gpu)) {
-      if (d.park_mode == gpurun::control::ParkMode::kRelease) return 0;
-      auto wake = wc->park_and_wait();
-      if (!wake) return 0;
-      record(keys::start(wake->generation));
-      joined_as_joiner(*wake);
-      epoch = wake->epoch + 1;
     }
   }
 }

@@ -23,7 +23,7 @@
 
 #include <torch/torch.h>
 
-#include "runtime/worker_state.hpp"
+#include "gpurun/control/worker_state.hpp"
 
 using namespace std::chrono_literals;
 using gpurun::Runtime;
@@ -353,11 +353,11 @@ TEST_CASE("worker state table: every pair walked; an illegal move throws naming 
       CAPTURE(gpurun::to_string(from));
       CAPTURE(gpurun::to_string(to));
       if (gpurun::worker_transition_allowed(from, to)) {
-        CHECK(gpurun::rt::transition(from, to, "test") == to);
+        CHECK(gpurun::worker_transition(from, to, "test") == to);
         ++legal;
       } else {
         try {
-          gpurun::rt::transition(from, to, "test");
+          gpurun::worker_transition(from, to, "test");
           FAIL("no error");
         } catch (const gpurun::InvariantError& e) {
           const std::string want =

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "control/resize_timeline.hpp"
 #include "gpurun/error.hpp"
 #include "runtime/runtime_seams.hpp"
 
@@ -48,33 +49,31 @@ void InMemorySupervisor::process_exited(int gpu, bool clean, const std::string& 
   run_effects();
 }
 
-void InMemorySupervisor::joined(int64_t generation, int rank, int pid) {
+void InMemorySupervisor::set(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(mu_);
-  kv_[keys::joined(generation, rank)] = std::to_string(pid);
-  scheduler_.on_joined(generation, rank, pid);
+  kv_[key] = value;
+  const keys::GenKey k = keys::parse_gen_key(key);
+  if (k.kind == keys::GenKey::Kind::kJoined) {
+    scheduler_.on_joined(k.generation, k.rank, std::stoi(value));
+  } else if (k.kind == keys::GenKey::Kind::kReport) {
+    const control::Report r = control::Report::from_json(value);
+    apply_scripted(r.epoch, r.step);
+    scheduler_.on_report(r);
+  } else if (auto parked = keys::parse_slot_key(key, "parked")) {
+    scheduler_.on_parked(parked->first, parked->second);
+  } else if (auto ready = keys::parse_slot_key(key, "ready")) {
+    scheduler_.on_ready(ready->first, ready->second);
+    run_effects();
+    ready_locked(ready->first, ready->second);
+    return;
+  } else if (control::ResizeTimeline::parse_key(key)) {
+    kv_.erase(key);  // read once, as gpurun does (resize timings are not this fake's)
+    return;
+  }
   run_effects();
 }
 
-void InMemorySupervisor::report(const control::Report& r) {
-  std::lock_guard<std::mutex> lock(mu_);
-  kv_[keys::report(r.generation, r.round, r.rank)] = r.to_json();
-  apply_scripted(r.epoch, r.step);
-  scheduler_.on_report(r);
-  run_effects();
-}
-
-void InMemorySupervisor::parked(int gpu, int64_t park_generation, int pid) {
-  std::lock_guard<std::mutex> lock(mu_);
-  kv_[keys::parked(gpu, park_generation)] = std::to_string(pid);
-  scheduler_.on_parked(gpu, park_generation);
-  run_effects();
-}
-
-void InMemorySupervisor::ready(int gpu, int64_t warm, int pid) {
-  std::lock_guard<std::mutex> lock(mu_);
-  kv_[keys::ready(gpu, warm)] = std::to_string(pid);
-  scheduler_.on_ready(gpu, warm);
-  run_effects();
+void InMemorySupervisor::ready_locked(int gpu, int64_t warm) {
   // Ended (killed) before it was ready: a thread cannot be killed, it is told to exit instead.
   const control::SlotInfo& s = scheduler_.slots().at(gpu);
   const std::string admit = keys::admit(gpu, warm);
@@ -84,6 +83,13 @@ void InMemorySupervisor::ready(int gpu, int64_t warm, int pid) {
     kv_[admit] = x.to_json();
     cv_.notify_all();
   }
+}
+
+std::optional<std::string> InMemorySupervisor::try_get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::string InMemorySupervisor::wait_get(const std::string& key) {
@@ -141,11 +147,12 @@ void InMemorySupervisor::run_effects() {
         }
         case Effect::Kind::kKill: {
           ignored_.push_back(fmt::format("kill {}", e.gpu));
-          const std::string ready = fmt::format("gpurun/slot/{}/ready/", e.gpu);
-          for (auto it = kv_.lower_bound(ready);
-               it != kv_.end() && it->first.compare(0, ready.size(), ready) == 0; ++it) {
-            const std::string admit =
-                keys::admit(e.gpu, std::stoll(it->first.substr(ready.size())));
+          // A warm joiner of that slot waiting for its admission is told to exit.
+          std::vector<std::string> admits;
+          for (const auto& [key, value] : kv_)
+            if (auto r = keys::parse_slot_key(key, "ready"); r && r->first == e.gpu)
+              admits.push_back(keys::admit(e.gpu, r->second));
+          for (const std::string& admit : admits) {
             Decision x;
             x.kind = Decision::Kind::kExit;
             if (!kv_.count(admit)) kv_[admit] = x.to_json();
@@ -162,80 +169,6 @@ void InMemorySupervisor::run_effects() {
     }
   }
   cv_.notify_all();
-}
-
-// ---- InMemoryControl ------------------------------------------------------------------------
-
-InMemoryControl::InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid,
-                                 int64_t warm)
-    : sup_(sup), gpu_(gpu), pid_(pid), generation_(join_generation), warm_(warm) {}
-
-std::optional<Decision> InMemoryControl::wait_admission() {
-  if (warm_ < 0) throw control::ProtocolError(fmt::format("slot {} is not a warm joiner", gpu_));
-  sup_.ready(gpu_, warm_, pid_);
-  return take_join_decision(sup_.wait_get(keys::admit(gpu_, warm_)));
-}
-
-std::optional<Decision> InMemoryControl::take_join_decision(const std::string& json) {
-  Decision d = Decision::from_json(json);
-  if (d.kind == Decision::Kind::kExit) return std::nullopt;
-  current_ = d;
-  generation_ = d.generation;
-  round_ = 0;
-  write_joined();
-  return d;
-}
-
-void InMemoryControl::write_joined() {
-  const int r = current_.rank_of(gpu_);
-  if (r < 0)
-    throw control::ProtocolError(
-        fmt::format("slot {} is not a member of generation {}", gpu_, generation_));
-  sup_.joined(generation_, r, pid_);
-}
-
-const Decision& InMemoryControl::join() {
-  current_ = Decision::from_json(sup_.wait_get(keys::start(generation_)));
-  round_ = 0;
-  write_joined();
-  return current_;
-}
-
-Decision InMemoryControl::report_and_wait(int64_t epoch, int64_t step, bool has_state,
-                                          std::string snapshot) {
-  control::Report r;
-  r.rank = current_.rank_of(gpu_);
-  r.gpu = gpu_;
-  r.generation = generation_;
-  r.round = round_;
-  r.epoch = epoch;
-  r.step = step;
-  r.pid = pid_;
-  r.has_state = has_state;
-  r.snapshot = std::move(snapshot);
-  if (r.rank < 0)
-    throw control::ProtocolError(
-        fmt::format("slot {} reports but is not a member of generation {}", gpu_, generation_));
-  sup_.report(r);
-  Decision d = Decision::from_json(sup_.wait_get(keys::decision(generation_, round_)));
-  current_ = d;
-  if (d.kind == Decision::Kind::kContinue || d.kind == Decision::Kind::kSnapshot) {
-    ++round_;
-  } else if (d.kind == Decision::Kind::kResize) {
-    if (d.is_leaver(gpu_)) park_generation_ = d.generation;
-    generation_ = d.generation;
-    round_ = 0;
-  }
-  return d;
-}
-
-std::optional<Decision> InMemoryControl::park_and_wait() {
-  if (park_generation_ < 0)
-    throw control::ProtocolError(fmt::format("slot {} parks without having left", gpu_));
-  sup_.parked(gpu_, park_generation_, pid_);
-  const std::string json = sup_.wait_get(keys::wake(gpu_, park_generation_));
-  park_generation_ = -1;
-  return take_join_decision(json);
 }
 
 // ---- ThreadJob --------------------------------------------------------------------------------
@@ -278,7 +211,10 @@ void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, int pid) {
     s.options = opt_.runtime;
     s.env.slot = gpu;
     s.env.snapshot_path = opt_.snapshot_path;
-    s.control = std::make_unique<InMemoryControl>(sup_, gpu, generation, pid, warm);
+    control::SessionOptions so;
+    so.engine = {gpu, generation < 0 ? 0 : generation, warm, pid};
+    s.control = std::make_unique<control::WorkerSession>(std::move(so),
+                                                         std::make_unique<InMemoryStore>(sup_));
     s.make_comm = comms_.factory(gpu);
     s.on_state = [this, gpu, pid](WorkerState from, WorkerState to, const std::string& why) {
       std::lock_guard<std::mutex> lock(mu_);

@@ -2,8 +2,10 @@
 //   InMemorySupervisor  the decision side: the real control::Scheduler (pure: reports, joins,
 //                       exits in; effects out) over an in-memory key/value store; spawn
 //                       effects start a rank, kill and deadline effects are recorded only.
-//   InMemoryControl     rt::ControlClient of one rank over it (the keys and JSON of
-//                       docs/control-protocol.md, as control::WorkerControl writes them).
+//   InMemoryStore       one rank's control::StoreIo over it: the rank runs the real worker
+//                       engine (control::WorkerSession); its SETs reach the scheduler as the
+//                       real store's observer hook reaches ElasticController (no key grammar
+//                       or protocol rule of its own).
 //   ThreadJob           a job whose ranks are threads: each runs `train(Runtime&)` on a
 //                       Runtime made by detail::make_runtime with these fakes and
 //                       InProcessComms; a thread that returns is a process exiting 0, one
@@ -25,8 +27,8 @@
 
 #include "control/scheduler.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/control/worker_session.hpp"
 #include "gpurun/runtime.hpp"
-#include "runtime/control_client.hpp"
 #include "testing/fake_communicator.hpp"
 
 namespace gpurun::testing {
@@ -57,12 +59,11 @@ class InMemorySupervisor {
   /// A rank's process ended (clean: exit 0).
   void process_exited(int gpu, bool clean, const std::string& how);
 
-  // --- the worker side (InMemoryControl) ---------------------------------------------------
-  void joined(int64_t generation, int rank, int pid);
-  void report(const control::Report& report);
-  void parked(int gpu, int64_t park_generation, int pid);
-  /// A warm joiner is ready (its ready key).
-  void ready(int gpu, int64_t warm, int pid);
+  // --- the worker side (InMemoryStore) -----------------------------------------------------
+  /// A worker's SET: stored, and handed to the scheduler as ElasticController::on_key does.
+  void set(const std::string& key, const std::string& value);
+  /// The value of `key`, nullopt when absent.
+  std::optional<std::string> try_get(const std::string& key);
   /// Blocks until `key` exists, returns its value. Throws StoreTimeout after wait_timeout.
   std::string wait_get(const std::string& key);
 
@@ -81,6 +82,7 @@ class InMemorySupervisor {
 
  private:
   void run_effects();  // with mu_ held
+  void ready_locked(int gpu, int64_t warm);
   void apply_scripted(int64_t epoch, int64_t step);
 
   Options opt_;
@@ -95,29 +97,15 @@ class InMemorySupervisor {
   int next_pid_ = 1000000;  // fake pids: never a real process
 };
 
-class InMemoryControl final : public rt::ControlClient {
+class InMemoryStore final : public control::StoreIo {
  public:
-  InMemoryControl(InMemorySupervisor& sup, int gpu, int64_t join_generation, int pid,
-                  int64_t warm = -1);
-  const control::Decision& join() override;
-  control::Decision report_and_wait(int64_t epoch, int64_t step, bool has_state,
-                                    std::string snapshot) override;
-  std::optional<control::Decision> park_and_wait() override;
-  bool warm() const override { return warm_ >= 0; }
-  std::optional<control::Decision> wait_admission() override;
-  const control::Decision& current() const override { return current_; }
+  explicit InMemoryStore(InMemorySupervisor& sup) : sup_(sup) {}
+  void set(const std::string& key, const std::string& value) override { sup_.set(key, value); }
+  std::string wait_get(const std::string& key) override { return sup_.wait_get(key); }
+  std::optional<std::string> try_get(const std::string& key) override { return sup_.try_get(key); }
 
  private:
-  void write_joined();
-  std::optional<control::Decision> take_join_decision(const std::string& json);
   InMemorySupervisor& sup_;
-  int gpu_;
-  int pid_;
-  int64_t generation_;
-  int64_t round_ = 0;
-  int64_t park_generation_ = -1;
-  int64_t warm_ = -1;
-  control::Decision current_;
 };
 
 class ThreadJob {

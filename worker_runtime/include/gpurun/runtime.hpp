@@ -51,6 +51,7 @@
 
 #include <torch/torch.h>
 
+#include "gpurun/control/worker_state.hpp"
 #include "gpurun/elastic_sampler.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/state.hpp"
@@ -64,13 +65,9 @@ struct RuntimeSeams;
 std::unique_ptr<Runtime> make_runtime(RuntimeSeams seams);
 }  // namespace detail
 
-/// Worker-side states (docs/control-protocol.md): ACTIVE → OFFLOADING → PARKED →
-/// REJOINING → ACTIVE; EXITED is final. An elastic process starts REJOINING (a joiner until it
-/// holds the state) and is ACTIVE once epochs() started it; a static job is always ACTIVE.
-enum class WorkerState { kActive, kOffloading, kParked, kRejoining, kExited };
-const char* to_string(WorkerState s);
-/// The transition table: true for the legal (from, to) pairs.
-bool worker_transition_allowed(WorkerState from, WorkerState to);
+// Worker-side states, WorkerState (gpurun/control/worker_state.hpp, the worker protocol
+// engine's table): an elastic process starts REJOINING (a joiner until it holds the state) and
+// is ACTIVE once epochs() started it; a static job is always ACTIVE.
 
 struct RuntimeOptions {
   /// Gradient all-reduce bucket size in bytes (DDP's default: 25 MiB).

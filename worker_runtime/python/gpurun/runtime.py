@@ -24,12 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import _native
+from ._native import Abandoned
 from ._sampler import ElasticSampler
-from ._store import StoreClient
-
-
-class Abandoned(RuntimeError):
-    """gpurun abandoned a generation's set-up (a participant died before it was set up)."""
 
 
 class StateMismatch(RuntimeError):
@@ -47,10 +44,6 @@ def _env_int(name, default=None):
         return int(v)
     except ValueError:
         raise RuntimeError(f"environment variable {name}='{v}' is not an integer") from None
-
-
-def _keys_start(g):
-    return f"gpurun/gen/{g}/start"
 
 
 def _word_sums(t):
@@ -92,9 +85,6 @@ class Runtime:
         self._module, self._optimizer, self._others = None, None, {}
         self._sampler = None
         self._started = False
-        self._round = 0
-        self._park_generation = -1
-        self._decision = None
         self._pg_store = None
         self._warned = set()
         self._steps_done = 0  # steps of the current epoch done (the position of a report)
@@ -102,17 +92,22 @@ class Runtime:
         self.every_steps = 0   # [boundary] every: 0 = at epoch ends, N = every N steps
         self._finishing = False
         self._jumped = False
-        self._seen_ms = 0.0    # when the last resize decision was read (monotonic ms)
-        self._snapshot_marks = {}
-        self._timing = None    # the resize record being made: role, bytes, marks
         self._uses_steps = False
+        self.state = "ACTIVE"  # the worker state (docs/control-protocol.md#slot-states)
+        # Preemption (docs/cli.md#preemption): gpurun's warning signal (save a checkpoint at
+        # this boundary) and its stop request (the loops ended at a boundary: save and exit).
+        self.checkpoint_requested = False
+        self.stop_requested = False
+        self._global_step = 0
+        self._progress = None
+        if os.environ.get("GPURUN_PROGRESS_FILE") and os.environ.get("GPURUN_WORKER_LIBRARY"):
+            self._progress = _native.Progress()  # steps for gpurun's power-limit profiler
         if self.elastic:
-            self._store = StoreClient(os.environ["GPURUN_STORE_ADDR"],
-                                      _env_int("GPURUN_STORE_PORT"))
-            self._warm = _env_int("GPURUN_WARM", -1)
-            self._join_generation = -1 if self._warm >= 0 else _env_int("GPURUN_JOIN_GENERATION")
-            self._park_mode = os.environ.get("GPURUN_PARK_MODE", "release")
+            # gpurun's worker engine (its C library): the control protocol's every rule; this
+            # package only executes its actions with torch.
+            self._session = _native.Session()
             self._snapshot_path = os.environ.get("GPURUN_SNAPSHOT_PATH", "")
+            self._drive({"event": "open"})  # a joiner reads its generation's start record
 
     # ---- what moves with the state ----------------------------------------------------
     def track(self, model=None, optimizer=None, scheduler=None, **others):
@@ -267,18 +262,7 @@ class Runtime:
         self._started = True
         if not self.elastic:
             return self._start_static()
-        if self._warm >= 0:
-            self._store.set(f"gpurun/slot/{self.slot}/ready/{self._warm}", str(os.getpid()))
-            d = self._take_join(self._store.get(f"gpurun/slot/{self.slot}/admit/{self._warm}"))
-            if d is None:
-                sys.exit(0)
-            self._enter(d, have_state=False)
-            return
-        self.generation = self._join_generation
-        d = json.loads(self._store.get(_keys_start(self.generation)))
-        self._decision, self._round = d, 0
-        self._joined()
-        self._enter(d, have_state=d.get("kind") == "start" or self.generation == 0)
+        self._drive({"event": "ready"})
 
     def _start_static(self):
         world = _env_int("WORLD_SIZE", 1)
@@ -289,46 +273,91 @@ class Runtime:
             self._verify(0, "after the start")
         self._wrap()
 
-    # ---- protocol ---------------------------------------------------------------------
-    def _joined(self):
-        active = self._decision["active"]
-        if self.slot not in active:
-            raise RuntimeError(f"slot {self.slot} is not a member of generation "
-                               f"{self.generation} (active {active})")
-        self._store.set(f"gpurun/gen/{self.generation}/joined/{active.index(self.slot)}",
-                        str(os.getpid()))
+    # ---- protocol: the engine's actions, executed with torch ------------------------------
+    def _drive(self, event):
+        """Feeds ``event`` to gpurun's worker engine and executes the actions it returns,
+        feeding each outcome back, until the engine waits for the program; returns the last
+        action (``train`` or ``exit``; None when there was none). A release-mode leaver, a
+        warm joiner not needed and a rank told to exit while parked end the process here
+        (exit status 0)."""
+        last = None
+        while True:
+            actions = self._session.on(event)
+            event = None
+            for a in actions:
+                last = a
+                event = self._execute(a)
+            if event is None:
+                break
+        if last is not None and last["action"] == "exit":
+            if last["left"]:
+                sys.exit(0)
+            self._finishing = True
+            self.checkpoint_requested = False
+            self.stop_requested = bool(last.get("stop"))
+        return last
 
-    def _take_join(self, raw):
-        d = json.loads(raw)
-        if d.get("kind") == "exit":
+    def _failed(self, err):
+        """The outcome of an action that failed because a peer died (or raise: the program's
+        own error)."""
+        if not is_comm_failure(err):
+            raise err
+        return {"event": "failed", "text": str(err).strip()[:300], "epoch": self.epoch,
+                "step": self._steps_done}
+
+    def _execute(self, a):
+        kind = a["action"]
+        if kind == "state":
+            self.state = a["to"]
+            if a["from"] == "PARKED" and a["to"] == "REJOINING" and self._module is not None:
+                self._module.to(self.device)  # the state itself comes from the source
             return None
-        self._seen_ms = _mono_ms()
-        self._decision, self.generation, self._round = d, d["generation"], 0
-        self._joined()
-        return d
+        if kind in ("log", "train", "exit"):
+            if kind == "train":
+                self._train(a)
+            return None
+        if kind == "drop_group":
+            self._destroy_group()
+            return None
+        try:
+            if kind == "make_group":
+                self._make_group(a["prefix"], a["abort_key"], a["group"], a["rank"])
+                return {"event": "done"}
+            if kind == "broadcast_state":
+                return {"event": "done",
+                        "bytes": self._broadcast_state(a["root"], load=a["receive"])}
+            if kind == "verify_state":
+                self._verify(a["root"], a["text"])
+                return {"event": "done"}
+        except RuntimeError as e:
+            return self._failed(e)
+        if kind == "write_snapshot":
+            return {"event": "done", "text": self._write_snapshot()}
+        if kind == "read_snapshot":
+            return {"event": "done", "bytes": self._read_snapshot(a["epoch"], a["step"])}
+        if kind == "release":
+            self.model = None
+            self._save_rng()
+            return {"event": "done"}
+        if kind == "park":
+            self.model = None
+            self._save_rng()
+            self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
+            return {"event": "done"}
+        raise _native.ProtocolError(f"gpurun's worker engine asked for an unknown action {a!r}")
 
-    def _report(self, epoch, step, snapshot=None, has_state=True):
-        r = {"v": 1, "rank": self.rank, "gpu": self.slot, "generation": self.generation,
-             "round": self._round, "epoch": epoch, "step": step, "pid": os.getpid(),
-             "time_ms": int(time.time() * 1000)}
-        if not has_state:
-            r["has_state"] = False
-        if snapshot is not None:
-            r["snapshot"] = snapshot
-        g, n = self.generation, self._round
-        self._store.set(f"gpurun/gen/{g}/round/{n}/report/{self.rank}",
-                        json.dumps(r, separators=(",", ":")))
-        d = json.loads(self._store.get(f"gpurun/gen/{g}/round/{n}/decision"))
-        kind = d["kind"]
-        if kind in ("continue", "snapshot"):
-            self._round += 1
-        elif kind == "resize":
-            self._seen_ms = _mono_ms()
-            if self.slot in d.get("leavers", []):
-                self._park_generation = d["generation"]
-            self.generation, self._round = d["generation"], 0
-        self._decision = d
-        return d
+    def _train(self, a):
+        """Training goes on in the generation the engine says (rank, world, settings)."""
+        self.generation, self.rank, self.world_size = a["generation"], a["rank"], a["world_size"]
+        self.global_batch = int(a["global_batch"])
+        self.every_steps = int(a["every_steps"])
+        self.checkpoint_requested = bool(a["checkpoint"])
+        if a["kind"] != "continue":
+            self._wrap()
+            if a["role"] == "joiner":
+                self._restore_rng()
+        if a["jumped"]:
+            self._jumped = True  # its position is the state's, not where it parked
 
     def steps(self, loader):
         """The epoch's optimizer steps (use inside ``epochs()``), for ``[batch] global``:
@@ -350,15 +379,10 @@ class Runtime:
     def _recover(self, err):
         """After a failed collective: drop the group, report at once at this position (the
         epoch and its step), follow gpurun's decision (a resize without the failed rank).
-        Returns False when the job is finishing."""
-        print(f"gpurun (python, slot {self.slot}): a collective failed ({str(err).strip()[:300]}); "
-              "reporting to gpurun to go on without the failed rank", file=sys.stderr, flush=True)
-        self._destroy_group()
-        return self._boundary(self.epoch, self._steps_done)
-
-    def _warn_unsupported(self, d):
-        self.global_batch = int(d.get("global_batch", 0) or 0)
-        self.every_steps = int(d.get("every_steps", 0) or 0)
+        Returns False when the job is finishing. (gpurun's engine prints why.)"""
+        self._drive({"event": "collective_failed", "text": str(err).strip()[:300],
+                     "epoch": self.epoch, "step": self._steps_done})
+        return not self._finishing
 
     def _warn_direct_iteration(self):
         """Rank 0, once: ``[batch] global`` is in force but the loader is iterated directly."""
@@ -370,29 +394,20 @@ class Runtime:
                   file=sys.stderr, flush=True)
 
     def _boundary(self, epoch, step):
+        """A boundary at (epoch, step): report and follow gpurun's decision. False when the
+        job is finishing."""
         if not self.elastic:  # a static run: nothing is decided at a boundary
             return True
-        d = self._report(epoch, step)
-        while d["kind"] == "snapshot":
-            outcome = None
-            if self.slot == d["state_source_gpu"]:
-                begin = _mono_ms()
-                outcome = self._write_snapshot()
-                self._snapshot_marks = {"snapshot_begin": begin, "snapshot_end": _mono_ms()}
-            d = self._report(epoch, step, outcome)
-        if d["kind"] == "continue":
-            self._warn_unsupported(d)
-            return True
-        if d["kind"] == "exit":
-            self._finishing = True
-            return False
-        self._enter(d, have_state=True)
-        return True
+        self._drive({"event": "boundary", "epoch": epoch, "step": step})
+        return not self._finishing
 
     def _after_step(self):
         """Called by the loader after each step: a step boundary when ``[boundary] every``
         says so and the epoch is not over. False when this epoch's iteration must end (the
         job is finishing, or this rank rejoined at another position)."""
+        self._global_step += 1
+        if self._progress is not None:
+            self._progress.step(self._global_step)  # gpurun's power-limit profiler reads it
         s = self._sampler
         if not (self.elastic and self.every_steps > 0 and self._steps_done % self.every_steps == 0
                 and s.remaining() >= self.world_size):
@@ -410,30 +425,25 @@ class Runtime:
         except Exception as e:  # noqa: BLE001 - the outcome goes to gpurun, which refuses the pause
             return f"cannot write the pause snapshot '{self._snapshot_path}': {e}"
 
-    # ---- generations -------------------------------------------------------------------
-    def _enter(self, d, have_state):
-        src = d.get("state_source_gpu", -1)
-        code = d.get("state_source", -2)
-        active = d["active"]
-        member = self.slot in active
-        self._begin_timing(d, member, have_state, src)
-        self._destroy_group()
-        if not active:  # pause: the source wrote the snapshot at the "snapshot" round
-            return self._leave(d)
+    def _read_snapshot(self, epoch, step):
+        """Loads the pause snapshot; its state must be at (epoch, step) (-1: any), the position
+        of the pause it belongs to. Returns its size in bytes."""
         try:
-            self._set_up(d, member, have_state, src, code, active)
-        except RuntimeError as e:
-            if not is_comm_failure(e):
-                raise
-            self._set_up_failed(d, member, have_state, e)
-            return
-        if member and not have_state:
-            self._restore_rng()
+            snap = torch.load(self._snapshot_path, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - any unreadable file: say which
+            raise RuntimeError(f"cannot read the pause snapshot '{self._snapshot_path}': "
+                               f"{type(e).__name__}: {e}") from e
+        pos = snap["position"]
+        if epoch >= 0 and (int(pos["epoch"]), int(pos.get("step", 0))) != (epoch, step):
+            raise StateMismatch(
+                f"the pause snapshot '{self._snapshot_path}' holds the state at epoch "
+                f"{pos['epoch']} step {pos.get('step', 0)}, but the pause it resumes was at "
+                f"epoch {epoch} step {step}: refusing to roll training back (was an older "
+                "snapshot copied over it?)")
+        self._load(snap)
+        return os.path.getsize(self._snapshot_path)
 
     # ---- per-slot RNG streams -----------------------------------------------------------
-    def _rng_key(self):
-        return f"gpurun/pyrng/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.slot}"
-
     def _save_rng(self):
         """A leaving rank keeps its slot's RNG streams in gpurun's store (a few KB): torch's
         CPU generator, this device's CUDA generator, Python's ``random`` and numpy's global
@@ -445,16 +455,17 @@ class Runtime:
             st["cuda"] = torch.cuda.get_rng_state(self.device).numpy().tobytes()
         if "numpy" in sys.modules:
             st["numpy"] = sys.modules["numpy"].random.get_state()
-        self._store.set(self._rng_key(), pickle.dumps(st))
+        self._session.put_slot_data("pyrng", pickle.dumps(st))
 
     def _restore_rng(self):
         """A rank that joins without the state (a new process, or a parked one woken) takes
         back its slot's RNG streams where the slot left them; a slot that never ran keeps the
         program's own seeding."""
-        if not self.elastic or not self._store.check([self._rng_key()]):
+        raw = self._session.get_slot_data("pyrng") if self.elastic else None
+        if raw is None:
             return
         # pickle: this job's own bytes, written by _save_rng() of the same slot
-        st = pickle.loads(self._store.get(self._rng_key()))
+        st = pickle.loads(raw)
         as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
         torch.set_rng_state(as_tensor(st["torch"]))
         random.setstate(st["random"])
@@ -462,100 +473,6 @@ class Runtime:
             torch.cuda.set_rng_state(as_tensor(st["cuda"]), self.device)
         if "numpy" in st and "numpy" in sys.modules:
             sys.modules["numpy"].random.set_state(st["numpy"])
-
-    def _set_up_failed(self, d, member, have_state, err):
-        """A peer died (or gpurun abandoned the generation) while ``d``'s generation was being
-        set up. A holder reports again at its position and follows gpurun's next decision
-        (without the dead rank); a joiner without the state reports without it and follows
-        the answer (exit, or a later generation to join); a leaving source whose handoff
-        failed leaves as decided (gpurun then says whether the state is lost)."""
-        what = "holds the state" if have_state else "holds no state yet"
-        print(f"gpurun (python, slot {self.slot}): setting up generation {d['generation']} "
-              f"failed ({str(err).strip()[:300]}); this rank {what}: reporting to gpurun",
-              file=sys.stderr, flush=True)
-        self._timing = None
-        try:
-            self._destroy_group()
-        except Exception:  # noqa: BLE001 - a broken group: nothing more to release
-            pass
-        if not member:
-            return self._leave(d)
-        self.rank, self.world_size = d["active"].index(self.slot), len(d["active"])
-        if have_state:
-            self._boundary(self.epoch, self._steps_done)
-            return
-        while True:
-            nd = self._report(d.get("epoch", self.epoch), d.get("step", 0), has_state=False)
-            if nd["kind"] != "snapshot":
-                break
-        if nd["kind"] == "exit":
-            sys.exit(0)
-        if nd["kind"] != "resize":
-            raise RuntimeError(f"slot {self.slot} reported without state and got a "
-                               f"'{nd['kind']}' decision (expected resize or exit)")
-        self._enter(nd, have_state=False)
-
-    def _set_up(self, d, member, have_state, src, code, active):
-        verified = False
-        if code >= 0 and d.get("joiners"):
-            group = sorted(set(active) | {src})
-            if self.slot in group:
-                self._make_group(d["generation"], "handoff" if group != active else "train",
-                                 group)
-                self._mark("comm")
-                root = group.index(src)
-                self._broadcast_state(root, load=not have_state)
-                self._mark("state")
-                self._verify(root, "after the handoff")
-                self._mark("checksum")
-                verified = True
-                if group != active:
-                    self._destroy_group()
-        elif code == -1 and member:
-            try:
-                snap = torch.load(self._snapshot_path, map_location="cpu")
-            except Exception as e:  # noqa: BLE001 - any unreadable file: say which
-                raise RuntimeError(f"cannot read the pause snapshot '{self._snapshot_path}': "
-                                   f"{type(e).__name__}: {e}") from e
-            self._load(snap)
-            self._mark("state")
-        if not member:
-            return self._leave(d)
-        self.rank, self.world_size = active.index(self.slot), len(active)
-        if not dist.is_initialized():
-            self._make_group(d["generation"], "train", active)
-            self._mark("train_comm" if verified else "comm")
-        if code == -2:
-            self._broadcast_state(0)  # fresh start: rank 0's initialisation
-        if not verified:
-            self._verify(max(0, active.index(src)) if src in active else 0, "after the boundary")
-            self._mark("checksum")
-        self._wrap()
-        self._mark("resumed")
-        self._publish_timing()
-        self._warn_unsupported(d)
-
-    def _leave(self, d):
-        self.model = None
-        self._save_rng()
-        if d.get("park_mode", self._park_mode) != "hold":  # the decision's mode, not the start's
-            self._mark("left")
-            self._publish_timing()
-            sys.exit(0)  # release: the process ends, its GPU memory with it
-        self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
-        self._store.set(f"gpurun/slot/{self.slot}/parked/{self._park_generation}",
-                        str(os.getpid()))
-        self._mark("left")
-        self._publish_timing()
-        d = self._take_join(self._store.get(
-            f"gpurun/slot/{self.slot}/wake/{self._park_generation}"))
-        self._park_generation = -1
-        if d is None:
-            sys.exit(0)
-        if self._module is not None:
-            self._module.to(self.device)  # the state itself comes from the source
-        self._enter(d, have_state=False)
-        self._jumped = True  # its position is the state's, not where it parked
 
     def _offload(self):
         """A parked rank keeps no tensor on its GPU: the model and the optimizer state move
@@ -585,72 +502,23 @@ class Runtime:
               f"{held / 2**20:.0f} MiB allocated, {torch.cuda.memory_reserved(self.device) / 2**20:.0f} "
               f"MiB reserved on {self.device}", file=sys.stderr, flush=True)
 
-    # ---- resize timings (docs/control-protocol.md#resize-timings) ----------------------
-    def _begin_timing(self, d, member, have_state, src):
-        self._timing = None
-        if not self.elastic or d.get("kind") != "resize":
-            return  # a launch or a restart is no resize
-        role = "leaver" if not member else ("member" if have_state else "joiner")
-        if self.slot == src:
-            role = "source" if member else "source-leaver"
-        marks = dict(self._snapshot_marks)
-        self._snapshot_marks = {}
-        if self._seen_ms:
-            marks["seen"] = self._seen_ms
-        marks["ready"] = _mono_ms()
-        self._timing = {"generation": d["generation"], "role": role, "bytes": 0, "marks": marks}
-
-    def _mark(self, name):
-        if self._timing is not None:
-            self._timing["marks"][name] = _mono_ms()
-
-    def _publish_timing(self):
-        """One SET of gpurun/gen/<g>/timing/<slot>; a store error only loses the timing."""
-        t, self._timing = self._timing, None
-        if t is None:
-            return
-        rec = {"v": 1, "gpu": self.slot, "pid": os.getpid(), "role": t["role"],
-               "bytes": t["bytes"], "clock": "monotonic", "marks": t["marks"]}
-        try:
-            self._store.set(f"gpurun/gen/{t['generation']}/timing/{self.slot}",
-                            json.dumps(rec, separators=(",", ":")))
-        except Exception:  # noqa: BLE001 - the protocol's next step reports a broken store
-            pass
-
-    def _make_group(self, generation, name, group):
+    def _make_group(self, prefix, abort_key, group, rank):
+        """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
+        ``prefix``, the engine's key for it."""
         if self._pg_store is None:
-            # Its timeout bounds torch's own rendezvous, which a peer that died after
-            # _arrive() would hold up (init_process_group(store=...) keeps the store's timeout;
-            # the collectives use the group's): _RENDEZVOUS_TIMEOUT, at most the comm timeout.
+            # Its timeout bounds torch's own rendezvous, which a peer that died after the
+            # arrival wait would hold up (init_process_group(store=...) keeps the store's
+            # timeout; the collectives use the group's): _RENDEZVOUS_TIMEOUT, at most the comm
+            # timeout.
             self._pg_store = dist.TCPStore(
                 os.environ["GPURUN_STORE_ADDR"], _env_int("GPURUN_STORE_PORT"), is_master=False,
                 timeout=min(self.comm_timeout, _RENDEZVOUS_TIMEOUT))
-        prefix = f"gpurun/pygroup/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{generation}/{name}"
-        if self.elastic:
-            self._arrive(generation, prefix, group)
-        dist.init_process_group(self.backend, store=dist.PrefixStore(prefix, self._pg_store),
-                                rank=group.index(self.slot), world_size=len(group),
-                                timeout=self.comm_timeout)
-
-    def _arrive(self, generation, prefix, group):
-        """Waits until every rank of ``group`` reached this group's set-up, giving up at once
-        (``Abandoned``) when gpurun writes the generation's abort key: torch's own rendezvous
-        would wait for a dead peer until the comm timeout."""
-        me = group.index(self.slot)
-        self._store.set(f"{prefix}/arrived/{me}", str(os.getpid()))
-        abort = f"gpurun/gen/{generation}/abort"
-        waiting = [f"{prefix}/arrived/{i}" for i in range(len(group)) if i != me]
-        deadline = time.monotonic() + self.comm_timeout.total_seconds()
-        while waiting:
-            if self._store.check([abort]):
-                raise Abandoned(f"generation {generation} abandoned by gpurun: "
-                                f"{self._store.get(abort).decode(errors='replace')}")
-            waiting = [k for k in waiting if not self._store.check([k])]
-            if waiting:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Timed out: ranks of {prefix} did not arrive in "
-                                       f"{self.comm_timeout.total_seconds():.0f} s")
-                time.sleep(0.02)
+        # Every rank of the group reached its set-up, or gpurun's abort key appeared (torch's
+        # own rendezvous would wait for a dead peer until the comm timeout).
+        self._session.wait_arrivals(prefix, rank, len(group), abort_key,
+                                    self.comm_timeout.total_seconds())
+        dist.init_process_group(self.backend, store=dist.PrefixStore(prefix + "/pg", self._pg_store),
+                                rank=rank, world_size=len(group), timeout=self.comm_timeout)
 
     def _destroy_group(self):
         self.model = None
@@ -683,10 +551,9 @@ class Runtime:
             data = torch.empty(int(n.item()), dtype=torch.uint8)
         data = data.to(dev)
         dist.broadcast(data, root)
-        if self._timing is not None:
-            self._timing["bytes"] += int(n.item())
         if dist.get_rank() != root and load:
             self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu"))
+        return int(n.item())
 
     def _verify(self, root, what):
         mine = self.checksum()

@@ -30,13 +30,11 @@
 #include "compat/torch_compat.hpp"
 #include "gpurun/check.hpp"
 #include "gpurun/control/progress.hpp"
-#include "gpurun/control/worker_control.hpp"
+#include "gpurun/control/worker_session.hpp"
 #include "gpurun/env_names.hpp"
-#include "runtime/control_client.hpp"
 #include "runtime/runtime_env.hpp"
 #include "runtime/runtime_seams.hpp"
 #include "runtime/trace.hpp"
-#include "runtime/worker_state.hpp"
 #include "state/snapshot_format.hpp"
 #include "state/state_registry.hpp"
 
@@ -88,37 +86,6 @@ extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// Now on the host's monotonic clock (steady_clock = CLOCK_MONOTONIC: one clock for every
-/// process of the host, never stepped), in ms: the clock base of resize timings, shared with
-/// gpurun (elastic mode is single-node).
-double mono_ms() {
-  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
-}
-
-/// One rank's phase timestamps of a resize (mono_ms), in the order they happened; published to
-/// gpurun (gpurun/gen/<G>/timing/<gpu>) for its `resize` event (docs/control-protocol.md).
-struct ResizePhases {
-  int64_t generation = -1;
-  std::vector<std::pair<std::string, double>> marks;
-  void mark(const std::string& name, double t = mono_ms()) { marks.emplace_back(name, t); }
-  bool has(const std::string& name) const {
-    return std::any_of(marks.begin(), marks.end(), [&](const auto& m) { return m.first == name; });
-  }
-  std::string json(int slot, const std::string& role, int64_t bytes) const {
-    std::string out = fmt::format(
-        R"({{"v":1,"gpu":{},"pid":{},"role":"{}","bytes":{},"clock":"monotonic","marks":{{)", slot,
-        static_cast<long>(::getpid()), role, bytes);
-    for (size_t i = 0; i < marks.size(); ++i)
-      out += fmt::format(R"({}"{}":{:.3f})", i == 0 ? "" : ",", marks[i].first, marks[i].second);
-    return out + "}}";
-  }
-};
-
-/// Thrown inside the runtime when this rank has left the job (a release-mode leaver, or a
-/// hold-mode one told to exit while parked), to unwind to the loop that then ends; never
-/// escapes to user code.
-struct ExitRequested {};
-
 }  // namespace
 
 double Step::weight(size_t i) const {
@@ -136,9 +103,11 @@ int64_t Step::samples() const {
 
 struct Runtime::Impl {
   RuntimeOptions opt;
-  std::unique_ptr<rt::ControlClient> control;  // null unless elastic
-  rt::CommFactory comm_factory;                // rt::make_communicator unless a test's fake
-  rt::StateObserver on_state;                  // tests: every state change; may be empty
+  /// The worker engine with its store I/O (gpurun/control/worker_session.hpp); null unless
+  /// elastic. This runtime executes its actions (drive()).
+  std::unique_ptr<control::WorkerSession> control;
+  rt::CommFactory comm_factory;  // rt::make_communicator unless a test's fake
+  rt::StateObserver on_state;    // tests: every state change; may be empty
   store::ClientOptions store;
   at::Device device = at::kCPU;
   rt::CommBackend backend = rt::CommBackend::kGloo;
@@ -154,11 +123,6 @@ struct Runtime::Impl {
   rt::SnapshotPaths snapshot_paths() const { return {snapshot_path, snapshot_fallback_path}; }
   bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE (default on): map the file ahead
   Trace trace;
-  // Resize timings (docs/control-protocol.md#resize-timings): when this rank saw the decision
-  // it is about to follow, the pause snapshot it wrote (0: none), the resize in progress.
-  double decision_seen_ms = 0;
-  double snapshot_begin_ms = 0, snapshot_end_ms = 0;
-  std::optional<ResizePhases> phases;
   // Preemption (docs/cli.md#preemption): gpurun's request files, the signals seen so far.
   std::string preempt_dir;
   uint64_t preempt_seen = 0;
@@ -196,18 +160,6 @@ struct Runtime::Impl {
   int64_t range_micro = 0;
   bool step_valid = false;
 
-  // ---- state transitions -------------------------------------------------------------
-  // The only place `state` changes (besides its initial value): through the table.
-  void set_state(WorkerState to, const std::string& why) {
-    const WorkerState from = state;
-    state = rt::transition(from, to, why);
-    trace.write("state", {{"from", Trace::str(to_string(from))},
-                          {"to", Trace::str(to_string(to))},
-                          {"gpu", Trace::num(int64_t{slot})},
-                          {"reason", Trace::str(why)}});
-    if (on_state) on_state(from, to, why);
-  }
-
   // ---- position <-> tracked scalars ----------------------------------------------------
   void sync_out() {
     if (sampler) {
@@ -220,19 +172,30 @@ struct Runtime::Impl {
   }
 
   // ---- communicators ------------------------------------------------------------------
-  std::unique_ptr<Communicator> make_comm(const std::string& purpose, const std::vector<int>& group,
-                                          int64_t gen) {
+  /// A static job's communicator (no control protocol): its keys per restart attempt.
+  std::unique_ptr<Communicator> make_static_comm(const std::vector<int>& group) {
     rt::CommOptions o;
     o.store = store;
-    o.prefix = control ? fmt::format("gpurun/gen/{}/comm/{}", gen, purpose)
-                       : fmt::format("gpurun/static/{}/comm/{}", restart_count, purpose);
-    o.rank = control ? index_of(group, slot) : rank;
+    o.prefix = fmt::format("gpurun/static/{}/comm/train", restart_count);
+    o.rank = rank;
     o.size = static_cast<int>(group.size());
     o.device = device;
     o.timeout = opt.comm_timeout;
+    return comm_factory(backend, o);
+  }
+
+  /// The engine's kMakeGroup: its prefix, abort key, group and rank.
+  std::unique_ptr<Communicator> make_comm(const control::EngineAction& a) {
+    rt::CommOptions o;
+    o.store = store;
+    o.prefix = a.prefix;
+    o.rank = a.rank;
+    o.size = static_cast<int>(a.group.size());
+    o.device = device;
+    o.timeout = opt.comm_timeout;
     // gpurun abandons a generation whose set-up lost a participant: stop waiting at once.
-    if (control) o.abort.key = control::keys::abort(gen);
-    GPURUN_CHECK(o.rank >= 0, "slot {} is not in group [{}]", slot, fmt::join(group, ","));
+    o.abort.key = a.abort_key;
+    GPURUN_CHECK(o.rank >= 0, "slot {} is not in group [{}]", slot, fmt::join(a.group, ","));
     return comm_factory(backend, o);
   }
 
@@ -292,245 +255,251 @@ struct Runtime::Impl {
     global_batch = d.global_batch;
   }
 
-  /// Enter the generation created by `d` (a resize decision seen at a boundary, or the
-  /// start record / wake of a joiner). `have_state`: this process holds the current state.
-  void enter(const Decision& d, bool have_state) {
-    const auto t0 = Clock::now();
-    begin_phases(d);
-    adopt_premapped();              // a warm joiner's mapping of the snapshot file
-    finish_snapshot_preparation();  // the registry changes below: the preparation must be over
-    checkpoint_req = d.checkpoint;
-    const int src = d.state_source.gpu;  // -1 unless a peer hands the state on
-    const bool member = d.is_member(slot);
-    if (grads) grads->set_communicator(nullptr);
-    comm.reset();  // the old generation's communicator ends here
-    std::string role = !member ? "leaver" : (have_state ? "member" : "joiner");
-    if (slot == src) role = member ? "source" : "source-leaver";
-    int64_t moved = 0;
-    std::optional<uint64_t> checksum;
-
-    if (d.active.empty()) {  // pause: the source keeps the state in the host snapshot
-      if (slot == src) {
-        sync_out();
-        registry.write_snapshot(snapshot_paths());
-        checksum = registry.checksum();
-        moved = registry.nbytes();
-      }
-      trace_resize(d, role, t0, moved, checksum);
-      left_checksum = checksum ? checksum : written_checksum;
-      leave(d);
-      return;
-    }
-
-    bool verified = false;
-    if (d.state_source.is_peer() && !d.joiners.empty()) {
-      std::vector<int> group = d.active;
-      if (!contains(group, src))
-        group.insert(std::upper_bound(group.begin(), group.end(), src), src);
-      if (contains(group, slot)) {
-        const bool same = group == d.active;
-        auto c = make_comm(same ? "train" : "handoff", group, d.generation);
-        mark_phase("comm");
-        const int root = index_of(group, src);
-        moved = broadcast_state(*c, root);
-        mark_phase("state");
-        checksum = verify(*c, root, "after the handoff");
-        mark_phase("checksum");
-        verified = true;
-        if (same) comm = std::move(c);
-      }
-    } else if (d.state_source.is_snapshot() && member) {  // resume from the pause snapshot
-      // Every member of a paused job holds no state (it is the snapshot's): the payload is
-      // verified while it is copied (a corrupt file leaves the tensors released).
-      registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying);
-      sync_in();
-      moved = registry.nbytes();
-      mark_phase("state");
-      const auto& st = registry.last_snapshot_stats();
-      trace.write("snapshot_read", {{"path", Trace::str(st.path)},
-                                    {"bytes", Trace::num(st.file_bytes)},
-                                    {"pinned", Trace::num(int64_t{st.pinned})},
-                                    {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
-                                    {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
-                                    {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
-                                    {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
-                                    {"ms", Trace::num(st.total_seconds * 1e3)}});
-    }
-
-    if (!member) {
-      trace_resize(d, role, t0, moved, checksum);
-      left_checksum = checksum;
-      phase_role = role, phase_bytes = moved;
-      leave(d);
-      return;
-    }
-    adopt(d);
-    if (!comm) {
-      comm = make_comm("train", d.active, d.generation);
-      mark_phase(phases && phases->has("comm") ? "train_comm" : "comm");
-    }
-    if (d.state_source.is_none()) {
-      moved = broadcast_state(*comm, 0);  // fresh start: rank 0's init
-      mark_phase("state");
-    }
-    if (!verified) {
-      const int root = std::max(0, index_of(d.active, src));
-      checksum = verify(*comm, root, "after the boundary");
-      mark_phase("checksum");
-    }
-    if (grads) grads->set_communicator(comm.get());
-    if (state != WorkerState::kActive)
-      set_state(WorkerState::kActive, "joined generation " + std::to_string(generation));
-    trace_resize(d, role, t0, moved, checksum);
-    mark_phase("resumed");
-    publish_phases(role, moved);
-  }
-
-  // ---- resize timings (docs/control-protocol.md#resize-timings) -------------------------
+  // ---- the engine's actions (gpurun/control/worker_engine.hpp), executed with LibTorch ----
   /// The checksum of the state this rank held when it left, where that boundary computed one
   /// (a pause's snapshot source, a leaving handoff source): state_checksum() after left().
   std::optional<uint64_t> left_checksum;
   std::optional<uint64_t> written_checksum;  ///< of the pause snapshot it wrote at this boundary
-  std::string phase_role;                    // a leaver's role and bytes, for leave()'s record
-  int64_t phase_bytes = 0;
-  /// Starts this rank's record of the resize into d.generation (only for `resize` decisions:
-  /// a launch or a restart is no resize): when it saw the decision, when it was ready to set
-  /// the generation up (now), and the pause snapshot it wrote before it (the source).
-  void begin_phases(const Decision& d) {
-    phases.reset();
-    phase_role.clear();
-    phase_bytes = 0;
-    const double seen = std::exchange(decision_seen_ms, 0.0);
-    if (!control || d.kind != Decision::Kind::kResize) return;
-    phases.emplace();
-    phases->generation = d.generation;
-    if (snapshot_end_ms > 0) {
-      phases->mark("snapshot_begin", snapshot_begin_ms);
-      phases->mark("snapshot_end", snapshot_end_ms);
-    }
-    snapshot_begin_ms = snapshot_end_ms = 0;
-    if (seen > 0) phases->mark("seen", seen);
-    phases->mark("ready");
-  }
-  void mark_phase(const std::string& name) {
-    if (phases) phases->mark(name);
-  }
-  /// Sends the record to gpurun (one store SET) and ends it. A store error here only loses
-  /// the timing (the protocol's next step reports a broken store).
-  void publish_phases(const std::string& role, int64_t bytes) {
-    if (!phases || !control) return;
-    const ResizePhases p = std::move(*phases);
-    phases.reset();
-    try {
-      control->publish_timing(p.generation, p.json(slot, role, bytes));
-    } catch (const Error& e) {
-      trace.write("timing_lost",
-                  {{"generation", Trace::num(p.generation)}, {"error", Trace::str(e.what())}});
-    }
+  std::optional<uint64_t> last_checksum;     ///< of the set-up in progress
+  int64_t moved_bytes = 0;                   ///< state bytes moved by the set-up in progress
+  std::unique_ptr<Communicator> handoff;     ///< a handoff group (source ∪ joiners), if any
+  Clock::time_point setup_t0;
+
+  Communicator& group_comm() {
+    Communicator* c = handoff ? handoff.get() : comm.get();
+    GPURUN_CHECK(c, "slot {}: a state action without a communicator", slot);
+    return *c;
   }
 
-  void trace_resize(const Decision& d, const std::string& role, Clock::time_point t0, int64_t bytes,
+  /// Feeds `e` to the worker engine and runs its actions, feeding each outcome back, until the
+  /// engine waits for the program. Returns the last action (kTrain or kExit after a decision;
+  /// a kExit sets `finishing`).
+  control::EngineAction drive(control::EngineEvent e) {
+    control::EngineAction last;
+    while (true) {
+      std::optional<control::EngineEvent> next;
+      for (control::EngineAction& a : control->on(std::move(e))) {
+        next = execute(a);
+        last = std::move(a);
+      }
+      if (!next) break;
+      e = std::move(*next);
+    }
+    return last;
+  }
+
+  control::EngineEvent outcome(control::EngineEvent::Kind kind, std::string text = {},
+                               int64_t bytes = 0) {
+    control::EngineEvent e;
+    e.kind = kind;
+    e.text = std::move(text);
+    e.bytes = bytes;
+    e.epoch = epoch;
+    e.step = step_in_epoch;
+    return e;
+  }
+
+  /// One action; its outcome event when it needs one. A peer's failure (CommError) inside a
+  /// collective action is its kFailed outcome; every other error propagates (the process dies
+  /// and gpurun handles it).
+  std::optional<control::EngineEvent> execute(const control::EngineAction& a) {
+    using K = control::EngineAction::Kind;
+    using Ev = control::EngineEvent::Kind;
+    if (a.kind != K::kLog && a.kind != K::kState &&
+        !(a.kind == K::kTrain && a.decision.kind == Decision::Kind::kContinue)) {
+      adopt_premapped();              // a warm joiner's mapping of the snapshot file
+      finish_snapshot_preparation();  // the state changes below: the preparation must be over
+    }
+    switch (a.kind) {
+      case K::kLog:
+        trace.write("log", {{"text", Trace::str(a.text)}});
+        return std::nullopt;
+      case K::kState: {
+        const WorkerState from = state;
+        state = a.to;
+        trace.write("state", {{"from", Trace::str(to_string(from))},
+                              {"to", Trace::str(to_string(a.to))},
+                              {"gpu", Trace::num(int64_t{slot})},
+                              {"reason", Trace::str(a.text)}});
+        if (on_state) on_state(from, a.to, a.text);
+        return std::nullopt;
+      }
+      case K::kDropGroup:
+        if (a.abort) {
+          if (handoff) handoff->abort();
+          if (comm) comm->abort();
+        }
+        if (handoff && !a.abort) {
+          handoff.reset();
+          return std::nullopt;
+        }
+        handoff.reset();
+        if (grads) grads->set_communicator(nullptr);
+        comm.reset();  // the old generation's communicator ends here
+        return std::nullopt;
+      case K::kMakeGroup:
+        try {
+          if (setup_t0 == Clock::time_point{}) setup_t0 = Clock::now();
+          auto c = make_comm(a);
+          (a.purpose == "train" ? comm : handoff) = std::move(c);
+          return outcome(Ev::kDone);
+        } catch (const rt::CommError& err) {
+          return outcome(Ev::kFailed, err.what());
+        }
+      case K::kBroadcastState:
+        try {
+          moved_bytes = broadcast_state(group_comm(), a.root);
+          return outcome(Ev::kDone, {}, moved_bytes);
+        } catch (const rt::CommError& err) {
+          return outcome(Ev::kFailed, err.what());
+        }
+      case K::kVerifyState:
+        try {
+          last_checksum = verify(group_comm(), a.root, a.text);
+          return outcome(Ev::kDone);
+        } catch (const rt::CommError& err) {
+          return outcome(Ev::kFailed, err.what());
+        }
+      case K::kWriteSnapshot:
+        return outcome(Ev::kDone, write_pause_snapshot());
+      case K::kReadSnapshot:
+        read_pause_snapshot(a.epoch, a.step);
+        moved_bytes = registry.nbytes();
+        return outcome(Ev::kDone, {}, moved_bytes);
+      case K::kRelease:
+        release_state(a.role);
+        return outcome(Ev::kDone);
+      case K::kPark:
+        park_state(a.role);
+        return outcome(Ev::kDone);
+      case K::kTrain:
+        train_on(a);
+        return std::nullopt;
+      case K::kExit:
+        finishing = true;
+        checkpoint_req = false;
+        if (!a.left) {
+          stop_req = a.stop;  // the session saw gpurun's stop file
+          if (stop_req)
+            trace.write("stop",
+                        {{"epoch", Trace::num(epoch)}, {"step", Trace::num(step_in_epoch)}});
+        }
+        return std::nullopt;
+      case K::kSet:
+      case K::kWaitGet:  // WorkerSession runs these
+        break;
+    }
+    throw InvariantError(
+        fmt::format("slot {}: unexpected engine action {}", slot, control::to_string(a.kind)));
+  }
+
+  /// kTrain: training goes on in the generation the engine says.
+  void train_on(const control::EngineAction& a) {
+    const Decision& d = a.decision;
+    checkpoint_req = d.checkpoint;
+    if (d.kind == Decision::Kind::kContinue) {
+      every_steps = d.every_steps;
+      global_batch = d.global_batch;
+      if (prepare_snapshot) start_snapshot_preparation();
+      if (prepare_done.load(std::memory_order_acquire)) finish_snapshot_preparation();
+      return;
+    }
+    adopt(d);
+    if (grads) grads->set_communicator(comm.get());
+    trace_resize(d, a.role, moved_bytes, last_checksum);
+    moved_bytes = 0;
+    last_checksum.reset();
+    setup_t0 = {};
+  }
+
+  void trace_resize(const Decision& d, const std::string& role, int64_t bytes,
                     std::optional<uint64_t> checksum) {
-    trace.write("generation", {{"generation", Trace::num(d.generation)},
-                               {"kind", Trace::str(std::string(control::to_string(d.kind)))},
-                               {"role", Trace::str(role)},
-                               {"gpu", Trace::num(int64_t{slot})},
-                               {"rank", Trace::num(int64_t{d.rank_of(slot)})},
-                               {"world", Trace::num(static_cast<int64_t>(d.active.size()))},
-                               {"active", Trace::ints(d.active)},
-                               {"state_source_gpu", Trace::num(int64_t{d.state_source.gpu})},
-                               {"epoch", Trace::num(epoch)},
-                               {"step", Trace::num(step_in_epoch)},
-                               {"bytes", Trace::num(bytes)},
-                               {"checksum", checksum ? Trace::str(hex(*checksum)) : "null"},
-                               {"ms", Trace::num(ms_since(t0))}});
+    trace.write("generation",
+                {{"generation", Trace::num(d.generation)},
+                 {"kind", Trace::str(std::string(control::to_string(d.kind)))},
+                 {"role", Trace::str(role)},
+                 {"gpu", Trace::num(int64_t{slot})},
+                 {"rank", Trace::num(int64_t{d.rank_of(slot)})},
+                 {"world", Trace::num(static_cast<int64_t>(d.active.size()))},
+                 {"active", Trace::ints(d.active)},
+                 {"state_source_gpu", Trace::num(int64_t{d.state_source.gpu})},
+                 {"epoch", Trace::num(epoch)},
+                 {"step", Trace::num(step_in_epoch)},
+                 {"bytes", Trace::num(bytes)},
+                 {"checksum", checksum ? Trace::str(hex(*checksum)) : "null"},
+                 {"ms", Trace::num(setup_t0 == Clock::time_point{} ? 0.0 : ms_since(setup_t0))}});
   }
 
-  /// OFFLOADING → release: EXITED, the loops end (the process then ends normally) | hold:
-  /// free GPU memory, park, rejoin when woken (or EXITED when told to exit).
-  void leave(const Decision& d) {
-    const auto t0 = Clock::now();
-    set_state(WorkerState::kOffloading, "left in generation " + std::to_string(d.generation));
+  /// kReadSnapshot: a resume's member loads the pause snapshot (every member of a paused job
+  /// holds no state: it is the snapshot's). The payload is verified while it is copied (a
+  /// corrupt file leaves the tensors released); a state at another position than the pause's
+  /// (an older snapshot copied over it) is refused before training rolls back.
+  void read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
+    registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying);
+    if (want_epoch >= 0 && (epoch != want_epoch || step_in_epoch != want_step)) {
+      const std::string path = registry.last_snapshot_stats().path;
+      registry.release();
+      throw rt::StateError(fmt::format(
+          "the pause snapshot {} holds the state at epoch {} step {}, but the pause it resumes "
+          "was at epoch {} step {}: refusing to roll training back (was an older snapshot "
+          "copied over it?)",
+          path, epoch, step_in_epoch, want_epoch, want_step));
+    }
+    sync_in();
+    const auto& st = registry.last_snapshot_stats();
+    trace.write("snapshot_read", {{"path", Trace::str(st.path)},
+                                  {"bytes", Trace::num(st.file_bytes)},
+                                  {"pinned", Trace::num(int64_t{st.pinned})},
+                                  {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
+                                  {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
+                                  {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
+                                  {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
+                                  {"ms", Trace::num(st.total_seconds * 1e3)}});
+  }
+
+  /// A leaver's common part: the communicator and the gradient buckets go.
+  void offload_common(const std::string& role) {
+    left_checksum = last_checksum ? last_checksum : written_checksum;
+    trace_resize(control->engine().current(), role, moved_bytes, last_checksum);
     comm.reset();
+    handoff.reset();
     if (grads) {
       grads->set_communicator(nullptr);
       grads->release();
     }
-    if (d.park_mode == control::ParkMode::kRelease) {
-      // No std::exit: epochs() ends, user code after the loop (which checks left()) and the
-      // destructors run, and the process ends; the supervisor counts its exit 0 as PARKED.
-      // The state (written to the snapshot, or handed on) is freed now, so that the GPU holds
-      // only the context. The page-locked snapshot mapping is left to the process's end: its
-      // unpinning and unmapping here, with the process's threads still running, took ~0.75 s
-      // for ViT-H's 7.5 GB on the H200 (docs/results.md); the exit does both for less.
-      finish_snapshot_preparation();
-      const auto t_free = Clock::now();
-      registry.release();  // device memory: every cached block too
-      const double free_ms = ms_since(t_free);
-      registry.leave_snapshot_to_exit();  // the file stays; its mapping ends with the process
-      trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
-                           {"free_ms", Trace::num(free_ms)},
-                           {"ms", Trace::num(ms_since(t0))}});
-      mark_phase("left");
-      publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
-      set_state(WorkerState::kExited,
-                "release mode: left in generation " + std::to_string(d.generation));
-      throw ExitRequested{};
-    }
-    registry.release();
-    if (device.is_cuda()) rt::compat::release_cached_device_memory();
-    set_state(WorkerState::kParked, "hold mode");
-    trace.write("parked", {{"ms", Trace::num(ms_since(t0))},
-                           {"device_bytes", Trace::num(registry.nbytes())}});
-    mark_phase("left");
-    publish_phases(phase_role.empty() ? "leaver" : phase_role, phase_bytes);
-    std::optional<Decision> wake = control->park_and_wait();
-    decision_seen_ms = mono_ms();
-    if (!wake) {
-      set_state(WorkerState::kExited, "told to exit while parked");
-      throw ExitRequested{};
-    }
-    set_state(WorkerState::kRejoining, "woken for generation " + std::to_string(wake->generation));
-    enter_as_joiner(*wake, /*have_state=*/false);
   }
 
-  /// enter() for a process that joins `d` without the state (spawned or woken). When the
-  /// set-up fails (gpurun abandoned the generation because a participant died, or a peer's
-  /// socket closed), it holds nothing to lose: it reports at d's boundary with has_state =
-  /// false and follows gpurun's next decision (join again, leave, or exit), as often as it
-  /// takes. Throws ExitRequested when it leaves.
-  void enter_as_joiner(Decision d, bool have_state) {
-    for (;;) {
-      try {
-        enter(d, have_state);
-        return;
-      } catch (const rt::CommError& err) {
-        if (have_state || state == WorkerState::kActive) throw;  // a holder: boundary() recovers
-        if (comm) comm->abort();
-        comm.reset();
-        if (grads) grads->set_communicator(nullptr);
-        trace.write("comm_failure", {{"generation", Trace::num(d.generation)},
-                                     {"role", Trace::str("joiner")},
-                                     {"error", Trace::str(err.what())}});
-        std::fprintf(stderr,
-                     "gpurun worker (slot %d): joining generation %lld failed: %s; this rank "
-                     "holds no state yet: reporting to gpurun and waiting for its next "
-                     "decision\n",
-                     slot, static_cast<long long>(d.generation), err.what());
-        Decision next = control->report_and_wait(d.epoch, d.step, /*has_state=*/false, {});
-        while (next.kind == Decision::Kind::kSnapshot)  // a pause of the others: not our part
-          next = control->report_and_wait(d.epoch, d.step, /*has_state=*/false, {});
-        if (next.kind == Decision::Kind::kExit) {
-          set_state(WorkerState::kExited, "told to exit after a failed join");
-          throw ExitRequested{};
-        }
-        if (next.kind != Decision::Kind::kResize)
-          throw control::ProtocolError(fmt::format(
-              "slot {} reported without state and got a '{}' decision (expected resize or exit)",
-              slot, control::to_string(next.kind)));
-        d = std::move(next);
-      }
-    }
+  /// kRelease: no std::exit — epochs() ends, user code after the loop (which checks left())
+  /// and the destructors run, and the process ends; the supervisor counts its exit 0 as
+  /// PARKED. The state (written to the snapshot, or handed on) is freed now, so that the GPU
+  /// holds only the context. The page-locked snapshot mapping is left to the process's end:
+  /// its unpinning and unmapping here, with the process's threads still running, took ~0.75 s
+  /// for ViT-H's 7.5 GB on the H200 (docs/results.md); the exit does both for less.
+  void release_state(const std::string& role) {
+    const auto t0 = Clock::now();
+    offload_common(role);
+    const auto t_free = Clock::now();
+    registry.release();  // device memory: every cached block too
+    const double free_ms = ms_since(t_free);
+    registry.leave_snapshot_to_exit();  // the file stays; its mapping ends with the process
+    trace.write("exit", {{"reason", Trace::str("release mode: a leaver's loop ends")},
+                         {"free_ms", Trace::num(free_ms)},
+                         {"ms", Trace::num(ms_since(t0))}});
+  }
+
+  /// kPark: hold mode frees its GPU memory (the CUDA context stays) and waits for its wake.
+  void park_state(const std::string& role) {
+    const auto t0 = Clock::now();
+    offload_common(role);
+    registry.release();
+    if (device.is_cuda()) rt::compat::release_cached_device_memory();
+    trace.write("parked", {{"ms", Trace::num(ms_since(t0))},
+                           {"device_bytes", Trace::num(registry.nbytes())}});
+  }
+
+  /// The epoch position before the rejoin of a hold-mode rank: a jump when the state's differs.
+  void after_join(int64_t epoch_before) {
+    if (epoch != epoch_before) jumped = true;  // rejoined (hold mode) at another epoch
   }
 
   // ---- boundaries ---------------------------------------------------------------------
@@ -540,33 +509,17 @@ struct Runtime::Impl {
     started = true;
     if (control) {
       // An elastic process starts REJOINING (make_runtime): a joiner until it holds the
-      // state; enter() makes it ACTIVE through the table.
-      if (control->warm()) {
-        // A warm joiner is ready here (model built and tracked, data loaded): say so and wait,
-        // without a deadline, for gpurun to admit it at a boundary (or to say exit).
-        trace.write("warm_ready", {{"gpu", Trace::num(int64_t{slot})}});
-        const std::optional<Decision> admitted = control->wait_admission();
-        decision_seen_ms = mono_ms();  // resize timings: it saw its admission here
-        if (!admitted) {
-          set_state(WorkerState::kExited, "a warm joiner told to exit before it was admitted");
-          finishing = true;
-          return;
-        }
-        adopt(*admitted);
-        trace.write("warm_admitted", {{"gpu", Trace::num(int64_t{slot})},
-                                      {"generation", Trace::num(admitted->generation)}});
-      }
-      const Decision d = control->current();
-      try {
-        enter_as_joiner(d, /*have_state=*/d.state_source.is_none());
-      } catch (const ExitRequested&) {  // not a member of its start generation: never here
-        finishing = true;
-      }
+      // state. A warm joiner is ready here (model built and tracked, data loaded): the engine
+      // says so and waits, without a deadline, for gpurun to admit it (or to say exit).
+      if (control->engine().warm()) trace.write("warm_ready", {{"gpu", Trace::num(int64_t{slot})}});
+      control::EngineEvent ready;
+      ready.kind = control::EngineEvent::Kind::kReady;
+      drive(std::move(ready));
       return;
     }
     if (world > 1) {  // a static data-parallel job: rank 0's initial state, as DDP does
       const auto t0 = Clock::now();
-      comm = make_comm("train", active, 0);
+      comm = make_static_comm(active);
       const int64_t moved = broadcast_state(*comm, 0);
       const uint64_t sum = verify(*comm, 0, "at the start");
       if (grads) grads->set_communicator(comm.get());
@@ -581,25 +534,20 @@ struct Runtime::Impl {
     }
   }
 
-  /// A boundary: report, wait for the decision, follow it. Returns false when the job is
-  /// finishing (loops end).
+  /// A boundary: report, wait for the decision, follow it (the engine's actions). Returns
+  /// false when the job is finishing (loops end).
   bool boundary(int64_t report_epoch, int64_t report_step) {
     if (finishing) return false;
     if (!control) return static_boundary();
     const auto t0 = Clock::now();
-    Decision d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, {});
+    const int64_t epoch_before = epoch;
     written_checksum.reset();
-    if (d.kind == Decision::Kind::kSnapshot) finish_snapshot_preparation();  // the file it writes
-    // A pause is wanted: the state source writes the snapshot while everyone still holds the
-    // state, then all report again here; gpurun pauses only after a verified snapshot.
-    while (d.kind == Decision::Kind::kSnapshot) {
-      std::string outcome;
-      if (slot == d.state_source.gpu) outcome = write_pause_snapshot();
-      d = control->report_and_wait(report_epoch, report_step, /*has_state=*/true, outcome);
-    }
-    const double wait_ms = ms_since(t0);
-    if (d.kind == Decision::Kind::kResize) decision_seen_ms = mono_ms();
-    if (d.kind != Decision::Kind::kContinue) finish_snapshot_preparation();
+    control::EngineEvent b;
+    b.kind = control::EngineEvent::Kind::kBoundary;
+    b.epoch = report_epoch;
+    b.step = report_step;
+    const control::EngineAction last = drive(std::move(b));
+    const Decision& d = control->engine().current();
     trace.write("boundary", {{"generation", Trace::num(d.prev_generation)},
                              {"round", Trace::num(d.round)},
                              {"epoch", Trace::num(report_epoch)},
@@ -607,64 +555,12 @@ struct Runtime::Impl {
                              {"kind", Trace::str(std::string(control::to_string(d.kind)))},
                              {"rank", Trace::num(int64_t{rank})},
                              {"world", Trace::num(int64_t{world})},
-                             {"wait_ms", Trace::num(wait_ms)}});
-    switch (d.kind) {
-      case Decision::Kind::kContinue:
-        checkpoint_req = d.checkpoint;
-        every_steps = d.every_steps;
-        global_batch = d.global_batch;
-        if (prepare_snapshot) start_snapshot_preparation();
-        if (prepare_done.load(std::memory_order_acquire)) finish_snapshot_preparation();
-        return true;
-      case Decision::Kind::kExit:
-        finishing = true;
-        checkpoint_req = false;
-        stop_req = stop_file_exists();  // gpurun writes it before asking for the exit
-        if (stop_req)
-          trace.write("stop",
-                      {{"epoch", Trace::num(report_epoch)}, {"step", Trace::num(report_step)}});
-        return false;
-      case Decision::Kind::kResize: {
-        const int64_t e = epoch;
-        try {
-          enter(d, /*have_state=*/true);
-        } catch (const ExitRequested&) {
-          finishing = true;
-          return false;
-        } catch (const rt::CommError& err) {
-          // A peer failed during the handoff or the new communicator's rendezvous. This rank
-          // holds the state: report again in the new generation; the supervisor removes the
-          // failed rank and decides without it.
-          if (!d.is_member(slot)) {
-            // A leaving state source whose handoff failed (its joiner died): it cannot hand
-            // the state on; it leaves as decided and gpurun, seeing no holder left, says the
-            // state is lost (docs/control-protocol.md#failures-during-a-resize).
-            std::fprintf(stderr,
-                         "gpurun worker (slot %d): handing the state to generation %lld failed: "
-                         "%s; leaving as decided\n",
-                         slot, static_cast<long long>(d.generation), err.what());
-            if (comm) comm->abort();
-            comm.reset();
-            try {
-              leave(d);
-            } catch (const ExitRequested&) {
-              finishing = true;
-              return false;
-            }
-            return true;
-          }
-          adopt(d);
-          return recover(err.what());
-        }
-        if (epoch != e) jumped = true;  // rejoined (hold mode) at another epoch
-        return true;
-      }
-      case Decision::Kind::kStart:
-      case Decision::Kind::kSnapshot:  // consumed above: never here
-        break;
-    }
-    throw control::ProtocolError(
-        fmt::format("unexpected decision kind {} at a boundary", control::to_string(d.kind)));
+                             {"wait_ms", Trace::num(ms_since(t0))}});
+    if (finishing) return false;
+    if (last.kind == control::EngineAction::Kind::kTrain &&
+        last.decision.kind == Decision::Kind::kResize)
+      after_join(epoch_before);
+    return true;
   }
 
   /// A static job's boundary (no control protocol), only while gpurun runs it
@@ -700,8 +596,6 @@ struct Runtime::Impl {
   /// refuses the pause and the job trains on.
   std::string write_pause_snapshot() {
     const auto t0 = Clock::now();
-    snapshot_begin_ms = mono_ms();
-    snapshot_end_ms = 0;
     try {
       sync_out();
       // The state checksum (device kernels, ~50 ms for ViT-H) runs on a thread while this one
@@ -755,7 +649,6 @@ struct Runtime::Impl {
       for (const auto& f : st.failed_attempts)
         std::fprintf(stderr, "gpurun worker (slot %d): warning: pause snapshot fell back: %s\n",
                      slot, f.c_str());
-      snapshot_end_ms = mono_ms();
       return "ok";
     } catch (const Error& e) {
       trace.write("snapshot_written", {{"error", Trace::str(e.what())}});
@@ -920,21 +813,23 @@ struct Runtime::Impl {
     trace.write("runtime_end", {{"join_ms", Trace::num(ms_since(t0))}});
   }
 
-  /// After a failed collective: drop the communicator and report at once (same position);
-  /// the supervisor answers without the rank that failed. Returns like boundary().
+  /// After a failed collective: the engine drops the communicator and reports at once (same
+  /// position); the supervisor answers without the rank that failed. Returns like boundary().
   bool recover(const std::string& why) {
-    if (comm) comm->abort();
-    comm.reset();
-    if (grads) grads->set_communicator(nullptr);
     trace.write("comm_failure", {{"generation", Trace::num(generation)},
                                  {"epoch", Trace::num(epoch)},
                                  {"step", Trace::num(step_in_epoch)},
                                  {"error", Trace::str(why)}});
-    std::fprintf(stderr,
-                 "gpurun worker (slot %d): %s; reporting to the supervisor to go on without the "
-                 "failed rank\n",
-                 slot, why.c_str());
-    return boundary(epoch, step_in_epoch);
+    const int64_t epoch_before = epoch;
+    control::EngineEvent f;
+    f.kind = control::EngineEvent::Kind::kCollectiveFailed;
+    f.text = why;
+    f.epoch = epoch;
+    f.step = step_in_epoch;
+    const control::EngineAction last = drive(std::move(f));
+    if (finishing) return false;
+    if (last.kind == control::EngineAction::Kind::kTrain) after_join(epoch_before);
+    return true;
   }
 
   // ---- steps --------------------------------------------------------------------------
@@ -1084,8 +979,7 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
     if (fd >= 0) ::close(fd);  // without it gpurun forwards SIGTERM at once: nothing is lost
   }
   seams.progress = control::ProgressWriter::from_env();
-  if (auto wc = control::WorkerControl::from_env())
-    seams.control = rt::make_worker_control_client(std::move(wc));
+  seams.control = control::WorkerSession::from_env();
   const rt::CommBackend backend = seams.env.cuda ? rt::CommBackend::kNccl : rt::CommBackend::kGloo;
   if ((seams.env.world > 1 || seams.control) && !rt::comm_backend_available(backend))
     throw Error(
@@ -1125,7 +1019,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->on_state = std::move(seams.on_state);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);
-  if (m->control && m->control->warm()) {
+  if (m->control && m->control->engine().warm()) {
     // A warm joiner: started before any decision names it. Until gpurun admits it (at its first
     // epochs()/steps(), ensure_started()) it is in no generation: generation() is -1, rank()
     // and world_size() are the provisional ones of its environment.
@@ -1137,8 +1031,10 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
     m->start_premap();
   } else if (m->control) {
     m->state = WorkerState::kRejoining;  // initial state: a joiner until it holds the state
-    const Decision& d = m->control->join();
-    m->decision_seen_ms = mono_ms();  // a joiner sees its generation's decision here
+    control::EngineEvent open;
+    open.kind = control::EngineEvent::Kind::kOpen;
+    m->drive(std::move(open));  // reads its generation's start record, writes `joined`
+    const Decision& d = m->control->engine().current();
     m->adopt(d);
     if (m->rank < 0)
       throw Error(fmt::format("slot {} is not a member of generation {}", m->slot, d.generation));
@@ -1152,10 +1048,10 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   }
   // Whose tracked state survives the start (enter(), static_boundary()): the decision's state
   // source, rank 0 at a fresh start or in a static job; a warm joiner always receives it.
-  if (m->control && m->control->warm()) {
+  if (m->control && m->control->engine().warm()) {
     m->joining = true;
   } else if (m->control) {
-    const Decision& d = m->control->current();
+    const Decision& d = m->control->engine().current();
     m->joining = d.state_source.is_snapshot() ||
                  (d.state_source.is_peer() ? d.state_source.gpu != m->slot : m->rank != 0);
   } else {

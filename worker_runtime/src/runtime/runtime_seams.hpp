@@ -11,8 +11,8 @@
 
 #include "comm/communicator.hpp"
 #include "gpurun/control/progress.hpp"
+#include "gpurun/control/worker_session.hpp"
 #include "gpurun/runtime.hpp"
-#include "runtime/control_client.hpp"
 #include "runtime/runtime_env.hpp"
 
 namespace gpurun::rt {
@@ -29,8 +29,9 @@ struct RuntimeSeams {
   RuntimeOptions options;
   rt::RuntimeEnv env;
   /// Null: not elastic (a static world from env.rank/env.world, or a world of one).
-  /// Otherwise make_runtime() calls join() on it before returning.
-  std::unique_ptr<rt::ControlClient> control;
+  /// Otherwise the worker engine's session (real: over gpurun's store; tests: over
+  /// testing::InMemoryStore); make_runtime() opens it (a joiner reads its start record).
+  std::unique_ptr<control::WorkerSession> control;
   /// Empty: rt::make_communicator.
   rt::CommFactory make_comm;
   /// Step progress for the supervisor (GPURUN_PROGRESS_FILE); may be null.

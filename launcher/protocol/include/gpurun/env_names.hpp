@@ -1,7 +1,7 @@
 // Every GPURUN_* environment variable gpurun reads or sets, by name, in one place. The
 // supervisor sets the worker ones (launcher/supervisor/worker_env.cpp,
 // launcher/control/elastic_controller.cpp, launcher/app/main.cpp); the worker side reads
-// them (gpurun/control/worker_control.hpp, gpurun/control/progress.hpp, the worker runtime).
+// them (gpurun/control/worker_session.hpp, gpurun/control/progress.hpp, the worker runtime).
 // Meaning of each: docs/cli.md#worker-environment.
 #pragma once
 
@@ -17,6 +17,8 @@ inline constexpr const char* kGpuId = "GPURUN_GPU_ID";                ///< the s
 inline constexpr const char* kRunDir = "GPURUN_RUN_DIR";              ///< <run_dir> of the job
 inline constexpr const char* kSnapshotPath = "GPURUN_SNAPSHOT_PATH";  ///< pause snapshot file
 inline constexpr const char* kProgressFile = "GPURUN_PROGRESS_FILE";  ///< step-progress map
+/// libgpurun_worker.so of this gpurun: the worker engine's C interface (Python package)
+inline constexpr const char* kWorkerLibrary = "GPURUN_WORKER_LIBRARY";
 // --- set by gpurun --config (elastic mode) --------------------------------------------------
 inline constexpr const char* kElastic = "GPURUN_ELASTIC";  ///< "1": follow the control protocol
 inline constexpr const char* kJoinGeneration = "GPURUN_JOIN_GENERATION";  ///< first generation

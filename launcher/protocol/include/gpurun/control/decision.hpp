@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpurun/control/park_mode.hpp"
@@ -143,6 +145,15 @@ std::string ready(int gpu, int64_t warm);
 /// gpurun's answer to a warm joiner: the decision that created the generation it joins, or
 /// {"v":1,"kind":"exit",...} when it is not needed after all.
 std::string admit(int gpu, int64_t warm);
+/// The store prefix of generation g's communicator for `purpose` ("train": the generation's
+/// own; "handoff": the state source's group with the joiners): the executor's rendezvous keys
+/// (Gloo's, NCCL's unique id, torch.distributed's PrefixStore) live under it.
+std::string comm(int64_t generation, std::string_view purpose);
+/// Under a communicator's prefix: `rank` reached its set-up (WorkerSession::wait_arrivals).
+std::string arrived(std::string_view comm_prefix, int rank);
+/// A slot's own small data that outlives its process within one restart attempt (the Python
+/// package's per-slot RNG streams): WorkerSession::put_slot_data.
+std::string slot_data(int64_t restart, int gpu, std::string_view name);
 inline constexpr std::string_view kGeneration = "gpurun/generation";
 
 /// A parsed key under gpurun/gen/: which one and its numbers.
@@ -154,6 +165,9 @@ struct GenKey {
   int rank = -1;
 };
 GenKey parse_gen_key(std::string_view key);
+/// gpurun/slot/<gpu>/<what>/<n> (what: "parked", "wake", "ready", "admit") -> (gpu, n);
+/// nullopt for another key.
+std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what);
 }  // namespace keys
 
 /// "0,1,3" (environment form of an active set) and back. parse throws ProtocolError.

@@ -1,5 +1,5 @@
-// Worker-side state machine of the runtime: one enum, one transition table, one transition().
-#include "runtime/worker_state.hpp"
+// The worker-side state machine: one enum, one transition table, one transition().
+#include "gpurun/control/worker_state.hpp"
 
 #include <fmt/format.h>
 
@@ -41,15 +41,11 @@ bool worker_transition_allowed(WorkerState from, WorkerState to) {
   return false;
 }
 
-}  // namespace gpurun
-
-namespace gpurun::rt {
-
-WorkerState transition(WorkerState from, WorkerState to, std::string_view why) {
+WorkerState worker_transition(WorkerState from, WorkerState to, std::string_view why) {
   if (!worker_transition_allowed(from, to))
     throw InvariantError(fmt::format("illegal worker state transition {} -> {} ({})",
                                      to_string(from), to_string(to), why));
   return to;
 }
 
-}  // namespace gpurun::rt
+}  // namespace gpurun
