@@ -69,8 +69,8 @@ class CostTracker {
   EpochRecord end_epoch(int64_t epoch);
 
   /// Drops the open epoch without recording it (a whole-set restart: the new attempt trains
-  /// it again). Its time, energy and cost stay in summary() and in cost_total(): they were
-  /// spent.
+  /// it again; the workers' start-up, which is no epoch's). Its time, energy and cost stay in
+  /// summary() and in cost_total(): they were spent.
   void abandon_epoch();
 
   /// The predicted cost of the next epoch, J (see the class comment); 0 before the first

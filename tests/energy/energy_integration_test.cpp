@@ -348,6 +348,42 @@ TEST_CASE(
   CHECK_FALSE(h2.at("completed").as_bool());  // an early-stopped run never becomes the best
 }
 
+TEST_CASE(
+    "early stop: the workers' start-up is a window of its own, not epoch 0's, so a job "
+    "whose whole run stays below the threshold is not stopped at its first boundary") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300}));
+  // 2.8 s of start-up, then 6 epochs of 5 steps of 20 ms (the steps go to the progress file,
+  // as the runtime publishes them). Zeus' cost runs at 0.5·300 + 0.5·700 = 500 J/s.
+  std::ofstream(dir.path / "startup_ms") << 2800;
+  std::ofstream(dir.path / "steps") << 5;
+  std::ofstream(dir.path / "stop") << 5;
+  // The whole run (start-up ~3 s + 6 × 0.1 s) costs about 1800 J, below 2500 J; a prediction
+  // from an epoch 0 that held the start-up (2 × > 2.9 s × 500 J/s > 2900 J) passes it.
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("[energy]\ncost_threshold = 2500\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "100"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  REQUIRE_MESSAGE(num(sum.at("cost")) < 2500, run.diag());  // the premise: the run fits
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  CHECK(run.events("early_stop").empty());
+  // The start-up window ends at the first step; epoch 0 is an epoch like the others.
+  std::vector<json::object> startup;
+  for (const auto& w : run.events("energy"))
+    if (w.at("kind").as_string() == "startup") startup.push_back(w);
+  REQUIRE_MESSAGE(startup.size() == 1, run.diag());
+  CHECK(num(startup[0].at("seconds")) >= 2.8);
+  const auto epochs = run.events("energy_epoch");
+  REQUIRE(epochs.size() == 6);
+  CHECK(num(epochs[0].at("seconds")) < 0.5);
+  // The start-up counts in the cost so far (it was spent) and in the totals.
+  CHECK(num(epochs[0].at("cost_total")) ==
+        doctest::Approx(num(startup[0].at("cost")) + num(epochs[0].at("cost"))));
+  CHECK(num(sum.at("seconds")) >= 2.8 + num(epochs[0].at("seconds")));
+}
+
 #ifdef GPURUN_ENERGY_WORKER
 TEST_CASE(
     "early stop with the worker runtime: every worker leaves epochs() normally and runs "
