@@ -119,17 +119,28 @@ struct HistoryEntry {
   bool completed = false;  ///< false when stopped early or failed: not a candidate for best
 };
 
+/// The most of a history file best_cost() reads (16 MiB: ~100 000 runs of ~150 bytes).
+inline constexpr std::size_t kMaxHistoryBytes = std::size_t{16} << 20;
+
 /// The lowest cost over the completed entries of `job` in the JSON-lines file `history`
 /// (blank lines skipped); nullopt when the file does not exist or has none. Throws
-/// gpurun::Error "<file>:<line>: …" for a line that is not a history entry, or when the file
-/// cannot be read. Blocks on the file read.
+/// gpurun::Error "<file>:<line>: …" for a line that is not a history entry, when the file
+/// cannot be read, is not a regular file (a device, a FIFO: never read) or is larger than
+/// kMaxHistoryBytes (the message names the file, `[energy] history` and the limit). Blocks on
+/// the file read; holds at most kMaxHistoryBytes.
 std::optional<double> best_cost(const std::filesystem::path& history, const std::string& job);
 
 /// Appends `entry` to `history` as one JSON line
 /// ({"job", "cost", "energy_j", "seconds", "epochs", "completed"}) with a single write() on an
 /// O_APPEND descriptor (so concurrent runs do not interleave), creating the file (0644).
-/// Throws gpurun::Error naming the file and errno's text. Blocks on the write.
+/// Throws gpurun::Error naming the file and errno's text, or saying that it is not a regular
+/// file (nothing is written to a device or a FIFO). Blocks on the write.
 void append_history(const std::filesystem::path& history, const HistoryEntry& entry);
+
+namespace detail {
+/// "a directory", "a character device", "a FIFO", … for a stat st_mode, for messages.
+std::string file_type_name(unsigned mode);
+}  // namespace detail
 
 /// The early-stop threshold: `absolute_j` when given (origin empty); else factor × best with
 /// origin "<factor> × best <best> J from <history_name>" when both factor > 0 and best are

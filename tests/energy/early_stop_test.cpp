@@ -4,6 +4,7 @@
 
 #include "gpurun_process.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <fstream>
 #include <functional>
@@ -217,6 +218,46 @@ TEST_CASE("history: append, best over completed runs of one job, bad lines named
   CHECK(what_of([&] {
           append_history(dir.path / "no" / "such" / "dir.jsonl", {"x", 1, 1, 1, 1, true});
         }).find("cannot open the energy history") != std::string::npos);
+}
+
+TEST_CASE(
+    "history: a file over the size limit, a device or a FIFO is refused by name, key and "
+    "limit, without reading it") {
+  TempDir dir;
+  // Sparse: one byte over the limit costs no disk. (Read line by line it is one 16 MiB line.)
+  const fs::path big = dir.path / "big.jsonl";
+  {
+    std::ofstream(big).put('\n');
+    fs::resize_file(big, kMaxHistoryBytes + 1);
+  }
+  const std::string too_big = what_of([&] { best_cost(big, "vit"); });
+  REQUIRE_MESSAGE(
+      too_big.find("is 16777217 bytes, more than the limit of 16 MiB") != std::string::npos,
+      too_big);
+  CHECK(too_big.find(big.string() + " ([energy] history)") != std::string::npos);
+  // Exactly the limit is still read (here: blank lines only, so no best cost).
+  std::ofstream(big, std::ios::trunc) << std::string(kMaxHistoryBytes, '\n');
+  CHECK_FALSE(best_cost(big, "vit").has_value());
+
+  // /dev/zero never ends: read by line it took 16.8 GB of memory.
+  const std::string dev = what_of([&] { best_cost("/dev/zero", "vit"); });
+  CHECK_MESSAGE(dev.find("the energy history /dev/zero ([energy] history) is not a regular file "
+                         "but a character device") != std::string::npos,
+                dev);
+  const std::string dir_msg = what_of([&] { best_cost(dir.path, "vit"); });
+  CHECK(dir_msg.find("is not a regular file but a directory") != std::string::npos);
+
+  // A FIFO with no writer (or reader) would block the open: neither read nor written.
+  const fs::path fifo = dir.path / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(what_of([&] { best_cost(fifo, "vit"); }).find("is not a regular file but a FIFO") !=
+        std::string::npos);
+  CHECK(what_of([&] {
+          append_history(fifo, {"x", 1, 1, 1, 1, true});
+        }).find("cannot open the energy history") != std::string::npos);
+  CHECK(what_of([&] {
+          append_history("/dev/null", {"x", 1, 1, 1, 1, true});
+        }).find("is not a regular file but a character device") != std::string::npos);
 }
 
 TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {
