@@ -56,8 +56,6 @@ struct FakeGpus {
     extra.emplace("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_CUDA_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_FAKE_NVML_STATE", state);
-    // Power-limit locks beside the state: tests running at the same time share UUIDs.
-    extra.emplace("GPURUN_POWER_LOCK_DIR", fs::path(state).parent_path().string());
     return extra;
   }
   double limit(unsigned index) const { return fake::current_limit_w(state, index); }
@@ -542,14 +540,18 @@ TEST_CASE(
                gpus.env());
   wait_until("job a's limit", [&] { return gpus.limit(0) == 400; });
   std::ofstream(dir.path / "b" / "stop") << 3;
+  // Job b is configured differently (the lock directory of earlier versions, another TMPDIR):
+  // the lock is the GPU's, machine-wide, so it is refused all the same.
   ElasticRun b(GPURUN_BINARY, dir.path / "b", 1, std::string("[energy]\npower_limit_watts = 300\n"),
                {GPURUN_FAKE_WORKER, (dir.path / "b").string(), "200"}, {"--energy", "on"}, "cpu",
-               gpus.env());
+               gpus.env({{"GPURUN_POWER_LOCK_DIR", (dir.path / "b").string()},
+                         {"TMPDIR", (dir.path / "b").string()}}));
   REQUIRE(b.wait(60s));
   CHECK_MESSAGE(b.code() == 0, b.diag());
   const std::string berr = gpurun::testing::slurp(dir.path / "b" / "gpurun.stderr");
   CHECK(berr.find("is power-managed by another gpurun") != std::string::npos);
-  CHECK(gpus.limit(0) == 400);  // job a's limit stayed
+  CHECK(gpus.limit(0) == 400);             // job a's limit stayed
+  CHECK(b.events("power_limit").empty());  // b changed nothing, so it restored nothing
   // Kill job a's guard (a child of job a's gpurun, found by its command line).
   pid_t guard = -1;
   for (const auto& e : fs::directory_iterator("/proc")) {
