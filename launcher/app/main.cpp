@@ -236,9 +236,10 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   print_err(fmt::format(
       "energy: monitoring {} GPU{} every {} ms through {} (η = {}{})", gpus.size(),
       gpus.size() == 1 ? "" : "s", ec.period.count(), nvml->library(), mo.eta,
-      mo.threshold ? fmt::format(", early stop above {:.0f} J{}", mo.threshold->cost_j,
-                                 mo.threshold->origin.empty() ? "" : " = " + mo.threshold->origin)
-                   : ""));
+      mo.threshold
+          ? fmt::format(", early stop above {} J{}", en::format_joules(mo.threshold->cost_j, 0),
+                        mo.threshold->origin.empty() ? "" : " = " + mo.threshold->origin)
+          : ""));
   return std::make_unique<en::EnergyMonitor>(
       io, events, [](const std::string& line) { print_err("energy: " + line); }, std::move(nvml),
       std::move(gpus), std::move(mo), progress);

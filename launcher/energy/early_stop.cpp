@@ -60,6 +60,11 @@ std::string format_factor(double f) {
 
 }  // namespace
 
+std::string format_joules(double j, int decimals) {
+  if (std::isfinite(j) && std::abs(j) < 1e12) return fmt::format("{:.{}f}", j, decimals);
+  return fmt::format("{:.6g}", j);
+}
+
 std::string EpochRecord::to_json_fields(std::optional<double> threshold_j) const {
   std::string out = fmt::format("{{\"epoch\": {}", epoch);
   out += ", \"seconds\": " + json_number(seconds);
@@ -155,10 +160,11 @@ std::optional<std::string> CostTracker::stop_reason(const CostThreshold& thresho
   const double total = cost_total_ + predicted;
   if (!(total > threshold.cost_j)) return std::nullopt;
   return fmt::format(
-      "the predicted total cost after epoch {} ({:.1f} J) would pass the threshold ({:.1f} J{}): "
-      "{:.1f} J so far + {:.1f} J predicted for the next epoch",
-      epochs_.back().epoch + 1, total, threshold.cost_j,
-      threshold.origin.empty() ? std::string() : " = " + threshold.origin, cost_total_, predicted);
+      "the predicted total cost after epoch {} ({} J) would pass the threshold ({} J{}): "
+      "{} J so far + {} J predicted for the next epoch",
+      epochs_.back().epoch + 2, format_joules(total), format_joules(threshold.cost_j),
+      threshold.origin.empty() ? std::string() : " = " + threshold.origin,
+      format_joules(cost_total_), format_joules(predicted));
 }
 
 std::optional<double> best_cost(const std::filesystem::path& history, const std::string& job) {
@@ -276,8 +282,9 @@ std::optional<CostThreshold> threshold_from(std::optional<double> absolute_j, do
                                             const std::string& history_name) {
   if (absolute_j) return CostThreshold{*absolute_j, {}};
   if (best && std::isfinite(factor) && factor > 0) {
-    return CostThreshold{factor * *best, fmt::format("{} × best {:.1f} J from {}",
-                                                     format_factor(factor), *best, history_name)};
+    return CostThreshold{factor * *best,
+                         fmt::format("{} × best {} J from {}", format_factor(factor),
+                                     format_joules(*best), history_name)};
   }
   return std::nullopt;
 }

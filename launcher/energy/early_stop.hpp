@@ -84,8 +84,8 @@ class CostTracker {
 
   /// Zeus' early stop: a sentence when cost_total() + predicted_next_cost() > threshold
   /// (strictly), e.g. "the predicted total cost after epoch 4 (1234.5 J) would pass the
-  /// threshold (1000.0 J = 2.0 × best 500.0 J from history.jsonl)"; nullopt otherwise and
-  /// always before the first finished epoch.
+  /// threshold (1000.0 J = 2.0 × best 500.0 J from history.jsonl)" (joules as
+  /// format_joules()); nullopt otherwise and always before the first finished epoch.
   std::optional<std::string> stop_reason(const CostThreshold& threshold) const;
   std::optional<std::string> stop_reason(double threshold_j) const {
     return stop_reason(CostThreshold{threshold_j, {}});
@@ -136,6 +136,10 @@ std::optional<double> best_cost(const std::filesystem::path& history, const std:
 /// Throws gpurun::Error naming the file and errno's text, or saying that it is not a regular
 /// file (nothing is written to a device or a FIFO). Blocks on the write.
 void append_history(const std::filesystem::path& history, const HistoryEntry& entry);
+
+/// Joules for messages: fixed with `decimals` decimals below 1e12 J ("1234.5"), else six
+/// significant digits ("1e+308"), so a huge threshold is not printed as 309 digits.
+std::string format_joules(double j, int decimals = 1);
 
 namespace detail {
 /// "a directory", "a character device", "a FIFO", … for a stat st_mode, for messages.

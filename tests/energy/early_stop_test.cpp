@@ -143,15 +143,16 @@ TEST_CASE(
   CHECK_FALSE(t.stop_reason(15000.5).has_value());
   const auto r = t.stop_reason(14999.5);
   REQUIRE(r.has_value());
+  // Epochs counted from 1 as on the console: after epochs 1 and 2 (from 0) comes the 4th.
   CHECK(*r ==
-        "the predicted total cost after epoch 3 (15000.0 J) would pass the threshold (14999.5 J): "
+        "the predicted total cost after epoch 4 (15000.0 J) would pass the threshold (14999.5 J): "
         "10000.0 J so far + 5000.0 J predicted for the next epoch");
   // With β from the history: 2.0 × best 7000.0 J = 14000 J < 15000 J.
   const auto th = threshold_from(std::nullopt, 2.0, 7000.0, "history.jsonl");
   REQUIRE(th.has_value());
   const auto r2 = t.stop_reason(*th);
   REQUIRE(r2.has_value());
-  CHECK(r2->find("after epoch 3 (15000.0 J) would pass the threshold (14000.0 J = 2.0 × best "
+  CHECK(r2->find("after epoch 4 (15000.0 J) would pass the threshold (14000.0 J = 2.0 × best "
                  "7000.0 J from history.jsonl)") != std::string::npos);
 }
 
@@ -258,6 +259,17 @@ TEST_CASE(
   CHECK(what_of([&] {
           append_history("/dev/null", {"x", 1, 1, 1, 1, true});
         }).find("is not a regular file but a character device") != std::string::npos);
+}
+
+TEST_CASE(
+    "format_joules: fixed below 1e12 J, six significant digits above (1e308: not 309 digits)") {
+  CHECK(format_joules(1234.56) == "1234.6");
+  CHECK(format_joules(1234.56, 0) == "1235");
+  CHECK(format_joules(1e308, 0) == "1e+308");
+  CHECK(format_joules(1e308) == "1e+308");
+  CHECK(format_joules(123456789012345.0) == "1.23457e+14");
+  // The threshold's origin uses it (as do the stop sentence and the monitor's start line).
+  CHECK(threshold_from(std::nullopt, 2.0, 1e300)->origin == "2.0 × best 1e+300 J from history");
 }
 
 TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {
