@@ -198,11 +198,17 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   mo.job = !ec.job.empty() ? ec.job : fmt::format("{}", fmt::join(opt.command, " "));
   mo.history = beside_config(opt.config, ec.history);
   std::optional<double> best;
-  if (!mo.history.empty() && !ec.cost_threshold_j) {
+  if (!mo.history.empty()) {
+    // Read even with an absolute threshold: an unusable history (not JSON lines, a device,
+    // too large) is said at the start, and then neither read nor appended to.
     try {
-      best = en::best_cost(mo.history, mo.job);
+      const std::optional<double> b = en::best_cost(mo.history, mo.job);
+      if (!ec.cost_threshold_j) best = b;
     } catch (const gpurun::Error& e) {
-      print_err(fmt::format("energy: warning: history not used for the threshold: {}", e.what()));
+      print_err(fmt::format(
+          "energy: warning: the history is ignored for this run (not read, not appended to): {}",
+          e.what()));
+      mo.history.clear();
     }
   }
   mo.threshold = en::threshold_from(ec.cost_threshold_j, ec.cost_threshold_factor, best,
@@ -230,9 +236,10 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   print_err(fmt::format(
       "energy: monitoring {} GPU{} every {} ms through {} (η = {}{})", gpus.size(),
       gpus.size() == 1 ? "" : "s", ec.period.count(), nvml->library(), mo.eta,
-      mo.threshold ? fmt::format(", early stop above {:.0f} J{}", mo.threshold->cost_j,
-                                 mo.threshold->origin.empty() ? "" : " = " + mo.threshold->origin)
-                   : ""));
+      mo.threshold
+          ? fmt::format(", early stop above {} J{}", en::format_joules(mo.threshold->cost_j, 0),
+                        mo.threshold->origin.empty() ? "" : " = " + mo.threshold->origin)
+          : ""));
   return std::make_unique<en::EnergyMonitor>(
       io, events, [](const std::string& line) { print_err("energy: " + line); }, std::move(nvml),
       std::move(gpus), std::move(mo), progress);

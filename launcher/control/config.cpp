@@ -489,7 +489,7 @@ class Validator {
             error(value.source(), "energy.eta_knob",
                   fmt::format("{} is outside [0, 1]", float_text(*v)), "a number from 0 to 1");
           else
-            e.eta = *v;
+            e.eta = *v == 0 ? 0.0 : *v;  // -0.0 is 0 (printed "η = 0", not "η = -0")
         }
       } else if (k == "cost_threshold") {
         if (auto v = number(value, "energy.cost_threshold", "a positive number of joules")) {

@@ -367,8 +367,8 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         set_state(s, SlotState::kFailed, how);
         absorbed = !can_restart;
         if (absorbed)
-          goes_on = fmt::format("gpu {} (rank {} of generation {}, pid {}) {}", gpu, s.rank,
-                                generation_, pid, how);
+          goes_on = fmt::format("gpu {} (rank {} of generation {}, pid {}) ended with {}", gpu,
+                                s.rank, generation_, pid, how);
       }
       break;
     case SlotState::kRejoining:
@@ -376,8 +376,8 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       if (clean) begin_finish(s, how);
       absorbed = clean ? false : !can_restart;
       if (!clean && absorbed)
-        goes_on =
-            fmt::format("gpu {} (joining generation {}, pid {}) {}", gpu, generation_, pid, how);
+        goes_on = fmt::format("gpu {} (joining generation {}, pid {}) ended with {}", gpu,
+                              generation_, pid, how);
       break;
     case SlotState::kOffloading:
       if (clean) {
@@ -394,26 +394,27 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
           std::all_of(slots_.begin(), slots_.end(),
                       [](const auto& kv) { return kv.second.state == SlotState::kFailed; })) {
         lose_state(fmt::format(
-            "warming gpu {} (pid {}) {} before it joined, and every slot has failed: no slot "
+            "warming gpu {} (pid {}) ended with {} before it joined, and every slot has failed: no "
+            "slot "
             "is left to resume the paused job on (a failed slot is not started again in this "
             "attempt)",
             gpu, pid, how));
         break;
       }
-      say(
-          fmt::format("warming gpu {} (pid {}) {} before it joined: dropped, the job goes on "
-                      "without it (it stays out of this attempt)",
-                      gpu, pid, how));
+      say(fmt::format(
+          "warming gpu {} (pid {}) ended with {} before it joined: dropped, the job goes on "
+          "without it (it stays out of this attempt)",
+          gpu, pid, how));
       break;
     case SlotState::kParked:
       if (s.cancelled) {
         s.cancelled = false;  // a warm joiner ended because it was no longer wanted
       } else if (!clean) {
         set_state(s, SlotState::kFailed, "died while parked: " + how);
-        say(
-            fmt::format("parked gpu {} (pid {}) {}: it stays out of this attempt (a config that "
-                        "names it again does not bring it back)",
-                        gpu, pid, how));
+        say(fmt::format(
+            "parked gpu {} (pid {}) ended with {}: it stays out of this attempt (a config that "
+            "names it again does not bring it back)",
+            gpu, pid, how));
       }
       break;
     case SlotState::kExited:
@@ -476,17 +477,17 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
     Effect e;
     e.kind = Effect::Kind::kWriteKey;
     e.key = keys::abort(generation_);
-    e.value = fmt::format("{} {}", who, how);
+    e.value = fmt::format("{} ended with {}", who, how);
     effects_.push_back(std::move(e));
     Effect ev;
     ev.kind = Effect::Kind::kEvent;
     ev.key = "generation_abandoned";
     ev.fields.add("generation", generation_).add("gpu", s.gpu).add("pid", pid).add("how", how);
     effects_.push_back(std::move(ev));
-    say(
-        fmt::format("{} {} before generation {} was set up: the others stop waiting for it "
-                    "and report again",
-                    who, how, generation_));
+    say(fmt::format(
+        "{} ended with {} before generation {} was set up: the others stop waiting for it "
+        "and report again",
+        who, how, generation_));
   }
   // Who still holds the training state: every ACTIVE member (continuing ranks, and joiners
   // that completed the handoff), and a leaving state source until it is gone.
@@ -494,7 +495,7 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
   if (snapshot_current()) return;  // the joiners load the pause snapshot again
   if (!state_exists_) return;
   lose_state(
-      fmt::format("{} {}: it was the last process holding the training state (no pause "
+      fmt::format("{} ended with {}: it was the last process holding the training state (no pause "
                   "snapshot of this position exists)",
                   who, how));
 }
@@ -615,7 +616,7 @@ void Scheduler::try_decide() {
     finished_ = true;
     stop_reason_ = std::exchange(stop_pending_, std::string());
     const Report& r = reports_.begin()->second;
-    say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", r.epoch, r.step,
+    say(fmt::format("stopping the job at the boundary {}: {}", boundary_text(r.epoch, r.step),
                     stop_reason_));
     wake_all_parked_to_exit("the job was stopped");
     publish_exit();
@@ -633,7 +634,7 @@ void Scheduler::try_decide() {
     if (std::optional<std::string> why = on_boundary(b)) {
       finished_ = true;
       stop_reason_ = *why;
-      say(fmt::format("stopping the job at this boundary (epoch {}, step {}): {}", b.epoch, b.step,
+      say(fmt::format("stopping the job at the boundary {}: {}", boundary_text(b.epoch, b.step),
                       *why));
       wake_all_parked_to_exit("the job was stopped");
       publish_exit();
@@ -739,10 +740,8 @@ void Scheduler::decide() {
       d.state_source = StateSource::peer(slot(src).rank, src);
       publish(d, d.to_json(), key);
       if (pause_refused_.empty())
-        say(
-            fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, epoch "
-                        "{}, step {})",
-                        src, generation_, d.epoch, d.step));
+        say(fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, {})", src,
+                        generation_, boundary_text(d.epoch, d.step)));
       ++round_;
       snapshot_round_ = true;
       collect_keys();

@@ -19,6 +19,7 @@
 #include <boost/json.hpp>
 
 #include "control/resize_timeline.hpp"
+#include "gpurun/control/decision.hpp"
 #include "supervisor/event_log.hpp"
 
 namespace gpurun::control {
@@ -498,8 +499,10 @@ int status_command(const std::vector<std::string>& args) {
       const auto& so = sv.as_object();
       std::string boundary = "-";
       if (const json::value* b = so.if_contains("last_boundary"); b && b->is_object())
-        boundary = fmt::format("epoch {} step {}", field_text(b->as_object(), "epoch"),
-                               field_text(b->as_object(), "step"));
+        if (const auto* e = b->as_object().if_contains("epoch"),
+            *st = b->as_object().if_contains("step");
+            e && st && e->is_int64() && st->is_int64())
+          boundary = boundary_text(e->as_int64(), st->as_int64());
       std::string pid = field_text(so, "pid");
       if (pid == "-1") pid = "-";
       out +=

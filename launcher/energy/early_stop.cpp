@@ -1,11 +1,12 @@
 #include "energy/early_stop.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
@@ -17,6 +18,31 @@ namespace gpurun::energy {
 namespace {
 
 using detail::json_number;
+
+}  // namespace
+
+namespace detail {
+
+std::string file_type_name(unsigned mode) {
+  switch (mode & S_IFMT) {
+    case S_IFDIR:
+      return "a directory";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace detail
+
+namespace {
 
 std::string slot_map_json(const std::map<int, double>& m) {
   std::string out = "{";
@@ -33,6 +59,11 @@ std::string format_factor(double f) {
 }
 
 }  // namespace
+
+std::string format_joules(double j, int decimals) {
+  if (std::isfinite(j) && std::abs(j) < 1e12) return fmt::format("{:.{}f}", j, decimals);
+  return fmt::format("{:.6g}", j);
+}
 
 std::string EpochRecord::to_json_fields(std::optional<double> threshold_j) const {
   std::string out = fmt::format("{{\"epoch\": {}", epoch);
@@ -129,20 +160,60 @@ std::optional<std::string> CostTracker::stop_reason(const CostThreshold& thresho
   const double total = cost_total_ + predicted;
   if (!(total > threshold.cost_j)) return std::nullopt;
   return fmt::format(
-      "the predicted total cost after epoch {} ({:.1f} J) would pass the threshold ({:.1f} J{}): "
-      "{:.1f} J so far + {:.1f} J predicted for the next epoch",
-      epochs_.back().epoch + 1, total, threshold.cost_j,
-      threshold.origin.empty() ? std::string() : " = " + threshold.origin, cost_total_, predicted);
+      "the predicted total cost after epoch {} ({} J) would pass the threshold ({} J{}): "
+      "{} J so far + {} J predicted for the next epoch",
+      epochs_.back().epoch + 2, format_joules(total), format_joules(threshold.cost_j),
+      threshold.origin.empty() ? std::string() : " = " + threshold.origin,
+      format_joules(cost_total_), format_joules(predicted));
 }
 
 std::optional<double> best_cost(const std::filesystem::path& history, const std::string& job) {
-  std::ifstream in(history);
-  if (!in) {
-    std::error_code ec;
-    if (!std::filesystem::exists(history, ec) && !ec) return std::nullopt;
+  // O_NONBLOCK: a FIFO named as the history must not hang the job's start.
+  const int fd = ::open(history.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
     throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
-                            ec ? ec.message() : std::string(std::strerror(errno))));
+                            std::strerror(errno)));
   }
+  std::string text;
+  {
+    struct stat st {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    const int stat_errno = errno;
+    if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size > static_cast<off_t>(kMaxHistoryBytes)) {
+      ::close(fd);
+      if (!stat_ok)
+        throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
+                                std::strerror(stat_errno)));
+      if (!S_ISREG(st.st_mode))
+        throw Error(fmt::format(
+            "the energy history {} ([energy] history) is not a regular file but {}; name a "
+            "JSON-lines file (at most {} MiB)",
+            history.string(), detail::file_type_name(st.st_mode), kMaxHistoryBytes >> 20));
+      throw Error(fmt::format(
+          "the energy history {} ([energy] history) is {} bytes, more than the limit of {} MiB "
+          "({} bytes); start a new file or trim the old runs",
+          history.string(), st.st_size, kMaxHistoryBytes >> 20, kMaxHistoryBytes));
+    }
+    // At most the limit, whatever the file grows to while it is read.
+    text.resize(kMaxHistoryBytes);
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int read_errno = errno;
+        ::close(fd);
+        throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
+                                std::strerror(read_errno)));
+      }
+      if (n == 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    text.resize(got);
+  }
+  std::istringstream in(text);
   std::optional<double> best;
   std::string line;
   for (int lineno = 1; std::getline(in, line); ++lineno) {
@@ -166,7 +237,6 @@ std::optional<double> best_cost(const std::filesystem::path& history, const std:
     const double cost = c->to_number<double>();
     if (!best || cost < *best) best = cost;
   }
-  if (in.bad()) throw Error(fmt::format("cannot read the energy history {}", history.string()));
   return best;
 }
 
@@ -176,10 +246,20 @@ void append_history(const std::filesystem::path& history, const HistoryEntry& e)
   line += ", \"energy_j\": " + json_number(e.energy_j);
   line += ", \"seconds\": " + json_number(e.seconds);
   line += fmt::format(", \"epochs\": {}, \"completed\": {}}}\n", e.epochs, e.completed);
-  const int fd = ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO without a reader must not hang gpurun's exit.
+  const int fd =
+      ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) {
     throw Error(fmt::format("cannot open the energy history {} for appending: {}", history.string(),
                             std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format(
+        "the energy history {} ([energy] history) is not a regular file but {}: this run is not "
+        "appended to it",
+        history.string(), detail::file_type_name(st.st_mode)));
   }
   ssize_t n;
   do {
@@ -202,8 +282,9 @@ std::optional<CostThreshold> threshold_from(std::optional<double> absolute_j, do
                                             const std::string& history_name) {
   if (absolute_j) return CostThreshold{*absolute_j, {}};
   if (best && std::isfinite(factor) && factor > 0) {
-    return CostThreshold{factor * *best, fmt::format("{} × best {:.1f} J from {}",
-                                                     format_factor(factor), *best, history_name)};
+    return CostThreshold{factor * *best,
+                         fmt::format("{} × best {} J from {}", format_factor(factor),
+                                     format_joules(*best), history_name)};
   }
   return std::nullopt;
 }

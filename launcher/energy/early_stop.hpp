@@ -69,8 +69,8 @@ class CostTracker {
   EpochRecord end_epoch(int64_t epoch);
 
   /// Drops the open epoch without recording it (a whole-set restart: the new attempt trains
-  /// it again). Its time, energy and cost stay in summary() and in cost_total(): they were
-  /// spent.
+  /// it again; the workers' start-up, which is no epoch's). Its time, energy and cost stay in
+  /// summary() and in cost_total(): they were spent.
   void abandon_epoch();
 
   /// The predicted cost of the next epoch, J (see the class comment); 0 before the first
@@ -84,8 +84,8 @@ class CostTracker {
 
   /// Zeus' early stop: a sentence when cost_total() + predicted_next_cost() > threshold
   /// (strictly), e.g. "the predicted total cost after epoch 4 (1234.5 J) would pass the
-  /// threshold (1000.0 J = 2.0 × best 500.0 J from history.jsonl)"; nullopt otherwise and
-  /// always before the first finished epoch.
+  /// threshold (1000.0 J = 2.0 × best 500.0 J from history.jsonl)" (joules as
+  /// format_joules()); nullopt otherwise and always before the first finished epoch.
   std::optional<std::string> stop_reason(const CostThreshold& threshold) const;
   std::optional<std::string> stop_reason(double threshold_j) const {
     return stop_reason(CostThreshold{threshold_j, {}});
@@ -119,17 +119,32 @@ struct HistoryEntry {
   bool completed = false;  ///< false when stopped early or failed: not a candidate for best
 };
 
+/// The most of a history file best_cost() reads (16 MiB: ~100 000 runs of ~150 bytes).
+inline constexpr std::size_t kMaxHistoryBytes = std::size_t{16} << 20;
+
 /// The lowest cost over the completed entries of `job` in the JSON-lines file `history`
 /// (blank lines skipped); nullopt when the file does not exist or has none. Throws
-/// gpurun::Error "<file>:<line>: …" for a line that is not a history entry, or when the file
-/// cannot be read. Blocks on the file read.
+/// gpurun::Error "<file>:<line>: …" for a line that is not a history entry, when the file
+/// cannot be read, is not a regular file (a device, a FIFO: never read) or is larger than
+/// kMaxHistoryBytes (the message names the file, `[energy] history` and the limit). Blocks on
+/// the file read; holds at most kMaxHistoryBytes.
 std::optional<double> best_cost(const std::filesystem::path& history, const std::string& job);
 
 /// Appends `entry` to `history` as one JSON line
 /// ({"job", "cost", "energy_j", "seconds", "epochs", "completed"}) with a single write() on an
 /// O_APPEND descriptor (so concurrent runs do not interleave), creating the file (0644).
-/// Throws gpurun::Error naming the file and errno's text. Blocks on the write.
+/// Throws gpurun::Error naming the file and errno's text, or saying that it is not a regular
+/// file (nothing is written to a device or a FIFO). Blocks on the write.
 void append_history(const std::filesystem::path& history, const HistoryEntry& entry);
+
+/// Joules for messages: fixed with `decimals` decimals below 1e12 J ("1234.5"), else six
+/// significant digits ("1e+308"), so a huge threshold is not printed as 309 digits.
+std::string format_joules(double j, int decimals = 1);
+
+namespace detail {
+/// "a directory", "a character device", "a FIFO", … for a stat st_mode, for messages.
+std::string file_type_name(unsigned mode);
+}  // namespace detail
 
 /// The early-stop threshold: `absolute_j` when given (origin empty); else factor × best with
 /// origin "<factor> × best <best> J from <history_name>" when both factor > 0 and best are

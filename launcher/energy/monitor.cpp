@@ -59,6 +59,7 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
                                           detail::json_number(opt_.period.count() / 1000.0),
                                           detail::json_string(nvml_->library())));
   window_t0_ = opt_.start_s > 0 ? std::min(opt_.start_s, now_s()) : now_s();
+  attempt_start_s_ = window_t0_;
 
   // Power limits: fixed, from the cache, or profiled. Each needs the guard first.
   if (opt_.fixed_limit_w) {
@@ -194,7 +195,43 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
     }
   }
   samples_ += taken.size();
+  if (progress_) {
+    bool known = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      known = first_step_s_.has_value();
+    }
+    if (!known && first_step_s()) {
+      boost::asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) end_startup();
+      });
+    }
+  }
   if (drive_profiler_too) drive_profiler(t);
+}
+
+std::optional<double> EnergyMonitor::first_step_s() {
+  std::vector<int> active;
+  double since = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_step_s_ || !progress_) return first_step_s_;
+    active = active_for_thread_;
+    since = attempt_start_s_;
+  }
+  // Each slot's line holds its latest step: the earliest of them, seen soon after training
+  // began, is the first rank's first step to within a sampling period.
+  std::optional<double> first;
+  for (int slot : active) {
+    const control::Progress p = progress_->read(slot);
+    const double t = static_cast<double>(p.time_ns) * 1e-9;
+    if (p.steps == 0 || p.time_ns == 0 || t < since) continue;  // none yet, or an old attempt's
+    if (!first || t < *first) first = t;
+  }
+  if (!first) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!first_step_s_) first_step_s_ = first;
+  return first_step_s_;
 }
 
 void EnergyMonitor::report_read_failure(const MonitoredGpu& g, const std::string& what,
@@ -457,12 +494,35 @@ void EnergyMonitor::restart(int attempt) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_energy_j_.clear();
+    attempt_start_s_ = t;  // the new attempt starts its workers again: a start-up of its own
+    first_step_s_.reset();
   }
+  in_startup_ = true;
   attempt_ = attempt;
+}
+
+void EnergyMonitor::end_startup() {
+  if (!in_startup_) return;
+  const std::optional<double> first = first_step_s();
+  if (!first) return;
+  in_startup_ = false;
+  // Process start, CUDA, the model and the data up to the first step: spent (it counts in
+  // the totals and the cost so far), but no epoch's, so the prediction never carries it.
+  const double t = std::min(*first, now_s());
+  if (t > window_t0_) close_window(t, "startup", generation_, -1, -1);
+  tracker_.abandon_epoch();
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_energy_j_.clear();
 }
 
 WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, int64_t generation,
                                          int64_t epoch, int64_t step) {
+  if (in_startup_ && kind != "startup" && kind != "restart") {
+    end_startup();  // the sampling thread may not have seen the first step yet
+    // A boundary with no step published (workers without step progress): epoch 0 keeps
+    // its start-up, and no later step may take an epoch's windows for one.
+    if (kind == "epoch" || kind == "steps") in_startup_ = false;
+  }
   const double t1 = std::max(t_s, window_t0_);
   if (generation < 0) generation = generation_;  // not known to the caller: the last one
   WindowRecord rec;

@@ -85,7 +85,9 @@ class EnergyMonitor {
   void restart(int attempt);
   /// Closes the open window at Unix time `t_s` as `kind` ("epoch" | "steps" | "time" |
   /// "exit") ending at boundary (generation, epoch, step), emits its `energy` event, adds it to
-  /// the current epoch and opens the next window at t_s with the same active set.
+  /// the current epoch and opens the next window at t_s with the same active set. While the
+  /// attempt is still in its start-up and a step was published, the start-up is first ended
+  /// as a window of kind "startup" at that step (in the totals, in no epoch).
   WindowRecord close_window(double t_s, const std::string& kind, int64_t generation, int64_t epoch,
                             int64_t step);
   /// Ends epoch `epoch` (after close_window of its last window): `energy_epoch` event, and —
@@ -128,6 +130,12 @@ class EnergyMonitor {
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
   std::optional<unsigned> limit_in_force() const;
+  /// When the first rank of this attempt ended its first optimizer step (the progress file),
+  /// Unix s; nullopt before that or without progress. Any thread.
+  std::optional<double> first_step_s();
+  /// The workers started training: the open window (and whatever the open epoch holds) is
+  /// the start-up, ended as kind "startup" at the first step. Io thread; once per attempt.
+  void end_startup();
 
   boost::asio::io_context& io_;
   supervisor::EventLog& events_;
@@ -151,6 +159,7 @@ class EnergyMonitor {
   double window_t0_ = 0;
   std::vector<int> window_active_;
   bool have_active_ = false;  // set_active() was called (the first set opens the job's window)
+  bool in_startup_ = true;    // no step trained yet in this attempt (docs/energy.md#windows)
   int64_t attempt_ = 0;
   bool saw_boundary_ = false;  // a boundary closed a window (early stop was possible)
   int64_t generation_ = 0;
@@ -170,6 +179,10 @@ class EnergyMonitor {
     double integrated_j = 0, last_power_w = 0, last_t = 0;
   };
   std::map<int, Reading> readings_;
+  // When this attempt began (Unix s): progress older than it is a previous attempt's. And
+  // the first step seen in it, once seen. Both under mu_.
+  double attempt_start_s_ = 0;
+  std::optional<double> first_step_s_;
   std::atomic<uint64_t> samples_{0};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -4,14 +4,16 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,8 +24,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-
-#include "gpurun/env_names.hpp"
 
 extern char** environ;
 
@@ -219,10 +219,48 @@ bool PowerGuard::alive() const {
 
 namespace {
 
-/// Where the per-GPU power-limit locks live: $GPURUN_POWER_LOCK_DIR, else /run/lock, else /tmp.
-std::string lock_dir() {
-  if (const char* d = std::getenv(gpurun::env::kPowerLockDir); d && *d) return d;
-  return ::access("/run/lock", W_OK) == 0 ? "/run/lock" : "/tmp";
+/// The machine-wide lock on one GPU's power limit: an abstract Unix socket named after the
+/// GPU's UUID (`@gpurun-power/<uuid>`), bound and listening while held. Keyed by nothing but
+/// the UUID — no directory, no environment variable, no file permissions — so every gpurun
+/// on the machine (root or not, any configuration) contends for the same one; the kernel
+/// frees it when its holder exits, kill -9 included. Returns the bound socket, or -1 with
+/// `why` set: the holder's pid (SO_PEERCRED of a connection to it) when another guard holds it.
+int lock_gpu(const std::string& uuid, std::string& why) {
+  const std::string name = "gpurun-power/" + uuid;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof addr.sun_path) {
+    why = fmt::format("the GPU UUID '{}' is too long for its power-limit lock", uuid);
+    return -1;
+  }
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = fmt::format("cannot create the power-limit lock @{}: {}", name, errno_text(errno));
+    return -1;
+  }
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0 && ::listen(fd, 16) == 0)
+    return fd;
+  const int bind_errno = errno;
+  ::close(fd);
+  if (bind_errno != EADDRINUSE) {
+    why = fmt::format("cannot take the power-limit lock @{}: {}", name, errno_text(bind_errno));
+    return -1;
+  }
+  std::string holder = "unknown";
+  const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe >= 0) {
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    if (::connect(probe, reinterpret_cast<const sockaddr*>(&addr), len) == 0 &&
+        ::getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 && cred.pid > 0)
+      holder = std::to_string(cred.pid);
+    ::close(probe);
+  }
+  why = fmt::format("{} is power-managed by another gpurun (its guard, pid {}, holds @{})", uuid,
+                    holder, name);
+  return -1;
 }
 
 }  // namespace
@@ -271,7 +309,7 @@ int power_guard_main() {
   // one guard (one gpurun) at a time may change a GPU's limit, until it has restored it —
   // a second job would otherwise take the first one's limit for the original.
   std::vector<std::pair<std::string, unsigned>> originals;
-  std::map<std::string, int> locks;  // uuid -> fd holding flock(LOCK_EX)
+  std::map<std::string, int> locks;  // uuid -> its lock_gpu() socket
   auto reply = [](const std::string& text) {
     const std::string line = text + "\n";
     (void)!::write(kAckFd, line.data(), line.size());  // gpurun gone: EPIPE, ignored
@@ -287,22 +325,9 @@ int power_guard_main() {
       bool known = false;
       for (const auto& o : originals) known = known || o.first == uuid;
       if (!known) {
-        const std::string path = lock_dir() + "/gpurun-power-" + uuid + ".lock";
-        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0)
-          return reply(fmt::format("error cannot open the power-limit lock {}: {}", path,
-                                   std::strerror(errno)));
-        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-          char holder[32] = {};
-          (void)!::pread(fd, holder, sizeof holder - 1, 0);
-          ::close(fd);
-          return reply(fmt::format(
-              "error {} is power-managed by another gpurun (its guard, pid {}, holds {})", uuid,
-              std::string(holder).substr(0, std::string(holder).find('\n')), path));
-        }
-        const std::string me = std::to_string(::getpid()) + "\n";
-        (void)!::ftruncate(fd, 0);
-        (void)!::pwrite(fd, me.data(), me.size(), 0);
+        std::string why;
+        const int fd = lock_gpu(uuid, why);
+        if (fd < 0) return reply("error " + why);
         locks[uuid] = fd;
         originals.emplace_back(uuid, static_cast<unsigned>(mw));
       }

@@ -224,6 +224,12 @@ Report Report::from_json(std::string_view text) {
   return r;
 }
 
+std::string boundary_text(int64_t epoch, int64_t step) {
+  if (epoch < 0) return "before the first epoch";
+  if (step <= 0) return fmt::format("after epoch {}", epoch + 1);
+  return fmt::format("in epoch {} after step {}", epoch + 1, step);
+}
+
 namespace keys {
 std::string start(int64_t g) {
   return fmt::format("gpurun/gen/{}/start", g);

@@ -220,6 +220,13 @@ std::optional<double> optional_number(const json::object& o, std::string_view ke
   return number(*v, key, at);
 }
 
+/// A length of time (s): a number of 0 or more (a negative one would draw a bar backwards).
+double duration_s(const json::object& o, std::string_view key, const Where& at) {
+  const double d = number(o, key, at);
+  if (!(d >= 0)) throw Error(at(fmt::format("field `{}` must be 0 s or more, got {}", key, d)));
+  return d;
+}
+
 long integer(const json::object& o, std::string_view key, const Where& at) {
   const double d = number(o, key, at);
   if (d != static_cast<double>(static_cast<long>(d)))
@@ -246,7 +253,7 @@ void add_energy_epoch(Run& run, const json::object& o, const Where& at) {
   Row r;
   r.epoch = integer(o, "epoch", at);
   if (auto a = optional_number(o, "attempt", at)) r.attempt = static_cast<long>(*a);
-  r.seconds = number(o, "seconds", at);
+  r.seconds = duration_s(o, "seconds", at);
   r.energy_j = number(o, "energy_j", at);
   r.active = number(o, "active_gpus", at);
   r.cost = number(o, "cost", at);
@@ -264,7 +271,7 @@ void add_energy_epoch(Run& run, const json::object& o, const Where& at) {
 
 void add_energy_window(Run& run, const json::object& o, const Where& at) {
   Row r;
-  r.seconds = number(o, "seconds", at);
+  r.seconds = duration_s(o, "seconds", at);
   r.energy_j = number(o, "energy_j", at);
   r.cost = number(o, "cost", at);
   r.avg_power_w = r.seconds > 0 ? r.energy_j / r.seconds : 0;

@@ -54,6 +54,7 @@ Server::Server(asio::io_context& io, ServerOptions options) {
 
 Server::~Server() {
   close();
+  state_->log_closes_left_out();
   state_->log_open = false;
   if (reactors_) {
     reactors_->stop();

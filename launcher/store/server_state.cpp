@@ -1,5 +1,7 @@
 #include "store/server_state.hpp"
 
+#include <fmt/format.h>
+
 #include <future>
 #include <utility>
 
@@ -35,6 +37,28 @@ void ServerState::log(std::string line) {
 
 void ServerState::log_now(const std::string& line) const {
   if (options.log) options.log(line);
+}
+
+void ServerState::log_close(std::string line) {
+  const std::size_t n = closes_logged_.fetch_add(1) + 1;
+  if (n <= kMaxLoggedCloses) {
+    log(std::move(line));
+  } else if (n == kMaxLoggedCloses + 1) {
+    log(
+        fmt::format("store: {} connections closed with an error: only the first {} are logged (the "
+                    "total follows when the store closes)",
+                    n, kMaxLoggedCloses));
+  }
+}
+
+void ServerState::log_closes_left_out() {
+  const std::size_t n = closes_logged_.load();
+  if (n > kMaxLoggedCloses) {
+    log_now(
+        fmt::format("store: and {} more connections closed with an error (only the first "
+                    "{} are logged)",
+                    n - kMaxLoggedCloses, kMaxLoggedCloses));
+  }
 }
 
 void ServerState::run_on(asio::io_context& ctx, const std::function<void()>& f) {

@@ -42,6 +42,13 @@ class ServerState : public std::enable_shared_from_this<ServerState> {
   void log(std::string line);
   /// Logs on the calling thread (the constructing thread, before any reactor runs).
   void log_now(const std::string& line) const;
+  /// Logs why a session was closed, from any thread: the first kMaxLoggedCloses are logged,
+  /// then one line says that later ones are only counted (docs/errors.md: many problems of one
+  /// kind are capped, not flooded; one bad client per connection could log without end).
+  void log_close(std::string line);
+  /// The "and K more" line when closes were left out; io's thread, once (~Server).
+  void log_closes_left_out();
+  static constexpr std::size_t kMaxLoggedCloses = 20;
   /// Runs f on `ctx`'s thread and blocks until it returns (inline when
   /// single-threaded or already on that thread).
   void run_on(boost::asio::io_context& ctx, const std::function<void()>& f);
@@ -71,7 +78,8 @@ class ServerState : public std::enable_shared_from_this<ServerState> {
   bool log_open = true;  // io's thread only; false once ~Server ran
 
  private:
-  std::atomic<bool> closed_{false};  // written under sessions_mu_
+  std::atomic<bool> closed_{false};            // written under sessions_mu_
+  std::atomic<std::size_t> closes_logged_{0};  // log_close() calls so far
   // Taken after (never before) the backend's mutex.
   mutable std::mutex sessions_mu_;
   std::unordered_map<ConnectionId, std::weak_ptr<Session>> sessions_;

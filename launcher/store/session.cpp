@@ -103,7 +103,7 @@ void Session::close(const std::string& reason, bool graceful) {
     closing_ = true;
   }
   if (!reason.empty()) {
-    server_->log(fmt::format("store: closed connection from {}: {}", peer_, reason));
+    server_->log_close(fmt::format("store: closed connection from {}: {}", peer_, reason));
   }
   server_->backend.drop_connection(id_);  // no STOP_WAITING is queued after this
   if (graceful && (writing_ || unsent_bytes() > 0)) {

@@ -652,7 +652,8 @@ Identity:
                           epoch boundaries (docs/control-protocol.md)
 
 Status of a running job (another terminal):
-  gpurun status [--json] [--run-id ID | --run-dir DIR]
+  gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]
+                          --pid: the supervisor's pid, when several runs match
 
 Worker command:
   -m, --module            run `python3 -u -m command args...`

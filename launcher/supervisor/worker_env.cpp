@@ -75,6 +75,16 @@ JobPlan make_plan(const Options& o, const EnvMap& inherited, const std::function
           cvd ? fmt::format("CUDA_VISIBLE_DEVICES='{}'", *cvd)
               : std::string("counted with nvidia-smi -L / /proc/driver/nvidia/gpus")));
     }
+    // Two slots on one GPU would each think it owns it (memory, NCCL): refuse the list.
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      for (std::size_t j = i + 1; j < ids.size(); ++j) {
+        if (ids[i] != ids[j]) continue;
+        throw UsageError(fmt::format(
+            "CUDA_VISIBLE_DEVICES='{}' names GPU {} twice (entries {} and {}): every worker "
+            "needs a GPU of its own; list each GPU once",
+            cvd.value_or(""), ids[i], i, j));
+      }
+    }
     plan.gpu_ids.assign(ids.begin(), ids.begin() + plan.nproc);
   }
   plan.world_size = plan.nproc * plan.nnodes;

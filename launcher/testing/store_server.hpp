@@ -77,7 +77,10 @@ class TestServer {
     port_ = server_->port();
     thread_ = std::thread([this] { io_.run(); });
   }
-  ~TestServer() {
+  ~TestServer() { destroy_server(); }
+  /// Destroys the Server on its io thread (its last log lines are kept); idempotent.
+  void destroy_server() {
+    if (!thread_.joinable()) return;
     on_io([this] { server_.reset(); });
     io_.stop();
     thread_.join();
@@ -96,12 +99,13 @@ class TestServer {
 
   Server& server() { return *server_; }
 
-  bool log_contains(const std::string& needle) {
+  bool log_contains(const std::string& needle) { return log_count(needle) > 0; }
+  /// Log lines containing `needle`.
+  std::size_t log_count(const std::string& needle) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& l : logs_) {
-      if (l.find(needle) != std::string::npos) return true;
-    }
-    return false;
+    std::size_t n = 0;
+    for (const auto& l : logs_) n += l.find(needle) != std::string::npos;
+    return n;
   }
 
   ClientOptions client_options() const {

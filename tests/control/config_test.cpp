@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "gpurun_process.hpp"
 
@@ -54,6 +56,13 @@ std::string error_of(const std::string& text, const std::vector<int>& ids = kFou
 struct TempDir : gpurun::testing::TempDir {
   TempDir() : gpurun::testing::TempDir("gpurun-config-test") {}
 };
+
+TEST_CASE("parse_config: eta_knob = -0.0 is 0, printed as 0 (not -0)") {
+  const Config c = parse_config("[energy]\neta_knob = -0.0\n", "config.toml", kFourGpus);
+  CHECK(c.energy.eta == 0.0);
+  CHECK_FALSE(std::signbit(c.energy.eta));
+  CHECK(fmt::format("η = {}", c.energy.eta) == "η = 0");  // the monitor's start line
+}
 
 TEST_CASE("parse_config: valid files give the expected settings") {
   const std::vector<ValidCase> cases = {

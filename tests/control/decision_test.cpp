@@ -99,3 +99,10 @@ TEST_CASE("control keys carry the generation and parse back") {
   CHECK(parse_ids("").empty());
   CHECK_THROWS_AS(parse_ids("0,,1"), ProtocolError);
 }
+
+TEST_CASE("boundary_text: epochs counted from 1, as training programs print them") {
+  CHECK(boundary_text(0, 0) == "after epoch 1");
+  CHECK(boundary_text(4, 0) == "after epoch 5");
+  CHECK(boundary_text(4, 120) == "in epoch 5 after step 120");
+  CHECK(boundary_text(-1, -1) == "before the first epoch");
+}

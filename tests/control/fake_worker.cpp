@@ -7,6 +7,9 @@
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
+//   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
+//   steps           contains S: each epoch is S steps, each published in the progress file
+//                   (GPURUN_PROGRESS_FILE) as the worker runtime does
 // Every decision read is appended to <dir>/reads.<gpu>.<pid>: "<store key> <json>".
 // At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
 // after each boundary it appends the store's key count to <dir>/keys.<gpu>.<pid>.
@@ -18,10 +21,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "gpurun/control/progress.hpp"
 #include "gpurun/control/worker_session.hpp"
 
 namespace fs = std::filesystem;
@@ -130,8 +135,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (session->engine().warm()) epoch = session->engine().current().epoch + 1;
+  if (const long ms = stop_epoch(dir / "startup_ms"); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  const long steps = stop_epoch(dir / "steps");
+  std::unique_ptr<gpurun::control::ProgressWriter> progress =
+      steps > 0 ? gpurun::control::ProgressWriter::from_env() : nullptr;
+  uint64_t global_step = 0;
   while (true) {
-    std::this_thread::sleep_for(epoch_time);
+    if (progress) {
+      for (long s = 0; s < steps; ++s) {
+        std::this_thread::sleep_for(epoch_time / steps);
+        progress->step(++global_step);
+      }
+    } else {
+      std::this_thread::sleep_for(epoch_time);
+    }
     const long stop = stop_epoch(dir / "stop");
     const long my_stop = stop_epoch(dir / ("stop_gpu" + std::to_string(gpu)));
     if ((stop >= 0 && epoch >= stop) || (my_stop >= 0 && epoch >= my_stop)) {

@@ -320,6 +320,20 @@ TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without
   CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
 }
 
+TEST_CASE("scheduler: a member's death is said as 'ended with <how>', like the supervisor's") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  CHECK(h.s.on_process_exit(3, false, "signal SIGKILL (9)", false));
+  h.drain();
+  std::string said;
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay && e.value.find("gpu 3 (") == 0) said = e.value;
+  CHECK_MESSAGE(said.find("gpu 3 (rank 3 of generation 0, pid ") == 0, said);
+  CHECK_MESSAGE(
+      said.find(") ended with signal SIGKILL (9); the job goes on without it") != std::string::npos,
+      said);
+}
+
 TEST_CASE("scheduler: with restarts left a member's death is the supervisor's (not absorbed)") {
   Harness h(cfg(std::nullopt));
   h.join_all();
@@ -461,6 +475,14 @@ TEST_CASE(
   CHECK(stop.kind == Decision::Kind::kExit);
   CHECK(h.s.finished());
   CHECK(h.s.stop_reason() == "the predicted cost passes the threshold");
+  // Said with epochs counted from 1, as the workers print them ("epoch 2/3"): epoch 1 from 0.
+  bool said = false;
+  for (const Effect& e : h.log)
+    said = said || (e.kind == Effect::Kind::kSay &&
+                    e.value ==
+                        "stopping the job at the boundary after epoch 2: the predicted "
+                        "cost passes the threshold");
+  CHECK(said);
   // The members' clean exits are the end of a finished job, not failures.
   CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", true));
   CHECK(h.s.slots().at(0).state == SlotState::kExited);

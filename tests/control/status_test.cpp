@@ -2,7 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <filesystem>
 #include <string>
@@ -40,6 +43,32 @@ TEST_CASE("write_status_file: a failed write leaves no .status.json.<pid> behind
 
 namespace gpurun::control {
 namespace {
+
+TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console does") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"({"run_id": "r", "slots": [{"gpu": 0, "state": "ACTIVE", "generation": 0, "rank": 0, )"
+      R"("pid": -1, "last_boundary": {"epoch": 10, "step": 0}}, {"gpu": 1, "state": "ACTIVE", )"
+      R"("generation": 0, "rank": 1, "pid": -1, "last_boundary": {"epoch": 2, "step": 500}}]})",
+      error));
+  const fs::path out = dir.path / "out.txt";
+  std::fflush(stdout);
+  const int saved = ::dup(1);
+  const int f = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(f >= 0);
+  ::dup2(f, 1);
+  ::close(f);
+  const int code = status_command({"--run-dir", dir.str()});
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  CHECK(code == 0);
+  const std::string text = gpurun::testing::slurp(out);
+  CHECK_MESSAGE(text.find("after epoch 11\n") != std::string::npos, text);
+  CHECK(text.find("in epoch 3 after step 500\n") != std::string::npos);
+}
 
 TEST_CASE("status: a refused pause and a lost state are in the status JSON") {
   Config c;

@@ -4,6 +4,7 @@
 
 #include "gpurun_process.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <fstream>
 #include <functional>
@@ -142,15 +143,16 @@ TEST_CASE(
   CHECK_FALSE(t.stop_reason(15000.5).has_value());
   const auto r = t.stop_reason(14999.5);
   REQUIRE(r.has_value());
+  // Epochs counted from 1 as on the console: after epochs 1 and 2 (from 0) comes the 4th.
   CHECK(*r ==
-        "the predicted total cost after epoch 3 (15000.0 J) would pass the threshold (14999.5 J): "
+        "the predicted total cost after epoch 4 (15000.0 J) would pass the threshold (14999.5 J): "
         "10000.0 J so far + 5000.0 J predicted for the next epoch");
   // With β from the history: 2.0 × best 7000.0 J = 14000 J < 15000 J.
   const auto th = threshold_from(std::nullopt, 2.0, 7000.0, "history.jsonl");
   REQUIRE(th.has_value());
   const auto r2 = t.stop_reason(*th);
   REQUIRE(r2.has_value());
-  CHECK(r2->find("after epoch 3 (15000.0 J) would pass the threshold (14000.0 J = 2.0 × best "
+  CHECK(r2->find("after epoch 4 (15000.0 J) would pass the threshold (14000.0 J = 2.0 × best "
                  "7000.0 J from history.jsonl)") != std::string::npos);
 }
 
@@ -217,6 +219,57 @@ TEST_CASE("history: append, best over completed runs of one job, bad lines named
   CHECK(what_of([&] {
           append_history(dir.path / "no" / "such" / "dir.jsonl", {"x", 1, 1, 1, 1, true});
         }).find("cannot open the energy history") != std::string::npos);
+}
+
+TEST_CASE(
+    "history: a file over the size limit, a device or a FIFO is refused by name, key and "
+    "limit, without reading it") {
+  TempDir dir;
+  // Sparse: one byte over the limit costs no disk. (Read line by line it is one 16 MiB line.)
+  const fs::path big = dir.path / "big.jsonl";
+  {
+    std::ofstream(big).put('\n');
+    fs::resize_file(big, kMaxHistoryBytes + 1);
+  }
+  const std::string too_big = what_of([&] { best_cost(big, "vit"); });
+  REQUIRE_MESSAGE(
+      too_big.find("is 16777217 bytes, more than the limit of 16 MiB") != std::string::npos,
+      too_big);
+  CHECK(too_big.find(big.string() + " ([energy] history)") != std::string::npos);
+  // Exactly the limit is still read (here: blank lines only, so no best cost).
+  std::ofstream(big, std::ios::trunc) << std::string(kMaxHistoryBytes, '\n');
+  CHECK_FALSE(best_cost(big, "vit").has_value());
+
+  // /dev/zero never ends: read by line it took 16.8 GB of memory.
+  const std::string dev = what_of([&] { best_cost("/dev/zero", "vit"); });
+  CHECK_MESSAGE(dev.find("the energy history /dev/zero ([energy] history) is not a regular file "
+                         "but a character device") != std::string::npos,
+                dev);
+  const std::string dir_msg = what_of([&] { best_cost(dir.path, "vit"); });
+  CHECK(dir_msg.find("is not a regular file but a directory") != std::string::npos);
+
+  // A FIFO with no writer (or reader) would block the open: neither read nor written.
+  const fs::path fifo = dir.path / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(what_of([&] { best_cost(fifo, "vit"); }).find("is not a regular file but a FIFO") !=
+        std::string::npos);
+  CHECK(what_of([&] {
+          append_history(fifo, {"x", 1, 1, 1, 1, true});
+        }).find("cannot open the energy history") != std::string::npos);
+  CHECK(what_of([&] {
+          append_history("/dev/null", {"x", 1, 1, 1, 1, true});
+        }).find("is not a regular file but a character device") != std::string::npos);
+}
+
+TEST_CASE(
+    "format_joules: fixed below 1e12 J, six significant digits above (1e308: not 309 digits)") {
+  CHECK(format_joules(1234.56) == "1234.6");
+  CHECK(format_joules(1234.56, 0) == "1235");
+  CHECK(format_joules(1e308, 0) == "1e+308");
+  CHECK(format_joules(1e308) == "1e+308");
+  CHECK(format_joules(123456789012345.0) == "1.23457e+14");
+  // The threshold's origin uses it (as do the stop sentence and the monitor's start line).
+  CHECK(threshold_from(std::nullopt, 2.0, 1e300)->origin == "2.0 × best 1e+300 J from history");
 }
 
 TEST_CASE("EpochRecord::to_json_fields has the fields of energy_epoch") {

@@ -56,8 +56,6 @@ struct FakeGpus {
     extra.emplace("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_CUDA_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_FAKE_NVML_STATE", state);
-    // Power-limit locks beside the state: tests running at the same time share UUIDs.
-    extra.emplace("GPURUN_POWER_LOCK_DIR", fs::path(state).parent_path().string());
     return extra;
   }
   double limit(unsigned index) const { return fake::current_limit_w(state, index); }
@@ -348,6 +346,42 @@ TEST_CASE(
   CHECK_FALSE(h2.at("completed").as_bool());  // an early-stopped run never becomes the best
 }
 
+TEST_CASE(
+    "early stop: the workers' start-up is a window of its own, not epoch 0's, so a job "
+    "whose whole run stays below the threshold is not stopped at its first boundary") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({300}));
+  // 2.8 s of start-up, then 6 epochs of 5 steps of 20 ms (the steps go to the progress file,
+  // as the runtime publishes them). Zeus' cost runs at 0.5·300 + 0.5·700 = 500 J/s.
+  std::ofstream(dir.path / "startup_ms") << 2800;
+  std::ofstream(dir.path / "steps") << 5;
+  std::ofstream(dir.path / "stop") << 5;
+  // The whole run (start-up ~3 s + 6 × 0.1 s) costs about 1800 J, below 2500 J; a prediction
+  // from an epoch 0 that held the start-up (2 × > 2.9 s × 500 J/s > 2900 J) passes it.
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, std::string("[energy]\ncost_threshold = 2500\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "100"},
+                 {"--energy", "on", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  REQUIRE_MESSAGE(num(sum.at("cost")) < 2500, run.diag());  // the premise: the run fits
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  CHECK(run.events("early_stop").empty());
+  // The start-up window ends at the first step; epoch 0 is an epoch like the others.
+  std::vector<json::object> startup;
+  for (const auto& w : run.events("energy"))
+    if (w.at("kind").as_string() == "startup") startup.push_back(w);
+  REQUIRE_MESSAGE(startup.size() == 1, run.diag());
+  CHECK(num(startup[0].at("seconds")) >= 2.8);
+  const auto epochs = run.events("energy_epoch");
+  REQUIRE(epochs.size() == 6);
+  CHECK(num(epochs[0].at("seconds")) < 0.5);
+  // The start-up counts in the cost so far (it was spent) and in the totals.
+  CHECK(num(epochs[0].at("cost_total")) ==
+        doctest::Approx(num(startup[0].at("cost")) + num(epochs[0].at("cost"))));
+  CHECK(num(sum.at("seconds")) >= 2.8 + num(epochs[0].at("seconds")));
+}
+
 #ifdef GPURUN_ENERGY_WORKER
 TEST_CASE(
     "early stop with the worker runtime: every worker leaves epochs() normally and runs "
@@ -506,14 +540,18 @@ TEST_CASE(
                gpus.env());
   wait_until("job a's limit", [&] { return gpus.limit(0) == 400; });
   std::ofstream(dir.path / "b" / "stop") << 3;
+  // Job b is configured differently (the lock directory of earlier versions, another TMPDIR):
+  // the lock is the GPU's, machine-wide, so it is refused all the same.
   ElasticRun b(GPURUN_BINARY, dir.path / "b", 1, std::string("[energy]\npower_limit_watts = 300\n"),
                {GPURUN_FAKE_WORKER, (dir.path / "b").string(), "200"}, {"--energy", "on"}, "cpu",
-               gpus.env());
+               gpus.env({{"GPURUN_POWER_LOCK_DIR", (dir.path / "b").string()},
+                         {"TMPDIR", (dir.path / "b").string()}}));
   REQUIRE(b.wait(60s));
   CHECK_MESSAGE(b.code() == 0, b.diag());
   const std::string berr = gpurun::testing::slurp(dir.path / "b" / "gpurun.stderr");
   CHECK(berr.find("is power-managed by another gpurun") != std::string::npos);
-  CHECK(gpus.limit(0) == 400);  // job a's limit stayed
+  CHECK(gpus.limit(0) == 400);             // job a's limit stayed
+  CHECK(b.events("power_limit").empty());  // b changed nothing, so it restored nothing
   // Kill job a's guard (a child of job a's gpurun, found by its command line).
   pid_t guard = -1;
   for (const auto& e : fs::directory_iterator("/proc")) {

@@ -37,8 +37,6 @@ struct Gpus {
     fake::write_state(path, s);
     ::setenv("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML, 1);
     ::setenv("GPURUN_FAKE_NVML_STATE", path.c_str(), 1);
-    // This test's own lock directory: other tests running at the same time use the same UUIDs.
-    ::setenv("GPURUN_POWER_LOCK_DIR", dir.path.c_str(), 1);
     std::string why_not;
     nvml = Nvml::open(why_not);
     REQUIRE_MESSAGE(nvml != nullptr, why_not);
@@ -182,6 +180,33 @@ TEST_CASE("power guard: one guard at a time holds a GPU, until it has restored i
                        gpurun::Error);
   second->remember({fake::test_uuid(1), 700000});  // another GPU is free
   first->forget(fake::test_uuid(0));               // restored by its gpurun: the GPU is free
+  CHECK_NOTHROW(second->remember({fake::test_uuid(0), 700000}));
+}
+
+TEST_CASE(
+    "power guard: the lock is the GPU's, machine-wide: guards started with different lock "
+    "directories or TMPDIRs still exclude each other") {
+  Gpus gpus;
+  TempDir a("gpurun-guard"), b("gpurun-guard");
+  ::setenv("GPURUN_POWER_LOCK_DIR", a.path.c_str(), 1);  // what earlier versions keyed it by
+  ::setenv("TMPDIR", a.path.c_str(), 1);
+  auto first = gpus.guard();
+  first->remember({fake::test_uuid(0), 700000});
+  ::setenv("GPURUN_POWER_LOCK_DIR", b.path.c_str(), 1);
+  ::setenv("TMPDIR", b.path.c_str(), 1);
+  auto second = gpus.guard();
+  // Refused: otherwise job 2 would take job 1's limit for the original and "restore" it,
+  // leaving the GPU capped after both ended.
+  CHECK_THROWS_WITH_AS(second->remember({fake::test_uuid(0), 400000}),
+                       doctest::Contains((fake::test_uuid(0) +
+                                          " is power-managed by another gpurun (its guard, pid " +
+                                          std::to_string(first->pid()) + ", holds @gpurun-power/")
+                                             .c_str()),
+                       gpurun::Error);
+  ::unsetenv("GPURUN_POWER_LOCK_DIR");
+  ::unsetenv("TMPDIR");
+  // The first guard's death frees the GPU at once (the kernel closes its lock).
+  CHECK(first->finish() == 0);
   CHECK_NOTHROW(second->remember({fake::test_uuid(0), 700000}));
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpurun_process.hpp"
@@ -226,6 +227,34 @@ TEST_CASE("report: a field of the wrong type names file:line, the event and the 
   CHECK(r.err.find(fixture("bad_field.jsonl") +
                    ":2: `energy_epoch` event: field `seconds` must be a number, got string") !=
         std::string::npos);
+}
+
+TEST_CASE("report: a negative `seconds` names file:line, the event and the field") {
+  TempDir dir("gpurun-report");
+  const std::string start =
+      R"({"ts": "2025-03-04T08:00:00.000Z", "event": "start", "run_id": "neg", "nproc": 1})";
+  const std::string epoch =
+      R"({"ts": "2025-03-04T08:00:40.000Z", "event": "energy_epoch", "epoch": 0, "seconds": -5, )"
+      R"("energy_j": 800.0, "gpu_energy_j": {"0": 800.0}, "active_gpus": 1.0, )"
+      R"("max_power_w": 300.0, "cost": 1000.0, "cost_total": 1000.0, )"
+      R"("predicted_next_cost": 1000.0, "threshold": null})";
+  const std::string window =
+      R"({"ts": "2025-03-04T08:00:40.000Z", "event": "energy", "kind": "time", "t0": 1.0, )"
+      R"("seconds": -0.5, "active": [0], "gpus": [{"slot": 0, "energy_j": 5.0}], )"
+      R"("energy_j": 5.0, "cost": 7.0})";
+  for (const auto& [line, event] :
+       {std::pair{epoch, "energy_epoch"}, std::pair{window, "energy"}}) {
+    CAPTURE(event);
+    const fs::path log = dir.path / "neg.jsonl";
+    std::ofstream(log) << start << "\n" << line << "\n";
+    auto r = report(dir, {log.string(), "-o", (dir.path / "x.png").string()});
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(
+        r.err.find(log.string() + ":2: `" + event +
+                   "` event: field `seconds` must be 0 s or more, got -") != std::string::npos,
+        r.err);
+    CHECK(r.err.find("gnuplot") == std::string::npos);  // found before drawing
+  }
 }
 
 TEST_CASE("report: a missing file is a clear error") {

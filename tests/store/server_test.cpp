@@ -158,6 +158,32 @@ TEST_CASE("server: a malformed client is dropped with a logged reason; others ca
   CHECK(eventually([&] { return ts.on_io([&] { return ts.server().num_sessions(); }) == 1; }));
 }
 
+TEST_CASE(
+    "server: close lines are capped at 20; one line says the rest are counted, the total "
+    "comes when the store closes") {
+  TestServer ts;
+  constexpr int kBad = 30;
+  for (int i = 0; i < kBad; ++i) {
+    RawConn bad(ts.port());
+    bad.send(validate_frame() + std::string(1, '\xc8'));
+    REQUIRE(bad.closed_by_peer());
+  }
+  CHECK(eventually([&] {
+    return ts.log_contains(
+        "store: 21 connections closed with an error: only the first 20 "
+        "are logged (the total follows when the store closes)");
+  }));
+  CHECK(ts.log_count("closed connection from") == 20);
+  // A good client is still served, and its own errors would still count.
+  Client good(ts.client_options());
+  good.set("/a", "1");
+  CHECK(good.get("/a") == "1");
+  ts.destroy_server();
+  CHECK(ts.log_count("closed connection from") == 20);
+  CHECK(ts.log_count("store: and 10 more connections closed with an error (only the first 20 "
+                     "are logged)") == 1);
+}
+
 TEST_CASE("server: EOF drops the connection's waits") {
   TestServer ts;
   {

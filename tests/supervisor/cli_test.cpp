@@ -200,6 +200,9 @@ TEST_CASE("cli: help text has examples and every flag") {
     CHECK(h.find(flag) != std::string::npos);
   }
   CHECK(version_text().rfind("gpurun ", 0) == 0);
+  // `gpurun status`'s usage as `gpurun status --help` prints it (control/status.cpp).
+  CHECK(h.find("gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]") !=
+        std::string::npos);
 }
 
 TEST_CASE("cli: run ids that would escape --log-dir are refused") {

@@ -191,6 +191,22 @@ TEST_CASE("env: more slots than GPUs is a usage error, not with --device cpu") {
   CHECK(plan_for({"--nproc", "8", "--device", "cpu"}, {{"CUDA_VISIBLE_DEVICES", "0"}}).nproc == 8);
 }
 
+TEST_CASE("env: a GPU named twice in CUDA_VISIBLE_DEVICES is a usage error naming it") {
+  CHECK_THROWS_WITH_AS(plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "0,0"}}),
+                       "CUDA_VISIBLE_DEVICES='0,0' names GPU 0 twice (entries 0 and 1): every "
+                       "worker needs a GPU of its own; list each GPU once",
+                       gpurun::UsageError);
+  CHECK_THROWS_WITH_AS(plan_for({"--nproc", "gpu"}, {{"CUDA_VISIBLE_DEVICES", "3, 1,3"}}),
+                       "CUDA_VISIBLE_DEVICES='3, 1,3' names GPU 3 twice (entries 0 and 2): every "
+                       "worker needs a GPU of its own; list each GPU once",
+                       gpurun::UsageError);
+  CHECK(plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "1,0"}}).gpu_ids ==
+        std::vector<std::string>{"1", "0"});
+  // --device cpu trains on no GPU: the list is not used.
+  CHECK(plan_for({"--nproc", "2", "--device", "cpu"}, {{"CUDA_VISIBLE_DEVICES", "0,0"}}).nproc ==
+        2);
+}
+
 TEST_CASE("gpu inventory: parsing CUDA_VISIBLE_DEVICES") {
   CHECK(parse_visible_devices("").empty());
   CHECK(parse_visible_devices("  ").empty());

@@ -11,7 +11,7 @@
 //                                   identity; ignored under CUDA_DEVICE_ORDER=PCI_BUS_ID)
 //   energy_reads=0                  nvmlDeviceGetTotalEnergyConsumption calls so far, all
 //                                   processes together (written by the fake)
-//   gpu 0 uuid=GPU-a0000000-1111-2222-3333-000000000000 name="NVIDIA H200" min_w=200
+//   gpu 0 uuid=GPU-a0000000-0000-1234-3333-000000000000 name="NVIDIA H200" min_w=200
 //       max_w=700 default_w=700 limit_w=700 full_w=600 speed_exp=0.5 draw=0:300,10:600
 //       limits=12.5:500               (all on one line)
 //   error nvmlDeviceSetPowerManagementLimit 4 [gpu=1]
@@ -89,11 +89,14 @@ struct State {
   }
 };
 
-/// A distinct UUID per index whose first hex digits differ: "GPU-a0000000-…", "GPU-a1010101-…".
+/// A distinct UUID per index whose first hex digits differ: "GPU-a0000000-…", "GPU-a1010101-…";
+/// the middle groups are this process's pid, so test programs running at the same time never
+/// share a GPU (the power-limit lock is machine-wide, keyed by UUID).
 inline std::string test_uuid(unsigned index) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "GPU-%08x-1111-2222-3333-%012x", 0xa0000000u + index * 0x01010101u,
-                index);
+  const auto pid = static_cast<unsigned>(::getpid());
+  std::snprintf(buf, sizeof buf, "GPU-%08x-%04x-%04x-3333-%012x", 0xa0000000u + index * 0x01010101u,
+                (pid >> 16) & 0xffffu, pid & 0xffffu, index);
   return buf;
 }
 

@@ -31,9 +31,8 @@ inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///<
 inline constexpr const char* kSnapshotPrepare = "GPURUN_SNAPSHOT_PREPARE";  ///< "1": pre-create
 inline constexpr const char* kTraceDir = "GPURUN_TRACE_DIR";  ///< per-rank boundary traces
 // --- read by the supervisor's energy monitor (library overrides) ----------------------------
-inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";     ///< path of libnvidia-ml
-inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";     ///< path of libcuda
-inline constexpr const char* kPowerLockDir = "GPURUN_POWER_LOCK_DIR";  ///< per-GPU limit locks
+inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";  ///< path of libnvidia-ml
+inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";  ///< path of libcuda
 // --- set by gpurun for every worker (added later) --------------------------------------------
 /// Where the pause snapshot goes when GPURUN_SNAPSHOT_PATH (in /dev/shm) cannot hold it (full):
 /// <run_dir>/state.snapshot. Set only when the primary path is not that file already.

@@ -122,6 +122,12 @@ struct Report {
   friend bool operator==(const Report&, const Report&) = default;
 };
 
+/// A boundary as gpurun's console lines name it, epochs counted from 1 as training programs
+/// print them (the Fashion-MNIST example's "epoch 1/3"): (4, 0), the end of the fifth epoch,
+/// is "after epoch 5"; (4, 120) is "in epoch 5 after step 120"; an epoch < 0 is "before the
+/// first epoch". Event-log and status.json fields stay as reported (from 0).
+std::string boundary_text(int64_t epoch, int64_t step);
+
 /// Key names (docs/control-protocol.md#keys).
 namespace keys {
 inline constexpr std::string_view kPrefix = "gpurun/";
