@@ -102,9 +102,11 @@ def main():
     train, val = load(a.data, "train", a.limit_train), load(a.data, "val", a.limit_val)
     rt = gpurun.Runtime()
     torch.manual_seed(0)
-    net = ViT(a.model)
+    with rt.skip_init():  # a joiner's random init would be overwritten by the handoff
+        net = ViT(a.model)
+    rt.track(model=net)  # on rt.device (a skipped init: empty storage there)
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr)
-    rt.track(model=net, optimizer=opt)
+    rt.track(optimizer=opt)
     loader = rt.loader(train, batch_size=a.batch, seed=1)
     epochs = a.epochs if a.epochs > 0 else sys.maxsize
     for epoch in rt.epochs(epochs):

@@ -49,6 +49,12 @@ bool EngineAction::needs_outcome() const {
 
 WorkerEngine::WorkerEngine(EngineOptions options) : opt_(std::move(options)) {}
 
+bool WorkerEngine::joining() const {
+  if (warm()) return true;
+  const StateSource& s = current_.state_source;
+  return s.is_snapshot() || (s.is_peer() ? s.gpu != opt_.slot : rank() != 0);
+}
+
 // ---- small emitters --------------------------------------------------------------------
 
 void WorkerEngine::set_state(WorkerState to, const std::string& why) {

@@ -425,6 +425,29 @@ TEST_CASE("worker engine: failure points — holder, joiner, leaving source, tra
   CHECK(Report::from_json(out[2].value).step == 17);
 }
 
+TEST_CASE("worker engine: joining — whose random initialisation the handoff overwrites") {
+  Slot s0(0), s1(1);
+  s0.on(ev(E::kOpen));
+  s0.value(start({0, 1}));
+  s1.on(ev(E::kOpen));
+  s1.value(start({0, 1}));
+  CHECK_FALSE(s0.eng.joining());  // rank 0's initial state is broadcast at a fresh start
+  CHECK(s1.eng.joining());
+  Slot grow(1, 1), src(0, 1);
+  grow.on(ev(E::kOpen));
+  grow.value(resize(1, {0}, {0, 1}, ParkMode::kRelease));
+  CHECK(grow.eng.joining());  // its state comes from gpu 0
+  Slot resume(0, 2);
+  resume.on(ev(E::kOpen));
+  Decision r = resize(2, {}, {0}, ParkMode::kRelease);
+  r.state_source = StateSource::snapshot();
+  resume.value(r);
+  CHECK(resume.eng.joining());  // from the pause snapshot
+  Slot warm(2, 0, 1);
+  warm.on(ev(E::kOpen));
+  CHECK(warm.eng.joining());
+}
+
 TEST_CASE("worker engine: events out of place are executor bugs") {
   Slot s(0);
   CHECK_THROWS_AS(s.on(ev(E::kReady)), gpurun::InvariantError);  // before kOpen

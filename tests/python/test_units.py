@@ -123,3 +123,24 @@ assert not gpurun.runtime.is_comm_failure(RuntimeError("DataLoader timed out aft
 assert gpurun.runtime.is_comm_failure(RuntimeError("Connection closed by peer"))
 assert same == with_workers and sorted(sum(same, [])) == list(range(10)), (same, with_workers)
 print("python_units: loader arguments checked; workers read the same batches")
+
+# Cheap joiners: a rank whose state the start's broadcast overwrites (RANK 1 of 2) builds its
+# model without a random initialisation under skip_init() (torch >= 2.0: on the meta device),
+# and track() gives it empty storage on the runtime's device; rank 0 initialises as usual.
+os.environ.update({"WORLD_SIZE": "2", "RANK": "1"})
+joiner = gpurun.Runtime()
+assert joiner.joining
+with joiner.skip_init():
+    lin = torch.nn.Linear(3, 2)
+meta_capable = hasattr(torch.device("cpu"), "__enter__")
+assert lin.weight.is_meta == meta_capable, (lin.weight.device, torch.__version__)
+joiner.track(model=lin)
+assert not lin.weight.is_meta and lin.weight.device == joiner.device and lin.weight.shape == (2, 3)
+os.environ.update({"RANK": "0"})
+source = gpurun.Runtime()
+assert not source.joining
+with source.skip_init():
+    lin0 = torch.nn.Linear(3, 2)
+assert not lin0.weight.is_meta and float(lin0.weight.abs().sum()) > 0
+del os.environ["WORLD_SIZE"], os.environ["RANK"]
+print(f"python_units: skip_init on a joiner ({'meta device' if meta_capable else 'torch < 2.0: a no-op'})")

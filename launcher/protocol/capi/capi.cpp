@@ -115,7 +115,8 @@ char* gpurun_worker_info(gpurun_worker* w) {
             .add("rank", e.rank())
             .add("world_size", e.world_size())
             .add("state", gpurun::to_string(e.state()))
-            .add("finished", e.finished());
+            .add("finished", e.finished())
+            .add("joining", e.joining());
         if (e.has_generation())
           o.add_raw("current", e.current().to_json());
         else

@@ -44,7 +44,8 @@ GPURUN_API gpurun_worker* gpurun_worker_open(void);
 GPURUN_API void gpurun_worker_close(gpurun_worker* w);
 /** Feeds one event (JSON object); returns the executor's actions as a JSON array. */
 GPURUN_API char* gpurun_worker_on(gpurun_worker* w, const char* event_json);
-/** {"slot","warm","generation","round","rank","world_size","state","finished","current"} */
+/** {"slot","warm","generation","round","rank","world_size","state","finished","joining",
+ * "current"} */
 GPURUN_API char* gpurun_worker_info(gpurun_worker* w);
 /** WorkerSession::wait_arrivals: 0, or -1 with the error (kind 3 when abandoned). */
 GPURUN_API int gpurun_worker_wait_arrivals(gpurun_worker* w, const char* prefix, int rank, int size,

@@ -108,6 +108,11 @@ class Runtime:
             self._session = _native.Session()
             self._snapshot_path = os.environ.get("GPURUN_SNAPSHOT_PATH", "")
             self._drive({"event": "open"})  # a joiner reads its generation's start record
+        # True when the tracked state is overwritten before the first step (a joiner of a
+        # running job, a warm joiner, a rank other than 0 at a start): its model needs no
+        # random initialisation (skip_init()). Same rule as the C++ runtime's joining().
+        self.joining = (self._session.info()["joining"] if self.elastic
+                        else _env_int("WORLD_SIZE", 1) > 1 and _env_int("RANK", 0) != 0)
 
     # ---- what moves with the state ----------------------------------------------------
     def track(self, model=None, optimizer=None, scheduler=None, **others):
@@ -120,6 +125,10 @@ class Runtime:
         (torch CPU, its CUDA device's, Python ``random``, numpy's global; kept in gpurun's
         store). Several calls add up. Returns self."""
         if model is not None:
+            if any(t.is_meta for t in model.parameters()) or any(
+                    t.is_meta for t in model.buffers()):
+                # built under skip_init(): storage on the device, values from the handoff
+                model = model.to_empty(device=self.device)
             self._module = model.to(self.device)
         if optimizer is not None:  # a later call adds to what is tracked, it replaces nothing
             self._optimizer = optimizer
@@ -127,6 +136,19 @@ class Runtime:
             others["scheduler"] = scheduler
         self._others.update(others)
         return self
+
+    def skip_init(self):
+        """A context manager for building the model: when this rank is ``joining`` (its state
+        is overwritten by the handoff or the pause snapshot before its first step), modules
+        made inside it get no random initialisation — their tensors are on torch's meta
+        device (no storage, no compute) and ``track(model=...)`` gives them empty storage on
+        ``self.device``. Build the optimizer after ``track()`` then (the parameters are new
+        objects). Otherwise (rank 0 of a start, a static run, torch < 2.0: no device context)
+        it does nothing. ViT-H: its ~630 M parameters' CPU initialisation is skipped."""
+        import contextlib
+        if self.joining and hasattr(torch.device("cpu"), "__enter__"):
+            return torch.device("meta")
+        return contextlib.nullcontext()
 
     def _state(self):
         s = {"position": {"epoch": self.epoch, "step": self._steps_done,

@@ -1048,12 +1048,8 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   }
   // Whose tracked state survives the start (enter(), static_boundary()): the decision's state
   // source, rank 0 at a fresh start or in a static job; a warm joiner always receives it.
-  if (m->control && m->control->engine().warm()) {
-    m->joining = true;
-  } else if (m->control) {
-    const Decision& d = m->control->engine().current();
-    m->joining = d.state_source.is_snapshot() ||
-                 (d.state_source.is_peer() ? d.state_source.gpu != m->slot : m->rank != 0);
+  if (m->control) {
+    m->joining = m->control->engine().joining();
   } else {
     m->joining = m->world > 1 && m->rank != 0;
   }

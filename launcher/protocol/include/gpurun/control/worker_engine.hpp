@@ -146,6 +146,11 @@ class WorkerEngine {
   const Decision& current() const { return current_; }
   /// True once a start record or admission was read (current() is a generation's).
   bool has_generation() const { return has_generation_; }
+  /// True when the state this process tracks is overwritten before its first step, so its
+  /// model needs no random initialisation: a warm joiner, a joiner of a running job (its
+  /// start record's state comes from a peer or the pause snapshot), or a rank other than 0
+  /// at a fresh start (rank 0's initial state is broadcast). Known after kOpen.
+  bool joining() const;
   /// True when the loops end: the job is finishing, or this rank left.
   bool finished() const { return phase_ == Phase::kDone; }
 
