@@ -212,6 +212,19 @@ void Scheduler::config_loaded(Config config, const std::string& path) {
   for (const auto& w : config_.warnings) say("warning: " + w);
   if (finished_) return;
   if (to_release) wake_all_parked_to_exit("park mode is now release");
+  // A named slot that failed in this attempt stays out: say so, never drop it silently.
+  const std::vector<int> out = minus(desired(), effective_desired());
+  if (!out.empty() && generation_ >= 0) {
+    std::string which;
+    for (int gpu : out)
+      which += fmt::format("{}gpu {} ({})", which.empty() ? "" : ", ", gpu, slot(gpu).reason);
+    const bool paused = active_.empty() && effective_desired().empty();
+    say(
+        fmt::format("the config names [{}], but {} failed in this attempt: a failed slot is not "
+                    "started again before a restart{}",
+                    join_ids(out, ", "), which,
+                    paused ? "; the job stays paused (name another slot to resume)" : ""));
+  }
   warm_up();
   if (generation_ >= 0 && active_.empty()) resume();
 }
@@ -382,8 +395,30 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     case SlotState::kOffloading:
       if (clean) {
         set_state(s, SlotState::kParked, "released: " + how);
-      } else {
+      } else if (gpu == source_gpu_ && s.holds_state) {
+        // A leaving state source before its handoff completed: participant_died decides.
         set_state(s, SlotState::kFailed, "died while offloading: " + how);
+      } else {
+        // Its state was not needed any more (the pause snapshot or the members hold it): its
+        // death loses nothing, and the slot can be named again (spawned anew).
+        if (s.park_generation >= 0) {
+          delete_key(keys::parked(gpu, s.park_generation));
+          delete_key(keys::wake(gpu, s.park_generation));
+          s.park_generation = -1;
+        }
+        set_state(s, SlotState::kParked, "ended while leaving (nothing was lost): " + how);
+        const std::string held_by =
+            active_.empty()
+                ? fmt::format("the pause snapshot holds the training state{}",
+                              snapshot_boundary_
+                                  ? fmt::format(" (epoch {}, step {})", snapshot_boundary_->first,
+                                                snapshot_boundary_->second)
+                                  : std::string())
+                : fmt::format("the members [{}] hold the training state", join_ids(active_, ", "));
+        say(fmt::format(
+            "leaving gpu {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
+            "is parked and a config that names it again starts it anew",
+            gpu, pid, how, held_by));
       }
       break;
     case SlotState::kWarming:

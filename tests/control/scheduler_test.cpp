@@ -816,3 +816,73 @@ TEST_CASE(
                  e.value.find("no slot is left to resume the paused job on") != std::string::npos);
   CHECK(said);
 }
+
+namespace {
+/// Whether any console line (kSay) so far contains `text`.
+bool said(const Harness& h, const std::string& text) {
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay && e.value.find(text) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("scheduler: a pause's leaver killed after the snapshot loses nothing; the slot resumes") {
+  // Issue 25 item 2: the slot became FAILED with nothing said, `[0]` was then silently ignored
+  // (paused for good) and `[0, 1]` resumed on [1] only.
+  for (const std::vector<int>& resume : {std::vector<int>{0}, std::vector<int>{0, 1}}) {
+    CAPTURE(resume.size());
+    Harness h(cfg(std::vector<int>{0, 1}), /*slots=*/2);
+    h.join_all();
+    h.s.config_loaded(cfg(std::vector<int>{}), "c");
+    h.drain();
+    REQUIRE(h.boundary(0).active.empty());  // the snapshot was written and verified
+    // gpu 0 (the snapshot's writer) is killed while it exits; gpu 1 leaves normally.
+    CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", /*can_restart=*/false));
+    CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+    h.drain();
+    CHECK(h.state(0) == SlotState::kParked);
+    CHECK(h.s.state_lost().empty());
+    CHECK(h.s.holds_job_open());
+    CHECK(said(
+        h,
+        "leaving gpu 0 (pid 1000) ended with signal SIGKILL (9) while it left: nothing is lost "
+        "(the pause snapshot holds the training state (epoch 0, step 0))"));
+    const size_t spawns = h.spawned.size();
+    h.s.config_loaded(cfg(resume), "c");
+    h.drain();
+    CHECK(h.spawned.size() == spawns + resume.size());  // warm joiners, gpu 0 included
+    CHECK_FALSE(h.s.holds_job_open());
+    const Decision& d = h.decisions.back();
+    CHECK(d.kind == Decision::Kind::kResize);
+    CHECK(d.active == resume);
+    CHECK(d.state_source.is_snapshot());
+    CHECK(h.state(0) == SlotState::kRejoining);
+  }
+}
+
+TEST_CASE("scheduler: a config naming a failed slot says it stays out, also while paused") {
+  Harness h(cfg(std::vector<int>{0, 1}), /*slots=*/2);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  REQUIRE(h.boundary(0).active.empty());
+  CHECK(h.s.on_process_exit(0, true, "exit code 0", false));
+  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  h.auto_ready = false;
+  h.s.config_loaded(cfg(std::vector<int>{0}), "c");
+  h.drain();
+  REQUIRE(h.state(0) == SlotState::kWarming);
+  CHECK(h.s.on_process_exit(0, false, "exit code 3", false));  // dies in its start-up
+  h.drain();
+  REQUIRE(h.state(0) == SlotState::kFailed);
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");
+  h.drain();
+  h.s.config_loaded(cfg(std::vector<int>{0}), "c");
+  h.drain();
+  CHECK(h.s.holds_job_open());
+  CHECK(said(h,
+             "the config names [0], but gpu 0 (warm joiner ended before it was admitted: exit "
+             "code 3) failed in this attempt: a failed slot is not started again before a "
+             "restart; the job stays paused (name another slot to resume)"));
+}
