@@ -734,9 +734,20 @@ void Scheduler::decide() {
     // Warm joiners still starting (and slots whose old process is still exiting) join at a
     // later boundary: the members never wait here for a start-up.
     std::vector<int> now;
-    for (int gpu : target)
-      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(slot(gpu)))
+    for (int gpu : target) {
+      SlotInfo& s = slot(gpu);
+      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(s)) {
         now.push_back(gpu);
+      } else if (s.state == SlotState::kWarming && !s.warm_late_said) {
+        s.warm_late_said = true;  // once per warm joiner: a stalled one is otherwise invisible
+        const Report& r = reports_.begin()->second;
+        say(
+            fmt::format("the warm joiner on gpu {} (pid {}) is not ready yet at the boundary "
+                        "(epoch {}, step {}): training goes on without it, it joins at the first "
+                        "boundary after it is ready",
+                        gpu, s.pid, r.epoch, r.step));
+      }
+    }
     if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile
     target = std::move(now);
   }
@@ -1018,6 +1029,7 @@ void Scheduler::warm_up() {
     if (member(s) || s.state != SlotState::kParked || s.pid >= 0) continue;
     s.warm_id = next_warm_++;
     s.warm_ready = false;
+    s.warm_late_said = false;
     s.generation = -1;
     s.rank = -1;
     set_state(s, SlotState::kWarming,

@@ -62,8 +62,9 @@ struct SlotInfo {
   /// Warm joiner (WARMING, or REJOINING after its admission until it joined): its id, -1 when
   /// none. Its ready/admit keys are deleted when it joined or its process ended.
   int64_t warm_id = -1;
-  bool warm_ready = false;  ///< WARMING: it wrote its ready key (waits for its admission)
-  bool cancelled = false;   ///< PARKED: a warm joiner killed because it is no longer wanted
+  bool warm_ready = false;      ///< WARMING: it wrote its ready key (waits for its admission)
+  bool warm_late_said = false;  ///< WARMING: a boundary went by without it (said once)
+  bool cancelled = false;       ///< PARKED: a warm joiner killed because it is no longer wanted
 };
 
 /// A boundary round that every live member has reported, about to be decided.

@@ -5,6 +5,7 @@
 //   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
+//   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 // Every decision read is appended to <dir>/reads.<gpu>.<pid>: "<store key> <json>".
 // At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
@@ -77,6 +78,10 @@ int main(int argc, char** argv) {
 
   Decision start;
   if (wc->warm()) {  // a warm joiner: ready at once, waits for its admission
+    if (fs::exists(dir / ("stall_warm_gpu" + std::to_string(gpu)))) {
+      std::fprintf(stderr, "fake_worker gpu %d: stalling in its warm start-up\n", gpu);
+      while (true) ::pause();
+    }
     std::optional<Decision> admitted = wc->wait_admission();
     if (!admitted) {
       std::printf("fake_worker gpu %d: told to exit before it was admitted\n", gpu);

@@ -886,3 +886,32 @@ TEST_CASE("scheduler: a config naming a failed slot says it stays out, also whil
              "code 3) failed in this attempt: a failed slot is not started again before a "
              "restart; the job stays paused (name another slot to resume)"));
 }
+
+TEST_CASE("scheduler: a warm joiner not ready at a boundary is said once; the end is no failure") {
+  // Issue 25 item 4: a stalled warm joiner was invisible until the job's end.
+  Harness h(cfg(std::vector<int>{0}), /*slots=*/2);
+  h.auto_ready = false;
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  REQUIRE(h.state(1) == SlotState::kWarming);
+  const int pid = h.s.slots().at(1).pid;
+  CHECK_FALSE(said(h, "is not ready yet"));
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  const std::string late = "the warm joiner on gpu 1 (pid " + std::to_string(pid) +
+                           ") is not ready yet at the boundary (epoch 0, step 0): training goes "
+                           "on without it";
+  CHECK(said(h, late));
+  CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+  size_t n = 0;
+  for (const Effect& e : h.log)
+    n += e.kind == Effect::Kind::kSay && e.value.find("is not ready yet") != std::string::npos;
+  CHECK(n == 1);
+  // The job finishes: the joiner is ended; its SIGKILL leaves the slot PARKED (no failure).
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1});
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.state(1) == SlotState::kParked);
+}
