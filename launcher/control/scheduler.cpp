@@ -469,13 +469,6 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
                     "handoff completed ({})",
                     gpu, generation_, pid, how));
   }
-  // A joiner waiting for this process to go away.
-  if (s.spawn_pending && !finished_) {
-    s.spawn_pending = false;
-    set_state(s, SlotState::kRejoining,
-              fmt::format("respawned to join generation {}", generation_));
-    spawn_effect(gpu, generation_, last_decision_);
-  }
   try_decide();
   check_all_gone();
   warm_up();  // a slot wanted again whose previous process just ended
@@ -849,13 +842,9 @@ void Scheduler::decide() {
 }
 
 void Scheduler::admit(SlotInfo& s, const Decision& d, const std::string& json) {
-  if (s.pid >= 0 && s.will_exit) {
-    // Its process is still exiting: spawn when it is gone.
-    s.spawn_pending = true;
-    s.generation = d.generation;
-    s.rank = d.rank_of(s.gpu);
-    return;
-  }
+  GPURUN_CHECK(joinable_now(s),
+               "joiner gpu {} of generation {} is not joinable (state {}, pid {}, exiting {})",
+               s.gpu, d.generation, to_string(s.state), s.pid, s.will_exit);
   bring_in(s, d, json);
 }
 

@@ -647,6 +647,11 @@ void Supervisor::finish_unrestarted() {
     print_summary();
     finish(failure_->status.shell_code(),
            failure_->reason + " (" + controller_->failure_summary() + ")");
+  } else if (const std::string why = controller_ ? controller_->job_failed() : std::string();
+             !why.empty()) {
+    // Every worker exited 0 (told to), yet the job failed: never "all workers succeeded".
+    say(fmt::format("the job failed although no worker did: {}", why));
+    finish(1, why);  // no worker's status to take (docs/cli.md, "Exit status")
   } else {
     finish(0, "all workers succeeded");
   }

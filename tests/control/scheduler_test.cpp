@@ -915,3 +915,63 @@ TEST_CASE("scheduler: a warm joiner not ready at a boundary is said once; the en
   h.drain();
   CHECK(h.state(1) == SlotState::kParked);
 }
+
+TEST_CASE("scheduler: a resume edit while the pause's release leavers still exit loses nothing") {
+  // Issue 25 (seen in CI on a loaded machine): a resume edit that came while released leavers
+  // were still exiting named a slot whose process was still there; it waited as a member
+  // without a process, the other leaver's exit then read as every member gone: "the training
+  // state is lost", and exit 0. The delay is injected as the order of events: the edit comes
+  // first, the leavers' exits after it (and after the warm joiners are ready).
+  struct Order {
+    const char* name;
+    std::vector<int> resume;
+  };
+  for (const Order& o : {Order{"the leavers themselves", {0, 1}}, Order{"one leaver", {1, 2}},
+                         Order{"no leaver", {2}}}) {
+    CAPTURE(o.name);
+    Harness h(cfg(std::vector<int>{0, 1}), /*slots=*/3);
+    h.auto_ready = false;
+    h.join_all();
+    h.s.config_loaded(cfg(std::vector<int>{}), "c");
+    h.drain();
+    REQUIRE(h.boundary(0).active.empty());
+    REQUIRE(h.state(0) == SlotState::kOffloading);  // both still exiting
+    const size_t decided = h.decisions.size();
+    h.s.config_loaded(cfg(o.resume), "c");
+    h.drain();
+    auto check_members = [&] {  // every member of a decided generation has a process coming
+      for (int gpu : h.s.active()) {
+        CAPTURE(gpu);
+        CHECK(h.state(gpu) == SlotState::kRejoining);
+        CHECK(h.s.slots().at(gpu).pid >= 0);
+      }
+    };
+    if (o.resume == std::vector<int>{2}) {
+      h.ready(2);
+      REQUIRE(h.decisions.size() == decided + 1);  // nobody waits for the leavers
+      check_members();
+    } else {
+      if (o.resume.front() == 1) h.ready(2);
+      CHECK(h.decisions.size() == decided);  // a slot of it is still exiting
+    }
+    CHECK(h.s.on_process_exit(0, true, "exit code 0", false));
+    h.drain();
+    if (o.resume.front() == 0) h.ready(0);
+    CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+    h.drain();
+    CHECK(h.s.state_lost().empty());
+    if (o.resume != std::vector<int>{2}) {
+      CHECK(h.decisions.size() == decided);
+      h.ready(1);
+    }
+    REQUIRE(h.decisions.size() == decided + 1);
+    const Decision& d = h.decisions.back();
+    CHECK(d.active == o.resume);
+    CHECK(d.state_source.is_snapshot());
+    check_members();
+    h.join_all();
+    CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+    CHECK(h.s.state_lost().empty());
+    CHECK(h.events("state_lost") == 0);
+  }
+}
