@@ -757,6 +757,8 @@ int run(int argc, char** argv) {
         }
         if (!supervisor.done()) signals.async_wait(on_signal);
       };
+  // Added here, not with the others: the join above waits for a stop signal only once.
+  signals.add(SIGWINCH);  // a resized terminal: the workers' pseudo-terminals follow
   signals.async_wait(on_signal);
 
   int code = kExitLauncherError;

@@ -69,7 +69,11 @@ bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool c
       scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
   // A failure once the job is finishing (a member finished training) is nothing the others
   // go on without: what it did after its loop (saving, evaluating) is lost, so the job fails.
-  if (was_finished && !status.success() && failed_while_finishing_.empty())
+  // The end of a process the scheduler does not count as failed is none: a warm joiner that
+  // was never admitted, ended (SIGKILL) because the job is finishing, stays PARKED.
+  const auto slot = scheduler_.slots().find(local_rank);
+  const bool failed = slot != scheduler_.slots().end() && slot->second.state == SlotState::kFailed;
+  if (was_finished && !status.success() && failed && failed_while_finishing_.empty())
     failed_while_finishing_ = fmt::format("gpu {} ended with {} after the job finished training",
                                           local_rank, status.describe());
   if (!was_finished && scheduler_.finished() && status.success() &&

@@ -72,6 +72,7 @@ class ElasticController : public supervisor::SlotController {
   bool holds_job_open() const override { return scheduler_.holds_job_open(); }
   bool succeeded() const override;
   std::string failure_summary() const override;
+  std::string job_failed() const override { return scheduler_.state_lost(); }
   void on_reload_request() override;
   void on_checkpoint_request() override;
   bool on_stop_request(const std::string& why) override;

@@ -212,6 +212,19 @@ void Scheduler::config_loaded(Config config, const std::string& path) {
   for (const auto& w : config_.warnings) say("warning: " + w);
   if (finished_) return;
   if (to_release) wake_all_parked_to_exit("park mode is now release");
+  // A named slot that failed in this attempt stays out: say so, never drop it silently.
+  const std::vector<int> out = minus(desired(), effective_desired());
+  if (!out.empty() && generation_ >= 0) {
+    std::string which;
+    for (int gpu : out)
+      which += fmt::format("{}gpu {} ({})", which.empty() ? "" : ", ", gpu, slot(gpu).reason);
+    const bool paused = active_.empty() && effective_desired().empty();
+    say(
+        fmt::format("the config names [{}], but {} failed in this attempt: a failed slot is not "
+                    "started again before a restart{}",
+                    join_ids(out, ", "), which,
+                    paused ? "; the job stays paused (name another slot to resume)" : ""));
+  }
   warm_up();
   if (generation_ >= 0 && active_.empty()) resume();
 }
@@ -382,8 +395,30 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     case SlotState::kOffloading:
       if (clean) {
         set_state(s, SlotState::kParked, "released: " + how);
-      } else {
+      } else if (gpu == source_gpu_ && s.holds_state) {
+        // A leaving state source before its handoff completed: participant_died decides.
         set_state(s, SlotState::kFailed, "died while offloading: " + how);
+      } else {
+        // Its state was not needed any more (the pause snapshot or the members hold it): its
+        // death loses nothing, and the slot can be named again (spawned anew).
+        if (s.park_generation >= 0) {
+          delete_key(keys::parked(gpu, s.park_generation));
+          delete_key(keys::wake(gpu, s.park_generation));
+          s.park_generation = -1;
+        }
+        set_state(s, SlotState::kParked, "ended while leaving (nothing was lost): " + how);
+        const std::string held_by =
+            active_.empty()
+                ? fmt::format("the pause snapshot holds the training state{}",
+                              snapshot_boundary_
+                                  ? fmt::format(" (epoch {}, step {})", snapshot_boundary_->first,
+                                                snapshot_boundary_->second)
+                                  : std::string())
+                : fmt::format("the members [{}] hold the training state", join_ids(active_, ", "));
+        say(fmt::format(
+            "leaving gpu {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
+            "is parked and a config that names it again starts it anew",
+            gpu, pid, how, held_by));
       }
       break;
     case SlotState::kWarming:
@@ -434,13 +469,6 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         fmt::format("gpu {} (the state source of generation {}, pid {}) left before its "
                     "handoff completed ({})",
                     gpu, generation_, pid, how));
-  }
-  // A joiner waiting for this process to go away.
-  if (s.spawn_pending && !finished_) {
-    s.spawn_pending = false;
-    set_state(s, SlotState::kRejoining,
-              fmt::format("respawned to join generation {}", generation_));
-    spawn_effect(gpu, generation_, last_decision_);
   }
   try_decide();
   check_all_gone();
@@ -700,9 +728,20 @@ void Scheduler::decide() {
     // Warm joiners still starting (and slots whose old process is still exiting) join at a
     // later boundary: the members never wait here for a start-up.
     std::vector<int> now;
-    for (int gpu : target)
-      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(slot(gpu)))
+    for (int gpu : target) {
+      SlotInfo& s = slot(gpu);
+      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(s)) {
         now.push_back(gpu);
+      } else if (s.state == SlotState::kWarming && !s.warm_late_said) {
+        s.warm_late_said = true;  // once per warm joiner: a stalled one is otherwise invisible
+        const Report& r = reports_.begin()->second;
+        say(
+            fmt::format("the warm joiner on gpu {} (pid {}) is not ready yet at the boundary "
+                        "(epoch {}, step {}): training goes on without it, it joins at the first "
+                        "boundary after it is ready",
+                        gpu, s.pid, r.epoch, r.step));
+      }
+    }
     if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile
     target = std::move(now);
   }
@@ -802,13 +841,9 @@ void Scheduler::decide() {
 }
 
 void Scheduler::admit(SlotInfo& s, const Decision& d, const std::string& json) {
-  if (s.pid >= 0 && s.will_exit) {
-    // Its process is still exiting: spawn when it is gone.
-    s.spawn_pending = true;
-    s.generation = d.generation;
-    s.rank = d.rank_of(s.gpu);
-    return;
-  }
+  GPURUN_CHECK(joinable_now(s),
+               "joiner gpu {} of generation {} is not joinable (state {}, pid {}, exiting {})",
+               s.gpu, d.generation, to_string(s.state), s.pid, s.will_exit);
   bring_in(s, d, json);
 }
 
@@ -982,6 +1017,7 @@ void Scheduler::warm_up() {
     if (member(s) || s.state != SlotState::kParked || s.pid >= 0) continue;
     s.warm_id = next_warm_++;
     s.warm_ready = false;
+    s.warm_late_said = false;
     s.generation = -1;
     s.rank = -1;
     set_state(s, SlotState::kWarming,

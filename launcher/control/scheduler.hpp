@@ -51,7 +51,6 @@ struct SlotInfo {
   int pid = -1;                  ///< live process, -1 when none
   int64_t park_generation = -1;  ///< hold mode: its wake key's generation
   int64_t woken_from = -1;       ///< hold mode: park generation it was woken from (keys to drop)
-  bool spawn_pending = false;    ///< joiner waiting for its previous process to exit
   bool will_exit = false;        ///< its process is expected to exit 0 (release / exit wake)
   std::optional<std::pair<int64_t, int64_t>> last_boundary;  ///< (epoch, step) last reported
   std::string reason;                                        ///< why it is FAILED / last change
@@ -62,8 +61,9 @@ struct SlotInfo {
   /// Warm joiner (WARMING, or REJOINING after its admission until it joined): its id, -1 when
   /// none. Its ready/admit keys are deleted when it joined or its process ended.
   int64_t warm_id = -1;
-  bool warm_ready = false;  ///< WARMING: it wrote its ready key (waits for its admission)
-  bool cancelled = false;   ///< PARKED: a warm joiner killed because it is no longer wanted
+  bool warm_ready = false;      ///< WARMING: it wrote its ready key (waits for its admission)
+  bool warm_late_said = false;  ///< WARMING: a boundary went by without it (said once)
+  bool cancelled = false;       ///< PARKED: a warm joiner killed because it is no longer wanted
 };
 
 /// A boundary round that every live member has reported, about to be decided.
@@ -186,7 +186,9 @@ class Scheduler {
   // Asks the supervisor to start a process on `gpu` that joins `generation` by reading
   // `decision_json` (the decision that created it).
   void spawn_effect(int gpu, int64_t generation, const std::string& decision_json);
-  // A joiner of `d`: brought in now, or once its previous process (told to exit) is gone.
+  // A joiner of `d`. Only a slot joinable_now() can be one: a slot whose previous process is
+  // still exiting is never named by a decision (it would be a member with no process, and
+  // the members' loss would read as the training state's), it joins once warm.
   void admit(SlotInfo& s, const Decision& d, const std::string& json);
   void publish(const Decision& d, const std::string& json, const std::string& decision_key);
   void begin_finish(const SlotInfo& s, const std::string& how);

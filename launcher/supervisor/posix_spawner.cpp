@@ -239,10 +239,22 @@ struct Pty {
   UniqueFd slave;
 };
 
+/// Gives the pty `fd` (master or slave) the window size of gpurun's fd `like_fd` less
+/// `margin` columns (the console prefix; at least 1 column is left). Nothing when `like_fd`
+/// is not a terminal or reports no width.
+void copy_window_size(int like_fd, int fd, int margin) {
+  winsize ws{};
+  if (::ioctl(like_fd, TIOCGWINSZ, &ws) != 0) return;
+  if (ws.ws_col > 0 && margin > 0)
+    ws.ws_col = static_cast<unsigned short>(ws.ws_col > margin ? ws.ws_col - margin : 1);
+  ::ioctl(fd, TIOCSWINSZ, &ws);
+}
+
 /// Opens a pty whose slave is raw (cfmakeraw: no output processing, so no "\n" -> "\r\n"
-/// translation, and no echo) and has the window size of gpurun's fd `like_fd` when that is a
-/// terminal. nullopt when none can be opened (no /dev/ptmx, the pty limit reached).
-std::optional<Pty> open_pty(int like_fd) {
+/// translation, and no echo) and has the window size of gpurun's fd `like_fd`, less `margin`
+/// columns, when that is a terminal. nullopt when none can be opened (no /dev/ptmx, the pty
+/// limit reached).
+std::optional<Pty> open_pty(int like_fd, int margin) {
   UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
   if (!master) return std::nullopt;
   if (::grantpt(master.get()) != 0 || ::unlockpt(master.get()) != 0) return std::nullopt;
@@ -255,8 +267,7 @@ std::optional<Pty> open_pty(int like_fd) {
     ::cfmakeraw(&t);
     ::tcsetattr(slave.get(), TCSANOW, &t);
   }
-  winsize ws{};
-  if (::ioctl(like_fd, TIOCGWINSZ, &ws) == 0) ::ioctl(slave.get(), TIOCSWINSZ, &ws);
+  copy_window_size(like_fd, slave.get(), margin);
   Pty p;
   p.master = ::fcntl(master.get(), F_DUPFD_CLOEXEC, 3);  // a copy the caller owns
   if (p.master < 0) return std::nullopt;
@@ -312,6 +323,9 @@ struct PosixWorkerState : std::enable_shared_from_this<PosixWorkerState> {
   std::shared_ptr<PosixSpawner::Reaper> reaper;
   int pid = -1;
   bool detached = false;  // handle destroyed: drop notifications
+  bool out_pty = false;   // `out` / `err` read a pty master (terminal_resized resizes it)
+  bool err_pty = false;
+  int pty_margin = 0;  // SpawnRequest::pty_margin_columns
 
   void read(StreamId id) {
     auto& pipe = id == StreamId::kStdout ? out : err;
@@ -368,6 +382,18 @@ class PosixWorker : public WorkerProcess {
     state_->reaper->reap_orphans();  // a zombie gpurun has not reaped still counts for killpg
     return ::killpg(pid_, 0) == 0 || errno == EPERM;
   }
+  void terminal_resized() override {
+    bool any = false;
+    if (state_->out_pty && state_->out.is_open()) {
+      copy_window_size(STDOUT_FILENO, state_->out.native_handle(), state_->pty_margin);
+      any = true;
+    }
+    if (state_->err_pty && state_->err.is_open()) {
+      copy_window_size(STDERR_FILENO, state_->err.native_handle(), state_->pty_margin);
+      any = true;
+    }
+    if (any) ::killpg(pid_, SIGWINCH);  // ESRCH (gone meanwhile) is fine
+  }
 
  private:
   std::shared_ptr<PosixWorkerState> state_;
@@ -406,8 +432,12 @@ std::unique_ptr<WorkerProcess> PosixSpawner::spawn(const SpawnRequest& req,
   // Pseudo-terminals where asked (and possible); else pipes. The master is read like a pipe;
   // the slave is the worker's, closed here once it is started (so that the worker's exit
   // shows as a hang-up at the master).
-  std::optional<Pty> out_pty = req.stdout_pty ? open_pty(STDOUT_FILENO) : std::nullopt;
-  std::optional<Pty> err_pty = req.stderr_pty ? open_pty(STDERR_FILENO) : std::nullopt;
+  const int margin = req.pty_margin_columns;
+  std::optional<Pty> out_pty = req.stdout_pty ? open_pty(STDOUT_FILENO, margin) : std::nullopt;
+  std::optional<Pty> err_pty = req.stderr_pty ? open_pty(STDERR_FILENO, margin) : std::nullopt;
+  state->out_pty = out_pty.has_value();
+  state->err_pty = err_pty.has_value();
+  state->pty_margin = margin;
   bp::error_code ec;
   for (auto [pty, pipe] : {std::pair{&out_pty, &state->out}, std::pair{&err_pty, &state->err}}) {
     if (!*pty) continue;

@@ -41,6 +41,10 @@ struct SpawnRequest {
   /// pseudo-terminal can be opened.
   bool stdout_pty = false;
   bool stderr_pty = false;
+  /// Columns the supervisor puts before each of the worker's lines (its console prefix,
+  /// `[rank0]: ` = 9): a pseudo-terminal is that much narrower than gpurun's own terminal, so
+  /// a progress bar sized to the terminal's width fits on one line after the prefix.
+  int pty_margin_columns = 0;
 };
 
 /// Notifications from one worker; all run on the supervisor's io thread.
@@ -61,6 +65,10 @@ class WorkerProcess {
   virtual bool signal_group(int sig) = 0;
   /// Whether any process of the group is still alive (signal 0 probe).
   virtual bool group_alive() const = 0;
+  /// gpurun's terminal changed size (SIGWINCH): the worker's pseudo-terminals, if any, get the
+  /// new size less the request's pty_margin_columns, and its process group gets SIGWINCH (a
+  /// pseudo-terminal that is nobody's controlling terminal sends none itself). No-op without one.
+  virtual void terminal_resized() {}
 };
 
 /// Starts workers. Throws ProcessError naming the rank and command when a

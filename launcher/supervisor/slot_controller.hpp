@@ -28,6 +28,10 @@ class SlotController {
   virtual bool succeeded() const = 0;
   /// Why the elastic job failed when succeeded() is false (the end of the failure line).
   virtual std::string failure_summary() const { return "every elastic worker failed"; }
+  /// Non-empty when the job failed whatever its workers' exit statuses say: the elastic job's
+  /// training state is lost (its workers may all have exited 0, told to). gpurun then never
+  /// exits 0: it exits with the first failed worker's status, else 1.
+  virtual std::string job_failed() const { return {}; }
   /// SIGHUP: reload the config.
   virtual void on_reload_request() = 0;
   /// The preemption-warning signal: every worker sees a checkpoint request at its next

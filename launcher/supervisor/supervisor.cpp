@@ -62,6 +62,13 @@ struct Supervisor::Failure {
   bool peer = false;  // stop_for_peer: another node failed (no local summary)
 };
 
+int display_columns(std::string_view text) {
+  int n = 0;
+  for (const char c : text)  // one per UTF-8 sequence: every byte but the continuation bytes
+    n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank) {
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
@@ -204,6 +211,7 @@ void Supervisor::launch(Worker& w, const EnvMap& overlay) {
   }
   req.stdout_pty = w.out.lines.redraws();
   req.stderr_pty = w.err.lines.redraws();
+  req.pty_margin_columns = display_columns(w.prefix);  // each line is "<prefix><its text>"
   WorkerCallbacks cb;
   cb.on_output = [this, &w](StreamId s, std::string_view b) { on_output(w, s, b); };
   cb.on_stream_closed = [this, &w](StreamId s) { on_stream_closed(w, s); };
@@ -639,6 +647,11 @@ void Supervisor::finish_unrestarted() {
     print_summary();
     finish(failure_->status.shell_code(),
            failure_->reason + " (" + controller_->failure_summary() + ")");
+  } else if (const std::string why = controller_ ? controller_->job_failed() : std::string();
+             !why.empty()) {
+    // Every worker exited 0 (told to), yet the job failed: never "all workers succeeded".
+    say(fmt::format("the job failed although no worker did: {}", why));
+    finish(1, why);  // no worker's status to take (docs/cli.md, "Exit status")
   } else {
     finish(0, "all workers succeeded");
   }
@@ -884,6 +897,10 @@ void Supervisor::handle_signal(int sig) {
     case SIGUSR1:
     case SIGUSR2:
       signal_all(sig);
+      return;
+    case SIGWINCH:  // gpurun's terminal was resized: so are the workers' (less the prefix)
+      for (auto& w : workers_)
+        if (w->proc && !w->exit) w->proc->terminal_resized();
       return;
     case SIGHUP:
       if (controller_) {

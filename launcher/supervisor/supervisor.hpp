@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,8 @@ struct SupervisorOptions {
 
 /// Expands ${rank}, ${local_rank} and ${role_name} in a console prefix template.
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank);
+/// Terminal columns `text` takes: one per UTF-8 character (`[rank0]: ` = 9).
+int display_columns(std::string_view text);
 
 /// Runs on one io_context thread; every public method must be called there.
 /// Life of an attempt: spawn all slots -> run -> on the first failure (non-zero

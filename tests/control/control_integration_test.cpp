@@ -515,6 +515,35 @@ TEST_CASE("a worker that fails after the job finished training makes gpurun fail
       why);
 }
 
+TEST_CASE("a warm joiner that never becomes ready is said once and ended at the end: exit 0") {
+  // Issue 25 item 4: it was ignored while training went on (fine), then killed at the end and
+  // reported as the job's root cause (all epochs trained, exit 137), with nothing said before.
+  TempDir tmp;
+  Run run(tmp.path, 2, config("[0]", "release", 30));
+  run.wait_resize(1);
+  run.wait_continues(1);
+  write_file(tmp.path / "stall_warm_gpu1", "");
+  write_file(tmp.path / "config.toml", config("[0, 1]", "release", 30));
+  const std::string late = "gpurun: the warm joiner on gpu 1 (pid ";
+  run.wait_for("the console saying the warm joiner is not ready",
+               [&] { return slurp(tmp.path / "gpurun.stderr").find(late) != std::string::npos; });
+  run.wait_continues(2);  // more boundaries go by without it
+  CHECK(run.finish() == 0);
+  const std::string console = slurp(tmp.path / "gpurun.stderr");
+  INFO(console);
+  size_t said = 0;
+  for (size_t pos = 0; (pos = console.find(late, pos)) != std::string::npos; pos += late.size())
+    ++said;
+  CHECK(said == 1);  // once, not at every boundary
+  CHECK(console.find("is not ready yet at the boundary") != std::string::npos);
+  CHECK(console.find("ending warming gpu 1 (pid") != std::string::npos);
+  CHECK(console.find("root cause") == std::string::npos);
+  for (auto& e : run.resizes()) CHECK(ids(e, "active") == "[0]");  // never admitted
+  auto shutdown = run.events("shutdown");
+  REQUIRE(shutdown.size() == 1);
+  CHECK(shutdown[0].at("exit_code").as_int64() == 0);
+}
+
 TEST_CASE("the store's key count stays bounded over many boundaries and resizes") {
   TempDir tmp;
   Run run(tmp.path, 3, config(""), 20);

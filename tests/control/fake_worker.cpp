@@ -6,6 +6,7 @@
 //   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
+//   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 //   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
 //   steps           contains S: each epoch is S steps, each published in the progress file
@@ -126,6 +127,10 @@ int main(int argc, char** argv) {
   if (session->engine().has_generation()) {
     const Decision& start = session->engine().current();
     epoch = start.epoch >= 0 ? start.epoch + 1 : 0;
+  }
+  if (session->engine().warm() && fs::exists(dir / ("stall_warm_gpu" + std::to_string(gpu)))) {
+    std::fprintf(stderr, "fake_worker gpu %d: stalling in its warm start-up\n", gpu);
+    while (true) ::pause();
   }
   EngineEvent ready;
   ready.kind = EngineEvent::Kind::kReady;

@@ -203,7 +203,9 @@ TEST_CASE("gpurun under a terminal: workers get a tty, \\r redraws arrive at onc
   CHECK(c.code() == 0);
   CHECK(c.out.find("[rank0]: stdout tty\n") != std::string::npos);
   CHECK(c.out.find("[rank0]: stderr tty\n") != std::string::npos);
-  CHECK(c.out.find("[rank0]: size 33 111\n") != std::string::npos);          // gpurun's window size
+  // gpurun's window size less the prefix ("[rank0]: ", 9 columns): a bar that fills the
+  // worker's terminal fits on one line of gpurun's (issue 25 item 8: it wrapped at every redraw).
+  CHECK(c.out.find("[rank0]: size 33 102\n") != std::string::npos);
   CHECK(c.out.find("[rank0]: flags -opost -echo \n") != std::string::npos);  // bytes unchanged
   // Each state redraws in place with the prefix; the line's end ("\n") ends it.
   CHECK(c.out.find("\r[rank0]: step 1/3\r[rank0]: step 2/3\r[rank0]: step 3/3\n") !=
@@ -215,9 +217,39 @@ TEST_CASE("gpurun under a terminal: workers get a tty, \\r redraws arrive at onc
   REQUIRE_FALSE(run.empty());
   const std::string log = slurp(run + "/attempt_0/0/stdout.log");
   CHECK(log.find('\r') == std::string::npos);
-  CHECK(log.find("stdout tty\nsize 33 111\n") == 0);
+  CHECK(log.find("stdout tty\nsize 33 102\n") == 0);
   CHECK(log.find("step 3/3\nlast bytes") != std::string::npos);
   CHECK(slurp(run + "/attempt_0/0/stderr.log") == "stderr tty\n");
+}
+
+TEST_CASE("gpurun under a terminal: a resize reaches every worker's terminal, less the prefix") {
+  TempDir dir;
+  Console::Setup setup;
+  setup.terminal = true;
+  Console c({"--nproc", "2", "--device", "cpu", "--master-port", "0", worker("winch.sh")},
+            {{"OUT_DIR", dir.str()}}, setup);
+  const bool started = c.until(
+      [&] {
+        return c.out.find("[rank0]: size 33 102\n") != std::string::npos &&
+               c.out.find("[rank1]: size 33 102\n") != std::string::npos;
+      },
+      10s);
+  INFO(c.out);
+  REQUIRE(started);
+  // (winch.sh installs its trap before it says its size.)
+  // The user's terminal becomes 40 x 80: the kernel sends gpurun SIGWINCH.
+  winsize size{40, 80, 0, 0};
+  REQUIRE(::ioctl(c.out_fd, TIOCSWINSZ, &size) == 0);
+  const bool followed = c.until(
+      [&] {
+        return c.out.find("[rank0]: resized 40 71\n") != std::string::npos &&
+               c.out.find("[rank1]: resized 40 71\n") != std::string::npos;
+      },
+      10s);
+  CHECK(followed);
+  { std::ofstream(dir.path / "done") << ""; }
+  REQUIRE(c.finish(30s));
+  CHECK(c.code() == 0);
 }
 
 TEST_CASE("gpurun with pipes as its output: workers get pipes, a \\r line is forwarded whole") {

@@ -509,6 +509,39 @@ TEST_CASE("supervisor: SIGTERM while paused says the snapshot (path, size) is de
                             snapshot_path(h2.run_dir)) != std::string::npos);
 }
 
+namespace {
+/// Elastic mode whose training state was lost: its one worker is told to exit and exits 0.
+struct LostStateController : SlotController {
+  Supervisor* sup = nullptr;
+  void on_attempt_start(int) override { sup->spawn_slot(0, {}); }
+  bool on_worker_exit(int, ExitStatus, bool) override { return false; }
+  bool holds_job_open() const override { return false; }
+  bool succeeded() const override { return false; }
+  std::string failure_summary() const override { return job_failed(); }
+  std::string job_failed() const override {
+    return "the training state is lost: no process of generation 2 holds it (failed: [])";
+  }
+  void on_reload_request() override {}
+};
+}  // namespace
+
+TEST_CASE("supervisor: a lost training state never ends with exit 0, even if every worker did") {
+  // Issue 25: "state lost" was followed by "all workers succeeded" and exit 0 when the workers
+  // that were left exited 0 (told to exit) and none had failed.
+  Harness h(1);
+  LostStateController lost;
+  lost.sup = h.sup.get();
+  h.sup->set_controller(&lost);
+  h.sup->start();
+  h.settle();
+  h.spawner.exit(0, {0, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 1);
+  CHECK(h.console.err.find("gpurun: the job failed although no worker did: the training state "
+                           "is lost: no process of generation 2 holds it") != std::string::npos);
+}
+
 TEST_CASE("supervisor: an error file that holds no report says why on its own line") {
   Harness h(2);
   h.sup->start();
