@@ -6,7 +6,10 @@
 # new group's rendezvous until gpurun's abort key). The holders must give up on it at
 # once (not after the comm timeout), report again, and go on as [0,1]: gpurun decides
 # failed [2], the job finishes every epoch (each sample once per epoch) and exits 0.
-# Usage: run_setup_failure.sh GPURUN load|rendezvous
+# member (issue 25 item 1): slot 1, a member holding the state, is SIGKILLed at the grow
+# decision instead; slot 0 (the other holder) and the joiner must go on as [0, 2] (gpurun
+# decides failed [1]), not die in the group's set-up with "the training state is lost".
+# Usage: run_setup_failure.sh GPURUN load|rendezvous|member
 WHERE=${2:-load}
 TEST=python_setup_failure_$WHERE
 source "$(dirname "$0")/common.sh"
@@ -18,7 +21,10 @@ SLOW_LOAD=30 GPURUN_COMM_TIMEOUT_MS=120000 "$GPURUN" --master-port 0 --nproc 3 -
 pid=$!
 wait_event '"event": "decision", "generation": 0, "prev_generation": 0, "round": 1,'
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/c.new"; mv "$TMP/c.new" "$TMP/config.toml"
-if [[ $WHERE == load ]]; then
+if [[ $WHERE == member ]]; then
+  wait_event '"joiners": \[2\]'
+  victim=$("$PY" -c 'import json,sys; print([json.loads(l)["pid"] for l in open(sys.argv[1]) if "\"worker_state\"" in l and "\"gpu\": 1" in l and "\"ACTIVE\"" in l][-1])' "$TMP/events.jsonl")
+elif [[ $WHERE == load ]]; then
   for _ in $(seq 1 900); do [[ -s $TMP/out/loading.2 ]] && break; sleep 0.1; done
   [[ -s $TMP/out/loading.2 ]] || fail "slot 2 never loaded a state"
   victim=$(cat "$TMP/out/loading.2")
@@ -31,11 +37,14 @@ else  # stopped once ready, so the holders wait for it in the new group's rendez
 fi
 [[ $victim -gt 1 ]] && kill -9 "$victim"
 killed=$(date +%s)
-wait_event '"failed": \[2\]'
-(( $(date +%s) - killed < 20 )) || fail "the holders waited $(( $(date +%s) - killed )) s for the dead joiner"
+dead=2 survivors="[0, 1]" limit=20
+[[ $WHERE == member ]] && dead=1 survivors="[0, 2]" limit=45
+wait_event "\"failed\": \\[$dead\\]"
+(( $(date +%s) - killed < limit )) || fail "the holders waited $(( $(date +%s) - killed )) s for the dead rank"
 echo "$TEST: the holders went on $(( $(date +%s) - killed )) s after the kill"
 wait "$pid" || fail "gpurun exited $?"
-"$PY" - "$TMP/out" <<'PY' || fail "the checks above"
+grep -q "the training state is lost" "$LOG" && fail "gpurun says the state is lost"
+"$PY" - "$TMP/out" "$survivors" <<'PY' || fail "the checks above"
 import glob, json, sys
 lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(f)]
 for e in range(8):
@@ -43,6 +52,6 @@ for e in range(8):
     assert sorted(i for l in ls for i in l["seen"]) == list(range(240)), f"epoch {e}"
     assert len({l["start_checksum"] for l in ls}) == 1, f"epoch {e}"
     assert {l["world"] for l in ls} == {2}, f"epoch {e}: worlds {[l['world'] for l in ls]}"
-print("8 epochs on [0, 1], each sample once; slot 2's death did not stop them")
+print(f"8 epochs, each sample once, ending on {sys.argv[2]}; the death did not stop them")
 PY
 echo "$TEST: OK"

@@ -595,7 +595,7 @@ class Runtime:
 # 2.11). Only these are taken for a peer's failure: any other error is the program's own.
 _COMM_FAILURE_MARKS = ("abandoned by gpurun", "Connection reset by peer", "Connection closed by peer", "Broken pipe",
                        "Connection refused", "Timed out", "timed out", "NCCL error",
-                       "NCCL communicator was aborted", "DistBackendError")
+                       "NCCL communicator was aborted", "DistBackendError", "Socket Timeout")
 
 
 # How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks

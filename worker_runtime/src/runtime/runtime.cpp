@@ -55,15 +55,6 @@ std::string hex(uint64_t v) {
   return fmt::format("{:016x}", v);
 }
 
-bool contains(const std::vector<int>& v, int x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
-int index_of(const std::vector<int>& v, int x) {
-  const auto it = std::find(v.begin(), v.end(), x);
-  return it == v.end() ? -1 : static_cast<int>(it - v.begin());
-}
-
 /// Preemption-warning signals caught (the handler only counts; boundaries read it).
 std::atomic<uint64_t> g_preempt_signals{0};
 /// Under Slurm, slurmstepd sends SIGTERM (time limit, scancel, preemption) to every process of
@@ -1029,6 +1020,9 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
     m->world = e.world;
     m->active.clear();
     m->start_premap();
+    control::EngineEvent open;  // in no generation until admitted: the engine only notes it
+    open.kind = control::EngineEvent::Kind::kOpen;
+    m->drive(std::move(open));
   } else if (m->control) {
     m->state = WorkerState::kRejoining;  // initial state: a joiner until it holds the state
     control::EngineEvent open;
