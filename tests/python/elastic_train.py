@@ -86,8 +86,11 @@ for epoch in rt.epochs(epochs):
     log.write(json.dumps({"epoch": epoch, "rank": rt.rank, "world": rt.world_size,
                           "generation": rt.generation, "seen": seen, "start_checksum": start_sum, "rng": draw,
                           "rng_start": rng_start, "rng_end": rng_hash(), "pid": os.getpid(),
-                          "readers": sorted(readers),
+                          "readers": sorted(readers), "checkpoint": rt.checkpoint_requested,
                           "loss": total[0].item() / total[1].item()}) + "\n")
     log.flush()
     time.sleep(sleep_s)
+if rt.stop_requested:  # gpurun asked for a stop (SIGTERM): the loop ended at a boundary
+    log.write(json.dumps({"stop": True, "epoch": rt.epoch, "pid": os.getpid()}) + "\n")
+    log.flush()
 print(f"elastic_train slot {rt.slot}: done", flush=True)

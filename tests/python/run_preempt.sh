@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# ctest python_preempt: a Python job under gpurun --config is preempted and profiled through
+# gpurun's worker engine, as a C++ one is (docs/cli.md#preemption). 2 CPU slots train
+# (tests/python/elastic_train.py); SIGUSR2 to gpurun (the preemption warning) makes
+# checkpoint_requested true on every rank at the same boundary, for that one epoch; SIGTERM
+# then makes every rank leave its loop at the next boundary with stop_requested true (they
+# write a "stop" line, the processes exit 0) and gpurun exits 143. The step-progress file the
+# power-limit profiler reads advanced (the package publishes its steps through the library).
+# Usage: run_preempt.sh GPURUN
+TEST=python_preempt
+source "$(dirname "$0")/common.sh"
+mkdir -p "$TMP/out"
+printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
+"$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" \
+  --event-log "$TMP/events.jsonl" --log-dir "$TMP/run" --run-id pypreempt \
+  "$PY" "$HERE/elastic_train.py" "$TMP/out" 400 0.5 > "$LOG" 2>&1 &
+pid=$!
+wait_event '"event": "decision", "generation": 0, "prev_generation": 0, "round": 1,'
+[[ $pid -gt 1 ]] && kill -USR2 "$pid"
+for _ in $(seq 1 900); do grep -qs '"checkpoint": true' "$TMP"/out/log.* && break; sleep 0.1; done
+grep -qs '"checkpoint": true' "$TMP"/out/log.* || fail "no rank saw checkpoint_requested"
+# The progress file (docs/energy.md#progress-file: 64 bytes a slot, u64 steps first): both
+# slots publish their optimizer steps, and they advance.
+progress=$(find "$TMP/run" -maxdepth 2 -name progress | head -1)
+[[ -n $progress ]] || fail "no progress file under the run dir"
+steps() { "$PY" -c 'import struct,sys; d=open(sys.argv[1],"rb").read(); print(" ".join(str(struct.unpack_from("<Q", d, 64*s)[0]) for s in (0, 1)))' "$progress"; }
+read -r a0 a1 < <(steps)
+sleep 2
+read -r b0 b1 < <(steps)
+(( a0 > 0 && a1 > 0 && b0 > a0 && b1 > a1 )) || fail "progress did not advance: $a0 $a1 -> $b0 $b1"
+echo "$TEST: progress steps $a0 $a1 -> $b0 $b1"
+[[ $pid -gt 1 ]] && kill -TERM "$pid"
+set +e
+wait "$pid"
+code=$?
+set -e
+[[ $code -eq 143 ]] || fail "gpurun exited $code, not 143 (stopped)"
+"$PY" - "$TMP/out" <<'PY' || fail "the checks above"
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/log.*") for l in open(f)]
+epochs = [l for l in lines if "seen" in l]
+marked = sorted({l["epoch"] for l in epochs if l["checkpoint"]})
+assert len(marked) == 1, f"checkpoint_requested in epochs {marked}: expected exactly one"
+assert sorted(l["rank"] for l in epochs if l["epoch"] == marked[0] and l["checkpoint"]) == [0, 1], \
+    "not every rank saw the checkpoint request at the same boundary"
+stops = [l for l in lines if l.get("stop")]
+assert len(stops) == 2 and len({s["epoch"] for s in stops}) == 1, f"stops: {stops}"
+print(f"checkpoint at the boundary before epoch {marked[0]} on both ranks; "
+      f"both stopped at epoch {stops[0]['epoch']}")
+PY
+echo "$TEST: OK"
