@@ -626,21 +626,33 @@ TEST_CASE("a swap whose joiner dies: the leaving source says so, gpurun says the
   CHECK(err.find("the job goes on without it") == std::string::npos);  // it does not
 }
 
-TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost', non-zero") {
-  TempDir tmp;
-  TrainRun run(tmp.path, 1, config("[0]"), {"--epoch-ms", "200"});
-  run.wait_continues(2);
+namespace {
+/// Pauses a one-slot run (config.toml in `dir` says []: the `n`-th non-continue decision),
+/// waits until every worker process it started has exited, returns the pause snapshot file.
+fs::path pause_one_slot(TrainRun& run, const fs::path& dir, size_t n) {
   int64_t pid = -1;
   for (auto& st : run.trace("start")) pid = st.at("pid").as_int64();
   REQUIRE(pid > 0);
   const fs::path primary = env_of(pid, "GPURUN_SNAPSHOT_PATH");
   const fs::path fallback = env_of(pid, "GPURUN_SNAPSHOT_FALLBACK_PATH");
-  write_file(tmp.path / "config.toml", config("[]"));
-  run.wait_resize(2);
-  run.wait_for("the paused worker to exit",
-               [&] { return ::kill(static_cast<pid_t>(pid), 0) != 0; });
+  write_file(dir / "config.toml", config("[]"));
+  run.wait_resize(n);
+  run.wait_for("the paused worker to exit", [&] {
+    for (auto& st : run.trace("start"))
+      if (::kill(static_cast<pid_t>(st.at("pid").as_int64()), 0) == 0) return false;
+    return true;
+  });
   const fs::path snap = fs::exists(primary) ? primary : fallback;
   REQUIRE(fs::exists(snap));
+  return snap;
+}
+}  // namespace
+
+TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost', non-zero") {
+  TempDir tmp;
+  TrainRun run(tmp.path, 1, config("[0]"), {"--epoch-ms", "200"});
+  run.wait_continues(2);
+  const fs::path snap = pause_one_slot(run, tmp.path, 2);
   {
     std::fstream f(snap, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(5000);  // in the tensors (the manifest comes first, ~2 KB here)
@@ -654,6 +666,30 @@ TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost',
   const std::string all = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
   CHECK(all.find("payload checksum") != std::string::npos);
   CHECK(all.find(snap.string()) != std::string::npos);
+  CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
+}
+
+TEST_CASE("an older pause snapshot copied over the current one: refused, no epoch runs twice") {
+  // Issue 25 item 3: pause, keep a copy of that snapshot, resume, pause again a few epochs
+  // later, copy the old file over the new one, resume: the decision names the second pause's
+  // position, the file holds the first's; the resume must refuse it rather than train the
+  // epochs between them again.
+  TempDir tmp;
+  TrainRun run(tmp.path, 1, config("[0]"), {"--epoch-ms", "200"});
+  run.wait_continues(1);
+  const fs::path old_copy = tmp.path / "old.snapshot";
+  fs::copy_file(pause_one_slot(run, tmp.path, 2), old_copy);
+  write_file(tmp.path / "config.toml", config("[0]"));
+  run.wait_resize(3);
+  run.wait_continues(3);
+  fs::copy_file(old_copy, pause_one_slot(run, tmp.path, 4), fs::copy_options::overwrite_existing);
+  write_file(tmp.path / "config.toml", config("[0]"));
+  const bool ended = run.wait(60s);
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  const std::string all = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  CHECK(all.find("refusing to roll training back") != std::string::npos);
   CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
 }
 
