@@ -177,6 +177,8 @@ void ElasticController::on_key(const std::string& key) {
     scheduler_.on_parked(parked->first, parked->second);
   } else if (auto ready = keys::parse_slot_key(key, "ready")) {
     scheduler_.on_ready(ready->first, ready->second);
+  } else if (auto err = keys::parse_slot_key(key, "error")) {
+    scheduler_.on_program_error(err->first, err->second, value);
   } else if (auto timing = ResizeTimeline::parse_key(key)) {
     backend_.delete_key(key);  // read once: the store keeps no timing key
     timeline_.on_record(timing->first, timing->second, value);

@@ -308,6 +308,12 @@ void Scheduler::on_parked(int gpu, int64_t park_generation) {
   }
 }
 
+void Scheduler::on_program_error(int gpu, int64_t pid, const std::string& text) {
+  auto it = slots_.find(gpu);
+  if (it == slots_.end() || it->second.pid != pid) return;
+  it->second.program_error = text.substr(0, 500);
+}
+
 void Scheduler::on_ready(int gpu, int64_t warm) {
   auto it = slots_.find(gpu);
   if (it == slots_.end()) return;
@@ -362,6 +368,8 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
   }
   s.will_exit = false;
   moved_on(gpu);
+  const std::string program_error = std::exchange(s.program_error, {});
+  if (pid >= 0) delete_key(keys::program_error(gpu, pid));
   bool absorbed = true;
   std::string goes_on;  // said last, unless the job ends because of this exit
   switch (s.state) {
@@ -375,6 +383,16 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       if (clean) {
         set_state(s, SlotState::kExited, "finished: " + how);
         begin_finish(s, how);
+        absorbed = false;
+      } else if (!program_error.empty()) {
+        // The program's own exception is the job's failure, as under torchrun (a crash or a
+        // kill is a lost rank, gone on without): the supervisor stops the job (or restarts it).
+        set_state(s, SlotState::kFailed, how);
+        say(fmt::format(
+            "gpu {} (rank {} of generation {}, pid {}) ended with {} after the program's own "
+            "error: {}; the job fails (gpurun.elastic(drop_on_error=True) / "
+            "Runtime(drop_on_error=True) would go on without the rank)",
+            gpu, s.rank, generation_, pid, how, program_error));
         absorbed = false;
       } else {
         set_state(s, SlotState::kFailed, how);

@@ -64,6 +64,9 @@ struct SlotInfo {
   bool warm_ready = false;      ///< WARMING: it wrote its ready key (waits for its admission)
   bool warm_late_said = false;  ///< WARMING: a boundary went by without it (said once)
   bool cancelled = false;       ///< PARKED: a warm joiner killed because it is no longer wanted
+  /// The program's own error its live process said it dies of (keys::program_error): its
+  /// exit then fails the job (as under torchrun) instead of being gone on without.
+  std::string program_error;
 };
 
 /// A boundary round that every live member has reported, about to be decided.
@@ -106,6 +109,9 @@ class Scheduler {
   /// `gpurun/slot/<gpu>/ready/<w>` was written: the warm joiner `w` of `gpu` is ready (built,
   /// loaded, waiting): the next boundary decision admits it (at once while paused).
   void on_ready(int gpu, int64_t warm);
+  /// `gpurun/slot/<gpu>/error/<pid>` was written: that process dies of the program's own error
+  /// `text` (docs/control-protocol.md#keys); ignored for another pid than the slot's.
+  void on_program_error(int gpu, int64_t pid, const std::string& text);
   /// The deadline armed for (generation, round) expired.
   void on_deadline(int64_t generation, int64_t round);
   /// A process was started for `gpu` (after a kSpawn effect, or by the supervisor).

@@ -261,6 +261,9 @@ std::string ready(int gpu, int64_t w) {
 std::string admit(int gpu, int64_t w) {
   return fmt::format("gpurun/slot/{}/admit/{}", gpu, w);
 }
+std::string program_error(int gpu, int64_t pid) {
+  return fmt::format("gpurun/slot/{}/error/{}", gpu, pid);
+}
 std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what) {
   constexpr std::string_view kSlot = "gpurun/slot/";
   if (key.substr(0, kSlot.size()) != kSlot) return std::nullopt;

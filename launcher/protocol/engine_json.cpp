@@ -23,6 +23,7 @@ constexpr std::pair<E, std::string_view> kEventNames[] = {
     {E::kDone, "done"},
     {E::kFailed, "failed"},
     {E::kCollectiveFailed, "collective_failed"},
+    {E::kProgramError, "program_error"},
 };
 
 constexpr std::pair<A, std::string_view> kActionNames[] = {

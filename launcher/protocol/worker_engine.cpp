@@ -135,6 +135,11 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       report(e.epoch, e.step, /*has_state=*/true, {}, e.unix_ms);
       break;
 
+    case E::kProgramError:
+      // Not a protocol step: one SET that gpurun reads before this process's exit.
+      set(keys::program_error(opt_.slot, opt_.pid), e.text.empty() ? "error" : e.text);
+      break;
+
     case E::kValue:
       switch (phase_) {
         case Phase::kStartRecord:

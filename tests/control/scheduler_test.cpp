@@ -284,6 +284,26 @@ TEST_CASE("scheduler: hold mode parks and wakes through the wake key, exit wakes
   CHECK(h.wakes[1] == keys::wake(1, d.generation));
 }
 
+TEST_CASE("scheduler: a member that dies of the program's own error fails the job") {
+  // Issue 25 item 9: a crash or a kill is a lost rank the job goes on without; an exception
+  // the program raised (said by its worker just before it exits) is the job's failure.
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  const int pid = h.s.slots().at(1).pid;
+  h.s.on_program_error(1, pid + 7, "ValueError: not this process");  // a stale pid: ignored
+  h.s.on_program_error(1, pid, "ValueError: bad batch");
+  CHECK_FALSE(h.s.on_process_exit(1, false, "exit code 1", false));  // not absorbed: fails
+  h.drain();
+  bool said = false;
+  for (const Effect& e : h.log)
+    said |=
+        e.kind == Effect::Kind::kSay &&
+        e.value.find("after the program's own error: ValueError: bad batch") != std::string::npos;
+  CHECK(said);
+  // Without the error key the same exit is a death the job goes on without.
+  CHECK(h.s.on_process_exit(2, false, "exit code 1", false));
+}
+
 TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without them") {
   Harness h(cfg(std::nullopt));
   h.join_all();

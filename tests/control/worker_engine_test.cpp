@@ -448,6 +448,17 @@ TEST_CASE("worker engine: joining — whose random initialisation the handoff ov
   CHECK(warm.eng.joining());
 }
 
+TEST_CASE("worker engine: the program's own error is said to gpurun, in any phase") {
+  Slot s(1);
+  s.started({0, 1});
+  std::vector<EngineAction> out = s.eng.on(ev(E::kProgramError, "ValueError: bad batch"));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].key == "gpurun/slot/1/error/4242");
+  CHECK(out[0].value == "ValueError: bad batch");
+  CHECK(s.on(boundary(0)) == "set(gen/0/round/0/report/1) wait(gen/0/round/0/decision)");
+  CHECK(keys::parse_slot_key(out[0].key, "error") == std::make_pair(1, int64_t{4242}));
+}
+
 TEST_CASE("worker engine: events out of place are executor bugs") {
   Slot s(0);
   CHECK_THROWS_AS(s.on(ev(E::kReady)), gpurun::InvariantError);  // before kOpen

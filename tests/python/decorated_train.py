@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The decorator form (gpurun.elastic) for tests/python/run_failure.sh. Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
-must go on without it. STEP_SLEEP (s) sleeps after each step.
+must go on without it. DIE_HOW=raise: it raises ValueError instead (the program's own error:
+the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step.
 
     gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
 
@@ -35,6 +36,7 @@ epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
 
 
 @gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2,
+                drop_on_error=os.environ.get("DROP_ON_ERROR") == "1",
                 loader_kwargs={"num_workers": int(os.environ.get("WORKERS", "0"))})
 def train_one_epoch(loader, epoch, rt):
     if rt.step == 0:
@@ -42,6 +44,8 @@ def train_one_epoch(loader, epoch, rt):
         epochs_log.flush()
     for xb, yb, ib in loader:
         if (slot, epoch, rt.step) == die:
+            if os.environ.get("DIE_HOW") == "raise":  # the program's own error
+                raise ValueError(f"slot {slot} found a bad batch at epoch {epoch}")
             os._exit(1)
         opt.zero_grad()
         nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()

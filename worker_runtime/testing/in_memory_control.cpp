@@ -66,6 +66,8 @@ void InMemorySupervisor::set(const std::string& key, const std::string& value) {
     run_effects();
     ready_locked(ready->first, ready->second);
     return;
+  } else if (auto err = keys::parse_slot_key(key, "error")) {
+    scheduler_.on_program_error(err->first, err->second, value);
   } else if (control::ResizeTimeline::parse_key(key)) {
     kv_.erase(key);  // read once, as gpurun does (resize timings are not this fake's)
     return;

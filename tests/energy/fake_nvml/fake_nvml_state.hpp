@@ -35,6 +35,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -434,9 +435,15 @@ class LockedFile {
     return text;
   }
 
-  void write_all(const std::string& text) const {
-    if (::ftruncate(fd_, 0) != 0)
-      throw std::runtime_error(std::string("fake NVML state truncate: ") + std::strerror(errno));
+  /// Replaces the content with `text`, safe against a SIGKILL of the writer (gpurun is killed
+  /// in tests while its NVML writes): never a truncated, empty file in between. A shorter text
+  /// is padded with empty lines (which parse() skips) to the old length and written in place
+  /// over the old one; the file is then cut to the text's length.
+  void write_all(std::string text) const {
+    struct stat st {};
+    const size_t real = text.size();
+    if (::fstat(fd_, &st) == 0 && static_cast<size_t>(st.st_size) > text.size())
+      text.append(static_cast<size_t>(st.st_size) - text.size(), '\n');
     size_t done = 0;
     while (done < text.size()) {
       const ssize_t n =
@@ -446,6 +453,8 @@ class LockedFile {
         throw std::runtime_error(std::string("fake NVML state write: ") + std::strerror(errno));
       done += static_cast<size_t>(n);
     }
+    if (::ftruncate(fd_, static_cast<off_t>(real)) != 0)
+      throw std::runtime_error(std::string("fake NVML state truncate: ") + std::strerror(errno));
   }
 
  private:

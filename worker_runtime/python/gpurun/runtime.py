@@ -63,9 +63,13 @@ def _word_sums(t):
 class Runtime:
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
     ``device`` (torch.device), ``model`` (the tracked model wrapped in DDP for the current
-    group), ``epoch`` (int, the epoch being trained)."""
+    group), ``epoch`` (int, the epoch being trained).
 
-    def __init__(self, backend=None):
+    ``drop_on_error``: under gpurun --config, an exception of the program that ends this
+    process fails the whole job, as under torchrun (gpurun is told before the process exits);
+    True: gpurun goes on without this rank instead, as after a crash."""
+
+    def __init__(self, backend=None, drop_on_error=False):
         self.elastic = os.environ.get("GPURUN_ELASTIC") == "1"
         self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
         # gpurun's slot i is CUDA device i after CUDA_VISIBLE_DEVICES (docs/control-protocol.md
@@ -108,6 +112,8 @@ class Runtime:
             self._session = _native.Session()
             self._snapshot_path = os.environ.get("GPURUN_SNAPSHOT_PATH", "")
             self._drive({"event": "open"})  # a joiner reads its generation's start record
+            if not drop_on_error:
+                _report_program_errors(self._session)
         # True when the tracked state is overwritten before the first step (a joiner of a
         # running job, a warm joiner, a rank other than 0 at a start): its model needs no
         # random initialisation (skip_init()). Same rule as the C++ runtime's joining().
@@ -604,6 +610,27 @@ _COMM_FAILURE_MARKS = ("abandoned by gpurun", "Connection reset by peer", "Conne
 _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
 
 
+def _report_program_errors(session):
+    """Wraps sys.excepthook (once per process): an uncaught exception other than a peer's
+    failure is told to gpurun (the engine's program_error event) before Python prints it and
+    exits, so that gpurun fails the job rather than going on without this rank."""
+    if getattr(sys.excepthook, "_gpurun", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not (isinstance(value, SystemExit) or is_comm_failure(value)):
+            try:
+                session.on({"event": "program_error",
+                            "text": f"{kind.__name__}: {str(value)[:300]}"})
+            except Exception:  # noqa: BLE001 - the exit itself still ends the process
+                pass
+        previous(kind, value, tb)
+
+    hook._gpurun = True
+    sys.excepthook = hook
+
+
 def is_comm_failure(err):
     """True when ``err`` (an exception) is a collective failing because a peer died or hung."""
     text = str(err)
@@ -613,7 +640,7 @@ def is_comm_failure(err):
 
 
 def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size=None,
-            seed=0, loader_kwargs=None, **others):
+            seed=0, loader_kwargs=None, drop_on_error=False, **others):
     """Decorator for a per-epoch function ``train_one_epoch(loader, epoch[, rt])``:
 
         @gpurun.elastic(model=net, optimizer=opt, dataset=train_set, batch_size=64)
@@ -629,14 +656,16 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
     followed at once: the rank reports at its position, gpurun removes the dead rank, and the
     rest of the epoch runs again over the survivors (the failed step included, so each sample
     is still trained once). ``loader_kwargs`` (dict) goes to ``Runtime.loader`` (e.g.
-    ``{"num_workers": 2}``). Limits: docs/python.md#limits."""
+    ``{"num_workers": 2}``). An exception of ``train_one_epoch`` fails the whole job, as under
+    torchrun, unless ``drop_on_error`` (then gpurun goes on without the rank, as after a
+    crash). Limits: docs/python.md#limits."""
     import inspect
 
     def wrap(fn):
         takes_rt = len(inspect.signature(fn).parameters) >= 3
 
         def run(epochs):
-            rt = Runtime()
+            rt = Runtime(drop_on_error=drop_on_error)
             rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
             loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
                       if dataset else None)

@@ -151,6 +151,9 @@ std::string ready(int gpu, int64_t warm);
 /// gpurun's answer to a warm joiner: the decision that created the generation it joins, or
 /// {"v":1,"kind":"exit",...} when it is not needed after all.
 std::string admit(int gpu, int64_t warm);
+/// The program's own error (its text), written by the worker of `gpu` with pid `pid` just
+/// before that error ends it: gpurun fails the job on its exit instead of going on without it.
+std::string program_error(int gpu, int64_t pid);
 /// The store prefix of generation g's communicator for `purpose` ("train": the generation's
 /// own; "handoff": the state source's group with the joiners): the executor's rendezvous keys
 /// (Gloo's, NCCL's unique id, torch.distributed's PrefixStore) live under it.

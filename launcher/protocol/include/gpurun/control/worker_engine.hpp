@@ -51,6 +51,9 @@ struct EngineEvent {
     kFailed,    ///< the last action failed because a peer died or gpurun abandoned the
                 ///< generation (a comm error, `text`); (epoch, step): the program's position
     kCollectiveFailed,  ///< a collective of training failed (peer died) at (epoch, step)
+    kProgramError,      ///< the program's own exception (`text`) is about to end this
+                        ///< process: gpurun fails the job on its exit (as torchrun would),
+                        ///< rather than going on without the rank. Any phase before the end.
   };
   Kind kind = Kind::kOpen;
   double mono_ms = 0;   ///< the host's monotonic clock (CLOCK_MONOTONIC) in ms: timing marks
