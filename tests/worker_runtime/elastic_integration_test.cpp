@@ -959,6 +959,34 @@ TEST_CASE("a memlock limit below the snapshot's size: prepared unlocked, said in
   CHECK(run->finish() == 0);
 }
 
+TEST_CASE("a file-size limit below the snapshot's (ulimit -f): not prepared, pause refused") {
+  // Issue 25 item 7: Slurm propagates `ulimit -f`; a snapshot file larger than it ended the
+  // worker with SIGXFSZ while it was prepared in the background ("state lost", exit 153).
+  TempDir tmp;
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  struct rlimit low = old;
+  low.rlim_cur = 512 << 10;  // the state (width 256, depth 2, AdamW) is ~1.6 MB
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &low) == 0);
+  std::optional<TrainRun> run;
+  run.emplace(tmp.path, 2, config("[0, 1]"),
+              std::vector<std::string>{"--epoch-ms", "150", "--width", "256", "--depth", "2"});
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  run->wait_continues(3);
+  write_file(tmp.path / "config.toml", config("[]"));
+  run->wait_for("pause_refused", [&] { return !run->events("pause_refused").empty(); });
+  run->wait_continues(2);  // both ranks train on
+  INFO(run->full_diag());
+  const std::string out = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  CHECK(out.find("not prepared ahead: RLIMIT_FSIZE (ulimit -f) is 512 KiB") != std::string::npos);
+  CHECK(out.find("cannot write the pause snapshot: RLIMIT_FSIZE (ulimit -f) is 512 KiB") !=
+        std::string::npos);
+  CHECK(run->resizes().size() == 1);  // nobody left, nobody died
+  write_file(tmp.path / "config.toml", config("[0, 1]"));
+  run->wait_continues(2);
+  CHECK(run->finish() == 0);
+}
+
 TEST_CASE("a slow-starting joiner warms while the others train and is admitted once ready") {
   TempDir tmp;
   TrainRun run(tmp.path, 3, config("[0, 1]"), {"--epoch-ms", "100", "--startup-ms", "3000"});

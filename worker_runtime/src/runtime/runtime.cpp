@@ -77,6 +77,22 @@ extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
 
+/// The process's file-size limit (RLIMIT_FSIZE, `ulimit -f`, which Slurm propagates) when it is
+/// below `bytes`: writing a file that large would end the process with SIGXFSZ. nullopt: fits.
+std::optional<uint64_t> file_size_limit_below(uint64_t bytes) {
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  if (static_cast<uint64_t>(lim.rlim_cur) >= bytes) return std::nullopt;
+  return static_cast<uint64_t>(lim.rlim_cur);
+}
+
+std::string file_size_limit_text(uint64_t limit, uint64_t bytes) {
+  return fmt::format(
+      "RLIMIT_FSIZE (ulimit -f) is {} KiB, below the pause snapshot's {} KiB (raise it, e.g. "
+      "`ulimit -f unlimited` before gpurun in the job script)",
+      limit >> 10, (bytes + 1023) >> 10);
+}
+
 }  // namespace
 
 double Step::weight(size_t i) const {
@@ -589,6 +605,12 @@ struct Runtime::Impl {
     const auto t0 = Clock::now();
     try {
       sync_out();
+      // A file-size limit below the file would end this process (SIGXFSZ) in the middle of
+      // the write: refuse the pause instead (training goes on), saying why.
+      if (const auto plan = registry.plan_snapshot_preparation(snapshot_paths()); !plan.done)
+        if (auto limit = file_size_limit_below(plan.file_bytes))
+          throw rt::StateError("cannot write the pause snapshot: " +
+                               file_size_limit_text(*limit, plan.file_bytes));
       // The state checksum (device kernels, ~50 ms for ViT-H) runs on a thread while this one
       // writes (copies on a side stream, hashing on the host): neither changes the state, and
       // the pause waits for both. Its kernels go on a stream of their own that waits for the
@@ -680,6 +702,12 @@ struct Runtime::Impl {
       return;
     }
     if (plan.done) return;
+    if (auto limit = file_size_limit_below(plan.file_bytes)) {
+      snapshot_note(fmt::format(
+          "note: the pause snapshot is not prepared ahead: {}; a pause is refused until then",
+          file_size_limit_text(*limit, plan.file_bytes)));
+      return;
+    }
     const std::string& primary = plan.paths.front();
     if (::access(primary.c_str(), F_OK) != 0) {  // a new file: it needs the space
       const std::string dir = std::filesystem::path(primary).parent_path().string();
