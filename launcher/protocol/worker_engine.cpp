@@ -212,17 +212,9 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       break;
 
     case E::kFailed:
-      if (phase_ == Phase::kSetUp) {
-        set_up_failed(e);
-      } else if (phase_ == Phase::kSnapshotWrite) {
-        // A write is not a collective: its failure is its outcome (the pause is refused).
-        snapshot_end_ms_ = now;
-        report(report_epoch_, report_step_, /*has_state=*/true,
-               e.text.empty() ? std::string("the pause snapshot could not be written") : e.text,
-               e.unix_ms);
-      } else {
-        unexpected();
-      }
+      // Only a set-up's collective can fail so: a snapshot write's failure is its kDone text.
+      if (phase_ != Phase::kSetUp) unexpected();
+      set_up_failed(e);
       break;
   }
   return std::move(out_);

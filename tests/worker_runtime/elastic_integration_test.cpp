@@ -646,6 +646,19 @@ fs::path pause_one_slot(TrainRun& run, const fs::path& dir, size_t n) {
   REQUIRE(fs::exists(snap));
   return snap;
 }
+
+/// Resumes a paused one-slot run ([0]) whose snapshot the test spoiled: the job must end, non-zero,
+/// with gpurun saying no member could take the state. Returns gpurun's output.
+std::string resume_refused(TrainRun& run, const fs::path& dir) {
+  write_file(dir / "config.toml", config("[0]"));
+  const bool ended = run.wait(60s);
+  INFO(run.full_diag());
+  REQUIRE(ended);
+  CHECK(run.code() != 0);
+  const std::string all = slurp(dir / "gpurun.stderr") + slurp(dir / "gpurun.stdout");
+  CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
+  return all;
+}
 }  // namespace
 
 TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost', non-zero") {
@@ -658,15 +671,9 @@ TEST_CASE("a corrupt pause snapshot: refused naming the file, then 'state lost',
     f.seekp(5000);  // in the tensors (the manifest comes first, ~2 KB here)
     f.write("\x5a\xa5\x5a\xa5\x5a\xa5\x5a\xa5", 8);  // in the payload (after the 128-byte header)
   }
-  write_file(tmp.path / "config.toml", config("[0]"));
-  const bool ended = run.wait(60s);
-  INFO(run.full_diag());
-  REQUIRE(ended);
-  CHECK(run.code() != 0);
-  const std::string all = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  const std::string all = resume_refused(run, tmp.path);
   CHECK(all.find("payload checksum") != std::string::npos);
   CHECK(all.find(snap.string()) != std::string::npos);
-  CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
 }
 
 TEST_CASE("an older pause snapshot copied over the current one: refused, no epoch runs twice") {
@@ -683,14 +690,8 @@ TEST_CASE("an older pause snapshot copied over the current one: refused, no epoc
   run.wait_resize(3);
   run.wait_continues(3);
   fs::copy_file(old_copy, pause_one_slot(run, tmp.path, 4), fs::copy_options::overwrite_existing);
-  write_file(tmp.path / "config.toml", config("[0]"));
-  const bool ended = run.wait(60s);
-  INFO(run.full_diag());
-  REQUIRE(ended);
-  CHECK(run.code() != 0);
-  const std::string all = slurp(tmp.path / "gpurun.stderr") + slurp(tmp.path / "gpurun.stdout");
+  const std::string all = resume_refused(run, tmp.path);
   CHECK(all.find("refusing to roll training back") != std::string::npos);
-  CHECK(all.find("could take it from the pause snapshot") != std::string::npos);
 }
 
 // ---- preemption (docs/cli.md#preemption, docs/worker-runtime.md#preemption) ------------------

@@ -97,7 +97,6 @@ class Runtime:
         self._finishing = False
         self._jumped = False
         self._uses_steps = False
-        self.state = "ACTIVE"  # the worker state (docs/control-protocol.md#slot-states)
         # Preemption (docs/cli.md#preemption): gpurun's warning signal (save a checkpoint at
         # this boundary) and its stop request (the loops ended at a boundary: save and exit).
         self.checkpoint_requested = False
@@ -142,6 +141,12 @@ class Runtime:
             others["scheduler"] = scheduler
         self._others.update(others)
         return self
+
+    @property
+    def state(self):
+        """The worker state (str: ACTIVE, OFFLOADING, PARKED, REJOINING, EXITED;
+        docs/control-protocol.md#slot-states): the engine's, always ACTIVE in a static run."""
+        return self._session.info()["state"] if self.elastic else "ACTIVE"
 
     def skip_init(self):
         """A context manager for building the model: when this rank is ``joining`` (its state
@@ -336,7 +341,6 @@ class Runtime:
     def _execute(self, a):
         kind = a["action"]
         if kind == "state":
-            self.state = a["to"]
             if a["from"] == "PARKED" and a["to"] == "REJOINING" and self._module is not None:
                 self._module.to(self.device)  # the state itself comes from the source
             return None

@@ -230,7 +230,6 @@ class WorkerEngine {
   double snapshot_begin_ms_ = 0, snapshot_end_ms_ = 0;
   int64_t timing_generation_ = -1;
   std::vector<std::pair<std::string, double>> marks_;
-  std::string timing_role_;
   int64_t timing_bytes_ = 0;
 };
 
