@@ -18,6 +18,7 @@ check() {
 }
 check launcher/common 'gpurun'
 check launcher/protocol 'gpurun'
+check launcher/snapshot 'gpurun'
 check launcher/store 'gpurun|store'
 check launcher/supervisor 'gpurun|supervisor'
 check launcher/control 'gpurun|store|supervisor|control'

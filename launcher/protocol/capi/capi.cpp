@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "capi_util.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/worker_session.hpp"
 #include "gpurun/json_writer.hpp"
@@ -25,45 +26,8 @@ struct gpurun_engine {
   std::unique_ptr<WorkerEngine> engine;
 };
 
-namespace {
-
-thread_local std::string t_error;
-thread_local int t_kind = 0;
-
-void clear() {
-  t_error.clear();
-  t_kind = 0;
-}
-
-char* dup(const std::string& s) {
-  char* p = static_cast<char*>(std::malloc(s.size() + 1));
-  if (p) std::memcpy(p, s.c_str(), s.size() + 1);
-  return p;
-}
-
-/// Runs f; on an exception records it (kind by type) and returns `fail`.
-template <class F, class R>
-R guarded(F&& f, R fail) {
-  clear();
-  try {
-    return f();
-  } catch (const gpurun::control::CommAbandoned& e) {
-    t_error = e.what(), t_kind = 3;
-  } catch (const gpurun::control::ProtocolError& e) {
-    t_error = e.what(), t_kind = 1;
-  } catch (const gpurun::StoreError& e) {
-    t_error = e.what(), t_kind = 2;
-  } catch (const gpurun::InvariantError& e) {
-    t_error = e.what(), t_kind = 4;
-  } catch (const std::exception& e) {
-    t_error = e.what(), t_kind = 5;
-  } catch (...) {
-    t_error = "unknown error", t_kind = 5;
-  }
-  return fail;
-}
-
-}  // namespace
+using gpurun::capi::dup;
+using gpurun::capi::guarded;
 
 extern "C" {
 
@@ -71,10 +35,10 @@ int gpurun_worker_abi(void) {
   return GPURUN_WORKER_ABI;
 }
 const char* gpurun_last_error(void) {
-  return t_error.c_str();
+  return gpurun::capi::last_error().c_str();
 }
 int gpurun_last_error_kind(void) {
-  return t_kind;
+  return gpurun::capi::last_error_kind();
 }
 void gpurun_free(void* p) {
   std::free(p);

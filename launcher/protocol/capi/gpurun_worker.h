@@ -7,7 +7,8 @@
  * worker_engine.hpp's to_json). Every returned char* is malloc'd: free it with gpurun_free().
  * On failure a function returns NULL (or a negative int) and gpurun_last_error() (this thread's)
  * says why; error kinds: 1 protocol (a bad value or key), 2 store (connection), 3 abandoned
- * (gpurun abandoned the generation's set-up), 4 invariant (an executor bug), 5 other.
+ * (gpurun abandoned the generation's set-up), 4 invariant (an executor bug), 5 other, 6 state
+ * (a snapshot refused: incomplete, corrupt, of another format; or none could be written).
  * Blocking: gpurun_worker_on may wait on the store without a deadline (gpurun's own deadlines
  * end a stuck job); no call is thread-safe on one handle. */
 #ifndef GPURUN_WORKER_H
@@ -26,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 1
+#define GPURUN_WORKER_ABI 2
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;
@@ -67,6 +68,73 @@ GPURUN_API gpurun_engine* gpurun_engine_new(const char* options_json);
 GPURUN_API void gpurun_engine_free(gpurun_engine* e);
 /** Every action of one event (store actions included) as a JSON array. */
 GPURUN_API char* gpurun_engine_on(gpurun_engine* e, const char* event_json);
+
+/* ---- Snapshots: the pause snapshot's host side (gpurun/snapshot/snapshot_store.hpp, the code
+ * the C++ runtime runs; layout: gpurun/snapshot/format.hpp; docs/worker-runtime.md#snapshot-files).
+ * The caller copies the tensors; the library owns the paths, the file (created, reused,
+ * page-locked, mapped), the crash-safe commit, the XXH64 payload hash (on up to 16 threads)
+ * and the checks of a read. Stats JSON: {"path","tensor_bytes","file_bytes","created","mapped",
+ * "pinned","locked","setup_s","pin_s","copy_s","checksum_s","total_s","failed_attempts"}
+ * (seconds; bytes). A handle is used from one thread at a time, except that a prepare may run
+ * on another thread: the others then wait for it. */
+typedef struct gpurun_snapshots gpurun_snapshots;
+
+/** How to page-lock a mapping for device copies: the process's own libcudart functions
+ * cudaHostRegister, cudaHostUnregister and cudaGetLastError (called after a refused register).
+ * Any NULL: no page-locking (copies still work, slower). Process-wide; call before any
+ * snapshot call that pins. */
+typedef int (*gpurun_host_register_fn)(void* p, size_t bytes, unsigned int flags);
+typedef int (*gpurun_host_unregister_fn)(void* p);
+typedef int (*gpurun_host_last_error_fn)(void);
+GPURUN_API void gpurun_snapshot_set_pinner(gpurun_host_register_fn reg,
+                                           gpurun_host_unregister_fn unreg,
+                                           gpurun_host_last_error_fn last_error);
+
+/** Each of n tensors' file offset (bytes) after a manifest of manifest_bytes bytes, into
+ * offsets[n]; returns data_end (the end of the last tensor). The format's one layout rule. */
+GPURUN_API uint64_t gpurun_snapshot_plan(uint64_t manifest_bytes, const uint64_t* sizes, size_t n,
+                                         uint64_t* offsets);
+/** The size of a new snapshot file for that snapshot (data_end + spare room, whole pages). */
+GPURUN_API uint64_t gpurun_snapshot_file_bytes(uint64_t data_end, uint64_t manifest_bytes);
+
+/** The run's snapshot paths: primary and fallback, each NULL for its GPURUN_SNAPSHOT_PATH /
+ * GPURUN_SNAPSHOT_FALLBACK_PATH ("" for none). NULL with kind 0 when there is no path. */
+GPURUN_API gpurun_snapshots* gpurun_snapshots_open(const char* primary, const char* fallback);
+/** Unpins and unmaps the kept file (the file stays). */
+GPURUN_API void gpurun_snapshots_close(gpurun_snapshots* s);
+/** For a process about to exit: forgets the kept file without unpinning or unmapping it (the
+ * process's end does both, with no other thread to interrupt). */
+GPURUN_API void gpurun_snapshots_leave_to_exit(gpurun_snapshots* s);
+/** The kept mapping's first byte (a file's offset 0), or NULL when none is mapped. */
+GPURUN_API uint8_t* gpurun_snapshots_data(gpurun_snapshots* s);
+
+/** Gets a file ready so that the first write only copies (blocks: posix_fallocate, mmap with
+ * MAP_POPULATE, page-locking: seconds for GBs; run it on a background thread). Maps an existing
+ * file that fits (never replacing one), else creates one. Returns stats JSON plus "done" (a
+ * fitting file was kept already), "error" (why no file: "" when one is ready), "lock_error",
+ * "existing_unfit"; NULL on a bad call. */
+GPURUN_API char* gpurun_snapshots_prepare(gpurun_snapshots* s, uint64_t manifest_bytes,
+                                          const uint64_t* sizes, size_t n, int on_device,
+                                          int lock_host_memory);
+
+/** Copies tensor i's sizes[i] bytes to base + offsets[i] (the padding is already zero);
+ * returns 0 once every copy has landed (device copies synchronised), nonzero to fail. */
+typedef int (*gpurun_snapshot_fill_fn)(void* ctx, uint8_t* base, const uint64_t* offsets,
+                                       size_t n);
+/** Writes a snapshot of a manifest (any bytes: the caller's) and n tensors of sizes[n] bytes
+ * to the first path that can hold it, calling fill once per attempted path; crash-safe (a
+ * file is void until committed), the other path's file removed. Returns stats JSON, or NULL
+ * (kind 6: "cannot write the state snapshot ...: every path failed: (1) ..."; no file then
+ * remains). Blocks. */
+GPURUN_API char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifest,
+                                        size_t manifest_bytes, const uint64_t* sizes, size_t n,
+                                        int on_device, gpurun_snapshot_fill_fn fill, void* ctx);
+/** Maps the snapshot to resume from (of two files, the newer), checks its header and, when
+ * verify, its payload checksum over every byte (~0.1 s per GB per core, up to 16 cores);
+ * page-locks it when on_device. Returns stats JSON plus "manifest" (the manifest bytes as a
+ * string), "tensor_count", "data_offset", "data_end", "sequence", "writer_pid"; the bytes are
+ * at gpurun_snapshots_data(). NULL (kind 6, naming the path and what is wrong) when refused. */
+GPURUN_API char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_device);
 
 #ifdef __cplusplus
 }

@@ -5,13 +5,15 @@ launcher/protocol/capi/gpurun_worker.h; the engine: docs/control-protocol.md#wor
 
 Events and actions are dicts (the engine's JSON). Errors: ``ProtocolError`` (a bad value or an
 executor bug), ``StoreError`` (the store connection), ``Abandoned`` (gpurun abandoned the
-generation's set-up: a participant died). A static run never loads the library.
+generation's set-up: a participant died), ``SnapshotError`` (a pause snapshot refused or not
+written). A static run never loads the library. The snapshot host side (paths, files, commit,
+XXH64) is ``Snapshots``; the torch copies around it are in ``_snapshot.py``.
 """
 import ctypes
 import json
 import os
 
-ABI = 1
+ABI = 2
 
 
 class ProtocolError(RuntimeError):
@@ -26,7 +28,20 @@ class Abandoned(RuntimeError):
     """gpurun abandoned a generation's set-up (a participant died before it was set up)."""
 
 
-_KINDS = {1: ProtocolError, 2: StoreError, 3: Abandoned, 4: ProtocolError, 5: RuntimeError}
+class SnapshotError(RuntimeError):
+    """A pause snapshot refused (incomplete, corrupt, another format: the message names the
+    file and what is wrong) or not written (every path failed)."""
+
+
+_KINDS = {1: ProtocolError, 2: StoreError, 3: Abandoned, 4: ProtocolError, 5: RuntimeError,
+          6: SnapshotError}
+
+# gpurun_snapshot_fill_fn: (ctx, base, offsets, n) -> 0 when every copy has landed
+FILL_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+_HOST_REGISTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+_HOST_UNREGISTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_HOST_LAST_ERROR = ctypes.CFUNCTYPE(ctypes.c_int)
 _lib = None
 
 
@@ -68,6 +83,20 @@ def load(path=None):
         "gpurun_engine_new": (c.c_void_p, [c.c_char_p]),
         "gpurun_engine_free": (None, [c.c_void_p]),
         "gpurun_engine_on": (c.c_void_p, [c.c_void_p, c.c_char_p]),
+        "gpurun_snapshot_set_pinner": (None, [c.c_void_p, c.c_void_p, c.c_void_p]),
+        "gpurun_snapshot_plan": (c.c_uint64, [c.c_uint64, c.POINTER(c.c_uint64), c.c_size_t,
+                                              c.POINTER(c.c_uint64)]),
+        "gpurun_snapshot_file_bytes": (c.c_uint64, [c.c_uint64, c.c_uint64]),
+        "gpurun_snapshots_open": (c.c_void_p, [c.c_char_p, c.c_char_p]),
+        "gpurun_snapshots_close": (None, [c.c_void_p]),
+        "gpurun_snapshots_leave_to_exit": (None, [c.c_void_p]),
+        "gpurun_snapshots_data": (c.c_void_p, [c.c_void_p]),
+        "gpurun_snapshots_prepare": (c.c_void_p, [c.c_void_p, c.c_uint64, c.POINTER(c.c_uint64),
+                                                  c.c_size_t, c.c_int, c.c_int]),
+        "gpurun_snapshots_write": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_size_t,
+                                                c.POINTER(c.c_uint64), c.c_size_t, c.c_int,
+                                                FILL_FN, c.c_void_p]),
+        "gpurun_snapshots_read": (c.c_void_p, [c.c_void_p, c.c_int, c.c_int]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -150,6 +179,90 @@ class Progress:
     def step(self, global_step):
         if self._h:
             self._lib.gpurun_progress_step(self._h, global_step)
+
+
+def _u64s(values):
+    return (ctypes.c_uint64 * max(1, len(values)))(*values)
+
+
+def plan(manifest_bytes, sizes, lib=None):
+    """The snapshot format's layout rule: each tensor's file offset (bytes) after a manifest of
+    ``manifest_bytes`` bytes, and data_end. Returns ``(offsets, data_end)``."""
+    lib = lib or load()
+    out = _u64s([0] * len(sizes))
+    end = lib.gpurun_snapshot_plan(manifest_bytes, _u64s(sizes), len(sizes), out)
+    return list(out)[:len(sizes)], end
+
+
+def set_pinner(register, unregister, last_error, lib=None):
+    """Page-locks snapshot mappings with these ctypes functions of the process's libcudart
+    (cudaHostRegister, cudaHostUnregister, cudaGetLastError); None: no page-locking."""
+    lib = lib or load()
+    if register is None:
+        lib.gpurun_snapshot_set_pinner(None, None, None)
+        return
+    cast = lambda f: ctypes.cast(f, ctypes.c_void_p)  # noqa: E731 - raw C function pointers
+    lib.gpurun_snapshot_set_pinner(cast(register), cast(unregister), cast(last_error))
+
+
+class Snapshots:
+    """The run's pause snapshot files (GPURUN_SNAPSHOT_PATH, then
+    GPURUN_SNAPSHOT_FALLBACK_PATH): the C++ runtime's host side through the C interface. Each
+    call blocks (ctypes releases the GIL); stats dicts hold seconds and bytes (gpurun_worker.h).
+    ``prepare`` may run on another thread; the other calls then wait for it."""
+
+    def __init__(self, primary=None, fallback=None, lib=None):
+        self._lib = lib or load()
+        enc = lambda p: None if p is None else p.encode()  # noqa: E731
+        self._h = self._lib.gpurun_snapshots_open(enc(primary), enc(fallback))
+        if not self._h and self._lib.gpurun_last_error_kind():
+            _raise(self._lib)
+
+    def __bool__(self):
+        return bool(self._h)
+
+    def data(self):
+        """The address (int) of the kept mapping's byte 0, or 0 when none is mapped."""
+        return self._lib.gpurun_snapshots_data(self._h) or 0
+
+    def prepare(self, manifest_bytes, sizes, on_device, lock_host_memory):
+        return json.loads(_take(self._lib, self._lib.gpurun_snapshots_prepare(
+            self._h, manifest_bytes, _u64s(sizes), len(sizes), int(on_device),
+            int(lock_host_memory))))
+
+    def write(self, manifest, sizes, on_device, fill):
+        """Writes a snapshot of ``manifest`` (bytes) and tensors of ``sizes`` bytes; ``fill(base,
+        offsets)`` copies tensor i to address base + offsets[i] and returns once they landed.
+        Returns the stats; raises SnapshotError when no path could hold it, or what ``fill``
+        raised (no file remains then either)."""
+        failure = []
+
+        def cb(_ctx, base, offsets, n):
+            try:
+                fill(base, [offsets[i] for i in range(n)])
+                return 0
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after the C call
+                failure.append(e)
+                return 1
+        fn = FILL_FN(cb)
+        ptr = self._lib.gpurun_snapshots_write(self._h, manifest, len(manifest), _u64s(sizes),
+                                               len(sizes), int(on_device), fn, None)
+        if not ptr and failure:
+            raise failure[0]  # the copy's own error (the library removed the file)
+        return json.loads(_take(self._lib, ptr))
+
+    def read(self, verify, on_device):
+        return json.loads(_take(self._lib, self._lib.gpurun_snapshots_read(
+            self._h, int(verify), int(on_device))))
+
+    def leave_to_exit(self):
+        if self._h:
+            self._lib.gpurun_snapshots_leave_to_exit(self._h)
+
+    def close(self):
+        if self._h:
+            self._lib.gpurun_snapshots_close(self._h)
+            self._h = None
 
 
 class Engine:

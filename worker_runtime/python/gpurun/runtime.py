@@ -13,18 +13,18 @@ WORLD_SIZE > 1, else a single process.
 import datetime
 import gc
 import hashlib
-import io
 import json
 import os
 import pickle
 import random
 import sys
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
-from . import _native
+from . import _native, _snapshot
 from ._native import Abandoned
 from ._sampler import ElasticSampler
 
@@ -109,7 +109,12 @@ class Runtime:
             # gpurun's worker engine (its C library): the control protocol's every rule; this
             # package only executes its actions with torch.
             self._session = _native.Session()
-            self._snapshot_path = os.environ.get("GPURUN_SNAPSHOT_PATH", "")
+            # The pause snapshot's host side is the C++ runtime's (paths, file, commit, XXH64),
+            # through the library; this package copies the tensors (docs/python.md#snapshots).
+            self._snap = _snapshot.SnapshotIo(self.device)
+            self._prepare = None  # the background preparation of the snapshot file
+            self._prepare_wanted = os.environ.get("GPURUN_SNAPSHOT_PREPARE", "1") != "0"
+            self._parked = []  # hold mode: (tensor, shape) whose device storage was freed
             self._drive({"event": "open"})  # a joiner reads its generation's start record
             if not drop_on_error:
                 _report_program_errors(self._session)
@@ -341,8 +346,8 @@ class Runtime:
     def _execute(self, a):
         kind = a["action"]
         if kind == "state":
-            if a["from"] == "PARKED" and a["to"] == "REJOINING" and self._module is not None:
-                self._module.to(self.device)  # the state itself comes from the source
+            if a["from"] == "PARKED" and a["to"] == "REJOINING":
+                self._unpark()  # the state itself comes from the source or the snapshot
             return None
         if kind in ("log", "train", "exit"):
             if kind == "train":
@@ -384,6 +389,8 @@ class Runtime:
         self.global_batch = int(a["global_batch"])
         self.every_steps = int(a["every_steps"])
         self.checkpoint_requested = bool(a["checkpoint"])
+        if a["kind"] == "continue":
+            self._start_prepare()  # (epochs() alone: the first boundary; done once)
         if a["kind"] != "continue":
             self._wrap()
             if a["role"] == "joiner":
@@ -440,6 +447,8 @@ class Runtime:
         self._global_step += 1
         if self._progress is not None:
             self._progress.step(self._global_step)  # gpurun's power-limit profiler reads it
+        if self._global_step == 1 and self.elastic:
+            self._start_prepare()
         s = self._sampler
         if not (self.elastic and self.every_steps > 0 and self._steps_done % self.every_steps == 0
                 and s.remaining() >= self.world_size):
@@ -447,33 +456,72 @@ class Runtime:
         return self._boundary(self.epoch, self._steps_done) and not self._jumped
 
     def _write_snapshot(self):
-        if not self._snapshot_path:
+        if not self._snap.files:
             return "no GPURUN_SNAPSHOT_PATH: gpurun gave this worker no snapshot file"
+        self._join_prepare()
         try:
-            tmp = self._snapshot_path + ".py.tmp"
-            torch.save(_to_cpu(self._state()), tmp)
-            os.replace(tmp, self._snapshot_path)
+            self._snap.write(self._state())
             return "ok"
         except Exception as e:  # noqa: BLE001 - the outcome goes to gpurun, which refuses the pause
-            return f"cannot write the pause snapshot '{self._snapshot_path}': {e}"
+            return f"cannot write the pause snapshot: {e}"
 
     def _read_snapshot(self, epoch, step):
         """Loads the pause snapshot; its state must be at (epoch, step) (-1: any), the position
-        of the pause it belongs to. Returns its size in bytes."""
+        of the pause it belongs to. Returns its tensor bytes."""
+        self._join_prepare()
         try:
-            snap = torch.load(self._snapshot_path, map_location="cpu")
+            snap, info = self._snap.read(verify=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file: say which
-            raise RuntimeError(f"cannot read the pause snapshot '{self._snapshot_path}': "
-                               f"{type(e).__name__}: {e}") from e
+            raise RuntimeError(f"cannot read the pause snapshot: {type(e).__name__}: {e}") from e
         pos = snap["position"]
         if epoch >= 0 and (int(pos["epoch"]), int(pos.get("step", 0))) != (epoch, step):
             raise StateMismatch(
-                f"the pause snapshot '{self._snapshot_path}' holds the state at epoch "
+                f"the pause snapshot '{info['path']}' holds the state at epoch "
                 f"{pos['epoch']} step {pos.get('step', 0)}, but the pause it resumes was at "
                 f"epoch {epoch} step {step}: refusing to roll training back (was an older "
                 "snapshot copied over it?)")
         self._load(snap)
-        return os.path.getsize(self._snapshot_path)
+        return info["tensor_bytes"]
+
+    def _start_prepare(self):
+        """Once, after the optimizer's first step (its moments exist, so the size is known),
+        unless GPURUN_SNAPSHOT_PREPARE=0: the pause snapshot file is created, reserved, mapped
+        and page-locked (CUDA; CPU: mlock) on a thread while training goes on, so that a pause
+        only copies. A failure is said once; the pause then makes the file itself."""
+        if not (self.elastic and self._prepare_wanted and self._snap.files):
+            return
+        self._prepare_wanted = False
+        try:
+            args = self._snap.plan_prepare(self._state())
+        except Exception as e:  # noqa: BLE001 - only an optimisation: say it and go on
+            self._note(f"the pause snapshot is not prepared ahead: {e}")
+            return
+        out = {}
+
+        def run():
+            try:
+                out.update(self._snap.prepare(*args))
+            except Exception as e:  # noqa: BLE001
+                out["error"] = str(e)
+        self._prepare = (threading.Thread(target=run, name="gpurun-snapshot-prepare",
+                                          daemon=True), out)
+        self._prepare[0].start()
+
+    def _join_prepare(self):
+        if self._prepare is None:
+            return
+        thread, out = self._prepare
+        self._prepare = None
+        thread.join()
+        if out.get("error"):
+            self._note(f"the pause snapshot is not prepared ahead ({out['error']}); a pause "
+                       "writes it then (slower)")
+        elif out.get("lock_error"):
+            self._note("the pause snapshot file is prepared but not locked in memory: "
+                       f"{out['lock_error']}")
+
+    def _note(self, text):
+        print(f"gpurun (python, slot {self.slot}): note: {text}", file=sys.stderr, flush=True)
 
     # ---- per-slot RNG streams -----------------------------------------------------------
     def _save_rng(self):
@@ -507,22 +555,24 @@ class Runtime:
             sys.modules["numpy"].random.set_state(st["numpy"])
 
     def _offload(self):
-        """A parked rank keeps no tensor on its GPU: the model and the optimizer state move
-        to host memory, gradients are dropped (a rejoin gets the state anew; gradients are
-        not state), unreachable objects are collected, the cuBLAS workspaces dropped and torch's
-        CUDA cache emptied (the CUDA context stays). What torch still holds is printed (MiB): tensors the training
-        code itself keeps (its last batch, outputs) stay on the GPU."""
+        """A parked rank keeps no tensor on its GPU: the model's parameters and buffers keep
+        their objects (the optimizer still refers to them) but their device storage is freed,
+        the optimizer's state and the gradients are dropped (a rejoin gets the whole state
+        anew: from the source, or from the pause snapshot), unreachable objects are
+        collected, the cuBLAS workspaces dropped and torch's CUDA cache emptied (the CUDA
+        context stays). What torch still holds is printed (MiB): tensors the training code
+        itself keeps (its last batch, outputs) stay on the GPU."""
         if self.device.type != "cuda":
             return
         if self._module is not None:
             for p in self._module.parameters():
                 p.grad = None
-            self._module.to("cpu")
+            for t in list(self._module.parameters()) + list(self._module.buffers()):
+                if t.device.type == "cuda" and t.numel():
+                    self._parked.append((t, t.shape))
+                    t.data = torch.empty(0, dtype=t.dtype, device=t.device)
         if self._optimizer is not None:
-            for st in self._optimizer.state.values():
-                for k, v in st.items():
-                    if isinstance(v, torch.Tensor):
-                        st[k] = v.cpu()
+            self._optimizer.state.clear()
         gc.collect()
         # cuBLAS/cuBLASLt workspaces are caching-allocator blocks too; a live one can sit in a
         # segment of GBs (split from a freed one) and keep all of it reserved.
@@ -533,6 +583,13 @@ class Runtime:
         print(f"gpurun (python, slot {self.slot}): parked (hold mode); torch still holds "
               f"{held / 2**20:.0f} MiB allocated, {torch.cuda.memory_reserved(self.device) / 2**20:.0f} "
               f"MiB reserved on {self.device}", file=sys.stderr, flush=True)
+
+    def _unpark(self):
+        """Hold mode, rejoining: the parked tensors get device storage again (uninitialised:
+        the state that follows fills them)."""
+        for t, shape in self._parked:
+            t.data = torch.empty(shape, dtype=t.dtype, device=t.device)
+        self._parked = []
 
     def _make_group(self, prefix, abort_key, group, rank):
         """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
@@ -567,25 +624,15 @@ class Runtime:
             self.model = self._module
 
     def _broadcast_state(self, root, load=True):
-        """Sends the root's state to every rank of the group; ``load``: this rank takes it
-        (a rank that holds the current state already only takes part)."""
-        if dist.get_rank() == root:
-            buf = io.BytesIO()
-            torch.save(_to_cpu(self._state()), buf)
-            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-            n = torch.tensor([data.numel()], dtype=torch.int64)
-        else:
-            n = torch.zeros(1, dtype=torch.int64)
+        """Sends the root's state to every rank of the group, tensor by tensor on the
+        backend's device (_snapshot.broadcast_state); ``load``: this rank takes it (a rank that
+        holds the current state already only takes part). Returns the bytes sent."""
         dev = self.device if self.backend == "nccl" else torch.device("cpu")
-        n = n.to(dev)
-        dist.broadcast(n, root)
-        if dist.get_rank() != root:
-            data = torch.empty(int(n.item()), dtype=torch.uint8)
-        data = data.to(dev)
-        dist.broadcast(data, root)
-        if dist.get_rank() != root and load:
-            self._load(torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu"))
-        return int(n.item())
+        state = self._state() if dist.get_rank() == root else None
+        got, total = _snapshot.broadcast_state(state, root, dev, load)
+        if got is not None:
+            self._load(got)
+        return total
 
     def _verify(self, root, what):
         mine = self.checksum()
@@ -695,18 +742,6 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
 def _mono_ms():
     """Milliseconds of CLOCK_MONOTONIC, the clock of gpurun's resize marks."""
     return time.clock_gettime(time.CLOCK_MONOTONIC) * 1000.0
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
-    return obj
 
 
 class _Loader:

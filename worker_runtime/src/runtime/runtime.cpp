@@ -32,10 +32,10 @@
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/worker_session.hpp"
 #include "gpurun/env_names.hpp"
+#include "gpurun/snapshot/format.hpp"
 #include "runtime/runtime_env.hpp"
 #include "runtime/runtime_seams.hpp"
 #include "runtime/trace.hpp"
-#include "state/snapshot_format.hpp"
 #include "state/state_registry.hpp"
 
 namespace gpurun {
@@ -77,23 +77,10 @@ extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// The process's file-size limit (RLIMIT_FSIZE, `ulimit -f`, which Slurm propagates) when it is
-/// below `bytes`: writing a file that large would end the process with SIGXFSZ. nullopt: fits.
-std::optional<uint64_t> file_size_limit_below(uint64_t bytes) {
-  struct rlimit lim {};
-  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  if (static_cast<uint64_t>(lim.rlim_cur) >= bytes) return std::nullopt;
-  return static_cast<uint64_t>(lim.rlim_cur);
-}
-
-std::string file_size_limit_text(uint64_t limit, uint64_t bytes) {
-  return fmt::format(
-      "RLIMIT_FSIZE (ulimit -f) is {} KiB, below the pause snapshot's {} KiB (raise it, e.g. "
-      "`ulimit -f unlimited` before gpurun in the job script)",
-      limit >> 10, (bytes + 1023) >> 10);
-}
-
 }  // namespace
+
+using snapshot::file_size_limit_below;  // the snapshot library's one check
+using snapshot::file_size_limit_text;
 
 double Step::weight(size_t i) const {
   GPURUN_CHECK(i < micro_batches.size(), "micro-batch {} of {}", i, micro_batches.size());

@@ -2,6 +2,8 @@
 // bitwise over tensors, computed where the tensors live, plus host values. Internal header.
 #pragma once
 
+#include "gpurun/snapshot/format.hpp"
+
 #include <cstdint>
 #include <string_view>
 #include <utility>
@@ -68,8 +70,7 @@ std::pair<uint64_t, uint64_t> reference_sums(const at::Tensor& t);
 /// splitmix64's output function of `x` (a bijection on 64-bit words).
 uint64_t splitmix64(uint64_t x);
 
-/// FNV-1a, 64-bit (Fowler, Noll, Vo; offset basis 0xcbf29ce484222325, prime 0x100000001b3)
-/// of `bytes`. Used for metadata (dtype names, manifests), not for tensor data.
-uint64_t fnv1a64(std::string_view bytes);
+/// FNV-1a of metadata (dtype names, manifests): gpurun/snapshot/format.hpp.
+using snapshot::fnv1a64;
 
 }  // namespace gpurun::rt

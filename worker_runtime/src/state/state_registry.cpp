@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <system_error>
@@ -29,10 +30,7 @@
 
 #include "compat/torch_compat.hpp"
 #include "gpurun/check.hpp"
-#include "state/mapped_file.hpp"
 #include "state/optimizer_adapter.hpp"
-#include "state/snapshot_file.hpp"
-#include "state/snapshot_format.hpp"
 #include "state/state_checksum.hpp"
 
 namespace gpurun::rt {
@@ -318,7 +316,36 @@ struct StateRegistry::Impl {
   }
 };
 
-StateRegistry::StateRegistry() : impl_(std::make_unique<Impl>()) {}
+namespace {
+
+// snapshot::SnapshotFile::pin() through this build's LibTorch seam (cudaHostRegister in CUDA
+// builds with a device; nothing on the CPU).
+class RegisteredPin final : public snapshot::HostPin {
+ public:
+  explicit RegisteredPin(compat::HostRegistration r) : r_(std::move(r)) {}
+  void leave_to_exit() noexcept override { r_.leave_to_exit(); }
+
+ private:
+  compat::HostRegistration r_;
+};
+
+void install_host_pinner() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    snapshot::set_host_pinner(
+        [](uint8_t* data, size_t bytes, bool read_only) -> std::unique_ptr<snapshot::HostPin> {
+          compat::HostRegistration r(data, bytes, read_only);
+          if (!r.pinned()) return nullptr;
+          return std::make_unique<RegisteredPin>(std::move(r));
+        });
+  });
+}
+
+}  // namespace
+
+StateRegistry::StateRegistry() : impl_(std::make_unique<Impl>()) {
+  install_host_pinner();
+}
 StateRegistry::~StateRegistry() = default;
 
 bool StateRegistry::empty() const {
@@ -885,13 +912,6 @@ void StateRegistry::materialize(const at::Device& device) {
 
 // ---- snapshots -----------------------------------------------------------------------------
 
-std::vector<std::string> SnapshotPaths::list() const {
-  std::vector<std::string> out;
-  if (!primary.empty()) out.push_back(primary);
-  if (!fallback.empty() && fallback != primary) out.push_back(fallback);
-  return out;
-}
-
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -905,29 +925,18 @@ bool any_on_device(const std::vector<at::Tensor>& tensors) {
                      [](const at::Tensor& t) { return !t.is_cpu(); });
 }
 
-// Size of the file `path`, or nullopt when there is none (or it is not a regular file).
-std::optional<uint64_t> file_size_at(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return static_cast<uint64_t>(st.st_size);
-}
-
-// One snapshot's layout: its manifest, its tensors (canonical order) and their file offsets.
-struct SnapshotPlan {
-  std::string manifest;
+// One snapshot's layout (snapshot::SnapshotLayout) with its tensors (canonical order).
+struct SnapshotPlan : snapshot::SnapshotLayout {
   std::vector<at::Tensor> tensors;
-  std::vector<uint64_t> offsets;
-  SnapshotHeader header;
-  int64_t tensor_bytes = 0;
 
   SnapshotPlan(std::string manifest_text, std::vector<at::Tensor> ts)
-      : manifest(std::move(manifest_text)), tensors(std::move(ts)) {
+      : SnapshotLayout(std::move(manifest_text), sizes_of(ts), any_on_device(ts)),
+        tensors(std::move(ts)) {}
+
+  static std::vector<uint64_t> sizes_of(const std::vector<at::Tensor>& ts) {
     std::vector<uint64_t> sizes;
-    for (const at::Tensor& t : tensors) {
-      sizes.push_back(t.nbytes());
-      tensor_bytes += static_cast<int64_t>(t.nbytes());
-    }
-    header = SnapshotHeader::plan(manifest.size(), sizes, offsets);
+    for (const at::Tensor& t : ts) sizes.push_back(t.nbytes());
+    return sizes;
   }
 
   // Every tensor with its range of the mapping at `base`.
@@ -938,61 +947,16 @@ struct SnapshotPlan {
   }
 };
 
-// Whether the kept mapping `f` can take a snapshot of `end` bytes with a manifest of
-// `manifest_bytes` at `path`: it is still the file there, writable, and it fits.
-bool still_fits(const SnapshotFile& f, const std::string& path, uint64_t end,
-                uint64_t manifest_bytes) {
-  return f.is_at(path) && f.writable() && snapshot_fits(f.size(), end, manifest_bytes);
-}
-
-// The existing file at `path` mapped, when it is a writable regular file that fits such a
-// snapshot; else nullopt.
-std::optional<SnapshotFile> open_if_fits(const std::string& path, uint64_t end,
-                                         uint64_t manifest_bytes) {
-  const auto size = file_size_at(path);
-  if (!size || !snapshot_fits(*size, end, manifest_bytes) || ::access(path.c_str(), W_OK) != 0)
-    return std::nullopt;
-  return SnapshotFile::open(path);
-}
-
-// The kept mapping of `path` if it still fits a snapshot of `plan`, else the existing file at
-// `path` if it fits, else a new file replacing it.
-SnapshotFile& snapshot_for_write(std::optional<SnapshotFile>& kept, const std::string& path,
-                                 const SnapshotPlan& plan, StateRegistry::SnapshotStats& st) {
-  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
-  if (kept && !still_fits(*kept, path, end, manifest_bytes)) kept.reset();
-  if (kept) return *kept;
-  const auto t0 = SteadyClock::now();
-  kept = open_if_fits(path, end, manifest_bytes);
-  if (kept) {
-    st.mapped = true;
-  } else {
-    kept = SnapshotFile::create(path, snapshot_file_bytes(end, manifest_bytes), /*replace=*/true);
-    st.created = true;
-  }
-  st.setup_seconds = seconds_since(t0);
-  return *kept;
-}
-
-// Fills the payload of `file` (after begin()) for `plan` and returns its checksum
-// (payload_digest() of file bytes [128, data_end), as snapshot_format.hpp defines it). One pass
-// in file order zeroes the padding and copies every host tensor; then the device tensors are
-// copied (compat::copy_host: side stream, every copy queued at once, big tensors in
-// kCopyProgressBytes slices) while the payload's chunks are hashed behind them (a
-// PayloadFrontier follows the copies' progress), so the hash ends soon after the last copy.
-uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
-                      StateRegistry::SnapshotStats& st) {
-  uint8_t* const base = file.data();
+// The payload fill of `plan` (snapshot::PayloadFill): copies every host tensor in file order,
+// then the device tensors (compat::copy_host: side stream, every copy queued at once, big
+// tensors in kCopyProgressBytes slices) while `written` follows the copies' progress, so that
+// the payload's chunks are hashed behind them and the hash ends soon after the last copy.
+void fill_payload(const SnapshotPlan& plan, uint8_t* base, PayloadFrontier& written) {
   const uint8_t* const payload = base + SnapshotHeader::kBytes;
   const uint64_t payload_bytes = plan.header.data_end - SnapshotHeader::kBytes;
-  const auto t_copy = SteadyClock::now();
-  uint64_t at = plan.header.data_offset;  // manifest and its padding: written by begin()
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const at::Tensor& t = plan.tensors[i];
-    const uint64_t offset = plan.offsets[i], n = t.nbytes();
-    std::memset(base + at, 0, offset - at);
-    if (t.is_cpu() && n > 0) std::memcpy(base + offset, t.data_ptr(), n);
-    at = offset + n;
+    if (t.is_cpu() && t.nbytes() > 0) std::memcpy(base + plan.offsets[i], t.data_ptr(), t.nbytes());
   }
   std::vector<compat::HostCopy> device;
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -1009,96 +973,15 @@ uint64_t fill_payload(SnapshotFile& file, const SnapshotPlan& plan,
       device.push_back({flat.narrow(0, e, std::min(per, flat.numel() - e)),
                         host + static_cast<uint64_t>(e) * t.element_size()});
   }
-
   // Everything before the first device tensor is final now; after copies [0, k) everything
   // before copy k's first byte.
-  PayloadFrontier written;
   const auto final_before = [&](size_t k) -> uint64_t {
     return k < device.size() ? static_cast<uint64_t>(device[k].host - payload) : payload_bytes;
   };
   written.advance(final_before(0));
-  uint64_t digest = 0;
-  std::optional<std::thread> hasher;
-  try {
-    hasher.emplace([&] {
-      digest = payload_digest(payload, payload_bytes, written);
-      st.checksum_seconds = seconds_since(t_copy);
-    });
-  } catch (const std::system_error&) {  // no thread: hash after the copies, on this one
-  }
-  try {
-    if (!device.empty())
-      compat::copy_host(device, /*to_host=*/true,
-                        [&](size_t n) { written.advance(final_before(n)); });
-  } catch (...) {
-    written.abandon();
-    if (hasher) hasher->join();
-    throw;
-  }
-  st.copy_seconds = seconds_since(t_copy);
-  if (hasher) {
-    hasher->join();
-  } else {
-    digest = payload_digest(payload, payload_bytes);
-    st.checksum_seconds = seconds_since(t_copy);
-  }
-  return digest;
-}
-
-// One attempt of write_snapshot: the snapshot of `plan` into the file at `path`. On any
-// exception the file at `path` is removed (its old snapshot was voided by begin(), or it is
-// stale: the state is in memory) and `kept` is dropped; the exception propagates.
-void write_at(std::optional<SnapshotFile>& kept, const std::string& path, const SnapshotPlan& plan,
-              StateRegistry::SnapshotStats& st) {
-  try {
-    SnapshotFile& file = snapshot_for_write(kept, path, plan, st);
-    if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
-    file.begin(plan.header, plan.manifest);
-    file.commit(fill_payload(file, plan, st));
-    st.file_bytes = static_cast<int64_t>(file.size());
-    st.pinned = file.pinned();
-  } catch (...) {
-    kept.reset();
-    ::unlink(path.c_str());
-    throw;
-  }
-}
-
-// Removes the file at every path of `paths` but `keep`. A file that cannot be removed is left
-// (ENOENT is the normal case); it was voided before (void_others), so no reader takes it.
-void remove_others(const std::vector<std::string>& paths, const std::string& keep) noexcept {
-  for (const std::string& p : paths)
-    if (p != keep) ::unlink(p.c_str());
-}
-
-// Voids the snapshot in the file at every path of `paths` but `keep`: clears its commit word
-// (pwrite + fdatasync), so that a snapshot from an earlier pause there can never be resumed
-// from once this one has begun (the current state is in memory), while the file itself stays
-// for reuse (a prepared file fits). A file that cannot be voided is removed.
-void void_others(const std::vector<std::string>& paths, const std::string& keep) noexcept {
-  for (const std::string& p : paths) {
-    if (p == keep) continue;
-    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno != ENOENT) ::unlink(p.c_str());
-      continue;
-    }
-    struct stat st {};
-    const uint64_t zero = 0;
-    const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-                    static_cast<uint64_t>(st.st_size) >= SnapshotHeader::kBytes &&
-                    ::pwrite(fd, &zero, sizeof zero, SnapshotHeader::kCommitAt) == sizeof zero &&
-                    ::fdatasync(fd) == 0;
-    ::close(fd);
-    if (!ok) ::unlink(p.c_str());
-  }
-}
-
-std::string numbered(const std::vector<std::string>& attempts) {
-  std::string out;
-  for (size_t i = 0; i < attempts.size(); ++i)
-    out += fmt::format("{}({}) {}", i == 0 ? "" : "; ", i + 1, attempts[i]);
-  return out;
+  if (!device.empty())
+    compat::copy_host(device, /*to_host=*/true,
+                      [&](size_t n) { written.advance(final_before(n)); });
 }
 
 }  // namespace
@@ -1108,48 +991,18 @@ std::string StateRegistry::write_snapshot(const std::string& path) const {
 }
 
 std::string StateRegistry::write_snapshot(const SnapshotPaths& paths) const {
-  const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
   m.check_not_released("write_snapshot()");
-  const std::vector<std::string> all = paths.list();
-  GPURUN_CHECK(!all.empty(), "write_snapshot() without a path");
   const SnapshotPlan plan(manifest(), tensors());
-  const uint64_t end = plan.header.data_end, manifest_bytes = plan.manifest.size();
-
-  // The kept file first where it still fits (an in-place write needs no new space), then the
-  // paths in order.
-  std::vector<std::string> order;
-  if (m.snapshot) {
-    for (const std::string& p : all)
-      if (still_fits(*m.snapshot, p, end, manifest_bytes)) order.push_back(p);
-  }
-  for (const std::string& p : all)
-    if (std::find(order.begin(), order.end(), p) == order.end()) order.push_back(p);
-
-  std::vector<std::string> failed;
-  for (const std::string& path : order) {
-    SnapshotStats st;
-    st.tensor_bytes = plan.tensor_bytes;
-    void_others(all, path);  // from here on only `path` can hold a valid snapshot
-    try {
-      write_at(m.snapshot, path, plan, st);
-    } catch (const Error& e) {  // this path cannot hold it (full, unwritable, I/O, read-back)
-      failed.push_back(fmt::format("'{}': {}", path, e.what()));
-      continue;
-    }
-    remove_others(all, path);
-    st.path = path;
-    st.failed_attempts = std::move(failed);
-    st.total_seconds = seconds_since(t0);
-    m.stats = st;
-    return path;
-  }
-  remove_others(all, "");
-  throw StateError(fmt::format(
-      "cannot write the state snapshot ({} tensor bytes, a file of {} bytes): every path "
-      "failed: {}; no snapshot file remains and the training state is unchanged (still in "
-      "memory)",
-      plan.tensor_bytes, snapshot_file_bytes(end, manifest_bytes), numbered(failed)));
+  SnapshotStats st;
+  const std::string path = snapshot::write_snapshot(
+      m.snapshot, paths, plan,
+      [&](uint8_t* base, const snapshot::SnapshotLayout&, PayloadFrontier& written) {
+        fill_payload(plan, base, written);
+      },
+      st);
+  m.stats = st;
+  return path;
 }
 
 void StateRegistry::read_snapshot(const std::string& path, const at::Device& device) {
@@ -1160,64 +1013,17 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
                                          Verify verify) {
   const auto t0 = SteadyClock::now();
   Impl& m = *impl_;
-  const std::vector<std::string> all = paths.list();
-  GPURUN_CHECK(!all.empty(), "read_snapshot() without a path");
   SnapshotStats st;
-
-  // Which path: the one with a file; of several, the newest snapshot.
-  std::string path = all.front();
-  if (all.size() > 1) {
-    std::vector<std::string> present, missing;
-    for (const std::string& p : all) {
-      struct stat sb {};
-      if (::stat(p.c_str(), &sb) == 0) {
-        present.push_back(p);
-      } else {
-        missing.push_back(fmt::format("'{}': {}", p, std::strerror(errno)));
-      }
-    }
-    if (present.empty()) {
-      throw StateError(
-          fmt::format("no state snapshot to resume from at any path: {}", numbered(missing)));
-    }
-    path = present.front();
-    if (present.size() > 1) {
-      uint64_t newest = 0;
-      std::vector<std::string> bad;
-      for (const std::string& p : present) {
-        try {
-          const SnapshotFile f = SnapshotFile::open(p);
-          const SnapshotHeader h = SnapshotHeader::decode(f.data(), f.size(), p);
-          if (h.written_unix_ns > newest) newest = h.written_unix_ns, path = p;
-        } catch (const Error& e) {
-          bad.push_back(e.what());
-        }
-      }
-      if (!bad.empty()) {
-        throw StateError(fmt::format(
-            "state snapshot files at {} paths ('{}'), not all of them valid, so which one holds "
-            "the paused state is unknown: {}",
-            present.size(), fmt::join(present, "', '"), numbered(bad)));
-      }
-    }
-  }
-
-  if (m.snapshot && !m.snapshot->is_at(path)) m.snapshot.reset();
-  if (!m.snapshot) {
-    const auto t_open = SteadyClock::now();
-    m.snapshot = SnapshotFile::open(path);
-    st.mapped = true;
-    st.setup_seconds = seconds_since(t_open);
-  }
+  const snapshot::OpenedSnapshot opened = snapshot::open_snapshot(m.snapshot, paths, st);
+  const std::string& path = opened.path;
+  const SnapshotHeader& header = opened.header;
   SnapshotFile& file = *m.snapshot;
-  const SnapshotHeader header = SnapshotHeader::decode(file.data(), file.size(), path);
   const auto t_hash = SteadyClock::now();
   if (verify == Verify::kBeforeCopy) {
     header.check_payload(file.data(), path);  // before anything of the state changes
     st.checksum_seconds = seconds_since(t_hash);
   }
-  const std::string manifest_text(
-      reinterpret_cast<const char*>(file.data()) + SnapshotHeader::kBytes, header.manifest_bytes);
+  const std::string& manifest_text = opened.manifest;
   try {
     apply_manifest(manifest_text, device);
   } catch (const StateError& e) {
@@ -1232,7 +1038,7 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
         path, plan.header.tensor_count, plan.header.data_end, header.tensor_count,
         header.data_end));
   }
-  if (any_on_device(plan.tensors)) st.pin_seconds = file.pin();
+  if (plan.on_device) st.pin_seconds = file.pin();
   const auto t_copy = SteadyClock::now();
   if (verify == Verify::kBeforeCopy) {
     compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
@@ -1262,7 +1068,7 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
       std::rethrow_exception(hash_error ? hash_error : copy_error);
     }
   }
-  st.tensor_bytes = plan.tensor_bytes;
+  st.tensor_bytes = static_cast<int64_t>(plan.total_bytes);
   st.file_bytes = static_cast<int64_t>(file.size());
   st.pinned = file.pinned();
   st.path = path;
@@ -1297,13 +1103,10 @@ StateRegistry::SnapshotPreparation StateRegistry::plan_snapshot_preparation(
   plan.data_end = sp.header.data_end;
   plan.manifest_bytes = sp.manifest.size();
   plan.file_bytes = snapshot_file_bytes(plan.data_end, plan.manifest_bytes);
-  plan.on_device = any_on_device(sp.tensors);
+  plan.on_device = sp.on_device;
   plan.lock_host_memory = lock_host_memory && !plan.on_device;
   if (m.snapshot) {
-    const bool fits = std::any_of(plan.paths.begin(), plan.paths.end(), [&](const std::string& p) {
-      return still_fits(*m.snapshot, p, plan.data_end, plan.manifest_bytes);
-    });
-    if (fits) {
+    if (snapshot::kept_fits(*m.snapshot, plan.paths, plan.data_end, plan.manifest_bytes)) {
       // Already mapped (a resume read it, or an earlier preparation): page-lock it if needed.
       if (plan.on_device) m.stats.pin_seconds = m.snapshot->pin();
       plan.done = true;
@@ -1316,65 +1119,7 @@ StateRegistry::SnapshotPreparation StateRegistry::plan_snapshot_preparation(
 
 StateRegistry::PreparedSnapshot StateRegistry::make_prepared_snapshot(
     const SnapshotPreparation& plan) {
-  const auto t0 = SteadyClock::now();
-  PreparedSnapshot out;
-  SnapshotStats& st = out.stats;
-  const uint64_t end = plan.data_end, manifest_bytes = plan.manifest_bytes;
-  std::optional<SnapshotFile> file;
-  try {
-    const auto existing =
-        std::find_if(plan.paths.begin(), plan.paths.end(),
-                     [](const std::string& p) { return file_size_at(p).has_value(); });
-    if (existing != plan.paths.end()) {
-      // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
-      file = open_if_fits(*existing, end, manifest_bytes);
-      st.mapped = file.has_value();
-      out.existing_unfit = !file;
-      if (!file)
-        out.error =
-            fmt::format("the file '{}' exists and does not fit the state (a file of {} bytes)",
-                        *existing, plan.file_bytes);
-    } else {
-      std::vector<std::string> failed;
-      for (const std::string& p : plan.paths) {
-        try {
-          file = SnapshotFile::create(p, plan.file_bytes, /*replace=*/false);  // nullopt: another
-          st.created = file.has_value();                                       // rank was first
-          if (!file) {
-            file = open_if_fits(p, end, manifest_bytes);
-            st.mapped = file.has_value();
-          }
-          break;
-        } catch (const Error& e) {
-          failed.push_back(fmt::format("'{}': {}", p, e.what()));
-        }
-      }
-      if (failed.size() == plan.paths.size())
-        out.error = fmt::format(
-            "cannot prepare the state snapshot (a file of {} bytes): every path failed: {}",
-            plan.file_bytes, numbered(failed));
-      st.failed_attempts = std::move(failed);
-    }
-  } catch (const Error& e) {
-    out.error = e.what();
-    file.reset();
-  }
-  st.setup_seconds = seconds_since(t0);
-  if (file) {
-    if (plan.on_device) st.pin_seconds = file->pin();
-    if (plan.lock_host_memory) {
-      const auto t_lock = SteadyClock::now();
-      out.lock_error = file->lock_in_memory();
-      st.pin_seconds = seconds_since(t_lock);
-    }
-    st.file_bytes = static_cast<int64_t>(file->size());
-    st.pinned = file->pinned();
-    st.locked = file->locked();
-    st.path = file->path();
-    out.file = std::make_shared<SnapshotFile>(std::move(*file));
-  }
-  st.total_seconds = seconds_since(t0);
-  return out;
+  return snapshot::make_prepared_snapshot(plan);
 }
 
 void StateRegistry::adopt_prepared_snapshot(PreparedSnapshot prepared) {

@@ -15,27 +15,23 @@
 #include <torch/torch.h>
 
 #include "gpurun/error.hpp"
+#include "gpurun/snapshot/snapshot_store.hpp"
 #include "gpurun/state.hpp"
-#include "state/snapshot_file.hpp"
 
 namespace gpurun::rt {
 
 /// Declared in <gpurun/error.hpp> (public: users catch it); named here as before.
 using ::gpurun::StateError;
 
-/// Where the pause snapshot of a run may live, in order of preference: `primary`
-/// (GPURUN_SNAPSHOT_PATH, normally /dev/shm) and, when not empty, `fallback`
-/// (GPURUN_SNAPSHOT_FALLBACK_PATH, the run directory), used when the primary cannot hold it
-/// (full: ENOSPC, EDQUOT, EFBIG; or any other I/O error there). A writer and a reader of one
-/// run pass the same pair. At most one of the two files holds a snapshot: the writer removes
-/// the other one (docs/worker-runtime.md, "Snapshot files").
-struct SnapshotPaths {
-  std::string primary;
-  std::string fallback;  ///< empty: none
-
-  /// The non-empty, distinct paths in order.
-  std::vector<std::string> list() const;
-};
+// The host side of snapshots (paths, files, the crash-safe write): gpurun/snapshot/.
+using snapshot::PayloadFrontier;
+using snapshot::PreparedSnapshot;
+using snapshot::snapshot_file_bytes;
+using snapshot::SnapshotFile;
+using snapshot::SnapshotHeader;
+using snapshot::SnapshotPaths;
+using snapshot::SnapshotPreparation;
+using snapshot::SnapshotStats;
 
 class StateRegistry {
  public:
@@ -107,19 +103,20 @@ class StateRegistry {
   void materialize(const at::Device& device);
 
   /// Writes manifest + tensor bytes to the first of `paths` that can hold them (layout:
-  /// state/snapshot_format.hpp) and returns that path. The file is mapped (and page-locked
-  /// when the state is on a device) once and kept: a later snapshot is written in place into
-  /// the kept file (wherever it is) when it still fits, copying only (host tensors and padding
-  /// first; then every device tensor, in 64 MiB slices, queued at once on a side stream, while
-  /// the payload hash follows the copies chunk by chunk: fill_payload). Otherwise, per path in
-  /// order: the existing file there if it fits, else a new one (reserved with posix_fallocate,
-  /// renamed over the old); a path that fails (ENOSPC, EDQUOT, EFBIG at the reservation, or any
-  /// other I/O error, also in msync/fsync or the read-back) loses its file (a partial or stale
-  /// snapshot never stays) and the next path is tried. Done means: payload checksum (XXH64 of the
-  /// file's bytes as written) recorded, file written back (msync + fsync), commit word set, header
-  /// read back and verified (SnapshotFile::commit). Then every other path's file is removed,
-  /// so the returned path is the only one holding a snapshot. Crash-safe: the file is marked
-  /// incomplete before it changes and committed last.
+  /// gpurun/snapshot/format.hpp; the host side, shared with the Python package:
+  /// snapshot::write_snapshot in gpurun/snapshot/snapshot_store.hpp) and returns that path. The
+  /// file is mapped (and page-locked when the state is on a device) once and kept: a later snapshot
+  /// is written in place into the kept file (wherever it is) when it still fits, copying only (host
+  /// tensors and padding first; then every device tensor, in 64 MiB slices, queued at once on a
+  /// side stream, while the payload hash follows the copies chunk by chunk: fill_payload).
+  /// Otherwise, per path in order: the existing file there if it fits, else a new one (reserved
+  /// with posix_fallocate, renamed over the old); a path that fails (ENOSPC, EDQUOT, EFBIG at the
+  /// reservation, or any other I/O error, also in msync/fsync or the read-back) loses its file (a
+  /// partial or stale snapshot never stays) and the next path is tried. Done means: payload
+  /// checksum (XXH64 of the file's bytes as written) recorded, file written back (msync + fsync),
+  /// commit word set, header read back and verified (SnapshotFile::commit). Then every other path's
+  /// file is removed, so the returned path is the only one holding a snapshot. Crash-safe: the file
+  /// is marked incomplete before it changes and committed last.
   ///
   /// Blocks until the bytes are in the file (and on disk for a disk path). Throws:
   /// StateError after release(); StateError "cannot write the state snapshot (N bytes): every
@@ -175,48 +172,14 @@ class StateRegistry {
 
   /// What the last write_snapshot / read_snapshot / prepare_snapshot did and how long its
   /// parts took (seconds, steady clock). Zero-initialised before the first one.
-  struct SnapshotStats {
-    int64_t tensor_bytes = 0;     ///< tensor bytes copied (0 for prepare_snapshot)
-    int64_t file_bytes = 0;       ///< size of the snapshot file
-    bool created = false;         ///< this call created (and reserved) the file
-    bool mapped = false;          ///< this call mapped an existing file (not kept from before)
-    bool pinned = false;          ///< the mapping is page-locked (CUDA build, device state)
-    bool locked = false;          ///< the mapping is mlock-ed (CPU state, prepared ahead)
-    double setup_seconds = 0;     ///< create + posix_fallocate + mmap, or open + mmap
-    double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister)
-    double copy_seconds = 0;      ///< tensor copies, the final synchronise included
-    double total_seconds = 0;     ///< the whole call (manifest, checks, msync, commit, ...)
-    double checksum_seconds = 0;  ///< payload checksum, from the copies' start: it runs
-                                  ///< while they land (read: verification; write: hashing
-                                  ///< each 64 MiB chunk once the copies passed it)
-    std::string path;             ///< the file the snapshot is in (or was prepared at)
-    /// Paths that failed before `path` was used (write/prepare), one "'<path>': <error>" each:
-    /// a non-empty list means the snapshot fell back (worth a warning in the event log).
-    std::vector<std::string> failed_attempts;
-  };
+  using SnapshotStats = snapshot::SnapshotStats;
   const SnapshotStats& last_snapshot_stats() const;
 
   /// prepare_snapshot() in three steps, so that the slow middle one (creating, reserving with
   /// posix_fallocate, mapping, page-locking: seconds for GBs) can run on another thread while
   /// training goes on (the runtime's background preparation, docs/worker-runtime.md).
-  struct SnapshotPreparation {
-    std::vector<std::string> paths;  ///< SnapshotPaths::list()
-    uint64_t data_end = 0, manifest_bytes = 0;
-    uint64_t file_bytes = 0;        ///< the file a new snapshot file would get
-    bool on_device = false;         ///< page-lock it for device copies (cudaHostRegister)
-    bool lock_host_memory = false;  ///< CPU state: mlock the mapping (resident, never swapped)
-    bool done = false;              ///< the registry already maps a file that fits: nothing to do
-  };
-  struct PreparedSnapshot {
-    std::shared_ptr<SnapshotFile> file;  ///< null when no path could be prepared (`error`)
-    SnapshotStats stats;
-    std::string error;  ///< why there is no file
-    /// No file because one exists at the path and does not fit the state (it is never
-    /// replaced: the first write does that). prepare_snapshot() leaves it without an error.
-    bool existing_unfit = false;
-    std::string
-        lock_error;  ///< why the file is not locked in memory (lock_host_memory); empty: it is
-  };
+  using SnapshotPreparation = snapshot::SnapshotPreparation;
+  using PreparedSnapshot = snapshot::PreparedSnapshot;
   /// Step 1, on the training thread (cheap: the manifest): the file the current state needs.
   /// `lock_host_memory`: mlock a CPU state's file (SnapshotFile::lock_in_memory). Throws
   /// StateError after release().

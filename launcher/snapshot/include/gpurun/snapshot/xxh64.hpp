@@ -1,5 +1,6 @@
-// gpurun::rt::Xxh64 — XXH64, the 64-bit xxHash of Yann Collet, streaming. The payload
-// checksum of a state snapshot (snapshot_format.hpp). Internal header.
+// gpurun::snapshot::Xxh64 — XXH64, the 64-bit xxHash of Yann Collet, streaming. The payload
+// checksum of a state snapshot (snapshot_format.hpp). (launcher/snapshot: no torch, shared by the
+// C++ runtime and libgpurun_worker.so.)
 //
 // Algorithm and constants: the xxHash specification, "xxHash fast digest algorithm",
 // https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md (section "XXH64 Algorithm
@@ -18,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 
 class Xxh64 {
  public:
@@ -42,4 +43,4 @@ class Xxh64 {
   size_t buffered_ = 0;
 };
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

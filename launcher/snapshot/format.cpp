@@ -1,4 +1,4 @@
-#include "state/snapshot_format.hpp"
+#include "gpurun/snapshot/format.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,11 +11,10 @@
 
 #include <fmt/format.h>
 
-#include "state/state_checksum.hpp"
-#include "state/state_registry.hpp"
-#include "state/xxh64.hpp"
+#include "gpurun/error.hpp"
+#include "gpurun/snapshot/xxh64.hpp"
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 namespace {
 
 template <class T>
@@ -46,6 +45,15 @@ constexpr uint64_t round_up_page(uint64_t n) {
 }
 
 }  // namespace
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
 
 uint64_t snapshot_hash(std::string_view bytes) {
   return fnv1a64(bytes);
@@ -285,4 +293,4 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
   return h;
 }
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

@@ -1,9 +1,9 @@
-#include "state/xxh64.hpp"
+#include "gpurun/snapshot/xxh64.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 namespace {
 
 // The five primes of the specification.
@@ -111,4 +111,4 @@ uint64_t Xxh64::of(const void* data, size_t bytes, uint64_t seed) noexcept {
   return h.digest();
 }
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

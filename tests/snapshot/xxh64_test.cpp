@@ -1,4 +1,4 @@
-#include "state/xxh64.hpp"
+#include "gpurun/snapshot/xxh64.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "state/snapshot_format.hpp"
+#include "gpurun/snapshot/format.hpp"
 
-using gpurun::rt::Xxh64;
+using gpurun::snapshot::Xxh64;
 
 namespace {
 
@@ -70,8 +70,8 @@ TEST_CASE("xxh64: throughput on a 1 GiB buffer" * doctest::skip()) {
 TEST_CASE(
     "payload_digest: the XXH64 of the 64 MiB chunks' XXH64s (little-endian, in order); every "
     "chunk counts") {
-  using gpurun::rt::kPayloadChunkBytes;
-  using gpurun::rt::payload_digest;
+  using gpurun::snapshot::kPayloadChunkBytes;
+  using gpurun::snapshot::payload_digest;
   // By hand, one chunk after the other on this thread: what format 4 defines.
   const auto by_hand = [](const uint8_t* p, uint64_t n) {
     Xxh64 top;
@@ -108,9 +108,9 @@ TEST_CASE(
 TEST_CASE(
     "payload_digest with a PayloadFrontier: hashes only what the writer declared final, so a "
     "payload written in order while it hashes gives the digest of the finished bytes") {
-  using gpurun::rt::kPayloadChunkBytes;
-  using gpurun::rt::payload_digest;
-  using gpurun::rt::PayloadFrontier;
+  using gpurun::snapshot::kPayloadChunkBytes;
+  using gpurun::snapshot::payload_digest;
+  using gpurun::snapshot::PayloadFrontier;
   const uint64_t n = kPayloadChunkBytes * 3 + 12345;
   std::vector<uint8_t> want(n);
   uint64_t x = 7;

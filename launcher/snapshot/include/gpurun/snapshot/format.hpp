@@ -1,5 +1,6 @@
-// gpurun::rt::SnapshotHeader — the on-disk layout of a state snapshot
-// (StateRegistry::write_snapshot / read_snapshot). Internal header.
+// gpurun::snapshot::SnapshotHeader — the on-disk layout of a state snapshot
+// (snapshot_store.hpp: written by both runtimes). (launcher/snapshot: no torch, shared by the C++
+// runtime and libgpurun_worker.so.)
 //
 //   offset 0     header, 128 bytes, native byte order (little-endian on supported hosts):
 //                    0 magic "GPURUNSS" (8 bytes)   8 version u32 (=4)   12 header size u32 (=128)
@@ -12,7 +13,7 @@
 //                   80 payload_bytes u64 (= data_end - 128: manifest, padding and tensors)
 //                   88 payload_checksum u64 (of the payload, file bytes [128, data_end):
 //                      payload_digest() — XXH64, seed 0, of the XXH64s (seed 0) of its
-//                      64 MiB chunks, little-endian u64s in order; state/xxh64.hpp)
+//                      64 MiB chunks, little-endian u64s in order; xxh64.hpp)
 //                   96 written_unix_ns u64 (CLOCK_REALTIME when the writer began it: of two
 //                      snapshot files of one run, the newer one wins)
 //                  104 header_checksum u64 (XXH64, seed 0, of header bytes [0, 104))
@@ -46,7 +47,7 @@
 #include <string_view>
 #include <vector>
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 
 struct SnapshotHeader {
   static constexpr char kMagic[8] = {'G', 'P', 'U', 'R', 'U', 'N', 'S', 'S'};
@@ -148,7 +149,11 @@ constexpr uint64_t snapshot_align(uint64_t n) {
          SnapshotHeader::kAlignment;
 }
 
-/// FNV-1a (64-bit) of `bytes`: the manifest hash of the header.
+/// FNV-1a, 64-bit (Fowler, Noll, Vo; offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+/// of `bytes`. Used for metadata (dtype names, manifests), not for tensor data.
+uint64_t fnv1a64(std::string_view bytes);
+
+/// fnv1a64 of `bytes`: the manifest hash of the header.
 uint64_t snapshot_hash(std::string_view bytes);
 
 /// Spare room given to a new snapshot file whose manifest has `manifest_bytes` bytes: room for
@@ -165,4 +170,4 @@ uint64_t snapshot_file_bytes(uint64_t data_end, uint64_t manifest_bytes);
 /// room a new file would get (so a much smaller state does not keep a large file pinned).
 bool snapshot_fits(uint64_t file_bytes, uint64_t data_end, uint64_t manifest_bytes);
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

@@ -1,7 +1,8 @@
-#include "state/mapped_file.hpp"
+#include "gpurun/snapshot/mapped_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,7 +12,7 @@
 
 #include "gpurun/check.hpp"
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 namespace {
 
 [[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
@@ -20,8 +21,24 @@ namespace {
 
 }  // namespace
 
+std::optional<uint64_t> file_size_limit_below(uint64_t bytes) noexcept {
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  if (static_cast<uint64_t>(lim.rlim_cur) >= bytes) return std::nullopt;
+  return static_cast<uint64_t>(lim.rlim_cur);
+}
+
+std::string file_size_limit_text(uint64_t limit, uint64_t bytes) {
+  return fmt::format(
+      "RLIMIT_FSIZE (ulimit -f) is {} KiB, below the pause snapshot's {} KiB (raise it, e.g. "
+      "`ulimit -f unlimited` before gpurun in the job script)",
+      limit >> 10, (bytes + 1023) >> 10);
+}
+
 MappedFile MappedFile::create(const std::string& path, size_t bytes) {
   GPURUN_CHECK(bytes > 0, "mapping an empty file '{}'", path);
+  if (const auto limit = file_size_limit_below(bytes))
+    throw Error(fmt::format("state snapshot: '{}': {}", path, file_size_limit_text(*limit, bytes)));
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw_io("creating", path, errno);
   MappedFile file(path, fd, nullptr, bytes, true);  // closes fd if anything below throws
@@ -153,4 +170,4 @@ void MappedFile::reset() noexcept {
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
 }
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

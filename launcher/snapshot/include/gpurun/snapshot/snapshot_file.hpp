@@ -1,8 +1,9 @@
-// gpurun::rt::SnapshotFile — the host side of state snapshots: one file (normally on /dev/shm)
-// created, reserved, mapped and page-locked once, then written and read in place by every
+// gpurun::snapshot::SnapshotFile — the host side of state snapshots: one file (normally on
+// /dev/shm) created, reserved, mapped and page-locked once, then written and read in place by every
 // snapshot of the process (hold mode parks many times; a release-mode process that resumed
 // from the file writes the next pause into it). Layout and commit protocol:
-// snapshot_format.hpp. Internal header.
+// snapshot_format.hpp. (launcher/snapshot: no torch, shared by the C++ runtime and
+// libgpurun_worker.so.)
 #pragma once
 
 #include <cstddef>
@@ -11,11 +12,33 @@
 #include <string>
 #include <string_view>
 
-#include "compat/torch_compat.hpp"
-#include "state/mapped_file.hpp"
-#include "state/snapshot_format.hpp"
+#include <functional>
+#include <memory>
 
-namespace gpurun::rt {
+#include "gpurun/snapshot/format.hpp"
+#include "gpurun/snapshot/mapped_file.hpp"
+
+namespace gpurun::snapshot {
+
+/// A page-locked host range (cudaHostRegister), unpinned when destroyed. This library has no
+/// CUDA: the process installs how to pin (set_host_pinner) — the C++ runtime its LibTorch
+/// seam's (compat::HostRegistration), the Python package libcudart's own functions through
+/// libgpurun_worker.so's C interface.
+class HostPin {
+ public:
+  virtual ~HostPin() = default;
+  /// Forgets the registration without undoing it (the CUDA context's teardown at the
+  /// process's end unpins it; destroying this object afterwards does nothing). Never throws.
+  virtual void leave_to_exit() noexcept = 0;
+};
+
+/// Pins `bytes` bytes at `data` (read_only: the mapping is never written). Returns null when
+/// it cannot (no device, the driver refuses): copies then still work, slower. Never throws.
+using HostPinner =
+    std::function<std::unique_ptr<HostPin>(uint8_t* data, size_t bytes, bool read_only)>;
+/// Installs the process's pinner (replacing any before); an empty one: pin() does nothing.
+/// Call before SnapshotFile::pin() runs on any thread (it reads the pinner unlocked).
+void set_host_pinner(HostPinner pinner);
 
 class SnapshotFile {
  public:
@@ -44,18 +67,19 @@ class SnapshotFile {
   /// Whether `path` still names this file with its mapped size (MappedFile::is_at).
   bool is_at(const std::string& path) const noexcept { return file_.is_at(path); }
 
-  /// Page-locks the whole mapping for device copies (compat::HostRegistration: cudaHostRegister
-  /// in CUDA builds with a device, nothing otherwise). Idempotent; returns the seconds it took
-  /// (0 when already done). Never throws: without page-locking copies still work, slower.
+  /// Page-locks the whole mapping for device copies (the installed HostPinner:
+  /// cudaHostRegister; nothing without one). Idempotent; returns the seconds it took (0 when
+  /// already done). Never throws: without page-locking copies still work, slower.
   double pin();
   /// Undoes pin() (cudaHostUnregister: the driver unpins every page) and returns the seconds
   /// it took; 0 when not pinned. The mapping stays.
   double unpin() noexcept;
-  bool pinned() const noexcept { return registration_.pinned(); }
-  /// Leaves the page-locking and the mapping to the process's end (HostRegistration and
+  bool pinned() const noexcept { return pin_ != nullptr; }
+  /// Leaves the page-locking and the mapping to the process's end (HostPin and
   /// MappedFile::leave_to_exit): nothing is unpinned or unmapped now. data() is null after.
   void leave_to_exit() noexcept {
-    registration_.leave_to_exit();
+    if (pin_) pin_->leave_to_exit();  // forgotten: destroying it now undoes nothing
+    pin_.reset();
     file_.leave_to_exit();
   }
 
@@ -88,9 +112,9 @@ class SnapshotFile {
   explicit SnapshotFile(MappedFile file) : file_(std::move(file)) {}
 
   MappedFile file_;
-  SnapshotHeader pending_;                 ///< of the snapshot begun, until commit()
-  bool locked_ = false;                    ///< lock_in_memory() succeeded
-  compat::HostRegistration registration_;  ///< after file_: unregistered before unmapping
+  SnapshotHeader pending_;        ///< of the snapshot begun, until commit()
+  bool locked_ = false;           ///< lock_in_memory() succeeded
+  std::unique_ptr<HostPin> pin_;  ///< after file_: unpinned before unmapping
 };
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

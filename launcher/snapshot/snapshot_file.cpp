@@ -1,4 +1,4 @@
-#include "state/snapshot_file.hpp"
+#include "gpurun/snapshot/snapshot_file.hpp"
 
 #include <sys/mman.h>
 #include <time.h>
@@ -15,7 +15,7 @@
 #include "gpurun/check.hpp"
 #include "gpurun/error.hpp"
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
 namespace {
 
 // The commit word of the mapped header, stored with release order: every byte written before
@@ -35,7 +35,16 @@ uint64_t sequence_of(const uint8_t* data, size_t bytes) {
   return sequence;
 }
 
+HostPinner& host_pinner() {
+  static HostPinner pinner;
+  return pinner;
+}
+
 }  // namespace
+
+void set_host_pinner(HostPinner pinner) {
+  host_pinner() = std::move(pinner);
+}
 
 std::optional<SnapshotFile> SnapshotFile::create(const std::string& path, uint64_t file_bytes,
                                                  bool replace) {
@@ -64,7 +73,7 @@ SnapshotFile SnapshotFile::open(const std::string& path) {
 
 SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
   if (this != &other) {
-    registration_ = std::move(other.registration_);  // unregisters ours while still mapped
+    pin_ = std::move(other.pin_);  // unpins ours while still mapped
     file_ = std::move(other.file_);
     locked_ = std::exchange(other.locked_, false);
   }
@@ -74,14 +83,14 @@ SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
 double SnapshotFile::unpin() noexcept {
   if (!pinned()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  registration_ = compat::HostRegistration{};
+  pin_.reset();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double SnapshotFile::pin() {
   if (pinned() || data() == nullptr) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  registration_ = compat::HostRegistration(data(), size(), /*read_only=*/!writable());
+  if (host_pinner()) pin_ = host_pinner()(data(), size(), /*read_only=*/!writable());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -146,4 +155,4 @@ SnapshotHeader SnapshotFile::commit(uint64_t payload_checksum) {
   return back;
 }
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot

@@ -1,13 +1,22 @@
-// gpurun::rt::MappedFile — a whole file mapped into memory (RAII: unmapped and closed on
+// gpurun::snapshot::MappedFile — a whole file mapped into memory (RAII: unmapped and closed on
 // destruction). Used for state snapshots (SnapshotFile): tensors are copied straight between
-// the mapping and their device. Internal header.
+// the mapping and their device. (launcher/snapshot: no torch, shared by the C++ runtime and
+// libgpurun_worker.so.)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
-namespace gpurun::rt {
+namespace gpurun::snapshot {
+
+/// The process's file-size limit (RLIMIT_FSIZE, bytes) when it is below `bytes`, else nullopt.
+/// A file grown past it kills the process with SIGXFSZ (Slurm propagates `ulimit -f`), so a
+/// snapshot file is never created or written beyond it. Never throws.
+std::optional<uint64_t> file_size_limit_below(uint64_t bytes) noexcept;
+/// "RLIMIT_FSIZE (ulimit -f) is N KiB, below the pause snapshot's M KiB (raise it, ...)".
+std::string file_size_limit_text(uint64_t limit, uint64_t bytes);
 
 class MappedFile {
  public:
@@ -16,7 +25,8 @@ class MappedFile {
   /// a later write) and maps it read-write, shared, its page tables filled at once
   /// (MAP_POPULATE: one batched pass instead of a page fault per 4 KiB at the first copy).
   /// Throws gpurun::Error naming the path, the bytes and the errno text (ENOSPC, EDQUOT,
-  /// EFBIG for RLIMIT_FSIZE with SIGXFSZ ignored, ...); the file is removed then.
+  /// EFBIG, ...), or file_size_limit_text() when RLIMIT_FSIZE is below `bytes` (checked
+  /// first: no file is made); the file is removed then.
   static MappedFile create(const std::string& path, size_t bytes);
 
   /// Opens `path` and maps it whole, read-only (private). Throws gpurun::Error naming the
@@ -79,4 +89,4 @@ class MappedFile {
   bool writable_ = false;
 };
 
-}  // namespace gpurun::rt
+}  // namespace gpurun::snapshot
