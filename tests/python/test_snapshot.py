@@ -190,6 +190,16 @@ st = io.write(state)
 assert st["path"] == p6 and not st["created"] and not st["mapped"], st
 print("python_snapshot: prepared file reused OK")
 
+# 6b. A joiner's premap: the committed snapshot mapped ahead, unchanged; the read reuses it.
+io = io_at(p6)
+pm = io.files.premap(False)
+assert pm["done"] and pm["mapped"] and pm["path"] == p6, pm
+back, info = io.read(verify=True)
+assert not info["mapped"], info  # mapped by the premap, not again by the read
+same(state, back)
+assert not io_at(os.path.join(tmp, "none.snapshot")).files.premap(False)["done"]
+print("python_snapshot: premap OK")
+
 
 
 # 7. The handoff (handoff() above), rank 0 and rank 1 as two processes.

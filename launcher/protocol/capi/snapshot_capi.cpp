@@ -187,6 +187,31 @@ char* gpurun_snapshots_prepare(gpurun_snapshots* s, uint64_t manifest_bytes, con
       static_cast<char*>(nullptr));
 }
 
+char* gpurun_snapshots_premap(gpurun_snapshots* s, int on_device) {
+  return guarded(
+      [&] {
+        const std::lock_guard lock(s->mu);
+        snap::SnapshotPreparation plan;
+        for (const std::string& p : s->paths.list())
+          if (snap::SnapshotHeader::peek_sizes(p, plan.data_end, plan.manifest_bytes)) {
+            plan.paths = {p};  // a paused job's snapshot: the one a resume reads
+            break;
+          }
+        gpurun::JsonObject o;
+        if (plan.paths.empty()) {
+          o.add("done", false).add("error", "no committed snapshot at any path");
+          return dup(stats_json({}, std::move(o)));
+        }
+        plan.file_bytes = snap::snapshot_file_bytes(plan.data_end, plan.manifest_bytes);
+        plan.on_device = on_device != 0;
+        snap::PreparedSnapshot p = snap::make_prepared_snapshot(plan);
+        if (p.file) s->kept = std::move(*p.file);
+        o.add("done", p.file != nullptr).add("error", p.error);
+        return dup(stats_json(p.stats, std::move(o)));
+      },
+      static_cast<char*>(nullptr));
+}
+
 char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifest, size_t manifest_bytes,
                              const uint64_t* sizes, size_t n, int on_device,
                              gpurun_snapshot_fill_fn fill, void* ctx) {

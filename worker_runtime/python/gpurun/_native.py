@@ -97,6 +97,7 @@ def load(path=None):
                                                 c.POINTER(c.c_uint64), c.c_size_t, c.c_int,
                                                 FILL_FN, c.c_void_p]),
         "gpurun_snapshots_read": (c.c_void_p, [c.c_void_p, c.c_int, c.c_int]),
+        "gpurun_snapshots_premap": (c.c_void_p, [c.c_void_p, c.c_int]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -229,6 +230,11 @@ class Snapshots:
         return json.loads(_take(self._lib, self._lib.gpurun_snapshots_prepare(
             self._h, manifest_bytes, _u64s(sizes), len(sizes), int(on_device),
             int(lock_host_memory))))
+
+    def premap(self, on_device):
+        """Maps (and page-locks) the committed snapshot a resume will read; blocks."""
+        return json.loads(_take(self._lib, self._lib.gpurun_snapshots_premap(
+            self._h, int(on_device))))
 
     def write(self, manifest, sizes, on_device, fill):
         """Writes a snapshot of ``manifest`` (bytes) and tensors of ``sizes`` bytes; ``fill(base,
