@@ -608,7 +608,8 @@ class Runtime:
         held = torch.cuda.memory_allocated(self.device)
         print(f"gpurun (python, slot {self.slot}): parked (hold mode); torch still holds "
               f"{held / 2**20:.0f} MiB allocated, {torch.cuda.memory_reserved(self.device) / 2**20:.0f} "
-              f"MiB reserved on {self.device} (freed in {(t1 - t0) * 1e3:.0f} ms, gc "
+              f"MiB reserved on {self.device} (group destroyed in "
+              f"{getattr(self, '_destroy_ms', 0):.0f} ms, freed in {(t1 - t0) * 1e3:.0f} ms, gc "
               f"{(t2 - t1) * 1e3:.0f} ms, cache emptied in {(t3 - t2) * 1e3:.0f} ms)",
               file=sys.stderr, flush=True)
 
@@ -639,8 +640,10 @@ class Runtime:
 
     def _destroy_group(self):
         self.model = None
+        t0 = time.perf_counter()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._destroy_ms = (time.perf_counter() - t0) * 1e3
 
     def _wrap(self):
         if self._module is None:
