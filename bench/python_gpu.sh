@@ -22,8 +22,8 @@
 # /usr/bin/python3), REPS (pairs, default 2), EPOCHS (per run, default 3), ARGS_<model>
 # (the example's arguments for a model, replacing the preset below), EXTRA (arguments added
 # to every run, e.g. --bf16), WAIT_S (timeout of every wait, default 300), RUN_TIMEOUT
-# (seconds per throughput run, default 420), MODES (park modes of the pause runs, default
-# "release hold"; REPS=0 skips the throughput runs). Waits on events and states, never on fixed sleeps.
+# (seconds per throughput run, default 420), MODES (the pause runs, default "release standby
+# hold": release without and with [park] standby, hold; REPS=0 skips the throughput runs). Waits on events and states, never on fixed sleeps.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODELS=${4:?models, e.g. \"b h\"}
 [[ $DEV == cpu || $DEV == cuda ]] || { echo "python_gpu.sh: DEVICE must be cpu or cuda, not '$DEV'" >&2; exit 2; }
@@ -61,7 +61,19 @@ smi() {
   echo "${s:-none}"
 }
 cfg() {  # ACTIVE MODE FILE (written whole, then renamed: gpurun never reads half a file)
-  printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "$2" > "$3.new" && mv "$3.new" "$3"
+  # MODE: release (no standby), standby (release with [park] standby), or hold.
+  local mode=$2 sb=false
+  [[ $mode == standby ]] && { mode=release; sb=true; }
+  printf 'active_gpus = %s\n[park]\nmode = "%s"\nstandby = %s\n' "$1" "$mode" "$sb" > "$3.new" &&
+    mv "$3.new" "$3"
+}
+standby_waits() { grep -q "standby: waiting" "$1"; }  # the standby reached rt.device
+standby_rss() {  # resident set (KiB) of the slot's standby process, from `gpurun status`
+  local p
+  p=$("$G" status --json --pid "$gp" 2>/dev/null | "$PY" -c '
+import json, sys
+print(next((s["pid"] for s in json.load(sys.stdin)["slots"] if s["state"] == "STANDBY"), ""))')
+  [[ -n $p ]] && ps -o rss= -p "$p" | tr -d " "
 }
 n_events() { local n; n=$(grep -c "\"event\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
 n_decisions() { local n; n=$(grep -c "\"event\": \"decision\".*\"kind\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
@@ -79,7 +91,7 @@ parked() {  # every slot PARKED in `gpurun status` (release: the worker has exit
   "$G" status --json --pid "$gp" 2>/dev/null | "$PY" -c '
 import json, sys
 slots = json.load(sys.stdin)["slots"]
-sys.exit(0 if slots and all(s["state"] == "PARKED" for s in slots) else 1)'
+sys.exit(0 if slots and all(s["state"] in ("PARKED", "STANDBY") for s in slots) else 1)'
 }
 finish() {  # waits (WAIT_S) for gpurun ($gp) to exit, else SIGTERM, then SIGKILL; prints rc
   local end=$((SECONDS + WAIT_S))
@@ -144,6 +156,9 @@ pause() {  # MODEL MODE: pause to [] after the first epoch boundary, resume to [
       wait_for "the pause's resize event" "$WAIT_S" ge "$d/events.jsonl" resize 1 &&
       wait_for "every slot PARKED" "$WAIT_S" parked &&
       echo "edit_to_parked_poll_ms: $(($(now_ms) - t))" &&
+      { [[ $mode != standby ]] ||
+        { wait_for "the standby waiting for its go" "$WAIT_S" standby_waits "$d/log" &&
+          echo "standby_rss_kib: $(standby_rss)"; }; } &&
       echo "paused: $(smi)" &&
       cfg "[0]" "$mode" "$d/config.toml" && echo "resume_edit_ms: $(now_ms)" &&
       wait_for "the resume's resize event" "$WAIT_S" ge "$d/events.jsonl" resize 2 &&
@@ -202,7 +217,7 @@ for m in models:
                                              if pairs else "")
     rows.append(f"| {m} | throughput | {sps} | {ratio} | | | | | {result} |")
     details.append(f"{m} throughput: samples/s {r}; process wall s {walls}")
-    for mode in ("release", "hold"):
+    for mode in ("release", "standby", "hold"):
         d = os.path.join(md, mode)
         if not os.path.isdir(d):
             continue
@@ -221,7 +236,7 @@ for m in models:
             same = t[after - 1].get("end_checksum") == t[after].get("start_checksum")
         x = {"decision_to_parked_ms": max(parked) - wall_ms(snap["ts"]) if parked else None,
              "pause": rz[0] if rz else None, "resume": rz[1] if len(rz) > 1 else None,
-             "smi": {k: steps.get(k) for k in ("training", "paused", "resumed")},
+             "smi": {k: steps.get(k) for k in ("training", "paused", "resumed", "standby_rss_kib")},
              "rc": steps.get("rc"), "checksums_equal": same, "timings": t}
         ok = x["rc"] == "0" and x["resume"] and x["decision_to_parked_ms"] is not None and same
         s[mode] = x
@@ -254,7 +269,7 @@ for m in $MODELS; do
     [[ $TORCHRUN == ok ]] && throughput "$m" torchrun "$i"
     throughput "$m" gpurun "$i"
   done
-  for mode in ${MODES:-release hold}; do pause "$m" "$mode"; done
+  for mode in ${MODES:-release standby hold}; do pause "$m" "$mode"; done
   done_models+=("$m")
   summary "${done_models[@]}" > "$OUT/summary.txt" 2>&1 || echo "summary failed: $OUT/summary.txt"
 done

@@ -2,6 +2,7 @@
 # Resize latency of the main job (fmnist_train) under gpurun, one worker: a pause to [] and a
 # resume to [0], in release and hold mode, broken down from gpurun's `resize` events
 # (docs/control-protocol.md#resize-timings) and the worker traces (snapshot write/read).
+# "standby": release mode with [park] standby (the resume tells the standby to go).
 # RUNS="release hold" runs a subset. The "before" row is the same run the slow way (model built and initialised on the CPU, no
 # prepared snapshot): the ratios in the last table are against it, in the same run.
 #
@@ -45,16 +46,17 @@ parked() {  # every slot PARKED in `gpurun status` (release: the worker has exit
   "$G" status --json --pid "$gp" 2>/dev/null | python3 -c '
 import json, sys
 slots = json.load(sys.stdin)["slots"]
-sys.exit(0 if slots and all(s["state"] == "PARKED" for s in slots) else 1)'
+sys.exit(0 if slots and all(s["state"] in ("PARKED", "STANDBY") for s in slots) else 1)'
 }
 nw_started() { [[ -s $1/nvml.jsonl ]] || ! kill -0 "$nw" 2>/dev/null; }  # written, or it ended
 stop_nw() { [[ -n $nw ]] && { kill "$nw" 2>/dev/null; wait "$nw" 2>/dev/null; }; nw=""; }
 now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
 prepared() { grep -qs '"event": *"snapshot_prepared".*"path"' "$1"/trace/gpu0.jsonl; }
-cfg() {
-  printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = %s\ndeadline_s = 600\n' \
-    "$1" "$2" "$EVERY" > "$3"
+cfg() {  # ACTIVE MODE FILE; env STANDBY (true|false, default false): [park] standby
+  printf 'active_gpus = %s\n[park]\nmode = "%s"\nstandby = %s\n[boundary]\nevery = %s\ndeadline_s = 600\n' \
+    "$1" "$2" "${STANDBY:-false}" "$EVERY" > "$3.new" && mv "$3.new" "$3"
 }
+standby_waits() { grep -qs '"event": *"standby"' "$1"/trace/gpu0.jsonl; }  # in device()
 
 scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
   local label=$1 mode=$2 d=$OUT/$1; shift 2
@@ -85,6 +87,9 @@ scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
   stop_nw
   echo "edit_to_parked_ms: $((t_parked - t_edit))" >> "$d/smi.txt"
   echo "parked_at_ms: $t_parked" >> "$d/smi.txt"
+  if [[ ${STANDBY:-false} == true ]]; then
+    wait_for "the standby in device()" 300 standby_waits "$d" || { kill "$gp"; return 1; }
+  fi
   echo "paused: $(smi)" >> "$d/smi.txt"
   cfg "[0]" "$mode" "$d/config.toml"
   wait_for "the resume's resize event" 300 ge "$d/events.jsonl" resize 2 || { kill "$gp"; return 1; }
@@ -106,10 +111,11 @@ mine = [l for l in out.splitlines() if l.split(",")[0].strip() == str(os.getpid(
 print(mine[0].split(",")[1].strip() if mine else "unknown")
 PY
 fi
-for run in ${RUNS:-before release hold}; do  # RUNS: a subset, e.g. "release hold"
+for run in ${RUNS:-before release standby hold}; do  # RUNS: a subset, e.g. "release hold"
   case $run in
     before) PREPARE=0 scenario before release --build-on-cpu ;;
     release) PREPARE=1 scenario release release ;;
+    standby) PREPARE=1 STANDBY=true scenario standby release ;;
     hold) PREPARE=1 scenario hold hold ;;
   esac
   echo "$run: rc=$?"
@@ -122,7 +128,7 @@ def lines(p):
     try: return [json.loads(l) for l in open(p) if l.strip()]
     except OSError: return []
 rows = {}
-for label in ("before", "release", "hold"):
+for label in ("before", "release", "standby", "hold"):
     d = os.path.join(out, label)
     if not os.path.isdir(d): continue  # not in RUNS
     ev = lines(d + "/events.jsonl")
@@ -200,7 +206,7 @@ for label, x in rows.items():
 b = rows.get("before")
 if b:
     print("\nratios against 'before' (same run):")
-    for label in ("release", "hold"):
+    for label in ("release", "standby", "hold"):
         x = rows.get(label)
         if not x: continue
         print(f"  {label}: snapshot write {b['write_ms'] / max(x['write_ms'], 1e-3):.1f}x faster, "

@@ -140,12 +140,9 @@ int run(const Args& a) {
   const auto t_start = Clock::now();
   auto rt = gpurun::Runtime::from_env();
   const double runtime_s = seconds_since(t_start);
-  const torch::Device dev = rt->device();
-  if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
-  const bool bf16 = a.bf16 && dev.is_cuda();
-  if (a.bf16 && !bf16 && rt->rank() == 0)
-    std::cout << "fmnist_train: --bf16 ignored on device " << dev.str() << " (CUDA only)\n";
 
+  // The data first, then the device: a standby (docs/worker-runtime.md#standby) loads it while
+  // its GPU is still free, and waits in device() until a config names its slot.
   auto t_part = Clock::now();
   fm::FashionMnist data = fm::FashionMnist::load(a.data);
   if (a.limit_train > 0 && a.limit_train < data.train.size()) {
@@ -153,6 +150,11 @@ int run(const Args& a) {
     data.train.labels = data.train.labels.slice(0, 0, a.limit_train);
   }
   const double data_s = seconds_since(t_part);
+  const torch::Device dev = rt->device();
+  if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
+  const bool bf16 = a.bf16 && dev.is_cuda();
+  if (a.bf16 && !bf16 && rt->rank() == 0)
+    std::cout << "fmnist_train: --bf16 ignored on device " << dev.str() << " (CUDA only)\n";
   t_part = Clock::now();
   torch::manual_seed(a.seed);
   // Cheap construction (docs/worker-runtime.md#cheap-joiners): parameters made on the device;

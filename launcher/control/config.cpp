@@ -298,11 +298,20 @@ class Validator {
   }
 
   void check_park(const toml::node& node, Config& config) {
-    const auto* table = section(node, "park", R"([park] with mode = "release" or "hold")");
+    const auto* table = section(
+        node, "park", R"([park] with mode = "release" or "hold", and standby = true or false)");
     if (table == nullptr) return;
     for (auto&& [key, value] : *table) {
+      if (key.str() == "standby") {
+        if (const auto* flag = value.as_boolean())
+          config.standby = flag->get();
+        else
+          error(value.source(), "park.standby",
+                fmt::format("expected a boolean, found {}", found_phrase(value)), "true, false");
+        continue;
+      }
       if (key.str() != "mode") {
-        warn_unknown_nested("park", key, {"mode"});
+        warn_unknown_nested("park", key, {"mode", "standby"});
         continue;
       }
       const auto* text = value.as_string();
@@ -586,8 +595,8 @@ std::string describe(const Config& config) {
                                    : fmt::format("{} steps", config.boundary.every_steps);
   const std::string batch =
       config.global_batch ? fmt::format("{}", *config.global_batch) : std::string("none");
-  return fmt::format("active_gpus={} park={} boundary={} deadline_s={} batch.global={}", gpus,
-                     to_string(config.park_mode), boundary,
+  return fmt::format("active_gpus={} park={}{} boundary={} deadline_s={} batch.global={}", gpus,
+                     to_string(config.park_mode), config.standby ? "" : " standby=off", boundary,
                      static_cast<double>(config.boundary_deadline.count()) / 1000.0, batch);
 }
 

@@ -72,6 +72,9 @@ struct Config {
   std::optional<std::vector<int>> active_gpus;
   /// `[park] mode`; default release.
   ParkMode park_mode = ParkMode::kRelease;
+  /// `[park] standby` (release mode; default true): after a leaver's process exits, start a
+  /// standby for its slot (docs/control-protocol.md#standby).
+  bool standby = true;
   /// `[boundary] every`; default every epoch.
   BoundarySpec boundary;
   /// `[batch] global`: samples per optimizer step summed over the active GPUs, kept constant

@@ -191,7 +191,8 @@ void ElasticController::on_key(const std::string& key) {
   run_effects();
 }
 
-void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, const std::string& json) {
+void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool standby,
+                              const std::string& json) {
   const Decision d = Decision::from_json(json);
   supervisor::EnvMap env;
   const int rank = d.rank_of(gpu);
@@ -202,9 +203,10 @@ void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, const s
   env["ROLE_WORLD_SIZE"] = world;
   env["LOCAL_WORLD_SIZE"] = world;
   env[env::kElastic] = "1";
-  if (warm >= 0)
+  if (warm >= 0) {
     env[env::kWarm] = std::to_string(warm);  // joins no generation until it is admitted
-  else
+    if (standby) env[env::kStandby] = "1";   // and touches no device until told to go
+  } else
     env[env::kJoinGeneration] = std::to_string(generation);
   env[env::kActiveGpus] = join_ids(d.active);
   env[env::kParkMode] = std::string(to_string(d.park_mode));
@@ -227,7 +229,7 @@ void ElasticController::run_effects() {
           backend_.delete_key(e.key);
           break;
         case Effect::Kind::kSpawn:
-          spawn(e.gpu, e.generation, e.warm, e.value);
+          spawn(e.gpu, e.generation, e.warm, e.standby, e.value);
           break;
         case Effect::Kind::kKill:
           supervisor_.kill_slot(e.gpu);

@@ -90,7 +90,8 @@ class ElasticController : public supervisor::SlotController {
   void reload();
   void on_key(const std::string& key);
   void run_effects();
-  void spawn(int gpu, int64_t generation, int64_t warm, const std::string& decision_json);
+  void spawn(int gpu, int64_t generation, int64_t warm, bool standby,
+             const std::string& decision_json);
   void write_status();
   std::string render_current_status() const;
   /// Resize timings (docs/control-protocol.md#resize-timings): a written key that may be a

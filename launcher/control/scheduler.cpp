@@ -413,6 +413,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     case SlotState::kOffloading:
       if (clean) {
         set_state(s, SlotState::kParked, "released: " + how);
+        s.released = true;
       } else if (gpu == source_gpu_ && s.holds_state) {
         // A leaving state source before its handoff completed: participant_died decides.
         set_state(s, SlotState::kFailed, "died while offloading: " + how);
@@ -457,6 +458,15 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       say(fmt::format(
           "warming gpu {} (pid {}) ended with {} before it joined: dropped, the job goes on "
           "without it (it stays out of this attempt)",
+          gpu, pid, how));
+      break;
+    case SlotState::kStandby:
+      // Nobody waits for it and it holds nothing: the slot is parked as before, without one.
+      set_state(s, SlotState::kParked, "standby ended: " + how);
+      s.no_standby = true;
+      say(fmt::format(
+          "standby gpu {} (pid {}) ended with {}: the slot is parked without one (a config that "
+          "names it starts it anew; no standby is started for it again in this attempt)",
           gpu, pid, how));
       break;
     case SlotState::kParked:
@@ -634,7 +644,7 @@ void Scheduler::check_all_gone() {
 
 void Scheduler::wake_all_parked_to_exit(const std::string& why) {
   for (auto& [gpu, s] : slots_)
-    if (s.state == SlotState::kWarming) cancel_warming(s, why);
+    if (s.state == SlotState::kWarming || s.state == SlotState::kStandby) cancel_warming(s, why);
   for (auto& [gpu, s] : slots_) {
     if ((s.state != SlotState::kParked && s.state != SlotState::kOffloading) || s.pid < 0 ||
         s.park_generation < 0 || s.will_exit)
@@ -1027,46 +1037,85 @@ void Scheduler::warm_up() {
   if (generation_ < 0) return;
   const bool ending = finished_ || !stop_pending_.empty();
   const std::vector<int> want = ending ? std::vector<int>{} : effective_desired();
-  for (auto& [gpu, s] : slots_)
-    if (s.state == SlotState::kWarming && !std::binary_search(want.begin(), want.end(), gpu))
+  const auto wanted = [&](int gpu) { return std::binary_search(want.begin(), want.end(), gpu); };
+  for (auto& [gpu, s] : slots_) {
+    if (s.state == SlotState::kWarming && !wanted(gpu))
       cancel_warming(s, ending ? "the job is finishing" : "the config no longer names it");
+    if (s.state == SlotState::kStandby &&
+        (ending || config_.park_mode != ParkMode::kRelease || !config_.standby))
+      cancel_warming(s, ending ? "the job is finishing"
+                               : "the config turned standbys off ([park] standby, mode)");
+  }
   for (int gpu : want) {
     SlotInfo& s = slot(gpu);
+    if (s.state == SlotState::kStandby) {
+      // Its start-up without the device is done (or under way): it sets up the device and gets
+      // ready as any warm joiner from here.
+      set_state(s, SlotState::kWarming,
+                "standby told to go: it sets up its device, joins at a boundary once ready");
+      Effect e;
+      e.kind = Effect::Kind::kWriteKey;
+      e.key = keys::go(gpu, s.warm_id);
+      e.value = "go";
+      effects_.push_back(std::move(e));
+      continue;
+    }
     if (member(s) || s.state != SlotState::kParked || s.pid >= 0) continue;
-    s.warm_id = next_warm_++;
-    s.warm_ready = false;
-    s.warm_late_said = false;
-    s.generation = -1;
-    s.rank = -1;
+    spawn_warm(s, want, /*standby=*/false);
+  }
+  if (ending || config_.park_mode != ParkMode::kRelease || !config_.standby) return;
+  for (auto& [gpu, s] : slots_)
+    if (!wanted(gpu) && s.state == SlotState::kParked && s.pid < 0 && s.released && !s.no_standby)
+      spawn_warm(s, want, /*standby=*/true);
+}
+
+void Scheduler::spawn_warm(SlotInfo& s, const std::vector<int>& want, bool standby) {
+  s.warm_id = next_warm_++;
+  s.warm_ready = false;
+  s.warm_late_said = false;
+  s.generation = -1;
+  s.rank = -1;
+  if (standby)
+    set_state(s, SlotState::kStandby,
+              "spawned as a standby: it starts up without its device and waits for a config "
+              "that names the slot");
+  else
     set_state(s, SlotState::kWarming,
               "spawned warm: it starts while the others train, joins at a boundary once ready");
-    // The provisional world (the environment's RANK/WORLD_SIZE): the admitting decision's wins.
-    Decision d = base_decision();
-    d.kind = Decision::Kind::kResize;
-    d.generation = generation_ + 1;
-    d.prev_generation = generation_;
-    d.active = want;
-    d.joiners = {gpu};
-    d.state_source = StateSource::snapshot();
-    Effect e;
-    e.kind = Effect::Kind::kSpawn;
-    e.gpu = gpu;
-    e.generation = -1;
-    e.warm = s.warm_id;
-    e.value = d.to_json();
-    effects_.push_back(std::move(e));
+  // The provisional world (the environment's RANK/WORLD_SIZE): the admitting decision's wins.
+  Decision d = base_decision();
+  d.kind = Decision::Kind::kResize;
+  d.generation = generation_ + 1;
+  d.prev_generation = generation_;
+  d.active = want;
+  if (standby) {
+    d.active.push_back(s.gpu);
+    std::sort(d.active.begin(), d.active.end());
   }
+  d.joiners = {s.gpu};
+  d.state_source = StateSource::snapshot();
+  Effect e;
+  e.kind = Effect::Kind::kSpawn;
+  e.gpu = s.gpu;
+  e.generation = -1;
+  e.warm = s.warm_id;
+  e.standby = standby;
+  e.value = d.to_json();
+  effects_.push_back(std::move(e));
 }
 
 void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
-  set_state(s, SlotState::kParked, "warm joiner cancelled: " + why);
+  const bool standby = s.state == SlotState::kStandby;
+  set_state(s, SlotState::kParked,
+            std::string(standby ? "standby" : "warm joiner") + " cancelled: " + why);
   s.warm_ready = false;
   if (s.pid < 0) {
     drop_warm_keys(s);
     return;
   }
   s.cancelled = true;  // its exit (any status) is no failure
-  say(fmt::format("ending warming gpu {} (pid {}): {}", s.gpu, s.pid, why));
+  say(fmt::format("ending {} gpu {} (pid {}): {}", standby ? "standby" : "warming", s.gpu, s.pid,
+                  why));
   Effect e;
   e.kind = Effect::Kind::kKill;
   e.gpu = s.gpu;
@@ -1077,6 +1126,7 @@ void Scheduler::drop_warm_keys(SlotInfo& s) {
   if (s.warm_id < 0) return;
   delete_key(keys::ready(s.gpu, s.warm_id));
   delete_key(keys::admit(s.gpu, s.warm_id));
+  delete_key(keys::go(s.gpu, s.warm_id));
   s.warm_id = -1;
 }
 

@@ -39,7 +39,8 @@ struct Effect {
   int64_t round = -1;
   std::chrono::milliseconds deadline{0};
   JsonObject fields;
-  int64_t warm = -1;  ///< kSpawn of a warm joiner: its id (keys::ready / keys::admit)
+  int64_t warm = -1;     ///< kSpawn of a warm joiner: its id (keys::ready / keys::admit)
+  bool standby = false;  ///< kSpawn of a standby (GPURUN_STANDBY=1 as well as GPURUN_WARM)
 };
 
 /// Everything known about one slot.
@@ -64,6 +65,10 @@ struct SlotInfo {
   bool warm_ready = false;      ///< WARMING: it wrote its ready key (waits for its admission)
   bool warm_late_said = false;  ///< WARMING: a boundary went by without it (said once)
   bool cancelled = false;       ///< PARKED: a warm joiner killed because it is no longer wanted
+  /// Its last process left in release mode and exited 0: the slot may get a standby.
+  bool released = false;
+  /// A standby of this slot ended on its own: none is started again in this attempt.
+  bool no_standby = false;
   /// The program's own error its live process said it dies of (keys::program_error): its
   /// exit then fails the job (as under torchrun) instead of being gone on without.
   std::string program_error;
@@ -180,7 +185,10 @@ class Scheduler {
   void resume();
   // Warm joiners: spawns one for every wanted slot that has no process (docs/control-protocol.md
   // #warm-joiners), ends those no longer wanted (or every one when the job is finishing).
+  // Standbys ([park] standby, docs/control-protocol.md#standby): started for released slots
+  // no config wants, told to go (WARMING) once one does, ended when the job finishes.
   void warm_up();
+  void spawn_warm(SlotInfo& s, const std::vector<int>& want, bool standby);
   void cancel_warming(SlotInfo& s, const std::string& why);
   // Whether a wanted slot can be in the next generation now (a ready warm joiner, a held
   // process); false for one still warming or whose previous process is still exiting.

@@ -25,6 +25,9 @@ constexpr Move kTable[] = {
     {S::kWarming, S::kRejoining},     // ready, admitted by a decision
     {S::kWarming, S::kParked},        // cancelled (a config edit removed it, the job finishes)
     {S::kWarming, S::kFailed},        // died before it was admitted
+    {S::kParked, S::kStandby},        // a release leaver exited: a standby starts for the slot
+    {S::kStandby, S::kWarming},       // a config names the slot: told to go
+    {S::kStandby, S::kParked},        // ended (died, or killed as the job finishes)
 };
 
 }  // namespace
@@ -43,6 +46,8 @@ std::string_view to_string(SlotState state) {
       return "REJOINING";
     case S::kWarming:
       return "WARMING";
+    case S::kStandby:
+      return "STANDBY";
     case S::kExited:
       return "EXITED";
     case S::kFailed:

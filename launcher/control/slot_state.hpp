@@ -16,6 +16,8 @@ enum class SlotState {
   kParked,      ///< not in the active set: no process (release, never launched) or held
   kRejoining,   ///< joiner spawned or woken, not joined yet
   kWarming,     ///< warm joiner: process started before a decision names it; admitted once ready
+  kStandby,     ///< release mode, not wanted: a process started up without its device, waiting
+                ///< for a config to name the slot (then WARMING)
   kExited,      ///< finished training (exit 0 while a member)
   kFailed,      ///< died or stalled past the boundary deadline
 };

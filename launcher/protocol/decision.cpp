@@ -261,6 +261,9 @@ std::string ready(int gpu, int64_t w) {
 std::string admit(int gpu, int64_t w) {
   return fmt::format("gpurun/slot/{}/admit/{}", gpu, w);
 }
+std::string go(int gpu, int64_t w) {
+  return fmt::format("gpurun/slot/{}/go/{}", gpu, w);
+}
 std::string program_error(int gpu, int64_t pid) {
   return fmt::format("gpurun/slot/{}/error/{}", gpu, pid);
 }

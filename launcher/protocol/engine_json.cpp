@@ -23,6 +23,7 @@ constexpr std::pair<E, std::string_view> kEventNames[] = {
     {E::kDone, "done"},
     {E::kFailed, "failed"},
     {E::kCollectiveFailed, "collective_failed"},
+    {E::kDevice, "device"},
     {E::kProgramError, "program_error"},
 };
 
@@ -130,6 +131,8 @@ EngineOptions options_from_json(std::string_view text) {
   opt.slot = static_cast<int>(int_or(o, "slot", 0, text));
   opt.join_generation = int_or(o, "join_generation", 0, text);
   opt.warm = int_or(o, "warm", -1, text);
+  if (const json::value* v = o.if_contains("standby"))
+    opt.standby = v->is_bool() ? v->as_bool() : int_or(o, "standby", 0, text) != 0;
   opt.pid = static_cast<int>(int_or(o, "pid", 0, text));
   return opt;
 }

@@ -108,8 +108,18 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       }
       break;
 
+    case E::kDevice:
+      // A standby's device stays untouched until gpurun says go (keys::go); anyone else, or a
+      // standby asked twice, goes on at once.
+      if (standby() && phase_ == Phase::kOpened) {
+        wait_get(keys::go(opt_.slot, opt_.warm), Phase::kGo);
+      } else if (phase_ != Phase::kGo) {
+        gone_ = true;
+      }
+      break;
+
     case E::kReady:
-      if (phase_ != Phase::kOpened) unexpected();
+      if (phase_ != Phase::kOpened || standby()) unexpected();
       if (warm()) {
         set(keys::ready(opt_.slot, opt_.warm), std::to_string(opt_.pid));
         wait_get(keys::admit(opt_.slot, opt_.warm), Phase::kAdmission);
@@ -149,6 +159,21 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
           joined();
           phase_ = Phase::kOpened;
           break;
+        case Phase::kGo: {
+          if (e.text != "go") {
+            if (Decision::from_json(e.text).kind != Decision::Kind::kExit)
+              throw ProtocolError(
+                  fmt::format("slot {}: go key '{}' holds neither \"go\" nor an exit decision",
+                              opt_.slot, keys::go(opt_.slot, opt_.warm)));
+            set_state(WorkerState::kExited, "a standby told to exit before it was needed");
+            finish("a standby told to exit before it was needed", /*left=*/true);
+            break;
+          }
+          gone_ = true;
+          phase_ = Phase::kOpened;
+          log("standby: a config names this slot; setting up the device");
+          break;
+        }
         case Phase::kAdmission: {
           seen_ms_ = now;
           std::optional<Decision> d = take_join(e.text);

@@ -83,9 +83,11 @@ std::unique_ptr<WorkerSession> WorkerSession::from_env(SessionOptions o) {
   const char* elastic = std::getenv(env::kElastic);
   if (!elastic || std::string_view(elastic) != "1") return nullptr;
   o.engine.slot = static_cast<int>(env_int(env::kSlot));
-  if (const char* w = std::getenv(env::kWarm); w && *w)
+  if (const char* w = std::getenv(env::kWarm); w && *w) {
     o.engine.warm = env_int(env::kWarm);
-  else
+    const char* sb = std::getenv(env::kStandby);
+    o.engine.standby = sb && std::string_view(sb) == "1";
+  } else
     o.engine.join_generation = env_int(env::kJoinGeneration);
   o.engine.pid = static_cast<int>(::getpid());
   if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT"); r && *r)

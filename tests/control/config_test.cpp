@@ -82,6 +82,7 @@ TEST_CASE("parse_config: valid files give the expected settings") {
       {"park release as inline table", "park = { mode = \"release\" }\n", Config{}},
       {"park as dotted key", "park.mode = \"hold\"\n",
        with([](Config& c) { c.park_mode = ParkMode::kHold; })},
+      {"standbys off", "[park]\nstandby = false\n", with([](Config& c) { c.standby = false; })},
       {"boundary every N steps", "[boundary]\nevery = 50\n",
        with([](Config& c) { c.boundary = BoundarySpec{.every_epoch = false, .every_steps = 50}; })},
       {"boundary every epoch", "[boundary]\nevery = \"epoch\"\n", Config{}},
@@ -229,7 +230,10 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "\"release\", \"hold\""},
       {"park not a table", "park = \"hold\"",
        "config.toml:1:8: park: expected a table, found a string (\"hold\"); allowed: [park] "
-       "with mode = \"release\" or \"hold\""},
+       "with mode = \"release\" or \"hold\", and standby = true or false"},
+      {"park standby not a boolean", "[park]\nstandby = \"no\"",
+       "config.toml:2:11: park.standby: expected a boolean, found a string (\"no\"); allowed: "
+       "true, false"},
       {"zero steps", "[boundary]\nevery = 0",
        "config.toml:2:9: boundary.every: step count 0 is not positive; allowed: \"epoch\" or a "
        "positive integer number of steps"},
@@ -301,7 +305,7 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "global = a positive integer"},
       {"array of tables instead of a table", "[[park]]\nmode = \"hold\"",
        "config.toml:1:1: park: expected a table, found an array; allowed: [park] with mode = "
-       "\"release\" or \"hold\""},
+       "\"release\" or \"hold\", and standby = true or false"},
       {"every problem is listed, in document order", "[batch]\nglobal = -4\n[park]\nmode = \"x\"\n",
        "config.toml:2:10: batch.global: -4 is not positive; allowed: a positive integer (samples "
        "per optimizer step, summed over the active GPUs)\n"

@@ -132,6 +132,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fake_worker gpu %d: stalling in its warm start-up\n", gpu);
     while (true) ::pause();
   }
+  // Its device is needed now (a standby waits here for its go key, or is told to exit).
+  EngineEvent device;
+  device.kind = EngineEvent::Kind::kDevice;
+  if (drive(device).kind == EngineAction::Kind::kExit) {
+    std::printf("fake_worker gpu %d: a standby told to exit\n", gpu);
+    return 0;
+  }
   EngineEvent ready;
   ready.kind = EngineEvent::Kind::kReady;
   EngineAction last = drive(ready);

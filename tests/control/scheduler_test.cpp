@@ -13,11 +13,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
+/// Without standbys (the cases below test what happens without one); standby(): with them.
 Config cfg(std::optional<std::vector<int>> active, ParkMode mode = ParkMode::kRelease) {
   Config c;
   c.active_gpus = std::move(active);
   c.park_mode = mode;
   c.boundary_deadline = 2s;
+  c.standby = false;
+  return c;
+}
+Config standby(std::optional<std::vector<int>> active, ParkMode mode = ParkMode::kRelease) {
+  Config c = cfg(std::move(active), mode);
+  c.standby = true;
   return c;
 }
 
@@ -34,6 +41,7 @@ struct Harness {
   /// A warm joiner is ready as soon as it is spawned (false: the test says when, ready()).
   bool auto_ready = true;
   std::map<int, int64_t> warm;  // gpu -> id of its last warm joiner
+  std::vector<int> standbys;    // gpus a standby was spawned for, in order
 
   explicit Harness(Config c, int slots = 4, std::optional<std::vector<int>> launch = std::nullopt)
       : s(ids(slots), c, std::move(launch)) {
@@ -55,7 +63,10 @@ struct Harness {
           s.on_spawned(e.gpu, next_pid++);
           if (e.warm >= 0) {
             warm[e.gpu] = e.warm;
-            if (auto_ready) s.on_ready(e.gpu, e.warm);  // a joiner that starts at once
+            if (e.standby)
+              standbys.push_back(e.gpu);  // waits for its go key (no ready before)
+            else if (auto_ready)
+              s.on_ready(e.gpu, e.warm);  // a joiner that starts at once
           }
         } else if (e.kind == Effect::Kind::kKill) {
           killed.push_back(e.gpu);
@@ -70,6 +81,8 @@ struct Harness {
             decisions.push_back(Decision::from_json(e.value));
           else if (e.key.find("/wake/") != std::string::npos)
             wakes.push_back(e.key);
+          else if (auto go = keys::parse_slot_key(e.key, "go"); go && auto_ready)
+            s.on_ready(go->first, go->second);  // a standby told to go gets ready at once
         }
       }
     }
@@ -1016,4 +1029,139 @@ TEST_CASE("scheduler: a resume edit while the pause's release leavers still exit
     CHECK(h.s.state_lost().empty());
     CHECK(h.events("state_lost") == 0);
   }
+}
+
+// ---- standbys ([park] standby, docs/control-protocol.md#standby) ----------------------------
+
+TEST_CASE("scheduler: a release leaver's exit starts a standby; a grow tells it to go") {
+  Harness h(standby(std::vector<int>{0, 1, 2}));
+  h.auto_ready = false;
+  h.join_all();
+  h.s.config_loaded(standby(std::vector<int>{0, 1}), "c");
+  h.drain();
+  CHECK(h.boundary(0).leavers == std::vector<int>{2});
+  CHECK(h.standbys.empty());  // not while its process still runs
+  CHECK(h.s.on_process_exit(2, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.standbys == std::vector<int>{2});
+  CHECK(h.state(2) == SlotState::kStandby);
+  CHECK(h.s.slots().at(2).pid >= 0);
+  const int64_t w = h.warm.at(2);
+  CHECK(h.store.count(keys::go(2, w)) == 0);
+  // Not wanted: the members train on without it, boundary after boundary.
+  CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+  CHECK(h.state(2) == SlotState::kStandby);
+  // A grow names it: go, WARMING; nothing is spawned; admitted once ready.
+  h.s.config_loaded(standby(std::vector<int>{0, 1, 2}), "c");
+  h.drain();
+  CHECK(h.state(2) == SlotState::kWarming);
+  CHECK(h.store.count(keys::go(2, w)) == 1);
+  CHECK(h.spawned == std::vector<int>{0, 1, 2, 2});
+  CHECK(h.boundary(2).kind == Decision::Kind::kContinue);  // not ready yet: not waited for
+  h.ready(2);
+  const Decision d = h.boundary(3);
+  CHECK(d.joiners == std::vector<int>{2});
+  CHECK(d.active == std::vector<int>{0, 1, 2});
+  h.join_all();
+  CHECK(h.state(2) == SlotState::kActive);
+  CHECK(h.store.count(keys::go(2, w)) == 0);  // read: deleted with its ready and admit keys
+  CHECK(h.spawned == std::vector<int>{0, 1, 2, 2});
+}
+
+TEST_CASE("scheduler: a pause's leavers get standbys; the resume tells them to go") {
+  Harness h(standby(std::vector<int>{0, 1}));
+  h.join_all();
+  h.s.config_loaded(standby(std::vector<int>{}), "c");
+  h.drain();
+  CHECK(h.boundary(0).active.empty());
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.standbys == std::vector<int>{0, 1});
+  CHECK(h.s.holds_job_open());  // still paused: a standby is no member
+  const size_t decided = h.decisions.size();
+  h.s.config_loaded(standby(std::vector<int>{0, 1}), "c");
+  h.drain();  // go to both; they get ready at once (auto_ready): the resume is decided
+  REQUIRE(h.decisions.size() == decided + 1);
+  CHECK(h.decisions.back().joiners == std::vector<int>{0, 1});
+  CHECK(h.decisions.back().state_source.is_snapshot());
+  CHECK(h.spawned == std::vector<int>{0, 1, 0, 1});  // no process spawned by the resume
+}
+
+TEST_CASE("scheduler: no standby in hold mode, with standby = false, or for a crashed leaver") {
+  for (const Config& c :
+       {cfg(std::vector<int>{0}), standby(std::vector<int>{0}, ParkMode::kHold)}) {
+    Harness h(c.park_mode == ParkMode::kHold ? standby(std::vector<int>{0, 1}, ParkMode::kHold)
+                                             : cfg(std::vector<int>{0, 1}));
+    h.join_all();
+    h.s.config_loaded(c, "c");
+    h.drain();
+    h.boundary(0);
+    if (c.park_mode == ParkMode::kRelease) {
+      CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+      h.drain();
+    }
+    CHECK(h.standbys.empty());
+  }
+}
+
+TEST_CASE("scheduler: a standby that dies is no failure and is not started again") {
+  Harness h(standby(std::vector<int>{0, 1}));
+  h.join_all();
+  h.s.config_loaded(standby(std::vector<int>{0}), "c");
+  h.drain();
+  h.boundary(0);
+  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.state(1) == SlotState::kStandby);
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", /*can_restart=*/true));
+  h.drain();
+  CHECK(h.state(1) == SlotState::kParked);   // not FAILED: a config may name it again
+  CHECK(h.standbys == std::vector<int>{1});  // and no new standby
+  CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+  // Named again: a warm joiner as without standbys; leaving again: still none.
+  h.s.config_loaded(standby(std::vector<int>{0, 1}), "c");
+  h.drain();
+  CHECK(h.state(1) == SlotState::kWarming);
+  CHECK(h.boundary(2).joiners == std::vector<int>{1});
+  h.join_all();
+  h.s.config_loaded(standby(std::vector<int>{0}), "c");
+  h.drain();
+  h.boundary(3);
+  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.standbys == std::vector<int>{1});
+  CHECK(h.state(1) == SlotState::kParked);
+}
+
+TEST_CASE("scheduler: standbys end with the job, or when a config turns them off") {
+  Harness h(standby(std::vector<int>{0, 1, 2}));
+  h.join_all();
+  h.s.config_loaded(standby(std::vector<int>{0}), "c");
+  h.drain();
+  h.boundary(0);
+  for (int gpu : {1, 2}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.standbys == std::vector<int>{1, 2});
+  // `[park] standby = false`: ended (killed); its exit is no failure.
+  Config off = standby(std::vector<int>{0});
+  off.standby = false;
+  h.s.config_loaded(off, "c");
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1, 2});
+  CHECK(h.state(1) == SlotState::kParked);
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", true));
+  h.drain();
+  CHECK(h.state(1) == SlotState::kParked);
+  CHECK(h.standbys == std::vector<int>{1, 2});  // none started again while off
+  // On again, then the job finishes: the standby is ended, the job does not wait for it.
+  h.s.config_loaded(standby(std::vector<int>{0}), "c");
+  h.drain();
+  CHECK(h.standbys == std::vector<int>{1, 2, 1});  // gpu 1's slot gets one again (2 still exits)
+  CHECK(h.s.on_process_exit(2, false, "signal SIGKILL (9)", true));
+  h.drain();
+  CHECK(h.standbys == std::vector<int>{1, 2, 1, 2});
+  CHECK_FALSE(h.s.on_process_exit(0, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1, 2, 1, 2});
+  CHECK(h.state(1) == SlotState::kParked);
 }

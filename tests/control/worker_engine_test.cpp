@@ -448,6 +448,47 @@ TEST_CASE("worker engine: joining — whose random initialisation the handoff ov
   CHECK(warm.eng.joining());
 }
 
+TEST_CASE("worker engine: a standby waits for go at its first device use, then is a warm joiner") {
+  EngineOptions o{2, 0, /*warm=*/6, 4242};
+  o.standby = true;
+  WorkerEngine sb(o);
+  CHECK(sb.standby());
+  CHECK(words(sb.on(ev(E::kOpen))).empty());
+  // Its program may not be ready before it asked for its device (the executor's order).
+  CHECK_THROWS_AS(sb.on(ev(E::kReady)), gpurun::InvariantError);
+  CHECK(words(sb.on(ev(E::kDevice))) == "wait(slot/2/go/6)");
+  CHECK(sb.standby());  // still: the go has not come
+  CHECK(words(sb.on(ev(E::kValue, "go"))) == "log");
+  CHECK_FALSE(sb.standby());
+  CHECK(words(sb.on(ev(E::kDevice))).empty());  // asked again: nothing more to wait for
+  CHECK(words(sb.on(ev(E::kReady))) == "set(slot/2/ready/6) wait(slot/2/admit/6)");
+  CHECK(words(sb.on(ev(E::kValue, resize(4, {0}, {0, 2}, ParkMode::kRelease).to_json()))) ==
+        "set(gen/4/joined/1) group(train,[0,2],1)");
+
+  // Told to exit instead: the process leaves (it held nothing).
+  WorkerEngine sx(o);
+  sx.on(ev(E::kOpen));
+  sx.on(ev(E::kDevice));
+  Decision ex;
+  ex.kind = Decision::Kind::kExit;
+  CHECK(words(sx.on(ev(E::kValue, ex.to_json()))) == "state(EXITED) exit(left)");
+  CHECK(sx.finished());
+
+  // Any other value in its go key is gpurun's bug, said with the key.
+  WorkerEngine bad(o);
+  bad.on(ev(E::kOpen));
+  bad.on(ev(E::kDevice));
+  CHECK_THROWS_WITH_AS(bad.on(ev(E::kValue, resize(4, {0}, {0, 2}, ParkMode::kRelease).to_json())),
+                       doctest::Contains("gpurun/slot/2/go/6"), ProtocolError);
+
+  // Everyone else: the device is theirs at once, in any phase.
+  Slot m(0);
+  CHECK(m.on(ev(E::kDevice)).empty());
+  m.started({0, 1});
+  CHECK(m.on(ev(E::kDevice)).empty());
+  CHECK_FALSE(m.eng.standby());
+}
+
 TEST_CASE("worker engine: the program's own error is said to gpurun, in any phase") {
   Slot s(1);
   s.started({0, 1});

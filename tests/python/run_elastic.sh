@@ -108,4 +108,11 @@ for e in rs:
     assert e["complete"] and not e["missing"], f"{e['kind']} {e['from']} -> {e['to']}: missing {e['missing']}"
     print(f"resize {e['kind']} {e['from']} -> {e['to']}: {e['total_ms']:.0f} ms, phases {e['phases_ms']}")
 PY
+if [[ $MODE == release ]]; then
+  # [park] standby (default on): the shrink's release leavers got standbys, and the grow and the
+  # resume told them to go (no process spawned for those slots then).
+  grep -q '"to": "STANDBY"' "$TMP/events.jsonl" || fail "no standby started after the shrink"
+  grep -q 'standby told to go' "$LOG" || fail "no standby was told to go"
+  grep -q '"from": "STANDBY", "to": "WARMING"' "$TMP/events.jsonl" || fail "no STANDBY -> WARMING"
+fi
 echo "python_elastic_$MODE: OK"

@@ -258,12 +258,15 @@ TEST_CASE("in-process: pause to [] and resume to [0, 1] from the host snapshot")
     ThreadJob job(job_options(config({0, 1}, mode), "pause"), std::ref(t));
     job.supervisor().load_config_at(0, 0, config({}, mode));
     job.start();
-    // Paused: every slot PARKED (release: processes gone; hold: parked).
+    // Paused: every slot PARKED (hold: parked), or in release mode a STANDBY (the leaver's
+    // process gone, a standby waiting in its first device use for the resume).
+    const auto want = mode == ParkMode::kRelease ? gpurun::control::SlotState::kStandby
+                                                 : gpurun::control::SlotState::kParked;
     REQUIRE(job.supervisor().wait_for(
-        [](const gpurun::control::Scheduler& s) {
+        [&](const gpurun::control::Scheduler& s) {
           if (s.generation() < 1) return false;
           for (const auto& [gpu, info] : s.slots())
-            if (info.state != gpurun::control::SlotState::kParked) return false;
+            if (info.state != want) return false;
           return true;
         },
         10s));

@@ -143,17 +143,20 @@ void InMemorySupervisor::run_effects() {
           break;
         case Effect::Kind::kSpawn: {
           const int pid = next_pid_++;
-          spawner_(e.gpu, e.generation, e.warm, pid);
+          spawner_(e.gpu, e.generation, e.warm, e.standby, pid);
           scheduler_.on_spawned(e.gpu, pid);
           break;
         }
         case Effect::Kind::kKill: {
           ignored_.push_back(fmt::format("kill {}", e.gpu));
-          // A warm joiner of that slot waiting for its admission is told to exit.
+          // A warm joiner of that slot waiting for its admission, or a standby waiting for
+          // its go, is told to exit.
           std::vector<std::string> admits;
           for (const auto& [key, value] : kv_)
             if (auto r = keys::parse_slot_key(key, "ready"); r && r->first == e.gpu)
               admits.push_back(keys::admit(e.gpu, r->second));
+          if (const int64_t w = scheduler_.slots().at(e.gpu).warm_id; w >= 0)
+            admits.push_back(keys::go(e.gpu, w));
           for (const std::string& admit : admits) {
             Decision x;
             x.kind = Decision::Kind::kExit;
@@ -179,8 +182,8 @@ ThreadJob::ThreadJob(Options options, Train train)
     : opt_(std::move(options)),
       train_(std::move(train)),
       sup_({.slots = opt_.slots, .config = opt_.config, .wait_timeout = opt_.wait_timeout},
-           [this](int gpu, int64_t generation, int64_t warm, int pid) {
-             spawn(gpu, generation, warm, pid);
+           [this](int gpu, int64_t generation, int64_t warm, bool standby, int pid) {
+             spawn(gpu, generation, warm, standby, pid);
            }) {}
 
 ThreadJob::~ThreadJob() {
@@ -196,14 +199,19 @@ ThreadJob::~ThreadJob() {
   }
 }
 
-void ThreadJob::spawn(int gpu, int64_t generation, int64_t warm, int pid) {
+void ThreadJob::spawn(int gpu, int64_t generation, int64_t warm, bool standby, int pid) {
   std::lock_guard<std::mutex> lock(mu_);
   ++running_;
-  threads_.emplace_back(
-      [this, gpu, generation, warm, pid] { run_rank(gpu, generation, warm, pid); });
+  threads_.emplace_back([this, gpu, generation, warm, standby, pid] {
+    run_rank(gpu, generation, warm, standby, pid);
+  });
 }
 
-void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, int pid) {
+namespace {
+struct StandbyExited {};  // a thread cannot exit its process: the standby's exit unwinds it
+}  // namespace
+
+void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, bool standby, int pid) {
   Exit x;
   x.gpu = gpu;
   x.pid = pid;
@@ -214,7 +222,8 @@ void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, int pid) {
     s.env.slot = gpu;
     s.env.snapshot_path = opt_.snapshot_path;
     control::SessionOptions so;
-    so.engine = {gpu, generation < 0 ? 0 : generation, warm, pid};
+    so.engine = {gpu, generation < 0 ? 0 : generation, warm, pid, standby};
+    s.standby_exit = [] { throw StandbyExited{}; };
     s.control = std::make_unique<control::WorkerSession>(std::move(so),
                                                          std::make_unique<InMemoryStore>(sup_));
     s.make_comm = comms_.factory(gpu);
@@ -228,6 +237,11 @@ void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, int pid) {
     x.left = rt->left();
     x.clean = true;
     x.how = "exit 0";
+  } catch (const StandbyExited&) {
+    x.clean = true;
+    x.state = WorkerState::kExited;
+    x.left = true;
+    x.how = "exit 0 (a standby told to exit)";
   } catch (const std::exception& e) {
     x.how = e.what();
   }

@@ -45,7 +45,8 @@ class InMemorySupervisor {
   /// Starts a rank on `gpu` that joins `generation`, as process `pid` (`warm` >= 0: a warm
   /// joiner with that id, generation -1). Called with the supervisor's lock held: it must not
   /// call back into the supervisor on this thread.
-  using Spawner = std::function<void(int gpu, int64_t generation, int64_t warm, int pid)>;
+  using Spawner =
+      std::function<void(int gpu, int64_t generation, int64_t warm, bool standby, int pid)>;
 
   InMemorySupervisor(Options options, Spawner spawner);
 
@@ -150,8 +151,9 @@ class ThreadJob {
   std::vector<StateChange> state_changes(int gpu) const;
 
  private:
-  void spawn(int gpu, int64_t generation, int64_t warm, int pid);  // supervisor lock held
-  void run_rank(int gpu, int64_t generation, int64_t warm, int pid);
+  void spawn(int gpu, int64_t generation, int64_t warm, bool standby,
+             int pid);  // supervisor lock held
+  void run_rank(int gpu, int64_t generation, int64_t warm, bool standby, int pid);
 
   Options opt_;
   Train train_;

@@ -74,6 +74,7 @@ char* gpurun_worker_info(gpurun_worker* w) {
         gpurun::JsonObject o;
         o.add("slot", e.slot())
             .add("warm", e.warm())
+            .add("standby", e.standby())
             .add("generation", e.generation())
             .add("round", e.round())
             .add("rank", e.rank())

@@ -112,6 +112,11 @@ class Runtime {
   static std::unique_ptr<Runtime> from_env(RuntimeOptions options = {});
   ~Runtime();
 
+  /// The device to put the model and batches on. A standby (GPURUN_STANDBY=1, gpurun's
+  /// `[park] standby`) blocks in its first call until a config names its slot and only then
+  /// sets up CUDA: a program that loads its data and builds its model skeleton before this
+  /// call does that while its GPU stays free (docs/worker-runtime.md#standby). A standby told
+  /// to exit instead ends the process here (status 0).
   at::Device device() const;
   int rank() const;        ///< rank in the current generation
   int world_size() const;  ///< active workers in the current generation

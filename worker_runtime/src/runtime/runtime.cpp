@@ -145,7 +145,9 @@ struct Runtime::Impl {
   int64_t global_batch = 0;
   int64_t max_epochs = 0;
   bool started = false;
-  bool finishing = false;  // the job is finishing: loops end
+  bool device_pending = false;         // CUDA not set up yet (ensure_device)
+  std::function<void()> standby_exit;  // RuntimeSeams::standby_exit
+  bool finishing = false;              // the job is finishing: loops end
   bool joining = false;    // Runtime::joining(): the tracked state is overwritten before training
   bool jumped = false;     // a hold-mode rejoin moved the position to another epoch
   Step step;               // current step of a StepRange
@@ -497,8 +499,37 @@ struct Runtime::Impl {
   }
 
   // ---- boundaries ---------------------------------------------------------------------
+  /// Sets up the CUDA device (a no-op on CPU, or once done). A standby first waits for its go
+  /// key (the engine's kDevice): until then this process has created no CUDA context.
+  void ensure_device() {
+    if (!device_pending) return;
+    device_pending = false;
+    if (control && control->engine().standby()) {
+      const auto t0 = Clock::now();
+      trace.write("standby", {{"gpu", Trace::num(int64_t{slot})}});
+      control::EngineEvent ev;
+      ev.kind = control::EngineEvent::Kind::kDevice;
+      drive(std::move(ev));
+      if (finishing) {  // told to exit: it holds nothing, and its program must not go on
+        trace.write("standby_exit", {{"gpu", Trace::num(int64_t{slot})}});
+        if (standby_exit) standby_exit();
+        std::exit(0);
+      }
+      trace.write("standby_go", {{"waited_ms", Trace::num(ms_since(t0))}});
+      start_premap();
+    }
+    if (!device.is_cuda()) return;
+    if (!torch::cuda::is_available())
+      throw Error(
+          fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
+                      "CUDA_VISIBLE_DEVICES is empty)",
+                      env::kDevice));
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  }
+
   void ensure_started() {
     if (started) return;
+    ensure_device();
     GPURUN_CHECK(tracked, "Runtime::track() must be called before epochs()/steps()");
     started = true;
     if (control) {
@@ -1003,13 +1034,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   if (e.comm_timeout) m->opt.comm_timeout = *e.comm_timeout;
   m->slot = e.slot;
   if (e.cuda) {
-    if (!torch::cuda::is_available())
-      throw Error(
-          fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
-                      "CUDA_VISIBLE_DEVICES is empty)",
-                      env::kDevice));
     m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(m->slot));
-    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(m->device);
     m->backend = rt::CommBackend::kNccl;
   }
   m->store = e.store;
@@ -1023,8 +1048,12 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   if (!trace_dir.empty()) m->trace = Trace(trace_dir, m->slot);
   m->comm_factory = seams.make_comm ? std::move(seams.make_comm) : &rt::make_communicator;
   m->on_state = std::move(seams.on_state);
+  m->standby_exit = std::move(seams.standby_exit);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);
+  // The device is set up now, or by a standby's first device() call (ensure_device).
+  m->device_pending = true;
+  if (!m->control || !m->control->engine().standby()) m->ensure_device();
   if (m->control && m->control->engine().warm()) {
     // A warm joiner: started before any decision names it. Until gpurun admits it (at its first
     // epochs()/steps(), ensure_started()) it is in no generation: generation() is -1, rank()
@@ -1034,10 +1063,10 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
     m->rank = e.rank;
     m->world = e.world;
     m->active.clear();
-    m->start_premap();
     control::EngineEvent open;  // in no generation until admitted: the engine only notes it
     open.kind = control::EngineEvent::Kind::kOpen;
     m->drive(std::move(open));
+    if (!m->control->engine().standby()) m->start_premap();  // a standby's: once told to go
   } else if (m->control) {
     m->state = WorkerState::kRejoining;  // initial state: a joiner until it holds the state
     control::EngineEvent open;
@@ -1071,6 +1100,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
 }
 
 at::Device Runtime::device() const {
+  impl_->ensure_device();
   return impl_->device;
 }
 int Runtime::rank() const {

@@ -37,6 +37,9 @@ struct RuntimeSeams {
   /// Step progress for the supervisor (GPURUN_PROGRESS_FILE); may be null.
   std::unique_ptr<control::ProgressWriter> progress;
   rt::StateObserver on_state;
+  /// A standby told to exit before a config needed it ends its process here; empty:
+  /// std::exit(0) (tests with threads as ranks throw instead).
+  std::function<void()> standby_exit;
 };
 
 /// Builds the runtime from its seams: device (env.cuda: cuda:<env.slot>), joins the

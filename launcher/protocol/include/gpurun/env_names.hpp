@@ -25,6 +25,9 @@ inline constexpr const char* kJoinGeneration = "GPURUN_JOIN_GENERATION";  ///< f
 inline constexpr const char* kActiveGpus = "GPURUN_ACTIVE_GPUS";  ///< "0,1,…" at spawn time
 /// A warm joiner's id <w> (instead of kJoinGeneration): it gets ready, then waits for its admit key
 inline constexpr const char* kWarm = "GPURUN_WARM";
+/// "1" with kWarm: a standby ([park] standby): it starts up without the device and waits for
+/// its go key when its program first needs the device (docs/control-protocol.md#standby)
+inline constexpr const char* kStandby = "GPURUN_STANDBY";
 inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";  ///< "release" or "hold"
 // --- read by the worker runtime, set by the user or a test ----------------------------------
 inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///< collective deadline

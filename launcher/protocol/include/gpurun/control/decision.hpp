@@ -151,6 +151,11 @@ std::string ready(int gpu, int64_t warm);
 /// gpurun's answer to a warm joiner: the decision that created the generation it joins, or
 /// {"v":1,"kind":"exit",...} when it is not needed after all.
 std::string admit(int gpu, int64_t warm);
+/// gpurun's word to a standby (a warm joiner spawned with GPURUN_STANDBY=1 after a release-mode
+/// leaver of its slot exited, before any config wants the slot): "go" once a config names the
+/// slot (it then sets up its device and gets ready as any warm joiner), or
+/// {"v":1,"kind":"exit",...}. The standby reads it when its program first needs the device.
+std::string go(int gpu, int64_t warm);
 /// The program's own error (its text), written by the worker of `gpu` with pid `pid` just
 /// before that error ends it: gpurun fails the job on its exit instead of going on without it.
 std::string program_error(int gpu, int64_t pid);

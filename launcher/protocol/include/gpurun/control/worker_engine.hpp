@@ -8,7 +8,7 @@
 // source's hand-off failure), the key grammar (gpurun/control/decision.hpp keys::), the
 // decision/report codec and the resize timing marks (docs/control-protocol.md#resize-timings).
 //
-// Executors: the C++ runtime (worker_runtime/src/runtime/runtime.cpp, LibTorch) and the Python
+// Executors: the C++ runtime (worker_runtime/src/runtime/runtime*.cpp, LibTorch) and the Python
 // package (worker_runtime/python/gpurun, torch.distributed) through the C interface
 // (launcher/protocol/capi/gpurun_worker.h); WorkerSession (worker_session.hpp) runs the store
 // actions for both. docs/architecture.md#worker-engine draws it.
@@ -38,6 +38,9 @@ struct EngineOptions {
   int64_t join_generation = 0;  ///< GPURUN_JOIN_GENERATION (ignored for a warm joiner)
   int64_t warm = -1;            ///< GPURUN_WARM: a warm joiner's id, -1: none
   int pid = 0;                  ///< this process's pid (written to joined/ready/parked keys)
+  /// GPURUN_STANDBY=1 (with `warm`): a standby; until gpurun's go key it must not touch its
+  /// device (the executor sends kDevice before its first device use and waits there).
+  bool standby = false;
 };
 
 struct EngineEvent {
@@ -51,6 +54,9 @@ struct EngineEvent {
     kFailed,    ///< the last action failed because a peer died or gpurun abandoned the
                 ///< generation (a comm error, `text`); (epoch, step): the program's position
     kCollectiveFailed,  ///< a collective of training failed (peer died) at (epoch, step)
+    kDevice,            ///< the program needs its device now (before any CUDA call): a standby
+                        ///< waits for its go key here; for any other worker a no-op. Any
+                        ///< phase; once per process is enough.
     kProgramError,      ///< the program's own exception (`text`) is about to end this
                         ///< process: gpurun fails the job on its exit (as torchrun would),
                         ///< rather than going on without the rank. Any phase before the end.
@@ -139,6 +145,8 @@ class WorkerEngine {
   WorkerState state() const { return state_; }
   int slot() const { return opt_.slot; }
   bool warm() const { return opt_.warm >= 0; }
+  /// A standby that has not been told to go yet: its device must stay untouched.
+  bool standby() const { return opt_.standby && !gone_; }
   int64_t generation() const { return generation_; }
   int64_t round() const { return round_; }
   /// Rank in the current generation, -1 when not a member (left, or a warm joiner not yet
@@ -162,6 +170,7 @@ class WorkerEngine {
     kNew,            // waiting for kOpen
     kStartRecord,    // WaitGet start
     kOpened,         // start record read (or a warm joiner): waiting for kReady
+    kGo,             // standby: WaitGet go (after kDevice)
     kAdmission,      // warm: WaitGet admit
     kSetUp,          // running a generation's set-up actions
     kTraining,       // waiting for a boundary or a collective failure
@@ -196,6 +205,7 @@ class WorkerEngine {
   void publish_timing();
 
   EngineOptions opt_;
+  bool gone_ = false;  // a standby told to go (or any worker once kDevice was answered)
   Phase phase_ = Phase::kNew;
   WorkerState state_ = WorkerState::kRejoining;
   bool has_generation_ = false;
