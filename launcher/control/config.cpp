@@ -137,6 +137,8 @@ constexpr KnownKey kTopLevelKeys[] = {
     {"mode", "'mode' under [park]"},
     {"every", "'every' under [boundary]"},
     {"deadline_s", "'deadline_s' under [boundary]"},
+    {"setup_deadline_s", "'setup_deadline_s' under [boundary]"},
+    {"standby", "'standby' under [park]"},
     {"global", "'global' under [batch]"},
 };
 
@@ -339,8 +341,11 @@ class Validator {
         check_every(value, config);
       } else if (key.str() == "deadline_s") {
         check_deadline(value, config);
+      } else if (key.str() == "setup_deadline_s") {
+        check_seconds(value, "boundary.setup_deadline_s", config.setup_deadline,
+                      "a positive number of seconds (default 120)");
       } else {
-        warn_unknown_nested("boundary", key, {"every", "deadline_s"});
+        warn_unknown_nested("boundary", key, {"every", "deadline_s", "setup_deadline_s"});
       }
     }
   }
@@ -368,6 +373,13 @@ class Validator {
   }
 
   void check_deadline(const toml::node& value, Config& config) {
+    check_seconds(value, "boundary.deadline_s", config.boundary_deadline);
+  }
+
+  // A positive number of seconds (integer or float, at most kMaxDeadlineSeconds) into `out`,
+  // rounded up to whole milliseconds.
+  void check_seconds(const toml::node& value, std::string_view key, std::chrono::milliseconds& out,
+                     std::string_view allowed = kDeadlineAllowed) {
     double seconds = 0;
     std::string shown;
     if (const auto* integer = value.as_integer()) {
@@ -377,20 +389,17 @@ class Validator {
       seconds = real->get();
       shown = float_text(real->get());
     } else {
-      error(value.source(), "boundary.deadline_s",
-            fmt::format("expected a number, found {}", found_phrase(value)), kDeadlineAllowed);
+      error(value.source(), key, fmt::format("expected a number, found {}", found_phrase(value)),
+            allowed);
       return;
     }
     if (std::isnan(seconds) || seconds <= 0) {
-      error(value.source(), "boundary.deadline_s", fmt::format("{} is not positive", shown),
-            kDeadlineAllowed);
+      error(value.source(), key, fmt::format("{} is not positive", shown), allowed);
     } else if (seconds > static_cast<double>(kMaxDeadlineSeconds)) {
-      error(value.source(), "boundary.deadline_s",
-            fmt::format("{} is larger than {} seconds", shown, kMaxDeadlineSeconds),
-            kDeadlineAllowed);
+      error(value.source(), key,
+            fmt::format("{} is larger than {} seconds", shown, kMaxDeadlineSeconds), allowed);
     } else {
-      config.boundary_deadline =
-          std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+      out = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
     }
   }
 

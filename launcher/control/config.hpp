@@ -83,6 +83,10 @@ struct Config {
   /// `[boundary] deadline_s` (seconds in the file, default 300): a worker that has not
   /// reported at a boundary by then is declared stalled. Fractions round up to whole ms.
   std::chrono::milliseconds boundary_deadline{std::chrono::seconds(300)};
+  /// `[boundary] setup_deadline_s` (seconds, default 120): a participant of a resize (a member,
+  /// a joiner, the leaving state source) that has not finished the new generation's set-up
+  /// (its timing record or a report in it) by then is killed; the job goes on without it.
+  std::chrono::milliseconds setup_deadline{std::chrono::seconds(120)};
   /// `[energy]` (docs/energy.md).
   EnergyConfig energy;
   /// Non-fatal findings in document order, e.g.

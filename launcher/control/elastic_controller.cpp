@@ -182,8 +182,10 @@ void ElasticController::on_key(const std::string& key) {
   } else if (auto timing = ResizeTimeline::parse_key(key)) {
     backend_.delete_key(key);  // read once: the store keeps no timing key
     timeline_.on_record(timing->first, timing->second, value);
+    scheduler_.on_setup_done(timing->first, timing->second);  // its set-up deadline is off
     emit_resize_events();
     write_status();
+    run_effects();
     return;
   } else {
     return;  // our own writes, and keys we do not know
@@ -260,10 +262,12 @@ void ElasticController::run_effects() {
     energy_active_ = scheduler_.active();
     energy_.active_changed(energy_active_);
   }
-  // Timers of rounds already decided are no longer needed.
+  // Timers of rounds already decided are no longer needed (the current generation's set-up
+  // deadline is, until it expires: on_deadline ignores it once every participant is done).
   for (auto it = deadlines_.begin(); it != deadlines_.end();) {
     const bool current =
-        it->first.first == scheduler_.generation() && it->first.second == scheduler_.round();
+        it->first.first == scheduler_.generation() &&
+        (it->first.second == scheduler_.round() || it->first.second == Scheduler::kSetUpRound);
     it = current ? std::next(it) : deadlines_.erase(it);
   }
   write_status();

@@ -124,6 +124,20 @@ void Scheduler::publish(const Decision& d, const std::string& json,
       d.kind != Decision::Kind::kContinue && d.kind != Decision::Kind::kSnapshot;
   if (new_generation) {
     established_.clear();
+    setup_pending_.clear();
+    if (d.kind == Decision::Kind::kResize) {
+      // Every participant must finish the set-up within the set-up deadline: a stopped or hung
+      // one is killed then, so the others give up on it at once (the abort key, on its exit)
+      // instead of after the communicators' timeout and a boundary deadline.
+      setup_pending_.insert(d.active.begin(), d.active.end());
+      if (d.state_source.is_peer()) setup_pending_.insert(d.state_source.gpu);
+      Effect e;
+      e.kind = Effect::Kind::kArmDeadline;
+      e.generation = d.generation;
+      e.round = kSetUpRound;
+      e.deadline = config_.setup_deadline;
+      effects_.push_back(std::move(e));
+    }
     source_gpu_ = d.state_source.is_peer() ? d.state_source.gpu : -1;
     source_snapshot_ = d.state_source.is_snapshot();
     write(keys::start(d.generation), json);
@@ -269,6 +283,7 @@ void Scheduler::on_report(const Report& r) {
   SlotInfo& s = slot(r.gpu);
   // A joiner whose set-up was abandoned reports without the state: it stays REJOINING and is
   // never taken as a state source.
+  setup_pending_.erase(s.gpu);  // alive, past its set-up (done, or given up on and reported)
   const bool stateless = !r.has_state && !s.holds_state;
   if (!stateless && (s.state == SlotState::kStarting || s.state == SlotState::kRejoining)) {
     state_exists_ = true;
@@ -329,7 +344,30 @@ void Scheduler::on_ready(int gpu, int64_t warm) {
   if (holds_job_open()) resume();  // paused: nobody trains, no boundary comes
 }
 
+void Scheduler::on_setup_done(int64_t generation, int gpu) {
+  if (generation == generation_) setup_pending_.erase(gpu);
+}
+
 void Scheduler::on_deadline(int64_t generation, int64_t round) {
+  if (round == kSetUpRound) {
+    if (generation != generation_ || finished_) return;
+    for (int gpu : std::exchange(setup_pending_, {})) {
+      SlotInfo& s = slot(gpu);
+      if (s.pid < 0 || s.state == SlotState::kFailed || s.state == SlotState::kExited) continue;
+      set_state(s, SlotState::kFailed,
+                fmt::format("stalled in the set-up of generation {} for more than {} ms",
+                            generation, config_.setup_deadline.count()));
+      say(fmt::format(
+          "gpu {} (pid {}) did not finish the set-up of generation {} within {} ms ([boundary] "
+          "setup_deadline_s): killing it, the others go on without it",
+          gpu, s.pid, generation, config_.setup_deadline.count()));
+      Effect e;
+      e.kind = Effect::Kind::kKill;
+      e.gpu = gpu;
+      effects_.push_back(std::move(e));
+    }
+    return;
+  }
   if (generation != generation_ || round != round_ || !deadline_armed_) return;
   for (int gpu : active_) {
     SlotInfo& s = slot(gpu);

@@ -117,8 +117,13 @@ class Scheduler {
   /// `gpurun/slot/<gpu>/error/<pid>` was written: that process dies of the program's own error
   /// `text` (docs/control-protocol.md#keys); ignored for another pid than the slot's.
   void on_program_error(int gpu, int64_t pid, const std::string& text);
-  /// The deadline armed for (generation, round) expired.
+  /// The deadline armed for (generation, round) expired; round kSetUpRound: the set-up
+  /// deadline of `generation` (`[boundary] setup_deadline_s`, armed when a resize is decided).
   void on_deadline(int64_t generation, int64_t round);
+  static constexpr int64_t kSetUpRound = -1;
+  /// `gpurun/gen/<g>/timing/<gpu>` was written: that participant finished its part of the
+  /// resize into `generation` (its set-up is done).
+  void on_setup_done(int64_t generation, int gpu);
   /// A process was started for `gpu` (after a kSpawn effect, or by the supervisor).
   void on_spawned(int gpu, int pid);
   /// A slot's process ended. `clean` = exit code 0. `can_restart` = the supervisor would
@@ -262,8 +267,11 @@ class Scheduler {
   std::optional<std::pair<int64_t, int64_t>> refused_at_;
   bool snapshot_round_ = false;  ///< the open round re-reports a boundary after `snapshot`
   std::set<int> established_;    ///< gpus that joined or reported in generation_ since its decision
-  std::set<int64_t> aborted_;    ///< generations whose abort key was written
-  int source_gpu_ = -1;          ///< slot of the current generation's state source (a peer), -1
+  /// The open resize's participants whose set-up is not done yet (no timing record, no report
+  /// in generation_): killed when its set-up deadline expires.
+  std::set<int> setup_pending_;
+  std::set<int64_t> aborted_;     ///< generations whose abort key was written
+  int source_gpu_ = -1;           ///< slot of the current generation's state source (a peer), -1
   bool source_snapshot_ = false;  ///< the current generation's state comes from the snapshot
   /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
   std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;

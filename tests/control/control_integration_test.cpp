@@ -544,6 +544,38 @@ TEST_CASE("a warm joiner that never becomes ready is said once and ended at the 
   CHECK(shutdown[0].at("exit_code").as_int64() == 0);
 }
 
+TEST_CASE("a joiner stalled in its set-up is killed at the set-up deadline, the job goes on") {
+  // Issue 25 item 11: a participant that stops inside a resize's set-up (alive, no progress)
+  // is given up after [boundary] setup_deadline_s, not after the boundary deadline.
+  TempDir tmp;
+  const auto cfg = [](const std::string& active) {
+    return config(active, "release", 120) + "setup_deadline_s = 1.5\n";
+  };
+  Run run(tmp.path, 2, cfg("[0]"), 40);
+  run.wait_resize(1);
+  run.wait_continues(1);
+  write_file(tmp.path / "stall_setup_gpu1", "");
+  write_file(tmp.path / "config.toml", cfg("[0, 1]"));
+  const std::string killed = "gpurun: gpu 1 (pid ";
+  run.wait_for("the set-up deadline's kill", [&] {
+    return slurp(tmp.path / "gpurun.stderr").find("within 1500 ms ([boundary] setup_deadline_s)") !=
+           std::string::npos;
+  });
+  run.wait_continues(2);  // the job goes on without it, long before the 120 s boundary deadline
+  CHECK(run.finish() == 0);
+  const std::string console = slurp(tmp.path / "gpurun.stderr");
+  INFO(console);
+  CHECK(console.find(killed) != std::string::npos);
+  CHECK(console.find("did not finish the set-up of generation") != std::string::npos);
+  CHECK(console.find("did not reach boundary round") == std::string::npos);  // not the deadline
+  bool failed_named = false;
+  for (auto& e : run.events("decision")) failed_named = failed_named || ids(e, "failed") == "[1]";
+  CHECK(failed_named);
+  auto shutdown = run.events("shutdown");
+  REQUIRE(shutdown.size() == 1);
+  CHECK(shutdown[0].at("exit_code").as_int64() == 0);
+}
+
 TEST_CASE("the store's key count stays bounded over many boundaries and resizes") {
   TempDir tmp;
   Run run(tmp.path, 3, config(""), 20);

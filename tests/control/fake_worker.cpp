@@ -7,6 +7,8 @@
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
 //   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
+//   stall_setup_gpu<N> slot N, joining a generation > 0, stops in its set-up (sleeps in its
+//                   make_group, as a SIGSTOPped or hung rank would)
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 //   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
 //   steps           contains S: each epoch is S steps, each published in the progress file
@@ -108,6 +110,12 @@ int main(int argc, char** argv) {
         if (a.kind == EngineAction::Kind::kMakeGroup &&
             session->engine().state() == gpurun::WorkerState::kRejoining)
           die_as_joiner(session->engine().generation());
+        if (a.kind == EngineAction::Kind::kMakeGroup && session->engine().generation() > 0 &&
+            fs::exists(dir / ("stall_setup_gpu" + std::to_string(gpu)))) {
+          std::fprintf(stderr, "fake_worker gpu %d: stalling in the set-up of generation %lld\n",
+                       gpu, static_cast<long long>(session->engine().generation()));
+          while (true) ::pause();
+        }
         if (a.needs_outcome()) {
           EngineEvent done;
           done.kind = EngineEvent::Kind::kDone;

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -1164,4 +1165,65 @@ TEST_CASE("scheduler: standbys end with the job, or when a config turns them off
   h.drain();
   CHECK(h.killed == std::vector<int>{1, 2, 1, 2});
   CHECK(h.state(1) == SlotState::kParked);
+}
+
+// ---- the set-up deadline ([boundary] setup_deadline_s; issue 25 item 11) --------------------
+
+TEST_CASE("scheduler: a participant stalled in a resize's set-up is killed at its deadline") {
+  Config c = cfg(std::vector<int>{0, 1});
+  c.setup_deadline = 7s;
+  Harness h(c, 3);
+  h.join_all();
+  CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
+  c.active_gpus = std::vector<int>{0, 1, 2};
+  h.s.config_loaded(c, "c");
+  h.drain();
+  const Decision d = h.boundary(1);
+  REQUIRE(d.kind == Decision::Kind::kResize);
+  // The decision armed the generation's set-up deadline.
+  const auto armed = std::find_if(h.log.begin(), h.log.end(), [&](const Effect& e) {
+    return e.kind == Effect::Kind::kArmDeadline && e.generation == d.generation &&
+           e.round == Scheduler::kSetUpRound;
+  });
+  REQUIRE(armed != h.log.end());
+  CHECK(armed->deadline == 7s);
+  h.join_all();
+  // gpu 0 and the joiner finished (their timing records); gpu 1 is stopped in the set-up.
+  h.s.on_setup_done(d.generation, 0);
+  h.s.on_setup_done(d.generation, 2);
+  h.s.on_deadline(d.generation - 1, Scheduler::kSetUpRound);  // an older generation's: nothing
+  h.drain();
+  CHECK(h.killed.empty());
+  h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1});
+  CHECK(h.state(1) == SlotState::kFailed);
+  CHECK(h.state(0) == SlotState::kActive);
+  // Its death releases the others' set-up waits (the abort key) and the job goes on.
+  CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.store.count(keys::abort(d.generation)) == 1);
+  const Decision after = h.boundary(2);
+  CHECK(after.active == std::vector<int>{0, 2});
+  CHECK(after.failed == std::vector<int>{1});
+  // Expired again (a late timer): nobody else is killed.
+  h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1});
+}
+
+TEST_CASE("scheduler: a report in the new generation is a finished set-up too") {
+  Config c = cfg(std::vector<int>{0, 1});
+  Harness h(c, 3);
+  h.join_all();
+  c.active_gpus = std::vector<int>{0, 1, 2};
+  h.s.config_loaded(c, "c");
+  h.drain();
+  const Decision d = h.boundary(0);
+  REQUIRE(d.kind == Decision::Kind::kResize);
+  h.join_all();
+  for (int gpu : d.active) h.report(gpu, 1);  // no timing record seen: the reports count
+  h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
+  h.drain();
+  CHECK(h.killed.empty());
 }

@@ -833,10 +833,16 @@ std::pair<int, std::string> gpurun_status(const fs::path& dir, const std::string
 
 TEST_CASE("every resize's latency breakdown: one resize event per generation, in gpurun status") {
   TempDir tmp;
-  TrainRun run(tmp.path, 2, config("[0]"), {"--epoch-ms", "150"});
+  // Without standbys: every joiner here is a process spawned for its resize (its `spawned`
+  // phase is checked); with them, a released slot's standby would be told to go instead.
+  const auto no_standby = [](const std::string& active) {
+    return "active_gpus = " + active +
+           "\n[park]\nmode = \"release\"\nstandby = false\n[boundary]\ndeadline_s = 60\n";
+  };
+  TrainRun run(tmp.path, 2, no_standby("[0]"), {"--epoch-ms", "150"});
   run.wait_continues(1);
   const auto edit = [&](const std::string& active) {
-    write_file(tmp.path / "config.toml", config(active));
+    write_file(tmp.path / "config.toml", no_standby(active));
   };
   // grow: the joiner is spawned, starts, takes the state from rank 0
   edit("[0, 1]");
