@@ -3,7 +3,8 @@
 # gpurun's worker engine, as a C++ one is (docs/cli.md#preemption). 2 CPU slots train
 # (tests/python/elastic_train.py); SIGUSR2 to gpurun (the preemption warning) makes
 # checkpoint_requested true on every rank at the same boundary, for that one epoch; SIGTERM
-# then makes every rank leave its loop at the next boundary with stop_requested true (they
+# (to gpurun and, as slurmstepd does, to every worker) then makes every rank leave its loop at
+# the next boundary with stop_requested true (they
 # write a "stop" line, the processes exit 0) and gpurun exits 143. The step-progress file the
 # power-limit profiler reads advanced (the package publishes its steps through the library).
 # Usage: run_preempt.sh GPURUN
@@ -11,7 +12,10 @@ TEST=python_preempt
 source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
 printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
-"$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" \
+# As under Slurm (SLURM_JOB_ID set): the stop's SIGTERM below also reaches every worker
+# directly, as slurmstepd sends it to every process of the step; the workers must still stop
+# at gpurun's boundary, not die of it (the package installs the library's SIGTERM handler).
+SLURM_JOB_ID=4242 "$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" \
   --event-log "$TMP/events.jsonl" --log-dir "$TMP/run" --run-id pypreempt \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" 400 0.5 > "$LOG" 2>&1 &
 pid=$!
@@ -29,6 +33,9 @@ sleep 2
 read -r b0 b1 < <(steps)
 (( a0 > 0 && a1 > 0 && b0 > a0 && b1 > a1 )) || fail "progress did not advance: $a0 $a1 -> $b0 $b1"
 echo "$TEST: progress steps $a0 $a1 -> $b0 $b1"
+workers=$("$PY" -c 'import json,sys; print(" ".join(sorted({str(json.loads(l)["pid"]) for l in open(sys.argv[1]) if "\"worker_started\"" in l})))' "$TMP/events.jsonl")
+[[ -n $workers ]] || fail "no worker_started events"
+for w in $workers; do [[ $w -gt 1 ]] && kill -TERM "$w"; done  # slurmstepd's, not gpurun's
 [[ $pid -gt 1 ]] && kill -TERM "$pid"
 set +e
 wait "$pid"

@@ -9,6 +9,7 @@
 
 #include "capi_util.hpp"
 #include "gpurun/control/progress.hpp"
+#include "gpurun/control/term_signal.hpp"
 #include "gpurun/control/worker_session.hpp"
 #include "gpurun/json_writer.hpp"
 
@@ -65,6 +66,10 @@ char* gpurun_worker_on(gpurun_worker* w, const char* event_json) {
             gpurun::control::to_json(w->session->on(gpurun::control::event_from_json(event_json))));
       },
       static_cast<char*>(nullptr));
+}
+
+int gpurun_worker_install_term_handler(void) {
+  return gpurun::control::install_external_term_handler() ? 1 : 0;
 }
 
 char* gpurun_worker_info(gpurun_worker* w) {

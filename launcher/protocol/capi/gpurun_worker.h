@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 2
+#define GPURUN_WORKER_ABI 3
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;
@@ -51,6 +51,11 @@ GPURUN_API char* gpurun_worker_info(gpurun_worker* w);
 /** WorkerSession::wait_arrivals: 0, or -1 with the error (kind 3 when abandoned). */
 GPURUN_API int gpurun_worker_wait_arrivals(gpurun_worker* w, const char* prefix, int rank, int size,
                                 const char* abort_key, int64_t timeout_ms);
+/** Slurm's SIGTERM (gpurun/control/term_signal.hpp): under Slurm and gpurun, a SIGTERM not from
+ * gpurun only counts, so the worker reaches gpurun's stop at its next boundary; gpurun's own
+ * still ends the process. 1: installed; 0: not under Slurm and gpurun, or the program has its
+ * own SIGTERM handler. Never blocks. */
+GPURUN_API int gpurun_worker_install_term_handler(void);
 /** This slot's small data in gpurun's store (e.g. RNG streams), per restart attempt. */
 GPURUN_API int gpurun_worker_put_slot_data(gpurun_worker* w, const char* name, const void* data, size_t n);
 /** The bytes (malloc'd, *n set), or NULL with *n = 0 when absent (kind 0) or on error. */

@@ -13,7 +13,7 @@ import ctypes
 import json
 import os
 
-ABI = 2
+ABI = 3
 
 
 class ProtocolError(RuntimeError):
@@ -71,6 +71,7 @@ def load(path=None):
         "gpurun_worker_close": (None, [c.c_void_p]),
         "gpurun_worker_on": (c.c_void_p, [c.c_void_p, c.c_char_p]),
         "gpurun_worker_info": (c.c_void_p, [c.c_void_p]),
+        "gpurun_worker_install_term_handler": (c.c_int, []),
         "gpurun_worker_wait_arrivals": (c.c_int, [c.c_void_p, c.c_char_p, c.c_int, c.c_int,
                                                   c.c_char_p, c.c_int64]),
         "gpurun_worker_put_slot_data": (c.c_int, [c.c_void_p, c.c_char_p, c.c_char_p,
@@ -184,6 +185,15 @@ class Progress:
 
 def _u64s(values):
     return (ctypes.c_uint64 * max(1, len(values)))(*values)
+
+
+def install_term_handler(lib=None):
+    """Slurm's SIGTERM (docs/cli.md#preemption): under Slurm and gpurun, installs the library's
+    SIGTERM handler unless the program has one: a SIGTERM not from gpurun (slurmstepd sends it
+    to every process of the step) only counts, so this worker reaches gpurun's stop at its next
+    boundary instead of dying with its state; gpurun's own SIGTERM still ends it. Returns True
+    when installed. Never blocks."""
+    return bool((lib or load()).gpurun_worker_install_term_handler())
 
 
 def plan(manifest_bytes, sizes, lib=None):

@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import random
+import signal
 import sys
 import threading
 import time
@@ -122,6 +123,10 @@ class Runtime:
             # gpurun's worker engine (its C library): the control protocol's every rule; this
             # package only executes its actions with torch.
             self._session = _native.Session()
+            # Under Slurm, slurmstepd's SIGTERM reaches this process too: it must wait for
+            # gpurun's stop at the next boundary rather than end here with the state.
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                _native.install_term_handler()
             # The pause snapshot's host side is the C++ runtime's (paths, file, commit, XXH64),
             # through the library; this package copies the tensors (docs/python.md#snapshots).
             self._snap = _snapshot.SnapshotIo(self._device)

@@ -4,30 +4,16 @@
 // Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
 #include "runtime/runtime_impl.hpp"
 
+#include "gpurun/control/term_signal.hpp"
+
 namespace gpurun {
 
 namespace rt {
 std::atomic<uint64_t> g_preempt_signals{0};
-std::atomic<int> g_external_term{0};
 }  // namespace rt
 
 namespace {
 
-/// Under Slurm, slurmstepd sends SIGTERM (time limit, scancel, preemption) to every process of
-/// the step, so the workers get it straight from Slurm besides gpurun. One not from gpurun
-/// (the parent) asks for a stop at the next boundary, like gpurun's stop request; gpurun's
-/// own SIGTERM (after --stop-timeout) still ends the process at once.
-extern "C" void on_term_signal(int sig, siginfo_t* info, void*) {
-  if (info && info->si_pid != 0 && info->si_pid == ::getppid()) {
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    ::sigaction(sig, &dfl, nullptr);
-    ::raise(sig);
-    return;
-  }
-  g_external_term.store(1, std::memory_order_relaxed);
-}
 extern "C" void on_preempt_signal(int) {
   g_preempt_signals.fetch_add(1, std::memory_order_relaxed);
 }
@@ -330,7 +316,7 @@ bool Runtime::Impl::static_boundary() {
     preempt_seen = n;
     mine |= 1;
   }
-  if (stop_file_exists() || g_external_term.load(std::memory_order_relaxed) != 0) mine |= 2;
+  if (stop_file_exists() || control::external_term_seen()) mine |= 2;
   int64_t all = mine;
   if (comm && world > 1)
     for (int64_t bits : comm->all_gather_int64(mine)) all |= bits;
@@ -443,16 +429,9 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
       ::sigaction(seams.env.preempt_signal, &sa, nullptr);
     }
   }
-  if (!seams.env.preempt_dir.empty() && std::getenv("SLURM_JOB_ID") != nullptr) {
-    struct sigaction cur {};
-    if (::sigaction(SIGTERM, nullptr, &cur) == 0 && cur.sa_handler == SIG_DFL) {
-      struct sigaction sa {};
-      sa.sa_sigaction = on_term_signal;
-      sa.sa_flags = SA_RESTART | SA_SIGINFO;
-      sigemptyset(&sa.sa_mask);
-      ::sigaction(SIGTERM, &sa, nullptr);
-    }
-  }
+  // Under Slurm a SIGTERM from slurmstepd reaches this process too: it waits for gpurun's
+  // stop at the next boundary instead of ending here (gpurun/control/term_signal.hpp).
+  control::install_external_term_handler();
   if (!seams.env.preempt_dir.empty()) {
     const std::string ack =
         fmt::format("{}/runtime.{}", seams.env.preempt_dir, static_cast<long>(::getpgrp()));

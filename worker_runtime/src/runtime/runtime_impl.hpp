@@ -60,10 +60,7 @@ inline std::string hex(uint64_t v) {
 }
 /// Preemption-warning signals caught (the handler only counts; boundaries read it).
 extern std::atomic<uint64_t> g_preempt_signals;
-/// SIGTERMs not from gpurun (Slurm's): a stop at the next boundary (runtime.cpp's handler).
-extern std::atomic<int> g_external_term;
 }  // namespace rt
-using rt::g_external_term;
 using rt::g_preempt_signals;
 using rt::hex;
 using rt::ms_since;
