@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -14,6 +16,20 @@
 namespace gpurun::control {
 
 namespace asio = boost::asio;
+
+namespace {
+
+// /proc/<pid>/stat's state is 'T' (stopped by a signal) or 't' (tracing stop).
+bool process_stopped(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  return line[close + 2] == 'T' || line[close + 2] == 't';
+}
+
+}  // namespace
 using supervisor::ExitStatus;
 using supervisor::StreamId;
 
@@ -34,6 +50,7 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
             console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
           }) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
+  scheduler_.stalled_probe = [](int pid) { return process_stopped(pid); };
   backend_.set_write_observer(std::string(keys::kPrefix),
                               [this, alive = std::weak_ptr<int>(alive_)](const std::string& k) {
                                 // Inside a store operation: handle it on a fresh stack.

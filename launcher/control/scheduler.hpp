@@ -121,6 +121,10 @@ class Scheduler {
   /// deadline of `generation` (`[boundary] setup_deadline_s`, armed when a resize is decided).
   void on_deadline(int64_t generation, int64_t round);
   static constexpr int64_t kSetUpRound = -1;
+  /// Whether process `pid` is stopped (its /proc state T: SIGSTOP, ptrace), for the set-up
+  /// deadline: only a stopped participant is killed there. Empty: none is (the controller sets
+  /// the real probe; tests a fake).
+  std::function<bool(int pid)> stalled_probe;
   /// `gpurun/gen/<g>/timing/<gpu>` was written: that participant finished its part of the
   /// resize into `generation` (its set-up is done).
   void on_setup_done(int64_t generation, int gpu);

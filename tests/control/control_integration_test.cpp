@@ -179,19 +179,26 @@ TEST_CASE("elastic release mode: shrink, grow, bad config, swap, pause and resum
   CHECK(run.resizes().size() == 2);
 
   write_file(tmp.path / "config.toml", config("[0, 1, 2, 3]"));  // grow 2 -> 4
-  auto grow = run.wait_resize(3);
-  CHECK(ids(grow, "active") == "[0,1,2,3]");
-  CHECK(ids(grow, "joiners") == "[2,3]");
+  size_t n = 3;
+  auto grow = run.wait_resize(n);
+  if (ids(grow, "active") != "[0,1,2,3]") {
+    // One joiner (the released slot's standby, told to go at the edit) was not ready at that
+    // boundary on a loaded machine: it is admitted at a later one, none waits for it.
+    CHECK((ids(grow, "active") == "[0,1,2]" || ids(grow, "active") == "[0,1,3]"));
+    grow = run.wait_resize(++n);
+    CHECK(ids(grow, "active") == "[0,1,2,3]");
+  } else {
+    CHECK(ids(grow, "joiners") == "[2,3]");
+  }
   run.wait_continues(1);
 
   write_file(tmp.path / "config.toml", config("[2, 3]"));  // shrink to [2,3] ...
-  auto to23 = run.wait_resize(4);
+  auto to23 = run.wait_resize(++n);
   CHECK(ids(to23, "active") == "[2,3]");
   CHECK(to23["state_source"].as_int64() == 2);  // rank 2 of the old generation = gpu 2 stays
   run.wait_continues(1);
   write_file(tmp.path / "config.toml", config("[0, 1]"));  // ... then swap [2,3] -> [0,1]
-  size_t n = 5;
-  auto swap = run.wait_resize(n);
+  auto swap = run.wait_resize(++n);
   CHECK(ids(swap, "leavers") == "[2,3]");
   if (ids(swap, "active") == "[0,1]") {
     CHECK(ids(swap, "joiners") == "[0,1]");

@@ -7,8 +7,7 @@
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
 //   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
-//   stall_setup_gpu<N> slot N, joining a generation > 0, stops in its set-up (sleeps in its
-//                   make_group, as a SIGSTOPped or hung rank would)
+//   stall_setup_gpu<N> slot N, in a generation > 0, stops itself (SIGSTOP) in its make_group
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 //   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
 //   steps           contains S: each epoch is S steps, each published in the progress file
@@ -17,6 +16,7 @@
 // At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
 // after each boundary it appends the store's key count to <dir>/keys.<gpu>.<pid>.
 // A decision of kind "exit" (the job is finishing) makes it exit 0.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
             fs::exists(dir / ("stall_setup_gpu" + std::to_string(gpu)))) {
           std::fprintf(stderr, "fake_worker gpu %d: stalling in the set-up of generation %lld\n",
                        gpu, static_cast<long long>(session->engine().generation()));
+          ::raise(SIGSTOP);  // as a user's SIGSTOP would: gpurun's SIGKILL ends it
           while (true) ::pause();
         }
         if (a.needs_outcome()) {

@@ -1188,6 +1188,8 @@ TEST_CASE("scheduler: a participant stalled in a resize's set-up is killed at it
   REQUIRE(armed != h.log.end());
   CHECK(armed->deadline == 7s);
   h.join_all();
+  const int stopped_pid = h.s.slots().at(1).pid;
+  h.s.stalled_probe = [&](int pid) { return pid == stopped_pid; };
   // gpu 0 and the joiner finished (their timing records); gpu 1 is stopped in the set-up.
   h.s.on_setup_done(d.generation, 0);
   h.s.on_setup_done(d.generation, 2);
@@ -1226,4 +1228,38 @@ TEST_CASE("scheduler: a report in the new generation is a finished set-up too") 
   h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
   h.drain();
   CHECK(h.killed.empty());
+}
+
+TEST_CASE(
+    "scheduler: at the set-up deadline only a stopped participant is killed, never the state") {
+  Config c = cfg(std::vector<int>{0, 1});
+  Harness h(c, 3);
+  h.join_all();
+  c.active_gpus = std::vector<int>{0, 1, 2};
+  h.s.config_loaded(c, "c");
+  h.drain();
+  Decision d = h.boundary(0);
+  REQUIRE(d.kind == Decision::Kind::kResize);
+  h.join_all();
+  // Nobody is stopped: the ones still in the set-up wait for each other; nobody is killed.
+  h.s.stalled_probe = [](int) { return false; };
+  h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
+  h.drain();
+  CHECK(h.killed.empty());
+  CHECK(h.state(0) == SlotState::kActive);
+
+  // The only holder of the state is stopped in a shrink's set-up: not killed (it would lose it).
+  Harness one(cfg(std::vector<int>{0, 1}), 2);
+  one.join_all();
+  one.s.config_loaded(cfg(std::vector<int>{0}), "c");
+  one.drain();
+  d = one.boundary(0);
+  REQUIRE(d.kind == Decision::Kind::kResize);
+  REQUIRE(one.s.on_process_exit(1, true, "exit code 0", false));
+  one.drain();
+  one.s.stalled_probe = [](int) { return true; };
+  one.s.on_deadline(d.generation, Scheduler::kSetUpRound);
+  one.drain();
+  CHECK(one.killed.empty());
+  CHECK(one.state(0) != SlotState::kFailed);
 }
