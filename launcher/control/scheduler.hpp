@@ -231,7 +231,7 @@ class Scheduler {
   void pause_snapshot_outcome(const Report& r);
   void lose_state(const std::string& why);
   // Whether a live process still holds the state (a member, or the leaving state source).
-  bool holder_alive() const;
+  bool holder_alive(int besides = -1) const;  // `besides`: a slot not to count
   Decision base_decision() const;
   void say(std::string text);
 

@@ -42,11 +42,7 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
       SlotInfo& s = slot(gpu);
       setup_pending_.erase(gpu);
       if (s.holds_state) {
-        bool other_holder = snapshot_current();
-        for (const auto& [g, o] : slots_)
-          other_holder = other_holder ||
-                         (g != gpu && o.pid >= 0 && o.holds_state && o.state != SlotState::kFailed);
-        if (!other_holder) {
+        if (!snapshot_current() && !holder_alive(/*besides=*/gpu)) {
           say(fmt::format(
               "gpu {} (pid {}) is stopped in the set-up of generation {} but holds the only copy "
               "of the training state: not killed (SIGCONT it to go on; killing it loses the "
@@ -314,12 +310,12 @@ void Scheduler::pause_snapshot_outcome(const Report& r) {
                   join_ids(active_, ", "), r.gpu, r.snapshot));
 }
 
-bool Scheduler::holder_alive() const {
+bool Scheduler::holder_alive(int besides) const {
   for (int gpu : active_) {
     const SlotInfo& m = slots_.at(gpu);
-    if (alive_member(m) && m.holds_state) return true;
+    if (gpu != besides && alive_member(m) && m.holds_state) return true;
   }
-  if (source_gpu_ >= 0) {
+  if (source_gpu_ >= 0 && source_gpu_ != besides) {
     const SlotInfo& src = slots_.at(source_gpu_);
     if (src.pid >= 0 && src.holds_state && src.state == SlotState::kOffloading) return true;
   }

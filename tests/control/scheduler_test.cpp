@@ -1034,6 +1034,17 @@ TEST_CASE("scheduler: a resume edit while the pause's release leavers still exit
 
 // ---- standbys ([park] standby, docs/control-protocol.md#standby) ----------------------------
 
+namespace {
+/// Config `c` takes effect at boundary `epoch` (a shrink); its release leavers `gone` exit 0.
+void shrink_and_release(Harness& h, const Config& c, int64_t epoch, const std::vector<int>& gone) {
+  h.s.config_loaded(c, "c");
+  h.drain();
+  h.boundary(epoch);
+  for (int gpu : gone) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+}
+}  // namespace
+
 TEST_CASE("scheduler: a release leaver's exit starts a standby; a grow tells it to go") {
   Harness h(standby(std::vector<int>{0, 1, 2}));
   h.auto_ready = false;
@@ -1108,11 +1119,7 @@ TEST_CASE("scheduler: no standby in hold mode, with standby = false, or for a cr
 TEST_CASE("scheduler: a standby that dies is no failure and is not started again") {
   Harness h(standby(std::vector<int>{0, 1}));
   h.join_all();
-  h.s.config_loaded(standby(std::vector<int>{0}), "c");
-  h.drain();
-  h.boundary(0);
-  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
-  h.drain();
+  shrink_and_release(h, standby(std::vector<int>{0}), 0, {1});
   REQUIRE(h.state(1) == SlotState::kStandby);
   CHECK(h.s.on_process_exit(1, false, "signal SIGKILL (9)", /*can_restart=*/true));
   h.drain();
@@ -1125,11 +1132,7 @@ TEST_CASE("scheduler: a standby that dies is no failure and is not started again
   CHECK(h.state(1) == SlotState::kWarming);
   CHECK(h.boundary(2).joiners == std::vector<int>{1});
   h.join_all();
-  h.s.config_loaded(standby(std::vector<int>{0}), "c");
-  h.drain();
-  h.boundary(3);
-  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
-  h.drain();
+  shrink_and_release(h, standby(std::vector<int>{0}), 3, {1});
   CHECK(h.standbys == std::vector<int>{1});
   CHECK(h.state(1) == SlotState::kParked);
 }
@@ -1137,11 +1140,7 @@ TEST_CASE("scheduler: a standby that dies is no failure and is not started again
 TEST_CASE("scheduler: standbys end with the job, or when a config turns them off") {
   Harness h(standby(std::vector<int>{0, 1, 2}));
   h.join_all();
-  h.s.config_loaded(standby(std::vector<int>{0}), "c");
-  h.drain();
-  h.boundary(0);
-  for (int gpu : {1, 2}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
-  h.drain();
+  shrink_and_release(h, standby(std::vector<int>{0}), 0, {1, 2});
   REQUIRE(h.standbys == std::vector<int>{1, 2});
   // `[park] standby = false`: ended (killed); its exit is no failure.
   Config off = standby(std::vector<int>{0});
