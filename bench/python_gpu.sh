@@ -12,13 +12,22 @@
 #     training, docs/control-protocol.md#resize-timings), and whether the state checksum at
 #     the end of the last epoch before the pause equals the one at the start of the first
 #     epoch after it (the example's --checksums: the package records none of its own).
+#     Each pause runs PAUSE_REPS times (default 3); "edit -> first step" is from the resume's
+#     config edit to the first step's loss read back in the epoch after it (the example's
+#     first_step_unix).
+#  3. the anchor, torchrun's kill and restart of the same model (bench/anchors/restart_vit.py,
+#     RESTART_REPS times, default 3): pause = torch.save of the checkpoint + the job's exit,
+#     resume = a new torchrun to the first step done (start-up, model build, torch.load); the
+#     cycle ratio is the anchor's median cycle over each gpurun mode's median cycle (decision ->
+#     PARKED + edit -> first step);
+#  4. torch's own floor for a parked process (bench/park_floor.py), against the hold rows.
 # Prints a markdown table last (also OUT_DIR/table.md, rewritten after each model); logs,
 # event logs, timings and summary.json under OUT_DIR.
 #
 #   bench/python_gpu.sh BUILD_DIR OUT_DIR DEVICE "MODELS"
 #   e.g. bench/python_gpu.sh build-gpu out/py cuda "b h"
 #        bench/python_gpu.sh build /tmp/pyb cpu tiny        (the dry run: torchrun may be absent)
-# Environment: PY (a python3 with torch; default: python3 on PATH if it imports torch, else
+# Environment: PAUSE_REPS, RESTART_REPS (above), PY (a python3 with torch; default: python3 on PATH if it imports torch, else
 # /usr/bin/python3), REPS (pairs, default 2), EPOCHS (per run, default 3), ARGS_<model>
 # (the example's arguments for a model, replacing the preset below), EXTRA (arguments added
 # to every run, e.g. --bf16), WAIT_S (timeout of every wait, default 300), RUN_TIMEOUT
@@ -32,7 +41,7 @@ G=$(cd "$B" 2>/dev/null && pwd)/launcher/gpurun
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.." || exit 2  # the repository root: the example's path below
 export NCCL_NVLS_ENABLE=0
-REPS=${REPS:-2}; EPOCHS=${EPOCHS:-3}; WAIT_S=${WAIT_S:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-420}
+REPS=${REPS:-2}; PAUSE_REPS=${PAUSE_REPS:-3}; RESTART_REPS=${RESTART_REPS:-3}; EPOCHS=${EPOCHS:-3}; WAIT_S=${WAIT_S:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-420}
 EX=examples/python/fmnist_vit.py
 if [[ -z ${PY:-} ]]; then
   for p in "$(command -v python3 || true)" /usr/bin/python3; do
@@ -138,8 +147,8 @@ throughput() {  # MODEL LAUNCHER REP
   echo "  $m $l run $3: rc=$rc, $(($(now_ms) - t0)) ms"
 }
 
-pause() {  # MODEL MODE: pause to [] after the first epoch boundary, resume to [0]
-  local m=$1 mode=$2 d=$OUT/$1/$2 t
+pause() {  # MODEL MODE REP: pause to [] after the first epoch boundary, resume to [0]
+  local m=$1 mode=$2 d=$OUT/$1/$2-$3 t
   rm -rf "$d"; mkdir -p "$d"
   local -a args
   read -ra args <<< "$(preset "$m") ${EXTRA:-}"
@@ -168,7 +177,35 @@ pause() {  # MODEL MODE: pause to [] after the first epoch boundary, resume to [
   ((ok == 0)) || { cat "$d/steps.txt"; kill "$gp" 2>/dev/null; }
   finish; local rc=$?
   echo "rc: $rc" >> "$d/steps.txt"
-  echo "  $m $mode: rc=$rc$( ((ok == 0)) || echo ", $(tail -2 "$d/steps.txt" | head -1)")"
+  echo "  $m $mode run $3: rc=$rc$( ((ok == 0)) || echo ", $(tail -2 "$d/steps.txt" | head -1)")"
+}
+
+restart() {  # MODEL REP: the anchor: torchrun trains, saves a checkpoint and ends; a new
+  # torchrun loads it and takes one step (bench/anchors/restart_vit.py)
+  local m=$1 d=$OUT/$1/restart-$2 t0 t1 t2 rc1 rc2
+  rm -rf "$d"; mkdir -p "$d"
+  local -a args
+  read -ra args <<< "$(preset "$m") ${EXTRA:-}"
+  local -a keep=()  # the example's arguments the anchor shares: model, batch, data, bf16
+  local i
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[i]} in
+      --batch | --data) keep+=("${args[i]}" "${args[i + 1]}"); ((i++)) ;;
+      --bf16) keep+=(--bf16) ;;
+    esac
+  done
+  local -a common=(--model "$m" "${DATA[@]}" "${keep[@]}" --limit-train 4096)
+  t0=$(now_ms)
+  timeout -k 30 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node 1 bench/anchors/restart_vit.py \
+    "${common[@]}" --steps 3 --save "$d/ckpt.pt" --json "$d/save.json" > "$d/save.log" 2>&1
+  rc1=$?; t1=$(now_ms)
+  timeout -k 30 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node 1 bench/anchors/restart_vit.py \
+    "${common[@]}" --steps 2 --resume "$d/ckpt.pt" --json "$d/resume.json" > "$d/resume.log" 2>&1
+  rc2=$?; t2=$(now_ms)
+  printf '{"rc_save": %d, "rc_resume": %d, "launch1_ms": %d, "exit1_ms": %d, "exit2_ms": %d}\n' \
+    "$rc1" "$rc2" "$t0" "$t1" "$t2" > "$d/run.json"
+  rm -f "$d/ckpt.pt"
+  echo "  $m torchrun restart run $2: rc=$rc1/$rc2, $((t2 - t0)) ms"
 }
 
 summary() {  # writes OUT/summary.json and OUT/table.md; prints the details and the table
@@ -215,12 +252,13 @@ for m in models:
     good = r["gpurun"] and all(r["gpurun"]) and (torchrun != "ok" or all(r["torchrun"]))
     result = ("ok" if good else "failed") + (f", target 0.98: {'met' if s['median_ratio'] >= 0.98 else 'NOT met'}"
                                              if pairs else "")
-    rows.append(f"| {m} | throughput | {sps} | {ratio} | | | | | {result} |")
+    rows.append(f"| {m} | throughput | {sps} | {ratio} | | | | | | {result} |")
     details.append(f"{m} throughput: samples/s {r}; process wall s {walls}")
-    for mode in ("release", "standby", "hold"):
-        d = os.path.join(md, mode)
-        if not os.path.isdir(d):
-            continue
+    cycles = {}
+    for mode, rep in [(mo, e.split("-", 1)[1]) for mo in ("release", "standby", "hold")
+                      for e in (sorted(os.listdir(md)) if os.path.isdir(md) else [])
+                      if e.startswith(mo + "-")]:
+        d = os.path.join(md, f"{mode}-{rep}")
         ev = lines(d + "/events.jsonl")
         steps = dict(l.split(": ", 1) for l in open(d + "/steps.txt").read().splitlines()
                      if ": " in l) if os.path.exists(d + "/steps.txt") else {}
@@ -234,26 +272,62 @@ for m in models:
         same = None
         if after is not None and t[after]["epoch"] == t[after - 1]["epoch"] + 1:
             same = t[after - 1].get("end_checksum") == t[after].get("start_checksum")
+        first = t[after].get("first_step_unix") if after is not None else None
+        edit_first = (first * 1e3 - float(steps["resume_edit_ms"])
+                      if first and "resume_edit_ms" in steps else None)
         x = {"decision_to_parked_ms": max(parked) - wall_ms(snap["ts"]) if parked else None,
+             "edit_to_first_step_ms": edit_first,
              "pause": rz[0] if rz else None, "resume": rz[1] if len(rz) > 1 else None,
              "smi": {k: steps.get(k) for k in ("training", "paused", "resumed", "standby_rss_kib")},
              "rc": steps.get("rc"), "checksums_equal": same, "timings": t}
         ok = x["rc"] == "0" and x["resume"] and x["decision_to_parked_ms"] is not None and same
-        s[mode] = x
+        s[f"{mode}-{rep}"] = x
+        if ok and edit_first is not None:
+            cycles.setdefault(mode, []).append(x["decision_to_parked_ms"] + edit_first)
         dp = f"{x['decision_to_parked_ms']:.0f}" if x["decision_to_parked_ms"] is not None else "failed"
         res = f"{x['resume']['total_ms']:.0f}" if x["resume"] else "failed"
-        rows.append(f"| {m} | pause/resume {mode} | | | {dp} | {x['smi']['paused'] or 'failed'} | {res} | "
-                    f"{'failed' if same is None else same} | {'ok' if ok else 'failed'} |")
+        ef = f"{edit_first:.0f}" if edit_first is not None else "-"
+        rows.append(f"| {m} | pause/resume {mode} run {rep} | | | {dp} | {x['smi']['paused'] or 'failed'} | "
+                    f"{res} | {ef} | {'failed' if same is None else same} | {'ok' if ok else 'failed'} |")
         details.append(f"{m} {mode}: pause {json.dumps(x['pause'] and x['pause']['phases_ms'])}, total "
                        f"{x['pause'] and x['pause']['total_ms']} ms; resume "
                        f"{json.dumps(x['resume'] and x['resume']['phases_ms'])}; nvidia-smi {x['smi']}; rc {x['rc']}")
+    anchor = []  # torchrun kill and restart: (pause ms, resume ms)
+    for e in sorted(os.listdir(md)) if os.path.isdir(md) else []:
+        if not e.startswith("restart-"):
+            continue
+        run, sv, rs = (lines(os.path.join(md, e, f)) for f in ("run.json", "save.json", "resume.json"))
+        if not (run and sv and rs) or run[0]["rc_save"] or run[0]["rc_resume"]:
+            rows.append(f"| {m} | torchrun kill + restart {e[8:]} | | | failed | | | | | failed |")
+            continue
+        pz = sv[0]["save_ms"] + (run[0]["exit1_ms"] - sv[0]["saved_unix"] * 1e3)
+        rz = rs[0]["first_step_unix"] * 1e3 - run[0]["exit1_ms"]
+        anchor.append((pz, rz))
+        rows.append(f"| {m} | torchrun kill + restart {e[8:]} (save {sv[0]['save_ms']:.0f}, load "
+                    f"{rs[0]['load_ms']:.0f}) | | | {pz:.0f} (save + exit) | | | {rz:.0f} (launch -> first step) "
+                    f"| | ok |")
+    s["restart"] = anchor
+    if anchor:
+        tr = statistics.median(p + r for p, r in anchor)
+        for mode, c in cycles.items():
+            g = statistics.median(c)
+            s.setdefault("cycle_ratio", {})[mode] = tr / g
+            rows.append(f"| {m} | cycle {mode}: torchrun {tr:.0f} / gpurun {g:.0f} ms (medians, "
+                        f"{len(anchor)} and {len(c)} runs) | | | | | | | | **{tr / g:.1f}x** |")
     summ[m] = s
+floor = lines(out + "/park_floor.json")
+if floor:
+    summ["park_floor"] = floor[0]
+    rows.append("| all | torch's floor (bench/park_floor.py, MiB) | | | | idle "
+                f"{floor[0].get('idle_mib')}, after a ViT step freed {floor[0].get('after_training_freed_mib')}, "
+                f"after a DDP/NCCL step freed {floor[0].get('after_nccl_training_freed_mib')} | | | | |")
 json.dump(summ, open(out + "/summary.json", "w"), indent=1)
 table = [f"fmnist_vit.py on {dev}, one worker; samples/s: the script's training loop, epochs after the first; "
          "ms from gpurun's event log",
          "| model | scenario | samples/s (per run) | gpurun/torchrun (median) | decision -> PARKED ms | "
-         "paused: nvidia-smi | resume: config seen -> training ms | checksums equal | result |",
-         "|" + "---|" * 9] + rows
+         "paused: nvidia-smi | resume: config seen -> training ms | edit -> first step ms | checksums equal | "
+         "result |",
+         "|" + "---|" * 10] + rows
 open(out + "/table.md", "w").write("\n".join(table) + "\n")
 print("\n".join(details))
 print()
@@ -262,6 +336,7 @@ PY
 }
 
 start=$SECONDS
+[[ $DEV == cuda ]] && "$PY" bench/park_floor.py --embed 1280 --depth 32 > "$OUT/park_floor.json" 2> "$OUT/park_floor.log"
 done_models=()
 for m in $MODELS; do
   echo "== $m: $(preset "$m") ${EXTRA:-}"
@@ -269,7 +344,12 @@ for m in $MODELS; do
     [[ $TORCHRUN == ok ]] && throughput "$m" torchrun "$i"
     throughput "$m" gpurun "$i"
   done
-  for mode in ${MODES:-release standby hold}; do pause "$m" "$mode"; done
+  for ((i = 1; i <= PAUSE_REPS; i++)); do
+    for mode in ${MODES:-release standby hold}; do pause "$m" "$mode" "$i"; done
+  done
+  if [[ $TORCHRUN == ok ]]; then
+    for ((i = 1; i <= RESTART_REPS; i++)); do restart "$m" "$i"; done
+  fi
   done_models+=("$m")
   summary "${done_models[@]}" > "$OUT/summary.txt" 2>&1 || echo "summary failed: $OUT/summary.txt"
 done

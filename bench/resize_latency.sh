@@ -3,7 +3,9 @@
 # resume to [0], in release and hold mode, broken down from gpurun's `resize` events
 # (docs/control-protocol.md#resize-timings) and the worker traces (snapshot write/read).
 # "standby": release mode with [park] standby (the resume tells the standby to go).
-# RUNS="release hold" runs a subset. The "before" row is the same run the slow way (model built and initialised on the CPU, no
+# RUNS="release hold" runs a subset; REPEAT=N runs each N times (labels release-1 ... release-N).
+# "edit -> first step": the resume's config edit to the worker's first step done in the
+# resumed generation (its trace's first_step; the step's loss was read back). The "before" row is the same run the slow way (model built and initialised on the CPU, no
 # prepared snapshot): the ratios in the last table are against it, in the same run.
 #
 #   bench/resize_latency.sh BUILD_DIR OUT_DIR DEVICE MODEL [fmnist_train args...]
@@ -92,6 +94,7 @@ scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
   fi
   echo "paused: $(smi)" >> "$d/smi.txt"
   cfg "[0]" "$mode" "$d/config.toml"
+  echo "resume_edit_ms: $(now_ms)" >> "$d/smi.txt"
   wait_for "the resume's resize event" 300 ge "$d/events.jsonl" resize 2 || { kill "$gp"; return 1; }
   echo "resumed: $(smi)" >> "$d/smi.txt"
   wait "$gp"; echo "rc=$?" >> "$d/smi.txt"
@@ -111,14 +114,18 @@ mine = [l for l in out.splitlines() if l.split(",")[0].strip() == str(os.getpid(
 print(mine[0].split(",")[1].strip() if mine else "unknown")
 PY
 fi
-for run in ${RUNS:-before release standby hold}; do  # RUNS: a subset, e.g. "release hold"
-  case $run in
-    before) PREPARE=0 scenario before release --build-on-cpu ;;
-    release) PREPARE=1 scenario release release ;;
-    standby) PREPARE=1 STANDBY=true scenario standby release ;;
-    hold) PREPARE=1 scenario hold hold ;;
-  esac
-  echo "$run: rc=$?"
+REPEAT=${REPEAT:-1}
+for ((rep = 1; rep <= REPEAT; rep++)); do
+  for run in ${RUNS:-before release standby hold}; do  # RUNS: a subset, e.g. "release hold"
+    l=$run; ((REPEAT > 1)) && l=$run-$rep
+    case $run in
+      before) PREPARE=0 scenario "$l" release --build-on-cpu ;;
+      release) PREPARE=1 scenario "$l" release ;;
+      standby) PREPARE=1 STANDBY=true scenario "$l" release ;;
+      hold) PREPARE=1 scenario "$l" hold ;;
+    esac
+    echo "$l: rc=$?"
+  done
 done
 
 python3 - "$OUT" "$DEV" "$MODEL" <<'PY'
@@ -128,9 +135,12 @@ def lines(p):
     try: return [json.loads(l) for l in open(p) if l.strip()]
     except OSError: return []
 rows = {}
-for label in ("before", "release", "standby", "hold"):
+kinds = ("before", "release", "standby", "hold")
+labels = sorted((e for e in os.listdir(out) if e.split("-")[0] in kinds and
+                 os.path.isdir(os.path.join(out, e))),
+                key=lambda e: (e.split("-")[1:], kinds.index(e.split("-")[0])))
+for label in labels:
     d = os.path.join(out, label)
-    if not os.path.isdir(d): continue  # not in RUNS
     ev = lines(d + "/events.jsonl")
     tr = [t for f in glob.glob(d + "/trace/*.jsonl") for t in lines(f)]
     rz = [e for e in ev if e.get("event") == "resize"]
@@ -174,10 +184,12 @@ for label in ("before", "release", "standby", "hold"):
             if listed: gpu_free = float("nan")
             elif gpu_free != gpu_free and seen_ours: gpu_free = l["t_ms"] - wall_ms(first["ts"])
     smi = dict(l.split(": ", 1) for l in open(d + "/smi.txt").read().splitlines() if ": " in l)
+    fs = [t["t_ms"] for t in tr if t["event"] == "first_step" and t["generation"] >= resume["generation"]]
+    edit_first = min(fs) - float(smi["resume_edit_ms"]) if fs and "resume_edit_ms" in smi else float("nan")
     rows[label] = dict(
         write_ms=w[0]["ms"] if w else None, write=w[0] if w else {},
         read=r[0] if r else {}, gone_ms=gone, pause_total=pause["total_ms"], pause_phases=ph,
-        resume_ms=resume["total_ms"], resume_phases=resume["phases_ms"],
+        resume_ms=resume["total_ms"], resume_phases=resume["phases_ms"], edit_to_first_step=edit_first,
         same=bool(w and after and w[0]["checksum"] == after[0]["checksum"]),
         paused_smi=smi.get("paused", "?"), edit_to_parked=float(smi.get("edit_to_parked_ms", "nan")),
         decision_to_parked=(parked_ts - wall_ms(first["ts"])) if first and parked_ts else float("nan"),
@@ -186,15 +198,15 @@ json.dump(rows, open(out + "/summary.json", "w"), indent=1)
 idle = open(out + "/idle_context.txt").read().strip() if os.path.exists(out + "/idle_context.txt") else "-"
 print(f"\nresize latency, fmnist_train --model {model} on {dev}, one worker (ms; monotonic clock)")
 print("idle torch CUDA context on this GPU:", idle)
-hdr = "| run | state GB | snapshot write | (copy / hash done, from the copy start) | decision -> left | decision -> GPU free (NVML) | decision -> PARKED | paused (nvidia-smi) | resume: edit -> training | resume phases | checksums equal |"
-print(hdr); print("|" + "---|" * 11)
+hdr = "| run | state GB | snapshot write | (copy / hash done, from the copy start) | decision -> left | decision -> GPU free (NVML) | decision -> PARKED | paused (nvidia-smi) | resume: edit -> training | edit -> first step | resume phases | checksums equal |"
+print(hdr); print("|" + "---|" * 12)
 for label, x in rows.items():
-    if not x: print(f"| {label} | failed | | | | | | | | | |"); continue
+    if not x: print(f"| {label} | failed | | | | | | | | | | |"); continue
     wr = x["write"]
     print(f"| {label} | {x['bytes'] / 1e9 if x['bytes'] else 0:.2f} | {x['write_ms']:.0f} | "
           f"{wr.get('copy_ms', 0):.0f} / {wr.get('checksum_ms', 0):.0f} | {x['gone_ms']:.0f} | "
           f"{x['decision_to_gpu_free']:.0f} | {x['decision_to_parked']:.0f} | "
-          f"{x['paused_smi']} | {x['resume_ms']:.0f} | "
+          f"{x['paused_smi']} | {x['resume_ms']:.0f} | {x['edit_to_first_step']:.0f} | "
           + ", ".join(f"{k} {v:.0f}" for k, v in x["resume_phases"].items()) +
           f" | {x['same']} |")
 print("\nstart-up of each process (s): runtime, data, model, optimizer; joining / init")
@@ -203,12 +215,12 @@ for label, x in rows.items():
         print(f"  {label}: slot {t['slot']} joining={t['joining']} build={t['build']} init={t['init']}: "
               f"runtime {t['runtime_s']:.2f}, data {t['data_s']:.2f}, model {t['model_s']:.2f}, "
               f"optimizer {t['optimizer_s']:.2f}, total {t['total_s']:.2f}")
-b = rows.get("before")
+b = next((rows[l] for l in labels if l.split("-")[0] == "before" and rows[l]), None)
 if b:
     print("\nratios against 'before' (same run):")
-    for label in ("release", "standby", "hold"):
+    for label in labels:
         x = rows.get(label)
-        if not x: continue
+        if not x or label.startswith("before"): continue
         print(f"  {label}: snapshot write {b['write_ms'] / max(x['write_ms'], 1e-3):.1f}x faster, "
               f"resume {b['resume_ms'] / max(x['resume_ms'], 1e-3):.1f}x faster, "
               f"pause+resume {(b['pause_total'] + b['resume_ms']) / max(x['pause_total'] + x['resume_ms'], 1e-3):.1f}x")

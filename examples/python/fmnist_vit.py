@@ -15,7 +15,8 @@ world, generation, pid, samples (over all ranks), seconds (the training loop onl
 boundary, no evaluation; CUDA synchronised at both ends); with --checksums also
 start_checksum / end_checksum, a hash of the model's and optimizer's state when the epoch's
 training starts and ends (equal across a pause and resume: end of the last epoch before it,
-start of the first after it). --bf16: forward and loss under torch.autocast(bfloat16).
+start of the first after it), first_step_unix (s since 1970: when the epoch's first step's
+loss was read back, bench/python_gpu.sh's "edit -> first step"). --bf16: forward and loss under torch.autocast(bfloat16).
 """
 import argparse
 import gzip
@@ -132,6 +133,8 @@ def main():
             loss.backward()
             opt.step()
             total += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)])
+            if "first_step_unix" not in line:  # .item() waited for the step's loss
+                line["first_step_unix"] = time.time()
             if bar:
                 bar.set_postfix(loss=f"{total[0] / total[2]:.4f}", acc=f"{total[1] / total[2]:.3f}")
                 bar.update(1)

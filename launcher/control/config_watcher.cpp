@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -228,6 +229,7 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
     alignas(struct inotify_event) char buffer[16384];
     bool relevant = false;
     bool rescan = false;
+    bool done = false;  // the last relevant event: the writer closed or renamed the file
     while (true) {
       const ssize_t n = ::read(inotify_.native_handle(), buffer, sizeof buffer);
       if (n < 0 && errno == EINTR) continue;
@@ -255,6 +257,7 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
         }
         if (event->len == 0 || names->second.count(event->name) == 0) continue;
         relevant = true;
+        done = (event->mask & (IN_CLOSE_WRITE | IN_MOVED_TO)) != 0;
         if (event->mask & IN_MODIFY) write_open_ = true;
         if (event->mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM)) {
           write_open_ = false;
@@ -263,7 +266,7 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
       }
     }
     if (rescan) refresh_watches();
-    if (relevant) note_change();
+    if (relevant) note_change(done);
     arm_inotify_wait();
   }
 
@@ -286,18 +289,21 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
     arm_poll();
   }
 
-  /// Starts or extends the debounce window.
-  void note_change() {
+  /// Starts or extends the debounce window; `writer_done` (the file was closed after writing
+  /// or renamed into place): the shorter `settle` window.
+  void note_change(bool writer_done = false) {
     if (!change_pending_) {
       change_pending_ = true;
       burst_start_ = std::chrono::steady_clock::now();
     }
-    arm_debounce();
+    arm_debounce(writer_done && !write_open_ ? std::min(options_.settle, options_.debounce)
+                                             : options_.debounce);
   }
 
-  void arm_debounce() {
+  void arm_debounce() { arm_debounce(options_.debounce); }
+  void arm_debounce(std::chrono::milliseconds quiet) {
     const uint64_t generation = ++debounce_generation_;
-    debounce_timer_.expires_after(options_.debounce);
+    debounce_timer_.expires_after(quiet);
     debounce_timer_.async_wait(
         [weak = weak_from_this(), generation](const boost::system::error_code& ec) {
           const auto self = weak.lock();

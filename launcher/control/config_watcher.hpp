@@ -19,6 +19,11 @@ struct WatcherOptions {
   /// for writing (modified, not yet closed) the call is held back further, up to 10x debounce
   /// after the first event of the burst.
   std::chrono::milliseconds debounce{200};
+  /// The quiet time instead of `debounce` when the burst's last event says the writer is done
+  /// with the file (closed after writing, or renamed into place: an editor's save, `mv`), so
+  /// that an edit takes effect at once; a write that follows within `settle` still joins the
+  /// burst. Longer than `debounce` is taken as `debounce`.
+  std::chrono::milliseconds settle{25};
   /// How often the file is stat()ed and hashed. This is the only source of changes when
   /// inotify is unavailable or force_polling is set; with inotify it is a backstop for
   /// filesystems that do not report remote edits (NFS, Lustre: a file edited on a login node).

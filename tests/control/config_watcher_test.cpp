@@ -139,6 +139,24 @@ TEST_CASE("watcher: temp file + rename (editor save) is seen") {
   CHECK(w.seen() == "active_gpus = []\n");
 }
 
+TEST_CASE("watcher: a finished save takes effect after `settle`, not the whole debounce") {
+  TempDir dir;
+  const fs::path file = dir.path / "config.toml";
+  write_in_place(file, "active_gpus = [0, 1]\n");
+  WatcherOptions options = inotify_only();
+  options.debounce = 1h;  // only the writer-done window can call within the hang guard
+  options.settle = 0ms;
+  Watch w(file, options);
+  REQUIRE(w.watcher().using_inotify());
+
+  write_via_rename(file, "active_gpus = [0]\n");  // an editor's save: renamed into place
+  REQUIRE(w.run_until_calls(1));
+  CHECK(w.seen() == "active_gpus = [0]\n");
+  write_in_place(file, "active_gpus = []\n");  // `echo >`: written, then closed
+  REQUIRE(w.run_until_calls(2));
+  CHECK(w.seen() == "active_gpus = []\n");
+}
+
 TEST_CASE("watcher: cp over the file is seen") {
   TempDir dir;
   const fs::path file = dir.path / "config.toml";
@@ -208,6 +226,7 @@ TEST_CASE("watcher: a burst of 20 writes yields exactly one call") {
   write_in_place(file, "active_gpus = []\n");
   WatcherOptions options = inotify_only();
   options.debounce = 200ms;
+  options.settle = options.debounce;  // each write closes the file: the burst is the window
   Watch w(file, options);
   REQUIRE(w.watcher().using_inotify());
 

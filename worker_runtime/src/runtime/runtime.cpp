@@ -218,6 +218,7 @@ void Runtime::Impl::train_on(const control::EngineAction& a) {
   adopt(d);
   if (grads) grads->set_communicator(comm.get());
   trace_resize(d, a.role, moved_bytes, last_checksum);
+  first_step_pending = true;
   moved_bytes = 0;
   last_checksum.reset();
   setup_t0 = {};
@@ -391,6 +392,9 @@ void Runtime::Impl::next_step() {
   ++global_step;
   if (progress) progress->step(static_cast<uint64_t>(global_step));
   step_valid = false;
+  if (std::exchange(first_step_pending, false))
+    trace.write("first_step",
+                {{"generation", Trace::num(generation)}, {"step", Trace::num(global_step)}});
   // The optimizer made its state in this first step (AdamW: lazily): the pause snapshot's
   // size is known, so its file is prepared from here on, not only at the first boundary.
   if (prepare_snapshot && control) start_snapshot_preparation();

@@ -127,6 +127,9 @@ struct Runtime::Impl {
   int64_t range_epoch = -1;
   int64_t range_micro = 0;
   bool step_valid = false;
+  /// A resize's generation began: its first step done is traced ("first_step", the benches'
+  /// edit -> first step).
+  bool first_step_pending = false;
 
   // ---- position <-> tracked scalars ----------------------------------------------------
   void sync_out() {
