@@ -133,9 +133,6 @@ class Runtime:
             self._prepare = None  # the background preparation of the snapshot file
             self._prepare_wanted = os.environ.get("GPURUN_SNAPSHOT_PREPARE", "1") != "0"
             self._parked = []  # hold mode: (tensor, shape) whose device storage was freed
-            self._drop_pending = False  # a drop_group whose teardown waits for the next action
-            self._teardown = None  # hold mode: the old group's teardown thread while parked
-            self._destroy_ms = 0.0
             self._drive({"event": "open"})  # a joiner reads its generation's start record
             if not drop_on_error:
                 _report_program_errors(self._session)
@@ -382,7 +379,6 @@ class Runtime:
             if event is None:
                 break
         if last is not None and last["action"] == "exit":
-            self._join_teardown()
             if last["left"]:
                 sys.exit(0)
             self._finishing = True
@@ -400,11 +396,6 @@ class Runtime:
 
     def _execute(self, a):
         kind = a["action"]
-        if self._drop_pending and kind not in ("state", "log"):
-            # A hold-mode park needs nothing of the old group: it is torn down beside the park
-            # (below); any other next step first waits for the teardown.
-            self._drop_pending = False
-            self._destroy_group(background=kind == "park")
         if kind == "state":
             if a["from"] == "PARKED" and a["to"] == "REJOINING":
                 self._unpark()  # the state itself comes from the source or the snapshot
@@ -414,10 +405,7 @@ class Runtime:
                 self._train(a)
             return None
         if kind == "drop_group":
-            if a.get("abort"):
-                self._destroy_group()
-            else:
-                self._drop_pending = True  # the next action says whether it may run beside
+            self._destroy_group()
             return None
         try:
             if kind == "make_group":
@@ -669,10 +657,8 @@ class Runtime:
         held = torch.cuda.memory_allocated(self.device)
         print(f"gpurun (python, slot {self.slot}): parked (hold mode); torch still holds "
               f"{held / 2**20:.0f} MiB allocated, {torch.cuda.memory_reserved(self.device) / 2**20:.0f} "
-              f"MiB reserved on {self.device} (" + ("group torn down in the background"
-                                                     if self._teardown else
-                                                     f"group destroyed in {self._destroy_ms:.0f} ms")
-              + f", freed in {(t1 - t0) * 1e3:.0f} ms, gc "
+              f"MiB reserved on {self.device} (group destroyed in "
+              f"{getattr(self, '_destroy_ms', 0):.0f} ms, freed in {(t1 - t0) * 1e3:.0f} ms, gc "
               f"{(t2 - t1) * 1e3:.0f} ms, cache emptied in {(t3 - t2) * 1e3:.0f} ms)",
               file=sys.stderr, flush=True)
 
@@ -686,7 +672,6 @@ class Runtime:
     def _make_group(self, prefix, abort_key, group, rank):
         """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
         ``prefix``, the engine's key for it."""
-        self._join_teardown()
         if self._pg_store is None:
             # Its timeout bounds torch's own rendezvous, which a peer that died after the
             # arrival wait would hold up (init_process_group(store=...) keeps the store's
@@ -702,34 +687,12 @@ class Runtime:
         dist.init_process_group(self.backend, store=dist.PrefixStore(prefix + "/pg", self._pg_store),
                                 rank=rank, world_size=len(group), timeout=self.comm_timeout)
 
-    def _destroy_group(self, background=False):
-        """Ends this generation's process group. ``background`` (a hold-mode park): the
-        teardown (for NCCL torch's graceful ``destroy_process_group``: finalize, then polling
-        NCCL at a long interval; 0.42 s on an H200 for a one-rank group after a DDP step,
-        bench/pg_teardown.py) runs in a thread while the rank frees its tensors and parks;
-        the next group's set-up and the process's exit wait for it (``_join_teardown``)."""
+    def _destroy_group(self):
         self.model = None
-        self._join_teardown()
-        if not dist.is_initialized():
-            return
-
-        def destroy():
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        if dist.is_initialized():
             dist.destroy_process_group()
-            self._destroy_ms = (time.perf_counter() - t0) * 1e3
-
-        if background:
-            self._teardown = threading.Thread(target=destroy, name="gpurun-group-teardown",
-                                              daemon=True)
-            self._teardown.start()
-        else:
-            destroy()
-
-    def _join_teardown(self):
-        """Waits for a teardown that ``_destroy_group`` left running (none: returns at once)."""
-        th, self._teardown = self._teardown, None
-        if th is not None:
-            th.join()
+        self._destroy_ms = (time.perf_counter() - t0) * 1e3
 
     def _wrap(self):
         if self._module is None:
