@@ -424,6 +424,7 @@ int run(int argc, char** argv) {
     node_opts.max_restarts = plan.max_restarts;
     node_opts.barrier_timeout = opt.exit_barrier_timeout;
     node_opts.join_timeout = opt.join_timeout;
+    node_opts.heartbeat_timeout = opt.node_timeout;
     node_opts.say = [](const std::string& line) { print_err(line); };
   }
   asio::signal_set signals(io, SIGINT, SIGTERM);

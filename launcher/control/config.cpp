@@ -62,18 +62,22 @@ std::string_view type_phrase(toml::node_type type) {
   return "nothing";
 }
 
-/// A string value as it appears in messages: quoted, control characters replaced by '?',
-/// cut after 40 characters.
-std::string quote_value(std::string_view text) {
+/// Text from the file as it appears in a one-line message: control characters (a newline in
+/// a quoted key or a multi-line string) replaced by '?', cut after 40 characters.
+std::string printable(std::string_view text) {
   constexpr std::size_t kMax = 40;
-  std::string out = "\"";
+  std::string out;
   for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
   }
   if (text.size() > kMax) out += "...";
-  out += '"';
   return out;
+}
+
+/// A string value as it appears in messages: printable(), quoted.
+std::string quote_value(std::string_view text) {
+  return "\"" + printable(text) + '"';
 }
 
 /// A floating-point value as TOML spells it: always with a '.', an exponent, inf or nan.
@@ -557,7 +561,7 @@ class Validator {
   }
 
   void warn_unknown_top_level(const toml::key& key) {
-    std::string text = fmt::format("unknown key '{}' (ignored)", key.str());
+    std::string text = fmt::format("unknown key '{}' (ignored)", printable(key.str()));
     for (const KnownKey& known : kTopLevelKeys) {
       if (looks_like(key.str(), known.name)) {
         text += fmt::format("; did you mean {}?", known.suggestion);
@@ -569,7 +573,7 @@ class Validator {
 
   void warn_unknown_nested(std::string_view table, const toml::key& key,
                            std::initializer_list<std::string_view> known_here) {
-    std::string text = fmt::format("unknown key '{}.{}' (ignored)", table, key.str());
+    std::string text = fmt::format("unknown key '{}.{}' (ignored)", table, printable(key.str()));
     bool hinted = false;
     for (std::string_view known : known_here) {
       if (looks_like(key.str(), known)) {
@@ -604,9 +608,15 @@ std::string describe(const Config& config) {
                                    : fmt::format("{} steps", config.boundary.every_steps);
   const std::string batch =
       config.global_batch ? fmt::format("{}", *config.global_batch) : std::string("none");
-  return fmt::format("active_gpus={} park={}{} boundary={} deadline_s={} batch.global={}", gpus,
+  // setup_deadline_s only when set (the line stays as it was for the common case)
+  const std::string setup =
+      config.setup_deadline == Config{}.setup_deadline
+          ? std::string()
+          : fmt::format(" setup_deadline_s={}",
+                        static_cast<double>(config.setup_deadline.count()) / 1000.0);
+  return fmt::format("active_gpus={} park={}{} boundary={} deadline_s={}{} batch.global={}", gpus,
                      to_string(config.park_mode), config.standby ? "" : " standby=off", boundary,
-                     static_cast<double>(config.boundary_deadline.count()) / 1000.0, batch);
+                     static_cast<double>(config.boundary_deadline.count()) / 1000.0, setup, batch);
 }
 
 Config parse_config(std::string_view text, const std::string& source,

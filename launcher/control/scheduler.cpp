@@ -339,8 +339,9 @@ void Scheduler::wake_all_parked_to_exit(const std::string& why) {
   for (auto& [gpu, s] : slots_)
     if (s.state == SlotState::kWarming || s.state == SlotState::kStandby) cancel_warming(s, why);
   for (auto& [gpu, s] : slots_) {
+    // (a standby or warm joiner just cancelled above is being ended: one line says so)
     if ((s.state != SlotState::kParked && s.state != SlotState::kOffloading) || s.pid < 0 ||
-        s.park_generation < 0 || s.will_exit)
+        s.park_generation < 0 || s.will_exit || s.cancelled)
       continue;
     s.will_exit = true;
     Decision d;

@@ -431,6 +431,9 @@ Options parse(const std::vector<std::string>& args) {
       {"join-timeout",
        {true, [&](std::string_view f,
                   std::string_view v) { o.join_timeout = detail::seconds_flag(f, v); }}},
+      {"node-timeout",
+       {true, [&](std::string_view f,
+                  std::string_view v) { o.node_timeout = detail::seconds_flag(f, v); }}},
       {"log-dir",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -619,6 +622,8 @@ Supervision:
                           for the other nodes after its own workers succeeded (default 300)
   --join-timeout SECONDS  with --nnodes > 1: how long the start rendezvous waits for every
                           node to join before any worker starts (default 600)
+  --node-timeout SECONDS  with --nnodes > 1: node 0 gives up a node whose gpurun sent no
+                          heartbeat (every second) for this long (default 30; 0: never)
 
 Preemption (docs/cli.md#preemption):
   --preempt-signal SIG    warning signal turned into a checkpoint request at the workers'

@@ -102,6 +102,9 @@ std::string live(int node) {
 std::string lost(int node) {
   return fmt::format("{}node{}", store::kLostPrefix, node);
 }
+std::string beat(int node) {
+  return fmt::format("gpurun/beat/node{}", node);
+}
 }  // namespace job_keys
 
 std::string NodeFailure::encode() const {
@@ -379,18 +382,62 @@ void NodeSync::attempt_started(int attempt) {
   watching_ = true;
   peer_stopped_ = false;
   announced_ = false;
+  const auto n = static_cast<std::size_t>(opt_.nnodes);
+  beat_seen_.assign(n, "");
+  beat_changed_.assign(n, Clock::now());  // every node gets a whole timeout from the start
+  hung_.assign(n, false);
+  beat_sent_ = {};
   arm([this] { watch_tick(); });
+}
+
+void NodeSync::beat() {
+  if (store_->local || Clock::now() - beat_sent_ < opt_.heartbeat_interval) return;
+  store_->set(job_keys::beat(opt_.node_rank), std::to_string(++beats_));
+  beat_sent_ = Clock::now();
+}
+
+bool NodeSync::node_hung(int r) {
+  const auto i = static_cast<std::size_t>(r);
+  if (opt_.heartbeat_timeout.count() <= 0 || i >= hung_.size()) return false;
+  if (hung_[i]) return true;
+  const std::string v = store_->get(job_keys::beat(r)).value_or("");
+  const auto now = Clock::now();
+  if (v != beat_seen_[i]) {
+    beat_seen_[i] = v;
+    beat_changed_[i] = now;
+    return false;
+  }
+  if (now - beat_changed_[i] < opt_.heartbeat_timeout) return false;
+  hung_[i] = true;
+  const int a = attempt_;
+  if (!store_->get(job_keys::fail(a, r))) {
+    NodeFailure f;
+    f.node = r;
+    f.time_ms = now_ms();
+    f.reason = fmt::format(
+        "{}'s gpurun sent no heartbeat for {} with its connection to node 0's store still open "
+        "(stopped or hung, or its host stalled; --node-timeout)",
+        node_name(r), seconds(opt_.heartbeat_timeout));
+    store_->set(job_keys::fail(a, r), f.encode());
+    store_->set_if_missing(job_keys::stop(a), std::to_string(r));
+  }
+  return true;
 }
 
 void NodeSync::watch_tick() {
   if (!watching_) return;
   const int a = attempt_;
   try {
+    beat();
     if (store_->local) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
       for (int r = 1; r < opt_.nnodes; ++r) {
         if (store_->get(job_keys::end(a, r))) continue;
         const auto lost = store_->get(job_keys::lost(r));
-        if (!lost || store_->get(job_keys::fail(a, r))) continue;
+        if (!lost) {
+          node_hung(r);  // alive but silent: given up after heartbeat_timeout
+          continue;
+        }
+        if (store_->get(job_keys::fail(a, r))) continue;
         NodeFailure f;
         f.node = r;
         if (!parse_int(*lost, f.time_ms)) f.time_ms = now_ms();
@@ -517,6 +564,8 @@ void NodeSync::node0_decide_tick() {
       if (!split_fields(*end, 1, f, rest) || !parse_int(f[0], code)) code = 1;
       by_signal = rest == "1";
       any_signal = any_signal || by_signal;
+    } else if (node_hung(r)) {  // its failure record was written by node_hung
+      lost_nodes.push_back(r);
     } else if (const auto lost = store_->get(job_keys::lost(r))) {
       lost_nodes.push_back(r);
       if (!rec) {

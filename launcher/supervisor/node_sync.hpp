@@ -34,6 +34,7 @@ std::string end(int attempt, int node);   ///< gpurun/job/<attempt>/end/<node>
 std::string next(int attempt);            ///< gpurun/job/<attempt>/next
 std::string live(int node);               ///< gpurun/live/node<node> (Backend)
 std::string lost(int node);               ///< gpurun/lost/node<node> (Backend)
+std::string beat(int node);               ///< gpurun/beat/node<node>: a counter, nodes > 0
 }  // namespace job_keys
 
 /// A node's first failure in an attempt, as written to node 0's store: one line,
@@ -120,6 +121,13 @@ struct NodeSyncOptions {
   std::chrono::milliseconds disconnect_wait{std::chrono::seconds(5)};
   /// How often the keys are read.
   std::chrono::milliseconds poll_interval{100};
+  /// Nodes > 0: how often this node's gpurun tells node 0 it is alive (a counter in
+  /// job_keys::beat) while an attempt runs.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+  /// Node 0: --node-timeout: a node whose heartbeat has not advanced for this long (node 0's
+  /// own clock) while its workers run is given up like a lost node: its gpurun hangs (stopped,
+  /// deadlocked, its host stalled) with its connection still open. 0: never.
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(30)};
   /// One "gpurun: ..." line without the prefix (io thread; nodes > 0: also join()'s thread).
   std::function<void(const std::string& line)> say;
 };
@@ -198,6 +206,10 @@ class NodeSync {
   void rendezvous_tick();
   void finish_tick();
   bool node_lost(int node);  // node 0: its live key's connection closed
+  /// Node 0: true when node `r`'s heartbeat has not advanced for heartbeat_timeout (tracked
+  /// from attempt_started on); the first time, its failure is written as for a lost node.
+  bool node_hung(int r);
+  void beat();  // nodes > 0: advance this node's heartbeat when heartbeat_interval passed
   std::string node_name(int node) const;
 
   boost::asio::io_context& io_;
@@ -224,6 +236,12 @@ class NodeSync {
   std::function<void()> closed_;
   std::atomic<int> join_cancel_{0};
   std::chrono::steady_clock::time_point disconnect_deadline_;
+  // heartbeats: node 0, per node, the last value seen and when it changed; nodes > 0, theirs
+  std::vector<std::string> beat_seen_;
+  std::vector<std::chrono::steady_clock::time_point> beat_changed_;
+  std::vector<bool> hung_;
+  int64_t beats_ = 0;
+  std::chrono::steady_clock::time_point beat_sent_{};
 };
 
 }  // namespace gpurun::supervisor

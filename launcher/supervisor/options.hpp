@@ -86,6 +86,9 @@ struct Options {
   /// --join-timeout: with --nnodes > 1, how long the start rendezvous waits for every node
   /// (docs/cli.md#multi-node).
   std::chrono::milliseconds join_timeout{600'000};
+  /// --node-timeout: with --nnodes > 1, how long node 0 waits for a silent node's heartbeat
+  /// before it gives the node up (docs/cli.md#multi-node); 0: never.
+  std::chrono::milliseconds node_timeout{30'000};
 
   // --- logs ---------------------------------------------------------------
   std::optional<std::string> log_dir;  ///< keeps <log_dir>/<run_id>_XXXXXX/attempt_<n>/<rank>/

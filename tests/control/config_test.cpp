@@ -111,6 +111,12 @@ global = 512
          c.boundary_deadline = 60s;
          c.global_batch = 512;
        })},
+      {"a quoted key with a newline is named on one line",
+       "\"x\\ny\" = 1\n[park]\n\"mo\\nde\" = 2\n", with([](Config& c) {
+         c.warnings = {"config.toml:1:1: unknown key 'x?y' (ignored)",
+                       "config.toml:3:1: unknown key 'park.mo?de' (ignored); did you mean "
+                       "'park.mode'?"};
+       })},
       {"restart section is accepted with a warning; unknown energy keys warn",
        "[energy]\ncost = \"zeus\"\n[restart]\nmax = 3\n", with([](Config& c) {
          c.energy.present = true;
@@ -430,6 +436,10 @@ TEST_CASE("describe() shows the effective settings") {
   c.global_batch = 256;
   CHECK(describe(c) ==
         "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 batch.global=256");
+  c.setup_deadline = 7500ms;  // shown once it differs from the default
+  CHECK(describe(c) ==
+        "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 "
+        "setup_deadline_s=7.5 batch.global=256");
   c.active_gpus = std::vector<int>{};
   CHECK(describe(c).rfind("active_gpus=[] ", 0) == 0);
 }

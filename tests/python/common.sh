@@ -8,11 +8,15 @@ GPURUN=$1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=$("$HERE/find_torch_python.sh")
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap '[[ -n ${KEEP_TMP:-} ]] || rm -rf "$TMP"' EXIT  # KEEP_TMP=1: kept for a post-mortem
 LOG=$TMP/gpurun.log
 fail() {
   echo "$TEST: FAIL: $*" >&2
   [[ -f $LOG ]] && tr '\r' '\n' < "$LOG" | tail -40 >&2
+  if [[ -f $TMP/events.jsonl ]]; then
+    echo "-- the last 12 events ($TMP/events.jsonl):" >&2
+    tail -12 "$TMP/events.jsonl" >&2
+  fi
   exit 1
 }
 wait_event() {

@@ -147,6 +147,30 @@ TEST_CASE(
   CHECK_FALSE(contains(e0, "keeping the store up"));
 }
 
+TEST_CASE(
+    "multinode: node 1's gpurun stopped (SIGSTOP) with its connection open is given up after "
+    "--node-timeout") {
+  TempDir dir;
+  const std::string port = free_port();
+  const std::map<std::string, std::string> env{
+      {"OUT_DIR", dir.str()}, {"NODE0_SLEEP", "60"}, {"NODE1_SLEEP", "60"}};
+  Node n0(0, port, env, dir.path, {"--grace-period", "3", "--node-timeout", "2"});
+  Node n1(1, port, env, dir.path);
+  REQUIRE(wait_for_files(started(dir.path, 0), 20s));
+  REQUIRE(::kill(n1.pid, SIGSTOP) == 0);  // its socket stays open: no lost key
+  const bool n0_done = n0.wait(30s);      // the workers would sleep 60 s
+  const std::string e0 = n0.stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  ::kill(n1.pid, SIGKILL);  // its workers follow it (PR_SET_PDEATHSIG)
+  REQUIRE(n0_done);
+  CHECK(n0.code() == 1);
+  CHECK(contains(e0,
+                 "'s gpurun sent no heartbeat for 2 s with its connection to node 0's store "
+                 "still open"));
+  CHECK(contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 1"));
+  CHECK_FALSE(fs::exists(dir.path / "finished.0.0"));
+}
+
 TEST_CASE("multinode: node 0's own failure stops node 1's workers; both exit with its status") {
   TempDir dir;
   const std::string port = free_port();

@@ -230,6 +230,10 @@ void Runtime::Impl::ensure_device() {
   if (control && control->engine().standby()) {
     const auto t0 = Clock::now();
     trace.write("standby", {{"gpu", Trace::num(int64_t{slot})}});
+    std::fprintf(stderr,
+                 "gpurun worker (slot %d): standby: waiting for a config that names this slot "
+                 "(no CUDA context yet)\n",
+                 slot);
     control::EngineEvent ev;
     ev.kind = control::EngineEvent::Kind::kDevice;
     drive(std::move(ev));
@@ -239,6 +243,9 @@ void Runtime::Impl::ensure_device() {
       std::exit(0);
     }
     trace.write("standby_go", {{"waited_ms", Trace::num(ms_since(t0))}});
+    std::fprintf(stderr,
+                 "gpurun worker (slot %d): standby told to go after %.1f s; setting up %s\n", slot,
+                 ms_since(t0) / 1000.0, device.str().c_str());
     start_premap();
   }
   if (!device.is_cuda()) return;
