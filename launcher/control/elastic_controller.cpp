@@ -247,6 +247,9 @@ void ElasticController::run_effects() {
         case Effect::Kind::kDeleteKey:
           backend_.delete_key(e.key);
           break;
+        case Effect::Kind::kAbandonKeys:
+          backend_.abandon_prefix(e.key);
+          break;
         case Effect::Kind::kSpawn:
           spawn(e.gpu, e.generation, e.warm, e.standby, e.value);
           break;

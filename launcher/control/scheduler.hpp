@@ -24,6 +24,8 @@ struct Effect {
   enum class Kind {
     kWriteKey,     ///< store SET key = value
     kDeleteKey,    ///< store DELETE_KEY key (a key no process will read again)
+    kAbandonKeys,  ///< no key under the prefix `key` will be written: waits on them end
+                   ///< (store::Backend::abandon_prefix; an abandoned generation's set-up)
     kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value); with
                    ///< `warm` >= 0 a warm joiner (GPURUN_WARM=warm; value: the provisional set)
     kKill,         ///< SIGKILL the process group of `gpu` (stalled)

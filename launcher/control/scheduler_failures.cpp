@@ -266,6 +266,13 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
     e.key = keys::abort(generation_);
     e.value = fmt::format("{} ended with {}", who, how);
     effects_.push_back(std::move(e));
+    // A rendezvous that is not the engine's (torch's init_process_group, gloo's full mesh)
+    // may be waiting under the generation's comm keys for the dead rank's address: its wait
+    // ends now, not at its timeout.
+    Effect ab;
+    ab.kind = Effect::Kind::kAbandonKeys;
+    ab.key = keys::comm(generation_, "");
+    effects_.push_back(std::move(ab));
     Effect ev;
     ev.kind = Effect::Kind::kEvent;
     ev.key = "generation_abandoned";

@@ -226,6 +226,15 @@ bool Backend::check(const std::vector<std::string>& keys) const {
   return std::all_of(keys.begin(), keys.end(), [this](const auto& k) { return present(k); });
 }
 
+namespace {
+/// `key` is under `prefix` as written, or with the '/' torch's TCPStore client (1.13 - 2.11)
+/// puts before every key it sends.
+bool under_prefix(std::string_view key, std::string_view prefix) {
+  if (key.starts_with('/') && !prefix.starts_with('/')) key.remove_prefix(1);
+  return key.starts_with(prefix);
+}
+}  // namespace
+
 bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys, Admit admit) {
   const std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> missing;
@@ -233,6 +242,13 @@ bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys, Admi
     if (!present(k)) missing.push_back(k);
   }
   if (missing.empty()) return true;
+  for (const auto& k : missing)
+    for (const auto& p : abandoned_)
+      if (under_prefix(k, p))
+        throw StoreError(fmt::format(
+            "WAIT for key {}, which will never be written: gpurun abandoned the keys under {} "
+            "(a rank died in that generation's set-up)",
+            printable(k), printable(p)));
   std::size_t& registered = registrations_by_conn_[conn];
   if (registered + missing.size() > limits_.max_pending_waits_per_connection) {
     const std::size_t had = registered;
@@ -263,6 +279,47 @@ bool Backend::wait(ConnectionId conn, const std::vector<std::string>& keys, Admi
   waits_by_conn_[conn].push_back(id);
   waits_.emplace(id, PendingWait{conn, missing.size(), std::move(missing), bytes});
   return false;
+}
+
+void Backend::abandon_prefix(const std::string& prefix) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(abandoned_.begin(), abandoned_.end(), prefix) == abandoned_.end())
+    abandoned_.push_back(prefix);
+  std::vector<WaitId> done;
+  for (const auto& [id, w] : waits_)
+    if (std::any_of(w.keys.begin(), w.keys.end(),
+                    [&](const std::string& k) { return under_prefix(k, prefix); }))
+      done.push_back(id);
+  for (WaitId id : done) {
+    const PendingWait& w = waits_.at(id);
+    const ConnectionId conn = w.conn;
+    for (const auto& k : w.keys) {  // its registrations go, as a CANCEL_WAIT would drop them
+      auto q = waiters_by_key_.find(k);
+      if (q != waiters_by_key_.end()) {
+        std::erase(q->second, id);
+        if (q->second.empty()) waiters_by_key_.erase(q);
+      }
+    }
+    auto reg = registrations_by_conn_.find(conn);
+    if (reg != registrations_by_conn_.end()) {
+      reg->second -= std::min(reg->second, w.remaining);
+      if (reg->second == 0) registrations_by_conn_.erase(reg);
+    }
+    forget(id);
+    if (close_) {
+      close_(conn,
+             fmt::format("its WAIT was for keys under {}, which will never be written: gpurun "
+                         "abandoned them (a rank died in that generation's set-up)",
+                         printable(prefix)));
+    } else if (notify_) {
+      notify_(conn);
+    }
+  }
+}
+
+void Backend::set_close_connection(CloseConnection close) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  close_ = std::move(close);
 }
 
 void Backend::count_down(WaitId id) {
@@ -498,6 +555,7 @@ void Backend::reset_keyspace(std::string_view keep_prefix) {
   std::erase_if(kv_, drop);
   std::erase_if(queues_, drop);
   shrink(dropped);
+  abandoned_.clear();
 }
 
 std::size_t Backend::pending_waits(ConnectionId conn) const {

@@ -58,6 +58,12 @@ class Backend {
 
   void set_notify(Notify notify);
 
+  /// Called, with the backend's mutex held, for each connection whose pending WAIT
+  /// abandon_prefix() ended: the receiver closes that connection (asynchronously; it must not
+  /// call back into the backend from inside this call). Unset: Notify is called instead.
+  using CloseConnection = std::function<void(ConnectionId conn, const std::string& reason)>;
+  void set_close_connection(CloseConnection close);
+
   /// Charges every byte the backend holds (keys and values of the KV map and
   /// the queues, pending waits' key lists; payload plus a fixed per-entry
   /// estimate of the containers' overhead, see stored_bytes()) to `budget`,
@@ -124,6 +130,17 @@ class Backend {
 
   /// CANCEL_WAIT: drops every pending wait of `conn`. The reply is always 1.
   void cancel_waits(ConnectionId conn);
+
+  /// Keys under `prefix` will never be written: gpurun abandoned a generation's set-up (a
+  /// rank died in it), and a rendezvous that is not gpurun's own (torch's init_process_group,
+  /// gloo's connectFullMesh) may wait there for the dead rank's address, bounded only by its
+  /// timeout. Every connection with a pending WAIT on such a key is closed now
+  /// (CloseConnection), and a later WAIT on a missing key under `prefix` throws StoreError,
+  /// which closes that connection too: the waiting rank's store call fails at once
+  /// ("connection reset by peer") and it reports to gpurun. Until
+  /// reset_keyspace(). A key is under `prefix` also with one '/' before it (torch's TCPStore
+  /// client sends every key so).
+  void abandon_prefix(const std::string& prefix);
 
   /// gpurun's liveness keys (docs/store-protocol.md#liveness-keys), an extension torch's
   /// clients never touch: a client's SET of a key `gpurun/live/<name>` binds that key to the
@@ -219,6 +236,7 @@ class Backend {
   mutable std::mutex mu_;
   Limits limits_;
   Notify notify_;
+  CloseConnection close_;
   std::string observer_prefix_;
   WriteObserver observer_;
   std::unordered_map<std::string, std::string> kv_;
@@ -228,6 +246,7 @@ class Backend {
   std::unordered_map<ConnectionId, std::vector<WaitId>> waits_by_conn_;
   std::unordered_map<ConnectionId, std::size_t> registrations_by_conn_;
   std::unordered_map<std::string, ConnectionId> live_owner_;  // live key -> its connection
+  std::vector<std::string> abandoned_;                        // abandon_prefix()
   WaitId next_wait_id_ = 1;
   MemoryBudget* budget_ = nullptr;
   std::size_t stored_bytes_ = 0;

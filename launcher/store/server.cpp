@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <boost/asio/post.hpp>
 
 #include "gpurun/error.hpp"
 #include "store/listener.hpp"
@@ -46,6 +47,12 @@ Server::Server(asio::io_context& io, ServerOptions options) {
   state_->backend.set_notify([state](ConnectionId conn) {
     // Runs with the backend's mutex held, on the thread of the completing write.
     if (auto s = state->find_session(conn)) s->send_stop_waiting();
+  });
+  state_->backend.set_close_connection([state](ConnectionId conn, const std::string& reason) {
+    // With the backend's mutex held: the close (which drops the connection's waits) runs on
+    // the session's own executor.
+    if (auto s = state->find_session(conn))
+      boost::asio::post(s->executor(), [s, reason] { s->close(reason, true); });
   });
   listener_ = std::make_shared<Listener>(state_);
   listener_->listen();

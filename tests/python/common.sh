@@ -17,6 +17,8 @@ fail() {
     echo "-- the last 12 events ($TMP/events.jsonl):" >&2
     tail -12 "$TMP/events.jsonl" >&2
   fi
+  # gpurun, when the script started it ($pid, its own child): its workers go with it
+  [[ -n ${pid:-} && ${pid:-0} -gt 1 ]] && kill "$pid" 2>/dev/null
   exit 1
 }
 wait_event() {

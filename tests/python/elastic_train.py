@@ -8,7 +8,10 @@ between boundaries.
 Each process appends to OUT/log.<slot>.<pid> one JSON line per epoch: epoch, rank, world,
 generation, the indices it trained, the state checksum at the start of the epoch, and
 (rank 0) the epoch's mean loss over all ranks. SLOW_LOAD=S: loading a received state takes S
-seconds more (the process writes OUT/loading.<slot> with its pid first).
+seconds more (the process writes OUT/loading.<slot> with its pid first). STALL_RENDEZVOUS=G:
+slot G's second process-group set-up (its first resize) writes OUT/rendezvous.<slot> (its pid)
+and sleeps 60 s inside torch's init_process_group, after gpurun's arrival wait: the other
+ranks wait in torch's own rendezvous for its address.
 """
 import hashlib
 import json
@@ -41,6 +44,18 @@ class WithPid(torch.utils.data.Dataset):  # each sample says which process read 
         return (*data[i], os.getpid())
 
 rt = gpurun.Runtime()
+if os.environ.get("STALL_RENDEZVOUS") == str(rt.slot):
+    real_init, inits = dist.init_process_group, []
+
+    def stalled_init(*args, **kwargs):
+        inits.append(1)
+        if len(inits) == 2:
+            with open(os.path.join(out, f"rendezvous.{rt.slot}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+        return real_init(*args, **kwargs)
+
+    dist.init_process_group = stalled_init
 torch.manual_seed(100 + rt.slot)  # a different init per slot: the start broadcast equalises it
 net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.AdamW(net.parameters(), lr=0.01)

@@ -6,9 +6,12 @@
 # new group's rendezvous until gpurun's abort key). The holders must give up on it at
 # once (not after the comm timeout), report again, and go on as [0,1]: gpurun decides
 # failed [2], the job finishes every epoch (each sample once per epoch) and exits 0.
-# member (issue 25 item 1): slot 1, a member holding the state, is SIGKILLed at the grow
-# decision instead; slot 0 (the other holder) and the joiner must go on as [0, 2] (gpurun
-# decides failed [1]), not die in the group's set-up with "the training state is lost".
+# member (issue 25 item 1): slot 1, a member holding the state, is SIGKILLed in the grow's
+# set-up instead, after gpurun's arrival wait, inside torch's init_process_group
+# (STALL_RENDEZVOUS=1), while slot 0 (the other holder) and the joiner wait in torch's own
+# rendezvous for its address: gpurun abandons the generation's keys, which ends that wait at
+# once (not at the comm timeout), and they go on as [0, 2] (gpurun decides failed [1]), not
+# die in the group's set-up with "the training state is lost".
 # Usage: run_setup_failure.sh GPURUN load|rendezvous|member
 WHERE=${2:-load}
 TEST=python_setup_failure_$WHERE
@@ -16,15 +19,17 @@ source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
 printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
 EPOCHS=30  # the joiner must be ready (torch's import: seconds on a loaded machine) before the end
-SLOW_LOAD=30 GPURUN_COMM_TIMEOUT_MS=120000 "$GPURUN" --master-port 0 --nproc 3 --device cpu \
+STALL=; [[ $WHERE == member ]] && STALL=1
+STALL_RENDEZVOUS=$STALL SLOW_LOAD=30 GPURUN_COMM_TIMEOUT_MS=120000 "$GPURUN" --master-port 0 --nproc 3 --device cpu \
   --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" "$EPOCHS" 1.0 > "$LOG" 2>&1 &
 pid=$!
 wait_event '"event": "decision", "generation": 0, "prev_generation": 0, "round": 1,'
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/c.new"; mv "$TMP/c.new" "$TMP/config.toml"
 if [[ $WHERE == member ]]; then
-  wait_event '"joiners": \[2\]'
-  victim=$("$PY" -c 'import json,sys; print([json.loads(l)["pid"] for l in open(sys.argv[1]) if "\"worker_state\"" in l and "\"gpu\": 1" in l and "\"ACTIVE\"" in l][-1])' "$TMP/events.jsonl")
+  for _ in $(seq 1 900); do [[ -s $TMP/out/rendezvous.1 ]] && break; sleep 0.1; done
+  [[ -s $TMP/out/rendezvous.1 ]] || fail "slot 1 never reached the grow's init_process_group"
+  victim=$(cat "$TMP/out/rendezvous.1")
 elif [[ $WHERE == load ]]; then
   for _ in $(seq 1 900); do [[ -s $TMP/out/loading.2 ]] && break; sleep 0.1; done
   [[ -s $TMP/out/loading.2 ]] || fail "slot 2 never loaded a state"

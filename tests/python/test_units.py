@@ -121,6 +121,7 @@ else:
     raise AssertionError("a second loader() was accepted")
 assert not gpurun.runtime.is_comm_failure(RuntimeError("DataLoader timed out after 1 seconds"))
 assert gpurun.runtime.is_comm_failure(RuntimeError("Connection closed by peer"))
+assert gpurun.runtime.is_comm_failure(RuntimeError("failed to recv, got 0 bytes"))  # torch 2.x, a closed store connection
 assert same == with_workers and sorted(sum(same, [])) == list(range(10)), (same, with_workers)
 print("python_units: loader arguments checked; workers read the same batches")
 

@@ -105,6 +105,42 @@ TEST_CASE("backend: WAIT replies at once when present, else counts missing keys"
   CHECK(r.woken.size() == 1);
 }
 
+TEST_CASE("backend: abandon_prefix ends the waits under it and refuses new ones") {
+  Recorder r;
+  Backend& b = r.backend;
+  std::vector<ConnectionId> closed;
+  b.set_close_connection([&](ConnectionId c, const std::string& why) {
+    CHECK(why.find("will never be written") != std::string::npos);
+    closed.push_back(c);
+  });
+  b.set("g/1/comm/train/pg/0", "addr0");
+  // Rank 0 of torch's rendezvous waits for rank 1's address; another connection waits on a
+  // key elsewhere; a third on both.
+  CHECK_FALSE(b.wait(1, {"g/1/comm/train/pg/1"}));
+  CHECK_FALSE(b.wait(2, {"g/1/abort-not-under"}));
+  CHECK_FALSE(b.wait(3, {"g/1/comm/train/pg/1", "elsewhere"}));
+  CHECK_FALSE(b.wait(5, {"/g/1/comm/train/pg/0/rank_1"}));  // as torch's TCPStore sends it
+  b.abandon_prefix("g/1/comm/");
+  std::sort(closed.begin(), closed.end());
+  CHECK(closed == std::vector<ConnectionId>{1, 3, 5});  // their connections are closed
+  CHECK(r.woken.empty());
+  CHECK(b.pending_waits(1) == 0);
+  CHECK(b.pending_waits(3) == 0);
+  CHECK(b.pending_waits(2) == 1);
+  // A new WAIT on a missing key there closes its connection (StoreError); a present key, or
+  // a key elsewhere, is unaffected.
+  CHECK_THROWS_WITH_AS(b.wait(1, {"g/1/comm/train/pg/1"}),
+                       doctest::Contains("gpurun abandoned the keys under 'g/1/comm/'"),
+                       StoreError);
+  CHECK(b.wait(1, {"g/1/comm/train/pg/0"}));
+  CHECK_FALSE(b.wait(4, {"g/2/comm/train/pg/1"}));
+  b.set("g/1/comm/train/pg/1", "late");  // no waiter left on it: nobody is woken
+  CHECK(r.woken.empty());
+  CHECK_THROWS_AS(b.wait(5, {"/g/1/comm/train/pg/0/rank_1"}), StoreError);
+  b.reset_keyspace("keep/");  // a restart: the prefix may be used again
+  CHECK_FALSE(b.wait(1, {"g/1/comm/train/pg/1"}));
+}
+
 TEST_CASE("backend: every writer wakes; DELETE_KEY does not") {
   Recorder r;
   Backend& b = r.backend;

@@ -141,6 +141,8 @@ void InMemorySupervisor::run_effects() {
         case Effect::Kind::kDeleteKey:
           kv_.erase(e.key);
           break;
+        case Effect::Kind::kAbandonKeys:  // no rendezvous here waits on the store's keys
+          break;
         case Effect::Kind::kSpawn: {
           const int pid = next_pid_++;
           spawner_(e.gpu, e.generation, e.warm, e.standby, pid);

@@ -684,8 +684,16 @@ class Runtime:
         # own rendezvous would wait for a dead peer until the comm timeout).
         self._session.wait_arrivals(prefix, rank, len(group), abort_key,
                                     self.comm_timeout.total_seconds())
-        dist.init_process_group(self.backend, store=dist.PrefixStore(prefix + "/pg", self._pg_store),
-                                rank=rank, world_size=len(group), timeout=self.comm_timeout)
+        try:
+            dist.init_process_group(self.backend,
+                                    store=dist.PrefixStore(prefix + "/pg", self._pg_store),
+                                    rank=rank, world_size=len(group), timeout=self.comm_timeout)
+        except RuntimeError:
+            # When gpurun abandons the generation (a rank died in its set-up) it closes this
+            # connection to end torch's wait for the dead rank's address: the next group
+            # needs a new one.
+            self._pg_store = None
+            raise
 
     def _destroy_group(self):
         self.model = None
@@ -732,7 +740,8 @@ class Runtime:
 # 2.11). Only these are taken for a peer's failure: any other error is the program's own.
 _COMM_FAILURE_MARKS = ("abandoned by gpurun", "Connection reset by peer", "Connection closed by peer", "Broken pipe",
                        "Connection refused", "Timed out", "timed out", "NCCL error",
-                       "NCCL communicator was aborted", "DistBackendError", "Socket Timeout")
+                       "NCCL communicator was aborted", "DistBackendError", "Socket Timeout",
+                       "failed to recv", "failed to send")
 
 
 # How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks
@@ -767,6 +776,9 @@ def is_comm_failure(err):
     text = str(err)
     if "DataLoader" in text:  # e.g. "DataLoader timed out after 1 seconds": the data, not a peer
         return False
+    network = getattr(dist, "DistNetworkError", None)  # torch >= 2.2: a store or peer socket
+    if network is not None and isinstance(err, network):
+        return True
     return isinstance(err, RuntimeError) and any(m in text for m in _COMM_FAILURE_MARKS)
 
 
