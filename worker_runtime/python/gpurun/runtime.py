@@ -673,10 +673,11 @@ class Runtime:
         """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
         ``prefix``, the engine's key for it."""
         if self._pg_store is None:
-            # Its timeout bounds torch's own rendezvous, which a peer that died after the
-            # arrival wait would hold up (init_process_group(store=...) keeps the store's
-            # timeout; the collectives use the group's): _RENDEZVOUS_TIMEOUT, at most the comm
-            # timeout.
+            # A peer that dies after the arrival wait holds up torch's own rendezvous: gpurun
+            # then closes this connection (docs/control-protocol.md#failures-during-a-resize,
+            # abandoned keys). The store's timeout (_RENDEZVOUS_TIMEOUT, at most the comm
+            # timeout) bounds the waits that keep it (torch 1.13's gloo waits with the
+            # group's timeout).
             self._pg_store = dist.TCPStore(
                 os.environ["GPURUN_STORE_ADDR"], _env_int("GPURUN_STORE_PORT"), is_master=False,
                 timeout=min(self.comm_timeout, _RENDEZVOUS_TIMEOUT))
