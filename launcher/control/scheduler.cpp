@@ -287,12 +287,31 @@ void Scheduler::on_report(const Report& r) {
   // never taken as a state source.
   setup_pending_.erase(s.gpu);  // alive, past its set-up (done, or given up on and reported)
   const bool stateless = !r.has_state && !s.holds_state;
+  if (stateless && s.state == SlotState::kRejoining && ++s.failed_joins >= kMaxFailedJoins) {
+    set_state(s, SlotState::kFailed,
+              fmt::format("its set-up failed in {} generations in a row", s.failed_joins));
+    say(
+        fmt::format("gpu {} (pid {}) could not join in {} generations in a row (the last: "
+                    "generation {}): killing it, the job goes on without it",
+                    s.gpu, s.pid, s.failed_joins, generation_));
+    if (s.pid >= 0) {
+      Effect e;
+      e.kind = Effect::Kind::kKill;
+      e.gpu = s.gpu;
+      effects_.push_back(std::move(e));
+    }
+    if (!finished_) try_decide();
+    return;
+  }
   if (!stateless && (s.state == SlotState::kStarting || s.state == SlotState::kRejoining)) {
     state_exists_ = true;
     set_state(s, SlotState::kActive, "reported before joining");
   }
   if (s.state != SlotState::kActive && !stateless) return;  // e.g. declared FAILED (stalled)
-  if (r.has_state) s.holds_state = true;                    // past its handoff
+  if (r.has_state) {                                        // past its handoff
+    s.holds_state = true;
+    s.failed_joins = 0;
+  }
   established_.insert(s.gpu);
   if (!r.snapshot.empty()) pause_snapshot_outcome(r);
   s.last_boundary = {r.epoch, r.step};
@@ -333,6 +352,7 @@ void Scheduler::on_program_error(int gpu, int64_t pid, const std::string& text) 
 
 void Scheduler::on_spawned(int gpu, int pid) {
   slot(gpu).pid = pid;
+  slot(gpu).failed_joins = 0;
 }
 
 void Scheduler::wake_all_parked_to_exit(const std::string& why) {

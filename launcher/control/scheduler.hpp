@@ -61,6 +61,9 @@ struct SlotInfo {
   /// member, a joiner once it reported in its generation (after the handoff). Not a joiner
   /// that only joined (read its start record) — that is before the handoff.
   bool holds_state = false;
+  /// A joiner's set-ups abandoned in a row (it reported without the state each time); reset
+  /// when it holds the state or a new process starts for the slot.
+  int failed_joins = 0;
   /// Warm joiner (WARMING, or REJOINING after its admission until it joined): its id, -1 when
   /// none. Its ready/admit keys are deleted when it joined or its process ended.
   int64_t warm_id = -1;
@@ -123,6 +126,10 @@ class Scheduler {
   /// deadline of `generation` (`[boundary] setup_deadline_s`, armed when a resize is decided).
   void on_deadline(int64_t generation, int64_t round);
   static constexpr int64_t kSetUpRound = -1;
+  /// A joiner whose set-up was abandoned this many times in a row is given up (FAILED, its
+  /// process killed): without the bound a set-up that fails at once every time is decided
+  /// again and again at the machine's speed.
+  static constexpr int kMaxFailedJoins = 5;
   /// Whether process `pid` is stopped (its /proc state T: SIGSTOP, ptrace), for the set-up
   /// deadline: only a stopped participant is killed there. Empty: none is (the controller sets
   /// the real probe; tests a fake).

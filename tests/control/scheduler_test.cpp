@@ -633,6 +633,40 @@ TEST_CASE("scheduler: an abandoned joiner stays stateless, joins again or leaves
   CHECK(d.leavers == std::vector<int>{2});
 }
 
+TEST_CASE("scheduler: a joiner whose set-up keeps failing is given up after a bound") {
+  Harness h(cfg(std::vector<int>{0}), 2);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  REQUIRE(h.boundary(0).joiners == std::vector<int>{1});
+  // Each set-up fails at once (e.g. it cannot reach a peer): the holder reports again, the
+  // joiner reports without the state, gpurun decides the same grow again ...
+  for (int i = 1; i < Scheduler::kMaxFailedJoins; ++i) {
+    CAPTURE(i);
+    h.report(0, 0);
+    report_stateless(h, 1, 0);
+    const Decision& d = h.decisions.back();
+    CHECK(d.active == std::vector<int>{0, 1});
+    CHECK(d.joiners == std::vector<int>{1});
+    CHECK(h.state(1) == SlotState::kRejoining);
+  }
+  // ... until the bound: killed, FAILED, and the job goes on without it.
+  const int64_t g = h.s.generation();
+  h.report(0, 0);
+  report_stateless(h, 1, 0);
+  CHECK(h.state(1) == SlotState::kFailed);
+  CHECK(h.killed == std::vector<int>{1});
+  const Decision& d = h.decisions.back();
+  CHECK(d.generation == g + 1);
+  CHECK(d.active == std::vector<int>{0});
+  CHECK(d.failed == std::vector<int>{1});
+  bool said = false;
+  for (const auto& e : h.log)
+    said = said || (e.kind == Effect::Kind::kSay &&
+                    e.value.find("could not join in 5 generations in a row") != std::string::npos);
+  CHECK(said);
+}
+
 TEST_CASE("scheduler: a joiner dies while a resume loads the pause snapshot: load it again") {
   Harness h(cfg(std::vector<int>{0, 1}), 3);
   h.join_all();
