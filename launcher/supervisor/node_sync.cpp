@@ -548,6 +548,7 @@ void NodeSync::node0_decide_tick() {
   if (!decide_) return;
   const int a = attempt_;
   std::vector<NodeFailure> failures;
+  std::vector<std::size_t> placeholders;  // indexes in failures: a status, no failure record
   std::vector<int> missing, lost_nodes;
   bool any_signal = own_by_signal_;
   for (int r = 0; r < opt_.nnodes; ++r) {
@@ -587,9 +588,19 @@ void NodeSync::node0_decide_tick() {
                                          node_name(r), code)
                            : fmt::format("{} ended with status {}", node_name(r), code);
       rec = f;
+      placeholders.push_back(failures.size());
     }
     if (rec) failures.push_back(*rec);
   }
+  // A node's status without a failure record of its own (its workers were stopped because of
+  // another node's failure, or it got a signal) is stamped now: it must never come before a
+  // recorded failure, not even within the same millisecond (root_cause breaks ties by node).
+  int64_t last_recorded = 0;
+  for (std::size_t i = 0; i < failures.size(); ++i)
+    if (std::find(placeholders.begin(), placeholders.end(), i) == placeholders.end())
+      last_recorded = std::max(last_recorded, failures[i].time_ms);
+  for (std::size_t i : placeholders)
+    failures[i].time_ms = std::max(failures[i].time_ms, last_recorded + 1);
   if (!missing.empty()) {
     if (!failures.empty()) {
       // Every node must stop: a node that ended by a signal wrote no stop key.

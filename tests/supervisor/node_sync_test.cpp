@@ -4,7 +4,62 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
 namespace gpurun::supervisor {
+namespace {
+
+/// Node 0's store as a map.
+struct MapStore : LocalStore {
+  std::map<std::string, std::string> kv;
+  std::optional<std::string> get(const std::string& key) override {
+    auto it = kv.find(key);
+    if (it == kv.end()) return std::nullopt;
+    return it->second;
+  }
+  void set(const std::string& key, const std::string& value) override { kv[key] = value; }
+  std::string set_if_missing(const std::string& key, const std::string& value) override {
+    return kv.emplace(key, value).first->second;
+  }
+  void reset_keyspace(const std::string&) override {}
+  void remove(const std::string& key) override { kv.erase(key); }
+};
+
+}  // namespace
+
+TEST_CASE("node sync: node 0's own status never outranks a recorded failure, in any millisecond") {
+  // Node 1 recorded its failure (stamped by its clock, here ahead of node 0's); node 0's workers
+  // were stopped because of it, so node 0 ends with status 1 but records no failure of its own.
+  boost::asio::io_context io;
+  MapStore store;
+  NodeSyncOptions o;
+  o.nnodes = 2;
+  o.poll_interval = std::chrono::milliseconds(1);
+  NodeSync sync(io, o, store);
+  std::optional<NodeFailure> root;
+  sync.on_root_cause = [&](int, const NodeFailure& f) { root = f; };
+  sync.attempt_started(0);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  store.set(
+      job_keys::fail(0, 1),
+      NodeFailure{now + 60'000, 1, 2, 0, 3, "rank 2 (pid 7) ended with exit code 3"}.encode());
+  store.set(job_keys::end(0, 1), "3 0");
+  std::optional<AttemptOutcome> outcome;
+  sync.attempt_ended(0, 1, false, [&](const AttemptOutcome& a) { outcome = a; });
+  for (int i = 0; i < 2000 && !outcome; ++i) io.run_for(std::chrono::milliseconds(5));
+  REQUIRE(outcome);
+  REQUIRE(root);
+  CHECK(root->node == 1);
+  CHECK(root->reason == "rank 2 (pid 7) ended with exit code 3");
+  CHECK(outcome->code == 3);
+}
 
 TEST_CASE("node sync: a failure record round-trips, a reason with spaces and newlines included") {
   NodeFailure f{1700000000123, 1, 3, 1, 139, "rank 3 (pid 42) ended with signal SIGSEGV\nline 2"};
