@@ -739,8 +739,12 @@ void NodeSync::finish(std::function<void()> closed) {
 void NodeSync::finish_tick() {
   // A node is done with the store once its live key's connection closed (or it never joined).
   bool gone = true;
-  for (int r = 1; r < opt_.nnodes; ++r)  // the store deletes a live key when its connection closes
+  for (int r = 1; r < opt_.nnodes;
+       ++r) {  // the store deletes a live key when its connection closes
+    const auto i = static_cast<std::size_t>(r);
+    if (i < hung_.size() && hung_[i]) continue;  // given up as hung: it will not read or close
     if (store_->get(job_keys::live(r))) gone = false;
+  }
   if (gone || Clock::now() >= disconnect_deadline_) {
     auto c = std::move(closed_);
     closed_ = nullptr;
