@@ -2,6 +2,7 @@
 // one node's workers. Reference: docs/cli.md; error policy: docs/errors.md.
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -398,7 +399,21 @@ int run(int argc, char** argv) {
   const auto exe = sv::find_executable(
       wargv[0], path_it != inherited.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
   if (!exe) {
-    print_err(fmt::format("error: worker command '{}' not found or not executable", wargv[0]));
+    // A path that exists but cannot run is named for what it is (docs/errors.md).
+    struct stat st {};
+    std::string what = "not found or not executable";
+    if (wargv[0].find('/') != std::string::npos && ::stat(wargv[0].c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode))
+        what = "is a directory, not a program";
+      else if (!S_ISREG(st.st_mode))
+        what = "is not a regular file";
+      else
+        what = fmt::format(
+            "is not executable (mode {:04o}: chmod +x it, or name its interpreter first, e.g. "
+            "python3 {})",
+            st.st_mode & 07777, wargv[0]);
+    }
+    print_err(fmt::format("error: worker command '{}' {}", wargv[0], what));
     return kExitNotFound;
   }
   if (const auto script = sv::missing_script(opt)) {

@@ -63,13 +63,26 @@ std::string_view type_phrase(toml::node_type type) {
 }
 
 /// Text from the file as it appears in a one-line message: control characters (a newline in
-/// a quoted key or a multi-line string) replaced by '?', cut after 40 characters.
+/// a quoted key or a multi-line string; also UTF-8's C1 controls U+0080-U+009F and the line
+/// and paragraph separators U+2028/U+2029, which terminals may act on) replaced by '?', cut
+/// after 40 bytes.
 std::string printable(std::string_view text) {
   constexpr std::size_t kMax = 40;
   std::string out;
   for (std::size_t i = 0; i < text.size() && i < kMax; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
-    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+    const auto next = [&](std::size_t k) {
+      return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0;
+    };
+    if (c == 0xc2 && next(1) >= 0x80 && next(1) <= 0x9f) {  // U+0080-U+009F
+      out += '?';
+      i += 1;
+    } else if (c == 0xe2 && next(1) == 0x80 && (next(2) == 0xa8 || next(2) == 0xa9)) {
+      out += '?';  // U+2028, U+2029
+      i += 2;
+    } else {
+      out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+    }
   }
   if (text.size() > kMax) out += "...";
   return out;

@@ -112,10 +112,11 @@ global = 512
          c.global_batch = 512;
        })},
       {"a quoted key with a newline is named on one line",
-       "\"x\\ny\" = 1\n[park]\n\"mo\\nde\" = 2\n", with([](Config& c) {
+       "\"x\\ny\" = 1\n[park]\n\"mo\\nde\" = 2\n\"a\\u2028b\\u009bc\" = 3\n", with([](Config& c) {
          c.warnings = {"config.toml:1:1: unknown key 'x?y' (ignored)",
                        "config.toml:3:1: unknown key 'park.mo?de' (ignored); did you mean "
-                       "'park.mode'?"};
+                       "'park.mode'?",
+                       "config.toml:4:1: unknown key 'park.a?b?c' (ignored)"};
        })},
       {"restart section is accepted with a warning; unknown energy keys warn",
        "[energy]\ncost = \"zeus\"\n[restart]\nmax = 3\n", with([](Config& c) {

@@ -540,6 +540,22 @@ TEST_CASE("gpurun: orphans of a failed worker are reaped; no wait for the grace 
   CHECK(all_dead(read_pids(dir.path, "child.")));
 }
 
+TEST_CASE("gpurun: a directory or a non-executable file as the command is named as such (127)") {
+  TempDir dir;
+  Gpurun d({"--device", "cpu", "--master-port", "0", dir.str()}, {}, dir.path, "dir");
+  REQUIRE(d.wait(10s));
+  CHECK(d.code() == 127);
+  CHECK(d.stderr_text() ==
+        "gpurun: error: worker command '" + dir.str() + "' is a directory, not a program\n");
+  const fs::path text = dir.path / "train.txt";
+  std::ofstream(text) << "not a program\n";
+  fs::permissions(text, fs::perms::owner_read | fs::perms::owner_write);
+  Gpurun f({"--device", "cpu", "--master-port", "0", text.string()}, {}, dir.path, "file");
+  REQUIRE(f.wait(10s));
+  CHECK(f.code() == 127);
+  CHECK(f.stderr_text().find("' is not executable (mode 0600: chmod +x it") != std::string::npos);
+}
+
 TEST_CASE("gpurun: a missing .py script exits 127; the event log records argv as typed") {
   TempDir dir;
   Gpurun g({"--device", "cpu", "--master-port", "0", "no_such_script.py"}, {}, dir.path);
