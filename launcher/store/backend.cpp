@@ -293,13 +293,7 @@ void Backend::abandon_prefix(const std::string& prefix) {
   for (WaitId id : done) {
     const PendingWait& w = waits_.at(id);
     const ConnectionId conn = w.conn;
-    for (const auto& k : w.keys) {  // its registrations go, as a CANCEL_WAIT would drop them
-      auto q = waiters_by_key_.find(k);
-      if (q != waiters_by_key_.end()) {
-        std::erase(q->second, id);
-        if (q->second.empty()) waiters_by_key_.erase(q);
-      }
-    }
+    unlink_keys_locked(id, w);  // its registrations go, as a CANCEL_WAIT would drop them
     auto reg = registrations_by_conn_.find(conn);
     if (reg != registrations_by_conn_.end()) {
       reg->second -= std::min(reg->second, w.remaining);
@@ -408,19 +402,22 @@ void Backend::cancel_waits_locked(ConnectionId conn) {
     for (WaitId id : conn_it->second) {
       auto w = waits_.find(id);
       if (w == waits_.end()) continue;
-      for (const auto& k : w->second.keys) {
-        auto kit = waiters_by_key_.find(k);
-        if (kit == waiters_by_key_.end()) continue;
-        auto& ids = kit->second;
-        ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-        if (ids.empty()) waiters_by_key_.erase(kit);
-      }
+      unlink_keys_locked(id, w->second);
       shrink(w->second.charged_bytes);
       waits_.erase(w);
     }
     waits_by_conn_.erase(conn_it);
   }
   registrations_by_conn_.erase(conn);
+}
+
+void Backend::unlink_keys_locked(WaitId id, const PendingWait& w) {
+  for (const auto& k : w.keys) {
+    auto kit = waiters_by_key_.find(k);
+    if (kit == waiters_by_key_.end()) continue;
+    std::erase(kit->second, id);
+    if (kit->second.empty()) waiters_by_key_.erase(kit);
+  }
 }
 
 int64_t Backend::num_keys() const {

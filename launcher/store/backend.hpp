@@ -224,6 +224,8 @@ class Backend {
   std::string budget_phrase() const;
   std::string get_locked(const std::string& key) const;
   void cancel_waits_locked(ConnectionId conn);
+  // Removes wait `id` from the per-key waiter lists of its keys.
+  void unlink_keys_locked(WaitId id, const PendingWait& w);
   // A key was written: count down every wait registered on it.
   void wake_all(const std::string& key);
   // Count down the first wait registered on key (queue push).
