@@ -44,6 +44,8 @@ class WithPid(torch.utils.data.Dataset):  # each sample says which process read 
         return (*data[i], os.getpid())
 
 rt = gpurun.Runtime()
+with open(os.path.join(out, f"pid.{rt.slot}"), "w") as f:  # this slot's latest process
+    f.write(str(os.getpid()))
 if os.environ.get("STALL_RENDEZVOUS") == str(rt.slot):
     real_init, inits = dist.init_process_group, []
 

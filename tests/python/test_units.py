@@ -145,3 +145,38 @@ with source.skip_init():
 assert not lin0.weight.is_meta and float(lin0.weight.abs().sum()) > 0
 del os.environ["WORLD_SIZE"], os.environ["RANK"]
 print(f"python_units: skip_init on a joiner ({'meta device' if meta_capable else 'torch < 2.0: a no-op'})")
+
+# A failed group's connections (issue 25): GroupLinks counts only the TCP connections opened
+# between before() and after(), sever() makes their peers read end-of-file, and a descriptor
+# reused since (another socket now) is left alone.
+import socket  # noqa: E402
+from gpurun._comm import GroupLinks  # noqa: E402
+
+listener = socket.create_server(("127.0.0.1", 0))
+old = socket.create_connection(listener.getsockname())  # before the group: not its own
+old_peer, _ = listener.accept()
+links = GroupLinks()
+links.before()
+mine = socket.create_connection(listener.getsockname())
+mine_peer, _ = listener.accept()  # both ends are this process's: two connections
+links.after()
+assert len(links) == 2, len(links)
+assert links.sever() == 2
+mine_peer.settimeout(5)
+assert mine_peer.recv(1) == b"", "the severed connection's peer did not read end-of-file"
+old.sendall(b"x")
+assert old_peer.recv(1) == b"x", "a connection older than the group was severed"
+links.before()
+third = socket.create_connection(listener.getsockname())
+third_peer, _ = listener.accept()
+links.after()
+fd = third.fileno()
+third.close()
+third_peer.close()
+reuse = socket.create_connection(listener.getsockname())  # likely the same descriptor number
+reuse_peer, _ = listener.accept()
+links.sever()
+reuse.sendall(b"y")
+reuse_peer.settimeout(5)
+assert reuse_peer.recv(1) == b"y", f"a reused descriptor ({fd} -> {reuse.fileno()}) was severed"
+print("python_units: a failed group's own connections are severed, nothing else")
