@@ -40,6 +40,7 @@
 #include "supervisor/event_log.hpp"
 #include "supervisor/fd_limit.hpp"
 #include "supervisor/gpu_inventory.hpp"
+#include "supervisor/health_check.hpp"
 #include "supervisor/master_address.hpp"
 #include "supervisor/node_sync.hpp"
 #include "supervisor/posix_spawner.hpp"
@@ -261,8 +262,9 @@ int run(int argc, char** argv) {
     return gpurun::energy::power_guard_main();
 
   sv::Options opt;
+  const sv::EnvMap inherited = sv::current_environment();
   try {
-    opt = sv::parse(argc, argv);
+    opt = sv::parse(argc, argv, inherited);  // torchrun's PET_* variables too
   } catch (const gpurun::UsageError& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitUsage;
@@ -276,7 +278,13 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  const sv::EnvMap inherited = sv::current_environment();
+  for (const std::string& line : opt.warnings) print_err("warning: " + line);
+  if (opt.virtual_local_rank && opt.config) {
+    print_err(
+        "error: --virtual-local-rank cannot be combined with --config: the elastic runtime "
+        "finds each slot's GPU by its index (docs/cli.md#torchrun-flags)");
+    return kExitUsage;
+  }
   try {  // inside a Slurm step: topology from Slurm (docs/cli.md#slurm)
     if (const auto line = sv::use_slurm(opt, inherited)) print_err(*line);
   } catch (const gpurun::UsageError& e) {
@@ -297,6 +305,30 @@ int run(int argc, char** argv) {
   } catch (const gpurun::UsageError& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitUsage;
+  }
+  // c10d without --node-rank (docs/cli.md#c10d): the node whose address the endpoint names
+  // hosts the store and is node 0 (torchrun's is_host rule; --rdzv-conf is_host= decides
+  // instead); the others take node ranks in join order. The multi-node set-up is made for the
+  // most nodes --nnodes allows; the count is final after the start rendezvous.
+  const bool rank_by_join = opt.rdzv_backend == sv::RdzvBackend::kC10d && opt.nnodes_max > 1 &&
+                            !opt.node_rank_given && plan.nnodes == opt.nnodes;
+  if (rank_by_join) {
+    plan.nnodes = opt.nnodes_max;
+    plan.world_size = plan.nproc * plan.nnodes;
+    bool host = false;
+    if (opt.is_host) {
+      host = *opt.is_host;
+    } else {
+      const sv::AddressCheck a = sv::check_master_addr(plan.master_addr);
+      try {
+        host = a.result == sv::AddressCheck::Result::kOk &&
+               !sv::local_addresses(a.addresses, sv::interface_addresses()).empty();
+      } catch (const gpurun::Error&) {
+        host = false;
+      }
+      if (opt.local_addr && *opt.local_addr == plan.master_addr) host = true;
+    }
+    plan.node_rank = host ? 0 : 1;  // > 0: a joining node (its rank comes from the join)
   }
   // The master address (docs/cli.md#master-address-and-where-the-store-listens): one that does
   // not resolve fails now, not in every worker later; on node 0 it must be this host (node 0
@@ -441,6 +473,12 @@ int run(int argc, char** argv) {
     node_opts.join_timeout = opt.join_timeout;
     node_opts.heartbeat_timeout = opt.node_timeout;
     node_opts.say = [](const std::string& line) { print_err(line); };
+    if (rank_by_join) {
+      node_opts.nnodes = opt.nnodes;
+      node_opts.nnodes_max = opt.nnodes_max;
+      node_opts.rank_by_join = true;
+      node_opts.last_call_timeout = opt.last_call_timeout;
+    }
   }
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.add(SIGUSR1);
@@ -449,6 +487,25 @@ int run(int argc, char** argv) {
   signals.add(SIGQUIT);  // stops the job like SIGTERM (torchrun's agent does the same)
   if (opt.preempt_signal != 0 && opt.preempt_signal != SIGUSR1 && opt.preempt_signal != SIGUSR2)
     signals.add(opt.preempt_signal);  // --preempt-signal (docs/cli.md#preemption)
+  // Node 0's store. With c10d by join order a node that took itself for the host but finds the
+  // endpoint's port taken (another node on this host listens there) joins instead, as
+  // torchrun's c10d backend does, unless --rdzv-conf is_host=1 says it must host.
+  std::unique_ptr<gpurun::store::Server> store;
+  const auto make_store = [&] {
+    gpurun::store::ServerOptions so;
+    so.hosts = store_hosts;
+    so.port = plan.master_port;
+    if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
+    so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
+    return std::make_unique<gpurun::store::Server>(io, std::move(so));
+  };
+  if (rank_by_join && plan.node_rank == 0 && !opt.is_host.value_or(false) &&
+      sv::port_in_use(plan.master_port)) {
+    plan.node_rank = node_opts.node_rank = 1;  // the port is taken here: another node hosts
+    print_err(fmt::format(
+        "the store's port {} is taken on this host: joining the node that listens there",
+        plan.master_port));
+  }
   if (plan.nnodes > 1 && plan.node_rank > 0) {
     // The join blocks on its own thread; this one handles signals meanwhile (a stop signal
     // ends the join within about a second, exit 128 + signal).
@@ -484,6 +541,9 @@ int run(int argc, char** argv) {
             js.max_restarts, plan.max_restarts, js.max_restarts));
       plan.run_id = js.run_id;
       plan.max_restarts = js.max_restarts;
+      plan.node_rank = js.node_rank;  // c10d: given in join order
+      plan.nnodes = js.nnodes;        // --nnodes MIN:MAX: as node 0 closed the rendezvous
+      plan.world_size = plan.nproc * plan.nnodes;
     } catch (const sv::JoinError& e) {
       print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
       return e.code;
@@ -497,17 +557,11 @@ int run(int argc, char** argv) {
   if (!stop_timing.note.empty()) print_err(stop_timing.note);
 
   sv::EventLog events;
-  std::unique_ptr<gpurun::store::Server> store;
   sv::RunDir run_dir;
   try {
     if (opt.event_log) events = sv::EventLog(*opt.event_log);
     if (plan.node_rank == 0) {
-      gpurun::store::ServerOptions so;
-      so.hosts = store_hosts;
-      so.port = plan.master_port;
-      if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
-      so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
-      store = std::make_unique<gpurun::store::Server>(io, std::move(so));
+      if (!store) store = make_store();
       if (plan.nnodes > 1 && plan.master_port == 0)
         print_err(
             fmt::format("node 0's store listens on port {}: start the other nodes with "
@@ -589,6 +643,7 @@ int run(int argc, char** argv) {
   so.redirects = opt.redirects;
   so.tee = opt.tee;
   so.ranks_filter = opt.ranks_filter;
+  so.local_ranks_filter = opt.local_ranks_filter;
   so.prefix_template = opt.log_line_prefix_template;
 
   sv::FdConsole console;
@@ -733,8 +788,43 @@ int run(int argc, char** argv) {
       });
     };
   }
+  // torchrun's TORCHELASTIC_HEALTH_CHECK_PORT (docs/cli.md#health-check): 200 while the job
+  // runs, 503 once it stops or ended.
+  std::unique_ptr<sv::HealthCheckServer> health;
+  if (const auto hc = inherited.find("TORCHELASTIC_HEALTH_CHECK_PORT"); hc != inherited.end()) {
+    try {
+      health = std::make_unique<sv::HealthCheckServer>(
+          io, sv::health_check_port(hc->second), [&supervisor, &plan, job_start_s] {
+            const bool stopping = supervisor.shutdown_signal() != 0;
+            const bool done = supervisor.done();
+            sv::Health h;
+            h.alive = !done && !stopping;
+            h.json = sv::JsonObject()
+                         .add("alive", h.alive)
+                         .add("state", done       ? "done"
+                                       : stopping ? "stopping"
+                                                  : "running")
+                         .add("run_id", plan.run_id)
+                         .add("node_rank", plan.node_rank)
+                         .add("attempt", supervisor.attempt())
+                         .add("workers", static_cast<int64_t>(supervisor.worker_pids().size()))
+                         .add("uptime_s", gpurun::energy::EnergyMonitor::now_s() - job_start_s)
+                         .str();
+            return h;
+          });
+      print_err(fmt::format("health check: http://127.0.0.1:{}/ (TORCHELASTIC_HEALTH_CHECK_PORT)",
+                            health->port()));
+    } catch (const gpurun::UsageError& e) {
+      print_err(fmt::format("error: {}", e.what()));
+      return kExitUsage;
+    } catch (const gpurun::Error& e) {
+      print_err(fmt::format("error: {}", e.what()));
+      return kExitLauncherError;
+    }
+  }
   supervisor.on_done = [&](int exit_code) {
     status_refresh.cancel();
+    if (health) health->close();
     if (energy) energy->finish(exit_code);
     const auto close_store = [&] {
       boost::system::error_code ignored;
@@ -782,6 +872,9 @@ int run(int argc, char** argv) {
     if (node_sync && store) {  // node 0: every node joins before any worker starts
       node_sync->rendezvous([&](const std::string& error) {
         if (error.empty()) {
+          plan.nnodes = node_sync->nnodes();  // --nnodes MIN:MAX: as the rendezvous closed
+          plan.world_size = plan.nproc * plan.nnodes;
+          supervisor.set_node_count(plan.nnodes);
           supervisor.start();
           return;
         }

@@ -17,12 +17,9 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include "gpurun/error.hpp"
 #include "supervisor/preemption.hpp"
-
-#ifndef GPURUN_VERSION
-#define GPURUN_VERSION "0.1.0"
-#endif
 
 namespace gpurun::supervisor {
 namespace detail {
@@ -138,7 +135,57 @@ std::string canonical(std::string_view name) {
   return out;
 }
 
+Endpoint parse_endpoint(std::string_view flag, std::string_view value, uint16_t default_port) {
+  constexpr std::string_view kWant = "HOST[:PORT], with an IPv6 address in brackets: [::1]:29400";
+  Endpoint e;
+  e.port = default_port;
+  std::string_view rest;
+  if (!value.empty() && value.front() == '[') {
+    const auto close = value.find(']');
+    if (close == std::string_view::npos || close == 1) bad_value(flag, value, kWant);
+    e.host = std::string(value.substr(1, close - 1));
+    rest = value.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') bad_value(flag, value, kWant);
+  } else if (std::count(value.begin(), value.end(), ':') > 1) {
+    e.host = std::string(value);  // a bare IPv6 address: no port can follow it
+  } else {
+    const auto colon = value.find(':');
+    e.host = std::string(value.substr(0, colon));
+    if (colon != std::string_view::npos) rest = value.substr(colon);
+  }
+  if (e.host.empty()) bad_value(flag, value, kWant);
+  if (!rest.empty()) {
+    const auto port = to_int(rest.substr(1), 0, 65535);
+    if (!port) bad_value(flag, value, kWant);
+    e.port = static_cast<uint16_t>(*port);
+    e.port_given = true;
+  }
+  return e;
+}
+
 }  // namespace detail
+
+namespace {
+/// --rdzv-endpoint names the store: it becomes the master address and port (torchrun: the
+/// master flags matter only for a static rendezvous without an endpoint).
+void apply_rdzv_endpoint(Options& o) {
+  const uint16_t fallback = o.rdzv_backend == RdzvBackend::kC10d ? 29400 : o.master_port;
+  const detail::Endpoint e = detail::parse_endpoint("rdzv-endpoint", *o.rdzv_endpoint, fallback);
+  if (o.master_addr_given && o.master_addr != e.host)
+    o.warnings.push_back(
+        fmt::format("--master-addr {} is not used: --rdzv-endpoint {} names the "
+                    "store",
+                    o.master_addr, *o.rdzv_endpoint));
+  if (o.master_port_given && o.master_port != e.port)
+    o.warnings.push_back(
+        fmt::format("--master-port {} is not used: --rdzv-endpoint {} names the "
+                    "store",
+                    o.master_port, *o.rdzv_endpoint));
+  o.master_addr = e.host;
+  o.master_port = e.port;
+  o.master_addr_given = o.master_port_given = true;
+}
+}  // namespace
 
 StdSpec parse_std_spec(std::string_view flag, std::string_view value) {
   constexpr std::string_view kWant = "0-3 or a per-local-rank map like 0:1,1:2";
@@ -191,139 +238,49 @@ void check_local_ranks(const Options& o, int local_ranks, std::string_view count
   check("tee", o.tee);
 }
 
-namespace {
-/// The numeric addresses of `list`, in order, without duplicates (IPv6 with "%scope" when set).
-std::vector<std::string> numeric_addresses(const addrinfo* list) {
-  std::vector<std::string> out;
-  for (const addrinfo* a = list; a != nullptr; a = a->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {};
-    std::string addr;
-    if (a->ai_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) addr = text;
-    } else if (a->ai_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
-      if (::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) addr = text;
-      char name[IF_NAMESIZE] = {};
-      if (!addr.empty() && in6->sin6_scope_id != 0 && ::if_indextoname(in6->sin6_scope_id, name))
-        addr += std::string("%") + name;
-    }
-    if (!addr.empty() && std::find(out.begin(), out.end(), addr) == out.end()) out.push_back(addr);
-  }
-  return out;
-}
-
-/// getaddrinfo's answer for the name `host` within `timeout`: 0 (with `addresses` filled), an
-/// EAI_* code, or EAI_AGAIN with `timed_out` set. getaddrinfo_a runs the lookup on glibc's own
-/// thread; a lookup that does not answer in time is cancelled (or, when glibc cannot cancel it,
-/// left to finish on its own: its request block is then deliberately not freed).
-int lookup(const std::string& host, std::chrono::milliseconds timeout, bool& timed_out,
-           std::vector<std::string>& addresses) {
-  struct Request {
-    std::string host;
-    addrinfo hints{};
-    gaicb cb{};
-  };
-  auto* req = new Request;
-  req->host = host;
-  req->hints.ai_family = AF_UNSPEC;
-  req->hints.ai_socktype = SOCK_STREAM;
-  req->hints.ai_flags = 0;  // no AI_ADDRCONFIG: a loopback-only host still resolves ::1
-  req->cb.ar_name = req->host.c_str();
-  req->cb.ar_request = &req->hints;
-  gaicb* list[] = {&req->cb};
-  if (const int rc = ::getaddrinfo_a(GAI_NOWAIT, list, 1, nullptr); rc != 0) {
-    delete req;
-    return rc;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (::gai_error(&req->cb) == EAI_INPROGRESS) {
-    const auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) break;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    const timespec wait{static_cast<time_t>(ns / 1'000'000'000),
-                        static_cast<long>(ns % 1'000'000'000)};
-    const gaicb* const waiting[] = {&req->cb};
-    ::gai_suspend(waiting, 1, &wait);  // EAI_AGAIN (timeout), EAI_INTR or done: re-check
-  }
-  if (::gai_error(&req->cb) == EAI_INPROGRESS) {
-    const int cancel = ::gai_cancel(&req->cb);
-    if (cancel != EAI_ALLDONE) {  // it answered just now: use the answer
-      timed_out = true;
-      if (cancel == EAI_CANCELED) delete req;  // else glibc still holds it
-      return EAI_AGAIN;
-    }
-  }
-  const int rc = ::gai_error(&req->cb);
-  if (rc == 0) addresses = numeric_addresses(req->cb.ar_result);
-  if (req->cb.ar_result) ::freeaddrinfo(req->cb.ar_result);
-  delete req;
-  return rc;
-}
-
-/// True when `host` is in the .invalid domain, which never resolves (RFC 6761 6.4: resolvers
-/// answer it at once, without asking DNS).
-bool invalid_domain(std::string_view host) {
-  while (!host.empty() && host.back() == '.') host.remove_suffix(1);
-  constexpr std::string_view kInvalid = "invalid";
-  if (host.size() < kInvalid.size()) return false;
-  const std::string_view tail = host.substr(host.size() - kInvalid.size());
-  for (std::size_t i = 0; i < tail.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(tail[i])) != kInvalid[i]) return false;
-  return host.size() == kInvalid.size() || host[host.size() - kInvalid.size() - 1] == '.';
-}
-}  // namespace
-
-AddressCheck check_master_addr(const std::string& addr, std::chrono::milliseconds timeout) {
-  AddressCheck out;
-  std::string host = addr;
-  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
-  if (bracketed) host = host.substr(1, host.size() - 2);
-  // A literal needs no lookup: numeric first (no DNS, no /etc/hosts, never blocks).
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST;
-  addrinfo* numeric = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &numeric) == 0) {
-    ::freeaddrinfo(numeric);
-    if (!bracketed || host.find(':') != std::string::npos) {
-      out.addresses = {host};
-      return out;
-    }
-  }
-  if (bracketed || host.find_first_of("[]") != std::string::npos) {
-    out.result = AddressCheck::Result::kUnresolvable;
-    out.reason = "brackets enclose only an IPv6 address, e.g. [::1]";
-    return out;
-  }
-  if (invalid_domain(host)) {
-    out.result = AddressCheck::Result::kUnresolvable;
-    out.reason = ::gai_strerror(EAI_NONAME);
-    return out;
-  }
-  bool timed_out = false;
-  const int rc = lookup(host, timeout, timed_out, out.addresses);
-  if (rc == 0) return out;
-  out.result = timed_out ? AddressCheck::Result::kTimedOut : AddressCheck::Result::kUnresolvable;
-  out.reason = timed_out ? fmt::format("no answer within {} ms", timeout.count())
-                         : std::string(::gai_strerror(rc));
-  return out;
-}
-
-Options parse(int argc, const char* const* argv) {
+Options parse(int argc, const char* const* argv, const std::map<std::string, std::string>& env) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-  return parse(args);
+  return parse(args, env);
 }
 
-Options parse(const std::vector<std::string>& args) {
+Options parse(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   Options o;
   using Setter = std::function<void(std::string_view flag, std::string_view value)>;
   struct Flag {
     bool takes_value;
     Setter set;
+    /// torchrun's PET_<DEST> variable for this flag ("" when torchrun reads none): a value the
+    /// command line does not override (a switch: an integer, non-zero = on).
+    std::string pet = {};
   };
+  const auto seconds_conf = [](std::string_view key, std::string_view v) {
+    return detail::seconds_flag(fmt::format("rdzv-conf {}", key), v);
+  };
+  const auto ranks_list = [](std::string_view f, std::string_view v) {
+    constexpr std::string_view kWant = "a comma-separated list of ranks like 0,3";
+    std::set<int> ranks;
+    const auto items = detail::split(v, ',');
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      if (detail::trim(items[k]).empty())
+        throw UsageError(fmt::format("invalid value '{}' for --{}: piece {} is empty; expected {}",
+                                     v, f, k + 1, kWant));
+      const auto rank = detail::to_int(detail::trim(items[k]), 0, std::numeric_limits<int>::max());
+      if (!rank)
+        throw UsageError(fmt::format(
+            "invalid value '{}' for --{}: piece {} ('{}') is not a rank (an integer >= 0); "
+            "expected {}",
+            v, f, k + 1, detail::trim(items[k]), kWant));
+      ranks.insert(static_cast<int>(*rank));
+    }
+    return ranks;
+  };
+  const auto refused = [](std::string why) {
+    return [why = std::move(why)](std::string_view f, std::string_view) {
+      throw UsageError(fmt::format("--{}: {}", f, why));
+    };
+  };
+  const auto accepted = [](std::string_view, std::string_view) {};
   constexpr auto kMaxInt = std::numeric_limits<int>::max();
   const Setter nproc = [&](std::string_view f, std::string_view v) {
     o.nproc_given = true;
@@ -350,44 +307,125 @@ Options parse(const std::vector<std::string>& args) {
   };
   const std::map<std::string, Flag, std::less<>> flags = {
       {"nproc", {true, nproc}},
-      {"nproc-per-node", {true, nproc}},
+      {"nproc-per-node", {true, nproc, "PET_NPROC_PER_NODE"}},
       {"nnodes",
        {true,
         [&](std::string_view f, std::string_view v) {
-          // torchrun also takes MIN:MAX; only a static MIN==MAX is supported.
+          constexpr std::string_view kWant = "a positive integer N or a range MIN:MAX";
           auto parts = detail::split(v, ':');
-          if (parts.size() > 2) detail::bad_value(f, v, "a positive integer (static N or N:N)");
-          int n = detail::int_flag(f, parts[0], 1, kMaxInt, "a positive integer (static N or N:N)");
-          if (parts.size() == 2 && detail::int_flag(f, parts[1], 1, kMaxInt,
-                                                    "a positive integer (static N or N:N)") != n)
-            throw UsageError(fmt::format(
-                "invalid value '{}' for --nnodes: elastic node ranges are not supported, "
-                "give a static node count",
-                v));
-          o.nnodes = n;
+          if (parts.size() > 2) detail::bad_value(f, v, kWant);
+          const int lo = detail::int_flag(f, parts[0], 1, kMaxInt, kWant);
+          const int hi = parts.size() == 2 ? detail::int_flag(f, parts[1], 1, kMaxInt, kWant) : lo;
+          if (hi < lo)
+            throw UsageError(
+                fmt::format("invalid value '{}' for --{}: the maximum {} is below the minimum {}",
+                            v, f, hi, lo));
+          o.nnodes = lo;
+          o.nnodes_max = hi;
           o.nnodes_given = true;
-        }}},
+        },
+        "PET_NNODES"}},
       {"node-rank",
        {true,
         [&](std::string_view f, std::string_view v) {
           o.node_rank = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
           o.node_rank_given = true;
-        }}},
+        },
+        "PET_NODE_RANK"}},
       {"master-addr",
        {true,
         [&](std::string_view f, std::string_view v) {
           if (v.empty()) detail::bad_value(f, v, "a host name or address");
           o.master_addr = std::string(v);
           o.master_addr_given = true;
-        }}},
+        },
+        "PET_MASTER_ADDR"}},
       {"master-port",
        {true,
         [&](std::string_view f, std::string_view v) {
           o.master_port =
               static_cast<uint16_t>(detail::int_flag(f, v, 0, 65535, "a port number 0-65535"));
           o.master_port_given = true;
-        }}},
-      {"standalone", {false, [&](std::string_view, std::string_view) { o.standalone = true; }}},
+        },
+        "PET_MASTER_PORT"}},
+      {"local-addr",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v.empty()) detail::bad_value(f, v, "a host name or address");
+          o.local_addr = std::string(v);
+        },
+        "PET_LOCAL_ADDR"}},
+      {"rdzv-backend",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v == "static") {
+            o.rdzv_backend = RdzvBackend::kStatic;
+          } else if (v == "c10d") {
+            o.rdzv_backend = RdzvBackend::kC10d;
+          } else if (v == "etcd" || v == "etcd-v2") {
+            throw UsageError(fmt::format(
+                "--{} {}: gpurun hosts the rendezvous store itself and needs no etcd server; use "
+                "--rdzv-backend c10d --rdzv-endpoint HOST:PORT",
+                f, v));
+          } else {
+            detail::bad_value(f, v, "c10d or static");
+          }
+        },
+        "PET_RDZV_BACKEND"}},
+      {"rdzv-endpoint",
+       {true,
+        [&](std::string_view, std::string_view v) {
+          if (v.empty()) {
+            o.rdzv_endpoint.reset();  // torchrun's default "": none
+            return;
+          }
+          o.rdzv_endpoint = std::string(v);
+        },
+        "PET_RDZV_ENDPOINT"}},
+      {"rdzv-conf",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (detail::trim(v).empty()) return;
+          const auto items = detail::split(v, ',');
+          for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::string_view item = detail::trim(items[k]);
+            const auto eq = item.find('=');
+            if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+              throw UsageError(fmt::format(
+                  "invalid value '{}' for --{}: piece {} ('{}') is not KEY=VALUE; expected "
+                  "key1=value1,key2=value2,...",
+                  v, f, k + 1, item));
+            const std::string_view key = detail::trim(item.substr(0, eq));
+            const std::string_view value = detail::trim(item.substr(eq + 1));
+            if (key == "join_timeout" || key == "timeout") {
+              o.join_timeout = seconds_conf(key, value);
+            } else if (key == "last_call_timeout") {
+              o.last_call_timeout = seconds_conf(key, value);
+            } else if (key == "read_timeout" || key == "close_timeout") {
+              seconds_conf(key, value);  // checked; no effect in gpurun (docs/cli.md)
+            } else if (key == "is_host") {
+              std::string low;
+              for (char c : value)
+                low += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+              if (low == "1" || low == "true" || low == "t" || low == "yes" || low == "y")
+                o.is_host = true;
+              else if (low == "0" || low == "false" || low == "f" || low == "no" || low == "n")
+                o.is_host = false;
+              else
+                throw UsageError(fmt::format(
+                    "invalid value '{}' for --{} is_host: expected true or false (1/0, yes/no)",
+                    value, f));
+            } else {
+              o.warnings.push_back(fmt::format(
+                  "--{} {}={}: gpurun's rendezvous has no such setting (it knows join_timeout, "
+                  "last_call_timeout, read_timeout, close_timeout, is_host, timeout); ignored",
+                  f, key, value));
+            }
+          }
+        },
+        "PET_RDZV_CONF"}},
+      {"standalone",
+       {false, [&](std::string_view, std::string_view) { o.standalone = true; }, "PET_STANDALONE"}},
       {"slurm",
        {false,
         [&](std::string_view, std::string_view) {
@@ -411,13 +449,87 @@ Options parse(const std::vector<std::string>& args) {
        {true,
         [&](std::string_view f, std::string_view v) {
           o.max_restarts = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
-        }}},
+        },
+        "PET_MAX_RESTARTS"}},
       {"grace-period",
        {true,
         [&](std::string_view f, std::string_view v) {
           o.grace_period = detail::seconds_flag(f, v);
           o.grace_period_given = true;
         }}},
+      {"shutdown-timeout",  // later torch's name for the SIGTERM -> SIGKILL delay
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          o.grace_period = detail::seconds_flag(f, v);
+          o.grace_period_given = true;
+        },
+        "PET_SHUTDOWN_TIMEOUT"}},
+      {"monitor-interval",  // gpurun is told of a worker's exit at once (SIGCHLD): no polling
+       {true, [&](std::string_view f, std::string_view v) { detail::seconds_flag(f, v); },
+        "PET_MONITOR_INTERVAL"}},
+      {"start-method",  // gpurun always forks and execs the command (a fresh interpreter)
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v != "spawn" && v != "fork" && v != "forkserver")
+            detail::bad_value(f, v, "spawn, fork or forkserver");
+        },
+        "PET_START_METHOD"}},
+      {"role",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v.empty()) detail::bad_value(f, v, "a role name");
+          o.role = std::string(v);
+        },
+        "PET_ROLE"}},
+      {"event-log-handler",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          if (v != "null")
+            throw UsageError(fmt::format(
+                "--{} {}: torchrun's event handlers are Python plug-ins; gpurun writes its "
+                "events as JSON lines with --event-log FILE (only 'null' is accepted here)",
+                f, v));
+        },
+        "PET_EVENT_LOG_HANDLER"}},
+      {"signals-to-handle",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          const auto items = detail::split(v, ',');
+          for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::string_view name = detail::trim(items[k]);
+            const auto sig = signal_from_name(name);
+            if (name.empty() || !sig)
+              throw UsageError(fmt::format(
+                  "invalid value '{}' for --{}: piece {} ('{}') is not a signal name; expected "
+                  "a list like SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                  v, f, k + 1, name));
+            if (*sig == SIGKILL || *sig == SIGSTOP)
+              throw UsageError(fmt::format(
+                  "invalid value '{}' for --{}: {} cannot be handled by any process", v, f, name));
+          }
+          o.signals_to_handle = std::string(v);
+        },
+        "PET_SIGNALS_TO_HANDLE"}},
+      {"virtual-local-rank",
+       {false, [&](std::string_view, std::string_view) { o.virtual_local_rank = true; },
+        "PET_VIRTUAL_LOCAL_RANK"}},
+      {"logs-specs",
+       {true, refused("loads a torchrun Python plug-in (entry point group torchrun.logs_specs), "
+                      "which gpurun cannot run; use --log-dir, --redirects, --tee and "
+                      "--log-line-prefix-template")}},
+      {"numa-binding",
+       {true, refused("is not implemented by gpurun; bind in the worker command instead (e.g. "
+                      "numactl --cpunodebind=0 --membind=0 ./train) or with Slurm's --cpu-bind")}},
+      {"duplicate-stdout-filters",
+       {true,
+        refused("is not implemented by gpurun yet; use --tee 1 --log-dir DIR and grep the "
+                "workers' stdout.log files"),
+        "PET_DUPLICATE_STDOUT_FILTERS"}},
+      {"duplicate-stderr-filters",
+       {true,
+        refused("is not implemented by gpurun yet; use --tee 2 --log-dir DIR and grep the "
+                "workers' stderr.log files"),
+        "PET_DUPLICATE_STDERR_FILTERS"}},
       {"preempt-signal",
        {true, [&](std::string_view f,
                   std::string_view v) { o.preempt_signal = preempt_signal_flag(f, v); }}},
@@ -439,37 +551,31 @@ Options parse(const std::vector<std::string>& args) {
         [&](std::string_view f, std::string_view v) {
           if (v.empty()) detail::bad_value(f, v, "a directory path");
           o.log_dir = std::string(v);
-        }}},
+        },
+        "PET_LOG_DIR"}},
       {"redirects",
-       {true, [&](std::string_view f, std::string_view v) { o.redirects = parse_std_spec(f, v); }}},
+       {true, [&](std::string_view f, std::string_view v) { o.redirects = parse_std_spec(f, v); },
+        "PET_REDIRECTS"}},
       {"tee",
-       {true, [&](std::string_view f, std::string_view v) { o.tee = parse_std_spec(f, v); }}},
+       {true, [&](std::string_view f, std::string_view v) { o.tee = parse_std_spec(f, v); },
+        "PET_TEE"}},
       {"ranks-filter",
+       {true, [&](std::string_view f, std::string_view v) { o.ranks_filter = ranks_list(f, v); }}},
+      {"local-ranks-filter",
        {true,
         [&](std::string_view f, std::string_view v) {
-          constexpr std::string_view kWant = "a comma-separated list of ranks like 0,3";
-          std::set<int> ranks;
-          const auto items = detail::split(v, ',');
-          for (std::size_t k = 0; k < items.size(); ++k) {
-            if (detail::trim(items[k]).empty())
-              throw UsageError(
-                  fmt::format("invalid value '{}' for --{}: piece {} is empty; expected {}", v, f,
-                              k + 1, kWant));
-            const auto rank = detail::to_int(detail::trim(items[k]), 0, kMaxInt);
-            if (!rank)
-              throw UsageError(fmt::format(
-                  "invalid value '{}' for --{}: piece {} ('{}') is not a rank (an integer >= 0); "
-                  "expected {}",
-                  v, f, k + 1, detail::trim(items[k]), kWant));
-            ranks.insert(static_cast<int>(*rank));
+          if (v.empty()) {
+            o.local_ranks_filter.reset();  // torchrun's default "": every local rank
+            return;
           }
-          o.ranks_filter = std::move(ranks);
-        }}},
+          o.local_ranks_filter = ranks_list(f, v);
+        },
+        "PET_LOCAL_RANKS_FILTER"}},
       {"log-line-prefix-template",
        {true, [&](std::string_view,
                   std::string_view v) { o.log_line_prefix_template = std::string(v); }}},
       {"run-id", {true, run_id}},
-      {"rdzv-id", {true, run_id}},
+      {"rdzv-id", {true, run_id, "PET_RDZV_ID"}},
       {"config",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -510,11 +616,35 @@ Options parse(const std::vector<std::string>& args) {
           else
             detail::bad_value(f, v, "cuda or cpu");
         }}},
-      {"module", {false, [&](std::string_view, std::string_view) { o.module = true; }}},
-      {"no-python", {false, [&](std::string_view, std::string_view) { o.no_python = true; }}},
+      {"module",
+       {false, [&](std::string_view, std::string_view) { o.module = true; }, "PET_MODULE"}},
+      {"no-python",
+       {false, [&](std::string_view, std::string_view) { o.no_python = true; }, "PET_NO_PYTHON"}},
+      {"run-path",
+       {false, [&](std::string_view, std::string_view) { o.run_path = true; }, "PET_RUN_PATH"}},
       {"help", {false, [&](std::string_view, std::string_view) { o.help = true; }}},
       {"version", {false, [&](std::string_view, std::string_view) { o.version = true; }}},
   };
+
+  // torchrun's PET_* variables first (docs/cli.md#torchrun-flags): the command line overrides.
+  for (const auto& [name, flag] : flags) {
+    if (flag.pet.empty()) continue;
+    const auto it = env.find(flag.pet);
+    if (it == env.end()) continue;
+    const std::string from = fmt::format("{} (from {})", name, flag.pet);
+    if (flag.takes_value) {
+      flag.set(from, it->second);
+      continue;
+    }
+    const auto on = detail::to_int(detail::trim(it->second), std::numeric_limits<int>::min(),
+                                   std::numeric_limits<int>::max());
+    if (!on)
+      throw UsageError(
+          fmt::format("invalid value '{}' for {}: expected an integer (1 = --{}, "
+                      "0 = off), as torchrun reads it",
+                      it->second, flag.pet, name));
+    if (*on != 0) flag.set(from, {});
+  }
 
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -525,10 +655,17 @@ Options parse(const std::vector<std::string>& args) {
     }
     if (arg.size() < 2 || arg[0] != '-') break;  // first non-flag: the worker command
     std::string_view body;
+    std::string attached;  // "-r3", "-t=3": a short flag's value in the same word
     if (arg == "-m") {
       body = "module";
     } else if (arg == "-h") {
       body = "help";
+    } else if (arg[1] == 'r' || arg[1] == 't') {
+      body = arg[1] == 'r' ? "redirects" : "tee";
+      if (arg.size() > 2) {
+        attached = std::string(body) + "=" + std::string(arg.substr(arg[2] == '=' ? 3 : 2));
+        body = attached;
+      }
     } else if (arg.substr(0, 2) == "--" && arg.size() > 2) {
       body = arg.substr(2);
     } else {
@@ -562,12 +699,19 @@ Options parse(const std::vector<std::string>& args) {
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
 
   if (o.help || o.version) return o;
+  if (o.rdzv_endpoint) apply_rdzv_endpoint(o);
+  if (o.nnodes != o.nnodes_max && o.rdzv_backend != RdzvBackend::kC10d)
+    throw UsageError(fmt::format(
+        "--nnodes {}:{}: a node range needs --rdzv-backend c10d (a static rendezvous has a "
+        "fixed node count)",
+        o.nnodes, o.nnodes_max));
+  if (o.run_path) o.no_python = false;  // torchrun: --run-path takes precedence
   if (o.command.empty())
     throw UsageError("missing worker command, e.g. gpurun --nproc 2 ./train (see gpurun --help)");
   // With --slurm and no --nnodes the node count comes from Slurm: apply_slurm checks the rank.
-  if (o.node_rank >= o.nnodes && !(o.slurm == SlurmMode::kOn && !o.nnodes_given))
+  if (o.node_rank >= o.nnodes_max && !(o.slurm == SlurmMode::kOn && !o.nnodes_given))
     throw UsageError(fmt::format("invalid value '{}' for --node-rank: must be below --nnodes {}",
-                                 o.node_rank, o.nnodes));
+                                 o.node_rank, o.nnodes_max));
   if (o.standalone && o.nnodes > 1)
     throw UsageError(fmt::format("--standalone runs a single node, but --nnodes is {}", o.nnodes));
   if (o.standalone && o.master_port_given && o.master_port != 0)
@@ -587,99 +731,6 @@ Options parse(const std::vector<std::string>& args) {
       (o.nproc_given || o.slurm != SlurmMode::kOn))
     check_local_ranks(o, o.nproc);
   return o;
-}
-
-std::string version_text() {
-  return fmt::format("gpurun {}", GPURUN_VERSION);
-}
-
-std::string help_text() {
-  return R"(usage: gpurun [options] [--] command [args...]
-
-Launches one worker process per slot, hosts the TCPStore they rendezvous on,
-and supervises them (torchrun-compatible environment, flags and exit codes).
-
-Topology:
-  --nproc, --nproc-per-node N|auto|gpu|cpu   workers on this node (default 1)
-  --nnodes N              static number of nodes (default 1)
-  --node-rank R           index of this node (default 0); node 0 hosts the store
-  --master-addr ADDR      store address given to workers (default 127.0.0.1)
-  --master-port PORT      store port (default 29500); 0 = pick a free port
-  --standalone            single node: MASTER_ADDR=localhost, free port, random run id
-  --slurm                 take --nnodes, --node-rank, the master and the default --nproc
-                          from Slurm (gpurun run by srun, one task per node); automatic
-                          inside a Slurm step unless --nnodes/--node-rank/--standalone
-  --no-slurm              ignore Slurm's environment
-  --store-memory-budget SIZE  bytes the store may hold for all clients together (e.g. 2GiB;
-                          default min(RAM/8, 4 GiB); 0 = unlimited); a client whose request
-                          would exceed it loses its connection
-  --device cuda|cpu       slots are GPUs (default cuda) or CPU-only virtual slots
-
-Supervision:
-  --max-restarts K        restart the whole worker set at most K times (default 0)
-  --grace-period SECONDS  SIGTERM -> SIGKILL delay on teardown (default 30)
-  --exit-barrier-timeout SECONDS  with --nnodes > 1: how long node 0 keeps its store up
-                          for the other nodes after its own workers succeeded (default 300)
-  --join-timeout SECONDS  with --nnodes > 1: how long the start rendezvous waits for every
-                          node to join before any worker starts (default 600)
-  --node-timeout SECONDS  with --nnodes > 1: node 0 gives up a node whose gpurun sent no
-                          heartbeat (every second) for this long (default 30; 0: never)
-
-Preemption (docs/cli.md#preemption):
-  --preempt-signal SIG    warning signal turned into a checkpoint request at the workers'
-                          next boundary (default USR2; none = plain forwarding off)
-  --stop-timeout SECONDS  after SIGTERM, how long runtime workers may take to stop at a
-                          boundary before they get SIGTERM (default 30; under Slurm the
-                          defaults of this and --grace-period share KillWait - 2 s)
-  --requeue               after a stop by SIGTERM or the preempt signal: scontrol requeue
-                          $SLURM_JOB_ID and exit 75 when it worked
-
-Logs:
-  --log-dir DIR           keep DIR/<run_id>_XXXXXX/attempt_<n>/<rank>/{stdout,stderr}.log
-                          (a new unique directory per run, printed at start)
-  --redirects SPEC        streams sent only to log files: 0 none, 1 stdout, 2 stderr,
-                          3 both, or per local rank like 0:1,1:2
-  --tee SPEC              streams sent to log files and the console (same syntax)
-  --ranks-filter LIST     console shows only these ranks, e.g. 0,3
-  --log-line-prefix-template T  console prefix (default "[rank${rank}]: "),
-                          with ${rank}, ${local_rank}, ${role_name}
-  --event-log FILE        append JSON-lines events (start, worker_started, ...)
-
-Energy (docs/energy.md):
-  --energy auto|on|off    GPU energy monitor through NVML (default auto: on with
-                          --device cuda when NVML loads; on: also --device cpu, slot i
-                          standing for visible GPU i, e.g. with a fake NVML)
-  --energy-summary FILE   write the run's energy/time/cost summary (JSON) at exit
-
-Identity:
-  --run-id, --rdzv-id ID  TORCHELASTIC_RUN_ID (default none)
-  --config FILE           elastic mode: config.toml decides the active GPUs at
-                          epoch boundaries (docs/control-protocol.md)
-
-Status of a running job (another terminal):
-  gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]
-                          --pid: the supervisor's pid, when several runs match
-
-Worker command:
-  -m, --module            run `python3 -u -m command args...`
-  --no-python             run the command as given even if it ends in .py
-  A command ending in .py is run as `python3 -u command args...`.
-
-  -h, --help              this text
-  --version               print the version
-
-Examples:
-  gpurun --nproc 8 ./train --epochs 3
-  gpurun --nproc 4 --device cpu python3 train.py
-  gpurun --standalone --nproc-per-node=gpu train.py
-  gpurun --nproc 2 --max-restarts 3 --log-dir /tmp/logs --tee 3 -- ./train
-  CUDA_VISIBLE_DEVICES=2,3 gpurun --nproc 2 ./train     # slots 0,1 on GPUs 2,3
-  srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8 gpurun ./train   # Slurm
-
-Exit status: 0 when every worker succeeds; the first failing worker's exit code,
-or 128+signal when it was killed by a signal; 1 for a launcher error; 2 for a
-usage error; 127 when the command cannot be found. See docs/cli.md.
-)";
 }
 
 }  // namespace gpurun::supervisor

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,8 +17,25 @@ namespace gpurun::supervisor {
 /// takes the worker command from the first non-flag argument or after `--`.
 /// Does not resolve nproc modes or touch the environment.
 /// Throws gpurun::UsageError naming the flag and the value on bad input.
-Options parse(int argc, const char* const* argv);
-Options parse(const std::vector<std::string>& args);  ///< args without argv[0]
+/// torchrun's PET_<FLAG> variables in `env` give a flag's value when the command line does not
+/// (a switch: an integer, non-zero = on), as torchrun reads them (docs/cli.md#torchrun-flags).
+Options parse(int argc, const char* const* argv,
+              const std::map<std::string, std::string>& env = {});
+/// `args` without argv[0].
+Options parse(const std::vector<std::string>& args,
+              const std::map<std::string, std::string>& env = {});
+
+namespace detail {
+/// A HOST[:PORT] value (--rdzv-endpoint): IPv6 in brackets ("[::1]:29400", "[fe80::1]"), a bare
+/// IPv6 address without a port ("::1"), a name or IPv4 address with an optional port.
+struct Endpoint {
+  std::string host;  ///< without brackets
+  uint16_t port = 0;
+  bool port_given = false;
+};
+/// Throws UsageError naming `flag` for anything else; `default_port` when none is given.
+Endpoint parse_endpoint(std::string_view flag, std::string_view value, uint16_t default_port);
+}  // namespace detail
 
 /// Parses a --redirects/--tee value ("3", "0:1,1:2"). Throws UsageError, also for an empty
 /// piece ("0:1,,1:2") or a local rank given twice ("0:1,0:2").

@@ -3,6 +3,7 @@
 // check_master_addr (supervisor/cli.hpp); everything here but interface_addresses() is pure.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,10 @@ std::string not_this_host_reason(const std::string& given, const std::vector<std
 ///  - nnodes == 1 otherwise: exactly `local`, IPv4 first, so that a single-node job is
 ///    reachable at the address its workers were given and nowhere else.
 std::vector<std::string> store_listen_hosts(int nnodes, const std::vector<std::string>& local);
+
+/// True when a TCP listener on this host holds `port` (binding 0.0.0.0:port with SO_REUSEADDR
+/// fails with EADDRINUSE): c10d's host candidate then joins the node that listens there
+/// instead. Non-blocking; false on any other error.
+bool port_in_use(uint16_t port);
 
 }  // namespace gpurun::supervisor

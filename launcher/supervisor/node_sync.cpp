@@ -105,6 +105,9 @@ std::string lost(int node) {
 std::string beat(int node) {
   return fmt::format("gpurun/beat/node{}", node);
 }
+std::string next_node() {
+  return "gpurun/job/next_node";
+}
 }  // namespace job_keys
 
 std::string NodeFailure::encode() const {
@@ -171,13 +174,13 @@ struct NodeSync::Store {
 NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalStore& local)
     : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
   store_->local = &local;
-  hosts_.assign(static_cast<std::size_t>(opt_.nnodes), "");
+  hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
   hosts_[0] = this_host();
 }
 
 NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options)
     : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
-  hosts_.assign(static_cast<std::size_t>(opt_.nnodes), "");
+  hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
 }
 
 NodeSync::~NodeSync() = default;
@@ -224,8 +227,10 @@ JobStart NodeSync::join() {
       last = e.what();
     }
     if (windows == 1 && opt_.say)
-      opt_.say(fmt::format("node {}: waiting for node 0's store at {} (at most {})", opt_.node_rank,
-                           where, seconds(opt_.connect_timeout)));
+      opt_.say(fmt::format(
+          "{}: waiting for node 0's store at {} (at most {})",
+          opt_.rank_by_join ? std::string("this node") : fmt::format("node {}", opt_.node_rank),
+          where, seconds(opt_.connect_timeout)));
     if (Clock::now() - t0 >= opt_.connect_timeout)
       throw JoinError(1, fmt::format("node 0's store at {} did not answer within {} ({} tried in "
                                      "{} windows; last: {})",
@@ -238,9 +243,18 @@ JobStart NodeSync::join() {
   co.port = opt_.port;
   co.timeout = opt_.op_timeout;
   const std::string me = fmt::format("{} {}", this_host(), ::getpid());
-  const std::string record = fmt::format("{} {} {}", opt_.nproc, opt_.nnodes, me);
+  const std::string record = fmt::format("{} {} {}", opt_.nproc, max_nodes(), me);
   const auto t_join = Clock::now();
   try {
+    if (opt_.rank_by_join) {  // c10d: the next free node rank, in join order
+      const int64_t n = store_->client->add(job_keys::next_node(), 1);
+      if (n >= max_nodes())
+        throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
+                                       "--nnodes allows: this node cannot join",
+                                       where, max_nodes()));
+      opt_.node_rank = static_cast<int>(n);
+      if (opt_.say) opt_.say(fmt::format("joined as node {} (join order)", opt_.node_rank));
+    }
     // First come, first served: a second gpurun with the same --node-rank is refused.
     const std::string held =
         store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
@@ -269,11 +283,20 @@ JobStart NodeSync::join() {
           throw JoinError(code, fmt::format("node 0 ({}) refused this node: {}", where, why));
         }
         JobStart js;
-        if (!split_fields(*v, 2, f, js.run_id) || f[0] != "ok" ||
-            !parse_int(f[1], js.max_restarts) || js.run_id.empty())
+        if (!split_fields(*v, 3, f, js.run_id) || f[0] != "ok" ||
+            !parse_int(f[1], js.max_restarts) || !parse_int(f[2], js.nnodes) || js.run_id.empty() ||
+            js.nnodes < 1)
           throw JoinError(1, fmt::format("node 0's start record {} = '{}' is not gpurun's "
                                          "(another program on {}?)",
                                          job_keys::start(), *v, where));
+        if (opt_.node_rank >= js.nnodes)
+          throw JoinError(1, fmt::format("node 0 closed the rendezvous with {} node{} before "
+                                         "this node ({}) joined (--nnodes {}:{}, "
+                                         "last_call_timeout)",
+                                         js.nnodes, js.nnodes == 1 ? "" : "s", opt_.node_rank,
+                                         opt_.nnodes, max_nodes()));
+        opt_.nnodes = js.nnodes;
+        js.node_rank = opt_.node_rank;
         for (int r = 0; r < opt_.nnodes; ++r)  // the hosts, to name nodes in messages
           if (const auto j = store_->get(job_keys::join(r)))
             if (split_fields(*j, 3, f, rest)) hosts_[static_cast<std::size_t>(r)] = f[2];
@@ -308,10 +331,12 @@ void NodeSync::rendezvous_tick() {
     ready_ = nullptr;
     r2(error);
   };
-  for (int r = 1; r < opt_.nnodes; ++r) {
+  std::vector<bool> joined(static_cast<std::size_t>(max_nodes()), false);
+  joined[0] = true;
+  for (int r = 1; r < max_nodes(); ++r) {
     const auto v = store_->get(job_keys::join(r));
     if (!v) {
-      missing.push_back(r);
+      if (r < opt_.nnodes) missing.push_back(r);
       continue;
     }
     std::vector<std::string> f;
@@ -328,11 +353,13 @@ void NodeSync::rendezvous_tick() {
       missing.push_back(r);
       continue;
     }
-    if (nnodes != opt_.nnodes) {
+    if (nnodes != max_nodes()) {
       refuse(
           fmt::format("{} was started with --nnodes {}, node 0 with --nnodes {}: every node "
-                      "of a static job gives the same node count",
-                      node_name(r), nnodes, opt_.nnodes));
+                      "of a job gives the same node count",
+                      node_name(r), nnodes,
+                      max_nodes() == opt_.nnodes ? std::to_string(opt_.nnodes)
+                                                 : fmt::format("{}:{}", opt_.nnodes, max_nodes())));
       return;
     }
     if (nproc != opt_.nproc) {
@@ -342,12 +369,36 @@ void NodeSync::rendezvous_tick() {
                       node_name(r), nproc, opt_.nproc));
       return;
     }
+    joined[static_cast<std::size_t>(r)] = true;
   }
-  if (missing.empty()) {
+  // Nodes 0..count-1 all joined (a range closes on a prefix: a later rank is refused).
+  int count = 0;
+  while (count < max_nodes() && joined[static_cast<std::size_t>(count)]) ++count;
+  bool start = missing.empty() && count >= max_nodes();
+  if (missing.empty() && !start) {  // --nnodes MIN:MAX: MIN are in; the last call for more
+    if (!last_call_) {
+      last_call_ = Clock::now() + opt_.last_call_timeout;
+      if (opt_.say)
+        opt_.say(
+            fmt::format("{} of at most {} nodes joined; waiting {} more for others (last "
+                        "call)",
+                        count, max_nodes(), seconds(opt_.last_call_timeout)));
+    }
+    start = Clock::now() >= *last_call_;
+  }
+  if (start) {
+    const int lo = opt_.nnodes;
+    opt_.nnodes = count;
     store_->set(job_keys::join(0),
-                fmt::format("{} {} {} {}", opt_.nproc, opt_.nnodes, hosts_[0], ::getpid()));
-    store_->set(job_keys::start(), fmt::format("ok {} {}", opt_.max_restarts, opt_.run_id));
-    if (opt_.say) opt_.say(fmt::format("all {} nodes joined; starting the workers", opt_.nnodes));
+                fmt::format("{} {} {} {}", opt_.nproc, max_nodes(), hosts_[0], ::getpid()));
+    store_->set(job_keys::start(),
+                fmt::format("ok {} {} {}", opt_.max_restarts, opt_.nnodes, opt_.run_id));
+    if (opt_.say)
+      opt_.say(max_nodes() == opt_.nnodes
+                   ? fmt::format("all {} nodes joined; starting the workers", opt_.nnodes)
+                   : fmt::format("starting with {} node{} (--nnodes {}:{}; the last call "
+                                 "ended)",
+                                 opt_.nnodes, opt_.nnodes == 1 ? "" : "s", lo, max_nodes()));
     auto r2 = std::move(ready_);
     ready_ = nullptr;
     r2("");

@@ -35,6 +35,7 @@ std::string next(int attempt);            ///< gpurun/job/<attempt>/next
 std::string live(int node);               ///< gpurun/live/node<node> (Backend)
 std::string lost(int node);               ///< gpurun/lost/node<node> (Backend)
 std::string beat(int node);               ///< gpurun/beat/node<node>: a counter, nodes > 0
+std::string next_node();                  ///< gpurun/job/next_node: c10d node ranks, in join order
 }  // namespace job_keys
 
 /// A node's first failure in an attempt, as written to node 0's store: one line,
@@ -75,6 +76,8 @@ struct JoinError : gpurun::Error {
 struct JobStart {
   std::string run_id;    ///< node 0's (TORCHELASTIC_RUN_ID of every worker)
   int max_restarts = 0;  ///< node 0's --max-restarts: the job's one restart limit
+  int nnodes = 0;        ///< the job's node count (with --nnodes MIN:MAX: as node 0 closed it)
+  int node_rank = 0;     ///< this node's (given in join order with rank_by_join)
 };
 
 /// Node 0's in-process store, as NodeSync uses it (main adapts the store's Backend). Calls
@@ -95,8 +98,15 @@ class LocalStore {
 
 /// Settings; defaults match the CLI's.
 struct NodeSyncOptions {
-  int nnodes = 2;                  ///< --nnodes
-  int node_rank = 0;               ///< --node-rank
+  int nnodes = 2;      ///< --nnodes (the minimum of MIN:MAX)
+  int nnodes_max = 0;  ///< the maximum of --nnodes MIN:MAX; 0: nnodes
+  int node_rank = 0;   ///< --node-rank (nodes > 0 with rank_by_join: given by join())
+  /// c10d without --node-rank (docs/cli.md#c10d): nodes > 0 take their rank in join order
+  /// from node 0's store (job_keys::next_node).
+  bool rank_by_join = false;
+  /// Node 0, --nnodes MIN:MAX: once MIN nodes joined, how long it still waits for more
+  /// (--rdzv-conf last_call_timeout; torchrun's default 30 s).
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   int nproc = 1;                   ///< this node's workers (every node must have the same)
   std::string host = "127.0.0.1";  ///< node 0's store (--master-addr), for nodes > 0
   uint16_t port = 29500;           ///< --master-port
@@ -156,6 +166,8 @@ class NodeSync {
   /// then calls `ready("")`; `ready(error)` when a node cannot take part (its join names a
   /// different nproc) or join_timeout passes (the error names the missing nodes).
   void rendezvous(std::function<void(const std::string& error)> ready);
+  /// The job's node count: node 0's after rendezvous(), the others' after join().
+  int nnodes() const { return opt_.nnodes; }
   /// Node 0: true until rendezvous() called `ready`.
   bool rendezvous_pending() const { return static_cast<bool>(ready_); }
   /// Node 0: ends a pending rendezvous now: the joined nodes are told `why` and exit with
@@ -232,6 +244,8 @@ class NodeSync {
   // rendezvous
   std::function<void(const std::string&)> ready_;
   std::chrono::steady_clock::time_point rendezvous_deadline_;
+  std::optional<std::chrono::steady_clock::time_point> last_call_;  // node 0: MIN reached
+  int max_nodes() const { return opt_.nnodes_max > 0 ? opt_.nnodes_max : opt_.nnodes; }
   std::vector<std::string> hosts_;  // per node, from the join records ("" unknown)
   std::function<void()> closed_;
   std::atomic<int> join_cancel_{0};

@@ -41,6 +41,10 @@ struct StdSpec {
 /// --slurm / --no-slurm: whether Slurm's environment sets the topology (docs/cli.md#slurm).
 enum class SlurmMode { kAuto, kOn, kOff };
 
+/// --rdzv-backend: static (every node given --node-rank) or c10d (torchrun's default for
+/// multi-node: without --node-rank, node ranks are given in join order; docs/cli.md#c10d).
+enum class RdzvBackend { kStatic, kC10d };
+
 /// --energy: whether the supervisor monitors GPU energy (docs/energy.md).
 enum class EnergyMode { kAuto, kOn, kOff };
 
@@ -48,9 +52,10 @@ enum class EnergyMode { kAuto, kOn, kOff };
 struct Options {
   // --- topology -----------------------------------------------------------
   NprocMode nproc_mode = NprocMode::kCount;
-  int nproc = 1;      ///< workers on this node (resolved later for non-count modes)
-  int nnodes = 1;     ///< static number of nodes
-  int node_rank = 0;  ///< this node's index in [0, nnodes)
+  int nproc = 1;       ///< workers on this node (resolved later for non-count modes)
+  int nnodes = 1;      ///< number of nodes (the minimum of --nnodes MIN:MAX)
+  int nnodes_max = 1;  ///< the maximum of --nnodes MIN:MAX (= nnodes for a plain N)
+  int node_rank = 0;   ///< this node's index in [0, nnodes)
 
   bool nproc_given = false;      ///< --nproc / --nproc-per-node was on the command line
   bool nnodes_given = false;     ///< --nnodes was on the command line
@@ -59,6 +64,18 @@ struct Options {
   /// --node-rank nor --standalone was given; on (--slurm): always, else a usage error;
   /// off (--no-slurm): never (supervisor/slurm.hpp).
   SlurmMode slurm = SlurmMode::kAuto;
+  RdzvBackend rdzv_backend = RdzvBackend::kStatic;
+  /// --rdzv-endpoint HOST[:PORT] as given (IPv6 in brackets); sets master_addr/master_port.
+  std::optional<std::string> rdzv_endpoint;
+  /// --rdzv-conf is_host=: whether this node hosts the store (c10d; nullopt: torchrun's rule,
+  /// the node whose address the endpoint's host names).
+  std::optional<bool> is_host;
+  /// --rdzv-conf last_call_timeout= (c10d, --nnodes MIN:MAX): after MIN nodes joined, how long
+  /// the rendezvous still waits for more (torchrun's default 30 s).
+  std::chrono::milliseconds last_call_timeout{30'000};
+  /// Lines the parser wants shown (e.g. --rdzv-conf keys gpurun does not use); main prints
+  /// each as "warning: ...".
+  std::vector<std::string> warnings;
   std::string master_addr = "127.0.0.1";
   bool master_addr_given = false;  ///< --master-addr was on the command line
   uint16_t master_port = 29500;    ///< 0 = bind a free port and tell the workers
@@ -95,6 +112,8 @@ struct Options {
   StdSpec redirects;                   ///< streams sent to files only
   StdSpec tee;                         ///< streams sent to files and console
   std::optional<std::set<int>> ranks_filter;  ///< console shows only these global ranks
+  /// --local-ranks-filter (torchrun's): console shows only these local ranks (files unchanged)
+  std::optional<std::set<int>> local_ranks_filter;
   std::string log_line_prefix_template = "[rank${rank}]: ";
   std::optional<std::string> event_log;  ///< JSON-lines event file
 
@@ -109,8 +128,20 @@ struct Options {
   EnergyMode energy = EnergyMode::kAuto;
   std::optional<std::string> energy_summary;  ///< --energy-summary FILE
 
+  /// --role: ROLE_NAME of every worker (torchrun's default "default"); ${role_name} in the
+  /// console prefix.
+  std::string role = "default";
+  /// --virtual-local-rank: each worker sees only its own GPU (CUDA_VISIBLE_DEVICES) and gets
+  /// LOCAL_RANK=0, as under torchrun.
+  bool virtual_local_rank = false;
+  /// --signals-to-handle: TORCHELASTIC_SIGNALS_TO_HANDLE of every worker (validated names).
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  /// --local-addr: this node's address as other nodes reach it (c10d's is_host rule looks at
+  /// it too).
+  std::optional<std::string> local_addr;
   // --- worker command -----------------------------------------------------
   bool module = false;               ///< -m: run `python3 -u -m <command...>`
+  bool run_path = false;             ///< --run-path: the script runs as `python3 -u script`
   bool no_python = false;            ///< --no-python: never wrap the command with python3
   std::vector<std::string> command;  ///< worker argv as given (before python wrapping)
 

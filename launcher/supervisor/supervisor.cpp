@@ -69,7 +69,8 @@ int display_columns(std::string_view text) {
   return n;
 }
 
-std::string expand_prefix(const std::string& tmpl, int rank, int local_rank) {
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
+                          const std::string& role) {
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
     auto take = [&](std::string_view var, const std::string& value) {
@@ -79,7 +80,7 @@ std::string expand_prefix(const std::string& tmpl, int rank, int local_rank) {
       return true;
     };
     if (take("${rank}", std::to_string(rank)) ||
-        take("${local_rank}", std::to_string(local_rank)) || take("${role_name}", "default"))
+        take("${local_rank}", std::to_string(local_rank)) || take("${role_name}", role))
       continue;
     out.push_back(tmpl[i++]);
   }
@@ -137,7 +138,9 @@ void Supervisor::start() {
 void Supervisor::open_logs(Worker& w, bool append) {
   const int out_bits =
       opt_.redirects.for_local_rank(w.local_rank) | opt_.tee.for_local_rank(w.local_rank);
-  const bool rank_on_console = !opt_.ranks_filter || opt_.ranks_filter->count(w.rank) > 0;
+  const bool rank_on_console =
+      (!opt_.ranks_filter || opt_.ranks_filter->count(w.rank) > 0) &&
+      (!opt_.local_ranks_filter || opt_.local_ranks_filter->count(w.local_rank) > 0);
   auto shown = [&](int bit) {
     const bool redirected = (opt_.redirects.for_local_rank(w.local_rank) & bit) != 0;
     const bool teed = (opt_.tee.for_local_rank(w.local_rank) & bit) != 0;
@@ -181,7 +184,7 @@ void Supervisor::start_attempt() {
     auto w = std::make_unique<Worker>();
     w->local_rank = local;
     w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
-    w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank);
+    w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank, opt_.plan.role);
     w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
     if (controller_) {
       // Elastic mode: every slot starts without a process; the controller spawns members.

@@ -39,7 +39,8 @@ struct SupervisorOptions {
   bool keep_logs = false;  ///< --log-dir given: write stdout/stderr files for every rank
   StdSpec redirects;       ///< streams kept off the console (files only)
   StdSpec tee;             ///< streams written to files and console
-  std::optional<std::set<int>> ranks_filter;  ///< console shows only these ranks
+  std::optional<std::set<int>> ranks_filter;        ///< console shows only these ranks
+  std::optional<std::set<int>> local_ranks_filter;  ///< ... and only these local ranks
   std::string prefix_template = "[rank${rank}]: ";
   std::size_t stderr_tail_lines = 10;              ///< lines quoted in the failure summary
   std::chrono::milliseconds drain_timeout{1'000};  ///< wait for pipes after the processes died
@@ -59,8 +60,9 @@ struct SupervisorOptions {
   bool stop_on_preempt = false;
 };
 
-/// Expands ${rank}, ${local_rank} and ${role_name} in a console prefix template.
-std::string expand_prefix(const std::string& tmpl, int rank, int local_rank);
+/// Expands ${rank}, ${local_rank} and ${role_name} (`role`, --role) in a console prefix template.
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
+                          const std::string& role = "default");
 /// Terminal columns `text` takes: one per UTF-8 character (`[rank0]: ` = 9).
 int display_columns(std::string_view text);
 
@@ -116,6 +118,12 @@ class Supervisor {
 
   /// Spawns attempt 0.
   void start();
+  /// Before start(): the job's node count as the start rendezvous closed it (--nnodes
+  /// MIN:MAX); WORLD_SIZE and GROUP_WORLD_SIZE follow.
+  void set_node_count(int nnodes) {
+    opt_.plan.nnodes = nnodes;
+    opt_.plan.world_size = opt_.plan.nproc * nnodes;
+  }
 
   /// Multi-node: another node failed. Stops this node's workers as a local failure would
   /// (SIGTERM, SIGKILL after the grace period), saying `reason`; the attempt counts as failed

@@ -20,7 +20,9 @@ std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {
   std::string python = "python3";
   if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) python = it->second;
   std::vector<std::string> argv;
-  if (o.module) {
+  if (o.run_path) {  // torchrun runs it with runpy.run_path: gpurun in a fresh interpreter
+    argv = {python, "-u"};
+  } else if (o.module) {
     argv = {python, "-u", "-m"};
   } else if (!o.no_python && !o.command.empty() && ends_with(o.command.front(), ".py")) {
     argv = {python, "-u"};
@@ -49,7 +51,8 @@ std::optional<std::string> find_executable(const std::string& name, const std::s
 }
 
 std::optional<std::string> missing_script(const Options& o) {
-  if (o.module || o.no_python || o.command.empty() || !ends_with(o.command.front(), ".py"))
+  if (o.command.empty() ||
+      (!o.run_path && (o.module || o.no_python || !ends_with(o.command.front(), ".py"))))
     return std::nullopt;
   const std::string& script = o.command.front();
   struct stat st {};

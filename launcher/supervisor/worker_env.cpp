@@ -88,6 +88,9 @@ JobPlan make_plan(const Options& o, const EnvMap& inherited, const std::function
     plan.gpu_ids.assign(ids.begin(), ids.begin() + plan.nproc);
   }
   plan.world_size = plan.nproc * plan.nnodes;
+  plan.role = o.role;
+  plan.virtual_local_rank = o.virtual_local_rank;
+  plan.signals_to_handle = o.signals_to_handle;
   plan.set_omp_num_threads = plan.nproc > 1 && !inherited.count("OMP_NUM_THREADS");
   return plan;
 }
@@ -111,7 +114,7 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set("GROUP_WORLD_SIZE", std::to_string(plan.nnodes));
   set("ROLE_RANK", std::to_string(rank));
   set("ROLE_WORLD_SIZE", std::to_string(plan.world_size));
-  set("ROLE_NAME", "default");
+  set("ROLE_NAME", plan.role);
   set("MASTER_ADDR", plan.master_addr);
   set("MASTER_PORT", std::to_string(plan.master_port));
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
@@ -119,6 +122,7 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(plan.max_restarts));
   set("TORCHELASTIC_ERROR_FILE", error_file_path(plan, attempt, rank));
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", plan.signals_to_handle);
   if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (plan.set_omp_num_threads) set("OMP_NUM_THREADS", "1");
   set(env::kRunId, plan.run_id);
@@ -143,6 +147,11 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
     env.erase(env::kGpuId);
   }
   if (!plan.worker_library.empty()) set(env::kWorkerLibrary, plan.worker_library);
+  if (plan.virtual_local_rank) {  // torchrun's --virtual-local-rank: one GPU, index 0
+    set("LOCAL_RANK", "0");
+    if (plan.device == Device::kCuda)
+      set("CUDA_VISIBLE_DEVICES", plan.gpu_ids.at(static_cast<size_t>(local_rank)));
+  }
   return env;
 }
 

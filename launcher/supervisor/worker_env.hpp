@@ -31,6 +31,11 @@ struct JobPlan {
   /// GPURUN_WORKER_LIBRARY: libgpurun_worker.so of this gpurun (find_worker_library); empty:
   /// not set (the Python package then says it needs gpurun's library for an elastic run).
   std::string worker_library;
+  std::string role = "default";  ///< ROLE_NAME (--role)
+  /// --virtual-local-rank: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES = the worker's own GPU.
+  bool virtual_local_rank = false;
+  /// TORCHELASTIC_SIGNALS_TO_HANDLE (--signals-to-handle), as torchrun gives its workers.
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 };
 
 /// The worker engine's C library that belongs to the gpurun binary `self_exe`: the first of

@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -168,8 +171,10 @@ TEST_CASE("cli: invalid command lines give exact messages") {
        "expected a comma-separated list of ranks like 0,3"},
       {{"--device", "tpu", "x"}, "invalid value 'tpu' for --device: expected cuda or cpu"},
       {{"--nnodes", "1:4", "x"},
-       "invalid value '1:4' for --nnodes: elastic node ranges are not supported, give a static "
-       "node count"},
+       "--nnodes 1:4: a node range needs --rdzv-backend c10d (a static rendezvous has a fixed "
+       "node count)"},
+      {{"--nnodes", "3:2", "x"},
+       "invalid value '3:2' for --nnodes: the maximum 2 is below the minimum 3"},
       {{"--node-rank", "2", "--nnodes", "2", "x"},
        "invalid value '2' for --node-rank: must be below --nnodes 2"},
       {{"--standalone=1", "x"}, "flag --standalone takes no value, got '1'"},
@@ -315,4 +320,254 @@ TEST_CASE("cli: --store-memory-budget takes bytes with binary suffixes, 0, and r
         std::string::npos);
   CHECK(error_of({"--store-memory-budget", "", "./train"}).find("--store-memory-budget") !=
         std::string::npos);
+}
+
+// torch 2.11's torchrun parser (torch.distributed.run.get_args_parser, read on the GPU machine):
+// every flag in both spellings, `--flag value` and `--flag=value`, and from its PET_* variable.
+TEST_CASE("cli: every torchrun 2.11 flag, both spellings, = forms and PET_* variables") {
+  struct Row {
+    std::vector<std::string> spellings;  ///< torchrun's option strings
+    std::string value;                   ///< "" for a switch
+    std::string pet;                     ///< torchrun's PET_<DEST>; "" when it reads none
+    std::function<void(const Options&)> check;
+    std::vector<std::string> before = {};  ///< other flags the row needs
+  };
+  const std::vector<Row> rows = {
+      {{"--nnodes"},
+       "3:3",
+       "PET_NNODES",
+       [](const Options& o) {
+         CHECK(o.nnodes == 3);
+         CHECK(o.nnodes_max == 3);
+       }},
+      {{"--nproc-per-node", "--nproc_per_node"},
+       "4",
+       "PET_NPROC_PER_NODE",
+       [](const Options& o) { CHECK(o.nproc == 4); }},
+      {{"--rdzv-backend", "--rdzv_backend"},
+       "c10d",
+       "PET_RDZV_BACKEND",
+       [](const Options& o) { CHECK(o.rdzv_backend == RdzvBackend::kC10d); }},
+      {{"--rdzv-endpoint", "--rdzv_endpoint"},
+       "node7:29411",
+       "PET_RDZV_ENDPOINT",
+       [](const Options& o) {
+         CHECK(o.master_addr == "node7");
+         CHECK(o.master_port == 29411);
+       }},
+      {{"--rdzv-id", "--rdzv_id"},
+       "job9",
+       "PET_RDZV_ID",
+       [](const Options& o) { CHECK(o.run_id == "job9"); }},
+      {{"--rdzv-conf", "--rdzv_conf"},
+       "join_timeout=90,last_call_timeout=5,is_host=false",
+       "PET_RDZV_CONF",
+       [](const Options& o) {
+         CHECK(o.join_timeout == std::chrono::seconds(90));
+         CHECK(o.last_call_timeout == std::chrono::seconds(5));
+         CHECK(o.is_host == false);
+         CHECK(o.warnings.empty());
+       }},
+      {{"--standalone"}, "", "PET_STANDALONE", [](const Options& o) { CHECK(o.standalone); }},
+      {{"--max-restarts", "--max_restarts"},
+       "3",
+       "PET_MAX_RESTARTS",
+       [](const Options& o) { CHECK(o.max_restarts == 3); }},
+      {{"--monitor-interval", "--monitor_interval"},
+       "0.5",
+       "PET_MONITOR_INTERVAL",
+       [](const Options& o) { CHECK(o.command == std::vector<std::string>{"x"}); }},
+      {{"--start-method", "--start_method"},
+       "fork",
+       "PET_START_METHOD",
+       [](const Options& o) { CHECK(o.command == std::vector<std::string>{"x"}); }},
+      {{"--event-log-handler", "--event_log_handler"},
+       "null",
+       "PET_EVENT_LOG_HANDLER",
+       [](const Options& o) { CHECK_FALSE(o.event_log); }},
+      {{"--role"}, "trainer", "PET_ROLE", [](const Options& o) { CHECK(o.role == "trainer"); }},
+      {{"-m", "--module"}, "", "PET_MODULE", [](const Options& o) { CHECK(o.module); }},
+      {{"--no-python", "--no_python"},
+       "",
+       "PET_NO_PYTHON",
+       [](const Options& o) { CHECK(o.no_python); }},
+      {{"--run-path", "--run_path"},
+       "",
+       "PET_RUN_PATH",
+       [](const Options& o) { CHECK(o.run_path); }},
+      {{"--log-dir", "--log_dir"},
+       "/tmp/l",
+       "PET_LOG_DIR",
+       [](const Options& o) { CHECK(o.log_dir == "/tmp/l"); }},
+      {{"-r", "--redirects"},
+       "3",
+       "PET_REDIRECTS",
+       [](const Options& o) { CHECK(o.redirects.all == 3); }},
+      {{"-t", "--tee"},
+       "0:1,1:2",
+       "PET_TEE",
+       [](const Options& o) {
+         CHECK(o.tee.for_local_rank(0) == 1);
+         CHECK(o.tee.for_local_rank(1) == 2);
+       },
+       {"--nproc", "2"}},
+      {{"--local-ranks-filter", "--local_ranks_filter"},
+       "0,2",
+       "PET_LOCAL_RANKS_FILTER",
+       [](const Options& o) {
+         CHECK(o.local_ranks_filter == std::set<int>{0, 2});
+       }},
+      {{"--node-rank", "--node_rank"},
+       "1",
+       "PET_NODE_RANK",
+       [](const Options& o) {
+         CHECK(o.node_rank == 1);
+         CHECK(o.node_rank_given);
+       },
+       {"--nnodes", "2"}},
+      {{"--master-addr", "--master_addr"},
+       "10.1.2.3",
+       "PET_MASTER_ADDR",
+       [](const Options& o) { CHECK(o.master_addr == "10.1.2.3"); }},
+      {{"--master-port", "--master_port"},
+       "29600",
+       "PET_MASTER_PORT",
+       [](const Options& o) { CHECK(o.master_port == 29600); }},
+      {{"--local-addr", "--local_addr"},
+       "10.1.2.4",
+       "PET_LOCAL_ADDR",
+       [](const Options& o) { CHECK(o.local_addr == "10.1.2.4"); }},
+      {{"--signals-to-handle", "--signals_to_handle"},
+       "SIGTERM,SIGUSR1",
+       "PET_SIGNALS_TO_HANDLE",
+       [](const Options& o) { CHECK(o.signals_to_handle == "SIGTERM,SIGUSR1"); }},
+      {{"--virtual-local-rank", "--virtual_local_rank"},
+       "",
+       "PET_VIRTUAL_LOCAL_RANK",
+       [](const Options& o) { CHECK(o.virtual_local_rank); }},
+      // not in 2.11 (a later torchrun's name for the SIGTERM -> SIGKILL delay)
+      {{"--shutdown-timeout", "--shutdown_timeout"},
+       "7",
+       "PET_SHUTDOWN_TIMEOUT",
+       [](const Options& o) { CHECK(o.grace_period == std::chrono::seconds(7)); }},
+  };
+  for (const Row& row : rows) {
+    for (const std::string& flag : row.spellings) {
+      CAPTURE(flag);
+      std::vector<std::string> spaced = row.before, joined = row.before;
+      spaced.push_back(flag);
+      if (row.value.empty()) {
+        joined.push_back(flag);
+      } else {
+        spaced.push_back(row.value);
+        joined.push_back(flag + "=" + row.value);
+      }
+      spaced.push_back("x");
+      joined.push_back("x");
+      row.check(p(spaced));
+      if (flag.size() > 2) row.check(p(joined));  // argparse takes -r=3 as "=3": not checked
+    }
+    if (!row.pet.empty()) {
+      CAPTURE(row.pet);
+      std::vector<std::string> args = row.before;
+      args.push_back("x");
+      row.check(parse(args, {{row.pet, row.value.empty() ? "1" : row.value}}));
+    }
+  }
+}
+
+TEST_CASE("cli: torchrun's PET_* variables: the command line wins, bad values name the variable") {
+  CHECK(parse({"--nproc-per-node", "2", "x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 2);
+  CHECK(parse({"x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 3);
+  CHECK_FALSE(parse({"x"}, {{"PET_STANDALONE", "0"}}).standalone);
+  CHECK(p({"-r3", "x"}).redirects.all == 3);  // a short flag's value in the same word
+  CHECK(p({"-t2", "x"}).tee.all == 2);
+  const auto env_error = [](std::map<std::string, std::string> env) {
+    try {
+      parse(std::vector<std::string>{"x"}, env);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  CHECK(env_error({{"PET_NPROC_PER_NODE", "abc"}}) ==
+        "invalid value 'abc' for --nproc-per-node (from PET_NPROC_PER_NODE): expected a positive "
+        "integer, auto, gpu or cpu");
+  CHECK(env_error({{"PET_STANDALONE", "yes"}}) ==
+        "invalid value 'yes' for PET_STANDALONE: expected an integer (1 = --standalone, 0 = off), "
+        "as torchrun reads it");
+}
+
+TEST_CASE("cli: torchrun flags gpurun cannot honour are refused with what to use instead") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> rows = {
+      {{"--logs-specs", "mine", "x"},
+       "--logs-specs: loads a torchrun Python plug-in (entry point group torchrun.logs_specs), "
+       "which gpurun cannot run; use --log-dir, --redirects, --tee and --log-line-prefix-template"},
+      {{"--numa-binding", "node", "x"},
+       "--numa-binding: is not implemented by gpurun; bind in the worker command instead (e.g. "
+       "numactl --cpunodebind=0 --membind=0 ./train) or with Slurm's --cpu-bind"},
+      {{"--duplicate-stdout-filters", "loss", "x"},
+       "--duplicate-stdout-filters: is not implemented by gpurun yet; use --tee 1 --log-dir DIR "
+       "and grep the workers' stdout.log files"},
+      {{"--duplicate_stderr_filters=err", "x"},
+       "--duplicate-stderr-filters: is not implemented by gpurun yet; use --tee 2 --log-dir DIR "
+       "and grep the workers' stderr.log files"},
+      {{"--rdzv-backend", "etcd-v2", "x"},
+       "--rdzv-backend etcd-v2: gpurun hosts the rendezvous store itself and needs no etcd server; "
+       "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT"},
+      {{"--rdzv-backend", "zk", "x"},
+       "invalid value 'zk' for --rdzv-backend: expected c10d or static"},
+      {{"--event-log-handler", "console", "x"},
+       "--event-log-handler console: torchrun's event handlers are Python plug-ins; gpurun writes "
+       "its events as JSON lines with --event-log FILE (only 'null' is accepted here)"},
+      {{"--start-method", "thread", "x"},
+       "invalid value 'thread' for --start-method: expected spawn, fork or forkserver"},
+      {{"--signals-to-handle", "SIGTERM,SIGKILL", "x"},
+       "invalid value 'SIGTERM,SIGKILL' for --signals-to-handle: SIGKILL cannot be handled by any "
+       "process"},
+      {{"--signals-to-handle", "SIGTERM,,SIGINT", "x"},
+       "invalid value 'SIGTERM,,SIGINT' for --signals-to-handle: piece 2 ('') is not a signal "
+       "name; expected a list like SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+      {{"--rdzv-conf", "join_timeout", "x"},
+       "invalid value 'join_timeout' for --rdzv-conf: piece 1 ('join_timeout') is not KEY=VALUE; "
+       "expected key1=value1,key2=value2,..."},
+      {{"--rdzv-conf", "is_host=maybe", "x"},
+       "invalid value 'maybe' for --rdzv-conf is_host: expected true or false (1/0, yes/no)"},
+      {{"--rdzv-conf", "last_call_timeout=-1", "x"},
+       "invalid value '-1' for --rdzv-conf last_call_timeout: expected a number of seconds "
+       "between 0 and 86400"},
+      {{"--rdzv-endpoint", "[::1", "x"},
+       "invalid value '[::1' for --rdzv-endpoint: expected HOST[:PORT], with an IPv6 address in "
+       "brackets: [::1]:29400"},
+      {{"--rdzv-endpoint", "host:99999", "x"},
+       "invalid value 'host:99999' for --rdzv-endpoint: expected HOST[:PORT], with an IPv6 "
+       "address in brackets: [::1]:29400"},
+  };
+  for (const auto& [args, message] : rows) {
+    CAPTURE(args);
+    CHECK(error_of(args) == message);
+  }
+  // An unknown --rdzv-conf key is passed over with a warning (torchrun hands it to its backend).
+  const Options o = p({"--rdzv-conf", "keep_alive_interval=5", "x"});
+  REQUIRE(o.warnings.size() == 1);
+  CHECK(o.warnings[0].find("keep_alive_interval=5") != std::string::npos);
+}
+
+TEST_CASE("cli: --rdzv-endpoint HOST[:PORT] names the store") {
+  using detail::parse_endpoint;
+  CHECK(parse_endpoint("f", "[::1]:29401", 1).host == "::1");
+  CHECK(parse_endpoint("f", "[::1]:29401", 1).port == 29401);
+  CHECK(parse_endpoint("f", "[fe80::1%eth0]", 7).port == 7);
+  CHECK(parse_endpoint("f", "::1", 7).host == "::1");
+  CHECK(parse_endpoint("f", "node3", 7).port == 7);
+  Options c10d = p({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node3", "x"});
+  CHECK(c10d.master_port == 29400);  // torchrun's c10d default port
+  Options both = p({"--master-addr", "a", "--rdzv-endpoint", "b:5", "x"});
+  CHECK(both.master_addr == "b");
+  REQUIRE(both.warnings.size() == 1);
+  CHECK(both.warnings[0] == "--master-addr a is not used: --rdzv-endpoint b:5 names the store");
+  for (const char* bad : {"", ":5", "[]:5", "h:", "[::1]x"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_endpoint("f", bad, 1), UsageError);
+  }
 }

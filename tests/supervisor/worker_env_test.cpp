@@ -48,6 +48,7 @@ TEST_CASE("env: torchrun's variables per rank") {
       {"TORCHELASTIC_RESTART_COUNT", "1"},
       {"TORCHELASTIC_MAX_RESTARTS", "2"},
       {"TORCHELASTIC_ERROR_FILE", "/tmp/run/attempt_1/3/error.json"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "1"},
       {"GPURUN_RUN_ID", "none"},
@@ -267,4 +268,24 @@ TEST_CASE("env: workers keep only the job-level SLURM_* variables (docs/cli.md#s
         std::vector<std::string>{"SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME",
                                  "SLURM_CONF", "SLURM_JOB_ID", "SLURM_JOB_NAME",
                                  "SLURM_SUBMIT_DIR"});
+}
+
+TEST_CASE("env: --role, --signals-to-handle and --virtual-local-rank reach the workers") {
+  JobPlan plan = plan_for({"--nproc", "2", "--role", "trainer", "--signals-to-handle",
+                           "SIGTERM,SIGUSR1", "--virtual-local-rank"},
+                          {{"CUDA_VISIBLE_DEVICES", "3,5"}}, 8);
+  plan.master_port = 41000;
+  plan.run_dir = "/tmp/run";
+  const EnvMap env = build_worker_env(plan, 1, 0, {{"CUDA_VISIBLE_DEVICES", "3,5"}});
+  CHECK(env.at("ROLE_NAME") == "trainer");
+  CHECK(env.at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGUSR1");
+  CHECK(env.at("LOCAL_RANK") == "0");            // torchrun's virtual local rank
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "5");  // only its own GPU
+  CHECK(env.at("RANK") == "1");
+  JobPlan plain = plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "3,5"}}, 8);
+  plain.run_dir = "/tmp/run";
+  const EnvMap p1 = build_worker_env(plain, 1, 0, {{"CUDA_VISIBLE_DEVICES", "3,5"}});
+  CHECK(p1.at("LOCAL_RANK") == "1");
+  CHECK(p1.at("CUDA_VISIBLE_DEVICES") == "3,5");
+  CHECK(p1.at("ROLE_NAME") == "default");
 }

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# ctest torchrun_cli_<case>: torchrun command lines, unchanged, with gpurun in torchrun's place
+# (issue 26): 2 CPU workers each, exit 0, and the workers' environment as torchrun gives it.
+#   c10d_single         --standalone-free c10d on one node: --rdzv-backend c10d --rdzv-endpoint
+#   c10d_two_nodes      two gpuruns on loopback, the same command, no --node-rank: ranks 0-3, one
+#                       store, node ranks in join order
+#   nnodes_range        --nnodes 1:2 with one node: it starts alone after the last call
+#   late_node           --nnodes 1:2: a node that joins after node 0 closed the rendezvous
+#                       with 1 node is refused (exit 1, the reason named); node 0 goes on
+#   module              -m pkg.mod (python3 -m) with PET_NPROC_PER_NODE=2 in place of the flag
+#   no_python           --no-python on a script ending in .py (run as a program)
+#   local_ranks_filter  --local-ranks-filter 1: only local rank 1 on the console
+#   redirects_tee       -r 1 -t 2 --log-dir: stdout only in files, stderr in files and console
+#   health_check        TORCHELASTIC_HEALTH_CHECK_PORT: 200 and alive while the job runs, 503
+#                       once it stops (SIGTERM), nothing listening after the exit
+# Single-node cases take --master-port 0 (a free port), so that ctest -j runs them side by side.
+# Usage: torchrun_cli.sh GPURUN CASE
+set -euo pipefail
+GPURUN=$1 CASE=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+DUMP=$HERE/workers/dump_env.sh
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OUT_DIR=$TMP
+fail() {
+  echo "torchrun_cli_$CASE: FAIL: $*" >&2
+  for f in "$TMP"/*.log; do [[ -f $f ]] && { echo "-- $f" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+val() { sed -n "s/^$2=//p" "$TMP/env.$1"; }  # val RANK NAME
+run() { "$GPURUN" --device cpu "$@" > "$TMP/out.log" 2> "$TMP/err.log" || fail "gpurun exited $?"; }
+case $CASE in
+  c10d_single)
+    run --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "localhost:$(port)" \
+      --rdzv-id job7 --role trainer "$DUMP"
+    for r in 0 1; do
+      [[ $(val $r WORLD_SIZE) == 2 && $(val $r TORCHELASTIC_RUN_ID) == job7 &&
+         $(val $r ROLE_NAME) == trainer && $(val $r MASTER_ADDR) == localhost ]] ||
+        fail "rank $r: $(grep -E '^(WORLD_SIZE|TORCHELASTIC_RUN_ID|ROLE_NAME|MASTER_ADDR)=' "$TMP/env.$r")"
+    done
+    ;;
+  c10d_two_nodes)
+    P=$(port)
+    args=(--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P"
+          --rdzv-id job8 "$DUMP")
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
+    a=$!
+    sleep 0.5
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/b.log" 2>&1 || fail "the second gpurun exited $?"
+    wait "$a" || fail "the first gpurun exited $?"
+    grep -q "joined as node 1 (join order)" "$TMP/b.log" || fail "the second node was not given node rank 1"
+    for r in 0 1 2 3; do
+      [[ -f $TMP/env.$r ]] || fail "no rank $r"
+      [[ $(val $r WORLD_SIZE) == 4 && $(val $r GROUP_RANK) == $((r / 2)) &&
+         $(val $r GROUP_WORLD_SIZE) == 2 && $(val $r LOCAL_RANK) == $((r % 2)) &&
+         $(val $r MASTER_PORT) == "$P" ]] || fail "rank $r: $(grep -E '^(WORLD_SIZE|GROUP_|LOCAL_RANK|MASTER_PORT)' "$TMP/env.$r" | tr '\n' ' ')"
+    done
+    ;;
+  nnodes_range)
+    run --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$(port)" \
+      --rdzv-conf last_call_timeout=1 "$DUMP"
+    grep -q "starting with 1 node (--nnodes 1:2; the last call ended)" "$TMP/err.log" ||
+      fail "no line saying it started with 1 node"
+    [[ $(val 1 WORLD_SIZE) == 2 && $(val 1 GROUP_WORLD_SIZE) == 1 ]] || fail "rank 1: world $(val 1 WORLD_SIZE)"
+    ;;
+  late_node)
+    P=$(port)
+    args=(--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P"
+          --rdzv-conf last_call_timeout=0)
+    "$GPURUN" --device cpu "${args[@]}" sh -c 'touch "$OUT_DIR/up"; sleep 3' > "$TMP/a.log" 2>&1 &
+    a=$!
+    for _ in $(seq 1 100); do [[ -f $TMP/up ]] && break; sleep 0.1; done
+    rc=0
+    "$GPURUN" --device cpu "${args[@]}" /bin/true > "$TMP/b.log" 2>&1 || rc=$?
+    [[ $rc == 1 ]] || fail "the late node exited $rc, not 1"
+    grep -q "node 0 closed the rendezvous with 1 node before this node (1) joined" "$TMP/b.log" ||
+      fail "the late node does not say why it was refused"
+    wait "$a" || fail "node 0 exited $?"
+    ;;
+  module)
+    mkdir -p "$TMP/pkg"
+    : > "$TMP/pkg/__init__.py"
+    printf 'import os\nopen(os.path.join(os.environ["OUT_DIR"], "env." + os.environ["RANK"]), "w").write("".join(f"{k}={v}\\n" for k, v in os.environ.items()))\n' > "$TMP/pkg/mod.py"
+    (cd "$TMP" && PET_NPROC_PER_NODE=2 PYTHON=/usr/bin/python3 run --master-port 0 -m pkg.mod)
+    [[ -f $TMP/env.0 && -f $TMP/env.1 && $(val 1 LOCAL_WORLD_SIZE) == 2 ]] || fail "the module did not run twice"
+    ;;
+  no_python)
+    cp "$DUMP" "$TMP/dump.py"  # a shell script whose name ends in .py: run as a program
+    run --master-port 0 --nproc-per-node 2 --no-python "$TMP/dump.py"
+    [[ -f $TMP/env.1 ]] || fail "the program did not run"
+    ;;
+  local_ranks_filter)
+    run --master-port 0 --nproc_per_node=2 --local-ranks-filter 1 "$DUMP"
+    grep -q "stdout of rank 1" "$TMP/out.log" || fail "local rank 1 is not on the console"
+    ! grep -q "of rank 0" "$TMP/out.log" "$TMP/err.log" || fail "local rank 0 is on the console"
+    ;;
+  redirects_tee)
+    run --master-port 0 --nproc-per-node 2 -r 1 -t 2 --log-dir "$TMP/logs" --rdzv-id job9 "$DUMP"
+    ! grep -q "stdout of rank" "$TMP/out.log" || fail "redirected stdout reached the console"
+    grep -q "stderr of rank 1" "$TMP/err.log" || fail "tee'd stderr is not on the console"
+    out=$(find "$TMP/logs" -path '*job9*/attempt_0/1/stdout.log')
+    [[ -n $out ]] && grep -q "stdout of rank 1" "$out" || fail "no stdout.log with rank 1's line under $TMP/logs"
+    ;;
+  health_check)
+    P=$(port)
+    get() { /usr/bin/python3 - "$P" <<'PY'
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=5)
+    print(r.status, r.read().decode().strip())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())
+except OSError as e:
+    print("down", e)
+PY
+    }
+    TORCHELASTIC_HEALTH_CHECK_PORT=$P "$GPURUN" --device cpu --master-port 0 --nproc-per-node 2 --grace-period 10 \
+      sh -c 'trap "sleep 2; exit 0" TERM; touch "$OUT_DIR/up.$RANK"; while :; do sleep 0.1; done' \
+      > "$TMP/out.log" 2> "$TMP/err.log" &
+    g=$!
+    for _ in $(seq 1 100); do [[ -f $TMP/up.0 && -f $TMP/up.1 ]] && break; sleep 0.1; done
+    a=$(get)
+    [[ $a == "200 "*'"alive": true'*'"state": "running"'*'"workers": 2'* ]] || fail "while running: $a"
+    kill -TERM "$g"
+    sleep 0.5
+    b=$(get)
+    [[ $b == "503 "*'"state": "stopping"'* ]] || fail "while stopping: $b"
+    wait "$g" || true
+    c=$(get)
+    [[ $c == down* ]] || fail "after the exit: $c"
+    grep -q "health check: http://127.0.0.1:$P/" "$TMP/err.log" || fail "no health check line"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "torchrun_cli_$CASE: OK"
