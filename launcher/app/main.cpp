@@ -310,8 +310,16 @@ int run(int argc, char** argv) {
   // hosts the store and is node 0 (torchrun's is_host rule; --rdzv-conf is_host= decides
   // instead); the others take node ranks in join order. The multi-node set-up is made for the
   // most nodes --nnodes allows; the count is final after the start rendezvous.
+  // A node range always ranks by join order (torchrun's c10d ignores --node-rank altogether);
+  // with a fixed count a given --node-rank is kept.
+  const bool c10d_range = opt.nnodes_max != opt.nnodes;
   const bool rank_by_join = opt.rdzv_backend == sv::RdzvBackend::kC10d && opt.nnodes_max > 1 &&
-                            !opt.node_rank_given && plan.nnodes == opt.nnodes;
+                            (!opt.node_rank_given || c10d_range) && plan.nnodes == opt.nnodes;
+  if (rank_by_join && opt.node_rank_given)
+    print_err(
+        fmt::format("warning: --node-rank {} is not used: with --rdzv-backend c10d and "
+                    "--nnodes {}:{} node ranks are given in join order (as torchrun does)",
+                    opt.node_rank, opt.nnodes, opt.nnodes_max));
   if (rank_by_join) {
     plan.nnodes = opt.nnodes_max;
     plan.world_size = plan.nproc * plan.nnodes;

@@ -246,18 +246,23 @@ JobStart NodeSync::join() {
   const std::string record = fmt::format("{} {} {}", opt_.nproc, max_nodes(), me);
   const auto t_join = Clock::now();
   try {
+    std::string held;
     if (opt_.rank_by_join) {  // c10d: the next free node rank, in join order
-      const int64_t n = store_->client->add(job_keys::next_node(), 1);
-      if (n >= max_nodes())
-        throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
-                                       "--nnodes allows: this node cannot join",
-                                       where, max_nodes()));
-      opt_.node_rank = static_cast<int>(n);
+      for (;;) {
+        const int64_t n = store_->client->add(job_keys::next_node(), 1);
+        if (n >= max_nodes())
+          throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
+                                         "--nnodes allows: this node cannot join",
+                                         where, max_nodes()));
+        opt_.node_rank = static_cast<int>(n);
+        held = store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
+        if (held == record) break;  // else a node given --node-rank took it: the next one
+      }
       if (opt_.say) opt_.say(fmt::format("joined as node {} (join order)", opt_.node_rank));
+    } else {
+      // First come, first served: a second gpurun with the same --node-rank is refused.
+      held = store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
     }
-    // First come, first served: a second gpurun with the same --node-rank is refused.
-    const std::string held =
-        store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
     if (held != record) {
       std::vector<std::string> f;
       std::string rest;

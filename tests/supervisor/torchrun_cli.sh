@@ -5,6 +5,8 @@
 #   c10d_two_nodes      two gpuruns on loopback, the same command, no --node-rank: ranks 0-3, one
 #                       store, node ranks in join order
 #   nnodes_range        --nnodes 1:2 with one node: it starts alone after the last call
+#   mixed_ranks         c10d with 3 nodes: one given --node-rank 1 joins first, the next one
+#                       without takes rank 2 (join order skips the rank already taken)
 #   late_node           --nnodes 1:2: a node that joins after node 0 closed the rendezvous
 #                       with 1 node is refused (exit 1, the reason named); node 0 goes on
 #   module              -m pkg.mod (python3 -m) with PET_NPROC_PER_NODE=2 in place of the flag
@@ -63,6 +65,21 @@ case $CASE in
     grep -q "starting with 1 node (--nnodes 1:2; the last call ended)" "$TMP/err.log" ||
       fail "no line saying it started with 1 node"
     [[ $(val 1 WORLD_SIZE) == 2 && $(val 1 GROUP_WORLD_SIZE) == 1 ]] || fail "rank 1: world $(val 1 WORLD_SIZE)"
+    ;;
+  mixed_ranks)
+    P=$(port)
+    args=(--nnodes 3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
+    a=$!
+    sleep 0.3
+    "$GPURUN" --device cpu --node-rank 1 "${args[@]}" > "$TMP/b.log" 2>&1 &
+    b=$!
+    for _ in $(seq 1 100); do grep -q "joined node 0's store" "$TMP/b.log" && break; sleep 0.1; done
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/c.log" 2>&1 || fail "the third gpurun exited $?"
+    wait "$b" || fail "the node given --node-rank 1 exited $?"
+    wait "$a" || fail "node 0 exited $?"
+    grep -q "joined as node 2 (join order)" "$TMP/c.log" || fail "the third node did not take rank 2"
+    for r in 0 1 2; do [[ $(val $r WORLD_SIZE) == 3 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
     ;;
   late_node)
     P=$(port)
