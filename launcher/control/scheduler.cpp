@@ -479,9 +479,9 @@ void Scheduler::decide() {
         const Report& r = reports_.begin()->second;
         say(
             fmt::format("the warm joiner on gpu {} (pid {}) is not ready yet at the boundary "
-                        "(epoch {}, step {}): training goes on without it, it joins at the first "
-                        "boundary after it is ready",
-                        gpu, s.pid, r.epoch, r.step));
+                        "{}: training goes on without it, it joins at the first boundary after "
+                        "it is ready",
+                        gpu, s.pid, boundary_text(r.epoch, r.step)));
       }
     }
     if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile

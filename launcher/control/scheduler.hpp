@@ -197,6 +197,9 @@ class Scheduler {
   SlotInfo& slot(int gpu);
   void set_state(SlotInfo& s, SlotState to, const std::string& reason);
   bool member(const SlotInfo& s) const;
+  /// Who holds the training state now, for messages: the members, or the pause snapshot
+  /// (with its boundary).
+  std::string held_by() const;
   bool alive_member(const SlotInfo& s) const;
   void try_decide();
   void decide();

@@ -12,7 +12,16 @@
 namespace gpurun::control {
 
 void Scheduler::on_setup_done(int64_t generation, int gpu) {
-  if (generation == generation_) setup_pending_.erase(gpu);
+  if (generation != generation_) return;
+  setup_pending_.erase(gpu);
+  // A member's resize record comes when it is past the set-up: the handoff done and the
+  // checksums compared, it trains. A death after every member's record is a failure in
+  // training, not of the set-up (no abort key), and a joiner holds the state from here on.
+  SlotInfo& s = slot(gpu);
+  if (!alive_member(s)) return;
+  established_.insert(gpu);
+  s.holds_state = true;
+  state_exists_ = true;
 }
 
 void Scheduler::on_deadline(int64_t generation, int64_t round) {
@@ -157,18 +166,10 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
           s.park_generation = -1;
         }
         set_state(s, SlotState::kParked, "ended while leaving (nothing was lost): " + how);
-        const std::string held_by =
-            active_.empty()
-                ? fmt::format("the pause snapshot holds the training state{}",
-                              snapshot_boundary_
-                                  ? fmt::format(" (epoch {}, step {})", snapshot_boundary_->first,
-                                                snapshot_boundary_->second)
-                                  : std::string())
-                : fmt::format("the members [{}] hold the training state", join_ids(active_, ", "));
         say(fmt::format(
             "leaving gpu {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
             "is parked and a config that names it again starts it anew",
-            gpu, pid, how, held_by));
+            gpu, pid, how, held_by()));
       }
       break;
     case SlotState::kWarming:
@@ -203,6 +204,19 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     case SlotState::kParked:
       if (s.cancelled) {
         s.cancelled = false;  // a warm joiner ended because it was no longer wanted
+      } else if (!clean && (snapshot_current() || holder_alive(gpu))) {
+        // Hold mode: its host copy was not the only one (the pause snapshot or the members hold
+        // the state): the slot is parked without a process and a config that names it again
+        // starts it anew, as after a release-mode leaver.
+        if (s.park_generation >= 0) {
+          delete_key(keys::parked(gpu, s.park_generation));
+          delete_key(keys::wake(gpu, s.park_generation));
+          s.park_generation = -1;
+        }
+        say(fmt::format(
+            "parked gpu {} (pid {}) ended with {}: nothing is lost ({}); a config that names it "
+            "again starts it anew",
+            gpu, pid, how, held_by()));
       } else if (!clean) {
         set_state(s, SlotState::kFailed, "died while parked: " + how);
         say(fmt::format(
@@ -315,6 +329,16 @@ void Scheduler::pause_snapshot_outcome(const Report& r) {
                   "the pause snapshot: {} (tried again at every boundary while the config asks for "
                   "the pause: make room)",
                   join_ids(active_, ", "), r.gpu, r.snapshot));
+}
+
+std::string Scheduler::held_by() const {
+  if (!active_.empty())
+    return fmt::format("the members [{}] hold the training state", join_ids(active_, ", "));
+  return fmt::format(
+      "the pause snapshot holds the training state{}",
+      snapshot_boundary_
+          ? " (" + boundary_text(snapshot_boundary_->first, snapshot_boundary_->second) + ")"
+          : std::string());
 }
 
 bool Scheduler::holder_alive(int besides) const {

@@ -230,6 +230,10 @@ std::string boundary_text(int64_t epoch, int64_t step) {
   return fmt::format("in epoch {} after step {}", epoch + 1, step);
 }
 
+std::string position_text(int64_t epoch, int64_t step) {
+  return step <= 0 ? boundary_text(epoch - 1, 0) : boundary_text(epoch, step);
+}
+
 namespace keys {
 std::string start(int64_t g) {
   return fmt::format("gpurun/gen/{}/start", g);

@@ -887,13 +887,23 @@ void Supervisor::handle_signal(int sig) {
       }
       shutdown_signal_ = sig;
       events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
-      say(fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
-                      signal_name(sig), opt_.grace_period.count()));
-      if (controller_ && controller_->holds_job_open()) say_paused_snapshot();
-      if (phase_ == Phase::kRunning) {
-        stop_workers(sig);
-      } else {
-        signal_all(sig);
+      {
+        // A paused job's processes (parked, standbys) wait inside the runtime, where a Python
+        // program's SIGINT handler never runs: nothing trains, so SIGTERM ends them at once.
+        const bool paused = controller_ && controller_->holds_job_open();
+        const int forward = paused ? SIGTERM : sig;
+        say(paused && forward != sig
+                ? fmt::format("received {}: the job is paused: ending its waiting processes with "
+                              "SIGTERM (SIGKILL after {} ms)",
+                              signal_name(sig), opt_.grace_period.count())
+                : fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
+                              signal_name(sig), opt_.grace_period.count()));
+        if (paused) say_paused_snapshot();
+        if (phase_ == Phase::kRunning) {
+          stop_workers(forward);
+        } else {
+          signal_all(forward);
+        }
       }
       check_progress();
       return;

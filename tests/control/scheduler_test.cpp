@@ -203,6 +203,29 @@ TEST_CASE("scheduler: decisions for shrink, grow, swap, pause and resume") {
   }
 }
 
+TEST_CASE("scheduler: a paused hold-mode job whose parked processes die still resumes") {
+  Harness h(cfg(std::vector<int>{0, 1}, ParkMode::kHold), 2);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{}, ParkMode::kHold), "c");
+  h.drain();
+  Decision d = h.boundary(0);  // the pause: its snapshot written, both leave
+  REQUIRE(d.active.empty());
+  for (int gpu : {0, 1}) h.s.on_parked(gpu, d.generation);
+  h.drain();
+  REQUIRE(h.s.holds_job_open());
+  // Both parked processes are killed: the pause snapshot still holds the state.
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK(h.state(0) == SlotState::kParked);
+  CHECK(h.state(1) == SlotState::kParked);
+  CHECK(h.s.state_lost().empty());
+  const size_t spawned = h.spawned.size();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}, ParkMode::kHold), "c");
+  h.drain();
+  CHECK(h.spawned.size() == spawned + 2);  // started anew; they load the pause snapshot
+  CHECK(h.decisions.back().active == std::vector<int>{0, 1});
+}
+
 TEST_CASE("scheduler: release leavers park on exit 0, joiners respawn, pause holds the job") {
   Harness h(cfg(std::nullopt));
   h.join_all();
@@ -576,6 +599,26 @@ TEST_CASE("scheduler: a joiner dies during the set-up: the abort key, then a dec
   CHECK_FALSE(h.store.count(keys::abort(1)));
 }
 
+TEST_CASE("scheduler: a death after every member's set-up record is no set-up failure") {
+  Harness h(cfg(std::vector<int>{0}), 3);
+  h.join_all();
+  h.s.config_loaded(cfg(std::vector<int>{0, 1}), "c");
+  h.drain();
+  Decision d = h.boundary(0);
+  REQUIRE(d.joiners == std::vector<int>{1});
+  h.join_all();  // the joiner's joined key
+  // Both ranks finished the set-up and train (their resize records arrived).
+  h.s.on_setup_done(d.generation, 0);
+  h.s.on_setup_done(d.generation, 1);
+  CHECK(h.s.on_process_exit(0, false, "signal SIGKILL (9)", false));
+  h.drain();
+  CHECK_FALSE(h.store.count(keys::abort(d.generation)));  // nobody waits in a set-up
+  CHECK(h.events("generation_abandoned") == 0);
+  CHECK(h.s.state_lost().empty());  // the joiner holds the state now
+  h.report(1, 0);
+  CHECK(h.decisions.back().failed == std::vector<int>{0});
+}
+
 TEST_CASE(
     "scheduler: the only state holder dies during the set-up: the state is lost, no restart") {
   Harness h(cfg(std::vector<int>{0}), 3);
@@ -936,7 +979,7 @@ TEST_CASE("scheduler: a pause's leaver killed after the snapshot loses nothing; 
     CHECK(said(
         h,
         "leaving gpu 0 (pid 1000) ended with signal SIGKILL (9) while it left: nothing is lost "
-        "(the pause snapshot holds the training state (epoch 0, step 0))"));
+        "(the pause snapshot holds the training state (after epoch 1))"));
     const size_t spawns = h.spawned.size();
     h.s.config_loaded(cfg(resume), "c");
     h.drain();
@@ -989,8 +1032,8 @@ TEST_CASE("scheduler: a warm joiner not ready at a boundary is said once; the en
   CHECK_FALSE(said(h, "is not ready yet"));
   CHECK(h.boundary(0).kind == Decision::Kind::kContinue);
   const std::string late = "the warm joiner on gpu 1 (pid " + std::to_string(pid) +
-                           ") is not ready yet at the boundary (epoch 0, step 0): training goes "
-                           "on without it";
+                           ") is not ready yet at the boundary after epoch 1: training goes on "
+                           "without it";
   CHECK(said(h, late));
   CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
   size_t n = 0;

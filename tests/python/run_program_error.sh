@@ -3,11 +3,12 @@
 # train_one_epoch raises ValueError at epoch 2. A program's own exception is a failure of the
 # job, as under torchrun: gpurun stops the others and exits non-zero (the worker's code 1),
 # naming the error. With DROP_ON_ERROR=1 (gpurun.elastic(drop_on_error=True)) it goes on
-# without the rank instead, as after a crash: the two others finish, exit 0.
+# without the rank instead, as after a crash: the two others finish, exit 0. DIE_HOW=exit2:
+# sys.exit(2) inside train_one_epoch fails the job with status 2 (not "goes on without it").
 # Usage: run_program_error.sh GPURUN
 TEST=python_program_error
 source "$(dirname "$0")/common.sh"
-mkdir -p "$TMP/out" "$TMP/out2"
+mkdir -p "$TMP/out" "$TMP/out2" "$TMP/out3"
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/config.toml"
 rc=0
 DIE_HOW=raise DIE_SLOT=1 DIE_EPOCH=2 DIE_STEP=3 GPURUN_COMM_TIMEOUT_MS=20000 timeout 200 \
@@ -18,6 +19,14 @@ grep -q "after the program's own error: ValueError: slot 1 found a bad batch" "$
   || fail "gpurun did not name the program's error"
 grep -q "done, world" "$LOG" && fail "a rank finished training although the job failed"
 echo "$TEST: the program's ValueError failed the job (exit $rc)"
+rc=0  # sys.exit(2) in train_one_epoch: the job fails with 2, as under torchrun
+DIE_HOW=exit2 DIE_SLOT=1 DIE_EPOCH=2 DIE_STEP=3 GPURUN_COMM_TIMEOUT_MS=20000 timeout 200 \
+  "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" \
+  "$PY" "$HERE/decorated_train.py" "$TMP/out3" 5 > "$LOG" 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "after sys.exit(2) gpurun exited $rc, not 2"
+grep -q "after the program's own error: SystemExit: sys.exit(2) in train_one_epoch" "$LOG" \
+  || fail "gpurun did not name the program's sys.exit(2)"
+echo "$TEST: the program's sys.exit(2) failed the job (exit $rc)"
 rc=0
 DROP_ON_ERROR=1 DIE_HOW=raise DIE_SLOT=1 DIE_EPOCH=2 DIE_STEP=3 GPURUN_COMM_TIMEOUT_MS=20000 \
   timeout 200 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" \

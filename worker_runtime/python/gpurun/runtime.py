@@ -33,7 +33,10 @@ from ._sampler import ElasticSampler
 
 
 class StateMismatch(RuntimeError):
-    """The ranks' state checksums differ after a start or resize (names the ranks)."""
+    """The training state is not the one expected: the ranks' checksums differ after a start
+    or resize (names the ranks), or the pause snapshot a resume reads cannot be read or holds
+    another position than its pause. Not a program error: gpurun treats the rank as failed
+    (as the C++ runtime's StateError), and says the state is lost when no rank has it."""
 
 
 def _env_int(name, default=None):
@@ -528,14 +531,14 @@ class Runtime:
         try:
             snap, info = self._snap.read(verify=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file: say which
-            raise RuntimeError(f"cannot read the pause snapshot: {type(e).__name__}: {e}") from e
+            raise StateMismatch(f"cannot read the pause snapshot: {type(e).__name__}: {e}") from e
         pos = snap["position"]
         if epoch >= 0 and (int(pos["epoch"]), int(pos.get("step", 0))) != (epoch, step):
             raise StateMismatch(
-                f"the pause snapshot '{info['path']}' holds the state at epoch "
-                f"{pos['epoch']} step {pos.get('step', 0)}, but the pause it resumes was at "
-                f"epoch {epoch} step {step}: refusing to roll training back (was an older "
-                "snapshot copied over it?)")
+                f"the pause snapshot '{info['path']}' holds the state "
+                f"{_position_text(int(pos['epoch']), int(pos.get('step', 0)))}, but the pause "
+                f"it resumes was {_position_text(epoch, step)}: refusing to roll training back "
+                "(was an older snapshot copied over it?)")
         self._load(snap)
         return info["tensor_bytes"]
 
@@ -757,6 +760,15 @@ class Runtime:
 _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
 
 
+def _position_text(epoch, step):
+    """gpurun's words for a position training resumes at (control::position_text in the
+    protocol library, the one gpurun's own messages use): (E, 0) "after epoch E", (E, S) "in
+    epoch E+1 after step S"."""
+    if step <= 0:
+        return "before the first epoch" if epoch <= 0 else f"after epoch {epoch}"
+    return f"in epoch {epoch + 1} after step {step}"
+
+
 def _report_program_errors(session):
     """Wraps sys.excepthook (once per process): an uncaught exception other than a peer's
     failure is told to gpurun (the engine's program_error event) before Python prints it and
@@ -766,7 +778,7 @@ def _report_program_errors(session):
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        if not (isinstance(value, SystemExit) or is_comm_failure(value)):
+        if not (isinstance(value, (SystemExit, StateMismatch)) or is_comm_failure(value)):
             try:
                 session.on({"event": "program_error",
                             "text": f"{kind.__name__}: {str(value)[:300]}"})
@@ -813,6 +825,14 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
                     try:
                         fn(loader, epoch, rt) if takes_rt else fn(loader, epoch)
                         break
+                    except SystemExit as e:
+                        # sys.exit(N != 0) in the program fails the job, as under torchrun
+                        # (the excepthook passes SystemExit by).
+                        if e.code not in (None, 0) and rt.elastic and not drop_on_error:
+                            rt._session.on({"event": "program_error",
+                                            "text": f"SystemExit: sys.exit({e.code!r}) in "
+                                                    f"{fn.__name__}"})
+                        raise
                     except RuntimeError as e:
                         if not is_comm_failure(e) or not rt.elastic:
                             raise

@@ -11,10 +11,10 @@ void Runtime::Impl::read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
     const std::string path = registry.last_snapshot_stats().path;
     registry.release();
     throw rt::StateError(fmt::format(
-        "the pause snapshot {} holds the state at epoch {} step {}, but the pause it resumes "
-        "was at epoch {} step {}: refusing to roll training back (was an older snapshot "
-        "copied over it?)",
-        path, epoch, step_in_epoch, want_epoch, want_step));
+        "the pause snapshot {} holds the state {}, but the pause it resumes was {}: refusing "
+        "to roll training back (was an older snapshot copied over it?)",
+        path, control::position_text(epoch, step_in_epoch),
+        control::position_text(want_epoch, want_step)));
   }
   sync_in();
   const auto& st = registry.last_snapshot_stats();

@@ -127,6 +127,10 @@ struct Report {
 /// is "after epoch 5"; (4, 120) is "in epoch 5 after step 120"; an epoch < 0 is "before the
 /// first epoch". Event-log and status.json fields stay as reported (from 0).
 std::string boundary_text(int64_t epoch, int64_t step);
+/// The same words for a position training resumes at (a snapshot's, the runtime's epoch and
+/// step in it): (E, 0) is the start of epoch E, "after epoch E" ("before the first epoch" for
+/// E = 0); (E, S) "in epoch E+1 after step S".
+std::string position_text(int64_t epoch, int64_t step);
 
 /// Key names (docs/control-protocol.md#keys).
 namespace keys {
