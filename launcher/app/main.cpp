@@ -29,9 +29,11 @@
 #include "energy/monitor.hpp"
 #include "energy/nvml.hpp"
 #include "energy/power_guard.hpp"
+#include "gpurun/abstract_lock.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
+#include "gpurun/unique_fd.hpp"
 #include "report/report.hpp"
 #include "store/backend.hpp"
 #include "store/server.hpp"
@@ -485,6 +487,7 @@ int run(int argc, char** argv) {
       node_opts.nnodes = opt.nnodes;
       node_opts.nnodes_max = opt.nnodes_max;
       node_opts.rank_by_join = true;
+      node_opts.check_run_id = opt.run_id_given;
       node_opts.last_call_timeout = opt.last_call_timeout;
     }
   }
@@ -507,13 +510,24 @@ int run(int argc, char** argv) {
     so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
     return std::make_unique<gpurun::store::Server>(io, std::move(so));
   };
-  if (rank_by_join && plan.node_rank == 0 && !opt.is_host.value_or(false) &&
-      sv::port_in_use(plan.master_port)) {
-    plan.node_rank = node_opts.node_rank = 1;  // the port is taken here: another node hosts
-    print_err(fmt::format(
-        "the store's port {} is taken on this host: joining the node that listens there",
-        plan.master_port));
+  // Host candidates on one machine contend for @gpurun-c10d/<port> (held for the process's
+  // life): the first hosts, the others join it, without a window between check and bind.
+  gpurun::UniqueFd host_claim;
+  if (rank_by_join && plan.node_rank == 0 && !opt.is_host.value_or(false)) {
+    host_claim = gpurun::UniqueFd(
+        gpurun::take_abstract_lock(fmt::format("gpurun-c10d/{}", plan.master_port)));
+    if (!host_claim || sv::port_in_use(plan.master_port)) {
+      plan.node_rank = node_opts.node_rank = 1;  // another process hosts: join it
+      print_err(fmt::format(
+          "the store's port {} is taken on this host: joining the node that listens there",
+          plan.master_port));
+    }
   }
+  const auto node_label = [&] {
+    return rank_by_join && node_sync && node_sync->node_rank() < 0
+               ? std::string("this node")
+               : fmt::format("node {}", node_sync ? node_sync->node_rank() : plan.node_rank);
+  };
   if (plan.nnodes > 1 && plan.node_rank > 0) {
     // The join blocks on its own thread; this one handles signals meanwhile (a stop signal
     // ends the join within about a second, exit 128 + signal).
@@ -552,11 +566,11 @@ int run(int argc, char** argv) {
       plan.node_rank = js.node_rank;  // c10d: given in join order
       plan.nnodes = js.nnodes;        // --nnodes MIN:MAX: as node 0 closed the rendezvous
       plan.world_size = plan.nproc * plan.nnodes;
-    } catch (const sv::JoinError& e) {
-      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
+    } catch (const sv::JoinError& e) {  // (node_label: the rank join() gave, if any)
+      print_err(fmt::format("error: {}: {}", node_label(), e.what()));
       return e.code;
     } catch (const gpurun::Error& e) {
-      print_err(fmt::format("error: node {}: {}", plan.node_rank, e.what()));
+      print_err(fmt::format("error: {}: {}", node_label(), e.what()));
       return kExitLauncherError;
     }
   }
@@ -822,9 +836,8 @@ int run(int argc, char** argv) {
           });
       print_err(fmt::format("health check: http://127.0.0.1:{}/ (TORCHELASTIC_HEALTH_CHECK_PORT)",
                             health->port()));
-    } catch (const gpurun::UsageError& e) {
-      print_err(fmt::format("error: {}", e.what()));
-      return kExitUsage;
+    } catch (const gpurun::UsageError& e) {  // torchrun's agent logs it and goes on: so do we
+      print_err(fmt::format("warning: {}; no health check server is started", e.what()));
     } catch (const gpurun::Error& e) {
       print_err(fmt::format("error: {}", e.what()));
       return kExitLauncherError;

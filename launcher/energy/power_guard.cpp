@@ -25,6 +25,8 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/abstract_lock.hpp"
+
 extern char** environ;
 
 namespace gpurun::energy {
@@ -228,22 +230,13 @@ namespace {
 int lock_gpu(const std::string& uuid, std::string& why) {
   const std::string name = "gpurun-power/" + uuid;
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof addr.sun_path) {
+  socklen_t len = 0;
+  if (!gpurun::abstract_address(name, addr, len)) {
     why = fmt::format("the GPU UUID '{}' is too long for its power-limit lock", uuid);
     return -1;
   }
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = fmt::format("cannot create the power-limit lock @{}: {}", name, errno_text(errno));
-    return -1;
-  }
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0 && ::listen(fd, 16) == 0)
-    return fd;
+  if (const int fd = gpurun::take_abstract_lock(name); fd >= 0) return fd;
   const int bind_errno = errno;
-  ::close(fd);
   if (bind_errno != EADDRINUSE) {
     why = fmt::format("cannot take the power-limit lock @{}: {}", name, errno_text(bind_errno));
     return -1;

@@ -148,6 +148,9 @@ Endpoint parse_endpoint(std::string_view flag, std::string_view value, uint16_t 
     if (!rest.empty() && rest.front() != ':') bad_value(flag, value, kWant);
   } else if (std::count(value.begin(), value.end(), ':') > 1) {
     e.host = std::string(value);  // a bare IPv6 address: no port can follow it
+    in6_addr a6{};
+    if (::inet_pton(AF_INET6, e.host.substr(0, e.host.find('%')).c_str(), &a6) != 1)
+      bad_value(flag, value, kWant);
   } else {
     const auto colon = value.find(':');
     e.host = std::string(value.substr(0, colon));
@@ -314,6 +317,8 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
           constexpr std::string_view kWant = "a positive integer N or a range MIN:MAX";
           auto parts = detail::split(v, ':');
           if (parts.size() > 2) detail::bad_value(f, v, kWant);
+          for (const auto piece : parts)
+            if (!detail::to_int(piece, 1, kMaxInt)) detail::bad_value(f, v, kWant);
           const int lo = detail::int_flag(f, parts[0], 1, kMaxInt, kWant);
           const int hi = parts.size() == 2 ? detail::int_flag(f, parts[1], 1, kMaxInt, kWant) : lo;
           if (hi < lo)
@@ -626,9 +631,26 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       {"version", {false, [&](std::string_view, std::string_view) { o.version = true; }}},
   };
 
-  // torchrun's PET_* variables first (docs/cli.md#torchrun-flags): the command line overrides.
+  // torchrun's PET_* variables first (docs/cli.md#torchrun-flags), for the flags the command
+  // line does not give (as argparse, which takes them as defaults and never parses one the
+  // command line overrides).
+  std::set<std::string> on_line;
+  for (const std::string& a : args) {
+    if (a == "--" || a.size() < 2 || a[0] != '-') break;
+    if (a == "-m") on_line.insert("module");
+    if (a[1] == 'r' && a.rfind("--", 0) != 0) on_line.insert("redirects");
+    if (a[1] == 't' && a.rfind("--", 0) != 0) on_line.insert("tee");
+    if (a.rfind("--", 0) == 0) on_line.insert(detail::canonical(a.substr(2, a.find('=') - 2)));
+  }
+  const auto same_flag = [&](const std::string& name) {  // its aliases share the setter
+    if (on_line.count(name)) return true;
+    if (name == "nproc-per-node") return on_line.count("nproc") > 0;
+    if (name == "rdzv-id") return on_line.count("run-id") > 0;
+    if (name == "shutdown-timeout") return on_line.count("grace-period") > 0;
+    return false;
+  };
   for (const auto& [name, flag] : flags) {
-    if (flag.pet.empty()) continue;
+    if (flag.pet.empty() || same_flag(name)) continue;
     const auto it = env.find(flag.pet);
     if (it == env.end()) continue;
     const std::string from = fmt::format("{} (from {})", name, flag.pet);
@@ -699,6 +721,14 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
 
   if (o.help || o.version) return o;
+  if (o.standalone && (o.rdzv_endpoint || o.rdzv_backend != RdzvBackend::kStatic)) {
+    // torchrun: with --standalone the rendezvous flags are auto-assigned, given ones ignored
+    o.warnings.push_back(
+        "--standalone picks its own local rendezvous: --rdzv-backend and --rdzv-endpoint are "
+        "not used");
+    o.rdzv_endpoint.reset();
+    o.rdzv_backend = RdzvBackend::kStatic;
+  }
   if (o.rdzv_endpoint) apply_rdzv_endpoint(o);
   if (o.nnodes != o.nnodes_max && o.rdzv_backend != RdzvBackend::kC10d)
     throw UsageError(fmt::format(

@@ -108,6 +108,9 @@ std::string beat(int node) {
 std::string next_node() {
   return "gpurun/job/next_node";
 }
+std::string job_id() {
+  return "gpurun/job/id";
+}
 }  // namespace job_keys
 
 std::string NodeFailure::encode() const {
@@ -176,6 +179,7 @@ NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalSt
   store_->local = &local;
   hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
   hosts_[0] = this_host();
+  local.set(job_keys::job_id(), opt_.run_id);  // a joining node checks it (check_run_id)
 }
 
 NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options)
@@ -247,16 +251,47 @@ JobStart NodeSync::join() {
   const auto t_join = Clock::now();
   try {
     std::string held;
+    if (opt_.check_run_id) {  // a stale job on the port is not joined
+      std::optional<std::string> id;
+      for (int i = 0; i < 50 && !(id = store_->get(job_keys::job_id())); ++i) {
+        cancelled();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (id && *id != opt_.run_id)
+        throw JoinError(1, fmt::format("node 0's store at {} runs job '{}', this node was "
+                                       "started for '{}' (--rdzv-id): not joining it",
+                                       where, *id, opt_.run_id));
+      if (!id && opt_.say)
+        opt_.say(
+            fmt::format("the store at {} names no multi-node job yet (a single-node gpurun "
+                        "or another program listens there?); waiting for its start",
+                        where));
+    }
     if (opt_.rank_by_join) {  // c10d: the next free node rank, in join order
       for (;;) {
-        const int64_t n = store_->client->add(job_keys::next_node(), 1);
-        if (n >= max_nodes())
-          throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
-                                         "--nnodes allows: this node cannot join",
-                                         where, max_nodes()));
-        opt_.node_rank = static_cast<int>(n);
-        held = store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
-        if (held == record) break;  // else a node given --node-rank took it: the next one
+        // First a rank whose node left before the start (node 0 dropped its join key), then
+        // the next one. A rank taken between the two steps is skipped (compare_set).
+        int n = -1;
+        const int64_t given = store_->client->add(job_keys::next_node(), 0);
+        for (int r = 1; r <= given && r < max_nodes() && n < 0; ++r)
+          if (!store_->client->check({job_keys::join(r)}) &&
+              store_->client->compare_set(job_keys::join(r), "", record) == record)
+            n = r;
+        if (n < 0) {
+          const int64_t next = store_->client->add(job_keys::next_node(), 1);
+          if (next >= max_nodes())
+            throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
+                                           "--nnodes allows: this node cannot join",
+                                           where, max_nodes()));
+          if (store_->client->compare_set(job_keys::join(static_cast<int>(next)), "", record) !=
+              record)
+            continue;  // a node given --node-rank took it: the next one
+          n = static_cast<int>(next);
+        }
+        opt_.node_rank = n;
+        ranked_ = true;
+        held = record;
+        break;
       }
       if (opt_.say) opt_.say(fmt::format("joined as node {} (join order)", opt_.node_rank));
     } else {

@@ -36,6 +36,7 @@ std::string live(int node);               ///< gpurun/live/node<node> (Backend)
 std::string lost(int node);               ///< gpurun/lost/node<node> (Backend)
 std::string beat(int node);               ///< gpurun/beat/node<node>: a counter, nodes > 0
 std::string next_node();                  ///< gpurun/job/next_node: c10d node ranks, in join order
+std::string job_id();                     ///< gpurun/job/id: node 0's run id, set at its start
 }  // namespace job_keys
 
 /// A node's first failure in an attempt, as written to node 0's store: one line,
@@ -104,6 +105,9 @@ struct NodeSyncOptions {
   /// c10d without --node-rank (docs/cli.md#c10d): nodes > 0 take their rank in join order
   /// from node 0's store (job_keys::next_node).
   bool rank_by_join = false;
+  /// Nodes > 0 with rank_by_join and an --rdzv-id of their own: refuse a store whose job has
+  /// another run id (a stale job on the port) instead of joining it.
+  bool check_run_id = false;
   /// Node 0, --nnodes MIN:MAX: once MIN nodes joined, how long it still waits for more
   /// (--rdzv-conf last_call_timeout; torchrun's default 30 s).
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
@@ -168,6 +172,8 @@ class NodeSync {
   void rendezvous(std::function<void(const std::string& error)> ready);
   /// The job's node count: node 0's after rendezvous(), the others' after join().
   int nnodes() const { return opt_.nnodes; }
+  /// This node's rank; -1 while a node ranked by join order has none yet.
+  int node_rank() const { return opt_.rank_by_join && !ranked_ ? -1 : opt_.node_rank; }
   /// Node 0: true until rendezvous() called `ready`.
   bool rendezvous_pending() const { return static_cast<bool>(ready_); }
   /// Node 0: ends a pending rendezvous now: the joined nodes are told `why` and exit with
@@ -245,6 +251,7 @@ class NodeSync {
   std::function<void(const std::string&)> ready_;
   std::chrono::steady_clock::time_point rendezvous_deadline_;
   std::optional<std::chrono::steady_clock::time_point> last_call_;  // node 0: MIN reached
+  bool ranked_ = false;  // rank_by_join: join() has taken a rank
   int max_nodes() const { return opt_.nnodes_max > 0 ? opt_.nnodes_max : opt_.nnodes; }
   std::vector<std::string> hosts_;  // per node, from the join records ("" unknown)
   std::function<void()> closed_;

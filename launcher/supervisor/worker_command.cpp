@@ -17,8 +17,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {
+  // torchrun's PYTHON_EXEC first, then gpurun's PYTHON, then python3 from PATH.
   std::string python = "python3";
   if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) python = it->second;
+  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty())
+    python = it->second;
   std::vector<std::string> argv;
   if (o.run_path) {  // torchrun runs it with runpy.run_path: gpurun in a fresh interpreter
     argv = {python, "-u"};

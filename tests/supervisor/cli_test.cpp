@@ -173,6 +173,8 @@ TEST_CASE("cli: invalid command lines give exact messages") {
       {{"--nnodes", "1:4", "x"},
        "--nnodes 1:4: a node range needs --rdzv-backend c10d (a static rendezvous has a fixed "
        "node count)"},
+      {{"--nnodes", "2:", "x"},
+       "invalid value '2:' for --nnodes: expected a positive integer N or a range MIN:MAX"},
       {{"--nnodes", "3:2", "x"},
        "invalid value '3:2' for --nnodes: the maximum 2 is below the minimum 3"},
       {{"--node-rank", "2", "--nnodes", "2", "x"},
@@ -479,6 +481,15 @@ TEST_CASE("cli: every torchrun 2.11 flag, both spellings, = forms and PET_* vari
 TEST_CASE("cli: torchrun's PET_* variables: the command line wins, bad values name the variable") {
   CHECK(parse({"--nproc-per-node", "2", "x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 2);
   CHECK(parse({"x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 3);
+  // A variable the command line overrides is never parsed (torchrun: only argparse's default).
+  CHECK(parse({"--nproc", "2", "x"}, {{"PET_NPROC_PER_NODE", "abc"}}).nproc == 2);
+  CHECK(parse({"-r3", "x"}, {{"PET_REDIRECTS", "9"}}).redirects.all == 3);
+  // --standalone: the rendezvous flags are not used (torchrun ignores them too).
+  const Options sa =
+      p({"--standalone", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "x"});
+  CHECK(sa.rdzv_backend == RdzvBackend::kStatic);
+  CHECK_FALSE(sa.master_port_given);
+  REQUIRE(sa.warnings.size() == 1);
   CHECK_FALSE(parse({"x"}, {{"PET_STANDALONE", "0"}}).standalone);
   CHECK(p({"-r3", "x"}).redirects.all == 3);  // a short flag's value in the same word
   CHECK(p({"-t2", "x"}).tee.all == 2);
@@ -566,7 +577,7 @@ TEST_CASE("cli: --rdzv-endpoint HOST[:PORT] names the store") {
   CHECK(both.master_addr == "b");
   REQUIRE(both.warnings.size() == 1);
   CHECK(both.warnings[0] == "--master-addr a is not used: --rdzv-endpoint b:5 names the store");
-  for (const char* bad : {"", ":5", "[]:5", "h:", "[::1]x"}) {
+  for (const char* bad : {"", ":5", "[]:5", "h:", "[::1]x", "localhost:0:1", "http://h:5"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_endpoint("f", bad, 1), UsageError);
   }

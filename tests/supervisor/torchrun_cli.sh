@@ -7,9 +7,15 @@
 #   nnodes_range        --nnodes 1:2 with one node: it starts alone after the last call
 #   mixed_ranks         c10d with 3 nodes: one given --node-rank 1 joins first, the next one
 #                       without takes rank 2 (join order skips the rank already taken)
+#   node_left           c10d with 3 nodes: node 1 stops (SIGINT) during the start rendezvous;
+#                       the next gpurun takes its rank 1, the job starts with 3 nodes
+#   stale_job           a joiner with its own --rdzv-id meets another job's store on the port:
+#                       refused at once (exit 1, both ids named), not joined
 #   late_node           --nnodes 1:2: a node that joins after node 0 closed the rendezvous
 #                       with 1 node is refused (exit 1, the reason named); node 0 goes on
-#   module              -m pkg.mod (python3 -m) with PET_NPROC_PER_NODE=2 in place of the flag
+#   module              -m pkg.mod (python3 -m) with PET_NPROC_PER_NODE=2 in place of the flag,
+#                       the interpreter from torchrun's PYTHON_EXEC
+#   same_instant        c10d, three gpuruns on one host started at once: one hosts, ranks 0-5
 #   no_python           --no-python on a script ending in .py (run as a program)
 #   local_ranks_filter  --local-ranks-filter 1: only local rank 1 on the console
 #   redirects_tee       -r 1 -t 2 --log-dir: stdout only in files, stderr in files and console
@@ -81,6 +87,49 @@ case $CASE in
     grep -q "joined as node 2 (join order)" "$TMP/c.log" || fail "the third node did not take rank 2"
     for r in 0 1 2; do [[ $(val $r WORLD_SIZE) == 3 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
     ;;
+  node_left)
+    P=$(port)
+    args=(--nnodes 3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
+    a=$!
+    sleep 0.3
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/b.log" 2>&1 &
+    b=$!
+    for _ in $(seq 1 100); do grep -q "joined as node 1" "$TMP/b.log" && break; sleep 0.1; done
+    kill -INT "$b"
+    wait "$b" || true
+    for _ in $(seq 1 100); do grep -q "left before the start" "$TMP/a.log" && break; sleep 0.1; done
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/c.log" 2>&1 &
+    c=$!
+    sleep 0.3
+    "$GPURUN" --device cpu "${args[@]}" > "$TMP/d.log" 2>&1 || fail "the fourth gpurun exited $?"
+    wait "$c" || fail "the third gpurun exited $?"
+    wait "$a" || fail "node 0 exited $?"
+    grep -q "joined as node 1 (join order)" "$TMP/c.log" || fail "the replacement did not take rank 1"
+    for r in 0 1 2; do [[ $(val $r WORLD_SIZE) == 3 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
+    ;;
+  stale_job)
+    P=$(port)
+    "$GPURUN" --device cpu --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
+      --rdzv-endpoint "127.0.0.1:$P" --rdzv-id jobA --join-timeout 20 "$DUMP" > "$TMP/a.log" 2>&1 &
+    a=$!
+    sleep 0.5
+    rc=0
+    "$GPURUN" --device cpu --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
+      --rdzv-endpoint "127.0.0.1:$P" --rdzv-id jobB "$DUMP" > "$TMP/b.log" 2>&1 || rc=$?
+    [[ $rc == 1 ]] || fail "the joiner of another job exited $rc, not 1"
+    grep -q "runs job 'jobA', this node was started for 'jobB' (--rdzv-id): not joining it" \
+      "$TMP/b.log" || fail "the joiner does not name both jobs"
+    kill -TERM "$a"
+    wait "$a" || true
+    ;;
+  same_instant)
+    P=$(port)
+    args=(--nnodes 3 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
+    for i in 1 2 3; do "$GPURUN" --device cpu "${args[@]}" > "$TMP/n$i.log" 2>&1 & done
+    for j in $(jobs -p); do wait "$j" || fail "a gpurun exited $?"; done
+    for r in 0 1 2 3 4 5; do [[ $(val $r WORLD_SIZE) == 6 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
+    ;;
   late_node)
     P=$(port)
     args=(--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P"
@@ -99,7 +148,8 @@ case $CASE in
     mkdir -p "$TMP/pkg"
     : > "$TMP/pkg/__init__.py"
     printf 'import os\nopen(os.path.join(os.environ["OUT_DIR"], "env." + os.environ["RANK"]), "w").write("".join(f"{k}={v}\\n" for k, v in os.environ.items()))\n' > "$TMP/pkg/mod.py"
-    (cd "$TMP" && PET_NPROC_PER_NODE=2 PYTHON=/usr/bin/python3 run --master-port 0 -m pkg.mod)
+    (cd "$TMP" && PET_NPROC_PER_NODE=2 PYTHON_EXEC=/usr/bin/python3 PYTHON=/nonexistent/python \
+      run --master-port 0 -m pkg.mod)  # torchrun's PYTHON_EXEC wins
     [[ -f $TMP/env.0 && -f $TMP/env.1 && $(val 1 LOCAL_WORLD_SIZE) == 2 ]] || fail "the module did not run twice"
     ;;
   no_python)
