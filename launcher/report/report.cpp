@@ -224,6 +224,8 @@ std::optional<double> optional_number(const json::object& o, std::string_view ke
 double duration_s(const json::object& o, std::string_view key, const Where& at) {
   const double d = number(o, key, at);
   if (!(d >= 0)) throw Error(at(fmt::format("field `{}` must be 0 s or more, got {}", key, d)));
+  if (!std::isfinite(d))  // 1e400 parses as infinity
+    throw Error(at(fmt::format("field `{}` must be a finite number of seconds, got {}", key, d)));
   return d;
 }
 

@@ -75,10 +75,20 @@ JobPlan make_plan(const Options& o, const EnvMap& inherited, const std::function
           cvd ? fmt::format("CUDA_VISIBLE_DEVICES='{}'", *cvd)
               : std::string("counted with nvidia-smi -L / /proc/driver/nvidia/gpus")));
     }
-    // Two slots on one GPU would each think it owns it (memory, NCCL): refuse the list.
+    // Two slots on one GPU would each think it owns it (memory, NCCL): refuse the list. An
+    // index is compared as a number ("0" and "00" are one GPU to CUDA), a UUID as text.
+    const auto same_gpu = [](const std::string& a, const std::string& b) {
+      const auto index = [](const std::string& s) -> long {
+        if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+          return -1;
+        return std::stol(s);
+      };
+      const long ia = index(a), ib = index(b);
+      return ia >= 0 && ib >= 0 ? ia == ib : a == b;
+    };
     for (std::size_t i = 0; i < ids.size(); ++i) {
       for (std::size_t j = i + 1; j < ids.size(); ++j) {
-        if (ids[i] != ids[j]) continue;
+        if (!same_gpu(ids[i], ids[j])) continue;
         throw UsageError(fmt::format(
             "CUDA_VISIBLE_DEVICES='{}' names GPU {} twice (entries {} and {}): every worker "
             "needs a GPU of its own; list each GPU once",

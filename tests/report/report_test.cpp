@@ -257,6 +257,23 @@ TEST_CASE("report: a negative `seconds` names file:line, the event and the field
   }
 }
 
+TEST_CASE("report: an infinite `seconds` (1e400) names the field") {
+  TempDir dir("gpurun-report");
+  const fs::path log = dir.path / "inf.jsonl";
+  std::ofstream(log)
+      << R"({"ts": "2025-03-04T08:00:00.000Z", "event": "start", "run_id": "inf", "nproc": 1})"
+      << "\n"
+      << R"({"ts": "2025-03-04T08:00:40.000Z", "event": "energy_epoch", "epoch": 0, )"
+      << R"("seconds": 1e400, "energy_j": 800.0, "gpu_energy_j": {"0": 800.0}, )"
+      << R"("active_gpus": 1.0, "max_power_w": 300.0, "cost": 1000.0, "cost_total": 1000.0, )"
+      << R"("predicted_next_cost": 1000.0, "threshold": null})"
+      << "\n";
+  auto r = report(dir, {log.string(), "-o", (dir.path / "x.png").string()});
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(
+      r.err.find("field `seconds` must be a finite number of seconds") != std::string::npos, r.err);
+}
+
 TEST_CASE("report: a missing file is a clear error") {
   TempDir dir("gpurun-report");
   const std::string missing = (dir.path / "nope.jsonl").string();

@@ -201,6 +201,10 @@ TEST_CASE("env: a GPU named twice in CUDA_VISIBLE_DEVICES is a usage error namin
                        "CUDA_VISIBLE_DEVICES='3, 1,3' names GPU 3 twice (entries 0 and 2): every "
                        "worker needs a GPU of its own; list each GPU once",
                        gpurun::UsageError);
+  CHECK_THROWS_WITH_AS(plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "0,00"}}),
+                       "CUDA_VISIBLE_DEVICES='0,00' names GPU 0 twice (entries 0 and 1): every "
+                       "worker needs a GPU of its own; list each GPU once",
+                       gpurun::UsageError);  // an index is a number to CUDA
   CHECK(plan_for({"--nproc", "2"}, {{"CUDA_VISIBLE_DEVICES", "1,0"}}).gpu_ids ==
         std::vector<std::string>{"1", "0"});
   // --device cpu trains on no GPU: the list is not used.
