@@ -1,15 +1,13 @@
 #include "supervisor/cli.hpp"
 
 #include <arpa/inet.h>
-#include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 #include <functional>
 #include <limits>
@@ -17,7 +15,6 @@
 
 #include <fmt/format.h>
 
-#include <csignal>
 #include "gpurun/error.hpp"
 #include "supervisor/preemption.hpp"
 
@@ -256,6 +253,9 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
     /// torchrun's PET_<DEST> variable for this flag ("" when torchrun reads none): a value the
     /// command line does not override (a switch: an integer, non-zero = on).
     std::string pet = {};
+    /// gpurun's own name for a torchrun flag ("nproc" for "nproc-per-node"): given on the
+    /// command line, that flag's PET_* variable is not read either.
+    std::string same_as = {};
   };
   const auto seconds_conf = [](std::string_view key, std::string_view v) {
     return detail::seconds_flag(fmt::format("rdzv-conf {}", key), v);
@@ -283,7 +283,6 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       throw UsageError(fmt::format("--{}: {}", f, why));
     };
   };
-  const auto accepted = [](std::string_view, std::string_view) {};
   constexpr auto kMaxInt = std::numeric_limits<int>::max();
   const Setter nproc = [&](std::string_view f, std::string_view v) {
     o.nproc_given = true;
@@ -298,6 +297,17 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       o.nproc = detail::int_flag(f, v, 1, 1 << 20, "a positive integer, auto, gpu or cpu");
     }
   };
+  // A value that must not be empty, kept as given (a std::string or std::optional<string>).
+  const auto text_into = [](auto& into, std::string_view want) -> Setter {
+    return [&into, want](std::string_view f, std::string_view v) {
+      if (v.empty()) detail::bad_value(f, v, want);
+      into = std::string(v);
+    };
+  };
+  const Setter grace = [&](std::string_view f, std::string_view v) {  // SIGTERM -> SIGKILL
+    o.grace_period = detail::seconds_flag(f, v);
+    o.grace_period_given = true;
+  };
   const Setter run_id = [&](std::string_view f, std::string_view v) {
     if (auto problem = detail::run_id_problem(v)) {
       std::string shown;  // control characters shown as \xNN
@@ -309,7 +319,7 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
     o.run_id_given = true;
   };
   const std::map<std::string, Flag, std::less<>> flags = {
-      {"nproc", {true, nproc}},
+      {"nproc", {true, nproc, "", "nproc-per-node"}},
       {"nproc-per-node", {true, nproc, "PET_NPROC_PER_NODE"}},
       {"nnodes",
        {true,
@@ -353,13 +363,7 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
           o.master_port_given = true;
         },
         "PET_MASTER_PORT"}},
-      {"local-addr",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a host name or address");
-          o.local_addr = std::string(v);
-        },
-        "PET_LOCAL_ADDR"}},
+      {"local-addr", {true, text_into(o.local_addr, "a host name or address"), "PET_LOCAL_ADDR"}},
       {"rdzv-backend",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -456,19 +460,8 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
           o.max_restarts = detail::int_flag(f, v, 0, kMaxInt, "a non-negative integer");
         },
         "PET_MAX_RESTARTS"}},
-      {"grace-period",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          o.grace_period = detail::seconds_flag(f, v);
-          o.grace_period_given = true;
-        }}},
-      {"shutdown-timeout",  // later torch's name for the SIGTERM -> SIGKILL delay
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          o.grace_period = detail::seconds_flag(f, v);
-          o.grace_period_given = true;
-        },
-        "PET_SHUTDOWN_TIMEOUT"}},
+      {"grace-period", {true, grace, "", "shutdown-timeout"}},
+      {"shutdown-timeout", {true, grace, "PET_SHUTDOWN_TIMEOUT"}},  // later torch's name
       {"monitor-interval",  // gpurun is told of a worker's exit at once (SIGCHLD): no polling
        {true, [&](std::string_view f, std::string_view v) { detail::seconds_flag(f, v); },
         "PET_MONITOR_INTERVAL"}},
@@ -479,13 +472,7 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
             detail::bad_value(f, v, "spawn, fork or forkserver");
         },
         "PET_START_METHOD"}},
-      {"role",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a role name");
-          o.role = std::string(v);
-        },
-        "PET_ROLE"}},
+      {"role", {true, text_into(o.role, "a role name"), "PET_ROLE"}},
       {"event-log-handler",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -551,13 +538,7 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       {"node-timeout",
        {true, [&](std::string_view f,
                   std::string_view v) { o.node_timeout = detail::seconds_flag(f, v); }}},
-      {"log-dir",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a directory path");
-          o.log_dir = std::string(v);
-        },
-        "PET_LOG_DIR"}},
+      {"log-dir", {true, text_into(o.log_dir, "a directory path"), "PET_LOG_DIR"}},
       {"redirects",
        {true, [&](std::string_view f, std::string_view v) { o.redirects = parse_std_spec(f, v); },
         "PET_REDIRECTS"}},
@@ -579,20 +560,10 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       {"log-line-prefix-template",
        {true, [&](std::string_view,
                   std::string_view v) { o.log_line_prefix_template = std::string(v); }}},
-      {"run-id", {true, run_id}},
+      {"run-id", {true, run_id, "", "rdzv-id"}},
       {"rdzv-id", {true, run_id, "PET_RDZV_ID"}},
-      {"config",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a file path");
-          o.config = std::string(v);
-        }}},
-      {"event-log",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a file path");
-          o.event_log = std::string(v);
-        }}},
+      {"config", {true, text_into(o.config, "a file path")}},
+      {"event-log", {true, text_into(o.event_log, "a file path")}},
       {"energy",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -605,12 +576,7 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
           else
             detail::bad_value(f, v, "auto, on or off");
         }}},
-      {"energy-summary",
-       {true,
-        [&](std::string_view f, std::string_view v) {
-          if (v.empty()) detail::bad_value(f, v, "a file path");
-          o.energy_summary = std::string(v);
-        }}},
+      {"energy-summary", {true, text_into(o.energy_summary, "a file path")}},
       {"device",
        {true,
         [&](std::string_view f, std::string_view v) {
@@ -631,43 +597,16 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       {"version", {false, [&](std::string_view, std::string_view) { o.version = true; }}},
   };
 
-  // torchrun's PET_* variables first (docs/cli.md#torchrun-flags), for the flags the command
-  // line does not give (as argparse, which takes them as defaults and never parses one the
-  // command line overrides).
-  std::set<std::string> on_line;
-  for (const std::string& a : args) {
-    if (a == "--" || a.size() < 2 || a[0] != '-') break;
-    if (a == "-m") on_line.insert("module");
-    if (a[1] == 'r' && a.rfind("--", 0) != 0) on_line.insert("redirects");
-    if (a[1] == 't' && a.rfind("--", 0) != 0) on_line.insert("tee");
-    if (a.rfind("--", 0) == 0) on_line.insert(detail::canonical(a.substr(2, a.find('=') - 2)));
-  }
-  const auto same_flag = [&](const std::string& name) {  // its aliases share the setter
-    if (on_line.count(name)) return true;
-    if (name == "nproc-per-node") return on_line.count("nproc") > 0;
-    if (name == "rdzv-id") return on_line.count("run-id") > 0;
-    if (name == "shutdown-timeout") return on_line.count("grace-period") > 0;
-    return false;
+  // The command line's flags, in order; applied after torchrun's PET_* variables
+  // (docs/cli.md#torchrun-flags), which are read only for the flags the command line does not
+  // give (as argparse, which takes them as defaults and never parses one the line overrides).
+  struct Given {
+    std::string name;
+    const Flag* flag;
+    std::string value;
   };
-  for (const auto& [name, flag] : flags) {
-    if (flag.pet.empty() || same_flag(name)) continue;
-    const auto it = env.find(flag.pet);
-    if (it == env.end()) continue;
-    const std::string from = fmt::format("{} (from {})", name, flag.pet);
-    if (flag.takes_value) {
-      flag.set(from, it->second);
-      continue;
-    }
-    const auto on = detail::to_int(detail::trim(it->second), std::numeric_limits<int>::min(),
-                                   std::numeric_limits<int>::max());
-    if (!on)
-      throw UsageError(
-          fmt::format("invalid value '{}' for {}: expected an integer (1 = --{}, "
-                      "0 = off), as torchrun reads it",
-                      it->second, flag.pet, name));
-    if (*on != 0) flag.set(from, {});
-  }
-
+  std::vector<Given> given;
+  std::set<std::string> on_line;  // the torchrun names of the flags given
   size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string_view arg = args[i];
@@ -703,10 +642,11 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
     if (it == flags.end())
       throw UsageError(fmt::format("unknown flag '--{}' (see gpurun --help)", body));
     const Flag& flag = it->second;
+    on_line.insert(flag.same_as.empty() ? name : flag.same_as);
     if (!flag.takes_value) {
       if (inline_value)
         throw UsageError(fmt::format("flag --{} takes no value, got '{}'", name, *inline_value));
-      flag.set(name, {});
+      given.push_back({name, &flag, {}});
       continue;
     }
     std::string_view value;
@@ -716,8 +656,27 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
       if (i + 1 >= args.size()) throw UsageError(fmt::format("flag --{} needs a value", name));
       value = args[++i];
     }
-    flag.set(name, value);
+    given.push_back({name, &flag, std::string(value)});
   }
+  for (const auto& [name, flag] : flags) {
+    if (flag.pet.empty() || on_line.count(name)) continue;
+    const auto it = env.find(flag.pet);
+    if (it == env.end()) continue;
+    const std::string from = fmt::format("{} (from {})", name, flag.pet);
+    if (flag.takes_value) {
+      flag.set(from, it->second);
+      continue;
+    }
+    const auto on = detail::to_int(detail::trim(it->second), std::numeric_limits<int>::min(),
+                                   std::numeric_limits<int>::max());
+    if (!on)
+      throw UsageError(
+          fmt::format("invalid value '{}' for {}: expected an integer (1 = --{}, "
+                      "0 = off), as torchrun reads it",
+                      it->second, flag.pet, name));
+    if (*on != 0) flag.set(from, {});
+  }
+  for (const Given& g : given) g.flag->set(g.name, g.value);
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
 
   if (o.help || o.version) return o;
