@@ -322,23 +322,14 @@ int run(int argc, char** argv) {
         fmt::format("warning: --node-rank {} is not used: with --rdzv-backend c10d and "
                     "--nnodes {}:{} node ranks are given in join order (as torchrun does)",
                     opt.node_rank, opt.nnodes, opt.nnodes_max));
+  // Without is_host= the master address check below decides: a node is the host when the
+  // endpoint names one of its addresses (or its --local-addr), else it joins (node rank > 0
+  // until the join gives it one).
+  const bool host_by_address = rank_by_join && !opt.is_host;
   if (rank_by_join) {
     plan.nnodes = opt.nnodes_max;
     plan.world_size = plan.nproc * plan.nnodes;
-    bool host = false;
-    if (opt.is_host) {
-      host = *opt.is_host;
-    } else {
-      const sv::AddressCheck a = sv::check_master_addr(plan.master_addr);
-      try {
-        host = a.result == sv::AddressCheck::Result::kOk &&
-               !sv::local_addresses(a.addresses, sv::interface_addresses()).empty();
-      } catch (const gpurun::Error&) {
-        host = false;
-      }
-      if (opt.local_addr && *opt.local_addr == plan.master_addr) host = true;
-    }
-    plan.node_rank = host ? 0 : 1;  // > 0: a joining node (its rank comes from the join)
+    plan.node_rank = opt.is_host.value_or(true) ? 0 : 1;
   }
   // The master address (docs/cli.md#master-address-and-where-the-store-listens): one that does
   // not resolve fails now, not in every worker later; on node 0 it must be this host (node 0
@@ -350,6 +341,9 @@ int run(int argc, char** argv) {
                                  ? "--master-addr"
                                  : "the master address (the first host of Slurm's node list)";
     const sv::AddressCheck addr = sv::check_master_addr(plan.master_addr);
+    const bool named_locally = opt.local_addr && *opt.local_addr == plan.master_addr;
+    if (host_by_address && addr.result != sv::AddressCheck::Result::kOk && !named_locally)
+      plan.node_rank = 1;
     if (addr.result == sv::AddressCheck::Result::kUnresolvable) {
       print_err(
           fmt::format("error: {} '{}' does not resolve: {}", what, plan.master_addr, addr.reason));
@@ -366,17 +360,23 @@ int run(int argc, char** argv) {
       try {
         const std::vector<sv::InterfaceAddress> interfaces = sv::interface_addresses();
         local = sv::local_addresses(addr.addresses, interfaces);
-        if (local.empty()) {
+        if (local.empty() && host_by_address && !named_locally) {
+          plan.node_rank = 1;  // another host's address: join the node there
+        } else if (local.empty()) {
           print_err(
               fmt::format("error: {} '{}' is not this host: {}", what, plan.master_addr,
                           sv::not_this_host_reason(plan.master_addr, addr.addresses, interfaces)));
           return kExitUsage;
         }
       } catch (const gpurun::Error& e) {
-        print_err(fmt::format("warning: {}; not checking that {} '{}' is this host", e.what(), what,
-                              plan.master_addr));
+        if (host_by_address && !named_locally) {
+          plan.node_rank = 1;  // this host's addresses cannot be read: not taken for the host
+        } else {
+          print_err(fmt::format("warning: {}; not checking that {} '{}' is this host", e.what(),
+                                what, plan.master_addr));
+        }
       }
-      store_hosts = sv::store_listen_hosts(plan.nnodes, local);
+      if (plan.node_rank == 0) store_hosts = sv::store_listen_hosts(plan.nnodes, local);
     }
   }
 
@@ -498,20 +498,10 @@ int run(int argc, char** argv) {
   signals.add(SIGQUIT);  // stops the job like SIGTERM (torchrun's agent does the same)
   if (opt.preempt_signal != 0 && opt.preempt_signal != SIGUSR1 && opt.preempt_signal != SIGUSR2)
     signals.add(opt.preempt_signal);  // --preempt-signal (docs/cli.md#preemption)
-  // Node 0's store. With c10d by join order a node that took itself for the host but finds the
-  // endpoint's port taken (another node on this host listens there) joins instead, as
-  // torchrun's c10d backend does, unless --rdzv-conf is_host=1 says it must host.
-  std::unique_ptr<gpurun::store::Server> store;
-  const auto make_store = [&] {
-    gpurun::store::ServerOptions so;
-    so.hosts = store_hosts;
-    so.port = plan.master_port;
-    if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
-    so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
-    return std::make_unique<gpurun::store::Server>(io, std::move(so));
-  };
-  // Host candidates on one machine contend for @gpurun-c10d/<port> (held for the process's
-  // life): the first hosts, the others join it, without a window between check and bind.
+  // c10d by join order: host candidates on one machine contend for @gpurun-c10d/<port> (held
+  // for the process's life). The first hosts; the others, and a candidate that finds the port
+  // taken by another program, join (torchrun's c10d backend falls back to a client too),
+  // unless --rdzv-conf is_host=1 says it must host.
   gpurun::UniqueFd host_claim;
   if (rank_by_join && plan.node_rank == 0 && !opt.is_host.value_or(false)) {
     host_claim = gpurun::UniqueFd(
@@ -523,8 +513,8 @@ int run(int argc, char** argv) {
           plan.master_port));
     }
   }
-  const auto node_label = [&] {
-    return rank_by_join && node_sync && node_sync->node_rank() < 0
+  const auto node_label = [&] {  // node_rank() < 0: a join-order rank not given yet
+    return node_sync && node_sync->node_rank() < 0
                ? std::string("this node")
                : fmt::format("node {}", node_sync ? node_sync->node_rank() : plan.node_rank);
   };
@@ -579,11 +569,17 @@ int run(int argc, char** argv) {
   if (!stop_timing.note.empty()) print_err(stop_timing.note);
 
   sv::EventLog events;
+  std::unique_ptr<gpurun::store::Server> store;
   sv::RunDir run_dir;
   try {
     if (opt.event_log) events = sv::EventLog(*opt.event_log);
     if (plan.node_rank == 0) {
-      if (!store) store = make_store();
+      gpurun::store::ServerOptions so;
+      so.hosts = store_hosts;
+      so.port = plan.master_port;
+      if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
+      so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
+      store = std::make_unique<gpurun::store::Server>(io, std::move(so));
       if (plan.nnodes > 1 && plan.master_port == 0)
         print_err(
             fmt::format("node 0's store listens on port {}: start the other nodes with "
