@@ -215,6 +215,8 @@ class Scheduler {
   // process); false for one still warming or whose previous process is still exiting.
   bool joinable_now(const SlotInfo& s) const;
   void drop_warm_keys(SlotInfo& s);
+  /// A parked slot's process is gone: its parked and wake keys go (nobody will read them).
+  void drop_park_keys(SlotInfo& s);
   void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
   // The `decision` event for the event log.
   void decision_event(const Decision& d);

@@ -160,11 +160,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       } else {
         // Its state was not needed any more (the pause snapshot or the members hold it): its
         // death loses nothing, and the slot can be named again (spawned anew).
-        if (s.park_generation >= 0) {
-          delete_key(keys::parked(gpu, s.park_generation));
-          delete_key(keys::wake(gpu, s.park_generation));
-          s.park_generation = -1;
-        }
+        drop_park_keys(s);
         set_state(s, SlotState::kParked, "ended while leaving (nothing was lost): " + how);
         say(fmt::format(
             "leaving gpu {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
@@ -208,11 +204,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         // Hold mode: its host copy was not the only one (the pause snapshot or the members hold
         // the state): the slot is parked without a process and a config that names it again
         // starts it anew, as after a release-mode leaver.
-        if (s.park_generation >= 0) {
-          delete_key(keys::parked(gpu, s.park_generation));
-          delete_key(keys::wake(gpu, s.park_generation));
-          s.park_generation = -1;
-        }
+        drop_park_keys(s);
         say(fmt::format(
             "parked gpu {} (pid {}) ended with {}: nothing is lost ({}); a config that names it "
             "again starts it anew",

@@ -121,6 +121,13 @@ void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
   effects_.push_back(std::move(e));
 }
 
+void Scheduler::drop_park_keys(SlotInfo& s) {
+  if (s.park_generation < 0) return;
+  delete_key(keys::parked(s.gpu, s.park_generation));
+  delete_key(keys::wake(s.gpu, s.park_generation));
+  s.park_generation = -1;
+}
+
 void Scheduler::drop_warm_keys(SlotInfo& s) {
   if (s.warm_id < 0) return;
   delete_key(keys::ready(s.gpu, s.warm_id));

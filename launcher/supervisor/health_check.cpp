@@ -22,8 +22,11 @@ constexpr std::size_t kMaxHead = 8 * 1024;
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
 
 struct Session : std::enable_shared_from_this<Session> {
-  Session(tcp::socket s, std::function<Health()>& probe)
-      : socket(std::move(s)), timer(socket.get_executor()), buffer(kMaxHead), probe(probe) {}
+  Session(tcp::socket s, std::shared_ptr<const std::function<Health()>> probe)
+      : socket(std::move(s)),
+        timer(socket.get_executor()),
+        buffer(kMaxHead),
+        probe(std::move(probe)) {}
 
   void start() {
     auto self = shared_from_this();
@@ -48,7 +51,7 @@ struct Session : std::enable_shared_from_this<Session> {
     int status = 405;
     std::string body = R"({"error": "only GET is answered"})";
     if (method == "GET" || method == "HEAD") {
-      const Health h = probe();
+      const Health h = (*probe)();
       status = h.alive ? 200 : 503;
       body = method == "HEAD" ? std::string() : h.json + "\n";
     }
@@ -72,13 +75,14 @@ struct Session : std::enable_shared_from_this<Session> {
   tcp::socket socket;
   asio::steady_timer timer;
   asio::streambuf buffer;
-  std::function<Health()>& probe;
+  std::shared_ptr<const std::function<Health()>> probe;  // outlives a closed server
   std::string reply;
 };
 }  // namespace
 
 struct HealthCheckServer::Impl : std::enable_shared_from_this<Impl> {
-  Impl(asio::io_context& io, std::function<Health()> p) : acceptor(io), probe(std::move(p)) {}
+  Impl(asio::io_context& io, std::function<Health()> p)
+      : acceptor(io), probe(std::make_shared<const std::function<Health()>>(std::move(p))) {}
 
   void accept() {
     auto self = shared_from_this();
@@ -90,7 +94,7 @@ struct HealthCheckServer::Impl : std::enable_shared_from_this<Impl> {
   }
 
   tcp::acceptor acceptor;
-  std::function<Health()> probe;
+  std::shared_ptr<const std::function<Health()>> probe;
 };
 
 HealthCheckServer::HealthCheckServer(asio::io_context& io, uint16_t port,

@@ -125,14 +125,12 @@ void Supervisor::start() {
           "will be shown on the console",
           first, first + opt_.plan.nproc - 1));
   }
-  if (opt_.local_ranks_filter) {
-    const auto it = opt_.local_ranks_filter->begin();
-    if (it == opt_.local_ranks_filter->end() || *it >= opt_.plan.nproc)
-      say(fmt::format(
-          "warning: --local-ranks-filter names none of this node's local ranks (0-{}): no worker "
-          "output will be shown on the console",
-          opt_.plan.nproc - 1));
-  }
+  // (never empty: the parser takes "" for no filter)
+  if (opt_.local_ranks_filter && *opt_.local_ranks_filter->begin() >= opt_.plan.nproc)
+    say(fmt::format(
+        "warning: --local-ranks-filter names none of this node's local ranks (0-{}): no worker "
+        "output will be shown on the console",
+        opt_.plan.nproc - 1));
   if (!preempt_dir().empty()) {
     std::error_code ec;
     std::filesystem::create_directories(preempt_dir(), ec);
