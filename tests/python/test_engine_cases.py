@@ -39,3 +39,9 @@ try:
 except _native.ProtocolError as e:
     assert "is not a JSON object" in str(e), e
 print(f"python_engine_cases: {len(cases)} cases, {checked} steps equal through the C interface")
+
+# The words for a resume position come from the library (the Python messages use them too).
+assert _native.position_text(3, 0) == "after epoch 3", _native.position_text(3, 0)
+assert _native.position_text(0, 0) == "before the first epoch"
+assert _native.position_text(2, 5) == "in epoch 3 after step 5"
+print("python_engine_cases: positions in gpurun's words")

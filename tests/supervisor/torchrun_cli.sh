@@ -38,6 +38,15 @@ fail() {
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 val() { sed -n "s/^$2=//p" "$TMP/env.$1"; }  # val RANK NAME
 run() { "$GPURUN" --device cpu "$@" > "$TMP/out.log" 2> "$TMP/err.log" || fail "gpurun exited $?"; }
+wait_line() {  # wait_line FILE PATTERN: 10 s at most
+  for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  fail "no line matching '$2' in $1 in 10 s"
+}
+worlds() {  # worlds N RANK...: each rank's WORLD_SIZE is N
+  local n=$1 r
+  shift
+  for r in "$@"; do [[ $(val "$r" WORLD_SIZE) == "$n" ]] || fail "rank $r: world $(val "$r" WORLD_SIZE), not $n"; done
+}
 case $CASE in
   c10d_single)
     run --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "localhost:$(port)" \
@@ -80,12 +89,12 @@ case $CASE in
     sleep 0.3
     "$GPURUN" --device cpu --node-rank 1 "${args[@]}" > "$TMP/b.log" 2>&1 &
     b=$!
-    for _ in $(seq 1 100); do grep -q "joined node 0's store" "$TMP/b.log" && break; sleep 0.1; done
+    wait_line "$TMP/b.log" "joined node 0's store"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/c.log" 2>&1 || fail "the third gpurun exited $?"
     wait "$b" || fail "the node given --node-rank 1 exited $?"
     wait "$a" || fail "node 0 exited $?"
     grep -q "joined as node 2 (join order)" "$TMP/c.log" || fail "the third node did not take rank 2"
-    for r in 0 1 2; do [[ $(val $r WORLD_SIZE) == 3 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
+    worlds 3 0 1 2
     ;;
   node_left)
     P=$(port)
@@ -95,10 +104,10 @@ case $CASE in
     sleep 0.3
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/b.log" 2>&1 &
     b=$!
-    for _ in $(seq 1 100); do grep -q "joined as node 1" "$TMP/b.log" && break; sleep 0.1; done
+    wait_line "$TMP/b.log" "joined as node 1"
     kill -INT "$b"
     wait "$b" || true
-    for _ in $(seq 1 100); do grep -q "left before the start" "$TMP/a.log" && break; sleep 0.1; done
+    wait_line "$TMP/a.log" "left before the start"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/c.log" 2>&1 &
     c=$!
     sleep 0.3
@@ -106,7 +115,7 @@ case $CASE in
     wait "$c" || fail "the third gpurun exited $?"
     wait "$a" || fail "node 0 exited $?"
     grep -q "joined as node 1 (join order)" "$TMP/c.log" || fail "the replacement did not take rank 1"
-    for r in 0 1 2; do [[ $(val $r WORLD_SIZE) == 3 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
+    worlds 3 0 1 2
     ;;
   stale_job)
     P=$(port)
@@ -128,7 +137,7 @@ case $CASE in
     args=(--nnodes 3 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
     for i in 1 2 3; do "$GPURUN" --device cpu "${args[@]}" > "$TMP/n$i.log" 2>&1 & done
     for j in $(jobs -p); do wait "$j" || fail "a gpurun exited $?"; done
-    for r in 0 1 2 3 4 5; do [[ $(val $r WORLD_SIZE) == 6 ]] || fail "rank $r: world $(val $r WORLD_SIZE)"; done
+    worlds 6 0 1 2 3 4 5
     ;;
   late_node)
     P=$(port)

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "capi_util.hpp"
+#include "gpurun/control/decision.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/term_signal.hpp"
 #include "gpurun/control/worker_session.hpp"
@@ -43,6 +44,10 @@ int gpurun_last_error_kind(void) {
 }
 void gpurun_free(void* p) {
   std::free(p);
+}
+char* gpurun_position_text(int64_t epoch, int64_t step) {
+  return guarded([&] { return dup(gpurun::control::position_text(epoch, step)); },
+                 static_cast<char*>(nullptr));
 }
 
 gpurun_worker* gpurun_worker_open(void) {

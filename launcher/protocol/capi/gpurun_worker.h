@@ -38,6 +38,9 @@ GPURUN_API int gpurun_worker_abi(void);
 GPURUN_API const char* gpurun_last_error(void);
 GPURUN_API int gpurun_last_error_kind(void);
 GPURUN_API void gpurun_free(void* p);
+/** gpurun's words for a position training resumes at (control::position_text): (E, 0)
+ * "after epoch E", (E, S) "in epoch E+1 after step S". */
+GPURUN_API char* gpurun_position_text(int64_t epoch, int64_t step);
 
 /** A session from the GPURUN_* environment, connected to gpurun's store. NULL with kind 0 when
  * the process is not elastic (no GPURUN_ELASTIC=1); NULL with an error otherwise. */

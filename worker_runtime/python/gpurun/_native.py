@@ -81,6 +81,7 @@ def load(path=None):
         "gpurun_progress_open": (c.c_void_p, []),
         "gpurun_progress_step": (None, [c.c_void_p, c.c_uint64]),
         "gpurun_progress_close": (None, [c.c_void_p]),
+        "gpurun_position_text": (c.c_void_p, [c.c_int64, c.c_int64]),
         "gpurun_engine_new": (c.c_void_p, [c.c_char_p]),
         "gpurun_engine_free": (None, [c.c_void_p]),
         "gpurun_engine_on": (c.c_void_p, [c.c_void_p, c.c_char_p]),
@@ -125,6 +126,13 @@ def _take(lib, ptr):
         return ctypes.string_at(ptr).decode()
     finally:
         lib.gpurun_free(ptr)
+
+
+def position_text(epoch, step):
+    """gpurun's words for a position training resumes at (control::position_text): (E, 0)
+    "after epoch E", (E, S) "in epoch E+1 after step S"."""
+    lib = load()
+    return _take(lib, lib.gpurun_position_text(int(epoch), int(step)))
 
 
 class Session:

@@ -536,8 +536,8 @@ class Runtime:
         if epoch >= 0 and (int(pos["epoch"]), int(pos.get("step", 0))) != (epoch, step):
             raise StateMismatch(
                 f"the pause snapshot '{info['path']}' holds the state "
-                f"{_position_text(int(pos['epoch']), int(pos.get('step', 0)))}, but the pause "
-                f"it resumes was {_position_text(epoch, step)}: refusing to roll training back "
+                f"{_native.position_text(pos['epoch'], pos.get('step', 0))}, but the pause it "
+                f"resumes was {_native.position_text(epoch, step)}: refusing to roll training back "
                 "(was an older snapshot copied over it?)")
         self._load(snap)
         return info["tensor_bytes"]
@@ -758,15 +758,6 @@ class Runtime:
 # go straight from _arrive() into init_process_group, so only a peer that died in between
 # waits this long.
 _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
-
-
-def _position_text(epoch, step):
-    """gpurun's words for a position training resumes at (control::position_text in the
-    protocol library, the one gpurun's own messages use): (E, 0) "after epoch E", (E, S) "in
-    epoch E+1 after step S"."""
-    if step <= 0:
-        return "before the first epoch" if epoch <= 0 else f"after epoch {epoch}"
-    return f"in epoch {epoch + 1} after step {step}"
 
 
 def _report_program_errors(session):
