@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 3
+#define GPURUN_WORKER_ABI 4  /* 4: gpurun_position_text */
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;

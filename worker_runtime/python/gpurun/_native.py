@@ -13,7 +13,7 @@ import ctypes
 import json
 import os
 
-ABI = 3
+ABI = 4  # gpurun_worker.h GPURUN_WORKER_ABI (4: gpurun_position_text)
 
 
 class ProtocolError(RuntimeError):
@@ -101,13 +101,15 @@ def load(path=None):
         "gpurun_snapshots_read": (c.c_void_p, [c.c_void_p, c.c_int, c.c_int]),
         "gpurun_snapshots_premap": (c.c_void_p, [c.c_void_p, c.c_int]),
     }
-    for name, (res, args) in sig.items():
-        f = getattr(lib, name)
-        f.restype, f.argtypes = res, args
+    # The ABI first: a library of another gpurun may lack functions named below.
+    lib.gpurun_worker_abi.restype, lib.gpurun_worker_abi.argtypes = ctypes.c_int, []
     if lib.gpurun_worker_abi() != ABI:
         raise RuntimeError(f"gpurun's worker engine library '{path}' has ABI "
                            f"{lib.gpurun_worker_abi()}, this package speaks {ABI}: use the "
                            "package of the same gpurun")
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
     _lib = lib
     return lib
 
