@@ -22,6 +22,7 @@
 
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
+#include "control/policy_command.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
 #include "energy/early_stop.hpp"
@@ -45,6 +46,7 @@
 #include "supervisor/health_check.hpp"
 #include "supervisor/master_address.hpp"
 #include "supervisor/node_sync.hpp"
+#include "supervisor/notifier.hpp"
 #include "supervisor/posix_spawner.hpp"
 #include "supervisor/preemption.hpp"
 #include "supervisor/run_dir.hpp"
@@ -257,6 +259,12 @@ int run(int argc, char** argv) {
 
   if (argc >= 2 && std::string_view(argv[1]) == "status")
     return gpurun::control::status_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc >= 2 && std::string_view(argv[1]) == "lend")
+    return gpurun::control::lend_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc >= 2 && std::string_view(argv[1]) == "reclaim")
+    return gpurun::control::reclaim_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc >= 2 && std::string_view(argv[1]) == "set")
+    return gpurun::control::set_command(std::vector<std::string>(argv + 2, argv + argc));
   if (argc >= 2 && std::string_view(argv[1]) == "report")
     return gpurun::report::report_command(std::vector<std::string>(argv + 2, argv + argc));
   // The power-limit guard helper gpurun starts for itself (docs/energy.md#power-limits).
@@ -569,10 +577,28 @@ int run(int argc, char** argv) {
   if (!stop_timing.note.empty()) print_err(stop_timing.note);
 
   sv::EventLog events;
+  // [notify] command (docs/sharing.md#notifications): every notable event, from any part of
+  // gpurun, through the event log. Destroyed after the supervisor: what is queued still runs.
+  std::unique_ptr<sv::Notifier> notifier;
+  if (config && !config->notify.command.empty()) {
+    notifier = std::make_unique<sv::Notifier>(
+        config->notify.command, config->notify.timeout,
+        [](const std::string& line) { print_err("warning: " + line); });
+  }
+  const auto observe = [&notifier](sv::EventLog& log) {
+    if (notifier)
+      log.set_observer([n = notifier.get()](std::string_view event, const std::string& record) {
+        n->post(event, record);
+      });
+  };
+  observe(events);
   std::unique_ptr<gpurun::store::Server> store;
   sv::RunDir run_dir;
   try {
-    if (opt.event_log) events = sv::EventLog(*opt.event_log);
+    if (opt.event_log) {
+      events = sv::EventLog(*opt.event_log);
+      observe(events);
+    }
     if (plan.node_rank == 0) {
       gpurun::store::ServerOptions so;
       so.hosts = store_hosts;

@@ -150,6 +150,8 @@ constexpr KnownKey kTopLevelKeys[] = {
     {"boundary", "[boundary]"},
     {"batch", "[batch]"},
     {"energy", "[energy]"},
+    {"policy", "[policy]"},
+    {"notify", "[notify]"},
     {"restart", "[restart]"},
     {"mode", "'mode' under [park]"},
     {"every", "'every' under [boundary]"},
@@ -157,6 +159,8 @@ constexpr KnownKey kTopLevelKeys[] = {
     {"setup_deadline_s", "'setup_deadline_s' under [boundary]"},
     {"standby", "'standby' under [park]"},
     {"global", "'global' under [batch]"},
+    {"min_gpus", "'min_gpus' under [policy]"},
+    {"command", "'command' under [notify]"},
 };
 
 /// Collects findings with their positions; renders them sorted by position.
@@ -182,6 +186,10 @@ class Validator {
         check_batch(node, config);
       } else if (name == "energy") {
         check_energy(node, config);
+      } else if (name == "policy") {
+        check_policy(node, config);
+      } else if (name == "notify") {
+        check_notify(node, config);
       } else if (name == "restart") {
         warn(key.source(), fmt::format("[{}] is not yet used (ignored)", name));
       } else {
@@ -314,6 +322,61 @@ class Validator {
             allowed);
     }
     return table;
+  }
+
+  void check_policy(const toml::node& node, Config& config) {
+    const auto* table = section(node, "policy", "[policy] with min_gpus = <integer>");
+    if (table == nullptr) return;
+    for (auto&& [key, value] : *table) {
+      if (key.str() != "min_gpus") {
+        warn_unknown_nested("policy", key, {"min_gpus"});
+        continue;
+      }
+      const std::string allowed =
+          fmt::format("an integer from 0 to {} (the GPUs a config may name)", valid_.size());
+      const auto* n = value.as_integer();
+      if (n == nullptr)
+        error(value.source(), "policy.min_gpus",
+              fmt::format("expected an integer, found {}", found_phrase(value)), allowed);
+      else if (n->get() < 0 || n->get() > static_cast<int64_t>(valid_.size()))
+        error(value.source(), "policy.min_gpus", fmt::format("{} is out of range", n->get()),
+              allowed);
+      else
+        config.policy.min_gpus = static_cast<int>(n->get());
+    }
+  }
+
+  void check_notify(const toml::node& node, Config& config) {
+    const auto* table =
+        section(node, "notify", R"([notify] with command = "<shell command>" and timeout_s)");
+    if (table == nullptr) return;
+    for (auto&& [key, value] : *table) {
+      if (key.str() == "command") {
+        const auto* t = value.as_string();
+        if (t == nullptr || t->get().empty() || t->get().find('\0') != std::string::npos)
+          error(value.source(), "notify.command",
+                t ? std::string("an empty command")
+                  : fmt::format("expected a string, found {}", found_phrase(value)),
+                "a shell command (run by /bin/sh -c, the event's JSON on stdin)");
+        else
+          config.notify.command = t->get();
+      } else if (key.str() == "timeout_s") {
+        const std::string_view allowed = "a positive number of seconds, at most 3600";
+        std::optional<double> v;
+        if (const auto* i = value.as_integer()) v = static_cast<double>(i->get());
+        if (const auto* f = value.as_floating_point()) v = f->get();
+        if (!v)
+          error(value.source(), "notify.timeout_s",
+                fmt::format("expected a number, found {}", found_phrase(value)), allowed);
+        else if (!(*v > 0) || *v > 3600)
+          error(value.source(), "notify.timeout_s", fmt::format("{} is out of range", *v), allowed);
+        else
+          config.notify.timeout =
+              std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000)));
+      } else {
+        warn_unknown_nested("notify", key, {"command", "timeout_s"});
+      }
+    }
   }
 
   void check_park(const toml::node& node, Config& config) {

@@ -64,6 +64,25 @@ struct EnergyConfig {
   friend bool operator==(const EnergyConfig&, const EnergyConfig&) = default;
 };
 
+/// `[policy]`: bounds on what leases (`gpurun lend`) may do to the job (docs/sharing.md).
+struct PolicyConfig {
+  /// `min_gpus` (default 0): a lease never makes the job train on fewer GPUs than this (nor
+  /// than the declared set holds); the lowest-numbered lent GPUs stay in.
+  int min_gpus = 0;
+
+  friend bool operator==(const PolicyConfig&, const PolicyConfig&) = default;
+};
+
+/// `[notify]`: a command run for each notable event (docs/sharing.md#notifications).
+struct NotifyConfig {
+  /// `command`: run by /bin/sh -c with the event's JSON record on stdin; empty = none.
+  std::string command;
+  /// `timeout_s` (default 10): a command still running after this is killed (SIGKILL).
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};
+
+  friend bool operator==(const NotifyConfig&, const NotifyConfig&) = default;
+};
+
 /// One parsed and validated config.toml. Defaults = an empty file.
 struct Config {
   /// GPU ids to train on, sorted ascending and unique. nullopt (key absent) = the launch set
@@ -89,6 +108,10 @@ struct Config {
   std::chrono::milliseconds setup_deadline{std::chrono::seconds(120)};
   /// `[energy]` (docs/energy.md).
   EnergyConfig energy;
+  /// `[policy]` (docs/sharing.md).
+  PolicyConfig policy;
+  /// `[notify]` (docs/sharing.md#notifications).
+  NotifyConfig notify;
   /// Non-fatal findings in document order, e.g.
   /// "config.toml:7:1: unknown key 'actve_gpus' (ignored); did you mean 'active_gpus'?";
   /// at most kMaxReportedProblems, then "and <K> more warnings in <source> (…)".

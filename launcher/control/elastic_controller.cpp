@@ -43,6 +43,7 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       events_(events),
       console_(console),
       opt_(std::move(options)),
+      declared_(initial),
       scheduler_(opt_.slots, initial, opt_.launch),
       status_writer_(
           io, opt_.run_dir, [this] { return render_current_status(); },
@@ -60,6 +61,58 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
                               });
   watcher_ =
       std::make_unique<ConfigWatcher>(io_, opt_.config_path, opt_.watcher, [this] { reload(); });
+  if (!opt_.run_dir.empty())
+    leases_ = std::make_unique<LeaseKeeper>(
+        io_, opt_.run_dir, opt_.watcher,
+        [this](const std::vector<LeaseKeeper::Change>& c) { on_leases(c); });
+  run_effects();
+}
+
+Config ElasticController::effective_config(const Config& declared) const {
+  if (!leases_ || leases_->leases().empty()) return declared;
+  const std::vector<int> set =
+      declared.active_gpus ? *declared.active_gpus : opt_.launch.value_or(opt_.slots);
+  const EffectiveSet e = effective_set(set, leases_->leases(), unix_now_ms(),
+                                       declared.policy.min_gpus, &lease_time_text);
+  if (e.active == set) return declared;
+  Config c = declared;
+  c.active_gpus = e.active;
+  return c;
+}
+
+void ElasticController::on_leases(const std::vector<LeaseKeeper::Change>& changes) {
+  for (const auto& ch : changes) {
+    const Lease& l = ch.lease;
+    const std::string until = l.until_ms ? lease_time_text(*l.until_ms) : "reclaimed";
+    const std::string note = l.note.empty() ? "" : fmt::format(" ({})", l.note);
+    if (ch.event == "lease")
+      console_.write(StreamId::kStderr, fmt::format("gpurun: lease: GPUs [{}] lent until {}{}\n",
+                                                    join_ids(l.gpus, ", "), until, note));
+    else
+      console_.write(StreamId::kStderr,
+                     fmt::format("gpurun: lease ended ({}): GPUs [{}] come back{}\n", ch.why,
+                                 join_ids(l.gpus, ", "), note));
+    supervisor::JsonObject f;
+    f.add_raw("gpus", ids_json(l.gpus)).add("since_ms", l.since_ms);
+    if (l.until_ms)
+      f.add("until_ms", *l.until_ms);
+    else
+      f.add_raw("until_ms", "null");
+    if (!l.note.empty()) f.add("note", l.note);
+    if (!ch.why.empty()) f.add("why", ch.why);
+    events_.emit(ch.event, f);
+  }
+  Config c = effective_config(declared_);
+  if (c.active_gpus != scheduler_.config().active_gpus) {
+    const std::vector<int> set = c.active_gpus ? *c.active_gpus : opt_.launch.value_or(opt_.slots);
+    const bool lent = c.active_gpus != declared_.active_gpus;
+    console_.write(
+        StreamId::kStderr,
+        fmt::format("gpurun: the job trains on [{}] from the next boundary{}\n",
+                    join_ids(set, ", "), lent ? " (leases in force; config.toml unchanged)" : ""));
+    c.warnings.clear();  // said when the file was loaded
+    scheduler_.config_loaded(std::move(c), opt_.config_path.string());
+  }
   run_effects();
 }
 
@@ -141,7 +194,7 @@ void ElasticController::reload() {
     Config c = load_config(opt_.config_path, opt_.slots);
     // Nothing new (e.g. a touch), unless it fixes a rejected file. A SIGHUP is always
     // answered: the user asked what is in force.
-    if (c == scheduler_.config() && scheduler_.last_config_error().empty()) {
+    if (c == declared_ && scheduler_.last_config_error().empty()) {
       if (sighup) {
         const std::string in_force = describe(scheduler_.config());
         console_.write(StreamId::kStderr,
@@ -155,12 +208,22 @@ void ElasticController::reload() {
     }
     console_.write(StreamId::kStderr,
                    fmt::format("gpurun: config reloaded ({}): {}\n", why, describe(c)));
-    if (c.energy != scheduler_.config().energy)
+    if (c.notify != declared_.notify)
+      console_.write(StreamId::kStderr,
+                     "gpurun: note: [notify] changed: the notify command in use stays until the "
+                     "next run\n");
+    if (c.energy != declared_.energy)
       console_.write(StreamId::kStderr,
                      "gpurun: note: [energy] changed: the energy monitor keeps the settings it "
                      "started with; the change takes effect at the next run\n");
     timeline_.config_seen();
-    scheduler_.config_loaded(std::move(c), opt_.config_path.string());
+    declared_ = c;
+    Config effective = effective_config(c);
+    if (effective.active_gpus != c.active_gpus)
+      console_.write(StreamId::kStderr,
+                     fmt::format("gpurun: leases in force: the job trains on [{}]\n",
+                                 join_ids(*effective.active_gpus, ", ")));
+    scheduler_.config_loaded(std::move(effective), opt_.config_path.string());
   } catch (const ConfigError& e) {
     scheduler_.config_rejected(opt_.config_path.string(), e.what());
     run_effects();  // the rejection is said first
@@ -324,7 +387,45 @@ std::string ElasticController::render_current_status() const {
   snap.physical_gpus = opt_.physical_gpus;
   snap.energy = opt_.energy_status;
   snap.last_resize = timeline_.last();
+  snap.policy = policy_status();
   return render_status(scheduler_, snap);
+}
+
+std::string ElasticController::policy_status() const {
+  const std::vector<int> set =
+      declared_.active_gpus ? *declared_.active_gpus : opt_.launch.value_or(opt_.slots);
+  const int64_t now = unix_now_ms();
+  const std::vector<Lease> none;
+  const std::vector<Lease>& leases = leases_ ? leases_->leases() : none;
+  const EffectiveSet e =
+      effective_set(set, leases, now, declared_.policy.min_gpus, &lease_time_text);
+  std::string arr = "[";
+  for (const Lease& l : leases) {
+    supervisor::JsonObject o;
+    o.add_raw("gpus", ids_json(l.gpus)).add("since_ms", l.since_ms);
+    if (l.until_ms)
+      o.add("until_ms", *l.until_ms).add("until", lease_time_text(*l.until_ms));
+    else
+      o.add_raw("until_ms", "null");
+    if (!l.note.empty()) o.add("note", l.note);
+    arr += (arr.size() > 1 ? "," : "") + o.str();
+  }
+  arr += "]";
+  const auto pairs = [](const std::vector<std::pair<int, std::string>>& v) {
+    std::string out = "[";
+    for (const auto& [gpu, why] : v)
+      out += (out.size() > 1 ? "," : "") +
+             supervisor::JsonObject().add("gpu", gpu).add("why", why).str();
+    return out + "]";
+  };
+  supervisor::JsonObject p;
+  p.add_raw("declared_active", ids_json(set))
+      .add("min_gpus", declared_.policy.min_gpus)
+      .add_raw("leases", arr)
+      .add_raw("excluded", pairs(e.excluded))
+      .add_raw("kept", pairs(e.kept));
+  if (leases_ && !leases_->error().empty()) p.add("leases_error", leases_->error());
+  return p.str();
 }
 
 }  // namespace gpurun::control

@@ -17,6 +17,7 @@
 
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
+#include "control/lease_keeper.hpp"
 #include "control/resize_timeline.hpp"
 #include "control/scheduler.hpp"
 #include "control/status.hpp"
@@ -88,6 +89,13 @@ class ElasticController : public supervisor::SlotController {
   /// Loads the file after a change or a SIGHUP: applies it, rejects it (and says what stays
   /// in force), or, when a SIGHUP finds it unchanged, says so (console + config_unchanged).
   void reload();
+  /// The config the scheduler gets: the declared one with the lent GPUs taken out
+  /// (docs/sharing.md); `declared` itself when no lease changes its set.
+  Config effective_config(const Config& declared) const;
+  /// Leases changed: said, logged, and the effective set given to the scheduler.
+  void on_leases(const std::vector<LeaseKeeper::Change>& changes);
+  /// status.json's "policy" object text.
+  std::string policy_status() const;
   void on_key(const std::string& key);
   void run_effects();
   void spawn(int gpu, int64_t generation, int64_t warm, bool standby,
@@ -105,8 +113,10 @@ class ElasticController : public supervisor::SlotController {
   supervisor::EventLog& events_;
   supervisor::Console& console_;
   ElasticOptions opt_;
+  Config declared_;  ///< the file's last good config (the scheduler gets effective_config())
   Scheduler scheduler_;
   std::unique_ptr<ConfigWatcher> watcher_;
+  std::unique_ptr<LeaseKeeper> leases_;
   StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
   ResizeTimeline timeline_;

@@ -18,10 +18,6 @@ std::string state_from(const Decision& d) {
   return describe(d.state_source);
 }
 
-std::string ids_json(const std::vector<int>& ids) {
-  return "[" + join_ids(ids) + "]";
-}
-
 std::vector<int> minus(const std::vector<int>& a, const std::vector<int>& b) {
   std::vector<int> out;
   std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));

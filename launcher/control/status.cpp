@@ -29,10 +29,6 @@ namespace json = boost::json;
 
 namespace {
 
-std::string ids_json(const std::vector<int>& ids) {
-  return "[" + join_ids(ids) + "]";
-}
-
 bool pid_alive(int pid) {
   return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
 }
@@ -158,6 +154,7 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_null("last_decision");
   else
     root.add_raw("last_decision", st.last_decision);
+  if (!snap.policy.empty()) root.add_raw("policy", snap.policy);
   if (snap.last_resize.empty())
     root.add_null("last_resize");
   else
@@ -350,73 +347,100 @@ void err(const std::string& msg) {
 
 }  // namespace
 
+bool take_run_flag(const std::vector<std::string>& args, size_t& i, RunChoice& choice,
+                   std::string& error) {
+  const std::string& a = args[i];
+  auto value = [&](const char* flag) -> std::optional<std::string> {
+    if (a.rfind(std::string(flag) + "=", 0) == 0) return a.substr(std::strlen(flag) + 1);
+    if (a == flag && i + 1 < args.size()) return args[++i];
+    return std::nullopt;
+  };
+  if (a == "--pid" || a.rfind("--pid=", 0) == 0) {
+    const std::optional<std::string> v = value("--pid");
+    if (!v) return error = "--pid needs a value", true;
+    int n = 0;
+    const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (v->empty() || ec != std::errc{} || p != v->data() + v->size() || n <= 0)
+      return error = fmt::format("invalid value '{}' for --pid: expected a process id", *v), true;
+    choice.pid = n;
+    return true;
+  }
+  if (a == "--run-id" || a.rfind("--run-id=", 0) == 0) {
+    choice.run_id = value("--run-id");
+    if (!choice.run_id) error = "--run-id needs a value";
+    return true;
+  }
+  if (a == "--run-dir" || a.rfind("--run-dir=", 0) == 0) {
+    choice.run_dir = value("--run-dir");
+    if (!choice.run_dir) error = "--run-dir needs a value";
+    return true;
+  }
+  return false;
+}
+
+std::optional<std::string> choose_run_dir(const RunChoice& c, std::string& error, int& code) {
+  code = 1;
+  if (c.run_dir && c.pid) {
+    error = "--pid and --run-dir each pick one run; give one of them";
+    code = 2;
+    return std::nullopt;
+  }
+  if (c.run_dir) return c.run_dir;
+  const auto& run_id = c.run_id;
+  const auto& pid = c.pid;
+  std::vector<RunEntry> runs;
+  for (auto& r : live_runs())
+    if ((!run_id || r.run_id == *run_id) && (!pid || r.pid == *pid)) runs.push_back(r);
+  if (runs.empty()) {
+    std::string which;
+    if (run_id) which += fmt::format(" with run id '{}'", *run_id);
+    if (pid) which += fmt::format("{} pid {}", run_id ? " and" : " with", *pid);
+    error = fmt::format("no running gpurun{} is registered in {}", which, registry_dir());
+    return std::nullopt;
+  }
+  if (runs.size() > 1) {
+    std::string list;
+    for (const auto& r : runs)
+      list += fmt::format("\n  pid {}  run dir {}  started {}{}", r.pid, r.run_dir,
+                          started_text(r.started),
+                          run_id ? std::string() : fmt::format("  run id {}", r.run_id));
+    // Several runs under one id (e.g. the default "none", or a reused --run-id): the id
+    // cannot tell them apart, the pid and the run directory can.
+    const std::string what =
+        run_id ? fmt::format("{} running gpurun jobs share the run id '{}'", runs.size(), *run_id)
+               : fmt::format("{} running gpurun jobs are registered", runs.size());
+    error = fmt::format("{}; pick one with --pid PID or --run-dir DIR:{}", what, list);
+    return std::nullopt;
+  }
+  return runs.front().run_dir;
+}
+
 int status_command(const std::vector<std::string>& args) {
   constexpr const char* kUsage =
       "usage: gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]";
   bool as_json = false;
-  std::optional<std::string> run_id, run_dir;
-  std::optional<int> pid;
+  RunChoice choice;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag) -> std::optional<std::string> {
-      if (a.rfind(std::string(flag) + "=", 0) == 0) return a.substr(std::strlen(flag) + 1);
-      if (a == flag && i + 1 < args.size()) return args[++i];
-      return std::nullopt;
-    };
+    std::string error;
     if (a == "--json") {
       as_json = true;
     } else if (a == "-h" || a == "--help") {
       std::puts(kUsage);
       return 0;
-    } else if (a == "--pid" || a.rfind("--pid=", 0) == 0) {
-      const std::optional<std::string> v = value("--pid");
-      if (!v) return err("--pid needs a value"), 2;
-      int n = 0;
-      const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
-      if (v->empty() || ec != std::errc{} || p != v->data() + v->size() || n <= 0)
-        return err(fmt::format("invalid value '{}' for --pid: expected a process id", *v)), 2;
-      pid = n;
-    } else if (a.rfind("--run-id", 0) == 0) {
-      run_id = value("--run-id");
-      if (!run_id) return err("--run-id needs a value"), 2;
-    } else if (a.rfind("--run-dir", 0) == 0) {
-      run_dir = value("--run-dir");
-      if (!run_dir) return err("--run-dir needs a value"), 2;
+    } else if (take_run_flag(args, i, choice, error)) {
+      if (!error.empty()) return err(error), 2;
     } else {
       err(fmt::format("unknown argument '{}' for gpurun status (see gpurun status --help)", a));
       return 2;
     }
   }
-  if (run_dir && pid) {
-    err(fmt::format("--pid and --run-dir each pick one run; give one of them ({})", kUsage));
-    return 2;
-  }
+  std::string error;
+  int code = 1;
+  const std::optional<std::string> run_dir = choose_run_dir(choice, error, code);
   if (!run_dir) {
-    std::vector<RunEntry> runs;
-    for (auto& r : live_runs())
-      if ((!run_id || r.run_id == *run_id) && (!pid || r.pid == *pid)) runs.push_back(r);
-    if (runs.empty()) {
-      std::string which;
-      if (run_id) which += fmt::format(" with run id '{}'", *run_id);
-      if (pid) which += fmt::format("{} pid {}", run_id ? " and" : " with", *pid);
-      err(fmt::format("no running gpurun{} is registered in {}", which, registry_dir()));
-      return 1;
-    }
-    if (runs.size() > 1) {
-      std::string list;
-      for (const auto& r : runs)
-        list += fmt::format("\n  pid {}  run dir {}  started {}{}", r.pid, r.run_dir,
-                            started_text(r.started),
-                            run_id ? std::string() : fmt::format("  run id {}", r.run_id));
-      // Several runs under one id (e.g. the default "none", or a reused --run-id): the id
-      // cannot tell them apart, the pid and the run directory can.
-      const std::string what =
-          run_id ? fmt::format("{} running gpurun jobs share the run id '{}'", runs.size(), *run_id)
-                 : fmt::format("{} running gpurun jobs are registered", runs.size());
-      err(fmt::format("{}; pick one with --pid PID or --run-dir DIR:{}", what, list));
-      return 1;
-    }
-    run_dir = runs.front().run_dir;
+    err(code == 2 ? fmt::format("{} ({})", error, kUsage) : error);
+    return code;
   }
   const fs::path file = fs::path(*run_dir) / "status.json";
   const std::string text = slurp(file);
@@ -458,6 +482,30 @@ int status_command(const std::vector<std::string>& args) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  if (const json::value* p = o.if_contains("policy"); p && p->is_object()) {
+    const json::object& po = p->as_object();
+    std::string leases;
+    if (const json::value* l = po.if_contains("leases"); l && l->is_array())
+      for (const auto& lv : l->as_array()) {
+        if (!lv.is_object()) continue;
+        const json::object& lo = lv.as_object();
+        const json::value* note = lo.if_contains("note");
+        leases += fmt::format(
+            "{}GPUs {} until {}{}", leases.empty() ? "" : "; ", ids_text(lo.if_contains("gpus")),
+            lo.contains("until") ? field_text(lo, "until") : "reclaimed",
+            note && note->is_string() ? fmt::format(" ({})", std::string(note->as_string())) : "");
+      }
+    out +=
+        fmt::format("declared (config.toml) {}  leases: {}\n",
+                    ids_text(po.if_contains("declared_active")), leases.empty() ? "none" : leases);
+    if (const json::value* k = po.if_contains("kept"); k && k->is_array())
+      for (const auto& kv : k->as_array())
+        if (kv.is_object())
+          out += fmt::format("kept: GPU {}: {}\n", field_text(kv.as_object(), "gpu"),
+                             field_text(kv.as_object(), "why"));
+    if (po.contains("leases_error"))
+      out += fmt::format("leases file error: {}\n", field_text(po, "leases_error"));
+  }
   if (const json::value* p = o.if_contains("pause_refused"); p && p->is_string())
     out += fmt::format("pause refused (training goes on, tried at every boundary): {}\n",
                        std::string(p->as_string()));

@@ -46,6 +46,9 @@ struct StatusSnapshot {
   /// The last `resize` event's fields (JSON object text, docs/control-protocol.md#resize-
   /// timings); empty: none yet (status.json says null).
   std::string last_resize;
+  /// The "policy" object's text (docs/sharing.md#status): the declared set, leases, and what
+  /// they leave out; empty: none (plain runs).
+  std::string policy;
 };
 
 /// One slot as status.json shows it.
@@ -139,6 +142,21 @@ class RunRegistration {
   std::string path_;
   std::string error_;
 };
+
+/// Which run a command (`gpurun status`, `lend`, `reclaim`, `set`) is about.
+struct RunChoice {
+  std::optional<std::string> run_id;
+  std::optional<std::string> run_dir;
+  std::optional<int> pid;  ///< the supervisor's
+};
+/// When args[i] is --run-id, --pid or --run-dir (also as --flag=value), takes it and its
+/// value into `choice` (advancing i) and returns true; a missing or bad value sets `error`.
+bool take_run_flag(const std::vector<std::string>& args, size_t& i, RunChoice& choice,
+                   std::string& error);
+/// The run directory of the one registered run `choice` matches (--run-dir: that one).
+/// nullopt when none or several match (`error` says which, listing them; `code` 1) or the
+/// flags contradict each other (`code` 2). Removes stale registry entries it meets.
+std::optional<std::string> choose_run_dir(const RunChoice& choice, std::string& error, int& code);
 
 /// `gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]` (args after "status").
 /// --run-id and --pid (the supervisor's) filter the registered runs; --run-dir reads that

@@ -15,10 +15,6 @@ namespace json = boost::json;
 
 namespace {
 
-std::string ids_json(const std::vector<int>& ids) {
-  return "[" + join_ids(ids) + "]";
-}
-
 json::value parse_object(std::string_view text, std::string_view what) {
   boost::system::error_code ec;
   json::value root = json::parse(text, ec);
@@ -58,10 +54,6 @@ std::vector<int> get_ids(const json::object& o, std::string_view field, std::str
   return out;
 }
 
-bool contains(const std::vector<int>& v, int x) {
-  return std::binary_search(v.begin(), v.end(), x);
-}
-
 }  // namespace
 
 std::string_view to_string(Decision::Kind kind) {
@@ -87,7 +79,7 @@ int Decision::rank_of(int gpu) const {
 }
 
 bool Decision::is_leaver(int gpu) const {
-  return contains(leavers, gpu);
+  return has_id(leavers, gpu);
 }
 
 StateSource StateSource::peer(int rank, int gpu) {
@@ -335,6 +327,14 @@ GenKey parse_gen_key(std::string_view key) {
   return out;
 }
 }  // namespace keys
+
+std::string ids_json(const std::vector<int>& ids) {
+  return "[" + join_ids(ids) + "]";
+}
+
+bool has_id(const std::vector<int>& ids, int x) {
+  return std::find(ids.begin(), ids.end(), x) != ids.end();
+}
 
 std::string join_ids(const std::vector<int>& ids, std::string_view sep) {
   std::string out;

@@ -14,10 +14,6 @@ namespace {
 using A = EngineAction::Kind;
 using E = EngineEvent::Kind;
 
-bool contains(const std::vector<int>& v, int x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
 int index_of(const std::vector<int>& v, int x) {
   auto it = std::find(v.begin(), v.end(), x);
   return it == v.end() ? -1 : static_cast<int>(it - v.begin());
@@ -406,9 +402,8 @@ void WorkerEngine::begin_set_up(const Decision& d, bool have_state, double now) 
   if (!d.active.empty()) {
     if (src >= 0 && !d.joiners.empty()) {
       std::vector<int> group = d.active;
-      if (!contains(group, src))
-        group.insert(std::upper_bound(group.begin(), group.end(), src), src);
-      if (contains(group, opt_.slot)) {
+      if (!has_id(group, src)) group.insert(std::upper_bound(group.begin(), group.end(), src), src);
+      if (has_id(group, opt_.slot)) {
         const bool same = group == d.active;
         su.plan.push_back(make_group(group, same ? "train" : "handoff"));
         const int root = index_of(group, src);

@@ -112,6 +112,13 @@ Examples:
   CUDA_VISIBLE_DEVICES=2,3 gpurun --nproc 2 ./train     # slots 0,1 on GPUs 2,3
   srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8 gpurun ./train   # Slurm
 
+Commands about a running job (each has --help; docs/sharing.md):
+  gpurun status [--json]             what the job does, per slot
+  gpurun lend GPUS [--for 2h]        stop using GPUS at the next boundary, take them back later
+  gpurun reclaim [GPUS]              take lent GPUs back now
+  gpurun set KEY=VALUE...            change config.toml, checked as a hand edit
+  gpurun report EVENTS.jsonl         draw a run's energy and resizes
+
 Exit status: 0 when every worker succeeds; the first failing worker's exit code,
 or 128+signal when it was killed by a signal; 1 for a launcher error; 2 for a
 usage error; 127 when the command cannot be found. See docs/cli.md.

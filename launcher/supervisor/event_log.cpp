@@ -33,6 +33,7 @@ EventLog& EventLog::operator=(EventLog&& other) noexcept {
     fd_ = other.fd_;
     path_ = std::move(other.path_);
     clock_ = std::move(other.clock_);
+    observer_ = std::move(other.observer_);
     write_failed_ = other.write_failed_;
     other.fd_ = -1;
   }
@@ -69,8 +70,8 @@ std::string EventLog::format_record(std::chrono::system_clock::time_point ts,
 }
 
 void EventLog::emit(std::string_view event, const JsonObject& fields) {
-  if (fd_ < 0) return;
-  const auto ts = clock_();
+  if (fd_ < 0 && !observer_) return;
+  const auto ts = clock_ ? clock_() : std::chrono::system_clock::now();
   std::string line = format_record(ts, event, fields);
   if (line.size() > kMaxRecordBytes) {
     // One line a reader can still take in: the event, that it was cut, and how big it was.
@@ -81,6 +82,8 @@ void EventLog::emit(std::string_view event, const JsonObject& fields) {
                              .add("record_bytes", static_cast<int64_t>(size))
                              .add("limit_bytes", static_cast<int64_t>(kMaxRecordBytes)));
   }
+  if (observer_) observer_(event, line);
+  if (fd_ < 0) return;
   line.push_back('\n');
   // A short write (a nearly full disk) is continued: the rest either fits or fails with the
   // real errno (ENOSPC), which is what the warning names.

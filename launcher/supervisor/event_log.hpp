@@ -34,6 +34,11 @@ class EventLog {
 
   bool enabled() const { return fd_ >= 0; }
 
+  /// Also hands every record (the line's text, without the newline) to `observer`, with the
+  /// log file or without one: `[notify]` (supervisor/notifier.hpp). Empty: none.
+  using Observer = std::function<void(std::string_view event, const std::string& record)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
   /// Largest record written, in bytes (without the newline). A bigger one is replaced by
   /// {"ts", "event", "truncated": true, "record_bytes": N, "limit_bytes": kMaxRecordBytes}.
   static constexpr std::size_t kMaxRecordBytes = 64 * 1024;
@@ -55,6 +60,7 @@ class EventLog {
   std::string path_;
   Clock clock_;
   bool write_failed_ = false;
+  Observer observer_;
 };
 
 }  // namespace gpurun::supervisor

@@ -53,9 +53,7 @@ std::string error_of(const std::string& text, const std::vector<int>& ids = kFou
   return "(no error)";
 }
 
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-config-test") {}
-};
+using gpurun::testing::TempDir;
 
 TEST_CASE("parse_config: eta_knob = -0.0 is 0, printed as 0 (not -0)") {
   const Config c = parse_config("[energy]\neta_knob = -0.0\n", "config.toml", kFourGpus);
@@ -412,7 +410,7 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 10);
+  CHECK(examples == 15);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);
@@ -423,6 +421,9 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
   CHECK(all.energy.cost_threshold_factor == 2.0);
   CHECK(all.energy.auto_limit);
   CHECK(all.energy.job == "vit-b-bs256");
+  CHECK(all.policy.min_gpus == 1);
+  CHECK(all.notify.command.rfind("curl ", 0) == 0);
+  CHECK(all.notify.timeout == std::chrono::seconds(10));
   CHECK(all.warnings.empty());
 }
 

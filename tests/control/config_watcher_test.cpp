@@ -28,9 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kHangGuard = 10s;
 
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-watch-test") {}
-};
+using gpurun::testing::TempDir;
 
 /// open(O_TRUNC) + write + close: how most programs (and `echo >`) rewrite a file in place.
 void write_in_place(const fs::path& path, std::string_view text) {

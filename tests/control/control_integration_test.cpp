@@ -44,9 +44,7 @@ using gpurun::testing::slurp;
 
 using gpurun::testing::write_file;
 
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-ctl") {}
-};
+using gpurun::testing::TempDir;
 
 /// gpurun --device cpu --nproc N --config DIR/config.toml --event-log DIR/events.jsonl
 ///        fake_worker DIR EPOCH_MS, output captured in DIR.

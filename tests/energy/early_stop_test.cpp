@@ -12,6 +12,7 @@
 
 #include <boost/json.hpp>
 
+#include "check_text.hpp"
 #include "gpurun/error.hpp"
 
 using namespace gpurun::energy;
@@ -37,18 +38,9 @@ WindowRecord window(double t0, double seconds, std::vector<int> active,
 }
 
 // A fresh directory under the temp dir, removed at scope exit (the tests' shared one).
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-early-stop-test") {}
-};
+using gpurun::testing::TempDir;
 
-std::string what_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gpurun::Error& e) {
-    return e.what();
-  }
-  return "(no gpurun::Error thrown)";
-}
+using gpurun::testing::what_of;
 
 }  // namespace
 

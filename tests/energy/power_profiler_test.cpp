@@ -14,6 +14,7 @@
 
 #include <boost/json.hpp>
 
+#include "check_text.hpp"
 #include "gpurun/error.hpp"
 
 using namespace gpurun::energy;
@@ -77,18 +78,9 @@ ProfilerOptions options(double eta) {
 }
 
 // A fresh directory under the temp dir, removed at scope exit (the tests' shared one).
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-profiler-test") {}
-};
+using gpurun::testing::TempDir;
 
-std::string what_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gpurun::Error& e) {
-    return e.what();
-  }
-  return "(no gpurun::Error thrown)";
-}
+using gpurun::testing::what_of;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);

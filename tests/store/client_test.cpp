@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "check_text.hpp"
 #include "gpurun/error.hpp"
 #include "testing/store_server.hpp"
 
@@ -21,9 +22,7 @@ using testing::TestServer;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using gpurun::testing::contains;
 
 int listen_loopback(uint16_t& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

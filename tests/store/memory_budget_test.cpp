@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "check_text.hpp"
 #include "gpurun/error.hpp"
 #include "store/backend.hpp"
 
@@ -17,9 +18,7 @@ namespace {
 constexpr std::size_t kKiB = 1024;
 constexpr std::size_t kMiB = 1024 * 1024;
 
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using gpurun::testing::contains;
 
 }  // namespace
 

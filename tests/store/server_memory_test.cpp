@@ -34,7 +34,7 @@ using testing::validate_frame;
 
 namespace {
 
-constexpr int64_t kMiB = 1024;  // in KiB, the unit of VmRSS
+constexpr int64_t kKiBPerMiB = 1024;  // in KiB, the unit of VmRSS
 constexpr std::size_t kBudgetBytes = std::size_t{64} << 20;
 
 // Samples VmRSS every 2 ms on a thread of its own until destroyed; peak() = the highest.
@@ -210,14 +210,14 @@ TEST_CASE("server memory: WAITs on many large missing keys stay within the budge
 
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const int64_t rss_after = resident_kib();
-    MESSAGE("threads " << threads << ": VmRSS before " << rss_before / kMiB << " MiB, peak "
-                       << rss_peak / kMiB << " MiB, after " << rss_after / kMiB
+    MESSAGE("threads " << threads << ": VmRSS before " << rss_before / kKiBPerMiB << " MiB, peak "
+                       << rss_peak / kKiBPerMiB << " MiB, after " << rss_after / kKiBPerMiB
                        << " MiB; budget peak "
                        << ts.server().memory_budget().peak_bytes() / (1u << 20) << " MiB; probe "
                        << max_probe_ms << " ms at most");
     if (!kAddressSanitizer) {  // ASan's quarantine keeps freed memory resident
-      CHECK(rss_peak - rss_before < 64 * kMiB + 48 * kMiB);  // budget + slack
-      CHECK(rss_after - rss_before < 24 * kMiB);             // given back
+      CHECK(rss_peak - rss_before < 64 * kKiBPerMiB + 48 * kKiBPerMiB);  // budget + slack
+      CHECK(rss_after - rss_before < 24 * kKiBPerMiB);                   // given back
     }
   }
 }
@@ -270,12 +270,12 @@ TEST_CASE("server memory: 40 non-reading clients pipelining 8 MiB GETs stay with
   CHECK(ping(probe, 3));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const int64_t rss_after = resident_kib();
-  MESSAGE("VmRSS before " << rss_before / kMiB << " MiB, peak " << rss_peak / kMiB << " MiB, after "
-                          << rss_after / kMiB << " MiB; budget peak "
+  MESSAGE("VmRSS before " << rss_before / kKiBPerMiB << " MiB, peak " << rss_peak / kKiBPerMiB
+                          << " MiB, after " << rss_after / kKiBPerMiB << " MiB; budget peak "
                           << ts.server().memory_budget().peak_bytes() / (1u << 20) << " MiB");
   if (!kAddressSanitizer) {
-    CHECK(rss_peak - rss_before < 64 * kMiB + 48 * kMiB);
-    CHECK(rss_after - rss_before < 24 * kMiB);
+    CHECK(rss_peak - rss_before < 64 * kKiBPerMiB + 48 * kKiBPerMiB);
+    CHECK(rss_after - rss_before < 24 * kKiBPerMiB);
   }
 }
 

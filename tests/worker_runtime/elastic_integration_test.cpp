@@ -42,9 +42,7 @@ const std::string kGpurun = GPURUN_BINARY;
 const std::string kTrainer = GPURUN_TRAINER;
 constexpr int64_t kSamples = 256;
 
-struct TempDir : gpurun::testing::TempDir {
-  TempDir() : gpurun::testing::TempDir("gpurun-rt") {}
-};
+using gpurun::testing::TempDir;
 
 std::string config(const std::string& active, const std::string& mode = "release",
                    const std::string& extra = "") {

@@ -18,6 +18,7 @@
 #if GPURUN_HAVE_GLOO
 #include "comm/gloo/communicator.hpp"
 #endif
+#include "comm_options.hpp"
 #include "gpurun/store/client.hpp"
 #include "testing/store_server.hpp"
 
@@ -32,18 +33,7 @@ bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
 
-CommOptions group_options(uint16_t port, const std::string& prefix, int rank, int size,
-                          milliseconds timeout = milliseconds(5000)) {
-  CommOptions o;
-  o.store.host = "127.0.0.1";
-  o.store.port = port;
-  o.store.timeout = timeout;
-  o.prefix = prefix;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = timeout;
-  return o;
-}
+using testing::group_options;
 
 // Runs fn(rank) on `size` threads; returns each rank's exception (null when it returned).
 std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(int)>& fn) {

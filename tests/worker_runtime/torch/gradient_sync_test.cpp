@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "comm/communicator.hpp"
+#include "comm_options.hpp"
 #include "gpurun/check.hpp"
 #include "testing/store_server.hpp"
 
@@ -99,16 +100,7 @@ std::vector<at::Tensor> reference_mean(int size) {
   return sum;
 }
 
-CommOptions group_options(uint16_t port, const std::string& prefix, int rank, int size) {
-  CommOptions o;
-  o.store.port = port;
-  o.store.timeout = std::chrono::seconds(5);
-  o.prefix = prefix;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = std::chrono::seconds(5);
-  return o;
-}
+using testing::group_options;
 
 }  // namespace
 

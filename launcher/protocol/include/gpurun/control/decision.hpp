@@ -191,5 +191,9 @@ std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std:
 /// "0,1,3" (environment form of an active set) and back. parse throws ProtocolError.
 std::string join_ids(const std::vector<int>& ids, std::string_view sep = ",");
 std::vector<int> parse_ids(std::string_view text);
+/// "[0,1,3]": an id list as a JSON array (event fields, status.json).
+std::string ids_json(const std::vector<int>& ids);
+/// Whether `x` is one of `ids` (any order).
+bool has_id(const std::vector<int>& ids, int x);
 
 }  // namespace gpurun::control

@@ -1,0 +1,150 @@
+// Leases on disk and their timers. Reference: docs/sharing.md.
+#include "control/lease_keeper.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "gpurun/unique_fd.hpp"
+
+namespace gpurun::control {
+
+namespace {
+
+std::string slurp(const std::string& path, bool& missing) {
+  std::ifstream in(path, std::ios::binary);
+  missing = !in;
+  if (!in) return {};
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw LeaseError(fmt::format("{}: cannot read the leases file", path));
+  return s.str();
+}
+
+}  // namespace
+
+std::string leases_path(const std::string& run_dir) {
+  return run_dir + "/leases.json";
+}
+
+int64_t unix_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string lease_time_text(int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{}, today{};
+  if (!::localtime_r(&t, &tm) || !::localtime_r(&now, &today)) return fmt::format("{} ms", unix_ms);
+  char buf[32];
+  const bool same_day = tm.tm_year == today.tm_year && tm.tm_yday == today.tm_yday;
+  std::strftime(buf, sizeof buf, same_day ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::vector<Lease> read_leases(const std::string& path) {
+  bool missing = false;
+  const std::string text = slurp(path, missing);
+  return missing ? std::vector<Lease>{} : parse_leases(text, path);
+}
+
+std::vector<Lease> update_leases(
+    const std::string& path, const std::function<std::vector<Lease>(std::vector<Lease>)>& change) {
+  const std::string lock_path = path + ".lock";
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock)
+    throw LeaseError(
+        fmt::format("{}: cannot open the lock file: {}", lock_path, std::strerror(errno)));
+  while (::flock(lock.get(), LOCK_EX) != 0)
+    if (errno != EINTR)
+      throw LeaseError(fmt::format("{}: cannot lock: {}", lock_path, std::strerror(errno)));
+  std::vector<Lease> next = change(read_leases(path));
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << render_leases(next);
+    out.close();
+    if (!out) {
+      ::unlink(tmp.c_str());
+      throw LeaseError(fmt::format("{}: cannot write the leases file", tmp));
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw LeaseError(fmt::format("{}: cannot replace the leases file: {}", path, std::strerror(e)));
+  }
+  return next;
+}
+
+LeaseKeeper::LeaseKeeper(boost::asio::io_context& io, const std::string& run_dir,
+                         WatcherOptions watcher,
+                         std::function<void(const std::vector<Change>&)> on_change)
+    : io_(io), path_(leases_path(run_dir)), on_change_(std::move(on_change)), timer_(io) {
+  watcher.log = {};
+  watcher_ = std::make_unique<ConfigWatcher>(io_, path_, watcher, [this] { reload(); });
+}
+
+LeaseKeeper::~LeaseKeeper() {
+  timer_.cancel();
+}
+
+void LeaseKeeper::reload() {
+  try {
+    std::vector<Lease> now = drop_ended(read_leases(path_), unix_now_ms());
+    error_.clear();
+    apply(std::move(now), "reclaimed");
+  } catch (const LeaseError& e) {
+    error_ = e.what();
+  }
+}
+
+void LeaseKeeper::expire() {
+  std::vector<Lease> now;
+  try {
+    now = update_leases(path_, [](std::vector<Lease> l) { return drop_ended(l, unix_now_ms()); });
+  } catch (const LeaseError& e) {
+    error_ = e.what();
+    now = drop_ended(leases_, unix_now_ms());  // the time is up whatever the file says
+  }
+  apply(std::move(now), "expired");
+}
+
+void LeaseKeeper::apply(std::vector<Lease> now, const std::string& end_why) {
+  std::vector<Change> changes;
+  for (const Lease& l : leases_)
+    if (std::find(now.begin(), now.end(), l) == now.end())
+      changes.push_back(
+          {"lease_end", l, l.until_ms && *l.until_ms <= unix_now_ms() ? "expired" : end_why});
+  for (const Lease& l : now)
+    if (std::find(leases_.begin(), leases_.end(), l) == leases_.end())
+      changes.push_back({"lease", l, ""});
+  leases_ = std::move(now);
+  arm();
+  if (!changes.empty() && on_change_) on_change_(changes);
+}
+
+void LeaseKeeper::arm() {
+  timer_.cancel();
+  const std::optional<int64_t> end = next_lease_end(leases_, unix_now_ms());
+  if (!end) return;
+  timer_.expires_after(std::chrono::milliseconds(std::max<int64_t>(*end - unix_now_ms(), 0)));
+  timer_.async_wait([this, alive = std::weak_ptr<int>(alive_)](boost::system::error_code ec) {
+    if (ec || alive.expired()) return;
+    expire();
+  });
+}
+
+}  // namespace gpurun::control

@@ -1,0 +1,75 @@
+// gpurun::control policies — what makes the *effective* GPU set differ from the declared one
+// (config.toml's active_gpus): leases (`gpurun lend`), bounded by `[policy] min_gpus`.
+// Pure: no I/O, no clock (times are passed in). Reference: docs/sharing.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gpurun/error.hpp"
+
+namespace gpurun::control {
+
+/// One lease: GPUs the job does not train on until `until_ms` (Unix time, ms), or until a
+/// `gpurun reclaim` when there is no end.
+struct Lease {
+  std::vector<int> gpus;  ///< sorted, unique
+  int64_t since_ms = 0;   ///< when it was made (Unix time, ms)
+  std::optional<int64_t> until_ms;
+  std::string note;  ///< `gpurun lend --note`: who or why (shown in status; may be empty)
+
+  friend bool operator==(const Lease&, const Lease&) = default;
+};
+
+/// A leases file that cannot be read: what() names the file and the problem.
+class LeaseError : public gpurun::Error {
+ public:
+  using Error::Error;
+};
+
+/// `<run_dir>/leases.json`: {"leases": [{"gpus": [2, 3], "since_ms": N, "until_ms": N|null,
+/// "note": "..."}]}. An empty text is no lease. Throws LeaseError naming `source`.
+std::vector<Lease> parse_leases(std::string_view text, const std::string& source);
+/// The file text (one JSON object and a newline), read back equal by parse_leases.
+std::string render_leases(const std::vector<Lease>& leases);
+
+/// Every GPU lent at `now_ms` (a lease whose end is later than now, or without an end), sorted.
+std::vector<int> lent_gpus(const std::vector<Lease>& leases, int64_t now_ms);
+/// The leases still running at `now_ms`; `ended` gets those that ended (until_ms <= now_ms).
+std::vector<Lease> drop_ended(const std::vector<Lease>& leases, int64_t now_ms,
+                              std::vector<Lease>* ended = nullptr);
+/// The earliest end of a running lease, or nullopt when none ends.
+std::optional<int64_t> next_lease_end(const std::vector<Lease>& leases, int64_t now_ms);
+
+/// The GPUs to train on and why the others of the declared set are not.
+struct EffectiveSet {
+  std::vector<int> active;  ///< sorted
+  /// (gpu, why) for each declared GPU left out, e.g. (2, "lent until 12:00:05").
+  std::vector<std::pair<int, std::string>> excluded;
+  /// (gpu, why) for each GPU a policy wanted out but `min_gpus` kept, e.g.
+  /// (1, "lent, kept: [policy] min_gpus = 2").
+  std::vector<std::pair<int, std::string>> kept;
+
+  friend bool operator==(const EffectiveSet&, const EffectiveSet&) = default;
+};
+
+/// The effective set: `declared` (sorted) minus the lent GPUs, but never fewer than
+/// min(min_gpus, declared.size()) GPUs — the lowest-numbered lent ones stay in (a declared
+/// pause, `[]`, stays a pause). `until_text` renders a lease end for the reasons.
+EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<Lease>& leases,
+                           int64_t now_ms, int min_gpus,
+                           std::string (*until_text)(int64_t unix_ms) = nullptr);
+
+/// "2,3", "2-3", "0-1,3" or "all" -> sorted unique ids; "all" = `all`. Throws LeaseError
+/// naming `what` for anything else (an empty part, a reversed range, a negative id).
+std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& all,
+                                std::string_view what);
+/// "90", "90s", "5m", "2h", "1d", "1.5h" -> milliseconds (> 0). Throws LeaseError naming
+/// `what` otherwise.
+int64_t parse_duration_ms(std::string_view text, std::string_view what);
+
+}  // namespace gpurun::control

@@ -1,0 +1,32 @@
+// `gpurun lend`, `gpurun reclaim` and `gpurun set`: change a running elastic job's GPU set
+// without editing config.toml by hand. Reference: docs/sharing.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpurun::control {
+
+/// `gpurun lend GPUS [--for DURATION] [--note TEXT] [--run-id ID | --pid PID | --run-dir DIR]`
+/// (args after "lend"): adds a lease to the run's leases.json; the job stops training on those
+/// GPUs at its next boundary and takes them back when the lease ends. Blocks on file I/O.
+/// Returns the exit status: 0, 1 (no such run, a file error), 2 (usage).
+int lend_command(const std::vector<std::string>& args);
+
+/// `gpurun reclaim [GPUS] [--run-id ID | --pid PID | --run-dir DIR]`: ends the leases of those
+/// GPUs (all leases without GPUS) now. Exit status as lend_command.
+int reclaim_command(const std::vector<std::string>& args);
+
+/// `gpurun set KEY=VALUE... [--config PATH | --run-id ID | --pid PID | --run-dir DIR]`:
+/// rewrites the job's config.toml atomically with those keys changed (comments and other keys
+/// kept), after checking the result with the same rules and messages as a hand edit; nothing
+/// is written when it fails. Exit status as lend_command.
+int set_command(const std::vector<std::string>& args);
+
+/// The text of `config` with `key` (`active_gpus` or `table.key`) set to the TOML value
+/// `value`: the key's line replaced where it exists, else added (top-level keys before the
+/// first table, a table's key after its header, a missing table at the end). Pure.
+std::string set_config_key(std::string_view config, std::string_view key, std::string_view value);
+
+}  // namespace gpurun::control

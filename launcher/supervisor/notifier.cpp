@@ -1,0 +1,181 @@
+// [notify] command runner. Reference: docs/sharing.md#notifications.
+#include "supervisor/notifier.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+#include <boost/json.hpp>
+
+extern char** environ;
+
+namespace gpurun::supervisor {
+
+namespace json = boost::json;
+
+bool notify_wants(std::string_view event, std::string_view record) {
+  if (event == "lease" || event == "lease_end" || event == "early_stop" || event == "shutdown")
+    return true;
+  if (event != "decision" && event != "worker_exited") return false;
+  boost::system::error_code ec;
+  const json::value v = json::parse(record, ec);
+  if (ec || !v.is_object()) return false;
+  const json::object& o = v.as_object();
+  if (event == "decision") {
+    const json::value* k = o.if_contains("kind");
+    return k && k->is_string() && (k->as_string() == "resize" || k->as_string() == "exit");
+  }
+  const json::value* code = o.if_contains("code");
+  return o.contains("signal") || (code && code->is_int64() && code->as_int64() != 0);
+}
+
+Notifier::Notifier(std::string command, std::chrono::milliseconds timeout,
+                   std::function<void(const std::string&)> warn)
+    : command_(std::move(command)), timeout_(timeout), warn_(std::move(warn)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Notifier::~Notifier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Notifier::post(std::string_view event, std::string_view record) {
+  if (!notify_wants(event, record)) return;
+  bool say_drop = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (queue_.size() >= kMaxQueued) {
+      say_drop = dropped_++ == 0 && failures_ == 0;
+    } else {
+      queue_.emplace_back(std::string(event), std::string(record));
+    }
+  }
+  if (say_drop && warn_)
+    warn_(
+        fmt::format("notify: {} events wait for the command already; '{}' and later ones "
+                    "are dropped while it is this far behind (later drops are not reported)",
+                    kMaxQueued, event));
+  cv_.notify_one();
+}
+
+std::pair<int, int> Notifier::failures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {failures_, dropped_};
+}
+
+void Notifier::run() {
+  for (;;) {
+    std::pair<std::string, std::string> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything ran
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_one(item.first, item.second);
+  }
+}
+
+void Notifier::failed(const std::string& why) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = failures_++ == 0;
+  }
+  if (first && warn_)
+    warn_(fmt::format("notify: {}; the job goes on (later failures are not reported)", why));
+}
+
+void Notifier::run_one(const std::string& event, const std::string& record) {
+  // A socket pair, not a pipe: send(MSG_NOSIGNAL) to a command that left without reading
+  // is EPIPE, never SIGPIPE, whatever the process's SIGPIPE disposition.
+  int in[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0)
+    return failed(fmt::format("cannot make a socket for '{}': {}", event, std::strerror(errno)));
+  ::shutdown(in[0], SHUT_WR);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group: a timeout kills what it started too
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "GPURUN_NOTIFY_EVENT=", 20) != 0) env_text.emplace_back(*e);
+  env_text.push_back("GPURUN_NOTIFY_EVENT=" + event);
+  std::vector<char*> envp;
+  for (auto& s : env_text) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string sh = "/bin/sh", dash_c = "-c", cmd = command_;
+  char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  ::close(in[0]);
+  if (rc != 0) {
+    ::close(in[1]);
+    return failed(fmt::format("cannot start /bin/sh for '{}': {}", event, std::strerror(rc)));
+  }
+  // The record and a newline; a command that does not read it is fine. Non-blocking, so a
+  // full socket never holds the notifier past the timeout.
+  const std::string text = record + "\n";
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  size_t done = 0;
+  int status = 0;
+  bool exited = false;
+  while (!exited) {
+    if (in[1] >= 0 && done < text.size()) {
+      const ssize_t n =
+          ::send(in[1], text.data() + done, text.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) done += static_cast<size_t>(n);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) done = text.size();  // EPIPE: it left
+    }
+    if (in[1] >= 0 && done >= text.size()) {
+      ::close(in[1]);
+      in[1] = -1;
+    }
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) {
+      exited = true;
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(-pid, SIGKILL);  // the command's own process group (setpgroup above)
+      ::waitpid(pid, &status, 0);
+      if (in[1] >= 0) ::close(in[1]);
+      return failed(fmt::format("the command for '{}' ran past timeout_s = {} and was killed",
+                                event, static_cast<double>(timeout_.count()) / 1000.0));
+    }
+    ::poll(nullptr, 0, 10);
+  }
+  if (in[1] >= 0) ::close(in[1]);
+  if (WIFSIGNALED(status))
+    return failed(
+        fmt::format("the command for '{}' was killed by signal {}", event, WTERMSIG(status)));
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    return failed(fmt::format("the command for '{}' exited with {}", event, WEXITSTATUS(status)));
+}
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,151 @@
+// Leases, the effective GPU set, the lend/set argument forms and set_config_key
+// (launcher/control/policy.hpp, policy_command.hpp). docs/sharing.md.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "control/config.hpp"
+#include "control/policy.hpp"
+#include "control/policy_command.hpp"
+
+using namespace gpurun::control;
+
+namespace {
+
+const std::vector<int> kFour = {0, 1, 2, 3};
+
+Lease lease(std::vector<int> gpus, std::optional<int64_t> until, std::string note = "") {
+  Lease l;
+  l.gpus = std::move(gpus);
+  l.since_ms = 1000;
+  l.until_ms = until;
+  l.note = std::move(note);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("leases: rendered and parsed back equal; an empty file is none") {
+  const std::vector<Lease> ls = {lease({2, 3}, 5000, "alice"), lease({1}, std::nullopt)};
+  CHECK(parse_leases(render_leases(ls), "leases.json") == ls);
+  CHECK(parse_leases("", "leases.json").empty());
+  CHECK(parse_leases(" \n", "leases.json").empty());
+}
+
+TEST_CASE("leases: a malformed file names the file and the lease") {
+  CHECK_THROWS_WITH_AS(parse_leases("[1]", "/r/leases.json"),
+                       "/r/leases.json: not a leases file (expected {\"leases\": [...]})",
+                       LeaseError);
+  CHECK_THROWS_WITH_AS(parse_leases(R"({"leases": [{"gpus": [], "since_ms": 1}]})", "f"),
+                       "f: lease 0: field 'gpus' must be a non-empty array of GPU ids", LeaseError);
+  CHECK_THROWS_WITH_AS(parse_leases(R"({"leases": [{"gpus": [1], "since_ms": "x"}]})", "f"),
+                       "f: lease 0: field 'since_ms' must be an integer", LeaseError);
+}
+
+TEST_CASE("leases: running, ended and the next end") {
+  const std::vector<Lease> ls = {lease({2}, 5000), lease({3}, 9000), lease({1}, std::nullopt)};
+  CHECK(lent_gpus(ls, 4999) == std::vector<int>{1, 2, 3});
+  CHECK(lent_gpus(ls, 5000) == std::vector<int>{1, 3});  // an end is exclusive
+  std::vector<Lease> ended;
+  CHECK(drop_ended(ls, 6000, &ended).size() == 2);
+  REQUIRE(ended.size() == 1);
+  CHECK(ended[0].gpus == std::vector<int>{2});
+  CHECK(next_lease_end(ls, 0) == 5000);
+  CHECK(next_lease_end(ls, 5000) == 9000);
+  CHECK(next_lease_end(ls, 9000) == std::nullopt);  // the open lease never ends by itself
+}
+
+TEST_CASE("effective_set: lent GPUs leave the declared set, with their reason") {
+  const EffectiveSet e = effective_set(kFour, {lease({2, 3}, 5000)}, 1000, 0);
+  CHECK(e.active == std::vector<int>{0, 1});
+  REQUIRE(e.excluded.size() == 2);
+  CHECK(e.excluded[0] == std::pair<int, std::string>{2, "lent until 5000 ms"});
+  CHECK(e.kept.empty());
+  // After the end, the whole declared set again.
+  CHECK(effective_set(kFour, {lease({2, 3}, 5000)}, 5000, 0).active == kFour);
+  // A lent GPU outside the declared set changes nothing.
+  CHECK(effective_set({0, 1}, {lease({3}, std::nullopt)}, 0, 0).active == std::vector<int>{0, 1});
+  // Lending every GPU pauses the job when min_gpus allows it.
+  CHECK(effective_set(kFour, {lease({0, 1, 2, 3}, std::nullopt)}, 0, 0).active.empty());
+}
+
+TEST_CASE("effective_set: min_gpus is never undercut; the lowest lent ids stay") {
+  const EffectiveSet e = effective_set(kFour, {lease({1, 2, 3}, std::nullopt)}, 0, 3);
+  CHECK(e.active == std::vector<int>{0, 1, 2});
+  REQUIRE(e.kept.size() == 2);
+  CHECK(e.kept[0] == std::pair<int, std::string>{1,
+                                                 "lent until reclaimed, kept: [policy] "
+                                                 "min_gpus = 3"});
+  CHECK(e.excluded == std::vector<std::pair<int, std::string>>{{3, "lent until reclaimed"}});
+  // min_gpus above the declared set: the declared set, not more; a declared pause stays one.
+  CHECK(effective_set({0, 1}, {lease({0, 1}, std::nullopt)}, 0, 4).active ==
+        std::vector<int>{0, 1});
+  CHECK(effective_set({}, {lease({0}, std::nullopt)}, 0, 2).active.empty());
+}
+
+TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
+  CHECK(parse_gpu_list("3,1", kFour, "GPU list") == std::vector<int>{1, 3});
+  CHECK(parse_gpu_list("0-2,2", kFour, "GPU list") == std::vector<int>{0, 1, 2});
+  CHECK(parse_gpu_list("all", kFour, "GPU list") == kFour);
+  CHECK_THROWS_WITH_AS(parse_gpu_list("3-1", kFour, "GPU list"),
+                       "invalid GPU list '3-1': the range '3-1' runs backwards (expected ids "
+                       "like 2,3 or 0-3, or all)",
+                       LeaseError);
+  CHECK_THROWS_WITH_AS(parse_gpu_list("1,,2", kFour, "GPU list"),
+                       "invalid GPU list '1,,2': an empty part (expected ids like 2,3 or 0-3, "
+                       "or all)",
+                       LeaseError);
+  CHECK_THROWS_AS(parse_gpu_list("x", kFour, "GPU list"), LeaseError);
+  CHECK_THROWS_AS(parse_gpu_list("-1", kFour, "GPU list"), LeaseError);
+  CHECK(parse_duration_ms("90", "--for") == 90000);
+  CHECK(parse_duration_ms("5s", "--for") == 5000);
+  CHECK(parse_duration_ms("1.5h", "--for") == 5'400'000);
+  CHECK(parse_duration_ms("2d", "--for") == 172'800'000);
+  CHECK_THROWS_WITH_AS(parse_duration_ms("0s", "--for"),
+                       "invalid --for '0s': expected a positive duration such as 90s, 30m, 2h "
+                       "or 1d",
+                       LeaseError);
+  CHECK_THROWS_AS(parse_duration_ms("5 s", "--for"), LeaseError);
+  CHECK_THROWS_AS(parse_duration_ms("nan", "--for"), LeaseError);
+  CHECK_THROWS_AS(parse_duration_ms("1e400", "--for"), LeaseError);
+}
+
+TEST_CASE("set_config_key: replaces a key's line, keeps comments, adds what is missing") {
+  const std::string text =
+      "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"release\"\n";
+  const std::string a = set_config_key(text, "active_gpus", "[0, 1, 2, 3]");
+  CHECK(a == "# my job\nactive_gpus = [0, 1, 2, 3]\n\n[park]\n# why hold\nmode = \"release\"\n");
+  const std::string b = set_config_key(text, "park.mode", "\"hold\"");
+  CHECK(b == "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"hold\"\n");
+  // Missing: a top-level key before the first table, a table key after its header, a new table
+  // at the end.
+  CHECK(set_config_key("# c\n[park]\nmode = \"hold\"\n", "active_gpus", "[1]") ==
+        "# c\nactive_gpus = [1]\n[park]\nmode = \"hold\"\n");
+  CHECK(set_config_key("[park]\nmode = \"hold\"\n", "park.standby", "false") ==
+        "[park]\nstandby = false\nmode = \"hold\"\n");
+  CHECK(set_config_key("active_gpus = [0]", "batch.global", "256") ==
+        "active_gpus = [0]\n\n[batch]\nglobal = 256\n");
+  // A key of the same name in another table is not touched.
+  CHECK(set_config_key("[energy]\nmode = 1\n[park]\n", "park.mode", "\"hold\"") ==
+        "[energy]\nmode = 1\n[park]\nmode = \"hold\"\n");
+  // Every result is a valid config with the value in force.
+  const Config c = parse_config(b, "config.toml", {0, 1, 2, 3});
+  CHECK(c.park_mode == ParkMode::kHold);
+  CHECK(parse_config(a, "config.toml", {0, 1, 2, 3}).active_gpus == kFour);
+}
+
+TEST_CASE("config: [policy] min_gpus and [notify] are read and checked") {
+  const Config c =
+      parse_config("[policy]\nmin_gpus = 2\n[notify]\ncommand = \"cat >> log\"\ntimeout_s = 2.5\n",
+                   "config.toml", kFour);
+  CHECK(c.policy.min_gpus == 2);
+  CHECK(c.notify.command == "cat >> log");
+  CHECK(c.notify.timeout == std::chrono::milliseconds(2500));
+  CHECK_THROWS_WITH_AS(parse_config("[policy]\nmin_gpus = 5\n", "config.toml", kFour),
+                       "config.toml:2:12: policy.min_gpus: 5 is out of range; allowed: an "
+                       "integer from 0 to 4 (the GPUs a config may name)",
+                       ConfigError);
+  CHECK_THROWS_AS(parse_config("[notify]\ncommand = \"\"\n", "config.toml", kFour), ConfigError);
+  CHECK_THROWS_AS(parse_config("[notify]\ntimeout_s = 0\n", "config.toml", kFour), ConfigError);
+}

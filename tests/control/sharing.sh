@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# ctest sharing_<case>: lending GPUs of a running job, `gpurun set`, [notify] (issue 27,
+# docs/sharing.md), with the real gpurun and fake workers (fake_worker.cpp) on --device cpu.
+#   lend_for    lend 2 --for 2s: the next boundary shrinks to [0, 1] (config.toml untouched),
+#               `gpurun status` shows the lease; when it ends the job grows back to [0, 1, 2]
+#   min_gpus    [policy] min_gpus = 2, lend 1-2: GPU 1 stays (said in status), GPU 2 leaves;
+#               reclaim 2: it comes back and GPU 1 (still lent) leaves; reclaim: all back. A
+#               leases file broken by hand is said in status and refused by lend
+#   set         gpurun set active_gpus=0 shrinks the job with the file's comments kept; a bad
+#               value is refused with the hand edit's message and the file is left as it was
+#   notify      [notify] command: lease, the resize decisions, lease_end and shutdown reach it
+#               in the event log's order, each as its JSON record; the command's failure for one
+#               event is said once and the job goes on
+# Usage: sharing.sh GPURUN FAKE_WORKER CASE
+set -euo pipefail
+GPURUN=$1 WORKER=$2 CASE=$3
+TMP=$(mktemp -d)
+trap 'kill_run; rm -rf "$TMP"' EXIT
+export XDG_RUNTIME_DIR=$TMP/xdg  # our registrations only: `gpurun lend` finds this job alone
+mkdir -p "$XDG_RUNTIME_DIR" "$TMP/w"
+pid=
+kill_run() { [[ -n $pid && $pid -gt 1 ]] && kill "$pid" 2>/dev/null; true; }
+fail() {
+  echo "sharing_$CASE: FAIL: $*" >&2
+  echo "-- gpurun stderr" >&2; tail -30 "$TMP/err.log" >&2 || true
+  echo "-- events" >&2; grep -v '"worker_state"' "$TMP/events.jsonl" | tail -30 >&2 || true
+  exit 1
+}
+start() {  # start NPROC: gpurun with config $TMP/config.toml, epochs of 200 ms
+  "$GPURUN" --device cpu --nproc "$1" --master-port 0 --run-id share --config "$TMP/config.toml" \
+    --event-log "$TMP/events.jsonl" "$WORKER" "$TMP/w" 200 > "$TMP/out.log" 2> "$TMP/err.log" &
+  pid=$!
+}
+# The active set of the N-th resize decision (counting the start as 1), waited for 30 s.
+resize() {
+  local n=$1 i
+  for i in $(seq 1 300); do
+    local got
+    got=$(grep '"event": "decision"' "$TMP/events.jsonl" 2>/dev/null |
+      grep -E '"kind": "(start|resize)"' | sed -n "${n}p" | sed -E 's/.*"active": (\[[^]]*\]).*/\1/')
+    [[ -n $got ]] && { echo "$got"; return 0; }
+    kill -0 "$pid" 2>/dev/null || fail "gpurun exited while waiting for resize $n"
+    sleep 0.1
+  done
+  fail "no resize decision #$n in 30 s"
+}
+expect_resize() { local got; got=$(resize "$1"); [[ $got == "$2" ]] || fail "resize $1: active $got, not $2"; }
+wait_event() {  # wait_event PATTERN: 30 s at most
+  for _ in $(seq 1 300); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
+  fail "no event matching '$1' in 30 s"
+}
+finish() {  # every worker ends 3 epochs after the latest decision; gpurun must exit 0
+  local e
+  e=$(grep '"event": "decision"' "$TMP/events.jsonl" | tail -1 | sed -E 's/.*"epoch": ([0-9]+).*/\1/')
+  echo $((e + 3)) > "$TMP/w/stop"
+  wait "$pid" || fail "gpurun exited $?"
+  pid=
+}
+cfg() { printf '%s\n' "$@" > "$TMP/config.toml"; }
+
+case $CASE in
+  lend_for)
+    cfg '# three slots' '[boundary]' 'deadline_s = 30'
+    cp "$TMP/config.toml" "$TMP/config.before"
+    start 3
+    expect_resize 1 "[0,1,2]"
+    "$GPURUN" lend 2 --for 2s --note "alice's eval" > "$TMP/lend.out" 2>&1 || fail "lend: $(cat "$TMP/lend.out")"
+    grep -q 'lent GPUs \[2\] until' "$TMP/lend.out" || fail "lend said: $(cat "$TMP/lend.out")"
+    expect_resize 2 "[0,1]"
+    "$GPURUN" status > "$TMP/status.out" 2>&1 || fail "status: $(cat "$TMP/status.out")"
+    grep -q "leases: GPUs \[2\] until .* (alice's eval)" "$TMP/status.out" ||
+      fail "status shows no lease: $(cat "$TMP/status.out")"
+    grep -q 'declared (config.toml) \[0, 1, 2\]' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
+    wait_event '"event": "lease_end".*"why": "expired"'
+    expect_resize 3 "[0,1,2]"
+    cmp -s "$TMP/config.toml" "$TMP/config.before" || fail "config.toml was changed"
+    finish
+    ;;
+  min_gpus)
+    cfg '[policy]' 'min_gpus = 2'
+    start 3
+    expect_resize 1 "[0,1,2]"
+    "$GPURUN" lend 1-2 > "$TMP/lend.out" 2>&1 || fail "lend: $(cat "$TMP/lend.out")"
+    expect_resize 2 "[0,1]"
+    "$GPURUN" status > "$TMP/status.out" 2>&1
+    grep -q 'kept: GPU 1: lent until reclaimed, kept: \[policy\] min_gpus = 2' "$TMP/status.out" ||
+      fail "status: $(cat "$TMP/status.out")"
+    "$GPURUN" reclaim 2 > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
+    grep -q 'reclaimed GPUs \[2\]' "$TMP/reclaim.out" || fail "reclaim said: $(cat "$TMP/reclaim.out")"
+    # GPU 2 back, GPU 1 still lent: two GPUs are left without it, so it leaves now.
+    expect_resize 3 "[0,2]"
+    "$GPURUN" reclaim > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
+    expect_resize 4 "[0,1,2]"
+    "$GPURUN" lend 7 > "$TMP/bad.out" 2>&1 && fail "lend of GPU 7 was taken"
+    grep -q "GPU 7 is not one of this job's GPUs; allowed: 0, 1, 2" "$TMP/bad.out" ||
+      fail "lend 7 said: $(cat "$TMP/bad.out")"
+    # A leases file broken by hand: said in status, refused by the commands, nothing changes.
+    rundir=$(sed -n 's/.*run dir \([^ ]*\).*/\1/p' "$TMP/status.out" | head -1)
+    [[ -d $rundir ]] || fail "no run dir in status: $(cat "$TMP/status.out")"
+    echo 'not json' > "$rundir/leases.json"
+    for _ in $(seq 1 50); do
+      "$GPURUN" status > "$TMP/status2.out" 2>&1
+      grep -q "leases file error: $rundir/leases.json: not a leases file" "$TMP/status2.out" && break
+      sleep 0.1
+    done
+    grep -q "leases file error" "$TMP/status2.out" || fail "status: $(cat "$TMP/status2.out")"
+    rc=0; "$GPURUN" lend 2 > "$TMP/bad2.out" 2>&1 || rc=$?
+    [[ $rc == 1 ]] && grep -q 'not a leases file' "$TMP/bad2.out" || fail "lend on a broken file: $rc $(cat "$TMP/bad2.out")"
+    finish
+    ;;
+  set)
+    cfg '# keep me' 'active_gpus = [0, 1]' '[park]' 'mode = "release"  # or hold'
+    start 2
+    expect_resize 1 "[0,1]"
+    cp "$TMP/config.toml" "$TMP/config.before"
+    "$GPURUN" set park.mode=bogus > "$TMP/bad.out" 2>&1 && fail "a bad park.mode was written"
+    grep -q 'park.mode: unknown park mode "bogus"; allowed: "release", "hold"' "$TMP/bad.out" ||
+      fail "set park.mode=bogus said: $(cat "$TMP/bad.out")"
+    cmp -s "$TMP/config.toml" "$TMP/config.before" || fail "a refused set changed the file"
+    "$GPURUN" set active_gpus=0 > "$TMP/set.out" 2>&1 || fail "set: $(cat "$TMP/set.out")"
+    expect_resize 2 "[0]"
+    grep -q '^# keep me$' "$TMP/config.toml" && grep -q 'active_gpus = \[0\]' "$TMP/config.toml" &&
+      grep -q 'mode = "release"  # or hold' "$TMP/config.toml" || fail "file after set: $(cat "$TMP/config.toml")"
+    finish
+    ;;
+  notify)
+    # The command appends each record and fails for the lease event (said once; goes on).
+    cfg '[notify]' "command = \"cat >> '$TMP/notified.jsonl'; [ \\\"\$GPURUN_NOTIFY_EVENT\\\" != lease ]\""
+    start 2
+    expect_resize 1 "[0,1]"
+    "$GPURUN" lend 1 --for 1s > /dev/null 2>&1 || fail "lend"
+    wait_event '"event": "lease_end"'
+    expect_resize 3 "[0,1]"
+    finish
+    grep -q "notify: the command for 'lease' exited with 1; the job goes on" "$TMP/err.log" ||
+      fail "the failure was not said"
+    # What the command got: every notable event, in the log's order, equal to the log's records.
+    /usr/bin/python3 - "$TMP/events.jsonl" "$TMP/notified.jsonl" <<'PY' || fail "the checks above"
+import json, sys
+log = [l.rstrip("\n") for l in open(sys.argv[1])]
+got = [l.rstrip("\n") for l in open(sys.argv[2])]
+def wanted(l):
+    e = json.loads(l)
+    n = e["event"]
+    if n in ("lease", "lease_end", "early_stop", "shutdown"): return True
+    if n == "decision": return e["kind"] in ("resize", "exit")
+    if n == "worker_exited": return "signal" in e or e.get("code", 0) != 0
+    return False
+want = [l for l in log if wanted(l)]
+assert got == want, f"notified {[json.loads(l)['event'] for l in got]}, log {[json.loads(l)['event'] for l in want]}"
+names = [json.loads(l)["event"] for l in got]
+assert names[0] == "lease" and names[-1] == "shutdown" and "lease_end" in names, names
+print("notified:", names)
+PY
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "sharing_$CASE: OK"
