@@ -12,7 +12,7 @@ seconds more (the process writes OUT/loading.<slot> with its pid first). STALL_R
 slot G's second process-group set-up (its first resize) writes OUT/rendezvous.<slot> (its pid)
 and sleeps 60 s inside torch's init_process_group, after gpurun's arrival wait: the other
 ranks wait in torch's own rendezvous for its address. OUT/fast, once it exists: no more sleep
-per epoch.
+per epoch. STALL_WRAP=G: slot G's first DDP construction writes OUT/wrap.<slot> and sleeps.
 """
 import hashlib
 import json
@@ -43,6 +43,23 @@ class WithPid(torch.utils.data.Dataset):  # each sample says which process read 
 
     def __getitem__(self, i):
         return (*data[i], os.getpid())
+
+if os.environ.get("STALL_WRAP") is not None:
+    # STALL_WRAP=G: slot G's process, in its first DDP construction (a joiner's: inside the
+    # resize, after the new group was made), writes OUT/wrap.<slot> (its pid) and sleeps 60 s:
+    # the other ranks wait in DDP's own broadcast for it.
+    real_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+
+    def stalled_ddp_init(self, *args, **kwargs):
+        if os.environ.get("GPURUN_SLOT") == os.environ["STALL_WRAP"] and not stalled_ddp_init.done:
+            stalled_ddp_init.done = True
+            with open(os.path.join(out, f"wrap.{os.environ['GPURUN_SLOT']}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+        real_ddp_init(self, *args, **kwargs)
+
+    stalled_ddp_init.done = False
+    torch.nn.parallel.DistributedDataParallel.__init__ = stalled_ddp_init
 
 rt = gpurun.Runtime()
 with open(os.path.join(out, f"pid.{rt.slot}"), "w") as f:  # this slot's latest process

@@ -15,7 +15,10 @@
 # source: slot 0, the state's source, is SIGKILLed SOURCE_DELAY s (default 1) into the
 # joiner's slowed load (the joiner and slot 1 then meet in the checksum all-gather): they go
 # on as [1, 2].
-# Usage: run_setup_failure.sh GPURUN load|rendezvous|member|source
+# wrap: the joiner is SIGKILLed inside torch's DDP construction (STALL_WRAP=2), after the new
+# group was made, while the holders wait in DDP's own broadcast of the module: they report the
+# failed collective and go on as [0, 1] (before the fix, they died of the connection reset).
+# Usage: run_setup_failure.sh GPURUN load|rendezvous|member|source|wrap
 WHERE=${2:-load}
 TEST=python_setup_failure_$WHERE
 source "$(dirname "$0")/common.sh"
@@ -26,9 +29,10 @@ STALL=; [[ $WHERE == member ]] && STALL=1
 SLOW=30 COMM_MS=120000
 # rendezvous: no load is slowed (the joiner dies before its load). source: the joiner's load
 # (5 s) bounds how soon it sees the source gone and reports.
-[[ $WHERE == rendezvous ]] && SLOW=0
+[[ $WHERE == rendezvous || $WHERE == wrap ]] && SLOW=0
+WRAP=; [[ $WHERE == wrap ]] && WRAP=2
 [[ $WHERE == source ]] && SLOW=5
-STALL_RENDEZVOUS=$STALL SLOW_LOAD=$SLOW GPURUN_COMM_TIMEOUT_MS=$COMM_MS "$GPURUN" --master-port 0 --nproc 3 --device cpu \
+STALL_WRAP=$WRAP STALL_RENDEZVOUS=$STALL SLOW_LOAD=$SLOW GPURUN_COMM_TIMEOUT_MS=$COMM_MS "$GPURUN" --master-port 0 --nproc 3 --device cpu \
   --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" "$EPOCHS" 1.0 > "$LOG" 2>&1 &
 pid=$!
@@ -38,6 +42,11 @@ if [[ $WHERE == member ]]; then
   for _ in $(seq 1 900); do [[ -s $TMP/out/rendezvous.1 ]] && break; sleep 0.1; done
   [[ -s $TMP/out/rendezvous.1 ]] || fail "slot 1 never reached the grow's init_process_group"
   victim=$(cat "$TMP/out/rendezvous.1")
+elif [[ $WHERE == wrap ]]; then
+  for _ in $(seq 1 900); do [[ -s $TMP/out/wrap.2 ]] && break; sleep 0.1; done
+  [[ -s $TMP/out/wrap.2 ]] || fail "slot 2 never reached DDP's construction"
+  victim=$(cat "$TMP/out/wrap.2")
+  sleep 1  # the holders are in DDP's broadcast, waiting for it
 elif [[ $WHERE == load || $WHERE == source ]]; then
   for _ in $(seq 1 900); do [[ -s $TMP/out/loading.2 ]] && break; sleep 0.1; done
   [[ -s $TMP/out/loading.2 ]] || fail "slot 2 never loaded a state"

@@ -450,7 +450,15 @@ class Runtime:
         if a["kind"] == "continue":
             self._start_prepare()  # (epochs() alone: the first boundary; done once)
         if a["kind"] != "continue":
-            self._wrap()
+            try:
+                self._wrap()  # DDP's own broadcast and shape check: the new group's first use
+            except RuntimeError as e:
+                if not is_comm_failure(e):
+                    raise
+                # A peer died there: as a failed collective at this boundary (gpurun decides
+                # again without it; the engine's next train action has run when this returns).
+                self._recover(e)
+                return
             if a["role"] == "joiner":
                 self._restore_rng()
         if a["jumped"]:
