@@ -2,7 +2,7 @@
 """The decorator form (gpurun.elastic) for tests/python/run_failure.sh. Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
 must go on without it. DIE_HOW=raise: it raises ValueError instead (the program's own error:
-the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step.
+the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (until OUT/fast exists).
 
     gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
 
@@ -55,7 +55,10 @@ def train_one_epoch(loader, epoch, rt):
         steps_log.write(json.dumps({"epoch": epoch, "step": rt.step, "rank": rt.rank,
                                     "world": rt.world_size, "seen": ib.tolist()}) + "\n")
         steps_log.flush()
-        time.sleep(step_sleep)
+        # OUT/fast (written by a test once its last resize happened): no more sleep per step;
+        # only the pace changes, every rank still trains every step.
+        if not os.path.exists(os.path.join(out, "fast")):
+            time.sleep(step_sleep)
 
 
 rt = train_one_epoch(epochs=epochs)

@@ -36,6 +36,7 @@ wait_epoch_start 20; conf "[0]"
 wait_event '"active": \[0\],'
 wait_epoch_start 60; conf "[0, 2]"
 wait_event '"active": \[0,2\]'
+: > "$TMP/out/fast"  # the last resize is seen: the remaining steps without their sleep
 wait "$pid" || fail "gpurun exited $?"
 "$PY" - "$TMP/out" "$TMP/events.jsonl" <<'PY' || fail "the checks above"
 import collections, glob, json, sys
