@@ -942,8 +942,24 @@ int run(int argc, char** argv) {
         energy = make_energy_monitor(io, events, opt, energy_config, std::move(*found), *exe,
                                      progress.get(), job_start_s);
         energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
+        // [policy] yield_to_foreign (docs/sharing.md#yield): NVML's process lists of the job's
+        // GPUs, each second; the controller decides (a reload may turn the policy on or off).
+        if (elastic)
+          energy->set_process_hook(
+              [&elastic](std::map<int, std::vector<gpurun::energy::Nvml::Process>> found) {
+                gpurun::control::ForeignGpus::Listing listing;
+                for (const auto& [slot, procs] : found) {
+                  auto& l = listing[slot];  // an empty list too: the GPU was read, and is free
+                  for (const auto& p : procs) l.emplace_back(p.pid, p.used_bytes);
+                }
+                if (elastic) elastic->on_gpu_processes(listing);
+              });
       }
     }
+    if (energy_config && energy_config->policy.yield_to_foreign && !energy)
+      print_err(
+          "warning: [policy] yield_to_foreign needs the GPU energy monitor (NVML), "
+          "which is off: no GPU is yielded");
     if (!supervisor.done() || node_sync) io.run();
     code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
     if (!rendezvous_error.empty()) {

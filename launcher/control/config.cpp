@@ -325,11 +325,36 @@ class Validator {
   }
 
   void check_policy(const toml::node& node, Config& config) {
-    const auto* table = section(node, "policy", "[policy] with min_gpus = <integer>");
+    const auto* table =
+        section(node, "policy", "[policy] with min_gpus, yield_to_foreign and reclaim_after_s");
     if (table == nullptr) return;
     for (auto&& [key, value] : *table) {
+      if (key.str() == "yield_to_foreign") {
+        if (const auto* flag = value.as_boolean())
+          config.policy.yield_to_foreign = flag->get();
+        else
+          error(value.source(), "policy.yield_to_foreign",
+                fmt::format("expected a boolean, found {}", found_phrase(value)), "true, false");
+        continue;
+      }
+      if (key.str() == "reclaim_after_s") {
+        const std::string_view allowed = "a positive number of seconds, at most 86400";
+        std::optional<double> v;
+        if (const auto* i = value.as_integer()) v = static_cast<double>(i->get());
+        if (const auto* f = value.as_floating_point()) v = f->get();
+        if (!v)
+          error(value.source(), "policy.reclaim_after_s",
+                fmt::format("expected a number, found {}", found_phrase(value)), allowed);
+        else if (!(*v > 0) || *v > 86400)
+          error(value.source(), "policy.reclaim_after_s", fmt::format("{} is out of range", *v),
+                allowed);
+        else
+          config.policy.reclaim_after =
+              std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000)));
+        continue;
+      }
       if (key.str() != "min_gpus") {
-        warn_unknown_nested("policy", key, {"min_gpus"});
+        warn_unknown_nested("policy", key, {"min_gpus", "yield_to_foreign", "reclaim_after_s"});
         continue;
       }
       const std::string allowed =

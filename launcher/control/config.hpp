@@ -69,6 +69,12 @@ struct PolicyConfig {
   /// `min_gpus` (default 0): a lease never makes the job train on fewer GPUs than this (nor
   /// than the declared set holds); the lowest-numbered lent GPUs stay in.
   int min_gpus = 0;
+  /// `yield_to_foreign` (default false): a job GPU on which NVML lists a compute process that
+  /// is not gpurun's (nor a descendant's) is given up at the next boundary.
+  bool yield_to_foreign = false;
+  /// `reclaim_after_s` (default 60): a yielded GPU is taken back once no foreign process was
+  /// seen on it for this long.
+  std::chrono::milliseconds reclaim_after{std::chrono::seconds(60)};
 
   friend bool operator==(const PolicyConfig&, const PolicyConfig&) = default;
 };

@@ -1,9 +1,12 @@
 #include "control/elastic_controller.hpp"
 
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <charconv>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -69,11 +72,15 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
 }
 
 Config ElasticController::effective_config(const Config& declared) const {
-  if (!leases_ || leases_->leases().empty()) return declared;
+  const std::vector<std::pair<int, std::string>> yielded =
+      declared.policy.yield_to_foreign ? foreign_.yielded()
+                                       : std::vector<std::pair<int, std::string>>{};
+  if ((!leases_ || leases_->leases().empty()) && yielded.empty()) return declared;
   const std::vector<int> set =
       declared.active_gpus ? *declared.active_gpus : opt_.launch.value_or(opt_.slots);
-  const EffectiveSet e = effective_set(set, leases_->leases(), unix_now_ms(),
-                                       declared.policy.min_gpus, &lease_time_text);
+  const std::vector<Lease> none;
+  const EffectiveSet e = effective_set(set, leases_ ? leases_->leases() : none, unix_now_ms(),
+                                       declared.policy.min_gpus, &lease_time_text, yielded);
   if (e.active == set) return declared;
   Config c = declared;
   c.active_gpus = e.active;
@@ -102,18 +109,85 @@ void ElasticController::on_leases(const std::vector<LeaseKeeper::Change>& change
     if (!ch.why.empty()) f.add("why", ch.why);
     events_.emit(ch.event, f);
   }
+  apply_policy();
+}
+
+void ElasticController::apply_policy() {
   Config c = effective_config(declared_);
   if (c.active_gpus != scheduler_.config().active_gpus) {
     const std::vector<int> set = c.active_gpus ? *c.active_gpus : opt_.launch.value_or(opt_.slots);
-    const bool lent = c.active_gpus != declared_.active_gpus;
+    const bool policy = c.active_gpus != declared_.active_gpus;
     console_.write(
         StreamId::kStderr,
         fmt::format("gpurun: the job trains on [{}] from the next boundary{}\n",
-                    join_ids(set, ", "), lent ? " (leases in force; config.toml unchanged)" : ""));
+                    join_ids(set, ", "),
+                    policy ? " (leases or yields in force; config.toml unchanged)" : ""));
     c.warnings.clear();  // said when the file was loaded
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   }
   run_effects();
+}
+
+namespace {
+
+// Whose `pid` is: gpurun's (gpurun or a process below it, by /proc/<pid>/stat's parent
+// chain), another's, or not visible in this pid namespace (not taken as another user's).
+ForeignGpus::Owner pid_owner(unsigned pid) {
+  const int self = static_cast<int>(::getpid());
+  int p = static_cast<int>(pid);
+  for (int depth = 0; depth < 64 && p > 1; ++depth) {
+    if (p == self) return ForeignGpus::Owner::kOurs;
+    std::ifstream in("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    if (!std::getline(in, line))
+      return depth == 0 ? ForeignGpus::Owner::kUnknown : ForeignGpus::Owner::kForeign;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || close + 2 >= line.size()) return ForeignGpus::Owner::kUnknown;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    p = ppid;
+  }
+  return ForeignGpus::Owner::kForeign;
+}
+
+std::string pid_text(unsigned pid) {
+  struct stat st {};
+  std::string user = "?";
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) == 0) {
+    const passwd* pw = ::getpwuid(st.st_uid);
+    user = pw ? std::string(pw->pw_name) : "uid " + std::to_string(st.st_uid);
+  }
+  return fmt::format("pid {} ({})", pid, user);
+}
+
+}  // namespace
+
+void ElasticController::on_gpu_processes(const ForeignGpus::Listing& listing) {
+  if (!declared_.policy.yield_to_foreign) {
+    if (!foreign_.yielded().empty()) {  // turned off by a reload: every yielded GPU is back
+      foreign_.clear();
+      apply_policy();
+    }
+    return;
+  }
+  const ForeignGpus::Probe probe{&pid_owner, &pid_text};
+  const auto changes =
+      foreign_.update(listing, unix_now_ms(), probe, declared_.policy.reclaim_after.count());
+  for (const auto& ch : changes) {
+    console_.write(
+        StreamId::kStderr,
+        ch.event == "yield"
+            ? fmt::format("gpurun: yield: GPU {} is used by {}: the job gives it up\n", ch.gpu,
+                          ch.who)
+            : fmt::format("gpurun: yield ended: GPU {} has had no other user's process for {} s: "
+                          "the job takes it back\n",
+                          ch.gpu,
+                          static_cast<double>(declared_.policy.reclaim_after.count()) / 1000.0));
+    events_.emit(ch.event, supervisor::JsonObject().add("gpu", ch.gpu).add("processes", ch.who));
+  }
+  if (!changes.empty()) apply_policy();
 }
 
 ElasticController::~ElasticController() {
@@ -398,7 +472,9 @@ std::string ElasticController::policy_status() const {
   const std::vector<Lease> none;
   const std::vector<Lease>& leases = leases_ ? leases_->leases() : none;
   const EffectiveSet e =
-      effective_set(set, leases, now, declared_.policy.min_gpus, &lease_time_text);
+      effective_set(set, leases, now, declared_.policy.min_gpus, &lease_time_text,
+                    declared_.policy.yield_to_foreign ? foreign_.yielded()
+                                                      : std::vector<std::pair<int, std::string>>{});
   std::string arr = "[";
   for (const Lease& l : leases) {
     supervisor::JsonObject o;

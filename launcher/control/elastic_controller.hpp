@@ -17,6 +17,7 @@
 
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
+#include "control/foreign_gpus.hpp"
 #include "control/lease_keeper.hpp"
 #include "control/resize_timeline.hpp"
 #include "control/scheduler.hpp"
@@ -83,6 +84,9 @@ class ElasticController : public supervisor::SlotController {
   void set_energy_hooks(EnergyHooks hooks);
   /// Rewrites status.json (coalesced): the energy columns change without protocol events.
   void publish_status() { write_status(); }
+  /// The compute processes NVML lists on the job's GPUs (slot -> (pid, bytes)), about once a
+  /// second: `[policy] yield_to_foreign` (docs/sharing.md#yield). Io thread.
+  void on_gpu_processes(const ForeignGpus::Listing& listing);
 
  private:
   std::string failed_while_finishing_;  ///< the first failure after a member finished (or "")
@@ -94,6 +98,8 @@ class ElasticController : public supervisor::SlotController {
   Config effective_config(const Config& declared) const;
   /// Leases changed: said, logged, and the effective set given to the scheduler.
   void on_leases(const std::vector<LeaseKeeper::Change>& changes);
+  /// Gives the scheduler the effective set when it changed (leases, yields), and says so.
+  void apply_policy();
   /// status.json's "policy" object text.
   std::string policy_status() const;
   void on_key(const std::string& key);
@@ -117,6 +123,7 @@ class ElasticController : public supervisor::SlotController {
   Scheduler scheduler_;
   std::unique_ptr<ConfigWatcher> watcher_;
   std::unique_ptr<LeaseKeeper> leases_;
+  ForeignGpus foreign_;
   StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
   ResizeTimeline timeline_;

@@ -116,7 +116,8 @@ std::optional<int64_t> next_lease_end(const std::vector<Lease>& leases, int64_t 
 }
 
 EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<Lease>& leases,
-                           int64_t now_ms, int min_gpus, std::string (*until_text)(int64_t)) {
+                           int64_t now_ms, int min_gpus, std::string (*until_text)(int64_t),
+                           const std::vector<std::pair<int, std::string>>& yielded) {
   // The reason per lent GPU: the latest end among the running leases that name it.
   std::vector<std::pair<int, std::string>> why;
   for (int gpu : declared) {
@@ -134,6 +135,14 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
     why.emplace_back(gpu, forever      ? std::string("lent until reclaimed")
                           : until_text ? "lent until " + until_text(*until)
                                        : fmt::format("lent until {} ms", *until));
+  }
+  for (const auto& [gpu, reason] : yielded) {
+    if (!has_id(declared, gpu)) continue;
+    auto w = std::find_if(why.begin(), why.end(), [&](const auto& p) { return p.first == gpu; });
+    if (w == why.end())
+      why.emplace_back(gpu, reason);
+    else
+      w->second += "; " + reason;
   }
   EffectiveSet out;
   const size_t floor = std::min(declared.size(), static_cast<size_t>(std::max(min_gpus, 0)));

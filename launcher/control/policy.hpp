@@ -1,5 +1,6 @@
 // gpurun::control policies — what makes the *effective* GPU set differ from the declared one
-// (config.toml's active_gpus): leases (`gpurun lend`), bounded by `[policy] min_gpus`.
+// (config.toml's active_gpus): leases (`gpurun lend`) and GPUs yielded to other users'
+// processes, bounded by `[policy] min_gpus`.
 // Pure: no I/O, no clock (times are passed in). Reference: docs/sharing.md.
 #pragma once
 
@@ -57,12 +58,14 @@ struct EffectiveSet {
   friend bool operator==(const EffectiveSet&, const EffectiveSet&) = default;
 };
 
-/// The effective set: `declared` (sorted) minus the lent GPUs, but never fewer than
-/// min(min_gpus, declared.size()) GPUs — the lowest-numbered lent ones stay in (a declared
-/// pause, `[]`, stays a pause). `until_text` renders a lease end for the reasons.
+/// The effective set: `declared` (sorted) minus the lent GPUs and the `yielded` ones ((gpu,
+/// why): given up to another user's process), but never fewer than min(min_gpus,
+/// declared.size()) GPUs — the lowest-numbered left-out ones stay in (a declared pause, `[]`,
+/// stays a pause). `until_text` renders a lease end for the reasons.
 EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<Lease>& leases,
                            int64_t now_ms, int min_gpus,
-                           std::string (*until_text)(int64_t unix_ms) = nullptr);
+                           std::string (*until_text)(int64_t unix_ms) = nullptr,
+                           const std::vector<std::pair<int, std::string>>& yielded = {});
 
 /// "2,3", "2-3", "0-1,3" or "all" -> sorted unique ids; "all" = `all`. Throws LeaseError
 /// naming `what` for anything else (an empty part, a reversed range, a negative id).

@@ -135,6 +135,7 @@ void EnergyMonitor::run() {
     if (++since_check * opt_.period >= std::chrono::seconds(1)) {
       since_check = 0;
       check_guard();
+      list_processes();
     }
     lock.lock();
     next += opt_.period;
@@ -142,6 +143,32 @@ void EnergyMonitor::run() {
     if (next < now) next = now;  // a slow read: do not try to catch up
     stop_cv_.wait_until(lock, next, [this] { return stop_; });
   }
+}
+
+void EnergyMonitor::set_process_hook(ProcessHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  process_hook_ = std::move(hook);
+}
+
+void EnergyMonitor::list_processes() {
+  ProcessHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = process_hook_;
+  }
+  if (!hook) return;
+  std::map<int, std::vector<Nvml::Process>> found;
+  for (const MonitoredGpu& g : gpus_) {
+    try {
+      found[g.slot] = nvml_->compute_processes(g.device);
+    } catch (const NvmlError& e) {
+      report_read_failure(g, "process list", e.what(), "[policy] yield_to_foreign cannot see it");
+    }
+  }
+  boost::asio::post(io_, [hook = std::move(hook), found = std::move(found),
+                          alive = std::weak_ptr<int>(alive_)]() mutable {
+    if (!alive.expired()) hook(std::move(found));
+  });
 }
 
 void EnergyMonitor::sample_once(bool drive_profiler_too) {

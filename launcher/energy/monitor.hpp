@@ -114,6 +114,12 @@ class EnergyMonitor {
   /// Samples taken so far over all GPUs (tests, the benchmark).
   uint64_t samples() const { return samples_.load(); }
 
+  /// Every job GPU's compute processes, about once a second, handed to `hook` on the io thread
+  /// (slot -> processes; a GPU whose list cannot be read is left out, said once). For
+  /// `[policy] yield_to_foreign` (docs/sharing.md#yield). Empty: none listed. Io thread.
+  using ProcessHook = std::function<void(std::map<int, std::vector<Nvml::Process>>)>;
+  void set_process_hook(ProcessHook hook);
+
   /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows.
   static double now_s();
 
@@ -125,7 +131,8 @@ class EnergyMonitor {
   void drive_profiler(double t);
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
   void restore_limits(bool from_destructor = false);
-  void check_guard();  // sampling thread, about once a second
+  void check_guard();     // sampling thread, about once a second
+  void list_processes();  // sampling thread, about once a second
   void post_event(std::string name, std::string fields_json);
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
@@ -154,6 +161,7 @@ class EnergyMonitor {
   bool limits_denied_ = false;
   std::map<std::string, unsigned> originals_mw_;  // uuid -> original limit we changed
   std::unique_ptr<PowerGuard> guard_;
+  ProcessHook process_hook_;  // under mu_
 
   // io thread only
   double window_t0_ = 0;

@@ -31,6 +31,15 @@ using GetU64Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned long long*);
 using GetU32Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*);
 using GetU32PairFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, unsigned*);
 using SetU32Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned);
+// nvmlProcessInfo_v2_t, the element of nvmlDeviceGetComputeRunningProcesses_v3.
+struct ProcessInfoV2 {
+  unsigned pid;
+  unsigned long long used_gpu_memory;  // bytes
+  unsigned gpu_instance_id, compute_instance_id;
+};
+using GetProcessesFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, ProcessInfoV2*);
+constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
+constexpr nvmlReturn_t kNvmlNotSupported = 3;
 
 }  // namespace
 
@@ -51,6 +60,7 @@ struct Nvml::Impl {
   GetU32PairFn power_limit_constraints = nullptr;
   GetU32Fn default_power_limit = nullptr;
   SetU32Fn set_power_limit = nullptr;
+  GetProcessesFn compute_processes = nullptr;  ///< optional: older libraries lack it
 
   ~Impl() {
     if (dl != nullptr) ::dlclose(dl);
@@ -116,6 +126,8 @@ std::unique_ptr<Nvml> Nvml::open(std::string& why_not) {
   resolve(impl->default_power_limit, "nvmlDeviceGetPowerManagementDefaultLimit");
   resolve(impl->set_power_limit, "nvmlDeviceSetPowerManagementLimit");
   if (!ok) return nullptr;
+  impl->compute_processes = reinterpret_cast<GetProcessesFn>(
+      ::dlsym(impl->dl, "nvmlDeviceGetComputeRunningProcesses_v3"));
   if (const nvmlReturn_t rc = impl->init(); rc != kNvmlSuccess) {
     why_not = fmt::format("nvmlInit_v2 of {} failed: {}", impl->library, impl->describe(rc));
     return nullptr;
@@ -203,6 +215,28 @@ void Nvml::set_power_limit_mw(NvmlDevice d, unsigned milliwatts) const {
   if (const nvmlReturn_t rc = impl_->set_power_limit(d, milliwatts); rc != kNvmlSuccess)
     impl_->fail("nvmlDeviceSetPowerManagementLimit",
                 fmt::format("{} (to {} mW)", impl_->who(d), milliwatts), rc);
+}
+
+std::vector<Nvml::Process> Nvml::compute_processes(NvmlDevice d) const {
+  if (impl_->compute_processes == nullptr)
+    throw NvmlError(
+        fmt::format("{} has no nvmlDeviceGetComputeRunningProcesses_v3", impl_->library),
+        kNvmlNotSupported);
+  std::vector<ProcessInfoV2> infos(16);
+  for (int tries = 0;; ++tries) {
+    unsigned count = static_cast<unsigned>(infos.size());
+    const nvmlReturn_t rc = impl_->compute_processes(d, &count, infos.data());
+    if (rc == kNvmlInsufficientSize && tries < 4) {  // more started since: ask again
+      infos.resize(static_cast<size_t>(count) + 8);
+      continue;
+    }
+    impl_->check(rc, "nvmlDeviceGetComputeRunningProcesses_v3", d);
+    std::vector<Process> out;
+    for (unsigned i = 0; i < count && i < infos.size(); ++i)
+      out.push_back(
+          {infos[i].pid, infos[i].used_gpu_memory == ~0ULL ? 0 : infos[i].used_gpu_memory});
+    return out;
+  }
 }
 
 }  // namespace gpurun::energy

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gpurun/error.hpp"
 
@@ -60,6 +61,15 @@ class Nvml {
   std::pair<unsigned, unsigned> power_limit_constraints_mw(NvmlDevice d) const;
   /// Factory default limit, milliwatts (nvmlDeviceGetPowerManagementDefaultLimit).
   unsigned default_power_limit_mw(NvmlDevice d) const;
+  /// A process using a GPU for compute.
+  struct Process {
+    unsigned pid = 0;         ///< as the driver sees it (the host's pid namespace)
+    uint64_t used_bytes = 0;  ///< its GPU memory, bytes (0 when the driver cannot tell)
+  };
+  /// The compute processes on `d` (nvmlDeviceGetComputeRunningProcesses_v3). Throws NvmlError
+  /// (not_supported() when the library has no such function). ~1 ms on an H200: call it
+  /// about once a second, not per sample.
+  std::vector<Process> compute_processes(NvmlDevice d) const;
   /// nvmlDeviceSetPowerManagementLimit. Throws NvmlError (no_permission() without root).
   /// Changes a machine-wide setting: only the supervisor and the power guard call it.
   void set_power_limit_mw(NvmlDevice d, unsigned milliwatts) const;

@@ -23,7 +23,8 @@ namespace gpurun::supervisor {
 namespace json = boost::json;
 
 bool notify_wants(std::string_view event, std::string_view record) {
-  if (event == "lease" || event == "lease_end" || event == "early_stop" || event == "shutdown")
+  if (event == "lease" || event == "lease_end" || event == "yield" || event == "yield_end" ||
+      event == "early_stop" || event == "shutdown")
     return true;
   if (event != "decision" && event != "worker_exited") return false;
   boost::system::error_code ec;

@@ -410,7 +410,7 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 15);
+  CHECK(examples == 17);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);
@@ -422,6 +422,8 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
   CHECK(all.energy.auto_limit);
   CHECK(all.energy.job == "vit-b-bs256");
   CHECK(all.policy.min_gpus == 1);
+  CHECK(all.policy.yield_to_foreign);
+  CHECK(all.policy.reclaim_after == std::chrono::seconds(60));
   CHECK(all.notify.command.rfind("curl ", 0) == 0);
   CHECK(all.notify.timeout == std::chrono::seconds(10));
   CHECK(all.warnings.empty());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "control/config.hpp"
+#include "control/foreign_gpus.hpp"
 #include "control/policy.hpp"
 #include "control/policy_command.hpp"
 
@@ -148,4 +149,52 @@ TEST_CASE("config: [policy] min_gpus and [notify] are read and checked") {
                        ConfigError);
   CHECK_THROWS_AS(parse_config("[notify]\ncommand = \"\"\n", "config.toml", kFour), ConfigError);
   CHECK_THROWS_AS(parse_config("[notify]\ntimeout_s = 0\n", "config.toml", kFour), ConfigError);
+}
+
+TEST_CASE("ForeignGpus: another's process makes a GPU yielded; back after reclaim_after") {
+  ForeignGpus f;
+  ForeignGpus::Probe probe;
+  probe.owner = [](unsigned pid) {
+    return pid == 100   ? ForeignGpus::Owner::kOurs
+           : pid == 999 ? ForeignGpus::Owner::kUnknown
+                        : ForeignGpus::Owner::kForeign;
+  };
+  probe.describe = [](unsigned pid) { return "pid " + std::to_string(pid) + " (bob)"; };
+  // Ours and an unseen pid are nobody's: nothing yielded.
+  CHECK(f.update({{0, {{100, 1 << 30}}}, {1, {{999, 1 << 20}}}}, 0, probe, 1000).empty());
+  auto ch = f.update({{0, {{100, 1 << 30}}}, {1, {{4242, 2048ull << 20}}}}, 10, probe, 1000);
+  REQUIRE(ch.size() == 1);
+  CHECK(ch[0].event == "yield");
+  CHECK(ch[0].gpu == 1);
+  CHECK(ch[0].who == "pid 4242 (bob), 2048 MiB");
+  CHECK(f.yielded() ==
+        std::vector<std::pair<int, std::string>>{{1, "yielded to pid 4242 (bob), 2048 MiB"}});
+  // Still there: no new change. A listing without GPU 1 (unreadable) keeps it yielded.
+  CHECK(f.update({{1, {{4242, 1}}}}, 500, probe, 1000).empty());
+  CHECK(f.update({{0, {}}}, 5000, probe, 1000).empty());
+  CHECK(f.yielded().size() == 1);
+  // Gone at t=6000: still yielded until reclaim_after (1000 ms) of no foreign process.
+  CHECK(f.update({{1, {}}}, 6000, probe, 1000).empty());
+  CHECK(f.update({{1, {}}}, 6999, probe, 1000).empty());
+  CHECK(f.yielded().size() == 1);
+  // Back within the window: the clock starts again.
+  CHECK(f.update({{1, {{4242, 1}}}}, 6999, probe, 1000).empty());
+  CHECK(f.update({{1, {}}}, 7500, probe, 1000).empty());
+  ch = f.update({{1, {}}}, 8500, probe, 1000);
+  REQUIRE(ch.size() == 1);
+  CHECK(ch[0].event == "yield_end");
+  CHECK(f.yielded().empty());
+}
+
+TEST_CASE("effective_set: yielded GPUs leave too; min_gpus bounds leases and yields together") {
+  const std::vector<std::pair<int, std::string>> y = {{1, "yielded to pid 7 (bob), 1 MiB"}};
+  CHECK(effective_set(kFour, {}, 0, 0, nullptr, y).active == std::vector<int>{0, 2, 3});
+  const EffectiveSet e = effective_set(kFour, {lease({2, 3}, std::nullopt)}, 0, 2, nullptr, y);
+  CHECK(e.active == std::vector<int>{0, 1});
+  REQUIRE(e.kept.size() == 1);
+  CHECK(e.kept[0].first == 1);
+  CHECK(parse_config("[policy]\nyield_to_foreign = true\nreclaim_after_s = 2.5\n", "c", kFour)
+            .policy.reclaim_after == std::chrono::milliseconds(2500));
+  CHECK_THROWS_AS(parse_config("[policy]\nyield_to_foreign = 1\n", "c", kFour), ConfigError);
+  CHECK_THROWS_AS(parse_config("[policy]\nreclaim_after_s = 0\n", "c", kFour), ConfigError);
 }

@@ -11,6 +11,10 @@
 #   notify      [notify] command: lease, the resize decisions, lease_end and shutdown reach it
 #               in the event log's order, each as its JSON record; the command's failure for one
 #               event is said once and the job goes on
+#   yield       [policy] yield_to_foreign with the fake NVML (GPURUN_FAKE_NVML): a process of
+#               another's on GPU 1 makes the job give it up at the next boundary; gone, GPU 1
+#               comes back after reclaim_after_s. gpurun's own worker listed on GPU 2 and a pid
+#               not visible here listed on GPU 0 are not taken as another user's
 # Usage: sharing.sh GPURUN FAKE_WORKER CASE
 set -euo pipefail
 GPURUN=$1 WORKER=$2 CASE=$3
@@ -19,15 +23,22 @@ trap 'kill_run; rm -rf "$TMP"' EXIT
 export XDG_RUNTIME_DIR=$TMP/xdg  # our registrations only: `gpurun lend` finds this job alone
 mkdir -p "$XDG_RUNTIME_DIR" "$TMP/w"
 pid=
-kill_run() { [[ -n $pid && $pid -gt 1 ]] && kill "$pid" 2>/dev/null; true; }
+foreign=
+kill_run() {
+  [[ -n $pid && $pid -gt 1 ]] && kill "$pid" 2>/dev/null
+  [[ -n $foreign && $foreign -gt 1 ]] && kill "$foreign" 2>/dev/null
+  true
+}
 fail() {
   echo "sharing_$CASE: FAIL: $*" >&2
   echo "-- gpurun stderr" >&2; tail -30 "$TMP/err.log" >&2 || true
+  [[ -n ${state:-} ]] && { echo "-- fake NVML state" >&2; cat "$state" >&2; }
   echo "-- events" >&2; grep -v '"worker_state"' "$TMP/events.jsonl" | tail -30 >&2 || true
   exit 1
 }
-start() {  # start NPROC: gpurun with config $TMP/config.toml, epochs of 200 ms
-  "$GPURUN" --device cpu --nproc "$1" --master-port 0 --run-id share --config "$TMP/config.toml" \
+start() {  # start NPROC [FLAGS...]: gpurun with config $TMP/config.toml, epochs of 200 ms
+  local n=$1; shift
+  "$GPURUN" --device cpu --nproc "$n" "$@" --master-port 0 --run-id share --config "$TMP/config.toml" \
     --event-log "$TMP/events.jsonl" "$WORKER" "$TMP/w" 200 > "$TMP/out.log" 2> "$TMP/err.log" &
   pid=$!
 }
@@ -152,6 +163,36 @@ names = [json.loads(l)["event"] for l in got]
 assert names[0] == "lease" and names[-1] == "shutdown" and "lease_end" in names, names
 print("notified:", names)
 PY
+    ;;
+  yield)
+    [[ -n ${GPURUN_FAKE_NVML:-} ]] || fail "GPURUN_FAKE_NVML is not set"
+    state=$TMP/nvml_state.txt
+    for i in 0 1 2; do
+      echo "gpu $i uuid=GPU-a000000$i-0000-1234-3333-00000000000$i full_w=500" >> "$state"
+    done
+    export GPURUN_NVML_LIBRARY=$GPURUN_FAKE_NVML GPURUN_CUDA_LIBRARY=$GPURUN_FAKE_NVML
+    export GPURUN_FAKE_NVML_STATE=$state
+    cfg '[policy]' 'yield_to_foreign = true' 'reclaim_after_s = 1'
+    start 3 --energy on
+    expect_resize 1 "[0,1,2]"
+    for _ in $(seq 1 100); do compgen -G "$TMP/w/env.2.*" > /dev/null && break; sleep 0.1; done
+    own=$(compgen -G "$TMP/w/env.2.*" | head -1) || fail "slot 2's worker wrote no env file"
+    own=${own##*.}  # slot 2's worker: gpurun's child
+    sleep 60 & foreign=$!  # another user's program, as far as gpurun can tell: not its child
+    # The fake rewrites the file under flock(2) on every read: change it under the same lock.
+    flock "$state" -c "printf 'process 1 $foreign 2048\nprocess 2 $own 900\nprocess 0 4194000 10\n' >> '$state'"
+    wait_event '"event": "yield", "gpu": 1'
+    expect_resize 2 "[0,2]"
+    "$GPURUN" status > "$TMP/status.out" 2>&1
+    grep -q 'declared (config.toml) \[0, 1, 2\]' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
+    grep -q '"event": "yield", "gpu": [02]' "$TMP/events.jsonl" && fail "a GPU of ours or of an unseen pid was yielded"
+    kill "$foreign"; wait "$foreign" 2>/dev/null || true; foreign=
+    flock "$state" -c "grep -v '^process 1 ' '$state' > '$state.new'; cat '$state.new' > '$state'"
+    wait_event '"event": "yield_end", "gpu": 1'
+    expect_resize 3 "[0,1,2]"
+    grep -q "yield: GPU 1 is used by pid [0-9]* ([^)]*), 2048 MiB: the job gives it up" "$TMP/err.log" ||
+      fail "the yield was not said"
+    finish
     ;;
   *) fail "unknown case" ;;
 esac

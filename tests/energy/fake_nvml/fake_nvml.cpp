@@ -289,6 +289,31 @@ __attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* device,
   });
 }
 
+// nvmlProcessInfo_v2_t (nvml.h), as nvmlDeviceGetComputeRunningProcesses_v3 fills it.
+struct ProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;  // bytes
+  unsigned gpu_instance_id, compute_instance_id;
+};
+
+__attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_v3(
+    void* device, unsigned* count, ProcessInfo* infos) {
+  return device_call("nvmlDeviceGetComputeRunningProcesses_v3", device,
+                     [&](fake::State& s, fake::Gpu& g) {
+                       if (count == nullptr) return kInvalidArgument;
+                       std::vector<ProcessInfo> mine;
+                       for (const auto& p : s.processes)
+                         if (p.gpu == g.index)
+                           mine.push_back({p.pid, p.used_mib << 20, 0xFFFFFFFFu, 0xFFFFFFFFu});
+                       const unsigned room = *count;
+                       *count = static_cast<unsigned>(mine.size());
+                       if (room < mine.size() || (infos == nullptr && !mine.empty()))
+                         return kInsufficientSize;
+                       for (size_t i = 0; i < mine.size(); ++i) infos[i] = mine[i];
+                       return kSuccess;
+                     });
+}
+
 __attribute__((visibility("default"))) int nvmlDeviceGetPowerManagementLimit(void* device,
                                                                              unsigned* mw) {
   return device_call("nvmlDeviceGetPowerManagementLimit", device, [&](fake::State&, fake::Gpu& g) {

@@ -15,6 +15,8 @@
 //       max_w=700 default_w=700 limit_w=700 full_w=600 speed_exp=0.5 draw=0:300,10:600
 //       limits=12.5:500               (all on one line)
 //   error nvmlDeviceSetPowerManagementLimit 4 [gpu=1]
+//   process 1 4242 2048              a compute process (pid 4242, 2048 MiB) on NVML index 1:
+//                                    what nvmlDeviceGetComputeRunningProcesses_v3 lists
 //
 // A `gpu` line per NVML index 0..n-1 (any order, indices contiguous). Watts (W) and seconds
 // since t0 (s):
@@ -75,7 +77,15 @@ struct ErrorRule {
   std::optional<unsigned> gpu;
 };
 
+/// `process <gpu> <pid> <used_mib>`.
+struct Process {
+  unsigned gpu = 0;
+  unsigned pid = 0;
+  uint64_t used_mib = 0;
+};
+
 struct State {
+  std::vector<Process> processes;
   std::optional<double> t0;  ///< Unix seconds
   unsigned energy_period_ms = 100;
   std::vector<unsigned> cuda_order;  ///< empty: identity
@@ -307,6 +317,11 @@ inline State parse(std::string_view text) {
       }
       if (g.uuid.empty()) throw bad("gpu " + std::to_string(g.index) + " has no uuid=");
       s.gpus.push_back(std::move(g));
+    } else if (w0 == "process") {
+      if (words.size() != 4) throw bad("process needs <gpu> <pid> <used_mib>");
+      s.processes.push_back({static_cast<unsigned>(to_num(words[1], lineno, "gpu")),
+                             static_cast<unsigned>(to_num(words[2], lineno, "pid")),
+                             static_cast<uint64_t>(to_num(words[3], lineno, "used_mib"))});
     } else if (w0 == "error") {
       if (words.size() < 3) throw bad("error needs <function> <code>");
       ErrorRule e;
@@ -386,6 +401,9 @@ inline std::string serialize(const State& s) {
     if (!g.limits.empty()) out += " limits=" + detail::from_schedule(g.limits);
     out += "\n";
   }
+  for (const auto& p : s.processes)
+    out += "process " + std::to_string(p.gpu) + " " + std::to_string(p.pid) + " " +
+           std::to_string(p.used_mib) + "\n";
   for (const auto& e : s.errors) {
     out += "error " + e.function + " " + std::to_string(e.code);
     if (e.gpu) out += " gpu=" + std::to_string(*e.gpu);
