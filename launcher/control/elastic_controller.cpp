@@ -270,7 +270,7 @@ void ElasticController::reload() {
     // answered: the user asked what is in force.
     if (c == declared_ && scheduler_.last_config_error().empty()) {
       if (sighup) {
-        const std::string in_force = describe(scheduler_.config());
+        const std::string in_force = describe(declared_);
         console_.write(StreamId::kStderr,
                        fmt::format("gpurun: config unchanged ({}): {}\n", why, in_force));
         events_.emit("config_unchanged", supervisor::JsonObject()

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -124,12 +125,32 @@ void LeaseKeeper::expire() {
 
 void LeaseKeeper::apply(std::vector<Lease> now, const std::string& end_why) {
   std::vector<Change> changes;
-  for (const Lease& l : leases_)
-    if (std::find(now.begin(), now.end(), l) == now.end())
-      changes.push_back(
-          {"lease_end", l, l.until_ms && *l.until_ms <= unix_now_ms() ? "expired" : end_why});
+  // The same lease (made at the same time, same end and note) with fewer GPUs: a partial
+  // reclaim. Said as the end of the GPUs that came back, not as an end and a new lease.
+  const auto narrowed = [](const Lease& before, const Lease& after) {
+    return before.since_ms == after.since_ms && before.until_ms == after.until_ms &&
+           before.note == after.note && after.gpus.size() < before.gpus.size() &&
+           std::includes(before.gpus.begin(), before.gpus.end(), after.gpus.begin(),
+                         after.gpus.end());
+  };
+  std::vector<const Lease*> shrunk;
+  for (const Lease& l : leases_) {
+    if (std::find(now.begin(), now.end(), l) != now.end()) continue;
+    const auto n =
+        std::find_if(now.begin(), now.end(), [&](const Lease& x) { return narrowed(l, x); });
+    Lease back = l;
+    if (n != now.end()) {
+      back.gpus.clear();
+      std::set_difference(l.gpus.begin(), l.gpus.end(), n->gpus.begin(), n->gpus.end(),
+                          std::back_inserter(back.gpus));
+      shrunk.push_back(&*n);
+    }
+    changes.push_back(
+        {"lease_end", back, l.until_ms && *l.until_ms <= unix_now_ms() ? "expired" : end_why});
+  }
   for (const Lease& l : now)
-    if (std::find(leases_.begin(), leases_.end(), l) == leases_.end())
+    if (std::find(leases_.begin(), leases_.end(), l) == leases_.end() &&
+        std::find(shrunk.begin(), shrunk.end(), &l) == shrunk.end())
       changes.push_back({"lease", l, ""});
   leases_ = std::move(now);
   arm();

@@ -42,7 +42,10 @@ std::vector<Lease> parse_leases(std::string_view text, const std::string& source
   json::value root = json::parse(text, ec);
   if (ec || !root.is_object() || !root.as_object().contains("leases") ||
       !root.as_object().at("leases").is_array())
-    throw LeaseError(fmt::format("{}: not a leases file (expected {{\"leases\": [...]}})", source));
+    throw LeaseError(fmt::format(
+        "{}: not a leases file (expected {{\"leases\": [...]}}); fix it, or remove it to end "
+        "every lease",
+        source));
   std::vector<Lease> out;
   size_t i = 0;
   for (const json::value& lv : root.as_object().at("leases").as_array()) {

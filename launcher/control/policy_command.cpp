@@ -1,16 +1,21 @@
 // gpurun lend / reclaim / set. Reference: docs/sharing.md.
 #include "control/policy_command.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 #include <boost/json.hpp>
 
 #include "control/config.hpp"
@@ -18,6 +23,7 @@
 #include "control/policy.hpp"
 #include "control/status.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/unique_fd.hpp"
 
 namespace gpurun::control {
 
@@ -211,81 +217,97 @@ int reclaim_command(const std::vector<std::string>& args) {
   return 0;
 }
 
-std::string set_config_key(std::string_view config, std::string_view key, std::string_view value) {
-  std::vector<std::string> lines;
-  {
-    std::string cur;
-    for (char c : config) {
-      if (c == '\n') {
-        lines.push_back(cur);
-        cur.clear();
-      } else {
-        cur += c;
-      }
-    }
-    if (!cur.empty()) lines.push_back(cur);
+namespace {
+
+/// Byte offset of TOML position (line, column), both 1-based, columns in code points.
+size_t offset_of(std::string_view text, uint32_t line, uint32_t column) {
+  size_t i = 0;
+  for (uint32_t l = 1; l < line && i < text.size(); ++i)
+    if (text[i] == '\n') ++l;
+  for (uint32_t c = 1; c < column && i < text.size(); ++c) {
+    ++i;
+    while (i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) ++i;
   }
-  const auto trim = [](std::string_view s) {
-    const size_t a = s.find_first_not_of(" \t");
-    return a == std::string_view::npos ? std::string_view() : s.substr(a);
-  };
-  const auto is_header = [&](const std::string& l) { return trim(l).rfind('[', 0) == 0; };
-  const auto names_key = [&](const std::string& l, std::string_view k) {
-    const std::string_view t = trim(l);
-    if (t.rfind(k, 0) != 0) return false;
-    const std::string_view rest = trim(t.substr(k.size()));
-    return !rest.empty() && rest[0] == '=';
-  };
+  return i;
+}
+
+std::string_view trimmed(std::string_view s) {
+  const size_t a = s.find_first_not_of(" \t\r");
+  if (a == std::string_view::npos) return {};
+  const size_t b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+
+/// "[ park ]" -> "park"; "" for a line that is no table header.
+std::string header_name(std::string_view line) {
+  std::string_view t = trimmed(line);
+  if (t.size() < 2 || t[0] != '[' || t[1] == '[') return {};
+  const size_t close = t.find(']');
+  if (close == std::string_view::npos) return {};
+  return std::string(trimmed(t.substr(1, close - 1)));
+}
+
+}  // namespace
+
+std::string set_config_key(std::string_view config, std::string_view key, std::string_view value) {
+  toml::table root;
+  try {
+    root = toml::parse(config);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(
+        fmt::format("the file is not valid TOML now ({}); fix it by hand first", e.description()));
+  }
   const size_t dot = key.find('.');
   const std::string table = dot == std::string_view::npos ? "" : std::string(key.substr(0, dot));
   const std::string name = std::string(dot == std::string_view::npos ? key : key.substr(dot + 1));
-  const std::string line = fmt::format("{} = {}", name, value);
-  // The section's line range [begin, end): top level before the first header, or the table's.
-  size_t begin = 0, end = lines.size();
-  bool found_table = table.empty();
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (!is_header(lines[i])) continue;
-    if (table.empty()) {
-      end = i;
-      break;
-    }
-    if (found_table) {
-      end = i;
-      break;
-    }
-    std::string_view h = trim(lines[i]);
-    h.remove_prefix(1);
-    const size_t close = h.find(']');
-    if (close != std::string_view::npos && trim(h.substr(0, close)) == table) {
-      found_table = true;
-      begin = i + 1;
-    }
+  const toml::node* node = table.empty() ? root.get(name) : nullptr;
+  const toml::table* t = table.empty() ? &root : root.get_as<toml::table>(table);
+  if (!table.empty() && root.get(table) && !t)
+    throw ConfigError(fmt::format("'{}' is not a table in the file; edit it by hand", table));
+  if (t && !table.empty()) node = t->get(name);
+  std::string out(config);
+  if (node != nullptr) {
+    // The value's own characters are replaced: the key as written (dotted, quoted, in an
+    // inline table) and any comment after it stay.
+    const toml::source_region& r = node->source();
+    if (r.begin.line == 0 || r.end.line == 0)
+      throw ConfigError(fmt::format("cannot tell where '{}' is in the file; edit it by hand", key));
+    const size_t b = offset_of(config, r.begin.line, r.begin.column);
+    const size_t e = offset_of(config, r.end.line, r.end.column);
+    return out.replace(b, e - b, value);
   }
-  if (!found_table) {
-    std::string out(config);
-    if (!out.empty() && out.back() != '\n') out += '\n';
-    return out + fmt::format("\n[{}]\n{}\n", table, line);
+  // Missing: a line of its own. Top-level keys before the first table header; a table's key
+  // right after its [header]; a missing table at the end.
+  std::vector<std::string_view> lines;
+  for (size_t start = 0; start < config.size();) {
+    const size_t nl = config.find('\n', start);
+    lines.push_back(config.substr(start, nl == std::string_view::npos ? nl : nl - start));
+    if (nl == std::string_view::npos) break;
+    start = nl + 1;
   }
-  for (size_t i = begin; i < end; ++i) {
-    if (!names_key(lines[i], name)) continue;
-    // A multi-line array: its lines up to the closing bracket go with it.
-    size_t last = i;
-    if (lines[i].find('[') != std::string::npos && lines[i].find(']') == std::string::npos)
-      while (last + 1 < end && lines[last].find(']') == std::string::npos) ++last;
-    lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                lines.begin() + static_cast<std::ptrdiff_t>(last) + 1);
-    lines[i] = line;
-    std::string out;
-    for (const auto& l : lines) out += l + "\n";
+  const auto insert_at = [&](size_t line_index) {
+    size_t off = 0;
+    for (size_t i = 0; i < line_index && i < lines.size(); ++i) off += lines[i].size() + 1;
+    if (off > out.size()) {  // after a last line without its newline
+      out += '\n';
+      off = out.size();
+    }
+    out.insert(off, fmt::format("{} = {}\n", name, value));
     return out;
+  };
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string h = header_name(lines[i]);
+    if (table.empty() && !h.empty()) return insert_at(i);
+    if (!table.empty() && h == table) return insert_at(i + 1);
   }
-  // Not there: top-level keys go just before the first header (after the comments at the top),
-  // a table's right after its header.
-  const size_t at = table.empty() ? end : begin;
-  lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(at), line);
-  std::string out;
-  for (const auto& l : lines) out += l + "\n";
-  return out;
+  if (table.empty()) return insert_at(lines.size());
+  if (t != nullptr)
+    throw ConfigError(
+        fmt::format("[{}] is written as an inline table or with dotted keys; add "
+                    "'{}' to it by hand",
+                    table, name));
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  return out + fmt::format("\n[{}]\n{} = {}\n", table, name, value);
 }
 
 int set_command(const std::vector<std::string>& args) {
@@ -311,8 +333,50 @@ int set_command(const std::vector<std::string>& args) {
     gpus = run->gpus;
   }
   std::error_code ec;
-  const fs::path target = fs::exists(path, ec) ? fs::canonical(path, ec) : fs::path(path);
-  std::string text = slurp(target);
+  if (!fs::exists(path, ec))
+    return err(fmt::format("'{}' does not exist: gpurun set changes an existing config file",
+                           path)),
+           1;
+  const fs::path target = fs::canonical(path, ec);
+  if (ec || !fs::is_regular_file(target, ec))
+    return err(fmt::format("'{}' is not a regular file", path)), 1;
+  // Read-only by its mode: refused even for root (whom access() lets write anything).
+  if ((fs::status(target, ec).permissions() & (fs::perms::owner_write | fs::perms::group_write |
+                                               fs::perms::others_write)) == fs::perms::none)
+    return err(fmt::format("'{}' is read-only (no write permission in its mode): not changed",
+                           target.string())),
+           1;
+  if (::access(target.c_str(), R_OK | W_OK) != 0)
+    return err(fmt::format("'{}' cannot be {}: {}", target.string(),
+                           ::access(target.c_str(), R_OK) != 0 ? "read" : "written",
+                           std::strerror(errno))),
+           1;
+  // One `gpurun set` at a time per directory (flock on it): no concurrent one loses a change.
+  const UniqueFd dir_lock(::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_lock || ::flock(dir_lock.get(), LOCK_EX) != 0)
+    return err(fmt::format("cannot lock the directory of '{}': {}", target.string(),
+                           std::strerror(errno))),
+           1;
+  std::string text;
+  {
+    std::ifstream in(target, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (!in || in.bad()) return err(fmt::format("cannot read '{}'", target.string())), 1;
+    text = ss.str();
+  }
+  const std::vector<int> any_ids = [&] {
+    std::vector<int> ids = gpus;
+    if (ids.empty())  // --config alone: any id is taken
+      for (int i = 0; i < 4096; ++i) ids.push_back(i);
+    return ids;
+  }();
+  std::vector<std::string> warned_before;
+  try {
+    warned_before = parse_config(text, target.string(), any_ids).warnings;
+  } catch (const ConfigError&) {
+    // A file with an error now: the change may fix it; the check below says.
+  }
   for (const std::string& kv : pos) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -322,6 +386,10 @@ int set_command(const std::vector<std::string>& args) {
     if (key == "active_gpus") {
       if (value.empty() || value == "[]" || value == "none") {
         value = "[]";
+      } else if (value == "all" && gpus.empty()) {
+        return err("active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
+                   "give the job (--run-id, --pid, --run-dir) instead of --config"),
+               2;
       } else if (value.front() != '[') {
         try {
           value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
@@ -342,14 +410,21 @@ int set_command(const std::vector<std::string>& args) {
                              value.find_first_not_of("0123456789.+-eE_") == std::string::npos);
       if (!literal) value = json::serialize(json::value(value));
     }
-    text = set_config_key(text, key, value);
+    try {
+      text = set_config_key(text, key, value);
+    } catch (const ConfigError& e) {
+      return err(fmt::format("{}: {}: {}", target.string(), key, e.what())), 1;
+    }
   }
-  // The same rules and messages as a hand edit; with --config alone any id is taken.
+  // The same rules and messages as a hand edit; a key the file would only warn about (an
+  // unknown one, a misspelling) is refused as well: set writes keys that take effect.
   try {
-    std::vector<int> ids = gpus;
-    if (ids.empty())
-      for (int i = 0; i < 4096; ++i) ids.push_back(i);
-    parse_config(text, target.string(), ids);
+    const Config c = parse_config(text, target.string(), any_ids);
+    for (const std::string& w : c.warnings)
+      if (std::find(warned_before.begin(), warned_before.end(), w) == warned_before.end())
+        return err(fmt::format("the change was not written; {} would warn: {}", target.string(),
+                               w)),
+               2;
   } catch (const ConfigError& e) {
     err(fmt::format("the change was not written; {} would say:\n{}", target.string(), e.what()));
     return 1;
@@ -363,8 +438,9 @@ int set_command(const std::vector<std::string>& args) {
   }
   fs::permissions(tmp, fs::status(target, ec).permissions(), ec);
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int e = errno;
     ::unlink(tmp.c_str());
-    return err(fmt::format("cannot replace '{}'", target.string())), 1;
+    return err(fmt::format("cannot replace '{}': {}", target.string(), std::strerror(e))), 1;
   }
   std::string what;
   for (const std::string& kv : pos) what += (what.empty() ? "" : ", ") + kv;

@@ -1,6 +1,8 @@
 // [notify] command runner. Reference: docs/sharing.md#notifications.
 #include "supervisor/notifier.hpp"
 
+#include "supervisor/owned_children.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -46,10 +48,18 @@ Notifier::Notifier(std::string command, std::chrono::milliseconds timeout,
 }
 
 Notifier::~Notifier() {
+  size_t waiting = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    drain_deadline_ = std::chrono::steady_clock::now() + timeout_;
+    waiting = queue_.size();
   }
+  if (waiting > 0 && warn_)
+    warn_(fmt::format(
+        "notify: running the {} queued notify command{} before exiting (at most "
+        "timeout_s = {} s in all)",
+        waiting, waiting == 1 ? "" : "s", static_cast<double>(timeout_.count()) / 1000.0));
   cv_.notify_all();
   thread_.join();
 }
@@ -86,6 +96,15 @@ void Notifier::run() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything ran
+      if (stopping_ && std::chrono::steady_clock::now() >= drain_deadline_) {
+        const size_t left = queue_.size();
+        queue_.clear();
+        lock.unlock();
+        if (warn_)
+          warn_(fmt::format("notify: {} event{} not sent: gpurun is ending", left,
+                            left == 1 ? "" : "s"));
+        return;
+      }
       item = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -131,7 +150,12 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   std::string sh = "/bin/sh", dash_c = "-c", cmd = command_;
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp.data());
+  int rc = 0;
+  // Registered as ours before any reap can see it: the spawner's orphan reaper leaves it be.
+  spawn_owned_child([&] {
+    rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp.data());
+    return rc == 0 ? static_cast<int>(pid) : -1;
+  });
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(in[0]);
@@ -142,7 +166,11 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   // The record and a newline; a command that does not read it is fine. Non-blocking, so a
   // full socket never holds the notifier past the timeout.
   const std::string text = record + "\n";
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && drain_deadline_ < deadline) deadline = drain_deadline_;
+  }
   size_t done = 0;
   int status = 0;
   bool exited = false;
@@ -162,15 +190,22 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
       exited = true;
       break;
     }
+    if (w < 0 && errno == ECHILD) {  // reaped elsewhere after all: its status is unknown
+      release_owned_child(pid);
+      if (in[1] >= 0) ::close(in[1]);
+      return;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(-pid, SIGKILL);  // the command's own process group (setpgroup above)
-      ::waitpid(pid, &status, 0);
+      ::kill(-pid, SIGKILL);       // the command's own process group (setpgroup above); still ours:
+      ::waitpid(pid, &status, 0);  // not reaped, so the pid cannot have been reused
+      release_owned_child(pid);
       if (in[1] >= 0) ::close(in[1]);
       return failed(fmt::format("the command for '{}' ran past timeout_s = {} and was killed",
                                 event, static_cast<double>(timeout_.count()) / 1000.0));
     }
     ::poll(nullptr, 0, 10);
   }
+  release_owned_child(pid);
   if (in[1] >= 0) ::close(in[1]);
   if (WIFSIGNALED(status))
     return failed(

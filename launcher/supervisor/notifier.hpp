@@ -31,7 +31,9 @@ class Notifier {
   /// ones are counted, not said. `warn` runs on the notifier's thread.
   Notifier(std::string command, std::chrono::milliseconds timeout,
            std::function<void(const std::string&)> warn);
-  /// Runs what is queued (each bounded by the timeout), then stops the thread.
+  /// Runs what is queued, all of it within one `timeout` from now (a command still running
+  /// then is killed, the rest are dropped; both said), then stops the thread. Says how many
+  /// wait when any do.
   ~Notifier();
   Notifier(const Notifier&) = delete;
   Notifier& operator=(const Notifier&) = delete;
@@ -58,6 +60,7 @@ class Notifier {
   std::condition_variable cv_;
   std::deque<std::pair<std::string, std::string>> queue_;
   bool stopping_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_{};  ///< set when stopping
   int failures_ = 0;
   int dropped_ = 0;
   std::thread thread_;

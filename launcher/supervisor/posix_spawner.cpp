@@ -1,5 +1,7 @@
 #include "supervisor/posix_spawner.hpp"
 
+#include "supervisor/owned_children.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -275,20 +277,6 @@ std::optional<Pty> open_pty(int like_fd, int margin) {
   return p;
 }
 
-/// Pids of direct children of this process, from /proc/self/task/*/children.
-std::vector<int> child_pids() {
-  std::vector<int> out;
-  DIR* tasks = ::opendir("/proc/self/task");
-  if (!tasks) return out;
-  while (const dirent* e = ::readdir(tasks)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/children");
-    for (int pid; in >> pid;) out.push_back(pid);
-  }
-  ::closedir(tasks);
-  return out;
-}
-
 }  // namespace
 
 /// Reaps children of gpurun that are not workers: processes a worker left behind are
@@ -303,8 +291,7 @@ struct PosixSpawner::Reaper {
     const auto now = std::chrono::steady_clock::now();
     if (now - last < std::chrono::milliseconds(5)) return;  // once per burst of polls
     last = now;
-    for (int pid : child_pids())
-      if (workers.count(pid) == 0) ::waitpid(pid, nullptr, WNOHANG);
+    reap_children_except(workers);  // nor a [notify] command (owned_children.hpp)
   }
 };
 

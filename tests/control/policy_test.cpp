@@ -36,7 +36,8 @@ TEST_CASE("leases: rendered and parsed back equal; an empty file is none") {
 
 TEST_CASE("leases: a malformed file names the file and the lease") {
   CHECK_THROWS_WITH_AS(parse_leases("[1]", "/r/leases.json"),
-                       "/r/leases.json: not a leases file (expected {\"leases\": [...]})",
+                       "/r/leases.json: not a leases file (expected {\"leases\": [...]}); fix "
+                       "it, or remove it to end every lease",
                        LeaseError);
   CHECK_THROWS_WITH_AS(parse_leases(R"({"leases": [{"gpus": [], "since_ms": 1}]})", "f"),
                        "f: lease 0: field 'gpus' must be a non-empty array of GPU ids", LeaseError);
@@ -112,27 +113,44 @@ TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
   CHECK_THROWS_AS(parse_duration_ms("1e400", "--for"), LeaseError);
 }
 
-TEST_CASE("set_config_key: replaces a key's line, keeps comments, adds what is missing") {
+TEST_CASE("set_config_key: replaces a key's value, keeps comments, adds what is missing") {
   const std::string text =
-      "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"release\"\n";
+      "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"release\"  # "
+      "warm\n";
   const std::string a = set_config_key(text, "active_gpus", "[0, 1, 2, 3]");
-  CHECK(a == "# my job\nactive_gpus = [0, 1, 2, 3]\n\n[park]\n# why hold\nmode = \"release\"\n");
+  CHECK(a ==
+        "# my job\nactive_gpus = [0, 1, 2, 3]  # two\n\n[park]\n# why hold\nmode = \"release\"  "
+        "# warm\n");
   const std::string b = set_config_key(text, "park.mode", "\"hold\"");
-  CHECK(b == "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"hold\"\n");
+  CHECK(
+      b ==
+      "# my job\nactive_gpus = [0,\n  1]  # two\n\n[park]\n# why hold\nmode = \"hold\"  # warm\n");
+  // Keys as TOML allows them: dotted, quoted, in an inline table, a header with spaces.
+  CHECK(set_config_key("park.mode = \"hold\"\n", "park.mode", "\"release\"") ==
+        "park.mode = \"release\"\n");
+  CHECK(set_config_key("park = { mode = \"hold\" }\n", "park.mode", "\"release\"") ==
+        "park = { mode = \"release\" }\n");
+  CHECK(set_config_key("[park]\n\"mode\" = \"hold\"\n", "park.mode", "\"release\"") ==
+        "[park]\n\"mode\" = \"release\"\n");
+  CHECK(set_config_key("[ park ]\nmode = \"hold\"\n", "park.standby", "false") ==
+        "[ park ]\nstandby = false\nmode = \"hold\"\n");
   // Missing: a top-level key before the first table, a table key after its header, a new table
-  // at the end.
+  // at the end; a key to add to an inline table is refused (edit by hand).
   CHECK(set_config_key("# c\n[park]\nmode = \"hold\"\n", "active_gpus", "[1]") ==
         "# c\nactive_gpus = [1]\n[park]\nmode = \"hold\"\n");
-  CHECK(set_config_key("[park]\nmode = \"hold\"\n", "park.standby", "false") ==
-        "[park]\nstandby = false\nmode = \"hold\"\n");
   CHECK(set_config_key("active_gpus = [0]", "batch.global", "256") ==
         "active_gpus = [0]\n\n[batch]\nglobal = 256\n");
-  // A key of the same name in another table is not touched.
+  CHECK(set_config_key("active_gpus = [0]", "park.mode", "\"hold\"") ==
+        "active_gpus = [0]\n\n[park]\nmode = \"hold\"\n");
   CHECK(set_config_key("[energy]\nmode = 1\n[park]\n", "park.mode", "\"hold\"") ==
         "[energy]\nmode = 1\n[park]\nmode = \"hold\"\n");
+  CHECK_THROWS_WITH_AS(set_config_key("park = { standby = true }\n", "park.mode", "\"hold\""),
+                       "[park] is written as an inline table or with dotted keys; add 'mode' to "
+                       "it by hand",
+                       ConfigError);
+  CHECK_THROWS_AS(set_config_key("[park\n", "park.mode", "\"hold\""), ConfigError);
   // Every result is a valid config with the value in force.
-  const Config c = parse_config(b, "config.toml", {0, 1, 2, 3});
-  CHECK(c.park_mode == ParkMode::kHold);
+  CHECK(parse_config(b, "config.toml", {0, 1, 2, 3}).park_mode == ParkMode::kHold);
   CHECK(parse_config(a, "config.toml", {0, 1, 2, 3}).active_gpus == kFour);
 }
 

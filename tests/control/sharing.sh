@@ -7,7 +7,8 @@
 #               reclaim 2: it comes back and GPU 1 (still lent) leaves; reclaim: all back. A
 #               leases file broken by hand is said in status and refused by lend
 #   set         gpurun set active_gpus=0 shrinks the job with the file's comments kept; a bad
-#               value is refused with the hand edit's message and the file is left as it was
+#               value (the hand edit's message), an unknown key, a missing or read-only file are
+#               refused and the file is left as it was
 #   notify      [notify] command: lease, the resize decisions, lease_end and shutdown reach it
 #               in the event log's order, each as its JSON record; the command's failure for one
 #               event is said once and the job goes on
@@ -98,6 +99,8 @@ case $CASE in
       fail "status: $(cat "$TMP/status.out")"
     "$GPURUN" reclaim 2 > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
     grep -q 'reclaimed GPUs \[2\]' "$TMP/reclaim.out" || fail "reclaim said: $(cat "$TMP/reclaim.out")"
+    wait_event '"event": "lease_end", "gpus": \[2\]'  # only what came back: no new lease
+    grep -q '"event": "lease", "gpus": \[1\]' "$TMP/events.jsonl" && fail "a partial reclaim made a new lease"
     # GPU 2 back, GPU 1 still lent: two GPUs are left without it, so it leaves now.
     expect_resize 3 "[0,2]"
     "$GPURUN" reclaim > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
@@ -127,6 +130,18 @@ case $CASE in
     "$GPURUN" set park.mode=bogus > "$TMP/bad.out" 2>&1 && fail "a bad park.mode was written"
     grep -q 'park.mode: unknown park mode "bogus"; allowed: "release", "hold"' "$TMP/bad.out" ||
       fail "set park.mode=bogus said: $(cat "$TMP/bad.out")"
+    cmp -s "$TMP/config.toml" "$TMP/config.before" || fail "a refused set changed the file"
+    # Refused, the file untouched: an unknown key, a file that is not there, a read-only file.
+    rc=0; "$GPURUN" set park.mdoe=hold > "$TMP/bad.out" 2>&1 || rc=$?
+    [[ $rc == 2 ]] && grep -q "would warn: .*unknown key 'park.mdoe'" "$TMP/bad.out" ||
+      fail "set park.mdoe: $rc $(cat "$TMP/bad.out")"
+    rc=0; "$GPURUN" set --config "$TMP/nothere.toml" park.mode=hold > "$TMP/bad.out" 2>&1 || rc=$?
+    [[ $rc == 1 && ! -e $TMP/nothere.toml ]] && grep -q 'does not exist' "$TMP/bad.out" ||
+      fail "set on a missing file: $rc $(cat "$TMP/bad.out")"
+    cp "$TMP/config.toml" "$TMP/ro.toml"; chmod 0444 "$TMP/ro.toml"
+    rc=0; "$GPURUN" set --config "$TMP/ro.toml" park.mode=hold > "$TMP/bad.out" 2>&1 || rc=$?
+    [[ $rc == 1 ]] && grep -q 'is read-only' "$TMP/bad.out" && cmp -s "$TMP/ro.toml" "$TMP/config.before" ||
+      fail "set on a read-only file: $rc $(cat "$TMP/bad.out")"
     cmp -s "$TMP/config.toml" "$TMP/config.before" || fail "a refused set changed the file"
     "$GPURUN" set active_gpus=0 > "$TMP/set.out" 2>&1 || fail "set: $(cat "$TMP/set.out")"
     expect_resize 2 "[0]"

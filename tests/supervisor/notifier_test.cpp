@@ -1,9 +1,11 @@
 // [notify] command runner (launcher/supervisor/notifier.hpp): which events, their order, the
 // record on stdin, failures said once, a command past its timeout killed. docs/sharing.md.
 #include "supervisor/notifier.hpp"
+#include "supervisor/owned_children.hpp"
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -22,6 +24,14 @@ namespace {
 struct Warnings {
   std::mutex mu;
   std::vector<std::string> lines;
+  /// The lines that are not the end-of-run note ("notify: running the N queued ...").
+  std::vector<std::string> problems() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> out;
+    for (const auto& l : lines)
+      if (l.rfind("notify: running the ", 0) != 0) out.push_back(l);
+    return out;
+  }
   std::function<void(const std::string&)> sink() {
     return [this](const std::string& l) {
       std::lock_guard<std::mutex> lock(mu);
@@ -63,7 +73,7 @@ TEST_CASE(
         "lease {\"event\": \"lease\", \"gpus\": [2]}\n"
         "decision {\"event\": \"decision\", \"kind\": \"resize\"}\n"
         "shutdown {\"event\": \"shutdown\", \"exit_code\": 0}\n");
-  CHECK(w.lines.empty());
+  CHECK(w.problems().empty());
 }
 
 TEST_CASE("Notifier: a failing command is said once; one past its timeout is killed") {
@@ -74,8 +84,8 @@ TEST_CASE("Notifier: a failing command is said once; one past its timeout is kil
     n.post("lease_end", "{}");
     n.post("shutdown", "{}");
   }
-  REQUIRE(w.lines.size() == 1);
-  CHECK(w.lines[0] ==
+  REQUIRE(w.problems().size() == 1);
+  CHECK(w.problems()[0] ==
         "notify: the command for 'lease' exited with 4; the job goes on (later failures are not "
         "reported)");
   Warnings t;
@@ -88,8 +98,8 @@ TEST_CASE("Notifier: a failing command is said once; one past its timeout is kil
     while (n.failures().first < 2) std::this_thread::sleep_for(10ms);
     counts = n.failures();
   }
-  REQUIRE(t.lines.size() == 1);
-  CHECK(t.lines[0] ==
+  REQUIRE(t.problems().size() == 1);
+  CHECK(t.problems()[0] ==
         "notify: the command for 'shutdown' ran past timeout_s = 0.1 and was killed; the job goes "
         "on (later failures are not reported)");
   CHECK(counts == std::pair<int, int>{2, 0});
@@ -103,5 +113,42 @@ TEST_CASE("Notifier: a command that never reads stdin, and one that closes it, a
     Notifier m("true", 10s, w.sink());
     m.post("shutdown", "{}");
   }
-  CHECK(w.lines.empty());
+  CHECK(w.problems().empty());
+}
+
+TEST_CASE("Notifier: the spawner's orphan reaper never takes a notify command's exit") {
+  // The reaper (posix_spawner.cpp) waits for every child that is not a worker, whenever a
+  // worker exits: here as fast as it can, beside 30 commands that each exit 4.
+  Warnings w;
+  std::atomic<bool> stop{false};
+  std::thread reaper([&] {
+    while (!stop) gpurun::supervisor::reap_children_except({});
+  });
+  std::pair<int, int> counts;
+  {
+    Notifier n("exit 4", 10s, w.sink());
+    for (int i = 0; i < 30; ++i) n.post("lease", "{}");
+    // A stolen exit is a command whose failure is never counted: wait 20 s at most for 30.
+    for (int i = 0; i < 2000 && n.failures().first < 30; ++i) std::this_thread::sleep_for(10ms);
+    counts = n.failures();
+  }
+  stop = true;
+  reaper.join();
+  CHECK(counts == std::pair<int, int>{30, 0});  // each exit status seen: none stolen
+  REQUIRE(w.problems().size() == 1);
+  CHECK(w.problems()[0].find("exited with 4") != std::string::npos);
+}
+
+TEST_CASE("Notifier: at its end the queue gets one timeout in all, and says so") {
+  Warnings w;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Notifier n("sleep 30", 300ms, w.sink());
+    for (int i = 0; i < 20; ++i) n.post("lease", "{}");
+  }  // 20 commands of 300 ms each would be 6 s; the drain has 300 ms for all of them
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // the mechanism, with a 16x margin
+  std::string all;
+  for (const auto& l : w.lines) all += l + "\n";
+  CHECK(all.find("notify: running the ") != std::string::npos);
+  CHECK(all.find("not sent: gpurun is ending") != std::string::npos);
 }
