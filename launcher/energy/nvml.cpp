@@ -31,17 +31,24 @@ using GetU64Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned long long*);
 using GetU32Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*);
 using GetU32PairFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, unsigned*);
 using SetU32Fn = nvmlReturn_t (*)(nvmlDevice_t, unsigned);
-// nvmlProcessInfo_v2_t, the element of nvmlDeviceGetComputeRunningProcesses_v3.
+constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
+constexpr nvmlReturn_t kNvmlNotSupported = 3;
+
+}  // namespace
+
+// nvmlProcessInfo_v2_t, the element of nvmlDeviceGetComputeRunningProcesses_v3. Outside the
+// anonymous namespace: GCC 13.3 (the GPU machine's) crashes on a member of Nvml::Impl whose
+// type names an anonymous-namespace struct in a unity build.
+namespace nvml_abi {
 struct ProcessInfoV2 {
   unsigned pid;
   unsigned long long used_gpu_memory;  // bytes
   unsigned gpu_instance_id, compute_instance_id;
 };
-using GetProcessesFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, ProcessInfoV2*);
-constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
-constexpr nvmlReturn_t kNvmlNotSupported = 3;
-
-}  // namespace
+using GetProcessesFn = int (*)(void*, unsigned*, ProcessInfoV2*);
+}  // namespace nvml_abi
+using nvml_abi::GetProcessesFn;
+using nvml_abi::ProcessInfoV2;
 
 struct Nvml::Impl {
   std::string library;
