@@ -12,12 +12,14 @@ seconds more (the process writes OUT/loading.<slot> with its pid first). STALL_R
 slot G's second process-group set-up (its first resize) writes OUT/rendezvous.<slot> (its pid)
 and sleeps 60 s inside torch's init_process_group, after gpurun's arrival wait: the other
 ranks wait in torch's own rendezvous for its address. OUT/fast, once it exists: no more sleep
-per epoch. STALL_WRAP=G: slot G's first DDP construction writes OUT/wrap.<slot> and sleeps.
+per epoch. STOP_FIRST_INIT=G: slot G's first init_process_group writes OUT/rendezvous.<slot> and
+stops itself (SIGSTOP). STALL_WRAP=G: slot G's first DDP construction writes OUT/wrap.<slot> and sleeps.
 """
 import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -43,6 +45,22 @@ class WithPid(torch.utils.data.Dataset):  # each sample says which process read 
 
     def __getitem__(self, i):
         return (*data[i], os.getpid())
+
+if os.environ.get("STOP_FIRST_INIT") is not None and \
+        os.environ.get("GPURUN_SLOT") == os.environ["STOP_FIRST_INIT"]:
+    # STOP_FIRST_INIT=G: slot G's process, in its first init_process_group (a joiner's: the
+    # grow's, after gpurun's arrival wait), writes OUT/rendezvous.<slot> (its pid) and stops
+    # itself (SIGSTOP): the other ranks wait for it in torch's own rendezvous.
+    real_first_init = dist.init_process_group
+
+    def stopped_init(*args, **kwargs):
+        dist.init_process_group = real_first_init
+        with open(os.path.join(out, f"rendezvous.{os.environ['GPURUN_SLOT']}"), "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return real_first_init(*args, **kwargs)
+
+    dist.init_process_group = stopped_init
 
 if os.environ.get("STALL_WRAP") is not None:
     # STALL_WRAP=G: slot G's process, in its first DDP construction (a joiner's: inside the

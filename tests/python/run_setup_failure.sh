@@ -2,8 +2,10 @@
 # ctest python_setup_failure_<where>: a joiner killed during the resize's set-up. 2 CPU slots
 # train (loop form, tests/python/elastic_train.py, SLOW_LOAD=30); a grow to [0,1,2] admits
 # slot 2, which is SIGKILLed inside its state load (load: the holders are in the checksum
-# all-gather), or after it was SIGSTOPped once ready (rendezvous: the holders wait for it in the
-# new group's rendezvous until gpurun's abort key). The holders must give up on it at
+# all-gather), or once it stopped itself in its first init_process_group (rendezvous,
+# STOP_FIRST_INIT=2: the holders wait for it in torch's rendezvous of the new group until gpurun's
+# abort key; the test used to SIGSTOP it after its warm_ready event, which under load could land
+# after its admission). The holders must give up on it at
 # once (not after the comm timeout), report again, and go on as [0,1]: gpurun decides
 # failed [2], the job finishes every epoch (each sample once per epoch) and exits 0.
 # member (issue 25 item 1): slot 1, a member holding the state, is SIGKILLed in the grow's
@@ -31,8 +33,9 @@ SLOW=30 COMM_MS=120000
 # (5 s) bounds how soon it sees the source gone and reports.
 [[ $WHERE == rendezvous || $WHERE == wrap ]] && SLOW=0
 WRAP=; [[ $WHERE == wrap ]] && WRAP=2
+STOPINIT=; [[ $WHERE == rendezvous ]] && STOPINIT=2
 [[ $WHERE == source ]] && SLOW=5
-STALL_WRAP=$WRAP STALL_RENDEZVOUS=$STALL SLOW_LOAD=$SLOW GPURUN_COMM_TIMEOUT_MS=$COMM_MS "$GPURUN" --master-port 0 --nproc 3 --device cpu \
+STOP_FIRST_INIT=$STOPINIT STALL_WRAP=$WRAP STALL_RENDEZVOUS=$STALL SLOW_LOAD=$SLOW GPURUN_COMM_TIMEOUT_MS=$COMM_MS "$GPURUN" --master-port 0 --nproc 3 --device cpu \
   --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/elastic_train.py" "$TMP/out" "$EPOCHS" 1.0 > "$LOG" 2>&1 &
 pid=$!
@@ -55,12 +58,11 @@ elif [[ $WHERE == load || $WHERE == source ]]; then
     victim=$(cat "$TMP/out/pid.0")
     sleep "${SOURCE_DELAY:-1}"
   fi
-else  # stopped once ready, so the holders wait for it in the new group's rendezvous
-  wait_event '"event": "warm_ready", "gpu": 2'
-  victim=$("$PY" -c 'import json,sys; print([json.loads(l)["pid"] for l in open(sys.argv[1]) if "\"warm_ready\"" in l][-1])' "$TMP/events.jsonl")
-  [[ $victim -gt 1 ]] && kill -STOP "$victim"
-  wait_event '"joiners": \[2\]'
-  sleep 1
+else  # stopped in its own init_process_group: the holders wait for it in the rendezvous
+  for _ in $(seq 1 900); do [[ -s $TMP/out/rendezvous.2 ]] && break; sleep 0.1; done
+  [[ -s $TMP/out/rendezvous.2 ]] || fail "slot 2 never reached the grow's init_process_group"
+  victim=$(cat "$TMP/out/rendezvous.2")
+  sleep 1  # the holders are in torch's rendezvous, waiting for it
 fi
 [[ $victim -gt 1 ]] && kill -9 "$victim"
 killed=$(date +%s)
