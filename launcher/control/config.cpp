@@ -338,19 +338,8 @@ class Validator {
         continue;
       }
       if (key.str() == "reclaim_after_s") {
-        const std::string_view allowed = "a positive number of seconds, at most 86400";
-        std::optional<double> v;
-        if (const auto* i = value.as_integer()) v = static_cast<double>(i->get());
-        if (const auto* f = value.as_floating_point()) v = f->get();
-        if (!v)
-          error(value.source(), "policy.reclaim_after_s",
-                fmt::format("expected a number, found {}", found_phrase(value)), allowed);
-        else if (!(*v > 0) || *v > 86400)
-          error(value.source(), "policy.reclaim_after_s", fmt::format("{} is out of range", *v),
-                allowed);
-        else
-          config.policy.reclaim_after =
-              std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000)));
+        check_seconds(value, "policy.reclaim_after_s", config.policy.reclaim_after,
+                      "a positive number of seconds, at most 86400", 86400);
         continue;
       }
       if (key.str() != "min_gpus") {
@@ -386,18 +375,8 @@ class Validator {
         else
           config.notify.command = t->get();
       } else if (key.str() == "timeout_s") {
-        const std::string_view allowed = "a positive number of seconds, at most 3600";
-        std::optional<double> v;
-        if (const auto* i = value.as_integer()) v = static_cast<double>(i->get());
-        if (const auto* f = value.as_floating_point()) v = f->get();
-        if (!v)
-          error(value.source(), "notify.timeout_s",
-                fmt::format("expected a number, found {}", found_phrase(value)), allowed);
-        else if (!(*v > 0) || *v > 3600)
-          error(value.source(), "notify.timeout_s", fmt::format("{} is out of range", *v), allowed);
-        else
-          config.notify.timeout =
-              std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000)));
+        check_seconds(value, "notify.timeout_s", config.notify.timeout,
+                      "a positive number of seconds, at most 3600", 3600);
       } else {
         warn_unknown_nested("notify", key, {"command", "timeout_s"});
       }
@@ -481,10 +460,11 @@ class Validator {
     check_seconds(value, "boundary.deadline_s", config.boundary_deadline);
   }
 
-  // A positive number of seconds (integer or float, at most kMaxDeadlineSeconds) into `out`,
-  // rounded up to whole milliseconds.
+  // A positive number of seconds (integer or float, at most `max_s`) into `out`, rounded up to
+  // whole milliseconds.
   void check_seconds(const toml::node& value, std::string_view key, std::chrono::milliseconds& out,
-                     std::string_view allowed = kDeadlineAllowed) {
+                     std::string_view allowed = kDeadlineAllowed,
+                     int64_t max_s = kMaxDeadlineSeconds) {
     double seconds = 0;
     std::string shown;
     if (const auto* integer = value.as_integer()) {
@@ -500,9 +480,9 @@ class Validator {
     }
     if (std::isnan(seconds) || seconds <= 0) {
       error(value.source(), key, fmt::format("{} is not positive", shown), allowed);
-    } else if (seconds > static_cast<double>(kMaxDeadlineSeconds)) {
-      error(value.source(), key,
-            fmt::format("{} is larger than {} seconds", shown, kMaxDeadlineSeconds), allowed);
+    } else if (seconds > static_cast<double>(max_s)) {
+      error(value.source(), key, fmt::format("{} is larger than {} seconds", shown, max_s),
+            allowed);
     } else {
       out = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
     }
