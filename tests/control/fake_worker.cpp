@@ -7,6 +7,7 @@
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
 //   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
+//   hold_warm_gpu<N> a warm joiner of slot N gets ready only once the file is removed
 //   stall_setup_gpu<N> slot N, in a generation > 0, stops itself (SIGSTOP) in its make_group
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 //   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
@@ -141,6 +142,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fake_worker gpu %d: stalling in its warm start-up\n", gpu);
     while (true) ::pause();
   }
+  while (session->engine().warm() && fs::exists(dir / ("hold_warm_gpu" + std::to_string(gpu))))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   // Its device is needed now (a standby waits here for its go key, or is told to exit).
   EngineEvent device;
   device.kind = EngineEvent::Kind::kDevice;
