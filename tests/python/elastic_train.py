@@ -8,7 +8,8 @@ between boundaries.
 Each process appends to OUT/log.<slot>.<pid> one JSON line per epoch: epoch, rank, world,
 generation, the indices it trained, the state checksum at the start of the epoch, and
 (rank 0) the epoch's mean loss over all ranks. SLOW_LOAD=S: loading a received state takes S
-seconds more (the process writes OUT/loading.<slot> with its pid first). STALL_RENDEZVOUS=G:
+seconds more in slot SLOW_LOAD_SLOT (default 2: the grow's joiner; the start's broadcast to
+slot 1 is not slowed) (the process writes OUT/loading.<slot> with its pid first). STALL_RENDEZVOUS=G:
 slot G's second process-group set-up (its first resize) writes OUT/rendezvous.<slot> (its pid)
 and sleeps 60 s inside torch's init_process_group, after gpurun's arrival wait: the other
 ranks wait in torch's own rendezvous for its address. OUT/fast, once it exists: no more sleep
@@ -99,12 +100,14 @@ net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.AdamW(net.parameters(), lr=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
 rt.track(model=net, optimizer=opt, scheduler=sched)
-if os.environ.get("SLOW_LOAD"):  # a joiner's load takes SLOW_LOAD s (OUT/loading.<slot> = pid)
+if os.environ.get("SLOW_LOAD"):  # every rank tracks the same names; one slot's load is slow
     class Slow:
         def state_dict(self):
             return {}
 
         def load_state_dict(self, _):
+            if str(rt.slot) != os.environ.get("SLOW_LOAD_SLOT", "2"):
+                return
             with open(os.path.join(out, f"loading.{rt.slot}"), "w") as f:
                 f.write(str(os.getpid()))
             time.sleep(float(os.environ["SLOW_LOAD"]))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ctest python_setup_failure_<where>: a joiner killed during the resize's set-up. 2 CPU slots
-# train (loop form, tests/python/elastic_train.py, SLOW_LOAD=30); a grow to [0,1,2] admits
-# slot 2, which is SIGKILLed inside its state load (load: the holders are in the checksum
-# all-gather), or once it stopped itself in its first init_process_group (rendezvous,
+# train (loop form, tests/python/elastic_train.py; the joiner's load slowed by SLOW_LOAD); a
+# grow to [0,1,2] admits slot 2, which is SIGKILLed inside its state load (load: the holders
+# are in the checksum all-gather), or once it stopped itself in its first init_process_group (rendezvous,
 # STOP_FIRST_INIT=2: the holders wait for it in torch's rendezvous of the new group until gpurun's
 # abort key; the test used to SIGSTOP it after its warm_ready event, which under load could land
 # after its admission). The holders must give up on it at
@@ -29,9 +29,9 @@ printf 'active_gpus = [0, 1]\n' > "$TMP/config.toml"
 EPOCHS=30  # the joiner must be ready (torch's import: seconds on a loaded machine) before the end
 STALL=; [[ $WHERE == member ]] && STALL=1
 SLOW=30 COMM_MS=120000
-# rendezvous: no load is slowed (the joiner dies before its load). source: the joiner's load
-# (5 s) bounds how soon it sees the source gone and reports.
-[[ $WHERE == rendezvous || $WHERE == wrap ]] && SLOW=0
+# rendezvous, wrap, member: no load is slowed (the death comes before any load). source: the
+# joiner's load (5 s) bounds how soon it sees the source gone and reports.
+[[ $WHERE == rendezvous || $WHERE == wrap || $WHERE == member ]] && SLOW=0
 WRAP=; [[ $WHERE == wrap ]] && WRAP=2
 STOPINIT=; [[ $WHERE == rendezvous ]] && STOPINIT=2
 [[ $WHERE == source ]] && SLOW=5
