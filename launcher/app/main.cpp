@@ -20,6 +20,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "app/auto_scale.hpp"
 #include "app/energy_setup.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
@@ -501,6 +502,7 @@ int run(int argc, char** argv) {
   // Energy (docs/energy.md): the workers' step progress file, then the monitor.
   std::unique_ptr<gpurun::control::ProgressFile> progress;
   std::unique_ptr<gpurun::energy::EnergyMonitor> energy;
+  std::unique_ptr<gpurun::app::AutoScale> auto_scale;  // [energy] scale = "auto"
   if (config) {
     try {
       progress =
@@ -801,13 +803,28 @@ int run(int argc, char** argv) {
                 }
                 if (elastic) elastic->on_gpu_processes(listing);
               });
+        if (energy_config && energy_config->energy.auto_scale) {
+          auto_scale = make_auto_scale(
+              events, [](const std::string& line) { print_err(line); }, elastic.get(), *energy,
+              *energy_config);
+          if (auto_scale)
+            energy->set_epoch_hook(
+                [&auto_scale](const gpurun::energy::EpochRecord& rec, bool may_stop) {
+                  if (auto_scale && may_stop) auto_scale->on_epoch(rec);
+                });
+        }
       }
     }
+    if (energy_config && energy_config->energy.auto_scale && !energy)
+      print_err(
+          "energy: warning: [energy] scale = \"auto\" needs the GPU energy monitor (NVML), "
+          "which is off: the job keeps its GPUs");
     if (energy_config && energy_config->policy.yield_to_foreign && !energy)
       print_err(
           "warning: [policy] yield_to_foreign needs the GPU energy monitor (NVML), "
           "which is off: no GPU is yielded");
     if (!supervisor.done() || node_sync) io.run();
+    if (energy) energy->set_epoch_hook({});  // the job is over: scale decides nothing more
     code = supervisor.done() ? supervisor.exit_code() : kExitLauncherError;
     if (!rendezvous_error.empty()) {
       print_err(fmt::format("error: {}", rendezvous_error));

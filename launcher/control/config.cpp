@@ -275,32 +275,36 @@ class Validator {
   }
 
   void check_active_gpus(const toml::node& node, Config& config) {
+    if (auto ids = gpu_ids(node, "active_gpus")) config.active_gpus = std::move(*ids);
+  }
+
+  /// A list of this node's GPU ids under `key`, sorted; nullopt after an error.
+  std::optional<std::vector<int>> gpu_ids(const toml::node& node, std::string_view key) {
     const auto* array = node.as_array();
     if (array == nullptr) {
-      error(node.source(), "active_gpus",
+      error(node.source(), key,
             fmt::format("expected an array of GPU ids, found {}", found_phrase(node)),
             fmt::format("[] or a list of ids from {}", valid_ids_text()));
-      return;
+      return std::nullopt;
     }
     std::vector<int> ids;
     std::map<int64_t, toml::source_position> first_seen;
     for (const toml::node& element : *array) {
       const auto* integer = element.as_integer();
       if (integer == nullptr) {
-        error(element.source(), "active_gpus",
+        error(element.source(), key,
               fmt::format("expected integer GPU ids, found {}", found_phrase(element)),
               valid_ids_text());
         continue;
       }
       const int64_t id = integer->get();
       if (id < 0) {
-        error(element.source(), "active_gpus", fmt::format("GPU id {} is negative", id),
-              valid_ids_text());
+        error(element.source(), key, fmt::format("GPU id {} is negative", id), valid_ids_text());
       } else if (!is_valid_id(id)) {
-        error(element.source(), "active_gpus",
-              fmt::format("GPU id {} is not available on this node", id), valid_ids_text());
+        error(element.source(), key, fmt::format("GPU id {} is not available on this node", id),
+              valid_ids_text());
       } else if (auto it = first_seen.find(id); it != first_seen.end()) {
-        error(element.source(), "active_gpus",
+        error(element.source(), key,
               fmt::format("GPU id {} is listed twice (first at line {}, column {})", id,
                           it->second.line, it->second.column),
               fmt::format("distinct ids from {}", valid_ids_text()));
@@ -310,7 +314,7 @@ class Validator {
       }
     }
     std::sort(ids.begin(), ids.end());
-    config.active_gpus = std::move(ids);
+    return ids;
   }
 
   /// The table under a top-level section key, or nullptr after reporting a type error.
@@ -632,11 +636,43 @@ class Validator {
         const std::string name = fmt::format("energy.{}", k);
         if (auto v = positive_int(value, name, "a positive integer"))
           (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
+      } else if (k == "scale") {
+        const auto* t = value.as_string();
+        if (t && (t->get() == "auto" || t->get() == "off"))
+          e.auto_scale = t->get() == "auto";
+        else
+          error(value.source(), "energy.scale",
+                t ? fmt::format("unknown value {}", quote_value(t->get()))
+                  : fmt::format("expected a string, found {}", found_phrase(value)),
+                R"("auto", "off")");
+      } else if (k == "allowed_gpus") {
+        if (auto ids = gpu_ids(value, "energy.allowed_gpus")) {
+          if (ids->empty())
+            error(value.source(), "energy.allowed_gpus", "is empty",
+                  fmt::format("a list of ids from {}", valid_ids_text()));
+          else
+            e.allowed_gpus = std::move(*ids);
+        }
+      } else if (k == "scale_measure_epochs") {
+        if (auto v = positive_int(value, "energy.scale_measure_epochs", "a positive integer"))
+          e.scale_measure_epochs = *v;
+      } else if (k == "scale_warmup_epochs" || k == "scale_recheck_epochs") {
+        const std::string name = fmt::format("energy.{}", k);
+        const auto* n = value.as_integer();
+        if (n == nullptr || n->get() < 0)
+          error(value.source(), name,
+                n ? fmt::format("{} is negative", n->get())
+                  : fmt::format("expected an integer, found {}", found_phrase(value)),
+                "an integer >= 0");
+        else
+          (k == "scale_warmup_epochs" ? e.scale_warmup_epochs : e.scale_recheck_epochs) = n->get();
       } else {
-        warn_unknown_nested("energy", key,
-                            {"monitor", "period_s", "window_s", "eta_knob", "cost_threshold",
-                             "cost_threshold_factor", "history", "job", "power_limit_watts",
-                             "profile_warmup_steps", "profile_measure_steps", "profile_cache"});
+        warn_unknown_nested(
+            "energy", key,
+            {"monitor", "period_s", "window_s", "eta_knob", "cost_threshold",
+             "cost_threshold_factor", "history", "job", "power_limit_watts", "profile_warmup_steps",
+             "profile_measure_steps", "profile_cache", "scale", "allowed_gpus",
+             "scale_warmup_epochs", "scale_measure_epochs", "scale_recheck_epochs"});
       }
     }
   }

@@ -60,6 +60,15 @@ struct EnergyConfig {
   /// `profile_cache` (path, relative to the config file): chosen limits per
   /// (program, job, GPU model, GPU count); default `<config dir>/.gpurun-power-cache.json`.
   std::string profile_cache;
+  /// `scale = "auto"` (default "off"): gpurun chooses the job's GPU count for the least Zeus
+  /// cost per epoch by live resizes (docs/energy.md#scale). Needs elastic mode and NVML.
+  bool auto_scale = false;
+  /// `allowed_gpus`: the GPUs scale = "auto" chooses among (it trains on the first n of
+  /// them); default: the declared active set when the job starts.
+  std::optional<std::vector<int>> allowed_gpus;
+  int64_t scale_warmup_epochs = 1;   ///< `scale_warmup_epochs` (≥ 0), per count tried
+  int64_t scale_measure_epochs = 1;  ///< `scale_measure_epochs` (≥ 1), per count tried
+  int64_t scale_recheck_epochs = 0;  ///< `scale_recheck_epochs`: search again every K (0: never)
 
   friend bool operator==(const EnergyConfig&, const EnergyConfig&) = default;
 };

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <sstream>
@@ -71,20 +72,46 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
   run_effects();
 }
 
-Config ElasticController::effective_config(const Config& declared) const {
-  const std::vector<std::pair<int, std::string>> yielded =
-      declared.policy.yield_to_foreign ? foreign_.yielded()
-                                       : std::vector<std::pair<int, std::string>>{};
-  if ((!leases_ || leases_->leases().empty()) && yielded.empty()) return declared;
-  const std::vector<int> set =
-      declared.active_gpus ? *declared.active_gpus : opt_.launch.value_or(opt_.slots);
+std::vector<int> ElasticController::declared_set(const Config& declared) const {
+  return declared.active_gpus ? *declared.active_gpus : opt_.launch.value_or(opt_.slots);
+}
+
+std::vector<std::pair<int, std::string>> ElasticController::policy_out(
+    const Config& declared) const {
+  std::vector<std::pair<int, std::string>> out = declared.policy.yield_to_foreign
+                                                     ? foreign_.yielded()
+                                                     : std::vector<std::pair<int, std::string>>{};
+  for (const auto& [gpu, why] : scale_out_) {
+    const int g = gpu;
+    if (std::none_of(out.begin(), out.end(), [g](const auto& o) { return o.first == g; }))
+      out.emplace_back(gpu, why);
+  }
+  return out;
+}
+
+EffectiveSet ElasticController::effective_now(const Config& declared) const {
   const std::vector<Lease> none;
-  const EffectiveSet e = effective_set(set, leases_ ? leases_->leases() : none, unix_now_ms(),
-                                       declared.policy.min_gpus, &lease_time_text, yielded);
-  if (e.active == set) return declared;
+  return effective_set(declared_set(declared), leases_ ? leases_->leases() : none, unix_now_ms(),
+                       declared.policy.min_gpus, &lease_time_text, policy_out(declared));
+}
+
+Config ElasticController::effective_config(const Config& declared) const {
+  if ((!leases_ || leases_->leases().empty()) && policy_out(declared).empty()) return declared;
+  const EffectiveSet e = effective_now(declared);
+  if (e.active == declared_set(declared)) return declared;
   Config c = declared;
   c.active_gpus = e.active;
   return c;
+}
+
+void ElasticController::set_scale(std::vector<std::pair<int, std::string>> out,
+                                  std::string status_json) {
+  scale_out_ = std::move(out);
+  scale_status_ = std::move(status_json);
+  if (in_boundary_)
+    policy_pending_ = true;  // given to the scheduler before this boundary's decision
+  else
+    apply_policy();
 }
 
 void ElasticController::on_leases(const std::vector<LeaseKeeper::Change>& changes) {
@@ -112,20 +139,19 @@ void ElasticController::on_leases(const std::vector<LeaseKeeper::Change>& change
   apply_policy();
 }
 
-void ElasticController::apply_policy() {
+void ElasticController::apply_policy(bool effects) {
   Config c = effective_config(declared_);
   if (c.active_gpus != scheduler_.config().active_gpus) {
-    const std::vector<int> set = c.active_gpus ? *c.active_gpus : opt_.launch.value_or(opt_.slots);
+    const std::vector<int> set = declared_set(c);
     const bool policy = c.active_gpus != declared_.active_gpus;
-    console_.write(
-        StreamId::kStderr,
-        fmt::format("gpurun: the job trains on [{}] from the next boundary{}\n",
-                    join_ids(set, ", "),
-                    policy ? " (leases or yields in force; config.toml unchanged)" : ""));
+    console_.write(StreamId::kStderr,
+                   fmt::format("gpurun: the job trains on [{}] from {} boundary{}\n",
+                               join_ids(set, ", "), effects ? "the next" : "this",
+                               policy ? " (policies in force; config.toml unchanged)" : ""));
     c.warnings.clear();  // said when the file was loaded
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   }
-  run_effects();
+  if (effects) run_effects();
 }
 
 namespace {
@@ -196,7 +222,16 @@ ElasticController::~ElasticController() {
 
 void ElasticController::set_energy_hooks(EnergyHooks hooks) {
   energy_ = std::move(hooks);
-  if (energy_.boundary) scheduler_.on_boundary = energy_.boundary;
+  if (!energy_.boundary) return;
+  scheduler_.on_boundary = [this](const BoundaryInfo& b) -> std::optional<std::string> {
+    in_boundary_ = true;
+    std::optional<std::string> why = energy_.boundary(b);
+    in_boundary_ = false;
+    // A policy changed by the boundary's epoch (scale = "auto") takes effect at this boundary:
+    // the scheduler's config is in place before its decision; the caller runs the effects.
+    if (std::exchange(policy_pending_, false) && !why) apply_policy(/*effects=*/false);
+    return why;
+  };
 }
 
 void ElasticController::on_attempt_start(int attempt) {
@@ -466,15 +501,10 @@ std::string ElasticController::render_current_status() const {
 }
 
 std::string ElasticController::policy_status() const {
-  const std::vector<int> set =
-      declared_.active_gpus ? *declared_.active_gpus : opt_.launch.value_or(opt_.slots);
-  const int64_t now = unix_now_ms();
+  const std::vector<int> set = declared_set(declared_);
   const std::vector<Lease> none;
   const std::vector<Lease>& leases = leases_ ? leases_->leases() : none;
-  const EffectiveSet e =
-      effective_set(set, leases, now, declared_.policy.min_gpus, &lease_time_text,
-                    declared_.policy.yield_to_foreign ? foreign_.yielded()
-                                                      : std::vector<std::pair<int, std::string>>{});
+  const EffectiveSet e = effective_now(declared_);
   std::string arr = "[";
   for (const Lease& l : leases) {
     supervisor::JsonObject o;
@@ -499,7 +529,8 @@ std::string ElasticController::policy_status() const {
       .add("min_gpus", declared_.policy.min_gpus)
       .add_raw("leases", arr)
       .add_raw("excluded", pairs(e.excluded))
-      .add_raw("kept", pairs(e.kept));
+      .add_raw("kept", pairs(e.kept))
+      .add_raw("scale", scale_status_.empty() ? "null" : scale_status_);
   if (leases_ && !leases_->error().empty()) p.add("leases_error", leases_->error());
   return p.str();
 }

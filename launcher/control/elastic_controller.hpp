@@ -80,6 +80,8 @@ class ElasticController : public supervisor::SlotController {
   bool on_stop_request(const std::string& why) override;
 
   const Scheduler& scheduler() const { return scheduler_; }
+  /// The set config.toml declares now (active_gpus, or the launch set), before policies.
+  std::vector<int> declared_gpus() const { return declared_set(declared_); }
   /// Installs the energy monitor's hooks; call before the supervisor starts.
   void set_energy_hooks(EnergyHooks hooks);
   /// Rewrites status.json (coalesced): the energy columns change without protocol events.
@@ -87,6 +89,11 @@ class ElasticController : public supervisor::SlotController {
   /// The compute processes NVML lists on the job's GPUs (slot -> (pid, bytes)), about once a
   /// second: `[policy] yield_to_foreign` (docs/sharing.md#yield). Io thread.
   void on_gpu_processes(const ForeignGpus::Listing& listing);
+  /// `[energy] scale = "auto"` (docs/energy.md#scale): the GPUs it gives back, (gpu, why),
+  /// and its status.json object (`policy.scale`). Called from the energy hook of a boundary,
+  /// the new set takes effect at that boundary's decision; otherwise at the next boundary.
+  /// Io thread.
+  void set_scale(std::vector<std::pair<int, std::string>> out, std::string status_json);
 
  private:
   std::string failed_while_finishing_;  ///< the first failure after a member finished (or "")
@@ -98,8 +105,15 @@ class ElasticController : public supervisor::SlotController {
   Config effective_config(const Config& declared) const;
   /// Leases changed: said, logged, and the effective set given to the scheduler.
   void on_leases(const std::vector<LeaseKeeper::Change>& changes);
-  /// Gives the scheduler the effective set when it changed (leases, yields), and says so.
-  void apply_policy();
+  /// Gives the scheduler the effective set when it changed (leases, yields, scale), says so,
+  /// and runs the scheduler's effects unless `effects` is false (inside a boundary).
+  void apply_policy(bool effects = true);
+  /// active_gpus, or the launch set when the file names none.
+  std::vector<int> declared_set(const Config& declared) const;
+  /// The GPUs policies other than leases take out: yields, then scale's.
+  std::vector<std::pair<int, std::string>> policy_out(const Config& declared) const;
+  /// The effective set now, from `declared` and every policy.
+  EffectiveSet effective_now(const Config& declared) const;
   /// status.json's "policy" object text.
   std::string policy_status() const;
   void on_key(const std::string& key);
@@ -124,6 +138,10 @@ class ElasticController : public supervisor::SlotController {
   std::unique_ptr<ConfigWatcher> watcher_;
   std::unique_ptr<LeaseKeeper> leases_;
   ForeignGpus foreign_;
+  std::vector<std::pair<int, std::string>> scale_out_;  // set_scale
+  std::string scale_status_;                            // its status.json object, or ""
+  bool in_boundary_ = false;                            // inside the energy hook of a boundary
+  bool policy_pending_ = false;  // set_scale ran there: apply before the decision
   StatusWriter status_writer_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
   ResizeTimeline timeline_;

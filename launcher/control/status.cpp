@@ -505,6 +505,10 @@ int status_command(const std::vector<std::string>& args) {
                              field_text(kv.as_object(), "why"));
     if (po.contains("leases_error"))
       out += fmt::format("leases file error: {}\n", field_text(po, "leases_error"));
+    if (const json::value* sc = po.if_contains("scale"); sc && sc->is_object())
+      out += fmt::format("scale (auto, among {}): {}\n",
+                         ids_text(sc->as_object().if_contains("allowed")),
+                         field_text(sc->as_object(), "phase"));
   }
   if (const json::value* p = o.if_contains("pause_refused"); p && p->is_string())
     out += fmt::format("pause refused (training goes on, tried at every boundary): {}\n",

@@ -115,6 +115,7 @@ EpochRecord CostTracker::end_epoch(int64_t epoch) {
 
   epoch_config_.push_back(open_.configs.size() == 1 ? std::optional<Config>(open_.configs[0])
                                                     : std::nullopt);
+  if (epoch_config_.back()) r.steady_active = epoch_config_.back()->active;
   epochs_.push_back(r);
   open_ = Open{};
   r.predicted_next_cost = predicted_next_cost();

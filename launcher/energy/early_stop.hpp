@@ -26,6 +26,10 @@ struct EpochRecord {
   double cost = 0;                     ///< Σ window costs (Zeus), J
   double cost_total = 0;               ///< Σ cost of all finished epochs up to this one, J
   double predicted_next_cost = 0;      ///< CostTracker::predicted_next_cost() after it, J
+  /// The slots charged through the whole epoch when every window of it had the same active
+  /// set and power limit; nullopt when it was mixed (a resize or a limit change inside it) or
+  /// charged no time. Not part of the event (active_gpus is its time-weighted mean).
+  std::optional<std::vector<int>> steady_active;
 
   /// The `energy_epoch` event's fields as one JSON object (order of docs/energy.md), with
   /// "threshold" set to `threshold_j` or null. gpu_energy_j keys are slot numbers as strings.

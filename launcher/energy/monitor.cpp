@@ -579,6 +579,7 @@ std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch, bool may_stop
       opt_.threshold ? std::optional<double>(opt_.threshold->cost_j) : std::nullopt);
   fields.insert(fields.size() - 1, fmt::format(R"(, "attempt": {})", attempt_));
   emit_json("energy_epoch", fields);
+  if (epoch_hook_) epoch_hook_(rec, may_stop);
   if (!opt_.threshold || stopped_early_ || !may_stop) return std::nullopt;
   std::optional<std::string> why = tracker_.stop_reason(*opt_.threshold);
   if (!why) return std::nullopt;
@@ -591,6 +592,13 @@ std::optional<std::string> EnergyMonitor::end_epoch(int64_t epoch, bool may_stop
           detail::json_number(rec.predicted_next_cost),
           detail::json_number(opt_.threshold->cost_j)));
   return why;
+}
+
+double EnergyMonitor::max_power_w(const std::vector<int>& slots) const {
+  double w = 0;
+  for (int slot : slots)
+    if (auto it = max_limit_w_.find(slot); it != max_limit_w_.end()) w += it->second;
+  return w;
 }
 
 void EnergyMonitor::arm_time_window() {

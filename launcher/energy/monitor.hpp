@@ -119,6 +119,12 @@ class EnergyMonitor {
   /// `[policy] yield_to_foreign` (docs/sharing.md#yield). Empty: none listed. Io thread.
   using ProcessHook = std::function<void(std::map<int, std::vector<Nvml::Process>>)>;
   void set_process_hook(ProcessHook hook);
+  /// Every finished epoch's record, as end_epoch() emits it (before its early-stop check),
+  /// with end_epoch's `may_stop` (false: training is over). `[energy] scale = "auto"`. Io thread.
+  using EpochHook = std::function<void(const EpochRecord&, bool may_stop)>;
+  void set_epoch_hook(EpochHook hook) { epoch_hook_ = std::move(hook); }
+  /// Σ of the maximum power limits of `slots`, W (slots without a GPU count 0).
+  double max_power_w(const std::vector<int>& slots) const;
 
   /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows.
   static double now_s();
@@ -176,6 +182,7 @@ class EnergyMonitor {
   bool stopped_early_ = false;
   bool finished_ = false;
   std::map<int, double> max_limit_w_;
+  EpochHook epoch_hook_;
   std::unique_ptr<boost::asio::steady_timer> window_timer_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 

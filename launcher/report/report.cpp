@@ -29,6 +29,7 @@
 #include <boost/json.hpp>
 
 #include "gpurun/error.hpp"
+#include "report/event_log.hpp"
 
 extern char** environ;
 
@@ -131,256 +132,6 @@ Options parse_args(const std::vector<std::string>& args) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The event log
-
-/// One row of the table and of the plots: an epoch (`energy_epoch`) or, for a run without
-/// them, one `energy` window.
-struct Row {
-  long epoch = -1;              // -1 for a window
-  long attempt = 0;             // epoch rows: the restart attempt it belongs to (0 = first)
-  double start_s = 0;           // window: start relative to the first window (s)
-  double seconds = 0;           // s
-  double energy_j = 0;          // J, all GPUs
-  double active = 0;            // (time-weighted mean) number of active GPUs
-  double avg_power_w = 0;       // W, all GPUs
-  double cost = 0;              // Zeus cost (J)
-  double cost_total = 0;        // Zeus cost of all rows so far (J)
-  std::map<int, double> gpu_j;  // slot -> J
-};
-
-/// An epoch row's name: its epoch, prefixed "r<attempt>:" after a restart (epochs repeat).
-std::string epoch_label(const Row& r) {
-  return r.attempt > 0 ? fmt::format("r{}:{}", r.attempt, r.epoch) : std::to_string(r.epoch);
-}
-
-struct ProfilePoint {
-  double limit_w, steps_per_s, avg_power_w, cost_per_step;
-};
-
-struct Run {
-  std::vector<Row> epochs;   // energy_epoch
-  std::vector<Row> windows;  // energy
-  std::vector<ProfilePoint> profile;
-  std::optional<double> chosen_limit_w;
-  std::string chosen_source;
-  std::optional<long> stop_epoch;
-  std::string stop_reason;
-  std::optional<double> threshold;  // J
-  int runs = 1;                     // "start" events seen (an appended log holds several)
-  size_t run_line = 1;              // line of the last run's "start"
-  double first_t0 = 0;              // t0 of the first window (Unix s)
-
-  bool per_epoch() const { return !epochs.empty(); }
-  const std::vector<Row>& rows() const { return per_epoch() ? epochs : windows; }
-  std::set<int> slots() const {
-    std::set<int> s;
-    for (const auto& r : rows())
-      for (const auto& [slot, j] : r.gpu_j) s.insert(slot);
-    return s;
-  }
-};
-
-/// Where a record came from, for messages: "run.jsonl:12: `energy_epoch` event: ...".
-struct Where {
-  const std::string& file;
-  size_t line;
-  std::string event;
-  std::string operator()(std::string_view what) const {
-    return event.empty() ? fmt::format("{}:{}: {}", file, line, what)
-                         : fmt::format("{}:{}: `{}` event: {}", file, line, event, what);
-  }
-};
-
-std::string_view kind_name(const json::value& v) {
-  return v.is_null() ? "null" : json::to_string(v.kind());
-}
-
-const json::value& field(const json::object& o, std::string_view key, const Where& at) {
-  const auto* v = o.if_contains(key);
-  if (!v) throw Error(at(fmt::format("field `{}` is missing", key)));
-  return *v;
-}
-
-double number(const json::value& v, std::string_view key, const Where& at) {
-  if (v.is_double()) return v.get_double();
-  if (v.is_int64()) return static_cast<double>(v.get_int64());
-  if (v.is_uint64()) return static_cast<double>(v.get_uint64());
-  throw Error(at(fmt::format("field `{}` must be a number, got {}", key, kind_name(v))));
-}
-
-double number(const json::object& o, std::string_view key, const Where& at) {
-  return number(field(o, key, at), key, at);
-}
-
-/// Missing or null: nullopt.
-std::optional<double> optional_number(const json::object& o, std::string_view key,
-                                      const Where& at) {
-  const auto* v = o.if_contains(key);
-  if (!v || v->is_null()) return std::nullopt;
-  return number(*v, key, at);
-}
-
-/// A length of time (s): a number of 0 or more (a negative one would draw a bar backwards).
-double duration_s(const json::object& o, std::string_view key, const Where& at) {
-  const double d = number(o, key, at);
-  if (!(d >= 0)) throw Error(at(fmt::format("field `{}` must be 0 s or more, got {}", key, d)));
-  if (!std::isfinite(d))  // 1e400 parses as infinity
-    throw Error(at(fmt::format("field `{}` must be a finite number of seconds, got {}", key, d)));
-  return d;
-}
-
-long integer(const json::object& o, std::string_view key, const Where& at) {
-  const double d = number(o, key, at);
-  if (d != static_cast<double>(static_cast<long>(d)))
-    throw Error(at(fmt::format("field `{}` must be a whole number, got {}", key, d)));
-  return static_cast<long>(d);
-}
-
-std::string string(const json::object& o, std::string_view key, const Where& at) {
-  const auto& v = field(o, key, at);
-  if (!v.is_string())
-    throw Error(at(fmt::format("field `{}` must be a string, got {}", key, kind_name(v))));
-  return std::string(v.get_string());
-}
-
-int slot_of(std::string_view text, const Where& at) {
-  int v = 0;
-  if (text.size() > 6 || !all_digits(text))
-    throw Error(at(fmt::format("`gpu_energy_j` key '{}' is not a slot number", text)));
-  for (char c : text) v = v * 10 + (c - '0');
-  return v;
-}
-
-void add_energy_epoch(Run& run, const json::object& o, const Where& at) {
-  Row r;
-  r.epoch = integer(o, "epoch", at);
-  if (auto a = optional_number(o, "attempt", at)) r.attempt = static_cast<long>(*a);
-  r.seconds = duration_s(o, "seconds", at);
-  r.energy_j = number(o, "energy_j", at);
-  r.active = number(o, "active_gpus", at);
-  r.cost = number(o, "cost", at);
-  r.cost_total = number(o, "cost_total", at);
-  r.avg_power_w = r.seconds > 0 ? r.energy_j / r.seconds : 0;
-  const auto& g = field(o, "gpu_energy_j", at);
-  if (!g.is_object())
-    throw Error(at(
-        fmt::format("field `gpu_energy_j` must be an object (slot -> J), got {}", kind_name(g))));
-  for (const auto& kv : g.get_object())
-    r.gpu_j[slot_of(kv.key(), at)] = number(kv.value(), "gpu_energy_j", at);
-  if (auto t = optional_number(o, "threshold", at)) run.threshold = t;
-  run.epochs.push_back(std::move(r));
-}
-
-void add_energy_window(Run& run, const json::object& o, const Where& at) {
-  Row r;
-  r.seconds = duration_s(o, "seconds", at);
-  r.energy_j = number(o, "energy_j", at);
-  r.cost = number(o, "cost", at);
-  r.avg_power_w = r.seconds > 0 ? r.energy_j / r.seconds : 0;
-  const auto& active = field(o, "active", at);
-  if (!active.is_array())
-    throw Error(
-        at(fmt::format("field `active` must be an array of slots, got {}", kind_name(active))));
-  r.active = static_cast<double>(active.get_array().size());
-  const auto& gpus = field(o, "gpus", at);
-  if (!gpus.is_array())
-    throw Error(at(fmt::format("field `gpus` must be an array, got {}", kind_name(gpus))));
-  for (const auto& g : gpus.get_array()) {
-    if (!g.is_object())
-      throw Error(at(fmt::format("`gpus` entries must be objects, got {}", kind_name(g))));
-    r.gpu_j[static_cast<int>(integer(g.get_object(), "slot", at))] +=
-        number(g.get_object(), "energy_j", at);
-  }
-  // Start: t0 relative to the first window; without t0, right after the previous window.
-  const auto t0 = optional_number(o, "t0", at);
-  if (run.windows.empty()) run.first_t0 = t0.value_or(0);
-  r.start_s =
-      t0 ? *t0 - run.first_t0
-         : (run.windows.empty() ? 0 : run.windows.back().start_s + run.windows.back().seconds);
-  r.cost_total = (run.windows.empty() ? 0 : run.windows.back().cost_total) + r.cost;
-  run.windows.push_back(std::move(r));
-}
-
-void add_record(Run& run, const json::object& o, const std::string& file, size_t line) {
-  const Where at0{file, line, ""};
-  const auto* ev = o.if_contains("event");
-  if (!ev || !ev->is_string()) throw Error(at0("the record has no string field `event`"));
-  const Where at{file, line, std::string(ev->get_string())};
-  const std::string& e = at.event;
-  if (e == "start") {
-    if (!run.epochs.empty() || !run.windows.empty() || !run.profile.empty()) {
-      const int runs = run.runs + 1;
-      run = Run{};
-      run.runs = runs;
-      run.run_line = line;
-    }
-  } else if (e == "energy_epoch") {
-    add_energy_epoch(run, o, at);
-  } else if (e == "energy") {
-    add_energy_window(run, o, at);
-  } else if (e == "power_profile") {
-    run.profile.push_back({number(o, "limit_w", at), number(o, "steps_per_s", at),
-                           number(o, "avg_power_w", at), number(o, "cost_per_step", at)});
-  } else if (e == "power_limit") {
-    const double limit = number(o, "limit_w", at);
-    std::string source = string(o, "source", at);
-    // "profiling" limits are trials, "restore" gives the GPU its old limit back.
-    if (source != "profiling" && source != "restore") {
-      run.chosen_limit_w = limit;
-      run.chosen_source = std::move(source);
-    }
-  } else if (e == "early_stop") {
-    run.stop_epoch = integer(o, "epoch", at);
-    const auto* reason = o.if_contains("reason");
-    run.stop_reason = reason && reason->is_string() ? std::string(reason->get_string()) : "";
-    if (auto t = optional_number(o, "threshold", at)) run.threshold = t;
-  }
-}
-
-/// Reads `path` line by line. A line that is not a JSON object throws Error naming
-/// path:line:column — except an unterminated last line (a killed run), which only warns.
-Run read_log(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw Error(fmt::format("{} is a directory, not an event log", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open the event log {}: {}", path, std::strerror(errno)));
-  Run run;
-  std::string text;
-  size_t line = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    const bool unterminated = in.eof();
-    if (!text.empty() && text.back() == '\r') text.pop_back();
-    if (text.find_first_not_of(" \t") == std::string::npos) continue;
-    json::stream_parser p;
-    boost::system::error_code jec;
-    const size_t used = p.write(text.data(), text.size(), jec);
-    if (!jec) p.finish(jec);
-    if (jec) {
-      const size_t column = std::min(used, text.size()) + 1;
-      if (unterminated) {
-        std::fprintf(stderr,
-                     "gpurun report: warning: %s:%zu: ignoring the truncated last line (%s at "
-                     "column %zu; was the run killed while writing it?)\n",
-                     path.c_str(), line, jec.message().c_str(), column);
-        break;
-      }
-      throw Error(fmt::format("{}:{}:{}: the line is not valid JSON ({})", path, line, column,
-                              jec.message()));
-    }
-    const json::value v = p.release();
-    if (!v.is_object())
-      throw Error(fmt::format("{}:{}: the line is a JSON {}, not an event object", path, line,
-                              kind_name(v)));
-    add_record(run, v.get_object(), path, line);
-  }
-  if (in.bad())
-    throw Error(fmt::format("reading the event log {} failed: {}", path, std::strerror(errno)));
-  return run;
-}
-
-// ---------------------------------------------------------------------------------------------
 // The text table
 
 std::string table(const Run& run, const std::string& events) {
@@ -438,6 +189,16 @@ std::string table(const Run& run, const std::string& events) {
                       run.chosen_limit_w && *run.chosen_limit_w == p.limit_w ? "  <- chosen" : "");
   } else if (run.chosen_limit_w) {
     out += fmt::format("power limit: {:g} W ({})\n", *run.chosen_limit_w, run.chosen_source);
+  }
+  if (!run.scale.empty()) {
+    out += fmt::format("GPU-count profile (scale = auto, {} measurements{}):\n", run.scale.size(),
+                       run.scale_choice ? fmt::format(", chosen {} GPUs", *run.scale_choice) : "");
+    out += fmt::format("{:>5} {:>16} {:>18} {:>16}\n", "GPUs", "time/epoch (s)", "energy/epoch (J)",
+                       "cost/epoch (J)");
+    for (const auto& p : run.scale)
+      out +=
+          fmt::format("{:>5} {:>16.2f} {:>18.1f} {:>16.1f}{}\n", p.gpus, p.seconds, p.energy_j,
+                      p.cost, run.scale_choice && *run.scale_choice == p.gpus ? "  <- chosen" : "");
   }
   return out;
 }
@@ -600,9 +361,21 @@ void write_profile(const Run& run, const fs::path& file) {
   if (!f) throw Error(fmt::format("cannot write {}", file.string()));
 }
 
+/// The scale search's rows, by GPU count (the last measurement of a count wins).
+void write_scale(const Run& run, const fs::path& file) {
+  std::map<int, ScalePoint> by_count;
+  for (const auto& p : run.scale) by_count[p.gpus] = p;
+  std::ofstream f(file);
+  f << "# gpus seconds energy_j cost\n";
+  for (const auto& [n, p] : by_count)
+    f << fmt::format("{} {:.10g} {:.10g} {:.10g}\n", n, p.seconds, p.energy_j, p.cost);
+  if (!f) throw Error(fmt::format("cannot write {}", file.string()));
+}
+
 struct Layout {
   int width, height;
   bool profile;
+  bool scale = false;  // the GPU-count panel ([energy] scale = "auto")
 };
 
 std::string script(const Run& run, const fs::path& dir, const std::string& terminal,
@@ -638,7 +411,7 @@ std::string script(const Run& run, const fs::path& dir, const std::string& termi
   s += fmt::format("set multiplot title {} font \",14\"\n", gp_string(title));
 
   // Panels: 2 x 2, then the profile across the whole width.
-  const int rows_of_panels = layout.profile ? 3 : 2;
+  const int rows_of_panels = 2 + (layout.profile ? 1 : 0) + (layout.scale ? 1 : 0);
   const double top = 1.0 - 40.0 / layout.height;  // room for the title
   const double h = top / rows_of_panels;
   auto place = [&](int row, int col, int cols) {
@@ -740,6 +513,35 @@ std::string script(const Run& run, const fs::path& dir, const std::string& termi
         "title \"cost per step (right)\"\n",
         prof);
   }
+
+  // (6) the GPU-count profile of scale = "auto": time and cost per epoch by count.
+  if (layout.scale) {
+    const std::string sc = gp_string((dir / "scale.dat").string());
+    s += "unset arrow 2\nunset label 2\nset rmargin 11\n";
+    s += place(layout.profile ? 3 : 2, 0, 1);
+    s += "set title \"GPU count (scale = auto): cost and time per epoch by the GPUs trained on\"\n";
+    s += "set xlabel \"GPUs\"\nset xtics 1\nset offsets 0.5,0.5,0,0\n";
+    s += "set ylabel \"cost per epoch (J)\"\nset y2label \"time per epoch (s)\"\n";
+    double max_cost = 0, max_s = 0;
+    int max_n = 1;
+    for (const auto& p : run.scale)
+      max_cost = std::max(max_cost, p.cost), max_s = std::max(max_s, p.seconds),
+      max_n = std::max(max_n, p.gpus);
+    s += fmt::format(
+        "set xrange [0.5:{}.5]\nset ytics nomirror\nset y2tics\nset yrange [0:{:.6g}]\n"
+        "set y2range [0:{:.6g}]\n",
+        max_n, max_cost > 0 ? max_cost * 1.3 : 1, max_s > 0 ? max_s * 1.3 : 1);
+    if (run.scale_choice)
+      s += fmt::format(
+          "set label 3 \"chosen: {0} GPU{1}\" at {0}, graph 0.82 center front tc rgb "
+          "'#D00000'\n",
+          *run.scale_choice, *run.scale_choice == 1 ? "" : "s");
+    s += fmt::format(
+        "plot {0} using 1:4:(0.6) axes x1y1 with boxes lc rgb '#8172B2' title \"cost per epoch "
+        "(left)\", {0} using 1:2 axes x1y2 with linespoints lc rgb '#E69F00' lw 2 pt 7 title "
+        "\"time per epoch (right)\"\n",
+        sc);
+  }
   s += "unset multiplot\nset output\n";
   return s;
 }
@@ -766,7 +568,8 @@ int report(const Options& opt) {
   std::fputs(table(run, opt.events).c_str(), stdout);
   std::fflush(stdout);
 
-  Layout layout{1200, run.profile.empty() ? 900 : 1300, !run.profile.empty()};
+  Layout layout{1200, 900 + (run.profile.empty() ? 0 : 400) + (run.scale.empty() ? 0 : 400),
+                !run.profile.empty(), !run.scale.empty()};
   if (opt.width > 0) layout.width = opt.width, layout.height = opt.height;
   const std::string out = opt.out.empty() ? default_output(opt.events) : opt.out;
   std::string title =
@@ -777,6 +580,7 @@ int report(const Options& opt) {
   TempDir dir;
   write_rows(run, dir.path() / "rows.dat");
   if (layout.profile) write_profile(run, dir.path() / "profile.dat");
+  if (layout.scale) write_scale(run, dir.path() / "scale.dat");
   // pngcairo draws antialiased text; the libgd png terminal is the fallback.
   const std::string terminal =
       run_gnuplot({"-e", "set terminal pngcairo"}, dir.path() / "probe.log") == 0 ? "pngcairo"

@@ -150,6 +150,17 @@ profile_cache = "cache.json"
          c.energy.profile_measure_steps = 20;
          c.energy.profile_cache = "cache.json";
        })},
+      {"energy: scale auto with its keys",
+       "[energy]\nscale = \"auto\"\nallowed_gpus = [3, 1]\nscale_warmup_epochs = 0\n"
+       "scale_measure_epochs = 2\nscale_recheck_epochs = 10\n",
+       with([](Config& c) {
+         c.energy.present = true;
+         c.energy.auto_scale = true;
+         c.energy.allowed_gpus = std::vector<int>{1, 3};
+         c.energy.scale_warmup_epochs = 0;
+         c.energy.scale_measure_epochs = 2;
+         c.energy.scale_recheck_epochs = 10;
+       })},
       {"energy: automatic power limit, monitor off",
        "[energy]\npower_limit_watts = \"auto\"\nmonitor = false\n", with([](Config& c) {
          c.energy.present = true;
@@ -284,6 +295,21 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "GPUs)"},
       {"eta outside [0, 1]", "[energy]\neta_knob = 1.5",
        "config.toml:2:12: energy.eta_knob: 1.5 is outside [0, 1]; allowed: a number from 0 to 1"},
+      {"unknown scale word", "[energy]\nscale = \"max\"",
+       "config.toml:2:9: energy.scale: unknown value \"max\"; allowed: \"auto\", \"off\""},
+      {"scale not a string", "[energy]\nscale = true",
+       "config.toml:2:9: energy.scale: expected a string, found a boolean (true); allowed: "
+       "\"auto\", \"off\""},
+      {"empty allowed_gpus", "[energy]\nallowed_gpus = []",
+       "config.toml:2:16: energy.allowed_gpus: is empty; allowed: a list of ids from 0, 1, 2, 3"},
+      {"allowed_gpus off this node", "[energy]\nallowed_gpus = [0, 99]",
+       "config.toml:2:20: energy.allowed_gpus: GPU id 99 is not available on this node; allowed: "
+       "0, 1, 2, 3"},
+      {"negative scale warm-up", "[energy]\nscale_warmup_epochs = -1",
+       "config.toml:2:23: energy.scale_warmup_epochs: -1 is negative; allowed: an integer >= 0"},
+      {"zero scale measurement", "[energy]\nscale_measure_epochs = 0",
+       "config.toml:2:24: energy.scale_measure_epochs: 0 is not positive; allowed: a positive "
+       "integer"},
       {"unknown power limit word", "[energy]\npower_limit_watts = \"max\"",
        "config.toml:2:21: energy.power_limit_watts: unknown value \"max\"; allowed: \"auto\" or a "
        "number of watts from 1 to 10000"},
@@ -410,7 +436,7 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 17);
+  CHECK(examples == 19);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);

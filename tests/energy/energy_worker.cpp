@@ -3,7 +3,11 @@
 // fake NVML gives its GPU under the current power limit (gpurunFakeNvmlRelativeSpeed), so a
 // lower limit makes training measurably slower, as on a real GPU.
 //
-//   energy_worker OUT_DIR [--epochs N] [--steps S] [--step-ms MS]
+//   energy_worker OUT_DIR [--epochs N] [--steps S] [--step-ms MS] [--epoch-floor-ms F]
+//
+// --epoch-floor-ms F: an epoch lasts at least F ms (the rest is slept at its end), so the
+// speed-up per GPU stops past S·MS/F GPUs (an input pipeline that delivers no faster), as
+// `[energy] scale = "auto"` tests need.
 //
 // S optimizer steps per epoch at world size 1 (S samples, micro-batch 1, global batch =
 // world size). After the epochs() loop — also when the supervisor stopped the job early —
@@ -45,11 +49,13 @@ double relative_speed(unsigned index) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: energy_worker OUT_DIR [--epochs N] [--steps S] [--step-ms MS]\n");
+    std::fprintf(stderr,
+                 "usage: energy_worker OUT_DIR [--epochs N] [--steps S] [--step-ms MS] "
+                 "[--epoch-floor-ms F]\n");
     return 2;
   }
   const fs::path out = argv[1];
-  int64_t epochs = 3, steps = 10, step_ms = 50;
+  int64_t epochs = 3, steps = 10, step_ms = 50, floor_ms = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--epochs")
@@ -58,6 +64,8 @@ int main(int argc, char** argv) {
       steps = std::stoll(v);
     else if (k == "--step-ms")
       step_ms = std::stoll(v);
+    else if (k == "--epoch-floor-ms")
+      floor_ms = std::stoll(v);
     else {
       std::fprintf(stderr, "energy_worker: unknown option %s\n", k.c_str());
       return 2;
@@ -74,6 +82,7 @@ int main(int argc, char** argv) {
   const torch::Tensor x = torch::randn({1, 4}).to(rt->device());
   int64_t done = 0;
   for (int64_t epoch : rt->epochs(epochs)) {
+    const auto epoch_start = std::chrono::steady_clock::now();
     for (const gpurun::Step& step : rt->steps(1)) {
       opt.zero_grad();
       if (!step.micro_batches.empty()) model->forward(x).sum().backward();
@@ -83,6 +92,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::microseconds(
           static_cast<int64_t>(static_cast<double>(step_ms) * 1000.0 / speed)));
     }
+    std::this_thread::sleep_until(epoch_start + std::chrono::milliseconds(floor_ms));
     if (rt->left()) break;  // left the job (release-mode resize): not trained to the end
     done = epoch + 1;
   }

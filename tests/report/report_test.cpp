@@ -149,6 +149,25 @@ TEST_CASE("report: a power-limit profile and an early stop") {
   CHECK(row(r.out, "150") == "       150      6.00          298.0          74.83");
 }
 
+TEST_CASE("report: scale = \"auto\": the GPU-count profile in the table and a panel more") {
+  // A CPU run of energy_worker on 4 fake GPUs (tests/energy), its energy and scale events.
+  TempDir dir("gpurun-report");
+  const auto png = dir.path / "s.png";
+  auto r = report(dir, {fixture("scale_auto.jsonl"), "-o", png.string()});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("GPU-count profile (scale = auto, 4 measurements, chosen 2 GPUs)") !=
+        std::string::npos);
+  CHECK(row(r.out, "2").find("<- chosen") == std::string::npos);  // epoch 2's row: no mark
+  CHECK(r.out.find("    2             0.52              621.6           1036.0  <- chosen") !=
+        std::string::npos);
+  CHECK(r.out.find("    1             0.97              583.2           1652.4\n") !=
+        std::string::npos);
+  const Png p = read_png(png);
+  CHECK(p.signature_ok);
+  CHECK(p.height == 1300);  // 900 + the GPU-count panel
+}
+
 TEST_CASE("report: a plain run with only time windows gets one row per window") {
   TempDir dir("gpurun-report");
   const auto png = dir.path / "t.png";
