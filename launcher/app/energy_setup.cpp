@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "energy/early_stop.hpp"
+#include "energy/power_journal.hpp"
 #include "gpurun/error.hpp"
 
 namespace gpurun::app {
@@ -138,6 +139,13 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   }
   mo.fixed_limit_w = ec.power_limit_w;
   mo.auto_limit = ec.auto_limit;
+  mo.locked_clocks_mhz = ec.locked_clocks_mhz;
+  // GPUs a gpurun changed and could not put back (it and its guard were killed, or the machine
+  // rebooted): restored now, before this run changes anything (docs/energy.md#power-limits).
+  for (const std::string& line : en::recover_journal(*nvml, en::journal_path())) {
+    print_err("energy: " + line);
+    events.emit("power_journal", sv::JsonObject().add("message", line));
+  }
   mo.warmup_steps = ec.profile_warmup_steps;
   mo.measure_steps = ec.profile_measure_steps;
   mo.profile_cache = beside_config(opt.config, !ec.profile_cache.empty()

@@ -636,6 +636,29 @@ class Validator {
         const std::string name = fmt::format("energy.{}", k);
         if (auto v = positive_int(value, name, "a positive integer"))
           (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
+      } else if (k == "locked_clocks_mhz") {
+        constexpr std::string_view allowed = "[min, max] or one number of MHz from 1 to 10000";
+        std::vector<const toml::node*> parts;
+        if (const auto* arr = value.as_array())
+          for (const toml::node& el : *arr) parts.push_back(&el);
+        else
+          parts = {&value, &value};
+        if (parts.size() != 2) {
+          error(value.source(), "energy.locked_clocks_mhz",
+                fmt::format("expected 2 numbers, found {}", parts.size()), allowed);
+        } else {
+          const auto lo = positive_int(*parts[0], "energy.locked_clocks_mhz", allowed);
+          const auto hi = positive_int(*parts[1], "energy.locked_clocks_mhz", allowed);
+          if (lo && hi && (*lo > *hi || *hi > 10000))
+            error(value.source(), "energy.locked_clocks_mhz",
+                  *lo > *hi
+                      ? fmt::format("the minimum {} MHz is above the maximum {} MHz", *lo, *hi)
+                      : fmt::format("{} MHz is out of range", *hi),
+                  allowed);
+          else if (lo && hi)
+            e.locked_clocks_mhz =
+                std::make_pair(static_cast<unsigned>(*lo), static_cast<unsigned>(*hi));
+        }
       } else if (k == "scale") {
         const auto* t = value.as_string();
         if (t && (t->get() == "auto" || t->get() == "off"))

@@ -60,6 +60,9 @@ struct EnergyConfig {
   /// `profile_cache` (path, relative to the config file): chosen limits per
   /// (program, job, GPU model, GPU count); default `<config dir>/.gpurun-power-cache.json`.
   std::string profile_cache;
+  /// `locked_clocks_mhz = [min, max]` (or one number N = [N, N]): every job GPU's clock locked
+  /// in that range while the job runs (nvmlDeviceSetGpuLockedClocks; needs root), reset at exit.
+  std::optional<std::pair<unsigned, unsigned>> locked_clocks_mhz;
   /// `scale = "auto"` (default "off"): gpurun chooses the job's GPU count for the least Zeus
   /// cost per epoch by live resizes (docs/energy.md#scale). Needs elastic mode and NVML.
   bool auto_scale = false;

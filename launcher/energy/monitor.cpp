@@ -108,6 +108,8 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
       if (limits_denied_) profiler_.reset();
     }
   }
+  if (opt_.locked_clocks_mhz)
+    lock_clocks(opt_.locked_clocks_mhz->first, opt_.locked_clocks_mhz->second);
   arm_time_window();
   thread_ = std::thread([this] { run(); });
 }
@@ -338,7 +340,7 @@ void EnergyMonitor::drive_profiler(double t) {
 // ---- power limits --------------------------------------------------------------------------
 
 void EnergyMonitor::check_guard() {
-  if (!guard_ || originals_mw_.empty() || guard_->alive()) return;
+  if (!guard_ || (originals_mw_.empty() && clocks_locked_.empty()) || guard_->alive()) return;
   // Without its guard a kill -9 of gpurun would leave the limits changed: restore them now.
   const std::string msg = fmt::format(
       "the power-limit guard (pid {}) died: original limits restored now, monitoring only",
@@ -352,25 +354,55 @@ void EnergyMonitor::check_guard() {
   });
 }
 
-void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
-  if (limits_denied_) return;
-  if (!guard_) {
+bool EnergyMonitor::ensure_guard() {
+  if (guard_) return true;
+  try {
+    guard_ = std::make_unique<PowerGuard>(opt_.guard_exe);
+    return true;
+  } catch (const Error& e) {
+    limits_denied_ = true;
+    post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
+    boost::asio::post(io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired())
+        say_(
+            "the power-limit guard could not start, so no limit or clock is changed "
+            "(monitoring only): " +
+            msg);
+    });
+    return false;
+  }
+}
+
+void EnergyMonitor::lock_clocks(unsigned min_mhz, unsigned max_mhz) {
+  if (limits_denied_ || !ensure_guard()) return;
+  for (const MonitoredGpu& g : gpus_) {
     try {
-      guard_ = std::make_unique<PowerGuard>(opt_.guard_exe);
+      guard_->remember_clocks(g.uuid);  // the guard resets them should gpurun die
+      nvml_->set_gpu_locked_clocks(g.device, min_mhz, max_mhz);
+      clocks_locked_.insert(g.uuid);
     } catch (const Error& e) {
-      limits_denied_ = true;
-      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
-      boost::asio::post(
-          io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
-            if (!alive.expired())
-              say_(
-                  "the power-limit guard could not start, so no limit is changed (monitoring "
-                  "only): " +
-                  msg);
-          });
-      return;
+      const auto* nv = dynamic_cast<const NvmlError*>(&e);
+      const std::string msg = fmt::format(
+          "cannot lock the GPU clocks ({}){}; the clocks stay as the driver sets them", e.what(),
+          nv && nv->no_permission() ? ": this needs root or CAP_SYS_ADMIN" : "");
+      if (!originals_mw_.count(g.uuid)) try {
+          if (guard_ && guard_->alive()) guard_->forget(g.uuid);
+        } catch (const Error&) {
+        }
+      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
+      say_(msg);
+      break;
     }
   }
+  if (clocks_locked_.empty()) return;
+  post_event("clocks_locked", fmt::format(R"({{"min_mhz":{},"max_mhz":{},"gpus":{}}})", min_mhz,
+                                          max_mhz, clocks_locked_.size()));
+  say_(fmt::format("GPU clocks locked at {}–{} MHz on {} GPU{}", min_mhz, max_mhz,
+                   clocks_locked_.size(), clocks_locked_.size() == 1 ? "" : "s"));
+}
+
+void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
+  if (limits_denied_ || !ensure_guard()) return;
   std::optional<unsigned> applied_w;  // what the GPUs got (the request clamped to their range)
   bool clamped = false;
   for (const MonitoredGpu& g : gpus_) {
@@ -445,6 +477,24 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
 
 void EnergyMonitor::restore_limits(bool from_destructor) {
   for (const MonitoredGpu& g : gpus_) {
+    if (clocks_locked_.erase(g.uuid)) {
+      std::string name = "clocks_reset", fields;
+      try {
+        nvml_->reset_gpu_locked_clocks(g.device);
+        fields = fmt::format(R"({{"slot":{},"uuid":{}}})", g.slot, detail::json_string(g.uuid));
+        if (!originals_mw_.count(g.uuid) && guard_) try {
+            guard_->forget(g.uuid);
+          } catch (const Error&) {
+          }
+      } catch (const Error& e) {  // left recorded with the guard: it resets them at its exit
+        name = "energy_error";
+        fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
+      }
+      if (from_destructor)
+        emit_json(name, fields);
+      else
+        post_event(name, fields);
+    }
     auto it = originals_mw_.find(g.uuid);
     if (it == originals_mw_.end()) continue;
     std::string fields;

@@ -40,12 +40,14 @@ struct MonitorOptions {
   /// A window also ends every `window` unless a boundary ended it sooner (kind "time"): the
   /// only windows of workers that report no boundaries.
   std::chrono::milliseconds window{std::chrono::seconds(60)};
-  double eta = 0.5;                               ///< Zeus' η
-  std::optional<CostThreshold> threshold;         ///< early stop; nullopt = none
-  std::string history;                            ///< history file to append to at exit ("" = none)
-  std::string job;                                ///< key in history and the power-limit cache
-  std::optional<unsigned> fixed_limit_w;          ///< [energy] power_limit_watts = N
-  bool auto_limit = false;                        ///< power_limit_watts = "auto"
+  double eta = 0.5;                        ///< Zeus' η
+  std::optional<CostThreshold> threshold;  ///< early stop; nullopt = none
+  std::string history;                     ///< history file to append to at exit ("" = none)
+  std::string job;                         ///< key in history and the power-limit cache
+  std::optional<unsigned> fixed_limit_w;   ///< [energy] power_limit_watts = N
+  bool auto_limit = false;                 ///< power_limit_watts = "auto"
+  /// [energy] locked_clocks_mhz: every job GPU's clock locked in [first, second] MHz.
+  std::optional<std::pair<unsigned, unsigned>> locked_clocks_mhz;
   int64_t warmup_steps = 10, measure_steps = 40;  ///< per profiled limit
   std::string profile_cache;                      ///< "" = no cache
   std::string program;                            ///< the worker executable (cache key)
@@ -135,7 +137,9 @@ class EnergyMonitor {
   void report_read_failure(const MonitoredGpu& g, const std::string& what, const std::string& error,
                            const std::string& then);
   void drive_profiler(double t);
+  bool ensure_guard();  // starts the PowerGuard once; false (said) when it cannot start
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
+  void lock_clocks(unsigned min_mhz, unsigned max_mhz);         // ctor
   void restore_limits(bool from_destructor = false);
   void check_guard();     // sampling thread, about once a second
   void list_processes();  // sampling thread, about once a second
@@ -166,6 +170,7 @@ class EnergyMonitor {
   std::unique_ptr<PowerProfiler> profiler_;
   bool limits_denied_ = false;
   std::map<std::string, unsigned> originals_mw_;  // uuid -> original limit we changed
+  std::set<std::string> clocks_locked_;           // uuids whose clocks we locked
   std::unique_ptr<PowerGuard> guard_;
   ProcessHook process_hook_;  // under mu_
 

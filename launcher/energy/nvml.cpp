@@ -68,6 +68,9 @@ struct Nvml::Impl {
   GetU32Fn default_power_limit = nullptr;
   SetU32Fn set_power_limit = nullptr;
   GetProcessesFn compute_processes = nullptr;  ///< optional: older libraries lack it
+  /// nvmlDeviceSetGpuLockedClocks(device, min MHz, max MHz) / ResetGpuLockedClocks: optional.
+  nvmlReturn_t (*set_locked_clocks)(nvmlDevice_t, unsigned, unsigned) = nullptr;
+  nvmlReturn_t (*reset_locked_clocks)(nvmlDevice_t) = nullptr;
 
   ~Impl() {
     if (dl != nullptr) ::dlclose(dl);
@@ -135,6 +138,10 @@ std::unique_ptr<Nvml> Nvml::open(std::string& why_not) {
   if (!ok) return nullptr;
   impl->compute_processes = reinterpret_cast<GetProcessesFn>(
       ::dlsym(impl->dl, "nvmlDeviceGetComputeRunningProcesses_v3"));
+  impl->set_locked_clocks = reinterpret_cast<decltype(impl->set_locked_clocks)>(
+      ::dlsym(impl->dl, "nvmlDeviceSetGpuLockedClocks"));
+  impl->reset_locked_clocks = reinterpret_cast<decltype(impl->reset_locked_clocks)>(
+      ::dlsym(impl->dl, "nvmlDeviceResetGpuLockedClocks"));
   if (const nvmlReturn_t rc = impl->init(); rc != kNvmlSuccess) {
     why_not = fmt::format("nvmlInit_v2 of {} failed: {}", impl->library, impl->describe(rc));
     return nullptr;
@@ -222,6 +229,22 @@ void Nvml::set_power_limit_mw(NvmlDevice d, unsigned milliwatts) const {
   if (const nvmlReturn_t rc = impl_->set_power_limit(d, milliwatts); rc != kNvmlSuccess)
     impl_->fail("nvmlDeviceSetPowerManagementLimit",
                 fmt::format("{} (to {} mW)", impl_->who(d), milliwatts), rc);
+}
+
+void Nvml::set_gpu_locked_clocks(NvmlDevice d, unsigned min_mhz, unsigned max_mhz) const {
+  if (impl_->set_locked_clocks == nullptr)
+    throw NvmlError(fmt::format("{} has no nvmlDeviceSetGpuLockedClocks", impl_->library),
+                    kNvmlNotSupported);
+  if (const nvmlReturn_t rc = impl_->set_locked_clocks(d, min_mhz, max_mhz); rc != kNvmlSuccess)
+    impl_->fail("nvmlDeviceSetGpuLockedClocks",
+                fmt::format("{} (to {}–{} MHz)", impl_->who(d), min_mhz, max_mhz), rc);
+}
+
+void Nvml::reset_gpu_locked_clocks(NvmlDevice d) const {
+  if (impl_->reset_locked_clocks == nullptr)
+    throw NvmlError(fmt::format("{} has no nvmlDeviceResetGpuLockedClocks", impl_->library),
+                    kNvmlNotSupported);
+  impl_->check(impl_->reset_locked_clocks(d), "nvmlDeviceResetGpuLockedClocks", d);
 }
 
 std::vector<Nvml::Process> Nvml::compute_processes(NvmlDevice d) const {

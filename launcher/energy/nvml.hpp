@@ -73,6 +73,12 @@ class Nvml {
   /// nvmlDeviceSetPowerManagementLimit. Throws NvmlError (no_permission() without root).
   /// Changes a machine-wide setting: only the supervisor and the power guard call it.
   void set_power_limit_mw(NvmlDevice d, unsigned milliwatts) const;
+  /// nvmlDeviceSetGpuLockedClocks: the GPU clock held in [min_mhz, max_mhz] MHz. Throws
+  /// NvmlError (no_permission() without root; not_supported() when the library or GPU lacks
+  /// it). Machine-wide, like a power limit: the supervisor and the power guard only.
+  void set_gpu_locked_clocks(NvmlDevice d, unsigned min_mhz, unsigned max_mhz) const;
+  /// nvmlDeviceResetGpuLockedClocks: the driver's clock management again. Throws as above.
+  void reset_gpu_locked_clocks(NvmlDevice d) const;
 
   struct Impl;
 

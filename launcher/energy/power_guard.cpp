@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "energy/power_journal.hpp"
 #include "gpurun/abstract_lock.hpp"
 
 extern char** environ;
@@ -207,6 +209,10 @@ void PowerGuard::remember(const OriginalLimit& limit) {
   request(fmt::format("remember {} {}", limit.uuid, limit.milliwatts));
 }
 
+void PowerGuard::remember_clocks(const std::string& uuid) {
+  request(fmt::format("clocks {}", uuid));
+}
+
 void PowerGuard::forget(const std::string& uuid) {
   request(fmt::format("forget {}", uuid));
 }
@@ -228,7 +234,7 @@ namespace {
 /// frees it when its holder exits, kill -9 included. Returns the bound socket, or -1 with
 /// `why` set: the holder's pid (SO_PEERCRED of a connection to it) when another guard holds it.
 int lock_gpu(const std::string& uuid, std::string& why) {
-  const std::string name = "gpurun-power/" + uuid;
+  const std::string name = gpu_lock_name(uuid);
   sockaddr_un addr{};
   socklen_t len = 0;
   if (!gpurun::abstract_address(name, addr, len)) {
@@ -300,34 +306,73 @@ int power_guard_main() {
 
   // Remembered originals, in the order gpurun reported them, and the lock held on each GPU:
   // one guard (one gpurun) at a time may change a GPU's limit, until it has restored it —
-  // a second job would otherwise take the first one's limit for the original.
-  std::vector<std::pair<std::string, unsigned>> originals;
+  // a second job would otherwise take the first one's limit for the original. Each is also in
+  // the power journal (power_journal.hpp) until it is back, for when this guard is killed too.
+  struct Held {
+    std::string uuid;
+    unsigned mw = 0;      // original power limit (0: the limit was not changed)
+    bool clocks = false;  // gpurun locked its clocks: reset them
+  };
+  std::vector<Held> held;
   std::map<std::string, int> locks;  // uuid -> its lock_gpu() socket
+  const std::filesystem::path journal = journal_path();
+  const std::string host = host_name();
+  bool journal_failed = false;
+  auto journal_write = [&](const Held& h, bool remove) {
+    JournalEntry e;
+    e.host = host;
+    e.uuid = h.uuid;
+    e.original_mw = h.mw;
+    e.clocks_locked = h.clocks;
+    e.guard_pid = ::getpid();
+    e.since_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+    try {
+      update_journal(journal, e, remove);
+    } catch (const Error& ex) {
+      if (!std::exchange(journal_failed, true))
+        say(
+            fmt::format("warning: {}; a kill -9 of both gpurun and this guard would leave the "
+                        "GPUs as changed until someone restores them",
+                        ex.what()));
+    }
+  };
   auto reply = [](const std::string& text) {
     const std::string line = text + "\n";
     (void)!::write(kAckFd, line.data(), line.size());  // gpurun gone: EPIPE, ignored
+  };
+  auto find = [&](const std::string& uuid) -> Held* {
+    for (Held& h : held)
+      if (h.uuid == uuid) return &h;
+    return nullptr;
   };
   auto handle = [&](const std::string& line) {
     std::istringstream in(line);
     std::string verb, uuid;
     in >> verb >> uuid;
-    if (verb == "remember") {
+    if (verb == "remember" || verb == "clocks") {
       unsigned long mw = 0;
-      if (uuid.empty() || !(in >> mw) || mw == 0 || mw > 0xFFFFFFFFul)
+      if (verb == "remember" && (uuid.empty() || !(in >> mw) || mw == 0 || mw > 0xFFFFFFFFul))
         return reply("error 'remember' needs a GPU UUID and a limit in milliwatts: " + line);
-      bool known = false;
-      for (const auto& o : originals) known = known || o.first == uuid;
-      if (!known) {
+      if (uuid.empty()) return reply("error 'clocks' needs a GPU UUID: " + line);
+      Held* h = find(uuid);
+      if (h == nullptr) {
         std::string why;
         const int fd = lock_gpu(uuid, why);
         if (fd < 0) return reply("error " + why);
         locks[uuid] = fd;
-        originals.emplace_back(uuid, static_cast<unsigned>(mw));
+        held.push_back(Held{uuid});
+        h = &held.back();
       }
+      if (verb == "remember" && h->mw == 0) h->mw = static_cast<unsigned>(mw);
+      if (verb == "clocks") h->clocks = true;
+      journal_write(*h, /*remove=*/false);  // before gpurun changes anything
       return reply("ok");
     }
     if (verb == "forget" && !uuid.empty()) {
-      std::erase_if(originals, [&](const auto& o) { return o.first == uuid; });
+      if (Held* h = find(uuid)) journal_write(*h, /*remove=*/true);
+      std::erase_if(held, [&](const Held& h) { return h.uuid == uuid; });
       if (auto it = locks.find(uuid); it != locks.end()) {  // restored by gpurun: free the GPU
         ::close(it->second);
         locks.erase(it);
@@ -352,27 +397,35 @@ int power_guard_main() {
   }
   ::close(kCommandFd);
   ::close(kAckFd);
-  if (originals.empty()) return 0;
+  if (held.empty()) return 0;
 
   std::string why_not;
   const auto nvml = Nvml::open(why_not);
   if (!nvml) {
-    for (const auto& [uuid, mw] : originals)
-      say(fmt::format("could not restore {} to {} W: {}", uuid, watts(mw), why_not));
+    for (const Held& h : held)
+      say(fmt::format("could not restore {}: {} (it stays in the power journal {})", h.uuid,
+                      why_not, journal.string()));
     return 1;
   }
   bool failed = false;
-  for (const auto& [uuid, mw] : originals) {
+  for (const Held& h : held) {
     try {
-      const NvmlDevice d = nvml->device_by_uuid(uuid);
-      if (nvml->power_limit_mw(d) == mw) {
-        say(fmt::format("{} already at its original {} W", uuid, watts(mw)));
-        continue;
+      const NvmlDevice d = nvml->device_by_uuid(h.uuid);
+      if (h.clocks) {
+        nvml->reset_gpu_locked_clocks(d);
+        say(fmt::format("reset the locked clocks of {}", h.uuid));
       }
-      nvml->set_power_limit_mw(d, mw);
-      say(fmt::format("restored {} to {} W", uuid, watts(mw)));
+      if (h.mw != 0 && nvml->power_limit_mw(d) == h.mw) {
+        say(fmt::format("{} already at its original {} W", h.uuid, watts(h.mw)));
+      } else if (h.mw != 0) {
+        nvml->set_power_limit_mw(d, h.mw);
+        say(fmt::format("restored {} to {} W", h.uuid, watts(h.mw)));
+      }
+      journal_write(h, /*remove=*/true);
     } catch (const std::exception& e) {
-      say(fmt::format("could not restore {} to {} W: {}", uuid, watts(mw), e.what()));
+      say(fmt::format("could not restore {}{}: {} (it stays in the power journal {})", h.uuid,
+                      h.mw != 0 ? fmt::format(" to {} W", watts(h.mw)) : std::string(), e.what(),
+                      journal.string()));
       failed = true;
     }
   }

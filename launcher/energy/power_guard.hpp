@@ -38,6 +38,9 @@ class PowerGuard {
   /// Tells the helper `uuid` is back at its original limit (nothing to restore); waits for the
   /// acknowledgement like remember().
   void forget(const std::string& uuid);
+  /// Tells the helper gpurun is about to lock `uuid`'s GPU clocks: it resets them when gpurun
+  /// ends without forget(). Waits like remember(); throws the same.
+  void remember_clocks(const std::string& uuid);
   /// Closes the pipe and waits (≤ 30 s) for the helper to restore and exit. Returns its exit
   /// status (0: every limit restored, 1: a restore failed), or -1 when it could not be waited
   /// for (still running after 30 s — it goes on in its own session — or reaped elsewhere).
@@ -58,9 +61,11 @@ class PowerGuard {
 };
 
 /// The helper's main (`gpurun __power-guard`): ignores SIGINT, SIGTERM, SIGHUP and SIGPIPE,
-/// reads command lines from fd 3 ("remember <uuid> <mW>", "forget <uuid>") and answers each
+/// reads command lines from fd 3 ("remember <uuid> <mW>", "clocks <uuid>", "forget <uuid>"),
+/// records each GPU in the power journal (power_journal.hpp) before acknowledging, and answers each
 /// with "ok" (or "error <sentence>") on fd 4, until EOF on fd 3. Then it opens NVML (same
-/// environment: GPURUN_NVML_LIBRARY) and sets each still-recorded GPU back to its limit,
+/// environment: GPURUN_NVML_LIBRARY), resets locked clocks and sets each still-recorded GPU
+/// back to its limit (and drops its journal entry),
 /// writing one line per GPU to stderr ("gpurun power guard: restored GPU-… to 700 W", or why
 /// not). Returns the process exit status: 0, or 1 when any restore failed.
 int power_guard_main();

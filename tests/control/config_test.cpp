@@ -161,6 +161,16 @@ profile_cache = "cache.json"
          c.energy.scale_measure_epochs = 2;
          c.energy.scale_recheck_epochs = 10;
        })},
+      {"energy: locked clocks, a range and one number",
+       "[energy]\nlocked_clocks_mhz = [1200, 1500]\n", with([](Config& c) {
+         c.energy.present = true;
+         c.energy.locked_clocks_mhz = std::make_pair(1200u, 1500u);
+       })},
+      {"energy: locked clocks at one frequency", "[energy]\nlocked_clocks_mhz = 1410\n",
+       with([](Config& c) {
+         c.energy.present = true;
+         c.energy.locked_clocks_mhz = std::make_pair(1410u, 1410u);
+       })},
       {"energy: automatic power limit, monitor off",
        "[energy]\npower_limit_watts = \"auto\"\nmonitor = false\n", with([](Config& c) {
          c.energy.present = true;
@@ -295,6 +305,12 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "GPUs)"},
       {"eta outside [0, 1]", "[energy]\neta_knob = 1.5",
        "config.toml:2:12: energy.eta_knob: 1.5 is outside [0, 1]; allowed: a number from 0 to 1"},
+      {"reversed clock range", "[energy]\nlocked_clocks_mhz = [1500, 1200]",
+       "config.toml:2:21: energy.locked_clocks_mhz: the minimum 1500 MHz is above the maximum "
+       "1200 MHz; allowed: [min, max] or one number of MHz from 1 to 10000"},
+      {"three clocks", "[energy]\nlocked_clocks_mhz = [1, 2, 3]",
+       "config.toml:2:21: energy.locked_clocks_mhz: expected 2 numbers, found 3; allowed: [min, "
+       "max] or one number of MHz from 1 to 10000"},
       {"unknown scale word", "[energy]\nscale = \"max\"",
        "config.toml:2:9: energy.scale: unknown value \"max\"; allowed: \"auto\", \"off\""},
       {"scale not a string", "[energy]\nscale = true",
@@ -436,7 +452,7 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 19);
+  CHECK(examples == 20);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);

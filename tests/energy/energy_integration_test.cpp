@@ -18,6 +18,7 @@
 #include <boost/json.hpp>
 
 #include "elastic_run.hpp"
+#include "energy/power_journal.hpp"
 #include "fake_nvml_state.hpp"
 #include "gpurun_process.hpp"
 
@@ -56,9 +57,12 @@ struct FakeGpus {
     extra.emplace("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_CUDA_LIBRARY", GPURUN_FAKE_NVML);
     extra.emplace("GPURUN_FAKE_NVML_STATE", state);
+    // The test's own power journal, not the machine's (/var/lib/gpurun, ~/.local/state).
+    extra.emplace("GPURUN_POWER_JOURNAL", journal());
     return extra;
   }
   double limit(unsigned index) const { return fake::current_limit_w(state, index); }
+  std::string journal() const { return (fs::path(state).parent_path() / "journal.json").string(); }
 };
 
 fake::State gpus_drawing(std::vector<double> watts) {
@@ -538,6 +542,84 @@ TEST_CASE(
         std::string::npos);
 }
 #endif
+
+TEST_CASE(
+    "the power journal: limits and locked clocks left by a kill -9 of gpurun and its guard are "
+    "restored at the next start; a running job's are left alone") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({600, 600}));
+  fs::create_directories(dir.path / "a");
+  fs::create_directories(dir.path / "b");
+  fs::create_directories(dir.path / "c");
+  const std::string cfg = "[energy]\npower_limit_watts = 400\nlocked_clocks_mhz = [1200, 1500]\n";
+  ElasticRun a(GPURUN_BINARY, dir.path / "a", 2, cfg,
+               {GPURUN_FAKE_WORKER, (dir.path / "a").string(), "200"}, {"--energy", "on"}, "cpu",
+               gpus.env());
+  const auto changed = [&] {
+    return gpus.limit(0) == 400 && gpus.limit(1) == 400 &&
+           fake::current_clocks(gpus.state, 0) == "1200:1500" &&
+           fake::current_clocks(gpus.state, 1) == "1200:1500";
+  };
+  wait_until("the limits and clocks to be set", changed);
+  auto journal = gpurun::energy::read_journal(gpus.journal());
+  REQUIRE(journal.size() == 2);
+  for (const auto& e : journal) {
+    CHECK(e.original_mw == 700000);
+    CHECK(e.clocks_locked);
+    CHECK(e.host == gpurun::energy::host_name());
+  }
+  const pid_t guard = static_cast<pid_t>(journal[0].guard_pid);
+  REQUIRE(guard > 1);
+  REQUIRE(
+      gpurun::testing::slurp("/proc/" + std::to_string(guard) + "/cmdline").find("__power-guard") !=
+      std::string::npos);  // ours: the guard of run a
+
+  // Another job starting now must not take a's changes for leftovers: a's guard is alive.
+  {
+    std::ofstream(dir.path / "c" / "stop") << 1;
+    ElasticRun c(GPURUN_BINARY, dir.path / "c", 2, "[energy]\n",
+                 {GPURUN_FAKE_WORKER, (dir.path / "c").string(), "100"}, {"--energy", "on"}, "cpu",
+                 gpus.env());
+    REQUIRE(c.wait(60s));
+    CHECK_MESSAGE(c.code() == 0, c.diag());
+    CHECK(changed());
+    CHECK(gpurun::energy::read_journal(gpus.journal()).size() == 2);
+  }
+
+  // Both die at once: the guard is stopped (it cannot restore on the pipe's EOF), gpurun and
+  // then the guard are killed.
+  REQUIRE(::kill(guard, SIGSTOP) == 0);
+  ::kill(a.proc.pid, SIGKILL);
+  REQUIRE(a.wait(30s));
+  REQUIRE(::kill(guard, SIGKILL) == 0);
+  ::kill(guard, SIGCONT);
+  const std::string proc = "/proc/" + std::to_string(guard);
+  wait_until("the guard to be gone", [&] {
+    return !fs::exists(proc) ||
+           gpurun::testing::slurp(proc + "/stat").find(") Z") != std::string::npos;
+  });
+  std::this_thread::sleep_for(200ms);
+  CHECK(changed());  // nobody restored them
+  CHECK(gpurun::energy::read_journal(gpus.journal()).size() == 2);
+
+  // The next gpurun on this machine restores them at its start, before anything else.
+  std::ofstream(dir.path / "b" / "stop") << 1;
+  ElasticRun b(GPURUN_BINARY, dir.path / "b", 2, "[energy]\n",
+               {GPURUN_FAKE_WORKER, (dir.path / "b").string(), "100"}, {"--energy", "on"}, "cpu",
+               gpus.env());
+  REQUIRE(b.wait(60s));
+  CHECK_MESSAGE(b.code() == 0, b.diag());
+  CHECK(gpus.limit(0) == 700);
+  CHECK(gpus.limit(1) == 700);
+  CHECK(fake::current_clocks(gpus.state, 0) == "");
+  CHECK(fake::current_clocks(gpus.state, 1) == "");
+  CHECK(gpurun::energy::read_journal(gpus.journal()).empty());
+  const std::string err = gpurun::testing::slurp(dir.path / "b" / "gpurun.stderr");
+  CHECK(err.find("restored GPU-") != std::string::npos);
+  CHECK(err.find("and reset its locked clocks") != std::string::npos);
+  CHECK(err.find("guard (pid " + std::to_string(guard) + ")") != std::string::npos);
+  CHECK(b.events("power_journal").size() == 2);
+}
 
 TEST_CASE(
     "a fixed power limit is set while the job runs and restored at exit, after SIGTERM "

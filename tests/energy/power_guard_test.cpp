@@ -15,12 +15,16 @@
 #include <fstream>
 #include <thread>
 
+#include "check_text.hpp"
+#include "energy/power_journal.hpp"
 #include "fake_nvml/fake_nvml_state.hpp"
+#include "gpurun/abstract_lock.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun_process.hpp"
 
 namespace fake = gpurun::testing::fake_nvml;
 using namespace gpurun::energy;
+namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using gpurun::testing::slurp;
 using gpurun::testing::TempDir;
@@ -37,6 +41,7 @@ struct Gpus {
     fake::write_state(path, s);
     ::setenv("GPURUN_NVML_LIBRARY", GPURUN_FAKE_NVML, 1);
     ::setenv("GPURUN_FAKE_NVML_STATE", path.c_str(), 1);
+    ::setenv("GPURUN_POWER_JOURNAL", (dir.path / "journal.json").c_str(), 1);  // not the machine's
     std::string why_not;
     nvml = Nvml::open(why_not);
     REQUIRE_MESSAGE(nvml != nullptr, why_not);
@@ -266,4 +271,49 @@ TEST_CASE("power guard: `gpurun __power-guard` run by hand refuses without its p
   REQUIRE(p.wait(10000ms));
   CHECK(p.code() == 2);
   CHECK(p.stderr_text().find("started without its pipes") != std::string::npos);
+}
+
+TEST_CASE("power journal: the first original wins, entries are per host and GPU, removal") {
+  Gpus gpus;
+  const fs::path j = gpus.dir.path / "j" / "journal.json";
+  JournalEntry e{"host-a", "GPU-1", 700000, false, 11, 1};
+  update_journal(j, e);
+  e.original_mw = 400000;  // a later "original" is the job's own change: not kept
+  e.clocks_locked = true;
+  update_journal(j, e);
+  update_journal(j, JournalEntry{"host-b", "GPU-1", 650000, false, 12, 2});
+  auto all = read_journal(j);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].original_mw == 700000);
+  CHECK(all[0].clocks_locked);
+  update_journal(j, JournalEntry{"host-a", "GPU-1"}, /*remove=*/true);
+  all = read_journal(j);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].host == "host-b");
+  std::ofstream(j) << "{\"entries\": [{\"host\": 3}]}";
+  CHECK_THROWS_WITH_AS(read_journal(j), doctest::Contains("journal.json"), gpurun::Error);
+}
+
+TEST_CASE("power journal: recovery restores a GPU no guard holds, and skips one a guard holds") {
+  Gpus gpus;
+  const fs::path j = gpus.dir.path / "journal.json";
+  const std::string u0 = gpus.nvml->uuid(gpus.dev(0)), u1 = gpus.nvml->uuid(gpus.dev(1));
+  gpus.nvml->set_power_limit_mw(gpus.dev(0), 300000);
+  gpus.nvml->set_power_limit_mw(gpus.dev(1), 300000);
+  update_journal(j, JournalEntry{host_name(), u0, 700000, false, 4242, 1});
+  update_journal(j, JournalEntry{host_name(), u1, 700000, false, 4243, 1});
+  update_journal(j, JournalEntry{"another-host", u0, 650000, false, 1, 1});
+  const int held = gpurun::take_abstract_lock(gpu_lock_name(u1));  // a live guard's GPU
+  REQUIRE(held >= 0);
+  const auto said = recover_journal(*gpus.nvml, j);
+  ::close(held);
+  REQUIRE(said.size() == 1);
+  CHECK(gpurun::testing::contains(said[0], "restored " + u0 + " to 700 W"));
+  CHECK(gpurun::testing::contains(said[0], "pid 4242"));
+  CHECK(gpus.limit_w(0) == doctest::Approx(700));
+  CHECK(gpus.limit_w(1) == doctest::Approx(300));  // held: another job's, left alone
+  const auto left = read_journal(j);
+  REQUIRE(left.size() == 2);  // u1 (held) and the other host's
+  CHECK(left[0].uuid == u1);
+  CHECK(left[1].host == "another-host");
 }

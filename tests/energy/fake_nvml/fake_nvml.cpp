@@ -360,6 +360,27 @@ __attribute__((visibility("default"))) int nvmlDeviceSetPowerManagementLimit(voi
   });
 }
 
+__attribute__((visibility("default"))) int nvmlDeviceSetGpuLockedClocks(void* device,
+                                                                        unsigned min_mhz,
+                                                                        unsigned max_mhz) {
+  return device_call("nvmlDeviceSetGpuLockedClocks", device, [&](fake::State&, fake::Gpu& g) {
+    if (min_mhz == 0 || min_mhz > max_mhz) return kInvalidArgument;
+    const unsigned index = g.index;
+    fake::update_state(state_path(), [&](fake::State& w) {
+      w.gpus.at(index).clocks = std::make_pair(min_mhz, max_mhz);
+    });
+    return kSuccess;
+  });
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceResetGpuLockedClocks(void* device) {
+  return device_call("nvmlDeviceResetGpuLockedClocks", device, [&](fake::State&, fake::Gpu& g) {
+    const unsigned index = g.index;
+    fake::update_state(state_path(), [&](fake::State& w) { w.gpus.at(index).clocks.reset(); });
+    return kSuccess;
+  });
+}
+
 // ---------------------------------------------------------------- test extras
 
 /// Speed of a worker on NVML GPU `index` relative to uncapped: (actual/uncapped)^speed_exp

@@ -25,7 +25,9 @@
 //              on each nvmlDeviceSetPowerManagementLimit (the current limit is the last);
 //   draw       the *uncapped* draw, a piecewise-constant schedule `<s>:<W>,…` (0 W before the
 //              first time; the last value lasts forever); absent: full_w from t0 on;
-//   speed_exp  gpurunFakeNvmlRelativeSpeed = (actual / uncapped) ^ speed_exp.
+//   speed_exp  gpurunFakeNvmlRelativeSpeed = (actual / uncapped) ^ speed_exp;
+//   clocks     `<min>:<max>` MHz while the GPU clocks are locked (nvmlDeviceSetGpuLockedClocks;
+//              removed by nvmlDeviceResetGpuLockedClocks); absent: not locked.
 // The actual draw is min(uncapped(t), limit(t)); the energy counter (mJ) is its integral from
 // t0 to now rounded down to a multiple of energy_period_ms. `error <function> <code>` makes
 // every call of that NVML or CUDA function fail with that nvmlReturn_t / CUresult (device
@@ -62,12 +64,13 @@ struct Gpu {
   unsigned index = 0;  ///< NVML index
   std::string uuid;    ///< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   std::string name = "NVIDIA H200";
-  double min_w = 200, max_w = 700, default_w = 700;  ///< limit constraints and default, W
-  double limit_w = 700;                              ///< limit at t0, W
-  double full_w = 600;                               ///< uncapped draw when `draw` is empty, W
-  double speed_exp = 0.5;                            ///< exponent of gpurunFakeNvmlRelativeSpeed
-  std::vector<std::pair<double, double>> draw;       ///< (s since t0, uncapped W), time order
-  std::vector<std::pair<double, double>> limits;     ///< (s since t0, W) set since t0
+  double min_w = 200, max_w = 700, default_w = 700;     ///< limit constraints and default, W
+  double limit_w = 700;                                 ///< limit at t0, W
+  double full_w = 600;                                  ///< uncapped draw when `draw` is empty, W
+  double speed_exp = 0.5;                               ///< exponent of gpurunFakeNvmlRelativeSpeed
+  std::vector<std::pair<double, double>> draw;          ///< (s since t0, uncapped W), time order
+  std::vector<std::pair<double, double>> limits;        ///< (s since t0, W) set since t0
+  std::optional<std::pair<unsigned, unsigned>> clocks;  ///< locked GPU clocks (min, max), MHz
 };
 
 /// `error <function> <code> [gpu=<index>]`.
@@ -312,7 +315,12 @@ inline State parse(std::string_view text) {
           g.draw = detail::to_schedule(v, lineno, k);
         else if (k == "limits")
           g.limits = detail::to_schedule(v, lineno, k);
-        else
+        else if (k == "clocks") {
+          const auto colon = v.find(':');
+          if (colon == std::string::npos) throw bad("clocks= needs <min>:<max>");
+          g.clocks = std::make_pair(static_cast<unsigned>(to_num(v.substr(0, colon), lineno, k)),
+                                    static_cast<unsigned>(to_num(v.substr(colon + 1), lineno, k)));
+        } else
           throw bad("unknown gpu key '" + k + "'");
       }
       if (g.uuid.empty()) throw bad("gpu " + std::to_string(g.index) + " has no uuid=");
@@ -399,6 +407,8 @@ inline std::string serialize(const State& s) {
            " full_w=" + fmt_num(g.full_w) + " speed_exp=" + fmt_num(g.speed_exp);
     if (!g.draw.empty()) out += " draw=" + detail::from_schedule(g.draw);
     if (!g.limits.empty()) out += " limits=" + detail::from_schedule(g.limits);
+    if (g.clocks)
+      out += " clocks=" + std::to_string(g.clocks->first) + ":" + std::to_string(g.clocks->second);
     out += "\n";
   }
   for (const auto& p : s.processes)
@@ -508,6 +518,15 @@ inline double current_limit_w(const std::string& path, unsigned index) {
   if (index >= s.gpus.size())
     throw std::runtime_error("fake NVML state " + path + " has no gpu " + std::to_string(index));
   return current_limit_w(s.gpus[index]);
+}
+
+/// GPU `index`'s locked clocks "min:max" (MHz) in the file at `path`, or "" when not locked.
+inline std::string current_clocks(const std::string& path, unsigned index) {
+  const State s = read_state(path);
+  if (index >= s.gpus.size())
+    throw std::runtime_error("fake NVML state " + path + " has no gpu " + std::to_string(index));
+  const auto& c = s.gpus[index].clocks;
+  return c ? std::to_string(c->first) + ":" + std::to_string(c->second) : "";
 }
 
 }  // namespace gpurun::testing::fake_nvml
