@@ -10,6 +10,9 @@
 # DEMO_KEEP=1 keeps the work directory (config, event log, metrics).
 # DEMO_ENERGY=PNG: the same run with the energy monitor on two simulated GPUs (the fake NVML of
 # the test build, 300 W and 250 W: docs/energy.md), then `gpurun report` draws PNG.
+# DEMO_SCALE=PNG: as DEMO_ENERGY, with `[energy] scale = "auto"` instead of the two scripted
+# resizes: gpurun measures 2 and 1 workers and keeps the count of least cost per epoch
+# (docs/energy.md#gpu-count-scale); the event log and PNG say what it chose and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${GPURUN_BUILD_DIR:-build}
@@ -28,6 +31,7 @@ wait_resizes() {  # N: wait until N resize decisions are in the event log (or gp
 }
 
 energy_args=()
+[[ -n ${DEMO_SCALE:-} ]] && DEMO_ENERGY=$DEMO_SCALE
 if [[ -n ${DEMO_ENERGY:-} ]]; then
   fake=$B/tests/energy/libgpurun_fake_nvml.so
   [[ -f $fake ]] || { echo "demo: $fake is missing (a test build makes it)" >&2; exit 2; }
@@ -40,17 +44,24 @@ if [[ -n ${DEMO_ENERGY:-} ]]; then
 fi
 
 set_active "[0, 1]"
-echo "demo: gpurun --nproc 2 --device cpu --config $cfg fmnist_train --model tiny --epochs 3 $*"
+epochs=3
+if [[ -n ${DEMO_SCALE:-} ]]; then
+  printf '[energy]\nscale = "auto"\n' >> "$cfg"  # config.toml's own [energy] is all comments
+  epochs=6
+fi
+echo "demo: gpurun --nproc 2 --device cpu --config $cfg fmnist_train --model tiny --epochs $epochs $*"
 "$B/launcher/gpurun" --nproc 2 --device cpu --config "$cfg" --event-log "$work/events.jsonl" \
-  --master-port 0 --run-id "demo-$$" "${energy_args[@]}" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs 3 \
+  --master-port 0 --run-id "demo-$$" "${energy_args[@]}" "$B/examples/fashion_mnist/fmnist_train" --model tiny --epochs "$epochs" \
   --metrics "$work/metrics.jsonl" "$@" &
 pid=$!
 # Written while epoch 1 runs: applies at its end (the first boundary).
 sleep 2
-if kill -0 "$pid" 2>/dev/null; then
+if [[ -n ${DEMO_SCALE:-} ]]; then
+  : # gpurun resizes the job itself
+elif kill -0 "$pid" 2>/dev/null; then
   set_active "[0]"; echo "demo: config.toml now says active_gpus = [0] (shrink after this epoch)"
 fi
-if wait_resizes 1; then
+if [[ -z ${DEMO_SCALE:-} ]] && wait_resizes 1; then
   set_active "[0, 1]"; echo "demo: config.toml now says active_gpus = [0, 1] (grow after this epoch)"
   wait_resizes 2 || true
 fi
@@ -62,7 +73,11 @@ echo "demo: per epoch (gpus, test accuracy):"
 awk -F'[:,]' '{ match($0, /"gpus":\[[0-9,]*\]/); g = substr($0, RSTART + 7, RLENGTH - 7);
   match($0, /"val_acc":[0-9.]*/); a = substr($0, RSTART + 10, RLENGTH - 10);
   printf "  epoch %d  gpus %s  test acc %s\n", $2 + 1, g, a }' "$work/metrics.jsonl" 2>/dev/null || true
-if [[ -n ${DEMO_ENERGY:-} ]]; then
+if [[ -n ${DEMO_SCALE:-} ]]; then
+  echo "demo: scale_choice: $(grep '"event": "scale_choice"' "$work/events.jsonl" | sed -n 's/.*"reason": "\([^"]*\)".*/\1/p')"
+  "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" \
+    --title "main job, scale = auto, on two simulated GPUs (fake NVML)"
+elif [[ -n ${DEMO_ENERGY:-} ]]; then
   "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" --title "main job on two simulated GPUs (fake NVML)"
 fi
 if [[ -n ${DEMO_MIN_ACCURACY:-} ]]; then
