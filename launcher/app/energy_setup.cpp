@@ -148,6 +148,8 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   }
   mo.warmup_steps = ec.profile_warmup_steps;
   mo.measure_steps = ec.profile_measure_steps;
+  mo.cooldown_max_s = ec.profile_cooldown_s;
+  mo.settle_window_s = ec.profile_settle_s;
   mo.profile_cache = beside_config(opt.config, !ec.profile_cache.empty()
                                                    ? ec.profile_cache
                                                    : (config ? ".gpurun-power-cache.json" : ""));

@@ -636,6 +636,18 @@ class Validator {
         const std::string name = fmt::format("energy.{}", k);
         if (auto v = positive_int(value, name, "a positive integer"))
           (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
+      } else if (k == "profile_cooldown_s" || k == "profile_settle_s") {
+        const bool cool = k == "profile_cooldown_s";
+        const std::string name = fmt::format("energy.{}", k);
+        const std::string_view allowed = cool ? "a number of seconds from 0 (off) to 3600"
+                                              : "a number of seconds from 0.1 to 600";
+        const double lo = cool ? 0 : 0.1, hi = cool ? 3600 : 600;
+        if (auto v = number(value, name, allowed)) {
+          if (*v < lo || *v > hi)
+            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
+          else
+            (cool ? e.profile_cooldown_s : e.profile_settle_s) = *v == 0 ? 0.0 : *v;
+        }
       } else if (k == "locked_clocks_mhz") {
         constexpr std::string_view allowed = "[min, max] or one number of MHz from 1 to 10000";
         std::vector<const toml::node*> parts;
@@ -694,8 +706,9 @@ class Validator {
             "energy", key,
             {"monitor", "period_s", "window_s", "eta_knob", "cost_threshold",
              "cost_threshold_factor", "history", "job", "power_limit_watts", "profile_warmup_steps",
-             "profile_measure_steps", "profile_cache", "scale", "allowed_gpus",
-             "scale_warmup_epochs", "scale_measure_epochs", "scale_recheck_epochs"});
+             "profile_measure_steps", "profile_cooldown_s", "profile_settle_s", "profile_cache",
+             "scale", "allowed_gpus", "scale_warmup_epochs", "scale_measure_epochs",
+             "scale_recheck_epochs"});
       }
     }
   }

@@ -57,6 +57,11 @@ struct EnergyConfig {
   bool auto_limit = false;
   int64_t profile_warmup_steps = 10;   ///< `profile_warmup_steps`, per limit tried
   int64_t profile_measure_steps = 40;  ///< `profile_measure_steps`, per limit tried
+  /// `profile_cooldown_s` (0–3600, default 60; 0: no cool-down): the longest a profiled limit's
+  /// warm-up waits for the hottest GPU's temperature to settle, s.
+  double profile_cooldown_s = 60;
+  /// `profile_settle_s` (default 5): settled = its readings stayed within 1 °C this long, s.
+  double profile_settle_s = 5;
   /// `profile_cache` (path, relative to the config file): chosen limits per
   /// (program, job, GPU model, GPU count); default `<config dir>/.gpurun-power-cache.json`.
   std::string profile_cache;

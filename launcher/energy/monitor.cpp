@@ -99,11 +99,18 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
       po.measure_steps = opt_.measure_steps;
       po.eta = opt_.eta;
       po.max_power_w = max_power;
+      po.cooldown_max_s = opt_.cooldown_max_s;
+      po.settle_window_s = opt_.settle_window_s;
       profiler_ = std::make_unique<PowerProfiler>(po);
       say_(fmt::format(
           "profiling power limits from {} W down to {} W in 25 W steps ({} warm-up + {} "
-          "measured steps each)",
-          hi, lo, opt_.warmup_steps, opt_.measure_steps));
+          "measured steps each{})",
+          hi, lo, opt_.warmup_steps, opt_.measure_steps,
+          po.cooldown_max_s > 0
+              ? fmt::format("; a measurement starts once the hottest GPU's temperature stayed "
+                            "within {} °C for {} s, at most {} s after the limit changed",
+                            po.settle_c, po.settle_window_s, po.cooldown_max_s)
+              : std::string()));
       apply_limit(profiler_->limit_w(), "profiling");
       if (limits_denied_) profiler_.reset();
     }
@@ -277,6 +284,23 @@ void EnergyMonitor::report_read_failure(const MonitoredGpu& g, const std::string
   });
 }
 
+std::optional<double> EnergyMonitor::hottest_c(const std::vector<int>& active) {
+  std::optional<double> hottest;
+  for (const MonitoredGpu& g : gpus_) {
+    if (std::find(active.begin(), active.end(), g.slot) == active.end()) continue;
+    try {
+      const double c = nvml_->temperature_c(g.device);
+      hottest = std::max(hottest.value_or(c), c);
+    } catch (const NvmlError& e) {
+      // No sensor to read is the GPU's nature, not a failure: the profile goes without.
+      if (!e.not_supported())
+        report_read_failure(g, "temperature", e.what(),
+                            "the power-limit profile waits for no cool-down");
+    }
+  }
+  return hottest;
+}
+
 void EnergyMonitor::drive_profiler(double t) {
   if (!profiler_ || !progress_) return;
   std::vector<int> active;
@@ -296,6 +320,7 @@ void EnergyMonitor::drive_profiler(double t) {
   const uint64_t steps = latest.steps;
   if (steps == 0) return;  // training has not started: nothing to measure yet
   if (latest.time_ns > 0) t = std::min(t, static_cast<double>(latest.time_ns) * 1e-9);
+  const std::optional<double> temp_c = hottest_c(active);
   // The profiler is shared with set_active() (interrupt): every use under mu_.
   std::vector<ProfileRow> finished, all;
   unsigned before = 0, now_w = 0;
@@ -308,7 +333,7 @@ void EnergyMonitor::drive_profiler(double t) {
       if (it != series_.end() && !it->second.empty()) energy += it->second.energy_at(t);
     }
     before = profiler_->limit_w();
-    profiler_->observe(t, static_cast<int64_t>(steps), energy);
+    profiler_->observe(t, static_cast<int64_t>(steps), energy, temp_c);
     while (std::optional<ProfileRow> row = profiler_->take_finished_row()) finished.push_back(*row);
     done = profiler_->done();
     now_w = done ? profiler_->chosen_w() : profiler_->limit_w();

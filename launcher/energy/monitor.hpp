@@ -49,10 +49,13 @@ struct MonitorOptions {
   /// [energy] locked_clocks_mhz: every job GPU's clock locked in [first, second] MHz.
   std::optional<std::pair<unsigned, unsigned>> locked_clocks_mhz;
   int64_t warmup_steps = 10, measure_steps = 40;  ///< per profiled limit
-  std::string profile_cache;                      ///< "" = no cache
-  std::string program;                            ///< the worker executable (cache key)
-  std::string summary_path;                       ///< --energy-summary FILE ("" = none)
-  std::string guard_exe = "/proc/self/exe";       ///< the binary run as `__power-guard`
+  /// [energy] profile_cooldown_s / profile_settle_s (ProfilerOptions::cooldown_max_s,
+  /// settle_window_s), s.
+  double cooldown_max_s = 60, settle_window_s = 5;
+  std::string profile_cache;                 ///< "" = no cache
+  std::string program;                       ///< the worker executable (cache key)
+  std::string summary_path;                  ///< --energy-summary FILE ("" = none)
+  std::string guard_exe = "/proc/self/exe";  ///< the binary run as `__power-guard`
   double start_s = 0;  ///< Unix s the first window starts at (the job's start); 0 = now
 };
 
@@ -137,6 +140,8 @@ class EnergyMonitor {
   void report_read_failure(const MonitoredGpu& g, const std::string& what, const std::string& error,
                            const std::string& then);
   void drive_profiler(double t);
+  // The hottest of the active slots' GPUs, °C; nullopt when none can be read.
+  std::optional<double> hottest_c(const std::vector<int>& active);
   bool ensure_guard();  // starts the PowerGuard once; false (said) when it cannot start
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
   void lock_clocks(unsigned min_mhz, unsigned max_mhz);         // ctor

@@ -71,6 +71,8 @@ struct Nvml::Impl {
   /// nvmlDeviceSetGpuLockedClocks(device, min MHz, max MHz) / ResetGpuLockedClocks: optional.
   nvmlReturn_t (*set_locked_clocks)(nvmlDevice_t, unsigned, unsigned) = nullptr;
   nvmlReturn_t (*reset_locked_clocks)(nvmlDevice_t) = nullptr;
+  /// nvmlDeviceGetTemperature(device, sensor, °C): optional.
+  nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned*) = nullptr;
 
   ~Impl() {
     if (dl != nullptr) ::dlclose(dl);
@@ -142,6 +144,8 @@ std::unique_ptr<Nvml> Nvml::open(std::string& why_not) {
       ::dlsym(impl->dl, "nvmlDeviceSetGpuLockedClocks"));
   impl->reset_locked_clocks = reinterpret_cast<decltype(impl->reset_locked_clocks)>(
       ::dlsym(impl->dl, "nvmlDeviceResetGpuLockedClocks"));
+  impl->temperature =
+      reinterpret_cast<decltype(impl->temperature)>(::dlsym(impl->dl, "nvmlDeviceGetTemperature"));
   if (const nvmlReturn_t rc = impl->init(); rc != kNvmlSuccess) {
     why_not = fmt::format("nvmlInit_v2 of {} failed: {}", impl->library, impl->describe(rc));
     return nullptr;
@@ -204,6 +208,16 @@ unsigned Nvml::power_mw(NvmlDevice d) const {
   unsigned mw = 0;
   impl_->check(impl_->power_usage(d, &mw), "nvmlDeviceGetPowerUsage", d);
   return mw;
+}
+
+unsigned Nvml::temperature_c(NvmlDevice d) const {
+  if (impl_->temperature == nullptr)
+    throw NvmlError(fmt::format("{} has no nvmlDeviceGetTemperature", impl_->library),
+                    kNvmlNotSupported);
+  unsigned c = 0;
+  constexpr int kTemperatureGpu = 0;  // NVML_TEMPERATURE_GPU
+  impl_->check(impl_->temperature(d, kTemperatureGpu, &c), "nvmlDeviceGetTemperature", d);
+  return c;
 }
 
 unsigned Nvml::power_limit_mw(NvmlDevice d) const {

@@ -55,6 +55,9 @@ class Nvml {
   uint64_t total_energy_mj(NvmlDevice d) const;
   /// Current board power draw, milliwatts (nvmlDeviceGetPowerUsage; ~1 µs).
   unsigned power_mw(NvmlDevice d) const;
+  /// GPU core temperature, °C (nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU; whole degrees).
+  /// Throws NvmlError (not_supported() when the library or GPU has no such reading).
+  unsigned temperature_c(NvmlDevice d) const;
   /// Current power limit, milliwatts (nvmlDeviceGetPowerManagementLimit).
   unsigned power_limit_mw(NvmlDevice d) const;
   /// (min, max) settable power limit, milliwatts (nvmlDeviceGetPowerManagementLimitConstraints).

@@ -1,6 +1,7 @@
 #include "energy/power_profiler.hpp"
 
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -27,13 +28,29 @@ const char* phase_name(int p) {
 
 }  // namespace
 
+const char* cooldown_name(Cooldown c) {
+  switch (c) {
+    case Cooldown::kSettled:
+      return "settled";
+    case Cooldown::kTimeout:
+      return "timeout";
+    case Cooldown::kOff:
+      return "off";
+    case Cooldown::kNoTemperature:
+      return "no temperature";
+  }
+  return "?";
+}
+
 std::string ProfileRow::to_json_fields() const {
   using detail::json_number;
   return fmt::format(
       "{{\"limit_w\": {}, \"steps\": {}, \"seconds\": {}, \"energy_j\": {}, \"steps_per_s\": {}, "
-      "\"avg_power_w\": {}, \"cost_per_step\": {}}}",
+      "\"avg_power_w\": {}, \"cost_per_step\": {}, \"warmup_s\": {}, \"temp_c\": {}, "
+      "\"cooldown\": \"{}\"}}",
       limit_w, steps, json_number(seconds), json_number(energy_j), json_number(steps_per_s),
-      json_number(avg_power_w), json_number(cost_per_step));
+      json_number(avg_power_w), json_number(cost_per_step), json_number(warmup_s),
+      temp_c ? json_number(*temp_c) : std::string("null"), cooldown_name(cooldown));
 }
 
 PowerProfiler::PowerProfiler(const ProfilerOptions& options) : opt_(options) {
@@ -50,6 +67,12 @@ PowerProfiler::PowerProfiler(const ProfilerOptions& options) : opt_(options) {
   }
   if (!(opt_.eta >= 0.0 && opt_.eta <= 1.0)) {
     throw Error(fmt::format("power profiler: eta {} is outside [0, 1]", opt_.eta));
+  }
+  if (!(opt_.cooldown_max_s >= 0) || !(opt_.settle_window_s > 0) || !(opt_.settle_c >= 0)) {
+    throw Error(fmt::format(
+        "power profiler: the cool-down ({} s) must be ≥ 0, its settle window ({} s) positive and "
+        "its settle band ({} °C) ≥ 0",
+        opt_.cooldown_max_s, opt_.settle_window_s, opt_.settle_c));
   }
   if (!(opt_.max_power_w > 0)) {
     throw Error(fmt::format("power profiler: max_power_w {} W must be positive", opt_.max_power_w));
@@ -93,9 +116,39 @@ void PowerProfiler::interrupt() {
   if (phase_ == Phase::kWarmup || phase_ == Phase::kMeasure) transition(Phase::kStart);
 }
 
-void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j) {
+void PowerProfiler::start_warmup(const Mark& now) {
+  mark_ = now;
+  temps_.clear();
+  if (now.temp_c) temps_.emplace_back(now.t_s, *now.temp_c);
+  transition(Phase::kWarmup);
+}
+
+std::optional<Cooldown> PowerProfiler::warmup_over(const Mark& now) {
+  if (now.temp_c) {
+    temps_.emplace_back(now.t_s, *now.temp_c);
+    // Keep one reading at or before the window's start, and every one after it.
+    while (temps_.size() >= 2 && temps_[1].first <= now.t_s - opt_.settle_window_s)
+      temps_.pop_front();
+  }
+  if (now.steps - mark_.steps < opt_.warmup_steps) return std::nullopt;
+  if (opt_.cooldown_max_s <= 0) return Cooldown::kOff;
+  if (temps_.empty()) return Cooldown::kNoTemperature;
+  if (temps_.front().first <= now.t_s - opt_.settle_window_s) {
+    double lo = temps_.front().second, hi = lo;
+    for (const auto& [t, c] : temps_) {
+      lo = std::min(lo, c);
+      hi = std::max(hi, c);
+    }
+    if (hi - lo <= opt_.settle_c) return Cooldown::kSettled;
+  }
+  if (now.t_s - mark_.t_s >= opt_.cooldown_max_s) return Cooldown::kTimeout;
+  return std::nullopt;
+}
+
+void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j,
+                            std::optional<double> temp_c) {
   if (done()) return;
-  const Mark now{t_s, steps_done, energy_j};
+  const Mark now{t_s, steps_done, energy_j, temp_c};
   if (last_ &&
       (now.steps < last_->steps || now.energy_j < last_->energy_j || now.t_s < last_->t_s)) {
     interrupt();
@@ -103,11 +156,13 @@ void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j) {
   last_ = now;
   switch (phase_) {
     case Phase::kStart:
-      mark_ = now;
-      transition(Phase::kWarmup);
+      start_warmup(now);
       return;
     case Phase::kWarmup:
-      if (now.steps - mark_.steps >= opt_.warmup_steps) {
+      if (const std::optional<Cooldown> how = warmup_over(now)) {
+        warmup_s_ = now.t_s - mark_.t_s;
+        measure_temp_c_ = now.temp_c;
+        measure_cooldown_ = *how;
         mark_ = now;
         transition(Phase::kMeasure);
       }
@@ -125,12 +180,14 @@ void PowerProfiler::observe(double t_s, int64_t steps_done, double energy_j) {
       r.avg_power_w = r.energy_j / seconds;
       // Zeus' cost of one step (cost.hpp): η·E/n + (1−η)·MaxPower·T/n.
       r.cost_per_step = zeus_cost(r.energy_j, seconds, opt_.max_power_w, opt_.eta) / n;
+      r.warmup_s = warmup_s_;
+      r.temp_c = measure_temp_c_;
+      r.cooldown = measure_cooldown_;
       rows_.push_back(r);
       unread_.push_back(r);
       if (index_ + 1 < limits_.size()) {
         ++index_;
-        mark_ = now;  // the next limit's warm-up starts here
-        transition(Phase::kWarmup);
+        start_warmup(now);  // the next limit's warm-up starts here
       } else {
         // rows_ are in descending limit order: a later row wins only when clearly cheaper.
         const ProfileRow* best = &rows_.front();

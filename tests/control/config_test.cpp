@@ -134,6 +134,8 @@ job = "vit-b"
 power_limit_watts = 300
 profile_warmup_steps = 5
 profile_measure_steps = 20
+profile_cooldown_s = 0
+profile_settle_s = 2.5
 profile_cache = "cache.json"
 )",
        with([](Config& c) {
@@ -148,6 +150,8 @@ profile_cache = "cache.json"
          c.energy.power_limit_w = 300;
          c.energy.profile_warmup_steps = 5;
          c.energy.profile_measure_steps = 20;
+         c.energy.profile_cooldown_s = 0;
+         c.energy.profile_settle_s = 2.5;
          c.energy.profile_cache = "cache.json";
        })},
       {"energy: scale auto with its keys",
@@ -344,6 +348,12 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
       {"zero warmup steps", "[energy]\nprofile_warmup_steps = 0",
        "config.toml:2:24: energy.profile_warmup_steps: 0 is not positive; allowed: a positive "
        "integer"},
+      {"negative cool-down", "[energy]\nprofile_cooldown_s = -1",
+       "config.toml:2:22: energy.profile_cooldown_s: -1.0 is out of range; allowed: a number of "
+       "seconds from 0 (off) to 3600"},
+      {"settle window zero", "[energy]\nprofile_settle_s = 0",
+       "config.toml:2:20: energy.profile_settle_s: 0.0 is out of range; allowed: a number of "
+       "seconds from 0.1 to 600"},
       {"monitor not a boolean", "[energy]\nmonitor = \"yes\"",
        "config.toml:2:11: energy.monitor: expected true or false, found a string (\"yes\"); "
        "allowed: true, false"},
@@ -452,7 +462,7 @@ TEST_CASE("the repository's config.toml is valid, and so are its commented-out e
     }
     uncommented << line << "\n";
   }
-  CHECK(examples == 20);
+  CHECK(examples == 21);
   const Config all = parse_config(uncommented.str(), "config.toml", kFourGpus);
   CHECK(all.active_gpus == std::vector<int>{0, 1, 2, 3});
   CHECK(all.global_batch == 256);

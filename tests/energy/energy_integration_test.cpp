@@ -450,6 +450,7 @@ TEST_CASE(
       const double steps = num(r.at("steps")), sec = num(r.at("seconds"));
       const double energy = num(r.at("energy_j"));
       CHECK(steps >= 10);
+      CHECK(r.at("cooldown").as_string() == "no temperature");  // this fake GPU has no sensor
       // The measurement sees the simulated GPU: it draws its limit.
       CHECK(energy / sec == doctest::Approx(static_cast<double>(limit)).epsilon(0.15));
       // Cost per step by hand: η·E/steps + (1−η)·MaxPower·T/steps, MaxPower = 600 W.
@@ -483,6 +484,47 @@ TEST_CASE(
   CHECK(limits.front().at("source").as_string() == "cache");
   CHECK(static_cast<unsigned>(num(limits.front().at("limit_w"))) == chosen);
   CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr").find("from the cache") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "power-limit profile with a cool-down: each limit is measured once the fake GPU's "
+    "temperature has settled at that limit's own value") {
+  TempDir dir("gpurun-energy");
+  // One GPU, limits 550–600 W (3 limits). Its temperature follows the draw with τ = 1 s at
+  // 0.4 °C/W (ambient −150 °C puts 600, 575 and 550 W at 90, 80 and 70 °C): each step down
+  // sheds 10 °C, which takes ~3 s to settle within 1 °C over 1 s; the 2 warm-up steps alone
+  // take 0.12 s, when the GPU is still ~9 °C above the new limit's value.
+  fake::State s = gpus_drawing({600});
+  s.gpus[0].min_w = 550;
+  s.gpus[0].max_w = 600;
+  s.gpus[0].default_w = 600;
+  s.gpus[0].limit_w = 600;
+  s.gpus[0].temp = fake::Gpu::Thermal{-150, 0.4, 1.0};
+  FakeGpus gpus(dir.path, s);
+  const auto steady_c = [](double limit_w) { return -150 + 0.4 * limit_w; };
+  const std::string cfg =
+      "[energy]\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
+      "profile_measure_steps = 5\nprofile_settle_s = 1\nprofile_cooldown_s = 20\n";
+  const std::vector<std::string> worker = {
+      GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "4", "--steps", "60", "--step-ms", "60"};
+  ElasticRun run(GPURUN_BINARY, dir.path, 1, cfg, worker, {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(120s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  const auto rows = run.events("power_profile");
+  REQUIRE_MESSAGE(rows.size() == 3, run.diag());
+  for (const auto& r : rows) {
+    const double limit = num(r.at("limit_w"));
+    CAPTURE(limit);
+    CHECK(r.at("cooldown").as_string() == "settled");
+    CHECK(num(r.at("warmup_s")) >= 1.0);
+    // NVML's whole degrees at the measurement's start: the limit's own steady value, not the
+    // previous limit's heat (10 °C above it).
+    REQUIRE(r.at("temp_c").is_number());
+    CHECK(std::abs(num(r.at("temp_c")) - steady_c(limit)) <= 1.5);
+  }
+  CHECK(num(rows[1].at("warmup_s")) >= 2.0);  // 600 → 575 W: ~3 s to shed 10 °C
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr").find("temperature stayed within") !=
         std::string::npos);
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -31,6 +32,12 @@ struct FakeGpu {
   unsigned applied = 0;
   int64_t since_change = 0;
   int64_t transient = 10;
+  // Temperature (tau_s > 0): first-order lag toward 30 °C + 0.1 °C/W of the draw, time
+  // constant tau_s; starts at 90 °C (600 W's steady value).
+  double tau_s = 0, temp_c = 90;
+  std::optional<double> reading() const {  // as NVML reports it: whole degrees
+    return tau_s > 0 ? std::optional<double>(std::floor(temp_c)) : std::nullopt;
+  }
 
   static double power(unsigned limit) { return std::min(double(limit), 600.0); }
   static double speed(unsigned limit) { return 10.0 * std::sqrt(power(limit) / 600.0); }
@@ -49,6 +56,7 @@ struct FakeGpu {
     const double dt = 1.0 / v;
     t += dt;
     e += p * dt;
+    if (tau_s > 0) temp_c += (30.0 + 0.1 * p - temp_c) * (1 - std::exp(-dt / tau_s));
     ++steps;
     ++since_change;
   }
@@ -58,10 +66,10 @@ struct FakeGpu {
 // step; returns the rows in the order take_finished_row() gave them.
 std::vector<ProfileRow> run(PowerProfiler& p, FakeGpu& gpu) {
   std::vector<ProfileRow> taken;
-  p.observe(gpu.t, gpu.steps, gpu.e);
+  p.observe(gpu.t, gpu.steps, gpu.e, gpu.reading());
   while (!p.done() && gpu.steps < 100000) {
     gpu.step(p.limit_w());
-    p.observe(gpu.t, gpu.steps, gpu.e);
+    p.observe(gpu.t, gpu.steps, gpu.e, gpu.reading());
     while (auto r = p.take_finished_row()) taken.push_back(*r);
   }
   return taken;
@@ -172,6 +180,74 @@ TEST_CASE("ties go to the higher limit; η = 1 picks the lowest") {
   CHECK(energy_only.rows().back().cost_per_step == doctest::Approx(42.4264));
 }
 
+TEST_CASE(
+    "cool-down: each limit is measured once the temperature has settled, not while the GPU is "
+    "still hot from the limit before") {
+  // τ = 4 s: from 600 W's 90 °C down to 500 W's 80 °C takes ~13 s to settle within 1 °C over
+  // 5 s; the 10 warm-up steps alone last ~1.5 s.
+  const auto steady_c = [](unsigned limit) { return 30.0 + 0.1 * FakeGpu::power(limit); };
+  ProfilerOptions o = options(0.5);
+  o.cooldown_max_s = 60;
+  o.settle_window_s = 5;
+  PowerProfiler p(o);
+  FakeGpu gpu;
+  gpu.tau_s = 4;
+  const std::vector<ProfileRow> rows = run(p, gpu);
+  REQUIRE(rows.size() == 5);
+  for (const ProfileRow& r : rows) {
+    CAPTURE(r.limit_w);
+    CHECK(std::string(cooldown_name(r.cooldown)) == "settled");
+    CHECK(r.warmup_s >= 5.0);
+    REQUIRE(r.temp_c.has_value());
+    CHECK(std::abs(*r.temp_c - steady_c(r.limit_w)) <= 1.5);
+    CHECK(r.to_json_fields().find("\"cooldown\": \"settled\"") != std::string::npos);
+  }
+  CHECK(rows[2].warmup_s > 10.0);  // 600 → 500 W: 10 °C to shed
+
+  // The same GPU without the cool-down: the lower limits are measured while still hot.
+  o.cooldown_max_s = 0;
+  PowerProfiler hot(o);
+  FakeGpu gpu2;
+  gpu2.tau_s = 4;
+  const std::vector<ProfileRow> hot_rows = run(hot, gpu2);
+  REQUIRE(hot_rows.size() == 5);
+  CHECK(std::string(cooldown_name(hot_rows[2].cooldown)) == "off");
+  REQUIRE(hot_rows[2].temp_c.has_value());
+  CHECK(*hot_rows[2].temp_c - steady_c(500) >= 5.0);
+  CHECK(hot_rows[2].warmup_s < 3.0);  // the 10 warm-up steps alone
+}
+
+TEST_CASE("cool-down: bounded by cooldown_max_s; without a temperature reading there is none") {
+  ProfilerOptions o = options(0.5);
+  o.cooldown_max_s = 6;
+  o.settle_window_s = 5;
+  PowerProfiler p(o);
+  FakeGpu gpu;
+  gpu.tau_s = 20;  // sheds 10 °C with τ = 20 s: still ~2 °C a window after 6 s
+  const std::vector<ProfileRow> rows = run(p, gpu);
+  REQUIRE(rows.size() == 5);
+  for (size_t i = 2; i < rows.size(); ++i) {  // 500 W and below: still cooling
+    CAPTURE(rows[i].limit_w);
+    CHECK(std::string(cooldown_name(rows[i].cooldown)) == "timeout");
+    CHECK(rows[i].warmup_s >= 6.0);
+    CHECK(rows[i].warmup_s < 6.2);  // the first observation at or past the bound
+  }
+  // No sensor: the warm-up is the 10 steps alone, and the row says why.
+  o.cooldown_max_s = 20;
+  PowerProfiler none(o);
+  FakeGpu g2;
+  const std::vector<ProfileRow> plain = run(none, g2);
+  REQUIRE(plain.size() == 5);
+  for (const ProfileRow& r : plain) {
+    CHECK(std::string(cooldown_name(r.cooldown)) == "no temperature");
+    CHECK_FALSE(r.temp_c.has_value());
+    CHECK(r.to_json_fields().find("\"temp_c\": null") != std::string::npos);
+  }
+  CHECK(g2.steps == 250);
+  o.settle_window_s = 0;
+  CHECK(what_of([&] { PowerProfiler{o}; }).find("settle window (0 s)") != std::string::npos);
+}
+
 TEST_CASE("a step counter going back, or interrupt(), restarts the current limit's warm-up") {
   ProfilerOptions o = options(0.5);
   o.warmup_steps = 2;
@@ -265,9 +341,12 @@ TEST_CASE("profile cache: store, replace, look up by every key field, bad file n
 }
 
 TEST_CASE("ProfileRow::to_json_fields has the fields of power_profile") {
-  ProfileRow r{450, 40, 4.0, 1800.0, 10.0, 450.0, 62.5};
+  ProfileRow r{450, 40, 4.0, 1800.0, 10.0, 450.0, 62.5, 7.5, 71.0, Cooldown::kTimeout};
   const auto o = boost::json::parse(r.to_json_fields()).as_object();
-  CHECK(o.size() == 7);
+  CHECK(o.size() == 10);
+  CHECK(o.at("warmup_s").to_number<double>() == 7.5);
+  CHECK(o.at("temp_c").to_number<double>() == 71.0);
+  CHECK(o.at("cooldown").as_string() == "timeout");
   CHECK(o.at("limit_w").to_number<int64_t>() == 450);
   CHECK(o.at("steps").to_number<int64_t>() == 40);
   CHECK(o.at("seconds").to_number<double>() == 4.0);

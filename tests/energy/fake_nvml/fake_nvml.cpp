@@ -35,6 +35,7 @@ namespace {
 constexpr int kSuccess = 0;
 constexpr int kUninitialized = 1;
 constexpr int kInvalidArgument = 2;
+constexpr int kNotSupported = 3;
 constexpr int kNotFound = 6;
 constexpr int kInsufficientSize = 7;
 constexpr int kDriverNotLoaded = 9;
@@ -285,6 +286,17 @@ __attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* device,
   return device_call("nvmlDeviceGetPowerUsage", device, [&](fake::State& s, fake::Gpu& g) {
     if (mw == nullptr) return kInvalidArgument;
     *mw = to_mw(fake::actual_w(g, seconds_since_t0(s)));
+    return kSuccess;
+  });
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTemperature(void* device, int sensor,
+                                                                    unsigned* c) {
+  return device_call("nvmlDeviceGetTemperature", device, [&](fake::State& s, fake::Gpu& g) {
+    if (c == nullptr || sensor != 0) return kInvalidArgument;  // NVML_TEMPERATURE_GPU only
+    const std::optional<double> t = fake::temperature_c(g, seconds_since_t0(s));
+    if (!t) return kNotSupported;
+    *c = static_cast<unsigned>(std::max(0.0, std::floor(*t)));
     return kSuccess;
   });
 }

@@ -27,7 +27,11 @@
 //              first time; the last value lasts forever); absent: full_w from t0 on;
 //   speed_exp  gpurunFakeNvmlRelativeSpeed = (actual / uncapped) ^ speed_exp;
 //   clocks     `<min>:<max>` MHz while the GPU clocks are locked (nvmlDeviceSetGpuLockedClocks;
-//              removed by nvmlDeviceResetGpuLockedClocks); absent: not locked.
+//              removed by nvmlDeviceResetGpuLockedClocks); absent: not locked;
+//   temp       `<ambient °C>:<°C per W>:<τ s>`: the core temperature follows the actual draw
+//              with a first-order lag, dT/dt = (ambient + k·draw − T) / τ, T(0) = its steady
+//              value for the draw at t0 (temperature_c()); nvmlDeviceGetTemperature reports it
+//              rounded down to whole degrees; absent: NVML_ERROR_NOT_SUPPORTED (no sensor).
 // The actual draw is min(uncapped(t), limit(t)); the energy counter (mJ) is its integral from
 // t0 to now rounded down to a multiple of energy_period_ms. `error <function> <code>` makes
 // every call of that NVML or CUDA function fail with that nvmlReturn_t / CUresult (device
@@ -71,6 +75,11 @@ struct Gpu {
   std::vector<std::pair<double, double>> draw;          ///< (s since t0, uncapped W), time order
   std::vector<std::pair<double, double>> limits;        ///< (s since t0, W) set since t0
   std::optional<std::pair<unsigned, unsigned>> clocks;  ///< locked GPU clocks (min, max), MHz
+  /// `temp`: ambient (°C), °C per W of draw, time constant τ (s); none: no sensor.
+  struct Thermal {
+    double ambient_c = 30, c_per_w = 0.1, tau_s = 1;
+  };
+  std::optional<Thermal> temp;
 };
 
 /// `error <function> <code> [gpu=<index>]`.
@@ -183,6 +192,27 @@ inline uint64_t counter_mj(const Gpu& g, double s, unsigned period_ms) {
   const double p = std::max(1u, period_ms) / 1000.0;
   const double q = std::floor(s / p + 1e-9) * p;
   return static_cast<uint64_t>(std::llround(energy_j(g, q) * 1000.0));
+}
+
+/// The core temperature at `s` seconds since t0, °C (exact for the piecewise-constant draw:
+/// each segment moves T toward ambient + k·draw by 1 − exp(−length/τ)); nullopt without `temp`.
+inline std::optional<double> temperature_c(const Gpu& g, double s) {
+  if (!g.temp) return std::nullopt;
+  const Gpu::Thermal& th = *g.temp;
+  const auto steady = [&](double at) { return th.ambient_c + th.c_per_w * actual_w(g, at); };
+  double t = steady(0);
+  if (s <= 0) return t;
+  std::vector<double> cuts{0.0, s};
+  for (const auto& p : g.draw)
+    if (p.first > 0 && p.first < s) cuts.push_back(p.first);
+  for (const auto& p : g.limits)
+    if (p.first > 0 && p.first < s) cuts.push_back(p.first);
+  std::sort(cuts.begin(), cuts.end());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const double target = steady(cuts[i]);
+    t = target + (t - target) * std::exp(-(cuts[i + 1] - cuts[i]) / std::max(th.tau_s, 1e-9));
+  }
+  return t;
 }
 
 /// (actual / uncapped) ^ speed_exp at `s`; 1 when uncapped is 0.
@@ -320,6 +350,12 @@ inline State parse(std::string_view text) {
           if (colon == std::string::npos) throw bad("clocks= needs <min>:<max>");
           g.clocks = std::make_pair(static_cast<unsigned>(to_num(v.substr(0, colon), lineno, k)),
                                     static_cast<unsigned>(to_num(v.substr(colon + 1), lineno, k)));
+        } else if (k == "temp") {
+          const auto a = v.find(':'), b = a == std::string::npos ? a : v.find(':', a + 1);
+          if (b == std::string::npos) throw bad("temp= needs <ambient>:<c_per_w>:<tau_s>");
+          g.temp = Gpu::Thermal{to_num(v.substr(0, a), lineno, k),
+                                to_num(v.substr(a + 1, b - a - 1), lineno, k),
+                                to_num(v.substr(b + 1), lineno, k)};
         } else
           throw bad("unknown gpu key '" + k + "'");
       }
@@ -409,6 +445,9 @@ inline std::string serialize(const State& s) {
     if (!g.limits.empty()) out += " limits=" + detail::from_schedule(g.limits);
     if (g.clocks)
       out += " clocks=" + std::to_string(g.clocks->first) + ":" + std::to_string(g.clocks->second);
+    if (g.temp)
+      out += " temp=" + fmt_num(g.temp->ambient_c) + ":" + fmt_num(g.temp->c_per_w) + ":" +
+             fmt_num(g.temp->tau_s);
     out += "\n";
   }
   for (const auto& p : s.processes)
