@@ -481,6 +481,24 @@ void Scheduler::decide() {
       }
     }
     if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile
+    // A joiner deferred here must not take the job below `[policy] min_gpus`: a member the
+    // target drops (a lent GPU whose replacement still starts) stays until the joiner is in.
+    const size_t floor =
+        std::min(target.size(), static_cast<size_t>(std::max(config_.policy.min_gpus, 0)));
+    for (int gpu : survivors) {
+      if (now.size() >= floor) break;
+      if (std::binary_search(now.begin(), now.end(), gpu)) continue;
+      now.insert(std::upper_bound(now.begin(), now.end(), gpu), gpu);
+      SlotInfo& s = slot(gpu);
+      if (!s.floor_kept_said) {
+        s.floor_kept_said = true;
+        say(
+            fmt::format("gpu {} stays in the job until the joiners of [{}] are ready: [policy] "
+                        "min_gpus = {}",
+                        gpu, join_ids(minus(target, now), ", "), config_.policy.min_gpus));
+      }
+    }
+    for (int gpu : minus(old, now)) slot(gpu).floor_kept_said = false;
     target = std::move(now);
   }
   if (survivors.empty() && !snapshot_current()) {

@@ -69,7 +69,9 @@ struct SlotInfo {
   int64_t warm_id = -1;
   bool warm_ready = false;      ///< WARMING: it wrote its ready key (waits for its admission)
   bool warm_late_said = false;  ///< WARMING: a boundary went by without it (said once)
-  bool cancelled = false;       ///< PARKED: a warm joiner killed because it is no longer wanted
+  bool floor_kept_said =
+      false;               ///< a member kept past its leave for `[policy] min_gpus` (said once)
+  bool cancelled = false;  ///< PARKED: a warm joiner killed because it is no longer wanted
   /// Its last process left in release mode and exited 0: the slot may get a standby.
   bool released = false;
   /// A standby of this slot ended on its own: none is started again in this attempt.

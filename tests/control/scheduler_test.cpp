@@ -1049,6 +1049,44 @@ TEST_CASE("scheduler: a warm joiner not ready at a boundary is said once; the en
   CHECK(h.state(1) == SlotState::kParked);
 }
 
+TEST_CASE("scheduler: a joiner not ready keeps a leaving member while min_gpus needs it") {
+  // Seen in CI (ASan): lend 1-2 with min_gpus = 2 kept GPU 1; reclaim 2 made the target
+  // [0, 2], but GPU 2's warm joiner was not ready at the boundary, so GPU 1 left alone and
+  // the job trained on [0]: below min_gpus until the joiner came.
+  for (const int min_gpus : {0, 2}) {
+    CAPTURE(min_gpus);
+    Config c = cfg(std::vector<int>{0, 1});
+    c.policy.min_gpus = min_gpus;
+    Harness h(c, /*slots=*/3);
+    h.join_all();
+    h.auto_ready = false;
+    c.active_gpus = std::vector<int>{0, 2};
+    h.s.config_loaded(c, "c");
+    h.drain();
+    REQUIRE(h.state(2) == SlotState::kWarming);
+    const Decision d = h.boundary(0);
+    if (min_gpus == 0) {  // no floor: the members never wait for a start-up
+      CHECK(d.active == std::vector<int>{0});
+      CHECK(d.leavers == std::vector<int>{1});
+      continue;
+    }
+    CHECK(d.kind == Decision::Kind::kContinue);
+    CHECK(said(h,
+               "gpu 1 stays in the job until the joiners of [2] are ready: [policy] "
+               "min_gpus = 2"));
+    CHECK(h.boundary(1).kind == Decision::Kind::kContinue);
+    size_t n = 0;
+    for (const Effect& e : h.log)
+      n += e.kind == Effect::Kind::kSay && e.value.find("stays in the job") != std::string::npos;
+    CHECK(n == 1);
+    h.ready(2);
+    const Decision swap = h.boundary(2);
+    CHECK(swap.active == std::vector<int>{0, 2});
+    CHECK(swap.joiners == std::vector<int>{2});
+    CHECK(swap.leavers == std::vector<int>{1});
+  }
+}
+
 TEST_CASE("scheduler: a resume edit while the pause's release leavers still exit loses nothing") {
   // Issue 25 (seen in CI on a loaded machine): a resume edit that came while released leavers
   // were still exiting named a slot whose process was still there; it waited as a member
