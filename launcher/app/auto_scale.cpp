@@ -12,19 +12,40 @@ namespace gpurun::app {
 namespace en = gpurun::energy;
 
 AutoScale::AutoScale(supervisor::EventLog& events, std::function<void(const std::string&)> say,
-                     control::ElasticController& elastic, en::ScaleOptions options)
+                     control::ElasticController& elastic, en::ScaleOptions options,
+                     std::vector<int> outside)
     : events_(events),
       say_(std::move(say)),
       elastic_(elastic),
       allowed_(options.allowed),
+      outside_(std::move(outside)),
       profiler_(std::move(options)) {
-  say_(fmt::format("scale: choosing the GPU count among [{}] for the least cost per epoch; {}",
-                   fmt::join(allowed_, ", "), profiler_.phase_text()));
+  say_(fmt::format("scale: choosing the GPU count among [{}] for the least cost per epoch{}{}; {}",
+                   fmt::join(allowed_, ", "),
+                   outside_.empty() ? std::string()
+                                    : fmt::format(" (GPUs [{}] are not in [energy] allowed_gpus: "
+                                                  "given back)",
+                                                  fmt::join(outside_, ", ")),
+                   elastic_.min_gpus() > 1
+                       ? fmt::format(", not below {} ([policy] min_gpus)", elastic_.min_gpus())
+                       : std::string(),
+                   profiler_.phase_text()));
   publish();
 }
 
 void AutoScale::on_epoch(const en::EpochRecord& rec) {
-  const bool changed = profiler_.on_epoch(rec.epoch, rec.steady_active, rec.seconds, rec.energy_j);
+  // [policy] min_gpus applies from a reload: the search never goes below it.
+  const int floor = std::max(1, elastic_.min_gpus());
+  if (floor > static_cast<int>(allowed_.size()) && !floor_said_) {
+    floor_said_ = true;
+    say_(
+        fmt::format("energy: warning: [policy] min_gpus = {} is more than the {} GPUs scale "
+                    "chooses among ([{}]): it keeps them all",
+                    floor, allowed_.size(), fmt::join(allowed_, ", ")));
+  }
+  if (floor <= static_cast<int>(allowed_.size())) floor_said_ = false;
+  bool changed = profiler_.set_min_count(floor);
+  changed = profiler_.on_epoch(rec.epoch, rec.steady_active, rec.seconds, rec.energy_j) || changed;
   while (std::optional<en::ScaleRow> row = profiler_.take_finished_row()) {
     events_.emit("scale_profile", supervisor::JsonObject::from_object(row->to_json_fields()));
     say_(fmt::format("scale: {} GPU{}: {:.2f} s, {} J and cost {} J per epoch (epoch {})",
@@ -76,6 +97,7 @@ void AutoScale::publish() {
                               ? fmt::format("scale: {} GPUs chosen", profiler_.choice())
                               : fmt::format("scale: measuring {} GPUs", profiler_.count());
   for (int gpu : profiler_.out()) out.emplace_back(gpu, why);
+  for (int gpu : outside_) out.emplace_back(gpu, "scale: not in [energy] allowed_gpus");
   elastic_.set_scale(std::move(out), status_json());
 }
 
@@ -90,30 +112,23 @@ std::unique_ptr<AutoScale> make_auto_scale(supervisor::EventLog& events,
         "(elastic mode); the job keeps its GPUs");
     return nullptr;
   }
-  const std::vector<int> declared = elastic->declared_gpus();
-  std::vector<int> allowed;
-  for (int gpu : ec.allowed_gpus.value_or(declared)) {
-    if (std::find(declared.begin(), declared.end(), gpu) != declared.end())
-      allowed.push_back(gpu);
-    else
-      say(
-          fmt::format("energy: warning: [energy] allowed_gpus names GPU {}, which active_gpus "
-                      "([{}]) does not: scale leaves it out",
-                      gpu, fmt::join(declared, ", ")));
-  }
-  if (allowed.empty()) {
-    say("energy: warning: [energy] scale = \"auto\" has no GPU to choose among (allowed_gpus "
-        "and active_gpus share none); the job keeps its GPUs");
+  en::ScalePlan plan =
+      en::plan_scale(elastic->declared_gpus(), ec.allowed_gpus, config.policy.min_gpus);
+  for (const std::string& w : plan.warnings) say("energy: warning: " + w);
+  if (!plan.refused.empty()) {
+    say("energy: warning: " + plan.refused + "; the job keeps its GPUs");
     return nullptr;
   }
   en::ScaleOptions o;
-  o.allowed = allowed;
+  o.allowed = plan.allowed;
+  o.min_count = plan.min_count;
   o.warmup_epochs = ec.scale_warmup_epochs;
   o.measure_epochs = ec.scale_measure_epochs;
   o.recheck_epochs = ec.scale_recheck_epochs;
   o.eta = ec.eta;
-  o.max_power_w = monitor.max_power_w(allowed);
-  return std::make_unique<AutoScale>(events, std::move(say), *elastic, std::move(o));
+  o.max_power_w = monitor.max_power_w(plan.allowed);
+  return std::make_unique<AutoScale>(events, std::move(say), *elastic, std::move(o),
+                                     std::move(plan.outside));
 }
 
 }  // namespace gpurun::app

@@ -21,10 +21,12 @@ namespace gpurun::app {
 /// Io thread only; `events`, `elastic` must outlive it.
 class AutoScale {
  public:
-  /// `allowed`: the slots to choose among (ascending). `say` prints one "gpurun: …" line.
+  /// `options.allowed`: the slots to choose among (ascending); `outside`: declared slots not
+  /// allowed, given back for the whole run. `say` prints one "gpurun: …" line.
   /// Throws gpurun::Error when the options are invalid (ScaleProfiler's messages).
   AutoScale(supervisor::EventLog& events, std::function<void(const std::string&)> say,
-            control::ElasticController& elastic, energy::ScaleOptions options);
+            control::ElasticController& elastic, energy::ScaleOptions options,
+            std::vector<int> outside);
 
   /// A finished epoch (EnergyMonitor's epoch hook): measured, and when the count changes the
   /// controller gets the new set (at this boundary when called inside its energy hook).
@@ -40,12 +42,15 @@ class AutoScale {
   std::function<void(const std::string&)> say_;
   control::ElasticController& elastic_;
   std::vector<int> allowed_;
+  std::vector<int> outside_;
+  bool floor_said_ = false;  // a reloaded min_gpus above the allowed GPUs (said once)
   energy::ScaleProfiler profiler_;
 };
 
 /// The AutoScale for `config`'s [energy] scale = "auto", or nullptr (after a warning through
-/// `say`) when it cannot run: no elastic controller, or no GPU of allowed_gpus in the declared
-/// set. `monitor` gives the GPUs' maximum power.
+/// `say`) when it cannot run: no elastic controller, or energy::plan_scale refused (no GPU of
+/// allowed_gpus in the declared set, min_gpus above the allowed GPUs). `monitor` gives the
+/// GPUs' maximum power.
 std::unique_ptr<AutoScale> make_auto_scale(supervisor::EventLog& events,
                                            std::function<void(const std::string&)> say,
                                            control::ElasticController* elastic,

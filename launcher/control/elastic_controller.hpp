@@ -82,6 +82,8 @@ class ElasticController : public supervisor::SlotController {
   const Scheduler& scheduler() const { return scheduler_; }
   /// The set config.toml declares now (active_gpus, or the launch set), before policies.
   std::vector<int> declared_gpus() const { return declared_set(declared_); }
+  /// `[policy] min_gpus` of the file's last good config.
+  int min_gpus() const { return declared_.policy.min_gpus; }
   /// Installs the energy monitor's hooks; call before the supervisor starts.
   void set_energy_hooks(EnergyHooks hooks);
   /// Rewrites status.json (coalesced): the energy columns change without protocol events.

@@ -443,9 +443,14 @@ int set_command(const std::vector<std::string>& args) {
     return err(fmt::format("cannot replace '{}': {}", target.string(), std::strerror(e))), 1;
   }
   std::string what;
-  for (const std::string& kv : pos) what += (what.empty() ? "" : ", ") + kv;
-  std::printf("gpurun: %s: %s (takes effect at the job's next boundary)\n", target.string().c_str(),
-              what.c_str());
+  bool at_start = false;  // [energy] and [notify] are read when the job starts
+  for (const std::string& kv : pos) {
+    what += (what.empty() ? "" : ", ") + kv;
+    at_start = at_start || kv.rfind("energy.", 0) == 0 || kv.rfind("notify.", 0) == 0;
+  }
+  std::printf(
+      "gpurun: %s: %s (takes effect at the job's %s)\n", target.string().c_str(), what.c_str(),
+      at_start ? "next run: [energy] and [notify] are read when a job starts" : "next boundary");
   return 0;
 }
 

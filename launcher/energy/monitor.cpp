@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
+#include "energy/power_journal.hpp"
+
 namespace gpurun::energy {
 
 namespace {
@@ -102,15 +104,25 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
       po.cooldown_max_s = opt_.cooldown_max_s;
       po.settle_window_s = opt_.settle_window_s;
       profiler_ = std::make_unique<PowerProfiler>(po);
+      bool sensor = false;  // a cool-down needs one GPU that reports its temperature
+      for (const MonitoredGpu& g : gpus_) {
+        try {
+          nvml_->temperature_c(g.device);
+          sensor = true;
+          break;
+        } catch (const NvmlError&) {
+        }
+      }
       say_(fmt::format(
           "profiling power limits from {} W down to {} W in 25 W steps ({} warm-up + {} "
           "measured steps each{})",
           hi, lo, opt_.warmup_steps, opt_.measure_steps,
-          po.cooldown_max_s > 0
-              ? fmt::format("; a measurement starts once the hottest GPU's temperature stayed "
-                            "within {} °C for {} s, at most {} s after the limit changed",
-                            po.settle_c, po.settle_window_s, po.cooldown_max_s)
-              : std::string()));
+          po.cooldown_max_s <= 0 ? std::string()
+          : sensor ? fmt::format("; a measurement starts once the hottest GPU's temperature stayed "
+                                 "within {} °C for {} s, at most {} s after the limit changed",
+                                 po.settle_c, po.settle_window_s, po.cooldown_max_s)
+                   : std::string("; no GPU here reports its temperature, so a measurement starts "
+                                 "without a cool-down")));
       apply_limit(profiler_->limit_w(), "profiling");
       if (limits_denied_) profiler_.reset();
     }
@@ -294,8 +306,10 @@ std::optional<double> EnergyMonitor::hottest_c(const std::vector<int>& active) {
     } catch (const NvmlError& e) {
       // No sensor to read is the GPU's nature, not a failure: the profile goes without.
       if (!e.not_supported())
-        report_read_failure(g, "temperature", e.what(),
-                            "the power-limit profile waits for no cool-down");
+        report_read_failure(
+            g, "temperature", e.what(),
+            "the power-limit profile's cool-down goes by the other GPUs' temperatures (none: no "
+            "wait)");
     }
   }
   return hottest;
@@ -367,12 +381,27 @@ void EnergyMonitor::drive_profiler(double t) {
 void EnergyMonitor::check_guard() {
   if (!guard_ || (originals_mw_.empty() && clocks_locked_.empty()) || guard_->alive()) return;
   // Without its guard a kill -9 of gpurun would leave the limits changed: restore them now.
-  const std::string msg = fmt::format(
-      "the power-limit guard (pid {}) died: original limits restored now, monitoring only",
-      guard_->pid());
+  const int64_t dead = guard_->pid();
+  std::string msg = fmt::format(
+      "the power-limit guard (pid {}) died: original limits and clocks restored now, monitoring "
+      "only",
+      dead);
   limits_denied_ = true;
   guard_.reset();  // reaps it; restore_limits() then has no guard to tell
-  restore_limits();
+  // What is back leaves the power journal here (the dead guard cannot drop it): else the next
+  // gpurun would "restore" GPUs that nothing left changed. A GPU not restored keeps its entry.
+  const std::filesystem::path journal = journal_path();
+  for (const std::string& uuid : restore_limits()) {
+    JournalEntry e;
+    e.host = host_name();
+    e.uuid = uuid;
+    e.guard_pid = dead;
+    try {
+      update_journal(journal, e, /*remove=*/true);
+    } catch (const Error& ex) {
+      msg += fmt::format(" ({}: the next gpurun restores {} again, harmlessly)", ex.what(), uuid);
+    }
+  }
   post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
   boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
     if (!alive.expired()) say_(msg);
@@ -500,8 +529,11 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
   }
 }
 
-void EnergyMonitor::restore_limits(bool from_destructor) {
+std::vector<std::string> EnergyMonitor::restore_limits(bool from_destructor) {
+  std::vector<std::string> restored;
   for (const MonitoredGpu& g : gpus_) {
+    const bool changed = clocks_locked_.count(g.uuid) || originals_mw_.count(g.uuid);
+    bool failed = false;
     if (clocks_locked_.erase(g.uuid)) {
       std::string name = "clocks_reset", fields;
       try {
@@ -512,6 +544,7 @@ void EnergyMonitor::restore_limits(bool from_destructor) {
           } catch (const Error&) {
           }
       } catch (const Error& e) {  // left recorded with the guard: it resets them at its exit
+        failed = true;
         name = "energy_error";
         fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
       }
@@ -521,7 +554,10 @@ void EnergyMonitor::restore_limits(bool from_destructor) {
         post_event(name, fields);
     }
     auto it = originals_mw_.find(g.uuid);
-    if (it == originals_mw_.end()) continue;
+    if (it == originals_mw_.end()) {
+      if (changed && !failed) restored.push_back(g.uuid);
+      continue;
+    }
     std::string fields;
     try {
       nvml_->set_power_limit_mw(g.device, it->second);
@@ -535,8 +571,10 @@ void EnergyMonitor::restore_limits(bool from_destructor) {
                            detail::json_string(g.uuid));
     } catch (const Error& e) {
       // Left recorded with the guard: it tries again when gpurun's pipe closes.
+      failed = true;
       fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
     }
+    if (!failed) restored.push_back(g.uuid);
     // The destructor runs after the io loop: write the event at once.
     const std::string name = fields.rfind(R"({"error")", 0) == 0 ? "energy_error" : "power_limit";
     if (from_destructor)
@@ -547,6 +585,7 @@ void EnergyMonitor::restore_limits(bool from_destructor) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   limit_w_.reset();
+  return restored;
 }
 
 std::optional<unsigned> EnergyMonitor::limit_in_force() const {

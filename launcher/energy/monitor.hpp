@@ -145,7 +145,8 @@ class EnergyMonitor {
   bool ensure_guard();  // starts the PowerGuard once; false (said) when it cannot start
   void apply_limit(unsigned watts, const std::string& source);  // sampling thread or ctor
   void lock_clocks(unsigned min_mhz, unsigned max_mhz);         // ctor
-  void restore_limits(bool from_destructor = false);
+  /// Returns the UUIDs whose limit and clocks are all back (nothing failed).
+  std::vector<std::string> restore_limits(bool from_destructor = false);
   void check_guard();     // sampling thread, about once a second
   void list_processes();  // sampling thread, about once a second
   void post_event(std::string name, std::string fields_json);

@@ -161,7 +161,8 @@ void update_journal(const fs::path& path, const JournalEntry& e, bool remove) {
   std::vector<JournalEntry> entries = parse(slurp(path), path);
   bool found = false;
   for (auto it = entries.begin(); it != entries.end();) {
-    if (it->host != e.host || it->uuid != e.uuid) {
+    if (it->host != e.host || it->uuid != e.uuid ||
+        (remove && e.guard_pid != 0 && it->guard_pid != 0 && it->guard_pid != e.guard_pid)) {
       ++it;
       continue;
     }

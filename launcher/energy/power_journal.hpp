@@ -45,7 +45,8 @@ std::string host_name();
 std::vector<JournalEntry> read_journal(const std::filesystem::path& path);
 
 /// Adds `e` (replacing an entry of the same host and UUID, keeping its original_mw when it
-/// has one: the first original wins) or, with `remove`, drops the entry of e.host and e.uuid.
+/// has one: the first original wins) or, with `remove`, drops the entry of e.host and e.uuid
+/// (when e.guard_pid ≠ 0: only one that guard holds, not another job's written since).
 /// Makes the directory (0700) when missing; rewrites the file through a temporary file and
 /// rename() under an exclusive flock of `<path>.lock`, so concurrent writers never lose an
 /// entry. Throws gpurun::Error naming the file. Blocks on the file.

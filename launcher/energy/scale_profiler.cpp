@@ -34,6 +34,11 @@ ScaleProfiler::ScaleProfiler(ScaleOptions options) : opt_(std::move(options)) {
                             opt_.max_power_w));
   std::sort(opt_.allowed.begin(), opt_.allowed.end());
   opt_.allowed.erase(std::unique(opt_.allowed.begin(), opt_.allowed.end()), opt_.allowed.end());
+  if (opt_.min_count < 1 || opt_.min_count > static_cast<int>(opt_.allowed.size()))
+    throw Error(
+        fmt::format("scale: the fewest GPUs to try, {}, is outside [1, {}] (the allowed "
+                    "GPUs)",
+                    opt_.min_count, opt_.allowed.size()));
   start_search(static_cast<int>(opt_.allowed.size()));
 }
 
@@ -99,18 +104,40 @@ void ScaleProfiler::finish_count(const ScaleRow& row) {
   const bool rose = !rows_.empty() && row.cost > rows_.back().cost;
   rows_.push_back(row);
   unread_.push_back(row);
-  if (!rose && count_ > 1) {
+  if (!rose && count_ > opt_.min_count) {
     set_count(count_ - 1);
     return;
   }
-  // The least cost; a tie goes to fewer GPUs.
-  const ScaleRow* best = &rows_.front();
+  choose();
+}
+
+void ScaleProfiler::choose() {
+  // The least cost among the rows the floor allows; a tie goes to fewer GPUs.
+  const ScaleRow* best = nullptr;
   for (const ScaleRow& r : rows_)
-    if (r.cost < best->cost || (r.cost == best->cost && r.gpus < best->gpus)) best = &r;
+    if (r.gpus >= opt_.min_count &&
+        (!best || r.cost < best->cost || (r.cost == best->cost && r.gpus < best->gpus)))
+      best = &r;
+  if (!best) {  // nothing measured at or above the floor yet: measure the floor
+    start_search(opt_.min_count);
+    return;
+  }
   chosen_ = best->gpus;
   searching_ = false;
   new_choice_ = true;
   set_count(chosen_);
+}
+
+bool ScaleProfiler::set_min_count(int n) {
+  n = std::clamp(n, 1, static_cast<int>(opt_.allowed.size()));
+  if (n == opt_.min_count) return false;
+  opt_.min_count = n;
+  const int before = count_;
+  if (searching_ && count_ < n)
+    choose();
+  else if (!searching_ && chosen_ < n)
+    start_search(n);
+  return count_ != before;
 }
 
 std::optional<ScaleRow> ScaleProfiler::take_finished_row() {
@@ -134,10 +161,49 @@ std::string ScaleProfiler::phase_text() const {
   for (const ScaleRow& r : rows_)
     if (r.gpus == chosen_) best = &r;
   return fmt::format(
-      "chose {} of {} GPUs: cost {} J per epoch, the least of {} counts measured{}", chosen_, all,
+      "chose {} of {} GPUs: cost {} J per epoch, the least of {} counts measured{}{}", chosen_, all,
       best ? format_joules(best->cost) : std::string("?"), rows_.size(),
+      opt_.min_count > 1 ? fmt::format(" (not below {}: [policy] min_gpus)", opt_.min_count)
+                         : std::string(),
       opt_.recheck_epochs > 0 ? fmt::format(" (re-checked every {} epochs)", opt_.recheck_epochs)
                               : std::string());
+}
+
+ScalePlan plan_scale(const std::vector<int>& declared,
+                     const std::optional<std::vector<int>>& allowed_gpus, int min_gpus) {
+  ScalePlan plan;
+  std::vector<int> d = declared;
+  std::sort(d.begin(), d.end());
+  d.erase(std::unique(d.begin(), d.end()), d.end());
+  std::vector<int> named = allowed_gpus.value_or(d);
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  for (int gpu : named) {
+    if (std::binary_search(d.begin(), d.end(), gpu))
+      plan.allowed.push_back(gpu);
+    else
+      plan.warnings.push_back(
+          fmt::format("[energy] allowed_gpus names GPU {}, which active_gpus ([{}]) does not: "
+                      "scale leaves it out",
+                      gpu, fmt::join(d, ", ")));
+  }
+  for (int gpu : d)
+    if (!std::binary_search(plan.allowed.begin(), plan.allowed.end(), gpu))
+      plan.outside.push_back(gpu);
+  plan.min_count = std::max(1, min_gpus);
+  if (plan.allowed.empty()) {
+    plan.refused = fmt::format(
+        "[energy] scale = \"auto\" has no GPU to choose among (allowed_gpus [{}] and "
+        "active_gpus [{}] share none)",
+        fmt::join(named, ", "), fmt::join(d, ", "));
+  } else if (plan.min_count > static_cast<int>(plan.allowed.size())) {
+    plan.refused = fmt::format(
+        "[energy] scale = \"auto\" cannot search: [policy] min_gpus = {} is more than the {} "
+        "allowed GPU{} ([{}])",
+        min_gpus, plan.allowed.size(), plan.allowed.size() == 1 ? "" : "s",
+        fmt::join(plan.allowed, ", "));
+  }
+  return plan;
 }
 
 }  // namespace gpurun::energy

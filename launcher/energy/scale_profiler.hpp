@@ -21,6 +21,9 @@ struct ScaleOptions {
   int64_t recheck_epochs = 0;  ///< after a choice, search again every this many epochs (0: never)
   double eta = 0.5;            ///< Zeus' η in [0, 1]
   double max_power_w = 0;      ///< Σ of the maximum power limits of `allowed`, W (> 0)
+  /// The fewest GPUs tried (`[policy] min_gpus`: the job never trains on fewer), in
+  /// [1, allowed.size()].
+  int min_count = 1;
 };
 
 /// One measured GPU count (the `scale_profile` event of docs/energy.md#events).
@@ -42,7 +45,8 @@ struct ScaleRow {
 /// `measure_epochs` epochs that ran steadily on the first n allowed GPUs, after
 /// `warmup_epochs` epochs that did or that were mixed (the resize to n inside them); an epoch
 /// that ran steadily on another set (a grow's joiner not yet admitted, a lease or a yield
-/// took a GPU) counts for nothing. Then n − 1 is tried, until the cost per epoch rises or n = 1.
+/// took a GPU) counts for nothing. Then n − 1 is tried, until the cost per epoch rises or n
+/// reaches `min_count`.
 /// The choice is the count of least cost among the search's rows (ties: fewer GPUs). The
 /// descent stops at the first rise because the cost per epoch, T(n)·(η·P·n + (1−η)·M) for n
 /// GPUs of draw P, has one minimum when T(n) is Amdahl's a + b/n or a power law c·n^−α (its
@@ -59,8 +63,15 @@ struct ScaleRow {
 class ScaleProfiler {
  public:
   /// Throws gpurun::Error (naming the value) when `allowed` is empty, warmup_epochs < 0,
-  /// measure_epochs < 1, recheck_epochs < 0, η is outside [0, 1] or max_power_w ≤ 0.
+  /// measure_epochs < 1, recheck_epochs < 0, η is outside [0, 1], max_power_w ≤ 0 or
+  /// min_count is outside [1, allowed.size()].
   explicit ScaleProfiler(ScaleOptions options);
+
+  /// A new fewest count (`[policy] min_gpus` reloaded), clamped to [1, allowed.size()].
+  /// Above the count trained on now: the search chooses among its rows at or above it (none:
+  /// it measures `n` first); a choice below it is measured again from `n`. Returns true when
+  /// count() changed.
+  bool set_min_count(int n);
 
   /// GPUs to train on now: the count being measured, or the choice.
   int count() const { return count_; }
@@ -93,6 +104,7 @@ class ScaleProfiler {
  private:
   void start_search(int top);
   void finish_count(const ScaleRow& row);
+  void choose();
   bool set_count(int n);
 
   ScaleOptions opt_;
@@ -107,5 +119,21 @@ class ScaleProfiler {
   std::vector<ScaleRow> rows_;
   std::deque<ScaleRow> unread_;
 };
+
+/// What `[energy] scale = "auto"` chooses among, from the declared set (config.toml's
+/// active_gpus), `[energy] allowed_gpus` (nullopt: the declared set) and `[policy] min_gpus`.
+struct ScalePlan {
+  std::vector<int> allowed;  ///< declared GPUs it may train on, ascending (the search's GPUs)
+  std::vector<int> outside;  ///< declared GPUs not allowed: given back for the whole run
+  int min_count = 1;         ///< the fewest GPUs tried: max(1, min_gpus)
+  std::vector<std::string> warnings;  ///< one sentence each, e.g. an allowed GPU not declared
+  /// Non-empty: scale cannot run (the sentence says why; the job keeps its GPUs).
+  std::string refused;
+};
+
+/// The plan; never throws. Refused when no allowed GPU is declared, or when min_gpus is more
+/// than the allowed GPUs (the floor would keep a GPU the search does not measure).
+ScalePlan plan_scale(const std::vector<int>& declared,
+                     const std::optional<std::vector<int>>& allowed_gpus, int min_gpus);
 
 }  // namespace gpurun::energy

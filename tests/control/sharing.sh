@@ -144,7 +144,14 @@ case $CASE in
       fail "set on a read-only file: $rc $(cat "$TMP/bad.out")"
     cmp -s "$TMP/config.toml" "$TMP/config.before" || fail "a refused set changed the file"
     "$GPURUN" set active_gpus=0 > "$TMP/set.out" 2>&1 || fail "set: $(cat "$TMP/set.out")"
+    grep -q "active_gpus=0 (takes effect at the job's next boundary)" "$TMP/set.out" ||
+      fail "set said: $(cat "$TMP/set.out")"
     expect_resize 2 "[0]"
+    # [energy] is read when a job starts: the message says the next run, not the next boundary.
+    cp "$TMP/config.toml" "$TMP/other.toml"
+    "$GPURUN" set --config "$TMP/other.toml" energy.window_s=5 > "$TMP/set2.out" 2>&1 ||
+      fail "set energy.window_s: $(cat "$TMP/set2.out")"
+    grep -q "takes effect at the job's next run" "$TMP/set2.out" || fail "set said: $(cat "$TMP/set2.out")"
     grep -q '^# keep me$' "$TMP/config.toml" && grep -q 'active_gpus = \[0\]' "$TMP/config.toml" &&
       grep -q 'mode = "release"  # or hold' "$TMP/config.toml" || fail "file after set: $(cat "$TMP/config.toml")"
     finish

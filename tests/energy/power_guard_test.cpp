@@ -290,6 +290,12 @@ TEST_CASE("power journal: the first original wins, entries are per host and GPU,
   all = read_journal(j);
   REQUIRE(all.size() == 1);
   CHECK(all[0].host == "host-b");
+  // A removal naming a guard drops only that guard's entry (gpurun after its guard died must
+  // not drop an entry another job's guard wrote since).
+  update_journal(j, JournalEntry{"host-b", "GPU-1", 0, false, 99, 3}, /*remove=*/true);
+  CHECK(read_journal(j).size() == 1);
+  update_journal(j, JournalEntry{"host-b", "GPU-1", 0, false, 12, 3}, /*remove=*/true);
+  CHECK(read_journal(j).empty());
   std::ofstream(j) << "{\"entries\": [{\"host\": 3}]}";
   CHECK_THROWS_WITH_AS(read_journal(j), doctest::Contains("journal.json"), gpurun::Error);
 }

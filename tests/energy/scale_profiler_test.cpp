@@ -167,3 +167,79 @@ TEST_CASE("scale: settings out of range are refused, naming the key") {
   o.max_power_w = 0;
   CHECK_THROWS_AS(ScaleProfiler{o}, gpurun::Error);
 }
+
+TEST_CASE("scale: min_count ([policy] min_gpus) ends the descent there; the choice is above it") {
+  Model m;  // the cheapest count is 2 (floor 4 s: 2..4 GPUs equally fast)
+  m.floor_s = 4;
+  ScaleOptions o = options(4);
+  o.min_count = 3;
+  ScaleProfiler p(o);
+  const std::vector<int> counts = drive(p, m, 8);
+  // Before: 4, 3, then 2 (below the floor): the job is kept at 3 and the search never ends.
+  CHECK(counts == std::vector<int>{4, 4, 3, 3, 3, 3, 3, 3});
+  REQUIRE(p.chosen());
+  CHECK(p.choice() == 3);
+  REQUIRE(p.rows().size() == 2);
+  CHECK(contains(p.phase_text(), "(not below 3: [policy] min_gpus)"));
+  o.min_count = 5;
+  CHECK_THROWS_WITH_AS(ScaleProfiler{o}, doctest::Contains("outside [1, 4]"), gpurun::Error);
+}
+
+TEST_CASE("scale: a min_gpus reloaded above the count chooses among the rows at or above it") {
+  Model m;
+  m.floor_s = 4;
+  {  // searching at 2 (4 and 3 measured): a floor of 3 chooses among 4 and 3 at once
+    ScaleProfiler p(options(4));
+    drive(p, m, 4);
+    REQUIRE(p.count() == 2);
+    REQUIRE(p.rows().size() == 2);
+    CHECK(p.set_min_count(3));
+    CHECK(p.chosen());
+    CHECK(p.choice() == 3);  // equal cost: fewer GPUs
+    CHECK(p.count() == 3);
+    CHECK_FALSE(p.set_min_count(3));
+  }
+  {  // chosen 2: a floor of 3 measures 3 again (a new search at the floor)
+    ScaleProfiler p(options(4));
+    drive(p, m, 10);
+    REQUIRE(p.chosen());
+    REQUIRE(p.choice() == 2);
+    CHECK(p.set_min_count(3));
+    CHECK_FALSE(p.chosen());
+    CHECK(p.count() == 3);
+    CHECK(p.rows().empty());
+    drive(p, m, 4);
+    CHECK(p.chosen());
+    CHECK(p.choice() == 3);
+    CHECK(p.set_min_count(9) == true);  // clamped to the 4 allowed GPUs: measures 4
+    CHECK(p.count() == 4);
+  }
+}
+
+TEST_CASE(
+    "scale: the plan leaves declared GPUs outside allowed_gpus out and refuses a floor "
+    "above the allowed GPUs") {
+  // Before: allowed [0, 1] of a declared [0, 1, 2, 3] gave nothing back beyond the count, so
+  // the job trained on 4 GPUs while the search waited for epochs on [0, 1]: never measured.
+  ScalePlan plan = plan_scale({0, 1, 2, 3}, std::vector<int>{1, 0}, 0);
+  CHECK(plan.refused.empty());
+  CHECK(plan.allowed == std::vector<int>{0, 1});
+  CHECK(plan.outside == std::vector<int>{2, 3});
+  CHECK(plan.min_count == 1);
+  CHECK(plan.warnings.empty());
+  plan = plan_scale({0, 1, 2}, std::nullopt, 2);
+  CHECK(plan.allowed == std::vector<int>{0, 1, 2});
+  CHECK(plan.outside.empty());
+  CHECK(plan.min_count == 2);
+  plan = plan_scale({0, 1, 2}, std::vector<int>{2, 5}, 0);
+  CHECK(plan.allowed == std::vector<int>{2});
+  CHECK(plan.outside == std::vector<int>{0, 1});
+  REQUIRE(plan.warnings.size() == 1);
+  CHECK(contains(plan.warnings[0], "allowed_gpus names GPU 5, which active_gpus ([0, 1, 2])"));
+  plan = plan_scale({0, 1}, std::vector<int>{5}, 0);
+  CHECK(contains(plan.refused, "no GPU to choose among"));
+  plan = plan_scale({0, 1, 2, 3}, std::vector<int>{0, 1}, 3);
+  CHECK(plan.refused ==
+        "[energy] scale = \"auto\" cannot search: [policy] min_gpus = 3 is more than the 2 "
+        "allowed GPUs ([0, 1])");
+}
