@@ -13,12 +13,13 @@ namespace en = gpurun::energy;
 
 AutoScale::AutoScale(supervisor::EventLog& events, std::function<void(const std::string&)> say,
                      control::ElasticController& elastic, en::ScaleOptions options,
-                     std::vector<int> outside)
+                     std::vector<int> outside, std::function<bool()> power_profiling)
     : events_(events),
       say_(std::move(say)),
       elastic_(elastic),
       allowed_(options.allowed),
       outside_(std::move(outside)),
+      power_profiling_(std::move(power_profiling)),
       profiler_(std::move(options)) {
   say_(fmt::format("scale: choosing the GPU count among [{}] for the least cost per epoch{}{}; {}",
                    fmt::join(allowed_, ", "),
@@ -34,6 +35,17 @@ AutoScale::AutoScale(supervisor::EventLog& events, std::function<void(const std:
 }
 
 void AutoScale::on_epoch(const en::EpochRecord& rec) {
+  // Both "auto": the GPU count is searched under the limit the profile chose, not under the
+  // limits it is still trying (each would make the epochs' cost another's).
+  if (power_profiling_ && power_profiling_()) {
+    if (!std::exchange(profile_said_, true))
+      say_(
+          fmt::format("scale: epoch {} ran while the power-limit profile measures: the GPU-count "
+                      "search starts after it",
+                      rec.epoch));
+    return;
+  }
+  if (profile_said_ && !std::exchange(profile_over_, true)) return;  // the profile ended in it
   // [policy] min_gpus applies from a reload: the search never goes below it.
   const int floor = std::max(1, elastic_.min_gpus());
   if (floor > static_cast<int>(allowed_.size()) && !floor_said_) {
@@ -128,7 +140,8 @@ std::unique_ptr<AutoScale> make_auto_scale(supervisor::EventLog& events,
   o.eta = ec.eta;
   o.max_power_w = monitor.max_power_w(plan.allowed);
   return std::make_unique<AutoScale>(events, std::move(say), *elastic, std::move(o),
-                                     std::move(plan.outside));
+                                     std::move(plan.outside),
+                                     [&monitor] { return monitor.profiling(); });
 }
 
 }  // namespace gpurun::app

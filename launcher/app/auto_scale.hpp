@@ -26,10 +26,11 @@ class AutoScale {
   /// Throws gpurun::Error when the options are invalid (ScaleProfiler's messages).
   AutoScale(supervisor::EventLog& events, std::function<void(const std::string&)> say,
             control::ElasticController& elastic, energy::ScaleOptions options,
-            std::vector<int> outside);
+            std::vector<int> outside, std::function<bool()> power_profiling = {});
 
   /// A finished epoch (EnergyMonitor's epoch hook): measured, and when the count changes the
-  /// controller gets the new set (at this boundary when called inside its energy hook).
+  /// controller gets the new set (at this boundary when called inside its energy hook). While
+  /// `power_profiling()` (the power-limit profile changes the limits) it counts for nothing.
   void on_epoch(const energy::EpochRecord& rec);
 
   const energy::ScaleProfiler& profiler() const { return profiler_; }
@@ -44,6 +45,9 @@ class AutoScale {
   std::vector<int> allowed_;
   std::vector<int> outside_;
   bool floor_said_ = false;  // a reloaded min_gpus above the allowed GPUs (said once)
+  std::function<bool()> power_profiling_;
+  bool profile_said_ = false;  // an epoch ran under the power-limit profile
+  bool profile_over_ = false;  // the epoch the profile ended in was skipped too
   energy::ScaleProfiler profiler_;
 };
 

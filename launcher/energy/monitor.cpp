@@ -153,6 +153,7 @@ void EnergyMonitor::run() {
   while (!stop_) {
     lock.unlock();
     sample_once();
+    follow_active();
     if (++since_check * opt_.period >= std::chrono::seconds(1)) {
       since_check = 0;
       check_guard();
@@ -429,7 +430,9 @@ bool EnergyMonitor::ensure_guard() {
 
 void EnergyMonitor::lock_clocks(unsigned min_mhz, unsigned max_mhz) {
   if (limits_denied_ || !ensure_guard()) return;
+  clocks_mhz_ = std::make_pair(min_mhz, max_mhz);
   for (const MonitoredGpu& g : gpus_) {
+    if (!limits_apply(g) || clocks_locked_.count(g.uuid)) continue;
     try {
       guard_->remember_clocks(g.uuid);  // the guard resets them should gpurun die
       nvml_->set_gpu_locked_clocks(g.device, min_mhz, max_mhz);
@@ -457,9 +460,13 @@ void EnergyMonitor::lock_clocks(unsigned min_mhz, unsigned max_mhz) {
 
 void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
   if (limits_denied_ || !ensure_guard()) return;
+  requested_w_ = watts;
   std::optional<unsigned> applied_w;  // what the GPUs got (the request clamped to their range)
   bool clamped = false;
+  size_t applied = 0;
   for (const MonitoredGpu& g : gpus_) {
+    if (!limits_apply(g)) continue;
+    ++applied;
     const unsigned mw =
         std::clamp(watts * 1000u, g.min_limit_mw, std::max(g.min_limit_mw, g.max_limit_mw));
     clamped = clamped || mw != watts * 1000u;
@@ -520,9 +527,9 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
         clamped ? fmt::format(
                       "power limit {} W on {} GPU{} ({}; {} W asked, outside the GPUs' "
                       "range)",
-                      *applied_w, gpus_.size(), gpus_.size() == 1 ? "" : "s", source, watts)
-                : fmt::format("power limit {} W on {} GPU{} ({})", *applied_w, gpus_.size(),
-                              gpus_.size() == 1 ? "" : "s", source);
+                      *applied_w, applied, applied == 1 ? "" : "s", source, watts)
+                : fmt::format("power limit {} W on {} GPU{} ({})", *applied_w, applied,
+                              applied == 1 ? "" : "s", source);
     boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
       if (!alive.expired()) say_(line);
     });
@@ -533,59 +540,103 @@ std::vector<std::string> EnergyMonitor::restore_limits(bool from_destructor) {
   std::vector<std::string> restored;
   for (const MonitoredGpu& g : gpus_) {
     const bool changed = clocks_locked_.count(g.uuid) || originals_mw_.count(g.uuid);
-    bool failed = false;
-    if (clocks_locked_.erase(g.uuid)) {
-      std::string name = "clocks_reset", fields;
-      try {
-        nvml_->reset_gpu_locked_clocks(g.device);
-        fields = fmt::format(R"({{"slot":{},"uuid":{}}})", g.slot, detail::json_string(g.uuid));
-        if (!originals_mw_.count(g.uuid) && guard_) try {
-            guard_->forget(g.uuid);
-          } catch (const Error&) {
-          }
-      } catch (const Error& e) {  // left recorded with the guard: it resets them at its exit
-        failed = true;
-        name = "energy_error";
-        fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
-      }
-      if (from_destructor)
-        emit_json(name, fields);
-      else
-        post_event(name, fields);
-    }
-    auto it = originals_mw_.find(g.uuid);
-    if (it == originals_mw_.end()) {
-      if (changed && !failed) restored.push_back(g.uuid);
-      continue;
-    }
-    std::string fields;
-    try {
-      nvml_->set_power_limit_mw(g.device, it->second);
-      try {
-        if (guard_) guard_->forget(g.uuid);
-      } catch (const Error&) {
-        // Restored all the same; a guard that is gone has nothing left to do for it.
-      }
-      fields = fmt::format(R"({{"limit_w":{},"source":"restore","slot":{},"uuid":{}}})",
-                           detail::json_number(it->second / 1000.0), g.slot,
-                           detail::json_string(g.uuid));
-    } catch (const Error& e) {
-      // Left recorded with the guard: it tries again when gpurun's pipe closes.
-      failed = true;
-      fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
-    }
-    if (!failed) restored.push_back(g.uuid);
-    // The destructor runs after the io loop: write the event at once.
-    const std::string name = fields.rfind(R"({"error")", 0) == 0 ? "energy_error" : "power_limit";
-    if (from_destructor)
-      emit_json(name, fields);
-    else
-      post_event(name, fields);
-    originals_mw_.erase(it);
+    if (changed && restore_gpu(g, from_destructor)) restored.push_back(g.uuid);
   }
   std::lock_guard<std::mutex> lock(mu_);
   limit_w_.reset();
   return restored;
+}
+
+bool EnergyMonitor::restore_gpu(const MonitoredGpu& g, bool from_destructor) {
+  bool failed = false;
+  if (clocks_locked_.erase(g.uuid)) {
+    std::string name = "clocks_reset", fields;
+    try {
+      nvml_->reset_gpu_locked_clocks(g.device);
+      fields = fmt::format(R"({{"slot":{},"uuid":{}}})", g.slot, detail::json_string(g.uuid));
+      if (!originals_mw_.count(g.uuid) && guard_) try {
+          guard_->forget(g.uuid);
+        } catch (const Error&) {
+        }
+    } catch (const Error& e) {  // left recorded with the guard: it resets them at its exit
+      failed = true;
+      name = "energy_error";
+      fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
+    }
+    if (from_destructor)
+      emit_json(name, fields);
+    else
+      post_event(name, fields);
+  }
+  auto it = originals_mw_.find(g.uuid);
+  if (it == originals_mw_.end()) return !failed;
+  std::string fields;
+  try {
+    nvml_->set_power_limit_mw(g.device, it->second);
+    try {
+      if (guard_) guard_->forget(g.uuid);
+    } catch (const Error&) {
+      // Restored all the same; a guard that is gone has nothing left to do for it.
+    }
+    fields =
+        fmt::format(R"({{"limit_w":{},"source":"restore","slot":{},"uuid":{}}})",
+                    detail::json_number(it->second / 1000.0), g.slot, detail::json_string(g.uuid));
+  } catch (const Error& e) {
+    // Left recorded with the guard: it tries again when gpurun's pipe closes.
+    failed = true;
+    fields = fmt::format(R"({{"error":{}}})", detail::json_string(e.what()));
+  }
+  // The destructor runs after the io loop: write the event at once.
+  const std::string name = fields.rfind(R"({"error")", 0) == 0 ? "energy_error" : "power_limit";
+  if (from_destructor)
+    emit_json(name, fields);
+  else
+    post_event(name, fields);
+  originals_mw_.erase(it);
+  return !failed;
+}
+
+bool EnergyMonitor::limits_apply(const MonitoredGpu& g) const {
+  return !limits_on_ || std::binary_search(limits_on_->begin(), limits_on_->end(), g.slot);
+}
+
+void EnergyMonitor::follow_active() {
+  std::vector<int> active;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!active_known_) return;
+    active = active_for_thread_;
+  }
+  if (limits_on_ == active) return;
+  const std::optional<std::vector<int>> before = std::exchange(limits_on_, active);
+  std::vector<int> back, returned;
+  for (const MonitoredGpu& g : gpus_) {
+    const bool in = limits_apply(g);
+    const bool was = !before || std::binary_search(before->begin(), before->end(), g.slot);
+    if (!in && (originals_mw_.count(g.uuid) || clocks_locked_.count(g.uuid))) {
+      if (restore_gpu(g, false)) back.push_back(g.slot);
+    } else if (in && !was) {
+      returned.push_back(g.slot);
+    }
+  }
+  if (!back.empty()) {
+    const std::string line = fmt::format(
+        "GPU{} [{}] left the job: {} original power limit{} and clocks restored (not left capped "
+        "for whoever uses {} next)",
+        back.size() == 1 ? "" : "s", fmt::join(back, ", "), back.size() == 1 ? "its" : "their",
+        back.size() == 1 ? "" : "s", back.size() == 1 ? "it" : "them");
+    boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
+      if (!alive.expired()) say_(line);
+    });
+  }
+  if (returned.empty() || limits_denied_) return;
+  if (requested_w_) apply_limit(*requested_w_, "rejoined");
+  if (clocks_mhz_) lock_clocks(clocks_mhz_->first, clocks_mhz_->second);
+}
+
+bool EnergyMonitor::profiling() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return profiler_ && !profiler_->done();
 }
 
 std::optional<unsigned> EnergyMonitor::limit_in_force() const {
@@ -624,6 +675,7 @@ void EnergyMonitor::set_active(std::vector<int> active, int64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   window_active_ = active;
   active_for_thread_ = active;
+  active_known_ = true;
   // A measurement across a resize would mix two worlds: the profiler measures this limit again.
   if (profiler_ && !profiler_->done()) profiler_->interrupt();
 }

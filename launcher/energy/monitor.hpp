@@ -130,6 +130,9 @@ class EnergyMonitor {
   void set_epoch_hook(EpochHook hook) { epoch_hook_ = std::move(hook); }
   /// Σ of the maximum power limits of `slots`, W (slots without a GPU count 0).
   double max_power_w(const std::vector<int>& slots) const;
+  /// The power-limit profile (`power_limit_watts = "auto"`) is still measuring: epochs now
+  /// ran under changing limits. Any thread.
+  bool profiling() const;
 
   /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows.
   static double now_s();
@@ -147,6 +150,15 @@ class EnergyMonitor {
   void lock_clocks(unsigned min_mhz, unsigned max_mhz);         // ctor
   /// Returns the UUIDs whose limit and clocks are all back (nothing failed).
   std::vector<std::string> restore_limits(bool from_destructor = false);
+  /// Puts g's original limit back and resets its locked clocks (the guard forgets it, which
+  /// frees its lock). True when nothing failed.
+  bool restore_gpu(const MonitoredGpu& g, bool from_destructor);
+  /// Whether the limits and clocks apply to g: its slot is in the job (limits_on_).
+  bool limits_apply(const MonitoredGpu& g) const;
+  /// The job's set changed: a GPU that left gets its original limit and clocks back (a lent,
+  /// yielded or given-back GPU is not left capped), one that came back gets the limit and
+  /// clocks in force. Sampling thread.
+  void follow_active();
   void check_guard();     // sampling thread, about once a second
   void list_processes();  // sampling thread, about once a second
   void post_event(std::string name, std::string fields_json);
@@ -177,6 +189,12 @@ class EnergyMonitor {
   bool limits_denied_ = false;
   std::map<std::string, unsigned> originals_mw_;  // uuid -> original limit we changed
   std::set<std::string> clocks_locked_;           // uuids whose clocks we locked
+  bool active_known_ = false;                     // under mu_: set_active() was called
+  // Ctor, then the sampling thread: the slots the limits apply to (nullopt: every GPU, before
+  // the first set), the last limit asked (W) and the clocks asked (MHz).
+  std::optional<std::vector<int>> limits_on_;
+  std::optional<unsigned> requested_w_;
+  std::optional<std::pair<unsigned, unsigned>> clocks_mhz_;
   std::unique_ptr<PowerGuard> guard_;
   ProcessHook process_hook_;  // under mu_
 

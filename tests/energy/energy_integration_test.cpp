@@ -593,6 +593,54 @@ TEST_CASE(
   CHECK(err.find("(not below 2: [policy] min_gpus)") != std::string::npos);
   CHECK(err.find("GPUs [3] are not in [energy] allowed_gpus: given back") != std::string::npos);
 }
+TEST_CASE(
+    "scale and power_limit_watts both \"auto\": the GPU-count search measures only epochs "
+    "after the power-limit profile ended") {
+  // Before: both ran at once, so the counts were measured under limits still changing.
+  TempDir dir("gpurun-energy");
+  fake::State s = gpus_drawing({600, 600});
+  for (auto& g : s.gpus) {
+    g.min_w = 550;  // three limits: 600, 575, 550 W
+    g.max_w = 600;
+    g.default_w = 600;
+    g.limit_w = 600;
+  }
+  FakeGpus gpus(dir.path, s);
+  const std::string cfg =
+      "[energy]\nscale = \"auto\"\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
+      "profile_measure_steps = 5\nprofile_cooldown_s = 0\n";
+  const std::vector<std::string> worker = {
+      GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "12", "--steps", "12", "--step-ms", "40"};
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, cfg, worker, {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(180s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  // The event log in order: the profile's choice comes before the first scale row, and every
+  // row's epochs began after the epoch the profile ended in.
+  int64_t profile_end_epoch = -1;
+  bool chosen = false, row_seen = false;
+  for (const auto& e : run.events()) {
+    const std::string name = e.at("event").as_string().c_str();
+    if (name == "energy_epoch" && !chosen)
+      profile_end_epoch = static_cast<int64_t>(num(e.at("epoch")));
+    if (name == "power_limit" && e.at("source").as_string() == "profile") {
+      chosen = true;
+      CHECK_FALSE(row_seen);
+    }
+    if (name == "scale_profile") {
+      row_seen = true;
+      REQUIRE(chosen);
+      const auto last = static_cast<int64_t>(num(e.at("last_epoch")));
+      const auto epochs = static_cast<int64_t>(num(e.at("epochs")));
+      CHECK(last - epochs + 1 > profile_end_epoch + 1);
+    }
+  }
+  CHECK_MESSAGE(chosen, run.diag());
+  CHECK_MESSAGE(row_seen, run.diag());
+  CHECK(run.events("scale_choice").size() == 1);
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("ran while the power-limit profile measures: the GPU-count search starts after "
+                  "it") != std::string::npos);
+}
 #endif
 
 TEST_CASE(
@@ -774,6 +822,44 @@ TEST_CASE(
   // Job a put the limit back itself, so its entry left the journal: before, it stayed, and
   // the next gpurun "restored" a GPU nothing had left changed.
   CHECK(gpurun::energy::read_journal(gpus.journal()).empty());
+}
+
+TEST_CASE(
+    "power limits: a GPU that leaves the job gets its original limit and clocks back (its "
+    "lock and journal entry freed); back in the job, it gets them again") {
+  // Before: a lent, yielded or given-back GPU stayed capped and locked by this job's guard
+  // until the job ended, so whoever used it next got a capped GPU they could not manage.
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({600, 600}));
+  const std::string energy =
+      "[energy]\npower_limit_watts = 400\nlocked_clocks_mhz = [1200, 1500]\n";
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, energy, {GPURUN_FAKE_WORKER, dir.str(), "200"},
+                 {"--energy", "on"}, "cpu", gpus.env());
+  const auto capped = [&](unsigned i) {
+    return gpus.limit(i) == 400 && fake::current_clocks(gpus.state, i) == "1200:1500";
+  };
+  const auto free_gpu = [&](unsigned i) {
+    return gpus.limit(i) == 700 && fake::current_clocks(gpus.state, i).empty();
+  };
+  wait_until("both GPUs capped", [&] { return capped(0) && capped(1); });
+  write_file(dir.path / "config.toml", "active_gpus = [0]\n" + energy);
+  wait_until("GPU 1 to get its original limit and clocks back", [&] { return free_gpu(1); });
+  CHECK(capped(0));
+  auto journal = gpurun::energy::read_journal(gpus.journal());
+  REQUIRE(journal.size() == 1);  // GPU 1 is no longer this job's to restore
+  CHECK(journal[0].uuid == fake::read_state(gpus.state).gpus[0].uuid);
+  write_file(dir.path / "config.toml", "active_gpus = [0, 1]\n" + energy);
+  wait_until("GPU 1 capped again", [&] { return capped(1); });
+  CHECK(gpurun::energy::read_journal(gpus.journal()).size() == 2);
+  std::ofstream(dir.path / "stop") << 0;
+  REQUIRE(run.wait(60s));
+  CHECK_MESSAGE(run.code() == 0, run.diag());
+  CHECK(free_gpu(0));
+  CHECK(free_gpu(1));
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK(err.find("GPU [1] left the job: its original power limit and clocks restored") !=
+        std::string::npos);
+  CHECK(err.find("power limit 400 W on 2 GPUs (rejoined)") != std::string::npos);
 }
 
 TEST_CASE(
