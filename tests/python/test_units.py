@@ -94,6 +94,148 @@ with torch.no_grad():
 assert rt.checksum() != c0
 print("python_units: checksum sums equal the direct ones; swapped elements change it")
 
+# _word_sums_many (checksum()'s sums, taken in chunks as the C++ runtime's
+# StateChecksum::tensor_sums() takes them) equals _word_sums per tensor: every dtype, odd sizes
+# (padding), 0-d, empty, non-contiguous and misaligned views, sums that wrap, and chunks small
+# enough that tensors are cut into pieces spanning several chunks.
+from gpurun.runtime import (_CHUNK_WORDS, _CPU_CHUNK_WORDS, _state_digest,  # noqa: E402
+                            _word_sums_many)
+
+gen = torch.Generator().manual_seed(5)
+
+
+def rand_of(dtype, shape):
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * 1e4).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, dtype=dtype, generator=gen)
+
+
+def check_many(tensors, chunk_words, refs=None):
+    refs = refs if refs is not None else [_word_sums(t).tolist() for t in tensors]
+    got = _word_sums_many(tensors, chunk_words)  # None: the default
+    assert len(got) == len(tensors), (len(got), len(tensors))
+    for j, (t, g, r) in enumerate(zip(tensors, got, refs)):
+        assert g == r, (chunk_words, j, t.dtype, tuple(t.shape), t.stride(), g, r)
+        assert all(type(x) is int and -2**63 <= x < 2**63 for x in g), g
+
+
+dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+          torch.bool, torch.int32, torch.int64]
+mixed = []
+for dt in dtypes:
+    mixed += [rand_of(dt, (n,)) for n in (1, 3, 5, 1001)]
+    mixed += [rand_of(dt, ()), rand_of(dt, (0,)), rand_of(dt, (3, 0)),
+              rand_of(dt, (5, 7)).t(), rand_of(dt, (4, 6))[:, 1::2], rand_of(dt, (3, 5))]
+assert not all(t.is_contiguous() for t in mixed)
+for cw in (1, 7, 64, None):
+    check_many(mixed, cw)
+    check_many(mixed[::-1], cw)
+    for dt in dtypes:  # one dtype at a time: all its pieces share chunks
+        check_many([t for t in mixed if t.dtype == dt], cw)
+assert _word_sums_many([]) == [] and _word_sums_many([torch.empty(0)], 7) == [[0, 0]]
+# Contiguous views starting inside a word (.view(torch.int32) refuses them; _word_sums too):
+# the bytes of a copy.
+base = rand_of(torch.uint8, (40,))
+odd = [base[1:9], base[2:5], rand_of(torch.float16, (9,))[1:], rand_of(torch.int8, (6,))[3:],
+       rand_of(torch.bool, (12,))[1:9]]
+assert all(t.is_contiguous() and t.storage_offset() % 4 for t in odd)
+for cw in (1, 3, None):
+    check_many(odd + mixed[:20], cw, [_word_sums(t.clone()).tolist() for t in odd + mixed[:20]])
+assert _word_sums_many(odd[:1])[0] == direct(odd[0]), (_word_sums_many(odd[:1]), direct(odd[0]))
+# Sums past 2^63 wrap modulo 2^64 (in the int64 prefix sums and on the host): words of equal
+# value c have S = c·n and P = c·n(n+1)/2 exactly.
+
+
+def signed64(x):
+    x %= 2**64
+    return x - 2**64 if x >= 2**63 else x
+
+
+n = 200_003
+for c in (2**31 - 1, -2**31, 12345):
+    t = torch.full((n,), c, dtype=torch.int32)
+    exact = [signed64(c * n), signed64(c * n * (n + 1) // 2)]
+    assert abs(c) < 2**20 or abs(c * n * (n + 1) // 2) >= 2**64  # the big ones wrap
+    for cw in (4096, 65536, None):
+        assert _word_sums_many([t], cw) == [exact], (c, cw, _word_sums_many([t], cw), exact)
+large = [rand_of(torch.int64, (60_001,)), torch.full((100_001,), 2**31 - 1, dtype=torch.int32),
+         rand_of(torch.int32, (70_000,)), rand_of(torch.float16, (33_333,)), mixed[10]]
+for cw in (1000, 65536, None, _CHUNK_WORDS):
+    check_many(large + mixed, cw)
+# Past the CPU's default chunk: a tensor cut in two by it, another starting inside a chunk.
+check_many(large[:1] + [rand_of(torch.int32, (_CPU_CHUNK_WORDS + 5,))] + large[1:], None)
+try:
+    _word_sums_many(mixed, 0)
+except ValueError as e:
+    assert "chunk_words must be > 0" in str(e), e
+else:
+    raise AssertionError("chunk_words=0 was accepted")
+assert _CHUNK_WORDS == 32 << 20  # the C++ StateChecksum::kDefaultChunkWords
+print("python_units: chunked word sums equal the per-tensor ones")
+
+# checksum() hashes exactly what it hashed with one _word_sums per tensor (old_checksum: its
+# code before the chunked sums), for a state with AdamW moments, 0-d, odd-sized, bool, empty
+# and half tensors; with any chunk size.
+import hashlib  # noqa: E402
+
+
+def old_checksum(state):
+    h = hashlib.blake2b(digest_size=8)
+    sums = []  # per tensor: an int64 [2] on its device
+
+    def feed(obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            h.update(f"{t.dtype}:{tuple(t.shape)};".encode())
+            sums.append(_word_sums(t))
+        elif isinstance(obj, dict):
+            for k in sorted(obj, key=str):
+                h.update(str(k).encode())
+                feed(obj[k])
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                feed(x)
+        else:
+            h.update(repr(obj).encode())
+
+    with torch.no_grad():
+        feed(state)
+        by_device = {}
+        for i, x in enumerate(sums):
+            by_device.setdefault(x.device, []).append(i)
+        values = [None] * len(sums)
+        for idx in by_device.values():  # one transfer per device
+            host = torch.stack([sums[i] for i in idx]).cpu().tolist()
+            for i, v in zip(idx, host):
+                values[i] = v
+    for v in values:
+        h.update(b"".join(int(x).to_bytes(8, "little", signed=True) for x in v))
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+mod = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 7))
+mod.register_buffer("mask", torch.tensor([True, False, True]))
+mod.register_buffer("count", torch.tensor(3, dtype=torch.int8))
+mod.register_buffer("halfs", torch.randn(7, generator=gen).half())
+mod.register_buffer("none", torch.empty(0))
+adam = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+for _ in range(2):
+    mod(torch.randn(4, 5, generator=gen)).sum().backward()
+    adam.step()
+rt3 = gpurun.Runtime().track(model=mod, optimizer=adam)
+state = rt3._state()
+want = old_checksum(state)
+assert rt3.checksum() == want, (rt3.checksum(), want)
+assert _state_digest(state, lambda ts: [_word_sums(t).tolist() for t in ts]) == want
+for cw in (1, 7, 64, None):
+    got = _state_digest(state, lambda ts: _word_sums_many(ts, cw))
+    assert got == want, (cw, got, want)
+assert old_checksum(rt._state()) == rt.checksum()  # the first runtime's, swapped elements
+print("python_units: checksum() hashes the state as before")
+
 # rt.loader(): DataLoader arguments the elastic sampler owns are refused, naming them.
 data = torch.utils.data.TensorDataset(torch.arange(10))
 for bad, err, text in (({"sampler": None, "batch_sampler": None}, TypeError, "batch_sampler, sampler"),
