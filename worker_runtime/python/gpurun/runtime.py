@@ -305,6 +305,13 @@ class Runtime:
                 self._start_premap()
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
+            # The checksum's kernels (the words' cat and padding, two int64 cumsums, the
+            # gathers), launched once now on a few bytes: CUDA loads a kernel at its first
+            # launch (lazy loading), and a joiner's first checksum comes after the state
+            # handoff, where the members wait for it.
+            with torch.no_grad():
+                _word_sums_many([torch.zeros(3, dtype=torch.uint8, device=self._device),
+                                 torch.zeros(2, device=self._device)])
 
     # ---- what moves with the state ----------------------------------------------------
     def track(self, model=None, optimizer=None, scheduler=None, **others):
