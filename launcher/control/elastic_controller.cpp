@@ -201,12 +201,15 @@ void ElasticController::on_gpu_processes(const ForeignGpus::Listing& listing) {
   const ForeignGpus::Probe probe{&pid_owner, &pid_text};
   const auto changes =
       foreign_.update(listing, unix_now_ms(), probe, declared_.policy.reclaim_after.count());
+  const EffectiveSet now = effective_now(declared_);
   for (const auto& ch : changes) {
+    const std::string kept = kept_note(now, {ch.gpu}, declared_.policy.min_gpus);
     console_.write(
         StreamId::kStderr,
         ch.event == "yield"
-            ? fmt::format("gpurun: yield: GPU {} is used by {}: the job gives it up\n", ch.gpu,
-                          ch.who)
+            ? fmt::format("gpurun: yield: GPU {} is used by {}: {}\n", ch.gpu, ch.who,
+                          kept.empty() ? std::string("the job gives it up")
+                                       : "the job would give it up" + kept)
             : fmt::format("gpurun: yield ended: GPU {} has had no other user's process for {} s: "
                           "the job takes it back\n",
                           ch.gpu,

@@ -167,6 +167,18 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
   return out;
 }
 
+std::string kept_note(const EffectiveSet& e, const std::vector<int>& gpus, int min_gpus) {
+  std::vector<int> kept;
+  for (const auto& [gpu, why] : e.kept)
+    if (has_id(gpus, gpu)) kept.push_back(gpu);
+  if (kept.empty()) return "";
+  return fmt::format(
+      "; GPU{} {} stay{} in the job for now ([policy] min_gpus = {}): {} once the job has "
+      "enough GPUs without {}",
+      kept.size() == 1 ? "" : "s", fmt::join(kept, ", "), kept.size() == 1 ? "s" : "", min_gpus,
+      kept.size() == 1 ? "it leaves" : "they leave", kept.size() == 1 ? "it" : "them");
+}
+
 std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& all,
                                 std::string_view what) {
   if (text == "all") return sorted_unique(all);

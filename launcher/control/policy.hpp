@@ -67,6 +67,11 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
                            std::string (*until_text)(int64_t unix_ms) = nullptr,
                            const std::vector<std::pair<int, std::string>>& yielded = {});
 
+/// What a policy change does to `gpus` (the GPUs it wants out), for its message: "" when
+/// every one of them leaves at the next boundary; else, e.g., "; GPU 1 stays in the job for
+/// now ([policy] min_gpus = 2): it leaves once the job has enough GPUs without it".
+std::string kept_note(const EffectiveSet& e, const std::vector<int>& gpus, int min_gpus);
+
 /// "2,3", "2-3", "0-1,3" or "all" -> sorted unique ids; "all" = `all`. Throws LeaseError
 /// naming `what` for anything else (an empty part, a reversed range, a negative id).
 std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& all,

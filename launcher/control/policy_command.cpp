@@ -48,6 +48,11 @@ struct RunFacts {
   std::string run_dir;
   std::string config;     ///< config.toml path; empty: a plain run
   std::vector<int> gpus;  ///< every slot id
+  // status.json's policy: the declared set, min_gpus, and the GPUs other policies keep out
+  // (yields, scale): what a new lease does, said by the command.
+  std::vector<int> declared;
+  int min_gpus = 0;
+  std::vector<std::pair<int, std::string>> others_out;
 };
 
 std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
@@ -69,6 +74,28 @@ std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
     for (const json::value& sv : s->as_array())
       if (sv.is_object() && sv.as_object().contains("gpu") && sv.as_object().at("gpu").is_int64())
         f.gpus.push_back(static_cast<int>(sv.as_object().at("gpu").as_int64()));
+  f.declared = f.gpus;
+  if (const json::value* p = o.if_contains("policy"); p && p->is_object()) {
+    const json::object& po = p->as_object();
+    if (const json::value* d = po.if_contains("declared_active"); d && d->is_array()) {
+      f.declared.clear();
+      for (const json::value& g : d->as_array())
+        if (g.is_int64()) f.declared.push_back(static_cast<int>(g.as_int64()));
+    }
+    if (const json::value* m = po.if_contains("min_gpus"); m && m->is_int64())
+      f.min_gpus = static_cast<int>(m->as_int64());
+    for (const char* list : {"excluded", "kept"})
+      if (const json::value* x = po.if_contains(list); x && x->is_array())
+        for (const json::value& e : x->as_array()) {
+          if (!e.is_object()) continue;
+          const json::value* g = e.as_object().if_contains("gpu");
+          const json::value* w = e.as_object().if_contains("why");
+          if (!g || !g->is_int64() || !w || !w->is_string()) continue;
+          const std::string why(w->as_string());
+          if (why.rfind("lent", 0) != 0)  // a lease's is recomputed with the new leases
+            f.others_out.emplace_back(static_cast<int>(g->as_int64()), why);
+        }
+  }
   if (f.config.empty())
     return err(fmt::format("the run in '{}' is not elastic (no --config): its GPU set cannot "
                            "change while it runs",
@@ -156,18 +183,31 @@ int lend_command(const std::vector<std::string>& args) {
                              join_ids(run->gpus, ", "))),
              2;
   if (note) lease.note = *note;
+  std::vector<Lease> now_lent;
   try {
     update_leases(leases_path(run->run_dir), [&](std::vector<Lease> l) {
       l = drop_ended(l, lease.since_ms);
       l.push_back(lease);
+      now_lent = l;
       return l;
     });
   } catch (const LeaseError& e) {
     return err(e.what()), 1;
   }
-  std::printf("gpurun: lent GPUs %s until %s: the job stops using them at its next boundary\n",
-              ids_text(lease.gpus).c_str(),
-              lease.until_ms ? lease_time_text(*lease.until_ms).c_str() : "gpurun reclaim");
+  const EffectiveSet e = effective_set(run->declared, now_lent, lease.since_ms, run->min_gpus,
+                                       &lease_time_text, run->others_out);
+  std::vector<int> leaving;
+  for (int g : lease.gpus)
+    if (!has_id(e.active, g)) leaving.push_back(g);
+  const std::string note_text = kept_note(e, lease.gpus, run->min_gpus);
+  std::printf(
+      "gpurun: lent GPUs %s until %s: %s%s\n", ids_text(lease.gpus).c_str(),
+      lease.until_ms ? lease_time_text(*lease.until_ms).c_str() : "gpurun reclaim",
+      note_text.empty() ? "the job stops using them at its next boundary"
+      : leaving.empty()
+          ? "the job keeps them for now"
+          : fmt::format("the job stops using {} at its next boundary", ids_text(leaving)).c_str(),
+      note_text.c_str());
   return 0;
 }
 

@@ -498,11 +498,15 @@ int status_command(const std::vector<std::string>& args) {
     out +=
         fmt::format("declared (config.toml) {}  leases: {}\n",
                     ids_text(po.if_contains("declared_active")), leases.empty() ? "none" : leases);
-    if (const json::value* k = po.if_contains("kept"); k && k->is_array())
-      for (const auto& kv : k->as_array())
-        if (kv.is_object())
-          out += fmt::format("kept: GPU {}: {}\n", field_text(kv.as_object(), "gpu"),
-                             field_text(kv.as_object(), "why"));
+    // Why each declared GPU the job does not train on is out (lent, yielded, given back by
+    // scale), and which a policy wanted out but min_gpus kept.
+    for (const char* list : {"excluded", "kept"})
+      if (const json::value* k = po.if_contains(list); k && k->is_array())
+        for (const auto& kv : k->as_array())
+          if (kv.is_object())
+            out +=
+                fmt::format("{}: GPU {}: {}\n", list == std::string_view("kept") ? "kept" : "out",
+                            field_text(kv.as_object(), "gpu"), field_text(kv.as_object(), "why"));
     if (po.contains("leases_error"))
       out += fmt::format("leases file error: {}\n", field_text(po, "leases_error"));
     if (const json::value* sc = po.if_contains("scale"); sc && sc->is_object())

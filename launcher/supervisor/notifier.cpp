@@ -37,6 +37,9 @@ bool notify_wants(std::string_view event, std::string_view record) {
     const json::value* k = o.if_contains("kind");
     return k && k->is_string() && (k->as_string() == "resize" || k->as_string() == "exit");
   }
+  if (const json::value* own = o.if_contains("ended_by_gpurun");
+      own && own->is_bool() && own->as_bool())
+    return false;  // gpurun ended it (a cancelled standby or warm joiner): no failure
   const json::value* code = o.if_contains("code");
   return o.contains("signal") || (code && code->is_int64() && code->as_int64() != 0);
 }

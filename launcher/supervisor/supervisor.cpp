@@ -44,6 +44,7 @@ struct Supervisor::Worker {
   std::string prefix;
   std::string error_file;
   std::string start_error;  // why the process could not be started (no pid, no exit status)
+  bool killed = false;      // kill_slot() ended it: the controller's own doing, no failure
 };
 
 Supervisor::Stream& Supervisor::stream(Worker& w, StreamId id) {
@@ -310,6 +311,7 @@ void Supervisor::kill_slot(int local_rank) {
   if (!w.proc || w.exit) return;
   try {
     w.proc->signal_group(SIGKILL);
+    w.killed = true;
   } catch (const Error& e) {
     say(fmt::format("warning: {}", e.what()));
   }
@@ -418,6 +420,7 @@ void Supervisor::on_exit(Worker& w, ExitStatus status) {
     fields.add("signal", signal_name(status.signal));
   else
     fields.add("code", status.code);
+  if (w.killed) fields.add("ended_by_gpurun", true);  // e.g. a standby no longer wanted
   events_.emit("worker_exited", fields);
   bool absorbed = false;
   const bool current = controller_ && workers_.size() > static_cast<size_t>(w.local_rank) &&

@@ -86,6 +86,18 @@ TEST_CASE("effective_set: min_gpus is never undercut; the lowest lent ids stay")
   CHECK(effective_set({}, {lease({0}, std::nullopt)}, 0, 2).active.empty());
 }
 
+TEST_CASE("kept_note: what min_gpus keeps of the GPUs a lend or a yield wants out") {
+  // Before, `gpurun lend` and the yield line said the GPUs leave even when min_gpus kept them.
+  const EffectiveSet e = effective_set(kFour, {lease({1, 2, 3}, std::nullopt)}, 0, 3);
+  CHECK(kept_note(e, {3}, 3).empty());
+  CHECK(kept_note(e, {1, 2, 3}, 3) ==
+        "; GPUs 1, 2 stay in the job for now ([policy] min_gpus = 3): they leave once the job "
+        "has enough GPUs without them");
+  CHECK(kept_note(e, {2}, 3) ==
+        "; GPU 2 stays in the job for now ([policy] min_gpus = 3): it leaves once the job has "
+        "enough GPUs without it");
+}
+
 TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
   CHECK(parse_gpu_list("3,1", kFour, "GPU list") == std::vector<int>{1, 3});
   CHECK(parse_gpu_list("0-2,2", kFour, "GPU list") == std::vector<int>{0, 1, 2});

@@ -93,6 +93,8 @@ case $CASE in
     start 3
     expect_resize 1 "[0,1,2]"
     "$GPURUN" lend 1-2 > "$TMP/lend.out" 2>&1 || fail "lend: $(cat "$TMP/lend.out")"
+    grep -q 'lent GPUs \[1, 2\] until gpurun reclaim: the job stops using \[2\] at its next boundary; GPU 1 stays in the job for now (\[policy\] min_gpus = 2)' "$TMP/lend.out" ||
+      fail "lend said: $(cat "$TMP/lend.out")"
     expect_resize 2 "[0,1]"
     "$GPURUN" status > "$TMP/status.out" 2>&1
     grep -q 'kept: GPU 1: lent until reclaimed, kept: \[policy\] min_gpus = 2' "$TMP/status.out" ||

@@ -70,6 +70,37 @@ TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console doe
   CHECK(text.find("in epoch 3 after step 500\n") != std::string::npos);
 }
 
+TEST_CASE("gpurun status: each declared GPU the job does not train on is said with why") {
+  // Before, only the GPUs min_gpus kept were listed: a lent, yielded or scale-given-back GPU
+  // was in `declared` and missing from `active` with no word on why.
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"js({"run_id": "r", "slots": [], "policy": {"declared_active": [0, 1, 2, 3], )js"
+      R"js("min_gpus": 2, "leases": [], "excluded": [{"gpu": 2, "why": "yielded to pid 7 )js"
+      R"js((bob)"}, {"gpu": 3, "why": "scale: 2 GPUs chosen"}], "kept": [{"gpu": 1, "why": )js"
+      R"js("lent until reclaimed, kept: [policy] min_gpus = 2"}]}})js",
+      error));
+  const fs::path out = dir.path / "out.txt";
+  std::fflush(stdout);
+  const int saved = ::dup(1);
+  const int f = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(f >= 0);
+  ::dup2(f, 1);
+  ::close(f);
+  const int code = status_command({"--run-dir", dir.str()});
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  CHECK(code == 0);
+  const std::string text = gpurun::testing::slurp(out);
+  CHECK_MESSAGE(text.find("out: GPU 2: yielded to pid 7 (bob)\n") != std::string::npos, text);
+  CHECK(text.find("out: GPU 3: scale: 2 GPUs chosen\n") != std::string::npos);
+  CHECK(text.find("kept: GPU 1: lent until reclaimed, kept: [policy] min_gpus = 2\n") !=
+        std::string::npos);
+}
+
 TEST_CASE("status: a refused pause and a lost state are in the status JSON") {
   Config c;
   c.active_gpus = std::vector<int>{0};

@@ -50,6 +50,9 @@ TEST_CASE("notify_wants: resizes, exits, leases, failures, early stop and the en
   CHECK(notify_wants("worker_exited", R"({"event": "worker_exited", "code": 3})"));
   CHECK(notify_wants("worker_exited", R"({"event": "worker_exited", "signal": "SIGKILL"})"));
   CHECK_FALSE(notify_wants("worker_exited", R"({"event": "worker_exited", "code": 0})"));
+  CHECK_FALSE(
+      notify_wants("worker_exited",
+                   R"({"event": "worker_exited", "signal": "SIGKILL", "ended_by_gpurun": true})"));
   for (const char* e : {"lease", "lease_end", "yield", "yield_end", "early_stop", "shutdown"})
     CHECK(notify_wants(e, "{}"));
   CHECK_FALSE(notify_wants("worker_state", "{}"));
