@@ -565,8 +565,10 @@ class Validator {
     if (table == nullptr) return;
     EnergyConfig& e = config.energy;
     e.present = true;
+    std::optional<toml::source_region> settle_at;
     for (auto&& [key, value] : *table) {
       const std::string_view k = key.str();
+      if (k == "profile_settle_s") settle_at = value.source();
       if (k == "monitor") {
         if (const auto* b = value.as_boolean()) {
           e.monitor = b->get();
@@ -711,6 +713,12 @@ class Validator {
              "scale_recheck_epochs"});
       }
     }
+    if (settle_at && e.profile_cooldown_s > 0 && e.profile_settle_s > e.profile_cooldown_s)
+      warn(*settle_at,
+           fmt::format("energy.profile_settle_s = {} s is longer than profile_cooldown_s = {} s: "
+                       "no temperature can settle in time, so every cool-down waits the whole {} s",
+                       float_text(e.profile_settle_s), float_text(e.profile_cooldown_s),
+                       float_text(e.profile_cooldown_s)));
   }
 
   void warn_unknown_top_level(const toml::key& key) {

@@ -791,6 +791,16 @@ void EnergyMonitor::finish(int exit_code) {
   stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   sample_once(/*drive_profiler_too=*/false);
+  std::string unfinished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (profiler_ && !profiler_->done())
+      unfinished = fmt::format(
+          "the power-limit profile did not finish: the job ended after {} of {} limits "
+          "measured; nothing is cached (the next run profiles again)",
+          profiler_->rows().size(), profiler_->limits().size());
+  }
+  if (!unfinished.empty()) say_(unfinished);
   if (stopped_early_ && exit_code == 0) exit_code = kExitEarlyStop;
   if (opt_.threshold && !saw_boundary_)
     say_(

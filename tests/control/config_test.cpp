@@ -181,6 +181,16 @@ profile_cache = "cache.json"
          c.energy.auto_limit = true;
          c.energy.monitor = false;
        })},
+      {"energy: a settle window longer than the cool-down's cap warns",
+       "[energy]\nprofile_cooldown_s = 5\nprofile_settle_s = 10\n", with([](Config& c) {
+         c.energy.present = true;
+         c.energy.profile_cooldown_s = 5;
+         c.energy.profile_settle_s = 10;
+         c.warnings = {
+             "config.toml:3:20: energy.profile_settle_s = 10.0 s is longer than "
+             "profile_cooldown_s = 5.0 s: no temperature can settle in time, so every cool-down "
+             "waits the whole 5.0 s"};
+       })},
       {"energy: a typo gets a suggestion", "[energy]\neta_knb = 0.5\n", with([](Config& c) {
          c.energy.present = true;
          c.warnings = {

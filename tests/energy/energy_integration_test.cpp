@@ -533,6 +533,32 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE("power_limit_watts = \"auto\": a job that ends mid-profile says so and caches nothing") {
+  TempDir dir("gpurun-energy");
+  fake::State s = gpus_drawing({600});
+  s.gpus[0].min_w = 450;
+  s.gpus[0].max_w = 600;
+  s.gpus[0].default_w = 600;
+  s.gpus[0].limit_w = 600;
+  FakeGpus gpus(dir.path, s);
+  const std::string cfg =
+      "[energy]\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
+      "profile_measure_steps = 10\nprofile_cache = \"power-cache.json\"\n";
+  // 12 steps in all: the first limit is measured, the second not.
+  ElasticRun run(
+      GPURUN_BINARY, dir.path, 1, cfg,
+      {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "1", "--steps", "16", "--step-ms", "40"},
+      {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  CHECK(run.events("power_profile").size() == 1);
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("the power-limit profile did not finish: the job ended after 1 of 7 limits "
+                  "measured; nothing is cached") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path / "power-cache.json"));
+  CHECK(gpus.limit(0) == doctest::Approx(600));  // restored
+}
+
 TEST_CASE(
     "scale = \"auto\": on fake GPUs whose speed-up stops at 2, allowed_gpus [0, 1, 2] of 4 and "
     "min_gpus = 2, the search measures 3 and 2 GPUs, chooses the count of least cost by the "
