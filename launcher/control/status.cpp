@@ -338,6 +338,12 @@ std::string field_text(const json::object& o, std::string_view k) {
   const json::value* v = o.if_contains(k);
   if (!v || v->is_null()) return "-";
   if (v->is_string()) return std::string(v->as_string());
+  if (v->is_double()) {  // fixed point, never JSON's 1.5E5: at most 3 decimals, no trailing 0s
+    std::string t = fmt::format("{:.3f}", v->as_double());
+    while (t.back() == '0') t.pop_back();
+    if (t.back() == '.') t.pop_back();
+    return t;
+  }
   return json::serialize(*v);
 }
 

@@ -454,8 +454,10 @@ void EnergyMonitor::lock_clocks(unsigned min_mhz, unsigned max_mhz) {
   if (clocks_locked_.empty()) return;
   post_event("clocks_locked", fmt::format(R"({{"min_mhz":{},"max_mhz":{},"gpus":{}}})", min_mhz,
                                           max_mhz, clocks_locked_.size()));
-  say_(fmt::format("GPU clocks locked at {}–{} MHz on {} GPU{}", min_mhz, max_mhz,
-                   clocks_locked_.size(), clocks_locked_.size() == 1 ? "" : "s"));
+  say_(fmt::format(
+      "GPU clocks locked at {} MHz on {} GPU{}",
+      min_mhz == max_mhz ? std::to_string(min_mhz) : fmt::format("{}–{}", min_mhz, max_mhz),
+      clocks_locked_.size(), clocks_locked_.size() == 1 ? "" : "s"));
 }
 
 void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {

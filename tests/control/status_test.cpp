@@ -80,7 +80,8 @@ TEST_CASE("gpurun status: each declared GPU the job does not train on is said wi
       R"js({"run_id": "r", "slots": [], "policy": {"declared_active": [0, 1, 2, 3], )js"
       R"js("min_gpus": 2, "leases": [], "excluded": [{"gpu": 2, "why": "yielded to pid 7 )js"
       R"js((bob)"}, {"gpu": 3, "why": "scale: 2 GPUs chosen"}], "kept": [{"gpu": 1, "why": )js"
-      R"js("lent until reclaimed, kept: [policy] min_gpus = 2"}]}})js",
+      R"js("lent until reclaimed, kept: [policy] min_gpus = 2"}]}, "energy": {"epochs": 3, )js"
+      R"js("cost_total_j": 1234567.25, "threshold_j": null}})js",
       error));
   const fs::path out = dir.path / "out.txt";
   std::fflush(stdout);
@@ -99,6 +100,8 @@ TEST_CASE("gpurun status: each declared GPU the job does not train on is said wi
   CHECK(text.find("out: GPU 3: scale: 2 GPUs chosen\n") != std::string::npos);
   CHECK(text.find("kept: GPU 1: lent until reclaimed, kept: [policy] min_gpus = 2\n") !=
         std::string::npos);
+  // Numbers in fixed point (JSON would write 1.23456725E6).
+  CHECK(text.find("Zeus cost so far 1234567.25 J") != std::string::npos);
 }
 
 TEST_CASE("status: a refused pause and a lost state are in the status JSON") {
