@@ -67,7 +67,7 @@ print("python_units: track() calls add up")
 # The per-tensor word sums (checksum()) are the C++ runtime's S and P: checked against a
 # direct computation in Python integers modulo 2^64, for dtypes with padding and wrapping.
 import numpy as np  # noqa: E402
-from gpurun.runtime import _word_sums  # noqa: E402
+from gpurun._checksum import _word_sums  # noqa: E402
 
 
 def direct(t):
@@ -98,8 +98,8 @@ print("python_units: checksum sums equal the direct ones; swapped elements chang
 # StateChecksum::tensor_sums() takes them) equals _word_sums per tensor: every dtype, odd sizes
 # (padding), 0-d, empty, non-contiguous and misaligned views, sums that wrap, and chunks small
 # enough that tensors are cut into pieces spanning several chunks.
-from gpurun.runtime import (_CHUNK_WORDS, _CPU_CHUNK_WORDS, _state_digest,  # noqa: E402
-                            _word_sums_many)
+from gpurun._checksum import (_CHUNK_WORDS, _CPU_CHUNK_WORDS, _state_digest,  # noqa: E402
+                              _word_sums_many)
 
 gen = torch.Generator().manual_seed(5)
 
