@@ -44,15 +44,8 @@ TEST_CASE("write_status_file: a failed write leaves no .status.json.<pid> behind
 namespace gpurun::control {
 namespace {
 
-TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console does") {
-  gpurun::testing::TempDir dir("gpurun-status-test");
-  std::string error;
-  REQUIRE(write_status_file(
-      dir.str(),
-      R"({"run_id": "r", "slots": [{"gpu": 0, "state": "ACTIVE", "generation": 0, "rank": 0, )"
-      R"("pid": -1, "last_boundary": {"epoch": 10, "step": 0}}, {"gpu": 1, "state": "ACTIVE", )"
-      R"("generation": 0, "rank": 1, "pid": -1, "last_boundary": {"epoch": 2, "step": 500}}]})",
-      error));
+// `gpurun status --run-dir DIR`'s stdout; its exit code must be 0.
+std::string status_text(const gpurun::testing::TempDir& dir) {
   const fs::path out = dir.path / "out.txt";
   std::fflush(stdout);
   const int saved = ::dup(1);
@@ -65,7 +58,19 @@ TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console doe
   ::dup2(saved, 1);
   ::close(saved);
   CHECK(code == 0);
-  const std::string text = gpurun::testing::slurp(out);
+  return gpurun::testing::slurp(out);
+}
+
+TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console does") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"({"run_id": "r", "slots": [{"gpu": 0, "state": "ACTIVE", "generation": 0, "rank": 0, )"
+      R"("pid": -1, "last_boundary": {"epoch": 10, "step": 0}}, {"gpu": 1, "state": "ACTIVE", )"
+      R"("generation": 0, "rank": 1, "pid": -1, "last_boundary": {"epoch": 2, "step": 500}}]})",
+      error));
+  const std::string text = status_text(dir);
   CHECK_MESSAGE(text.find("after epoch 11\n") != std::string::npos, text);
   CHECK(text.find("in epoch 3 after step 500\n") != std::string::npos);
 }
@@ -83,19 +88,7 @@ TEST_CASE("gpurun status: each declared GPU the job does not train on is said wi
       R"js("lent until reclaimed, kept: [policy] min_gpus = 2"}]}, "energy": {"epochs": 3, )js"
       R"js("cost_total_j": 1234567.25, "threshold_j": null}})js",
       error));
-  const fs::path out = dir.path / "out.txt";
-  std::fflush(stdout);
-  const int saved = ::dup(1);
-  const int f = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  REQUIRE(f >= 0);
-  ::dup2(f, 1);
-  ::close(f);
-  const int code = status_command({"--run-dir", dir.str()});
-  std::fflush(stdout);
-  ::dup2(saved, 1);
-  ::close(saved);
-  CHECK(code == 0);
-  const std::string text = gpurun::testing::slurp(out);
+  const std::string text = status_text(dir);
   CHECK_MESSAGE(text.find("out: GPU 2: yielded to pid 7 (bob)\n") != std::string::npos, text);
   CHECK(text.find("out: GPU 3: scale: 2 GPUs chosen\n") != std::string::npos);
   CHECK(text.find("kept: GPU 1: lent until reclaimed, kept: [policy] min_gpus = 2\n") !=
