@@ -71,6 +71,18 @@ fake::State gpus_drawing(std::vector<double> watts) {
   return s;
 }
 
+/// `n` GPUs drawing 600 W uncapped, whose power limits range over min_w–600 W (at 600 now).
+fake::State gpus_limited(unsigned n, double min_w) {
+  fake::State s = gpus_drawing(std::vector<double>(n, 600));
+  for (auto& g : s.gpus) {
+    g.min_w = min_w;
+    g.max_w = 600;
+    g.default_w = 600;
+    g.limit_w = 600;
+  }
+  return s;
+}
+
 json::object read_json(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -422,11 +434,7 @@ TEST_CASE(
   TempDir dir("gpurun-energy");
   // One GPU whose limits range over 450–600 W: 7 limits in 25 W steps. Uncapped it draws
   // 600 W; under a limit L it draws L and runs (L/600)^0.9 as fast.
-  fake::State s = gpus_drawing({600});
-  s.gpus[0].min_w = 450;
-  s.gpus[0].max_w = 600;
-  s.gpus[0].default_w = 600;
-  s.gpus[0].limit_w = 600;
+  fake::State s = gpus_limited(1, 450);
   s.gpus[0].speed_exp = 0.9;
   FakeGpus gpus(dir.path, s);
   const std::string cfg =
@@ -500,11 +508,7 @@ TEST_CASE(
   // 0.4 °C/W (ambient −150 °C puts 600, 575 and 550 W at 90, 80 and 70 °C): each step down
   // sheds 10 °C, which takes ~3 s to settle within 1 °C over 1 s; the 2 warm-up steps alone
   // take 0.12 s, when the GPU is still ~9 °C above the new limit's value.
-  fake::State s = gpus_drawing({600});
-  s.gpus[0].min_w = 550;
-  s.gpus[0].max_w = 600;
-  s.gpus[0].default_w = 600;
-  s.gpus[0].limit_w = 600;
+  fake::State s = gpus_limited(1, 550);
   s.gpus[0].temp = fake::Gpu::Thermal{-150, 0.4, 1.0};
   FakeGpus gpus(dir.path, s);
   const auto steady_c = [](double limit_w) { return -150 + 0.4 * limit_w; };
@@ -535,11 +539,7 @@ TEST_CASE(
 
 TEST_CASE("power_limit_watts = \"auto\": a job that ends mid-profile says so and caches nothing") {
   TempDir dir("gpurun-energy");
-  fake::State s = gpus_drawing({600});
-  s.gpus[0].min_w = 450;
-  s.gpus[0].max_w = 600;
-  s.gpus[0].default_w = 600;
-  s.gpus[0].limit_w = 600;
+  fake::State s = gpus_limited(1, 450);
   FakeGpus gpus(dir.path, s);
   const std::string cfg =
       "[energy]\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
@@ -624,13 +624,7 @@ TEST_CASE(
     "after the power-limit profile ended") {
   // Before: both ran at once, so the counts were measured under limits still changing.
   TempDir dir("gpurun-energy");
-  fake::State s = gpus_drawing({600, 600});
-  for (auto& g : s.gpus) {
-    g.min_w = 550;  // three limits: 600, 575, 550 W
-    g.max_w = 600;
-    g.default_w = 600;
-    g.limit_w = 600;
-  }
+  fake::State s = gpus_limited(2, 550);  // three limits: 600, 575, 550 W
   FakeGpus gpus(dir.path, s);
   const std::string cfg =
       "[energy]\nscale = \"auto\"\npower_limit_watts = \"auto\"\nprofile_warmup_steps = 2\n"
