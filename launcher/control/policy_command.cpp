@@ -230,6 +230,12 @@ int reclaim_command(const std::vector<std::string>& args) {
   } catch (const LeaseError& e) {
     return err(fmt::format("{} ({})", e.what(), kUsage)), 2;
   }
+  if (which)  // as lend: a GPU the job does not have is a typo, not "nothing to reclaim"
+    for (int g : *which)
+      if (!has_id(run->gpus, g))
+        return err(fmt::format("GPU {} is not one of this job's GPUs; allowed: {}", g,
+                               join_ids(run->gpus, ", "))),
+               2;
   std::vector<int> back;
   try {
     update_leases(leases_path(run->run_dir), [&](std::vector<Lease> l) {

@@ -110,6 +110,9 @@ case $CASE in
     "$GPURUN" lend 7 > "$TMP/bad.out" 2>&1 && fail "lend of GPU 7 was taken"
     grep -q "GPU 7 is not one of this job's GPUs; allowed: 0, 1, 2" "$TMP/bad.out" ||
       fail "lend 7 said: $(cat "$TMP/bad.out")"
+    rc=0; "$GPURUN" reclaim 7 > "$TMP/bad.out" 2>&1 || rc=$?
+    [[ $rc == 2 ]] && grep -q "GPU 7 is not one of this job's GPUs; allowed: 0, 1, 2" "$TMP/bad.out" ||
+      fail "reclaim 7: $rc $(cat "$TMP/bad.out")"
     # A leases file broken by hand: said in status, refused by the commands, nothing changes.
     rundir=$(sed -n 's/.*run dir \([^ ]*\).*/\1/p' "$TMP/status.out" | head -1)
     [[ -d $rundir ]] || fail "no run dir in status: $(cat "$TMP/status.out")"
