@@ -92,7 +92,8 @@ std::vector<std::pair<int, std::string>> ElasticController::policy_out(
 EffectiveSet ElasticController::effective_now(const Config& declared) const {
   const std::vector<Lease> none;
   return effective_set(declared_set(declared), leases_ ? leases_->leases() : none, unix_now_ms(),
-                       declared.policy.min_gpus, &lease_time_text, policy_out(declared));
+                       declared.policy.min_gpus, &lease_time_text, policy_out(declared),
+                       scheduler_.active());
 }
 
 Config ElasticController::effective_config(const Config& declared) const {

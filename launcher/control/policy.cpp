@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <iterator>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
@@ -120,7 +121,8 @@ std::optional<int64_t> next_lease_end(const std::vector<Lease>& leases, int64_t 
 
 EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<Lease>& leases,
                            int64_t now_ms, int min_gpus, std::string (*until_text)(int64_t),
-                           const std::vector<std::pair<int, std::string>>& yielded) {
+                           const std::vector<std::pair<int, std::string>>& yielded,
+                           const std::vector<int>& current) {
   // The reason per lent GPU: the latest end among the running leases that name it.
   std::vector<std::pair<int, std::string>> why;
   for (int gpu : declared) {
@@ -149,14 +151,24 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
   }
   EffectiveSet out;
   const size_t floor = std::min(declared.size(), static_cast<size_t>(std::max(min_gpus, 0)));
-  size_t keep_lent =
-      declared.size() - why.size() < floor ? floor - (declared.size() - why.size()) : 0;
+  size_t keep = declared.size() - why.size() < floor ? floor - (declared.size() - why.size()) : 0;
+  // Which left-out GPUs the floor keeps: first those the job trains on now (keeping one that
+  // already left would start a rank on a GPU someone else now has, and send another away),
+  // then lent ones before yielded ones (those run another user's process), lowest id first.
+  std::vector<std::tuple<bool, bool, int>> order;  // (not current, yielded, gpu)
+  for (const auto& [gpu, reason] : why) {
+    const bool is_yielded = std::any_of(yielded.begin(), yielded.end(),
+                                        [g = gpu](const auto& y) { return y.first == g; });
+    order.emplace_back(!has_id(current, gpu), is_yielded, gpu);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<int> kept_ids;
+  for (size_t i = 0; i < keep && i < order.size(); ++i) kept_ids.push_back(std::get<2>(order[i]));
   for (int gpu : declared) {
     auto w = std::find_if(why.begin(), why.end(), [&](const auto& p) { return p.first == gpu; });
     if (w == why.end()) {
       out.active.push_back(gpu);
-    } else if (keep_lent > 0) {
-      --keep_lent;
+    } else if (has_id(kept_ids, gpu)) {
       out.active.push_back(gpu);
       out.kept.emplace_back(gpu,
                             fmt::format("{}, kept: [policy] min_gpus = {}", w->second, min_gpus));
@@ -177,6 +189,80 @@ std::string kept_note(const EffectiveSet& e, const std::vector<int>& gpus, int m
       "enough GPUs without {}",
       kept.size() == 1 ? "" : "s", fmt::join(kept, ", "), kept.size() == 1 ? "s" : "", min_gpus,
       kept.size() == 1 ? "it leaves" : "they leave", kept.size() == 1 ? "it" : "them");
+}
+
+namespace {
+
+std::string bracketed(const std::vector<int>& ids) {
+  return "[" + join_ids(ids, ", ") + "]";
+}
+
+std::string joined(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+}  // namespace
+
+std::string lend_effect(const std::vector<int>& lent, const std::vector<int>& current,
+                        const EffectiveSet& after, int min_gpus) {
+  std::vector<int> leaving, idle;
+  for (int g : lent) {
+    if (!has_id(current, g))
+      idle.push_back(g);
+    else if (!has_id(after.active, g))
+      leaving.push_back(g);
+  }
+  std::vector<std::string> parts;
+  if (after.active.empty() && !current.empty())
+    parts.push_back("the job pauses at its next boundary");
+  else if (!leaving.empty())
+    parts.push_back(fmt::format("the job stops using {} at its next boundary", bracketed(leaving)));
+  if (!idle.empty())
+    parts.push_back(fmt::format("{} {} not in use by the job now", bracketed(idle),
+                                idle.size() == 1 ? "is" : "are"));
+  std::string out = joined(parts);
+  const std::string kept = kept_note(after, lent, min_gpus);
+  if (out.empty())
+    return kept.empty() ? "nothing changes for the job" : "the job keeps them" + kept;
+  return out + kept;
+}
+
+std::string reclaim_effect(const std::vector<int>& back, const std::vector<int>& declared,
+                           const std::vector<int>& current, const EffectiveSet& after) {
+  std::vector<int> returning, leaving, undeclared;
+  std::vector<std::string> parts;
+  for (int g : after.active)
+    if (!has_id(current, g)) returning.push_back(g);
+  for (int g : current)
+    if (!has_id(after.active, g)) leaving.push_back(g);
+  if (!returning.empty())
+    parts.push_back(
+        fmt::format("the job takes back {} at its next boundary", bracketed(returning)));
+  for (int g : leaving) {
+    auto w = std::find_if(after.excluded.begin(), after.excluded.end(),
+                          [g](const auto& x) { return x.first == g; });
+    parts.push_back(
+        fmt::format("GPU {} leaves the job in their place ({})", g,
+                    w == after.excluded.end() ? std::string("no longer wanted") : w->second));
+  }
+  for (int g : back) {
+    if (has_id(after.active, g)) continue;
+    if (!has_id(declared, g)) {
+      undeclared.push_back(g);
+      continue;
+    }
+    auto w = std::find_if(after.excluded.begin(), after.excluded.end(),
+                          [g](const auto& x) { return x.first == g; });
+    if (w != after.excluded.end())
+      parts.push_back(fmt::format("GPU {} stays out: {}", g, w->second));
+  }
+  if (!undeclared.empty())
+    parts.push_back(fmt::format("{} stay{} out: config.toml does not name {}",
+                                bracketed(undeclared), undeclared.size() == 1 ? "s" : "",
+                                undeclared.size() == 1 ? "it" : "them"));
+  return parts.empty() ? "nothing changes for the job" : joined(parts);
 }
 
 std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& all,

@@ -59,18 +59,32 @@ struct EffectiveSet {
 };
 
 /// The effective set: `declared` (sorted) minus the lent GPUs and the `yielded` ones ((gpu,
-/// why): given up to another user's process), but never fewer than min(min_gpus,
-/// declared.size()) GPUs — the lowest-numbered left-out ones stay in (a declared pause, `[]`,
-/// stays a pause). `until_text` renders a lease end for the reasons.
+/// why): given up to another user's process, or out by another policy), but never fewer than
+/// min(min_gpus, declared.size()) GPUs (a declared pause, `[]`, stays a pause). The left-out
+/// GPUs that stay in are, in this order, those in `current` (the set the job trains on now,
+/// sorted: a GPU that already left is not taken back from whoever has it), lent before
+/// yielded, lowest id first. `until_text` renders a lease end for the reasons.
 EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<Lease>& leases,
                            int64_t now_ms, int min_gpus,
                            std::string (*until_text)(int64_t unix_ms) = nullptr,
-                           const std::vector<std::pair<int, std::string>>& yielded = {});
+                           const std::vector<std::pair<int, std::string>>& yielded = {},
+                           const std::vector<int>& current = {});
 
 /// What a policy change does to `gpus` (the GPUs it wants out), for its message: "" when
 /// every one of them leaves at the next boundary; else, e.g., "; GPU 1 stays in the job for
 /// now ([policy] min_gpus = 2): it leaves once the job has enough GPUs without it".
 std::string kept_note(const EffectiveSet& e, const std::vector<int>& gpus, int min_gpus);
+
+/// What `gpurun lend` of `lent` does, from the set the job trains on now (`current`) and the
+/// effective set with the new lease (`after`), e.g. "the job stops using [2] at its next
+/// boundary; [3] is not in use by the job now; GPU 1 stays in the job for now (…)".
+std::string lend_effect(const std::vector<int>& lent, const std::vector<int>& current,
+                        const EffectiveSet& after, int min_gpus);
+/// What `gpurun reclaim` of `back` does, e.g. "the job takes back [2] at its next boundary;
+/// GPU 1 leaves the job in their place (lent until reclaimed, kept by [policy] min_gpus
+/// until now); [3] stays out: config.toml does not name it".
+std::string reclaim_effect(const std::vector<int>& back, const std::vector<int>& declared,
+                           const std::vector<int>& current, const EffectiveSet& after);
 
 /// "2,3", "2-3", "0-1,3" or "all" -> sorted unique ids; "all" = `all`. Throws LeaseError
 /// naming `what` for anything else (an empty part, a reversed range, a negative id).

@@ -51,6 +51,7 @@ struct RunFacts {
   // status.json's policy: the declared set, min_gpus, and the GPUs other policies keep out
   // (yields, scale): what a new lease does, said by the command.
   std::vector<int> declared;
+  std::vector<int> current;  ///< the set the job trains on now (current_active)
   int min_gpus = 0;
   std::vector<std::pair<int, std::string>> others_out;
 };
@@ -75,6 +76,10 @@ std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
       if (sv.is_object() && sv.as_object().contains("gpu") && sv.as_object().at("gpu").is_int64())
         f.gpus.push_back(static_cast<int>(sv.as_object().at("gpu").as_int64()));
   f.declared = f.gpus;
+  if (const json::value* c = o.if_contains("current_active"); c && c->is_array())
+    for (const json::value& g : c->as_array())
+      if (g.is_int64()) f.current.push_back(static_cast<int>(g.as_int64()));
+  std::sort(f.current.begin(), f.current.end());
   if (const json::value* p = o.if_contains("policy"); p && p->is_object()) {
     const json::object& po = p->as_object();
     if (const json::value* d = po.if_contains("declared_active"); d && d->is_array()) {
@@ -91,7 +96,9 @@ std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
           const json::value* g = e.as_object().if_contains("gpu");
           const json::value* w = e.as_object().if_contains("why");
           if (!g || !g->is_int64() || !w || !w->is_string()) continue;
-          const std::string why(w->as_string());
+          std::string why(w->as_string());
+          if (const size_t k = why.find(", kept: [policy]"); k != std::string::npos)
+            why.resize(k);                // the floor is applied again below
           if (why.rfind("lent", 0) != 0)  // a lease's is recomputed with the new leases
             f.others_out.emplace_back(static_cast<int>(g->as_int64()), why);
         }
@@ -195,19 +202,10 @@ int lend_command(const std::vector<std::string>& args) {
     return err(e.what()), 1;
   }
   const EffectiveSet e = effective_set(run->declared, now_lent, lease.since_ms, run->min_gpus,
-                                       &lease_time_text, run->others_out);
-  std::vector<int> leaving;
-  for (int g : lease.gpus)
-    if (!has_id(e.active, g)) leaving.push_back(g);
-  const std::string note_text = kept_note(e, lease.gpus, run->min_gpus);
-  std::printf(
-      "gpurun: lent GPUs %s until %s: %s%s\n", ids_text(lease.gpus).c_str(),
-      lease.until_ms ? lease_time_text(*lease.until_ms).c_str() : "gpurun reclaim",
-      note_text.empty() ? "the job stops using them at its next boundary"
-      : leaving.empty()
-          ? "the job keeps them for now"
-          : fmt::format("the job stops using {} at its next boundary", ids_text(leaving)).c_str(),
-      note_text.c_str());
+                                       &lease_time_text, run->others_out, run->current);
+  std::printf("gpurun: lent GPUs %s until %s: %s\n", ids_text(lease.gpus).c_str(),
+              lease.until_ms ? lease_time_text(*lease.until_ms).c_str() : "gpurun reclaim",
+              lend_effect(lease.gpus, run->current, e, run->min_gpus).c_str());
   return 0;
 }
 
@@ -237,16 +235,19 @@ int reclaim_command(const std::vector<std::string>& args) {
                                join_ids(run->gpus, ", "))),
                2;
   std::vector<int> back;
+  std::vector<Lease> left;
+  const int64_t now_ms = unix_now_ms();
   try {
     update_leases(leases_path(run->run_dir), [&](std::vector<Lease> l) {
       std::vector<Lease> out;
-      for (Lease& lease : drop_ended(l, unix_now_ms())) {
+      for (Lease& lease : drop_ended(l, now_ms)) {
         std::vector<int> keep;
         for (int g : lease.gpus) (which && !has_id(*which, g) ? keep : back).push_back(g);
         if (keep.empty()) continue;
         lease.gpus = keep;
         out.push_back(lease);
       }
+      left = out;
       return out;
     });
   } catch (const LeaseError& e) {
@@ -258,8 +259,11 @@ int reclaim_command(const std::vector<std::string>& args) {
     std::printf("gpurun: no lease of %s runs: nothing to reclaim\n",
                 which ? ids_text(*which).c_str() : "any GPU");
   else
-    std::printf("gpurun: reclaimed GPUs %s: the job takes them back at its next boundary\n",
-                ids_text(back).c_str());
+    std::printf("gpurun: reclaimed GPUs %s: %s\n", ids_text(back).c_str(),
+                reclaim_effect(back, run->declared, run->current,
+                               effective_set(run->declared, left, now_ms, run->min_gpus,
+                                             &lease_time_text, run->others_out, run->current))
+                    .c_str());
   return 0;
 }
 

@@ -98,6 +98,46 @@ TEST_CASE("kept_note: what min_gpus keeps of the GPUs a lend or a yield wants ou
         "enough GPUs without it");
 }
 
+TEST_CASE("effective_set: the floor keeps a GPU the job trains on now, and lent before yielded") {
+  // Break-test of issue 27: min_gpus = 2, lend 1-3 kept GPU 1; reclaim 2 swapped it for GPU 2;
+  // lend 2 then kept GPU 1 again (the lowest id): a rank started on the GPU the borrower had,
+  // and GPU 2 left. With the current set, GPU 2 stays.
+  const std::vector<Lease> l = {lease({1, 3}, std::nullopt), lease({2}, std::nullopt)};
+  CHECK(effective_set(kFour, l, 0, 2).active == std::vector<int>{0, 1});  // nothing running yet
+  const EffectiveSet e = effective_set(kFour, l, 0, 2, nullptr, {}, {0, 2});
+  CHECK(e.active == std::vector<int>{0, 2});
+  REQUIRE(e.kept.size() == 1);
+  CHECK(e.kept[0].first == 2);
+  // A yielded GPU (another user's process on it) is kept last: GPU 1 is yielded, GPU 2 lent.
+  const std::vector<std::pair<int, std::string>> y = {{1, "yielded to pid 7"}};
+  CHECK(effective_set(kFour, {lease({2, 3}, std::nullopt)}, 0, 2, nullptr, y).active ==
+        std::vector<int>{0, 2});
+  // ... unless the job trains on it now and not on the lent one.
+  CHECK(effective_set(kFour, {lease({2, 3}, std::nullopt)}, 0, 2, nullptr, y, {0, 1}).active ==
+        std::vector<int>{0, 1});
+}
+
+TEST_CASE("lend_effect and reclaim_effect: what the command does to the job, truly") {
+  // lend 2,3 while the job trains on [0, 1, 2] (3 not declared or given back): 2 leaves, 3 idle.
+  const std::vector<int> cur = {0, 1, 2};
+  EffectiveSet after = effective_set(kFour, {lease({2, 3}, std::nullopt)}, 0, 0, nullptr, {}, cur);
+  CHECK(lend_effect({2, 3}, cur, after, 0) ==
+        "the job stops using [2] at its next boundary; [3] is not in use by the job now");
+  after = effective_set(kFour, {lease({0, 1, 2, 3}, std::nullopt)}, 0, 0, nullptr, {}, cur);
+  CHECK(lend_effect({0, 1, 2, 3}, cur, after, 0) ==
+        "the job pauses at its next boundary; [3] is not in use by the job now");
+  // reclaim 2 of lend 1-3 under min_gpus = 2 (GPU 1 kept): 2 comes back, 1 leaves for it.
+  after = effective_set(kFour, {lease({1, 3}, std::nullopt)}, 0, 2, nullptr, {}, {0, 1});
+  CHECK(reclaim_effect({2}, kFour, {0, 1}, after) ==
+        "the job takes back [2] at its next boundary; GPU 1 leaves the job in their place (lent "
+        "until reclaimed)");
+  // reclaim of a GPU the config no longer names: it stays out, said.
+  after = effective_set({0, 1, 2}, {}, 0, 0, nullptr, {}, {0, 1});
+  CHECK(reclaim_effect({2, 3}, {0, 1, 2}, {0, 1}, after) ==
+        "the job takes back [2] at its next boundary; [3] stays out: config.toml does not name "
+        "it");
+}
+
 TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
   CHECK(parse_gpu_list("3,1", kFour, "GPU list") == std::vector<int>{1, 3});
   CHECK(parse_gpu_list("0-2,2", kFour, "GPU list") == std::vector<int>{0, 1, 2});
@@ -219,10 +259,11 @@ TEST_CASE("ForeignGpus: another's process makes a GPU yielded; back after reclai
 TEST_CASE("effective_set: yielded GPUs leave too; min_gpus bounds leases and yields together") {
   const std::vector<std::pair<int, std::string>> y = {{1, "yielded to pid 7 (bob), 1 MiB"}};
   CHECK(effective_set(kFour, {}, 0, 0, nullptr, y).active == std::vector<int>{0, 2, 3});
+  // The floor keeps a lent GPU before the yielded one (another user's process runs there).
   const EffectiveSet e = effective_set(kFour, {lease({2, 3}, std::nullopt)}, 0, 2, nullptr, y);
-  CHECK(e.active == std::vector<int>{0, 1});
+  CHECK(e.active == std::vector<int>{0, 2});
   REQUIRE(e.kept.size() == 1);
-  CHECK(e.kept[0].first == 1);
+  CHECK(e.kept[0].first == 2);
   CHECK(parse_config("[policy]\nyield_to_foreign = true\nreclaim_after_s = 2.5\n", "c", kFour)
             .policy.reclaim_after == std::chrono::milliseconds(2500));
   CHECK_THROWS_AS(parse_config("[policy]\nyield_to_foreign = 1\n", "c", kFour), ConfigError);

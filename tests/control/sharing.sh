@@ -57,6 +57,15 @@ resize() {
   fail "no resize decision #$n in 30 s"
 }
 expect_resize() { local got; got=$(resize "$1"); [[ $got == "$2" ]] || fail "resize $1: active $got, not $2"; }
+# Waits (10 s at most) until `gpurun status` shows the job training on $1 ("0, 1"): the
+# commands' messages are computed from the status file, written just after the decision.
+wait_current() {
+  for _ in $(seq 1 100); do
+    "$GPURUN" status 2>/dev/null | grep -q "active: current \[$1\]" && return 0
+    sleep 0.1
+  done
+  fail "status never showed active: current [$1]"
+}
 wait_event() {  # wait_event PATTERN: 30 s at most
   for _ in $(seq 1 300); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
   fail "no event matching '$1' in 30 s"
@@ -92,6 +101,7 @@ case $CASE in
     cfg '[policy]' 'min_gpus = 2'
     start 3
     expect_resize 1 "[0,1,2]"
+    wait_current "0, 1, 2"
     "$GPURUN" lend 1-2 > "$TMP/lend.out" 2>&1 || fail "lend: $(cat "$TMP/lend.out")"
     grep -q 'lent GPUs \[1, 2\] until gpurun reclaim: the job stops using \[2\] at its next boundary; GPU 1 stays in the job for now (\[policy\] min_gpus = 2)' "$TMP/lend.out" ||
       fail "lend said: $(cat "$TMP/lend.out")"
@@ -99,12 +109,20 @@ case $CASE in
     "$GPURUN" status > "$TMP/status.out" 2>&1
     grep -q 'kept: GPU 1: lent until reclaimed, kept: \[policy\] min_gpus = 2' "$TMP/status.out" ||
       fail "status: $(cat "$TMP/status.out")"
+    wait_current "0, 1"
     "$GPURUN" reclaim 2 > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
-    grep -q 'reclaimed GPUs \[2\]' "$TMP/reclaim.out" || fail "reclaim said: $(cat "$TMP/reclaim.out")"
+    grep -q 'reclaimed GPUs \[2\]: the job takes back \[2\] at its next boundary; GPU 1 leaves the job in their place (lent until reclaimed)' "$TMP/reclaim.out" ||
+      fail "reclaim said: $(cat "$TMP/reclaim.out")"
     wait_event '"event": "lease_end", "gpus": \[2\]'  # only what came back: no new lease
     grep -q '"event": "lease", "gpus": \[1\]' "$TMP/events.jsonl" && fail "a partial reclaim made a new lease"
     # GPU 2 back, GPU 1 still lent: two GPUs are left without it, so it leaves now.
     expect_resize 3 "[0,2]"
+    wait_current "0, 2"
+    # Lend GPU 2 too: the floor keeps GPU 2, which the job trains on, not GPU 1, which the
+    # borrower has now (before: GPU 1 came back and GPU 2 left).
+    "$GPURUN" lend 2 > "$TMP/lend2.out" 2>&1 || fail "lend 2: $(cat "$TMP/lend2.out")"
+    grep -q 'GPU 2 stays in the job for now (\[policy\] min_gpus = 2)' "$TMP/lend2.out" ||
+      fail "lend 2 said: $(cat "$TMP/lend2.out")"
     "$GPURUN" reclaim > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
     expect_resize 4 "[0,1,2]"
     "$GPURUN" lend 7 > "$TMP/bad.out" 2>&1 && fail "lend of GPU 7 was taken"
