@@ -105,9 +105,10 @@ std::string AutoScale::status_json() const {
 
 void AutoScale::publish() {
   std::vector<std::pair<int, std::string>> out;
+  const auto gpus = [](int n) { return fmt::format("{} GPU{}", n, n == 1 ? "" : "s"); };
   const std::string why = profiler_.chosen()
-                              ? fmt::format("scale: {} GPUs chosen", profiler_.choice())
-                              : fmt::format("scale: measuring {} GPUs", profiler_.count());
+                              ? fmt::format("scale: {} chosen", gpus(profiler_.choice()))
+                              : fmt::format("scale: measuring {}", gpus(profiler_.count()));
   for (int gpu : profiler_.out()) out.emplace_back(gpu, why);
   for (int gpu : outside_) out.emplace_back(gpu, "scale: not in [energy] allowed_gpus");
   elastic_.set_scale(std::move(out), status_json());

@@ -684,10 +684,11 @@ class Validator {
                 R"("auto", "off")");
       } else if (k == "allowed_gpus") {
         if (auto ids = gpu_ids(value, "energy.allowed_gpus")) {
-          if (ids->empty())
+          const auto* arr = value.as_array();
+          if (arr && arr->empty())
             error(value.source(), "energy.allowed_gpus", "is empty",
                   fmt::format("a list of ids from {}", valid_ids_text()));
-          else
+          else if (!ids->empty())  // else every id was refused, each said by gpu_ids()
             e.allowed_gpus = std::move(*ids);
         }
       } else if (k == "scale_measure_epochs") {

@@ -194,6 +194,16 @@ std::string pid_text(unsigned pid) {
 void ElasticController::on_gpu_processes(const ForeignGpus::Listing& listing) {
   if (!declared_.policy.yield_to_foreign) {
     if (!foreign_.yielded().empty()) {  // turned off by a reload: every yielded GPU is back
+      for (const auto& [gpu, why] : foreign_.yielded()) {
+        console_.write(StreamId::kStderr,
+                       fmt::format("gpurun: yield ended: GPU {}: [policy] yield_to_foreign is "
+                                   "off: the job takes it back\n",
+                                   gpu));
+        events_.emit("yield_end", supervisor::JsonObject()
+                                      .add("gpu", gpu)
+                                      .add("processes", why)
+                                      .add("why", "policy off"));
+      }
       foreign_.clear();
       apply_policy();
     }

@@ -331,6 +331,10 @@ int64_t parse_duration_ms(std::string_view text, std::string_view what) {
     throw bad();
   const double ms = std::ceil(v * scale);
   if (ms > 366.0 * 86400e3 * 100) throw bad();  // a century: a slip, not a lease
+  // Under a second a lease could end before gpurun reads it (at its next boundary at best).
+  if (ms < 1000)
+    throw LeaseError(
+        fmt::format("invalid {} '{}': shorter than 1s, the least a lease lasts", what, text));
   return static_cast<int64_t>(ms);
 }
 

@@ -196,6 +196,10 @@ ScalePlan plan_scale(const std::vector<int>& declared,
         "[energy] scale = \"auto\" has no GPU to choose among (allowed_gpus [{}] and "
         "active_gpus [{}] share none)",
         fmt::join(named, ", "), fmt::join(d, ", "));
+  } else if (plan.allowed.size() == 1) {
+    plan.refused = fmt::format(
+        "[energy] scale = \"auto\" has one GPU to choose among ([{}]): nothing to search",
+        plan.allowed.front());
   } else if (plan.min_count > static_cast<int>(plan.allowed.size())) {
     plan.refused = fmt::format(
         "[energy] scale = \"auto\" cannot search: [policy] min_gpus = {} is more than the {} "

@@ -131,8 +131,9 @@ struct ScalePlan {
   std::string refused;
 };
 
-/// The plan; never throws. Refused when no allowed GPU is declared, or when min_gpus is more
-/// than the allowed GPUs (the floor would keep a GPU the search does not measure).
+/// The plan; never throws. Refused when no allowed GPU is declared or only one (nothing to
+/// search), or when min_gpus is more than the allowed GPUs (the floor would keep a GPU the
+/// search does not measure).
 ScalePlan plan_scale(const std::vector<int>& declared,
                      const std::optional<std::vector<int>>& allowed_gpus, int min_gpus);
 

@@ -332,6 +332,10 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
        "\"auto\", \"off\""},
       {"empty allowed_gpus", "[energy]\nallowed_gpus = []",
        "config.toml:2:16: energy.allowed_gpus: is empty; allowed: a list of ids from 0, 1, 2, 3"},
+      {"allowed_gpus of no id here: that error alone (not also 'is empty')",
+       "[energy]\nallowed_gpus = [7]",
+       "config.toml:2:17: energy.allowed_gpus: GPU id 7 is not available on this node; allowed: "
+       "0, 1, 2, 3"},
       {"allowed_gpus off this node", "[energy]\nallowed_gpus = [0, 99]",
        "config.toml:2:20: energy.allowed_gpus: GPU id 99 is not available on this node; allowed: "
        "0, 1, 2, 3"},

@@ -161,6 +161,11 @@ TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
                        "or 1d",
                        LeaseError);
   CHECK_THROWS_AS(parse_duration_ms("5 s", "--for"), LeaseError);
+  // Under a second: it would end before gpurun reads it (announced, never recorded).
+  CHECK_THROWS_WITH_AS(parse_duration_ms("0.0001", "--for"),
+                       "invalid --for '0.0001': shorter than 1s, the least a lease lasts",
+                       LeaseError);
+  CHECK(parse_duration_ms("1s", "--for") == 1000);
   CHECK_THROWS_AS(parse_duration_ms("nan", "--for"), LeaseError);
   CHECK_THROWS_AS(parse_duration_ms("1e400", "--for"), LeaseError);
 }

@@ -237,6 +237,18 @@ PY
     expect_resize 3 "[0,1,2]"
     grep -q "yield: GPU 1 is used by pid [0-9]* ([^)]*), 2048 MiB: the job gives it up" "$TMP/err.log" ||
       fail "the yield was not said"
+    # Yielded again, then the policy turned off by a reload: the GPU comes back, with a
+    # yield_end (before: none, so a [notify] command never heard of it).
+    sleep 60 & foreign=$!
+    flock "$state" -c "printf 'process 1 $foreign 2048
+' >> '$state'"
+    expect_resize 4 "[0,2]"
+    "$GPURUN" status > "$TMP/status.out" 2>&1
+    grep -q 'out: GPU 1: yielded to pid' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
+    "$GPURUN" set policy.yield_to_foreign=false > /dev/null 2>&1 || fail "set yield_to_foreign"
+    wait_event '"event": "yield_end", "gpu": 1, .*"why": "policy off"'
+    expect_resize 5 "[0,1,2]"
+    kill "$foreign"; wait "$foreign" 2>/dev/null || true; foreign=
     finish
     ;;
   *) fail "unknown case" ;;

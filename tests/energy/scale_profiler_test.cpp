@@ -236,6 +236,10 @@ TEST_CASE(
   CHECK(plan.outside == std::vector<int>{0, 1});
   REQUIRE(plan.warnings.size() == 1);
   CHECK(contains(plan.warnings[0], "allowed_gpus names GPU 5, which active_gpus ([0, 1, 2])"));
+  plan = plan_scale({0, 1, 2}, std::vector<int>{1}, 0);  // one GPU: nothing to search
+  CHECK(plan.refused ==
+        "[energy] scale = \"auto\" has one GPU to choose among ([1]): nothing to "
+        "search");
   plan = plan_scale({0, 1}, std::vector<int>{5}, 0);
   CHECK(contains(plan.refused, "no GPU to choose among"));
   plan = plan_scale({0, 1, 2, 3}, std::vector<int>{0, 1}, 3);
