@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -74,7 +76,7 @@ class CuttingProxy {
         fds.push_back({client, POLLIN, 0});
         fds.push_back({server, POLLIN, 0});
       }
-      if (::poll(fds.data(), fds.size(), 10) <= 0) continue;
+      if (::poll(fds.data(), fds.size(), 1) <= 0) continue;  // 1 ms: the destructor waits this
       if (fds[0].revents & POLLIN) {
         int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (client >= 0 || budget_ == 0) {
@@ -82,6 +84,9 @@ class CuttingProxy {
         } else {
           client = c;
           server = connect_loopback(upstream_);
+          const int one = 1;  // forwarded as it comes: no Nagle wait on either leg
+          ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          ::setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
       }
       for (std::size_t i = 1; i < fds.size(); ++i) {
