@@ -86,6 +86,22 @@ void AutoScale::on_epoch(const en::EpochRecord& rec) {
   if (changed) publish();
 }
 
+void AutoScale::finish() {
+  if (profiler_.chosen()) return;
+  if (profiler_.choice() > 0) {
+    say_(fmt::format("scale: the job ended during a re-check ({}); the last choice was {} GPUs",
+                     profiler_.phase_text(), profiler_.choice()));
+    return;
+  }
+  std::string rows;
+  for (const en::ScaleRow& r : profiler_.rows())
+    rows += fmt::format("{}{} GPU{} {} J", rows.empty() ? "" : ", ", r.gpus, r.gpus == 1 ? "" : "s",
+                        en::format_joules(r.cost));
+  say_(fmt::format(
+      "scale: the job ended while {}: no GPU count was chosen ({})", profiler_.phase_text(),
+      rows.empty() ? std::string("no count measured") : "cost per epoch measured: " + rows));
+}
+
 std::string AutoScale::status_json() const {
   std::string rows = "[";
   for (const en::ScaleRow& r : profiler_.rows())

@@ -33,6 +33,9 @@ class AutoScale {
   /// `power_profiling()` (the power-limit profile changes the limits) it counts for nothing.
   void on_epoch(const energy::EpochRecord& rec);
 
+  /// The job ended: a search still running says so (what was measured, no choice made).
+  void finish();
+
   const energy::ScaleProfiler& profiler() const { return profiler_; }
 
  private:

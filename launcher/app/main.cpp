@@ -718,6 +718,7 @@ int run(int argc, char** argv) {
     status_refresh.cancel();
     if (health) health->close();
     if (energy) energy->finish(exit_code);
+    if (auto_scale) auto_scale->finish();
     const auto close_store = [&] {
       boost::system::error_code ignored;
       signals.cancel(ignored);

@@ -776,9 +776,17 @@ std::string describe(const Config& config) {
           ? std::string()
           : fmt::format(" setup_deadline_s={}",
                         static_cast<double>(config.setup_deadline.count()) / 1000.0);
-  return fmt::format("active_gpus={} park={}{} boundary={} deadline_s={}{} batch.global={}", gpus,
+  // [policy] only when set, like setup_deadline_s
+  std::string policy;
+  if (config.policy.min_gpus > 0)
+    policy += fmt::format(" policy.min_gpus={}", config.policy.min_gpus);
+  if (config.policy.yield_to_foreign)
+    policy += fmt::format(" policy.yield_to_foreign=true reclaim_after_s={}",
+                          static_cast<double>(config.policy.reclaim_after.count()) / 1000.0);
+  return fmt::format("active_gpus={} park={}{} boundary={} deadline_s={}{} batch.global={}{}", gpus,
                      to_string(config.park_mode), config.standby ? "" : " standby=off", boundary,
-                     static_cast<double>(config.boundary_deadline.count()) / 1000.0, setup, batch);
+                     static_cast<double>(config.boundary_deadline.count()) / 1000.0, setup, batch,
+                     policy);
 }
 
 Config parse_config(std::string_view text, const std::string& source,

@@ -510,6 +510,14 @@ TEST_CASE("describe() shows the effective settings") {
   CHECK(describe(c) ==
         "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 "
         "setup_deadline_s=7.5 batch.global=256");
+  // [policy] once set (before, a reload of min_gpus said nothing of it).
+  c.policy.min_gpus = 2;
+  c.policy.yield_to_foreign = true;
+  c.policy.reclaim_after = 2500ms;
+  CHECK(describe(c) ==
+        "active_gpus=[0, 1] park=hold boundary=20 steps deadline_s=2.5 "
+        "setup_deadline_s=7.5 batch.global=256 policy.min_gpus=2 policy.yield_to_foreign=true "
+        "reclaim_after_s=2.5");
   c.active_gpus = std::vector<int>{};
   CHECK(describe(c).rfind("active_gpus=[] ", 0) == 0);
 }

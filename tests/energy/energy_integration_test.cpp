@@ -619,6 +619,23 @@ TEST_CASE(
   CHECK(err.find("(not below 2: [policy] min_gpus)") != std::string::npos);
   CHECK(err.find("GPUs [3] are not in [energy] allowed_gpus: given back") != std::string::npos);
 }
+TEST_CASE("scale = \"auto\": a job that ends mid-search says what it measured, no choice") {
+  TempDir dir("gpurun-energy");
+  FakeGpus gpus(dir.path, gpus_drawing({600, 600, 600}));
+  // 3 epochs: 3 GPUs are measured (warm-up, measured), 2 only warmed up when the job ends.
+  ElasticRun run(
+      GPURUN_BINARY, dir.path, 3, std::string("[energy]\nscale = \"auto\"\n"),
+      {GPURUN_ENERGY_WORKER, dir.str(), "--epochs", "3", "--steps", "6", "--step-ms", "40"},
+      {"--energy", "on"}, "cpu", gpus.env());
+  REQUIRE(run.wait(60s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  CHECK(run.events("scale_choice").empty());
+  const std::string err = gpurun::testing::slurp(dir.path / "gpurun.stderr");
+  CHECK_MESSAGE(err.find("scale: the job ended while measuring 2 of 3 GPUs") != std::string::npos,
+                err);
+  CHECK(err.find("no GPU count was chosen (cost per epoch measured: 3 GPUs ") != std::string::npos);
+}
+
 TEST_CASE(
     "scale and power_limit_watts both \"auto\": the GPU-count search measures only epochs "
     "after the power-limit profile ended") {
