@@ -191,11 +191,11 @@ std::string kept_note(const EffectiveSet& e, const std::vector<int>& gpus, int m
       kept.size() == 1 ? "it leaves" : "they leave", kept.size() == 1 ? "it" : "them");
 }
 
-namespace {
-
-std::string bracketed(const std::vector<int>& ids) {
+std::string ids_text(const std::vector<int>& ids) {
   return "[" + join_ids(ids, ", ") + "]";
 }
+
+namespace {
 
 std::string joined(const std::vector<std::string>& parts) {
   std::string out;
@@ -218,9 +218,9 @@ std::string lend_effect(const std::vector<int>& lent, const std::vector<int>& cu
   if (after.active.empty() && !current.empty())
     parts.push_back("the job pauses at its next boundary");
   else if (!leaving.empty())
-    parts.push_back(fmt::format("the job stops using {} at its next boundary", bracketed(leaving)));
+    parts.push_back(fmt::format("the job stops using {} at its next boundary", ids_text(leaving)));
   if (!idle.empty())
-    parts.push_back(fmt::format("{} {} not in use by the job now", bracketed(idle),
+    parts.push_back(fmt::format("{} {} not in use by the job now", ids_text(idle),
                                 idle.size() == 1 ? "is" : "are"));
   std::string out = joined(parts);
   const std::string kept = kept_note(after, lent, min_gpus);
@@ -233,19 +233,21 @@ std::string reclaim_effect(const std::vector<int>& back, const std::vector<int>&
                            const std::vector<int>& current, const EffectiveSet& after) {
   std::vector<int> returning, leaving, undeclared;
   std::vector<std::string> parts;
+  const auto why_out = [&](int g) -> const std::string* {
+    for (const auto& [gpu, why] : after.excluded)
+      if (gpu == g) return &why;
+    return nullptr;
+  };
   for (int g : after.active)
     if (!has_id(current, g)) returning.push_back(g);
   for (int g : current)
     if (!has_id(after.active, g)) leaving.push_back(g);
   if (!returning.empty())
-    parts.push_back(
-        fmt::format("the job takes back {} at its next boundary", bracketed(returning)));
+    parts.push_back(fmt::format("the job takes back {} at its next boundary", ids_text(returning)));
   for (int g : leaving) {
-    auto w = std::find_if(after.excluded.begin(), after.excluded.end(),
-                          [g](const auto& x) { return x.first == g; });
-    parts.push_back(
-        fmt::format("GPU {} leaves the job in their place ({})", g,
-                    w == after.excluded.end() ? std::string("no longer wanted") : w->second));
+    const std::string* why = why_out(g);
+    parts.push_back(fmt::format("GPU {} leaves the job in their place ({})", g,
+                                why ? *why : std::string("no longer wanted")));
   }
   for (int g : back) {
     if (has_id(after.active, g)) continue;
@@ -253,14 +255,12 @@ std::string reclaim_effect(const std::vector<int>& back, const std::vector<int>&
       undeclared.push_back(g);
       continue;
     }
-    auto w = std::find_if(after.excluded.begin(), after.excluded.end(),
-                          [g](const auto& x) { return x.first == g; });
-    if (w != after.excluded.end())
-      parts.push_back(fmt::format("GPU {} stays out: {}", g, w->second));
+    if (const std::string* why = why_out(g))
+      parts.push_back(fmt::format("GPU {} stays out: {}", g, *why));
   }
   if (!undeclared.empty())
-    parts.push_back(fmt::format("{} stay{} out: config.toml does not name {}",
-                                bracketed(undeclared), undeclared.size() == 1 ? "s" : "",
+    parts.push_back(fmt::format("{} stay{} out: config.toml does not name {}", ids_text(undeclared),
+                                undeclared.size() == 1 ? "s" : "",
                                 undeclared.size() == 1 ? "it" : "them"));
   return parts.empty() ? "nothing changes for the job" : joined(parts);
 }

@@ -70,6 +70,9 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
                            const std::vector<std::pair<int, std::string>>& yielded = {},
                            const std::vector<int>& current = {});
 
+/// "[2, 3]": GPU ids as the commands and messages print them.
+std::string ids_text(const std::vector<int>& ids);
+
 /// What a policy change does to `gpus` (the GPUs it wants out), for its message: "" when
 /// every one of them leaves at the next boundary; else, e.g., "; GPU 1 stays in the job for
 /// now ([policy] min_gpus = 2): it leaves once the job has enough GPUs without it".

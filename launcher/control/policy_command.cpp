@@ -54,6 +54,11 @@ struct RunFacts {
   std::vector<int> current;  ///< the set the job trains on now (current_active)
   int min_gpus = 0;
   std::vector<std::pair<int, std::string>> others_out;
+
+  /// The set the job will train on with `leases` in force at `now_ms`.
+  EffectiveSet effective(const std::vector<Lease>& leases, int64_t now_ms) const {
+    return effective_set(declared, leases, now_ms, min_gpus, &lease_time_text, others_out, current);
+  }
 };
 
 std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
@@ -152,10 +157,6 @@ bool parse_args(const std::vector<std::string>& args, std::string_view command,
   return true;
 }
 
-std::string ids_text(const std::vector<int>& ids) {
-  return "[" + join_ids(ids, ", ") + "]";
-}
-
 }  // namespace
 
 int lend_command(const std::vector<std::string>& args) {
@@ -201,8 +202,7 @@ int lend_command(const std::vector<std::string>& args) {
   } catch (const LeaseError& e) {
     return err(e.what()), 1;
   }
-  const EffectiveSet e = effective_set(run->declared, now_lent, lease.since_ms, run->min_gpus,
-                                       &lease_time_text, run->others_out, run->current);
+  const EffectiveSet e = run->effective(now_lent, lease.since_ms);
   std::printf("gpurun: lent GPUs %s until %s: %s\n", ids_text(lease.gpus).c_str(),
               lease.until_ms ? lease_time_text(*lease.until_ms).c_str() : "gpurun reclaim",
               lend_effect(lease.gpus, run->current, e, run->min_gpus).c_str());
@@ -259,11 +259,9 @@ int reclaim_command(const std::vector<std::string>& args) {
     std::printf("gpurun: no lease of %s runs: nothing to reclaim\n",
                 which ? ids_text(*which).c_str() : "any GPU");
   else
-    std::printf("gpurun: reclaimed GPUs %s: %s\n", ids_text(back).c_str(),
-                reclaim_effect(back, run->declared, run->current,
-                               effective_set(run->declared, left, now_ms, run->min_gpus,
-                                             &lease_time_text, run->others_out, run->current))
-                    .c_str());
+    std::printf(
+        "gpurun: reclaimed GPUs %s: %s\n", ids_text(back).c_str(),
+        reclaim_effect(back, run->declared, run->current, run->effective(left, now_ms)).c_str());
   return 0;
 }
 

@@ -290,9 +290,7 @@ void EnergyMonitor::report_read_failure(const MonitoredGpu& g, const std::string
   const std::string line =
       fmt::format("warning: GPU {} (slot {}): its {} cannot be read ({}){}", g.uuid, g.slot, what,
                   error, then.empty() ? "" : ": " + then);
-  boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
-    if (!alive.expired()) say_(line);
-  });
+  say_later(line);
 }
 
 // ---- io thread -----------------------------------------------------------------------------
@@ -301,6 +299,12 @@ void EnergyMonitor::post_event(std::string name, std::string fields_json) {
   boost::asio::post(io_, [this, name = std::move(name), f = std::move(fields_json),
                           alive = std::weak_ptr<int>(alive_)] {
     if (!alive.expired()) emit_json(name, f);
+  });
+}
+
+void EnergyMonitor::say_later(std::string line) {
+  boost::asio::post(io_, [this, line = std::move(line), alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) say_(line);
   });
 }
 

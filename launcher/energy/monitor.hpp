@@ -162,6 +162,8 @@ class EnergyMonitor {
   void check_guard();     // sampling thread, about once a second
   void list_processes();  // sampling thread, about once a second
   void post_event(std::string name, std::string fields_json);
+  /// say_(line) on the io thread (from the sampling thread), unless the monitor is gone.
+  void say_later(std::string line);
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
   std::optional<unsigned> limit_in_force() const;

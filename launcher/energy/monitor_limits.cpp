@@ -77,11 +77,8 @@ void EnergyMonitor::drive_profiler(double t) {
   }
   for (const ProfileRow& row : finished) post_event("power_profile", row.to_json_fields());
   if (done) {
-    boost::asio::post(io_, [this, now_w, alive = std::weak_ptr<int>(alive_)] {
-      if (!alive.expired())
-        say_(fmt::format("power-limit profile done: {} W has the lowest cost per step (η = {})",
-                         now_w, opt_.eta));
-    });
+    say_later(fmt::format("power-limit profile done: {} W has the lowest cost per step (η = {})",
+                          now_w, opt_.eta));
     apply_limit(now_w, "profile");
     if (!opt_.profile_cache.empty() && !gpus_.empty()) {
       try {
@@ -125,9 +122,7 @@ void EnergyMonitor::check_guard() {
     }
   }
   post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-  boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
-    if (!alive.expired()) say_(msg);
-  });
+  say_later(msg);
 }
 
 bool EnergyMonitor::ensure_guard() {
@@ -138,13 +133,10 @@ bool EnergyMonitor::ensure_guard() {
   } catch (const Error& e) {
     limits_denied_ = true;
     post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(e.what())));
-    boost::asio::post(io_, [this, msg = std::string(e.what()), alive = std::weak_ptr<int>(alive_)] {
-      if (!alive.expired())
-        say_(
-            "the power-limit guard could not start, so no limit or clock is changed "
-            "(monitoring only): " +
-            msg);
-    });
+    say_later(
+        "the power-limit guard could not start, so no limit or clock is changed "
+        "(monitoring only): " +
+        std::string(e.what()));
     return false;
   }
 }
@@ -221,9 +213,7 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
                     e.what())
               : fmt::format("cannot set power limits ({}); monitoring only", e.what());
       post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-      boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
-        if (!alive.expired()) say_(msg);
-      });
+      say_later(msg);
       restore_limits();
       return;
     } catch (const Error& e) {  // the guard is gone: change nothing more
@@ -231,9 +221,7 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
       const std::string msg =
           fmt::format("cannot set power limits ({}); monitoring only", e.what());
       post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-      boost::asio::post(io_, [this, msg, alive = std::weak_ptr<int>(alive_)] {
-        if (!alive.expired()) say_(msg);
-      });
+      say_later(msg);
       restore_limits();
       return;
     }
@@ -253,9 +241,7 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
                       *applied_w, applied, applied == 1 ? "" : "s", source, watts)
                 : fmt::format("power limit {} W on {} GPU{} ({})", *applied_w, applied,
                               applied == 1 ? "" : "s", source);
-    boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
-      if (!alive.expired()) say_(line);
-    });
+    say_later(line);
   }
 }
 
@@ -348,9 +334,7 @@ void EnergyMonitor::follow_active() {
         "for whoever uses {} next)",
         back.size() == 1 ? "" : "s", fmt::join(back, ", "), back.size() == 1 ? "its" : "their",
         back.size() == 1 ? "" : "s", back.size() == 1 ? "it" : "them");
-    boost::asio::post(io_, [this, line, alive = std::weak_ptr<int>(alive_)] {
-      if (!alive.expired()) say_(line);
-    });
+    say_later(line);
   }
   if (returned.empty() || limits_denied_) return;
   if (requested_w_) apply_limit(*requested_w_, "rejoined");
