@@ -9,6 +9,10 @@ each in a fresh process:
   abort          dist.distributed_c10d._abort_process_group() where torch has it
   thread         destroy_process_group() in a thread while the parameters are freed and the
                  cache emptied; the time is until both are done
+  wake           destroy_process_group() inside gpurun's NcclWake (what the runtime does since
+                 2026-12-04): NCCL's proxy UDS thread is woken, not waited for
+
+Each child also prints what NVML says its process holds on the GPU after the teardown (MiB).
 
     python3 bench/pg_teardown.py [--mib 2000 --reps 5]     # GPU machine; reads only
 
@@ -56,9 +60,29 @@ def child(way, mib):
             p.data = torch.empty(0, device="cuda")
         torch.cuda.empty_cache()
         th.join()
+    elif way == "wake":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "worker_runtime", "python"))
+        from gpurun._comm import NcclWake
+        with NcclWake():
+            dist.destroy_process_group()
     else:
         dist.destroy_process_group()
-    return (time.perf_counter() - t0) * 1e3
+    return (time.perf_counter() - t0) * 1e3, _process_mib()
+
+
+def _process_mib():
+    """This process's GPU memory in MiB per NVML (None without pynvml)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid():
+                return round(p.usedGpuMemory / 2**20)
+    except Exception:  # noqa: BLE001 - a measurement aid only
+        pass
+    return None
 
 
 def main():
@@ -66,23 +90,27 @@ def main():
     ap.add_argument("--mib", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--child")
+    ap.add_argument("--ways", default="destroy,no_monitor,abort,thread,wake")
     a = ap.parse_args()
     if a.child:
-        print(json.dumps({"ms": child(a.child, a.mib)}))
+        ms, mib = child(a.child, a.mib)
+        print(json.dumps({"ms": ms, "mib": mib}))
         return
-    for way in ("destroy", "no_monitor", "abort", "thread"):
+    for way in a.ways.split(","):
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
         if way == "no_monitor":
             env["TORCH_NCCL_ENABLE_MONITORING"] = "0"
-        ms, err = [], None
+        ms, mibs, err = [], [], None
         for _ in range(a.reps):
             r = subprocess.run([sys.executable, __file__, "--child", way, "--mib", str(a.mib)],
                                capture_output=True, text=True, env=env)
             if r.returncode != 0:
                 err = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
                 break
-            ms.append(round(json.loads(r.stdout.strip().splitlines()[-1])["ms"], 1))
-        row = {"way": way, "ms": ms}
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+            ms.append(round(got["ms"], 1))
+            mibs.append(got["mib"])
+        row = {"way": way, "ms": ms, "mib_after": mibs}
         if ms:
             row["median_ms"] = statistics.median(ms)
         if err:

@@ -31,6 +31,11 @@
 //   --lr X, --weight-decay X   AdamW                                           [1e-4, 0.05]
 //   --seed N                                                                    [0]
 //   --json PATH        rank 0 writes the result there
+//   --step-times       bare mode: print each warm-up step's time (device synchronised, ms):
+//                      what a fresh process's first steps cost over the steady ones
+//   --prewarm-micro N  bare mode: before the first step, one forward + backward on N samples
+//                      (gradients dropped, no optimizer step), timed: how much of the first
+//                      step's extra cost a small throwaway step takes away            [0]
 //   Runtime mode only (the resize benchmark):
 //   --epochs N         epochs of rt->epochs() [1]; every epoch end is a boundary
 //   --epoch-steps N    optimizer steps per epoch (sampler size = N x micro x world)
@@ -75,6 +80,8 @@ struct Args {
   double weight_decay = 0.05;
   uint64_t seed = 0;
   std::string json;
+  bool step_times = false;
+  int64_t prewarm_micro = 0;
   int64_t epochs = 1;
   int64_t epoch_steps = 0;  // 0: warmup + steps
   std::string step_log;
@@ -100,6 +107,10 @@ Args parse(int argc, char** argv) {
     }
     if (k == "--no-fused") {
       a.fused = false;
+      continue;
+    }
+    if (k == "--step-times") {
+      a.step_times = true;
       continue;
     }
     if (i + 1 >= argc) throw gpurun::Error(fmt::format("{} needs a value (see --help)", k));
@@ -133,6 +144,8 @@ Args parse(int argc, char** argv) {
         a.step_log = v;
       else if (k == "--stop-file")
         a.stop_file = v;
+      else if (k == "--prewarm-micro")
+        a.prewarm_micro = std::stoll(v);
       else
         throw gpurun::Error(fmt::format("unknown option {} (see --help)", k));
     } catch (const std::logic_error&) {
@@ -261,20 +274,41 @@ int run_bare(const Args& a) {
   print_header(a, t, dev, bf16);
   const SyntheticPool pool(std::min<int64_t>(8 * a.micro, a.micro * a.epoch_steps), t.cfg, dev);
 
+  const auto ms_since = [](Clock::time_point from) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - from).count();
+  };
+  synchronize(dev);
+  if (a.prewarm_micro > 0) {
+    const auto w0 = Clock::now();
+    std::vector<int64_t> few(static_cast<size_t>(a.prewarm_micro));
+    for (int64_t i = 0; i < a.prewarm_micro; ++i) few[static_cast<size_t>(i)] = i;
+    loss_of(*t.model, pool, few, bf16).backward();
+    t.opt->zero_grad();
+    synchronize(dev);
+    std::printf("vit_step_bench: prewarm forward + backward on %lld samples: %.1f ms\n",
+                static_cast<long long>(a.prewarm_micro), ms_since(w0));
+  }
   Clock::time_point t0;
   torch::Tensor loss;
   std::vector<int64_t> indices(static_cast<size_t>(a.micro));
+  std::string times;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     if (s == a.warmup) {
       synchronize(dev);
       t0 = Clock::now();
     }
+    const auto s0 = Clock::now();
     for (int64_t i = 0; i < a.micro; ++i) indices[static_cast<size_t>(i)] = s * a.micro + i;
     t.opt->zero_grad();
     loss = loss_of(*t.model, pool, indices, bf16);
     loss.backward();
     t.step();
+    if (a.step_times && s < a.warmup) {
+      synchronize(dev);
+      times += fmt::format("{}{:.1f}", times.empty() ? "" : " ", ms_since(s0));
+    }
   }
+  if (a.step_times) std::printf("vit_step_bench: warm-up step times (ms): %s\n", times.c_str());
   synchronize(dev);
   Result r;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -322,3 +322,75 @@ reuse.sendall(b"y")
 reuse_peer.settimeout(5)
 assert reuse_peer.recv(1) == b"y", f"a reused descriptor ({fd} -> {reuse.fileno()}) was severed"
 print("python_units: a failed group's own connections are severed, nothing else")
+
+# NCCL's teardown (issue 24): NcclWake makes a proxy UDS service thread that polls with a long
+# timeout see its stop flag at once. The fake is NCCL's loop (src/proxy.cc
+# ncclProxyServiceUDS): poll, check stop, else receive one request with one descriptor.
+import array  # noqa: E402
+import select  # noqa: E402
+import threading  # noqa: E402
+from gpurun._comm import NcclWake, nccl_uds_addresses  # noqa: E402
+
+
+class FakeNcclUds:
+    def __init__(self, name):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(name.ljust(108, b"\0"))  # NCCL binds sizeof(sun_path)
+        self.stop = False
+        self.requests = []  # (type, descriptor or None) read before the stop
+        self.exit_reason = None
+        self.first_request = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        p = select.poll()
+        p.register(self.sock, select.POLLIN)
+        while True:
+            ready = p.poll(20_000)
+            if self.stop:
+                self.exit_reason = "woken" if ready else "poll timeout"
+                break
+            if ready:
+                msg, anc, _, _ = self.sock.recvmsg(152, socket.CMSG_SPACE(4))
+                fds = [array.array("i", d)[0] for lvl, kind, d in anc
+                       if lvl == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+                self.requests.append((int.from_bytes(msg[:4], "little"), fds[0] if fds else None))
+                self.first_request.set()  # NCCL skips an unknown type; the descriptor stays
+        self.sock.close()
+
+
+def memfd_copies():
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:gpurun-nccl-wake")
+        except OSError:
+            pass
+    return n
+
+
+fake = FakeNcclUds(b"\0tmp/nccl-socket-0-5eed")
+other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+other.bind(b"\0not-nccl-" + str(os.getpid()).encode())  # someone else's socket: left alone
+other.setblocking(False)
+assert fake.sock.getsockname() in nccl_uds_addresses(), nccl_uds_addresses()
+assert len(nccl_uds_addresses()) == 1, nccl_uds_addresses()
+with NcclWake() as wake:
+    assert fake.first_request.wait(20), "no datagram reached the UDS thread"
+    fake.stop = True  # what ncclProxyStop does; then the destroy joins the thread
+    fake.thread.join(30)
+assert fake.exit_reason == "woken", fake.exit_reason
+assert all(t == 0 and fd is not None for t, fd in fake.requests), fake.requests
+assert wake.sent >= 1 and wake.closed == len(fake.requests) >= 1, (wake.sent, wake.closed)
+assert memfd_copies() == 0, "a received wake descriptor was left open"
+try:
+    other.recv(1)
+    raise AssertionError("a socket that is not NCCL's got a datagram")
+except BlockingIOError:
+    pass
+os.environ["GPURUN_NCCL_WAKE"] = "0"
+assert NcclWake()._addrs == []
+del os.environ["GPURUN_NCCL_WAKE"]
+print(f"python_units: NCCL's UDS thread woken at its stop ({wake.sent} datagrams, "
+      f"{wake.closed} descriptors closed)")

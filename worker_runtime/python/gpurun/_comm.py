@@ -1,6 +1,7 @@
-"""A torch process group's failures, as the Python runtime handles them: which errors are a
-peer's failure (``is_comm_failure``), and ``GroupLinks``, the group's own TCP connections,
-closed by a rank that saw a collective fail so that its peers fail now too.
+"""A torch process group's sockets, as the Python runtime handles them: which errors are a
+peer's failure (``is_comm_failure``); ``GroupLinks``, the group's own TCP connections,
+closed by a rank that saw a collective fail so that its peers fail now too; and ``NcclWake``,
+which keeps NCCL's teardown from waiting for a 500 ms poll.
 
 Why the closing: torch's ProcessGroupGloo has no abort. A rank whose collective failed (a peer
 died) leaves its connections to the other ranks open while it reports to gpurun; a live peer
@@ -35,14 +36,14 @@ def is_comm_failure(err):
     return isinstance(err, RuntimeError) and any(m in text for m in _COMM_FAILURE_MARKS)
 
 
-def tcp_connections():
-    """{(fd, inode)} of this process's connected TCP sockets (IPv4 and IPv6), read from
-    /proc/self/fd. Linux only; an empty set elsewhere. Non-blocking."""
-    out = set()
+def _own_sockets():
+    """(fd, inode, duplicate) for each socket this process holds, read from /proc/self/fd
+    (Linux only; nothing elsewhere). The caller closes each duplicate (closing it leaves the
+    socket open)."""
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
-        return out
+        return
     for name in fds:
         fd = int(name)
         try:
@@ -55,10 +56,18 @@ def tcp_connections():
             s = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
+        yield fd, st.st_ino, s
+
+
+def tcp_connections():
+    """{(fd, inode)} of this process's connected TCP sockets (IPv4 and IPv6), read from
+    /proc/self/fd. Linux only; an empty set elsewhere. Non-blocking."""
+    out = set()
+    for fd, ino, s in _own_sockets():
         try:
             if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
                 s.getpeername()  # raises for a listener or an unconnected socket
-                out.add((fd, st.st_ino))
+                out.add((fd, ino))
         except OSError:
             pass
         finally:
@@ -114,3 +123,118 @@ class GroupLinks:
         """The group is gone (destroyed): its descriptors are not ours any more."""
         self._links = set()
         self._before = None
+
+
+# NCCL's proxy UDS service socket: NCCL_IPC_SOCKNAME_STR "/tmp/nccl-socket-<rank>-<hash>"
+# (src/os/linux_ipcsocket.cc), bound in the abstract namespace unless
+# NCCL_IPC_USE_ABSTRACT_SOCKET=0 (then its first byte is a NUL there, not a slash).
+_NCCL_UDS_NAME = "tmp/nccl-socket-"
+# sizeof(struct ncclIpcHdr) (src/include/proxy.h): 4 ints, a pointer, 16 uint64.
+_NCCL_IPC_HDR_BYTES = 4 * 4 + 8 + 16 * 8
+_WAKE_MEMFD = "gpurun-nccl-wake"
+
+
+def nccl_uds_addresses():
+    """The addresses (bytes for an abstract name, else a str path) of this process's NCCL
+    proxy UDS service sockets: one per NCCL proxy (communicator tree) alive. Non-blocking;
+    an empty list without NCCL or off Linux."""
+    out = []
+    for _fd, _ino, s in _own_sockets():
+        try:
+            if s.family != socket.AF_UNIX or s.type != socket.SOCK_DGRAM:
+                continue
+            name = s.getsockname()
+        except OSError:
+            continue
+        finally:
+            s.close()
+        if isinstance(name, bytes) and name[:1] == b"\0" and \
+                name[1:1 + len(_NCCL_UDS_NAME)] == _NCCL_UDS_NAME.encode():
+            out.append(name)
+        elif isinstance(name, str) and name.startswith("/" + _NCCL_UDS_NAME):
+            out.append(name)
+    return out
+
+
+class NcclWake:
+    """Wraps torch's destroy of NCCL process groups so it does not wait for a poll tick:
+    ``with NcclWake(): dist.destroy_process_group()``.
+
+    Why: NCCL (2.19 - 2.28 at least, src/proxy.cc ``ncclProxyServiceUDS``) runs a thread per
+    proxy that polls its Unix-domain socket with a 500 ms timeout and reads its stop flag only
+    when the poll returns; ``ncclCommDestroy``/``ncclCommAbort`` set the flag and then join
+    the thread, so a destroy waits 0 - 500 ms (~250 ms on average) for nothing
+    (docs/results.md, fifth day: the Python hold park's spread). The C++ runtime does not
+    wait: its non-blocking communicator is freed by NCCL's own thread.
+
+    What it does: the socket addresses are taken on entry (only this process's own sockets,
+    found in /proc/self/fd); while the body runs, a thread sends each a datagram at 5, 12, 23
+    ... ms (every 50 ms at most) until its socket is gone (the NCCL thread left). A datagram
+    makes the poll return: after the stop flag is set the thread exits at once; before, it
+    reads a request of type 0, which NCCL does not know and skips without a message. Each
+    datagram carries a descriptor of an empty memfd (NCCL expects one with every request and
+    warns without it); the copies NCCL received are closed on exit. Without NCCL sockets,
+    or with ``GPURUN_NCCL_WAKE=0``, it does nothing. ``sent``: the datagrams sent; ``closed``:
+    the received descriptors closed on exit."""
+
+    def __init__(self):
+        off = os.environ.get("GPURUN_NCCL_WAKE", "1") == "0"
+        self._addrs = [] if off else nccl_uds_addresses()
+        self._thread = None
+        self._done = None
+        self._memfd = -1
+        self.sent = 0
+        self.closed = 0
+
+    def __enter__(self):
+        if not self._addrs or not hasattr(os, "memfd_create"):
+            return self
+        import threading
+        self._memfd = os.memfd_create(_WAKE_MEMFD, os.MFD_CLOEXEC)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpurun-nccl-wake", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        import array
+        hdr = bytes(_NCCL_IPC_HDR_BYTES)  # type 0: no request of NCCL's
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self._memfd]))]
+        left = list(self._addrs)
+        delay = 0.005
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as tx:
+            tx.setblocking(False)
+            while left and not self._done.wait(delay):
+                for addr in list(left):
+                    try:
+                        tx.sendmsg([hdr], rights, 0, addr)
+                        self.sent += 1
+                    except BlockingIOError:  # its queue is full: it has a wake pending
+                        pass
+                    except OSError:  # refused or gone: NCCL's thread closed its socket
+                        left.remove(addr)
+                delay = min(delay * 1.5, 0.05)
+
+    def __exit__(self, *exc):
+        if self._thread is None:
+            return False
+        self._done.set()
+        self._thread.join()
+        mark = f"/memfd:{_WAKE_MEMFD} (deleted)"
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            fds = []
+        for name in fds:
+            fd = int(name)
+            if fd == self._memfd:
+                continue
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == mark:
+                    os.close(fd)
+                    self.closed += 1
+            except OSError:
+                pass
+        os.close(self._memfd)
+        self._memfd = -1
+        return False

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _native, _snapshot
 from ._checksum import _state_digest, _word_sums_many
-from ._comm import GroupLinks, is_comm_failure
+from ._comm import GroupLinks, NcclWake, is_comm_failure
 from ._loader import _Loader
 from ._sampler import ElasticSampler
 
@@ -693,7 +693,8 @@ class Runtime:
         self.model = None
         t0 = time.perf_counter()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            with NcclWake():  # NCCL's teardown would wait for its proxy thread's 500 ms poll
+                dist.destroy_process_group()
         self._links.forget()
         self._destroy_ms = (time.perf_counter() - t0) * 1e3
 

@@ -5,6 +5,7 @@
 #include "runtime/runtime_impl.hpp"
 
 #include "gpurun/control/term_signal.hpp"
+#include "state/state_checksum.hpp"
 
 namespace gpurun {
 
@@ -255,6 +256,9 @@ void Runtime::Impl::ensure_device() {
                     "CUDA_VISIBLE_DEVICES is empty)",
                     env::kDevice));
   c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  // Every elastic process checksums its state at its first generation (a joiner right after
+  // the handoff, with its peers waiting): its kernels are loaded now, not then.
+  if (control) rt::warm_checksum_kernels(device);
 }
 
 void Runtime::Impl::ensure_started() {

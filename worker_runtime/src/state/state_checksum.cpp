@@ -161,4 +161,14 @@ uint64_t StateChecksum::finish() const {
   return h;
 }
 
+void warm_checksum_kernels(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  StateChecksum warm;
+  const at::Tensor odd = at::zeros({3}, at::TensorOptions().dtype(at::kByte).device(device));
+  const at::Tensor even = at::zeros({2}, at::TensorOptions().dtype(at::kFloat).device(device));
+  warm.add_tensor(odd);
+  warm.add_tensor(even);
+  (void)warm.finish();
+}
+
 }  // namespace gpurun::rt

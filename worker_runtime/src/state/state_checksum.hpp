@@ -67,6 +67,13 @@ class StateChecksum {
 /// int64 copy of the words and an arange per tensor). The reference for tests.
 std::pair<uint64_t, uint64_t> reference_sums(const at::Tensor& t);
 
+/// Runs StateChecksum once on a few bytes on `device` (a uint8 tensor that needs padding and a
+/// float one, in one chunk), so that the kernels it launches are loaded: CUDA loads a kernel
+/// at its first launch (lazy loading), and a joiner's first checksum comes right after the
+/// state handoff, where its peers wait for it. Blocks until done (milliseconds once CUDA is
+/// set up); a no-op for a CPU device.
+void warm_checksum_kernels(const at::Device& device);
+
 /// splitmix64's output function of `x` (a bijection on 64-bit words).
 uint64_t splitmix64(uint64_t x);
 
