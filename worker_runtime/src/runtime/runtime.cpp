@@ -5,6 +5,7 @@
 #include "runtime/runtime_impl.hpp"
 
 #include "gpurun/control/term_signal.hpp"
+#include "runtime/cuda_warmup.hpp"
 #include "state/state_checksum.hpp"
 
 namespace gpurun {
@@ -217,6 +218,7 @@ void Runtime::Impl::train_on(const control::EngineAction& a) {
     return;
   }
   adopt(d);
+  finish_warm_up();
   if (grads) grads->set_communicator(comm.get());
   trace_resize(d, a.role, moved_bytes, last_checksum);
   first_step_pending = true;
@@ -256,9 +258,34 @@ void Runtime::Impl::ensure_device() {
                     "CUDA_VISIBLE_DEVICES is empty)",
                     env::kDevice));
   c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
-  // Every elastic process checksums its state at its first generation (a joiner right after
-  // the handoff, with its peers waiting): its kernels are loaded now, not then.
-  if (control) rt::warm_checksum_kernels(device);
+  if (control) start_warm_up();
+}
+
+void Runtime::Impl::start_warm_up() {
+  if (warm_thread.joinable() || !device.is_cuda()) return;
+  const auto t0 = Clock::now();
+  warm_thread = std::thread([this, t0] {
+    try {
+      // Every elastic process checksums its state at its first generation (a joiner right
+      // after the handoff, with its peers waiting); every one trains after.
+      rt::warm_checksum_kernels(device);
+      rt::warm_cuda_libraries(device);
+      trace.write("warmed_up", {{"ms", Trace::num(ms_since(t0))}});
+    } catch (const std::exception& e) {
+      warm_error = e.what();
+    }
+  });
+}
+
+void Runtime::Impl::finish_warm_up() {
+  if (!warm_thread.joinable()) return;
+  warm_thread.join();
+  if (!warm_error.empty())
+    std::fprintf(stderr,
+                 "gpurun worker (slot %d): warning: setting up the CUDA libraries ahead of the "
+                 "first step failed (%s); the first step sets them up instead\n",
+                 slot, warm_error.c_str());
+  warm_error.clear();
 }
 
 void Runtime::Impl::ensure_started() {

@@ -313,8 +313,22 @@ struct Runtime::Impl {
   /// Joins start_premap()'s thread and gives its mapping to the registry (none: nothing).
   void adopt_premapped();
 
+  // ---- the CUDA libraries set up beside the program's start -------------------------------
+  std::thread warm_thread;
+  std::string warm_error;  // written by warm_thread: what failed (it is only a warm-up)
+
+  /// An elastic CUDA process, once its device is set up: the checksum's kernels and the math
+  /// libraries (rt::warm_cuda_libraries) are set up on a thread while the program builds its
+  /// model and the state arrives, not in the first step (ViT-H on an H200: a fresh process's
+  /// first step 2.8 s against 0.16 s, bench/vit_step_bench --step-times).
+  void start_warm_up();
+  /// Joins start_warm_up()'s thread (before the first step of a generation, so that the
+  /// handles it made are back in torch's pools); a failure is printed, never thrown.
+  void finish_warm_up();
+
   ~Impl() {
     const auto t0 = Clock::now();
+    if (warm_thread.joinable()) warm_thread.join();
     if (premap_thread.joinable()) premap_thread.join();
     if (prepare_thread.joinable()) prepare_thread.join();
     // The program is done with the runtime: what follows until the process is reaped (its
