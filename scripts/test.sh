@@ -5,6 +5,8 @@
 #   GPURUN_SKIP_SANITIZE=1 scripts/test.sh   skips the sanitizer build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the time goes (CI's budget is 15 minutes on 2 cores): one line per stage.
+stage() { echo "test: $1 after $SECONDS s"; }
 
 # The format check comes first (about 7 s); clang-format itself is one of setup.sh's packages,
 # so on a fresh machine the check runs right after setup.sh has installed it.
@@ -15,6 +17,7 @@ if command -v clang-format >/dev/null; then
 fi
 scripts/setup.sh
 ((format_checked)) || scripts/format.sh --check
+stage "set-up and build"
 
 sanitize=1
 [[ "${GPURUN_SKIP_SANITIZE:-0}" == 1 ]] && sanitize=0
@@ -39,10 +42,12 @@ fi
 
 main_rc=0
 ctest --test-dir build --output-on-failure -j2 --timeout 300 || main_rc=$?
+stage "main tests"
 
 if ((sanitize)); then
   asan_rc=0
   wait "$asan_pid" || asan_rc=$?
+  stage "sanitizer build"
   if ((asan_rc)); then
     tail -50 build-asan/build.log
     echo "test: the sanitizer build failed (exit $asan_rc; build-asan/build.log)" >&2
@@ -57,5 +62,6 @@ if ((sanitize)); then
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2 --timeout 300 \
     -E '^(package_consumer_test|main_job_demo)$' -LE python
+  stage "sanitizer tests"
 fi
 exit "$main_rc"
