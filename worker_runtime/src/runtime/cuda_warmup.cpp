@@ -14,7 +14,7 @@ void warm_cuda_libraries(const at::Device& device) {
     const at::Tensor w = at::ones({32, 16}, opt).requires_grad_(true);
     const at::Tensor b = at::zeros({32}, opt).requires_grad_(true);
     const at::Tensor y = at::linear(x, w, b).view({2, 4, 32});  // addmm: cuBLASLt with a bias
-    at::matmul(y, y.transpose(1, 2)).sum().backward();           // batched products
+    at::matmul(y, y.transpose(1, 2)).sum().backward();          // batched products
     const at::Tensor img = at::ones({2, 1, 8, 8}, opt).requires_grad_(true);
     const at::Tensor k = at::ones({4, 1, 4, 4}, opt).requires_grad_(true);
     at::conv2d(img, k, {}, 4).sum().backward();  // cuDNN, as a patch embedding
