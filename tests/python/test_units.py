@@ -394,3 +394,18 @@ assert NcclWake()._addrs == []
 del os.environ["GPURUN_NCCL_WAKE"]
 print(f"python_units: NCCL's UDS thread woken at its stop ({wake.sent} datagrams, "
       f"{wake.closed} descriptors closed)")
+
+# The CUDA warm-up beside the start (_WarmUp): a failure in its thread is a warning printed at
+# finish(), never an exception of the training thread (here: a CPU device, which
+# torch.cuda.set_device refuses).
+import contextlib  # noqa: E402
+import io  # noqa: E402
+from gpurun.runtime import _WarmUp  # noqa: E402
+
+warm = _WarmUp(torch.device("cpu"), 3)
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    assert warm.finish() is None
+assert "slot 3): warning: setting up the CUDA libraries ahead of the first step failed" in \
+    err.getvalue(), err.getvalue()
+print("python_units: a failed CUDA warm-up is a warning")

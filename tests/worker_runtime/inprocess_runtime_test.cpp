@@ -18,7 +18,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include <torch/torch.h>
@@ -575,4 +577,39 @@ TEST_CASE("in-process: a warm joiner removed by an edit before it is ready is to
   job.supervisor().inspect([](const gpurun::control::Scheduler& s) {
     CHECK(s.slots().at(2).state == gpurun::control::SlotState::kParked);
   });
+}
+
+TEST_CASE("in-process: the libraries' warm-up runs on its own thread; its failure is a warning") {
+  // Runtime::Impl::start_warm_up: on CUDA the checksum's kernels and cuBLAS/cuDNN are set up
+  // beside the start. A failure there (here: every call throws) must not end the process.
+  Trainer t;
+  t.epochs = 2;
+  std::mutex mu;
+  std::set<std::thread::id> rank_threads, warm_threads;
+  std::atomic<int> calls{0};
+  t.before_build = [&](Runtime&) {
+    std::lock_guard<std::mutex> lock(mu);
+    rank_threads.insert(std::this_thread::get_id());
+  };
+  ThreadJob::Options o = job_options(config({0, 1}), "warm-up");
+  o.warm_up = [&](const at::Device&) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      warm_threads.insert(std::this_thread::get_id());
+    }
+    ++calls;
+    throw std::runtime_error("no cuBLAS in this test");
+  };
+  ThreadJob job(std::move(o), std::ref(t));
+  job.start();
+  REQUIRE(job.wait(20s));
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+  CHECK(calls.load() == 2);  // once per process
+  REQUIRE(warm_threads.size() == 2);
+  for (const auto& id : warm_threads) CHECK(rank_threads.count(id) == 0);
+  const auto s0 = t.of(0), s1 = t.of(1);
+  REQUIRE(s0.size() == 1);
+  REQUIRE(s1.size() == 1);
+  CHECK(s0[0].epochs_done == 2);
+  CHECK(s0[0].final_checksum == s1[0].final_checksum);
 }

@@ -117,6 +117,8 @@ class ThreadJob {
     std::string snapshot_path;  ///< the pause snapshot (one file per job)
     RuntimeOptions runtime;     ///< comm_timeout also bounds every fake collective
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
+    /// RuntimeSeams::warm_up of every rank's process (empty: the real one, CUDA only).
+    std::function<void(const at::Device&)> warm_up;
   };
   using Train = std::function<void(Runtime& rt)>;
 

@@ -251,25 +251,33 @@ void Runtime::Impl::ensure_device() {
                  ms_since(t0) / 1000.0, device.str().c_str());
     start_premap();
   }
-  if (!device.is_cuda()) return;
-  if (!torch::cuda::is_available())
-    throw Error(
-        fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
-                    "CUDA_VISIBLE_DEVICES is empty)",
-                    env::kDevice));
-  c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  if (device.is_cuda()) {
+    if (!torch::cuda::is_available())
+      throw Error(
+          fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
+                      "CUDA_VISIBLE_DEVICES is empty)",
+                      env::kDevice));
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  }
   if (control) start_warm_up();
 }
 
 void Runtime::Impl::start_warm_up() {
-  if (warm_thread.joinable() || !device.is_cuda()) return;
-  const auto t0 = Clock::now();
-  warm_thread = std::thread([this, t0] {
-    try {
+  if (warm_thread.joinable()) return;
+  std::function<void(const at::Device&)> fn = warm_up;  // a test's, else the real one (CUDA)
+  if (!fn && device.is_cuda()) {
+    fn = [](const at::Device& d) {
       // Every elastic process checksums its state at its first generation (a joiner right
       // after the handoff, with its peers waiting); every one trains after.
-      rt::warm_checksum_kernels(device);
-      rt::warm_cuda_libraries(device);
+      rt::warm_checksum_kernels(d);
+      rt::warm_cuda_libraries(d);
+    };
+  }
+  if (!fn) return;
+  const auto t0 = Clock::now();
+  warm_thread = std::thread([this, t0, fn = std::move(fn)] {
+    try {
+      fn(device);
       trace.write("warmed_up", {{"ms", Trace::num(ms_since(t0))}});
     } catch (const std::exception& e) {
       warm_error = e.what();
@@ -514,6 +522,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->comm_factory = seams.make_comm ? std::move(seams.make_comm) : &rt::make_communicator;
   m->on_state = std::move(seams.on_state);
   m->standby_exit = std::move(seams.standby_exit);
+  m->warm_up = std::move(seams.warm_up);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);
   // The device is set up now, or by a standby's first device() call (ensure_device).

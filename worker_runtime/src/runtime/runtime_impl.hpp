@@ -117,9 +117,10 @@ struct Runtime::Impl {
   int64_t global_batch = 0;
   int64_t max_epochs = 0;
   bool started = false;
-  bool device_pending = false;         // CUDA not set up yet (ensure_device)
-  std::function<void()> standby_exit;  // RuntimeSeams::standby_exit
-  bool finishing = false;              // the job is finishing: loops end
+  bool device_pending = false;                     // CUDA not set up yet (ensure_device)
+  std::function<void()> standby_exit;              // RuntimeSeams::standby_exit
+  std::function<void(const at::Device&)> warm_up;  // RuntimeSeams::warm_up
+  bool finishing = false;                          // the job is finishing: loops end
   bool joining = false;    // Runtime::joining(): the tracked state is overwritten before training
   bool jumped = false;     // a hold-mode rejoin moved the position to another epoch
   Step step;               // current step of a StepRange

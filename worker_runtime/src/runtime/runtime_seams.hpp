@@ -40,6 +40,10 @@ struct RuntimeSeams {
   /// A standby told to exit before a config needed it ends its process here; empty:
   /// std::exit(0) (tests with threads as ranks throw instead).
   std::function<void()> standby_exit;
+  /// What an elastic process sets up beside its start (Impl::start_warm_up); empty: the
+  /// checksum's kernels and rt::warm_cuda_libraries on a CUDA device, nothing on a CPU one.
+  /// Set (tests): run on any device, on the warm-up thread.
+  std::function<void(const at::Device&)> warm_up;
 };
 
 /// Builds the runtime from its seams: device (env.cuda: cuda:<env.slot>), joins the
