@@ -22,6 +22,7 @@
 
 #include "app/auto_scale.hpp"
 #include "app/energy_setup.hpp"
+#include "app/start_checks.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/policy_command.hpp"
@@ -63,10 +64,6 @@ namespace {
 
 namespace asio = boost::asio;
 namespace sv = gpurun::supervisor;
-
-constexpr int kExitLauncherError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitNotFound = 127;
 
 using gpurun::app::print_err;
 
@@ -187,54 +184,9 @@ int run(int argc, char** argv) {
     plan.world_size = plan.nproc * plan.nnodes;
     plan.node_rank = opt.is_host.value_or(true) ? 0 : 1;
   }
-  // The master address (docs/cli.md#master-address-and-where-the-store-listens): one that does
-  // not resolve fails now, not in every worker later; on node 0 it must be this host (node 0
-  // hosts the store there). The default 127.0.0.1 is a literal (no lookup); --standalone's
-  // localhost is not looked up. What the lookup found also decides where the store listens.
-  std::vector<std::string> store_hosts = sv::store_listen_hosts(plan.nnodes, {});
-  if (!opt.standalone) {
-    const std::string what = opt.master_addr_given || plan.master_addr == "127.0.0.1"
-                                 ? "--master-addr"
-                                 : "the master address (the first host of Slurm's node list)";
-    const sv::AddressCheck addr = sv::check_master_addr(plan.master_addr);
-    const bool named_locally = opt.local_addr && *opt.local_addr == plan.master_addr;
-    if (host_by_address && addr.result != sv::AddressCheck::Result::kOk && !named_locally)
-      plan.node_rank = 1;
-    if (addr.result == sv::AddressCheck::Result::kUnresolvable) {
-      print_err(
-          fmt::format("error: {} '{}' does not resolve: {}", what, plan.master_addr, addr.reason));
-      return kExitUsage;
-    }
-    if (addr.result == sv::AddressCheck::Result::kTimedOut)
-      print_err(fmt::format(
-          "warning: {} '{}' could not be resolved yet ({}); starting anyway: the workers look it "
-          "up again{}",
-          what, plan.master_addr, addr.reason,
-          plan.node_rank == 0 && plan.nnodes == 1 ? "; the store listens on loopback only" : ""));
-    if (plan.node_rank == 0 && addr.result == sv::AddressCheck::Result::kOk) {
-      std::vector<std::string> local = addr.addresses;  // when the interfaces cannot be read
-      try {
-        const std::vector<sv::InterfaceAddress> interfaces = sv::interface_addresses();
-        local = sv::local_addresses(addr.addresses, interfaces);
-        if (local.empty() && host_by_address && !named_locally) {
-          plan.node_rank = 1;  // another host's address: join the node there
-        } else if (local.empty()) {
-          print_err(
-              fmt::format("error: {} '{}' is not this host: {}", what, plan.master_addr,
-                          sv::not_this_host_reason(plan.master_addr, addr.addresses, interfaces)));
-          return kExitUsage;
-        }
-      } catch (const gpurun::Error& e) {
-        if (host_by_address && !named_locally) {
-          plan.node_rank = 1;  // this host's addresses cannot be read: not taken for the host
-        } else {
-          print_err(fmt::format("warning: {}; not checking that {} '{}' is this host", e.what(),
-                                what, plan.master_addr));
-        }
-      }
-      if (plan.node_rank == 0) store_hosts = sv::store_listen_hosts(plan.nnodes, local);
-    }
-  }
+  // The master address: it resolves, and on node 0 it is this host; where the store listens.
+  std::vector<std::string> store_hosts;
+  if (const auto code = place_master(opt, plan, host_by_address, store_hosts)) return *code;
 
   // Elastic mode (--config): a bad initial config is a usage error naming file:line:col.
   // Slots (the ids active_gpus may name): with --device cuda every visible GPU, with
@@ -293,33 +245,9 @@ int run(int argc, char** argv) {
   }
 
   std::vector<std::string> wargv = sv::worker_argv(opt, inherited);
-  const auto path_it = inherited.find("PATH");
-  const auto exe = sv::find_executable(
-      wargv[0], path_it != inherited.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
-  if (!exe) {
-    // A path that exists but cannot run is named for what it is (docs/errors.md).
-    struct stat st {};
-    std::string what = "not found or not executable";
-    if (wargv[0].find('/') != std::string::npos && ::stat(wargv[0].c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode))
-        what = "is a directory, not a program";
-      else if (!S_ISREG(st.st_mode))
-        what = "is not a regular file";
-      else
-        what = fmt::format(
-            "is not executable (mode {:04o}: chmod +x it, or name its interpreter first, e.g. "
-            "python3 {})",
-            st.st_mode & 07777, wargv[0]);
-    }
-    print_err(fmt::format("error: worker command '{}' {}", wargv[0], what));
-    return kExitNotFound;
-  }
-  if (const auto script = sv::missing_script(opt)) {
-    print_err(fmt::format("error: worker script '{}' not found or not readable", *script));
-    return kExitNotFound;
-  }
+  if (const auto code = resolve_worker_command(opt, inherited, wargv)) return *code;
+  const std::string exe = wargv[0];  // the program's path, found on PATH
   const std::string display_name = opt.command.front();
-  wargv[0] = *exe;
 
   asio::io_context io;
   // --nnodes > 1 (docs/cli.md#multi-node): nodes > 0 join node 0's store before anything
@@ -497,7 +425,7 @@ int run(int argc, char** argv) {
                            .add("master_port", static_cast<int>(plan.master_port))
                            .add("max_restarts", plan.max_restarts)
                            .add("cmd", opt.command)
-                           .add("executable", *exe));
+                           .add("executable", exe));
 
   // Energy (docs/energy.md): the workers' step progress file, then the monitor.
   std::unique_ptr<gpurun::control::ProgressFile> progress;
@@ -789,7 +717,7 @@ int run(int argc, char** argv) {
         print_err(fmt::format("energy: no summary will be written to {}: monitoring is off",
                               *opt.energy_summary));
       if (found && !supervisor.done()) {
-        energy = make_energy_monitor(io, events, opt, energy_config, std::move(*found), *exe,
+        energy = make_energy_monitor(io, events, opt, energy_config, std::move(*found), exe,
                                      progress.get(), job_start_s);
         energy->set_active(elastic ? elastic->scheduler().active() : launch_ids);
         // [policy] yield_to_foreign (docs/sharing.md#yield): NVML's process lists of the job's

@@ -1,3 +1,5 @@
+// Supervisor: attempts, worker processes, their exits and restarts, the failure summary.
+// Output streams and logs: supervisor_output.cpp; signals and stopping: supervisor_signals.cpp.
 #include "supervisor/supervisor.hpp"
 
 #include <fcntl.h>
@@ -17,51 +19,11 @@
 #include "gpurun/check.hpp"
 #include "gpurun/env_names.hpp"
 #include "supervisor/error_file.hpp"
+#include "supervisor/supervisor_worker.hpp"
 
 namespace gpurun::supervisor {
 
 namespace asio = boost::asio;
-
-/// One output stream of a worker: its splitter, log file and console routing.
-struct Supervisor::Stream {
-  bool open = true;  // not yet at EOF
-  LineSplitter lines;
-  UniqueFd file;
-  std::string path;     // the log file's path (for the write-failure warning)
-  bool console = true;  // shown on the console
-  bool drawn = false;   // a redraw of this stream is the console's open line
-};
-
-struct Supervisor::Worker {
-  int rank = 0;
-  int local_rank = 0;
-  int pid = -1;
-  std::unique_ptr<WorkerProcess> proc;
-  std::optional<ExitStatus> exit;
-  Stream out;
-  Stream err;
-  std::deque<std::string> err_tail;
-  std::string prefix;
-  std::string error_file;
-  std::string start_error;  // why the process could not be started (no pid, no exit status)
-  bool killed = false;      // kill_slot() ended it: the controller's own doing, no failure
-};
-
-Supervisor::Stream& Supervisor::stream(Worker& w, StreamId id) {
-  return id == StreamId::kStdout ? w.out : w.err;
-}
-
-struct Supervisor::Failure {
-  int rank = 0;
-  int local_rank = 0;
-  int pid = -1;
-  ExitStatus status;
-  std::string reason;
-  std::string error_file;
-  std::string start_error;  // non-empty: the worker never ran
-  std::vector<std::string> tail;
-  bool peer = false;  // stop_for_peer: another node failed (no local summary)
-};
 
 int display_columns(std::string_view text) {
   int n = 0;
@@ -140,42 +102,6 @@ void Supervisor::start() {
                       preempt_dir(), ec.message()));
   }
   start_attempt();
-}
-
-void Supervisor::open_logs(Worker& w, bool append) {
-  const int out_bits =
-      opt_.redirects.for_local_rank(w.local_rank) | opt_.tee.for_local_rank(w.local_rank);
-  const bool rank_on_console =
-      (!opt_.ranks_filter || opt_.ranks_filter->count(w.rank) > 0) &&
-      (!opt_.local_ranks_filter || opt_.local_ranks_filter->count(w.local_rank) > 0);
-  auto shown = [&](int bit) {
-    const bool redirected = (opt_.redirects.for_local_rank(w.local_rank) & bit) != 0;
-    const bool teed = (opt_.tee.for_local_rank(w.local_rank) & bit) != 0;
-    return rank_on_console && (!redirected || teed);
-  };
-  w.out.console = shown(StdSpec::kStdout);
-  w.err.console = shown(StdSpec::kStderr);
-  // A stream shown on a terminal is forwarded in redraw mode (its "\r" segments at once), and
-  // its worker gets a pseudo-terminal for it (launch()).
-  w.out.lines = LineSplitter(64 * 1024, w.out.console && console_.is_terminal(StreamId::kStdout));
-  w.err.lines = LineSplitter(64 * 1024, w.err.console && console_.is_terminal(StreamId::kStderr));
-
-  const std::string dir = fmt::format("{}/attempt_{}/{}", opt_.plan.run_dir, attempt_, w.rank);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    say(fmt::format("warning: cannot create log directory '{}': {}", dir, ec.message()));
-    return;
-  }
-  auto open = [&](Stream& s, const char* name) {
-    s.path = dir + "/" + name;
-    int fd = ::open(s.path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC,
-                    0644);
-    if (fd < 0) say(fmt::format("warning: cannot open '{}': {}", s.path, std::strerror(errno)));
-    s.file = UniqueFd(fd);
-  };
-  if (opt_.keep_logs || (out_bits & StdSpec::kStdout)) open(w.out, "stdout.log");
-  if (opt_.keep_logs || (out_bits & StdSpec::kStderr)) open(w.err, "stderr.log");
 }
 
 void Supervisor::start_attempt() {
@@ -315,98 +241,6 @@ void Supervisor::kill_slot(int local_rank) {
   } catch (const Error& e) {
     say(fmt::format("warning: {}", e.what()));
   }
-}
-
-namespace {
-std::string errno_name(int err) {
-  const char* name = ::strerrorname_np(err);
-  return name ? name : std::to_string(err);
-}
-}  // namespace
-
-size_t Supervisor::write_log(Worker& w, StreamId id, std::string_view bytes) {
-  Stream& s = stream(w, id);
-  size_t done = 0;
-  int err = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(s.file.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : EIO;  // 0 bytes for a non-empty write: no progress is possible
-      break;
-    }
-    done += static_cast<size_t>(n);  // a short write (the disk filled up): write the rest
-  }
-  if (done == bytes.size()) return done;
-  // Reported once per file; the file is closed and the stream goes to the console instead, so
-  // nothing is lost (the caller shows the bytes from `done` on, whole lines).
-  const char* what = id == StreamId::kStdout ? "stdout" : "stderr";
-  say(fmt::format(
-      "warning: writing {} failed: {} ({}); rank {}'s {} {}", s.path, std::strerror(err),
-      errno_name(err), w.rank, what,
-      s.console ? "is on the console only from now on" : "goes to the console from now on"));
-  s.file.reset();
-  return done;
-}
-
-void Supervisor::on_output(Worker& w, StreamId id, std::string_view bytes) {
-  Stream& s = stream(w, id);
-  auto sink = [&](std::string_view text, Piece piece) { on_piece(w, id, text, piece); };
-  // Redraw mode writes the file from the pieces (each line's final text, on_piece); else the
-  // file gets the raw bytes.
-  if (s.file && !s.lines.redraws()) {
-    const size_t written = write_log(w, id, bytes);
-    if (written < bytes.size()) {
-      s.lines.feed_pieces(bytes.substr(0, written), sink);  // in the file: as before
-      s.console = true;  // the line the write cut, and everything after it
-      s.lines.feed_pieces(bytes.substr(written), sink);
-      return;
-    }
-  }
-  s.lines.feed_pieces(bytes, sink);
-}
-
-void Supervisor::on_piece(Worker& w, StreamId id, std::string_view text, Piece piece) {
-  Stream& s = stream(w, id);
-  const int source = w.rank * 2 + (id == StreamId::kStderr ? 1 : 0);
-  if (piece == Piece::kRedraw) {
-    // A progress bar's new state: "\r<prefix>text", the line left open for the next one.
-    if (!s.console) return;
-    std::string line;
-    line.reserve(w.prefix.size() + text.size() + 1);
-    line += '\r';
-    line += w.prefix;
-    line += text;
-    console_.write_from(id, line, source, /*open=*/true);
-    s.drawn = true;
-    return;
-  }
-  if (s.file && s.lines.redraws()) {
-    // Redraw mode: the file gets each line's final text, without the intermediate states.
-    std::string bytes(text);
-    if (piece == Piece::kLine) bytes += '\n';
-    write_log(w, id, bytes);  // on failure: the console has the line already
-  }
-  if (id == StreamId::kStderr && opt_.stderr_tail_lines > 0) {
-    w.err_tail.emplace_back(text);
-    if (w.err_tail.size() > opt_.stderr_tail_lines) w.err_tail.pop_front();
-  }
-  if (!s.console) return;
-  std::string line;
-  line.reserve(w.prefix.size() + text.size() + 2);
-  if (s.drawn) line += '\r';  // the line's final state overwrites its last redraw
-  line += w.prefix;
-  line += text;
-  line += '\n';
-  console_.write_from(id, line, source, /*open=*/false);
-  s.drawn = false;
-}
-
-void Supervisor::on_stream_closed(Worker& w, StreamId id) {
-  Stream& s = stream(w, id);
-  s.lines.flush_pieces([&](std::string_view text, Piece piece) { on_piece(w, id, text, piece); });
-  s.open = false;
-  check_progress();
 }
 
 void Supervisor::on_exit(Worker& w, ExitStatus status) {
@@ -761,179 +595,6 @@ void Supervisor::say_paused_snapshot() {
   say(fmt::format(
       "stopping while paused: no snapshot at {}; the paused job's training state is lost",
       primary));
-}
-
-std::string Supervisor::preempt_dir() const {
-  return opt_.plan.run_dir.empty() ? std::string() : opt_.plan.run_dir + "/preempt";
-}
-
-bool Supervisor::uses_runtime(const Worker& w) const {
-  if (controller_) return true;  // elastic workers follow the control protocol's boundaries
-  if (w.pid <= 0 || preempt_dir().empty()) return false;
-  std::error_code ec;
-  return std::filesystem::exists(fmt::format("{}/runtime.{}", preempt_dir(), w.pid), ec);
-}
-
-void Supervisor::on_preempt_signal(int sig) {
-  events_.emit("signal", JsonObject().add("signal", signal_name(sig)).add("preempt", true));
-  if (controller_) {
-    // Elastic: the next decision carries the request; a raw signal could reach a joiner that
-    // is still starting (no handler yet) and kill it.
-    controller_->on_checkpoint_request();
-    say(fmt::format(
-        "received {} (preemption warning): every worker sees a checkpoint request at its next "
-        "boundary",
-        signal_name(sig)));
-  } else {
-    signal_all(sig);
-    say(fmt::format(
-        "received {} (preemption warning): forwarded to every worker; workers on the gpurun "
-        "runtime see a checkpoint request at their next boundary",
-        signal_name(sig)));
-  }
-  if (opt_.stop_on_preempt) stop_at_boundary(sig, /*signal_others_now=*/false);
-}
-
-void Supervisor::stop_at_boundary(int sig, bool signal_others_now) {
-  shutdown_signal_ = sig;
-  if (sig == SIGTERM) events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
-  const std::string why = fmt::format("gpurun received {}", signal_name(sig));
-  if (!preempt_dir().empty()) {
-    // The static runtime's request: read at every boundary (all ranks agree on it there).
-    const std::string path = preempt_dir() + "/stop";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      say(fmt::format("warning: cannot write {}: {}", path, std::strerror(errno)));
-    } else {
-      const std::string text = signal_name(sig) + "\n";
-      [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
-      ::close(fd);
-    }
-  }
-  const bool boundary_ahead = controller_ ? controller_->on_stop_request(why) : true;
-  std::vector<Worker*> others;
-  int runtime = 0;
-  for (auto& w : workers_) {
-    if (!w->proc || w->exit) continue;
-    if (boundary_ahead && uses_runtime(*w))
-      ++runtime;
-    else
-      others.push_back(w.get());
-  }
-  if (runtime == 0 && signal_others_now) {  // nobody to wait for: the plain shutdown
-    say(fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
-                    signal_name(sig), opt_.grace_period.count()));
-    stop_workers(sig);
-    check_progress();
-    return;
-  }
-  if (signal_others_now)
-    for (Worker* w : others) {
-      try {
-        w->proc->signal_group(sig);
-      } catch (const Error& e) {
-        say(fmt::format("warning: {}", e.what()));
-      }
-    }
-  say(fmt::format(
-      "received {}: asking {} worker{} on the gpurun runtime to stop at {} next boundary; {} after "
-      "{} ms, SIGKILL {} ms later{}",
-      signal_name(sig), runtime, runtime == 1 ? "" : "s", runtime == 1 ? "its" : "their",
-      signal_name(SIGTERM), opt_.stop_timeout.count(), opt_.grace_period.count(),
-      others.empty() || !signal_others_now
-          ? std::string()
-          : fmt::format("; {} sent now to the {} other worker{}", signal_name(sig), others.size(),
-                        others.size() == 1 ? "" : "s")));
-  stop_timer_.expires_after(opt_.stop_timeout);
-  stop_timer_.async_wait(
-      [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
-        if (ec || alive.expired() || phase_ != Phase::kRunning) return;
-        std::vector<int> left;
-        for (auto& w : workers_)
-          if (w->proc && !w->exit) left.push_back(w->rank);
-        say(fmt::format(
-            "--stop-timeout of {} ms over: rank{} {} did not stop at a boundary; sending {} "
-            "(SIGKILL after {} ms)",
-            opt_.stop_timeout.count(), left.size() == 1 ? "" : "s", fmt::join(left, ", "),
-            signal_name(SIGTERM), opt_.grace_period.count()));
-        stop_workers(SIGTERM);
-        check_progress();
-      });
-  check_progress();
-}
-
-void Supervisor::handle_signal(int sig) {
-  if (phase_ == Phase::kDone || phase_ == Phase::kGated) return;  // gated: the gate's holder
-  if (sig == opt_.preempt_signal && sig != 0 && !shutdown_signal_) {
-    on_preempt_signal(sig);
-    return;
-  }
-  switch (sig) {
-    case SIGINT:
-    case SIGQUIT:
-    case SIGTERM:
-      if (shutdown_signal_) {
-        say(fmt::format("received {} again: sending SIGKILL to every worker process group",
-                        signal_name(sig)));
-        killed_ = true;
-        stop_timer_.cancel();
-        signal_all(SIGKILL);
-        grace_timer_.cancel();
-        kill_timer_.expires_after(opt_.kill_timeout);
-        kill_timer_.async_wait(
-            [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
-              if (ec || alive.expired()) return;
-              kill_expired_ = true;
-              check_progress();
-            });
-        arm_poll();
-        return;
-      }
-      if (sig == SIGTERM && phase_ == Phase::kRunning && opt_.stop_timeout.count() > 0 &&
-          !(controller_ && controller_->holds_job_open())) {
-        stop_at_boundary(sig, /*signal_others_now=*/true);
-        return;
-      }
-      shutdown_signal_ = sig;
-      events_.emit("signal", JsonObject().add("signal", signal_name(sig)));
-      {
-        // A paused job's processes (parked, standbys) wait inside the runtime, where a Python
-        // program's SIGINT handler never runs: nothing trains, so SIGTERM ends them at once.
-        const bool paused = controller_ && controller_->holds_job_open();
-        const int forward = paused ? SIGTERM : sig;
-        say(paused && forward != sig
-                ? fmt::format("received {}: the job is paused: ending its waiting processes with "
-                              "SIGTERM (SIGKILL after {} ms)",
-                              signal_name(sig), opt_.grace_period.count())
-                : fmt::format("received {}: forwarding it to the workers (SIGKILL after {} ms)",
-                              signal_name(sig), opt_.grace_period.count()));
-        if (paused) say_paused_snapshot();
-        if (phase_ == Phase::kRunning) {
-          stop_workers(forward);
-        } else {
-          signal_all(forward);
-        }
-      }
-      check_progress();
-      return;
-    case SIGUSR1:
-    case SIGUSR2:
-      signal_all(sig);
-      return;
-    case SIGWINCH:  // gpurun's terminal was resized: so are the workers' (less the prefix)
-      for (auto& w : workers_)
-        if (w->proc && !w->exit) w->proc->terminal_resized();
-      return;
-    case SIGHUP:
-      if (controller_) {
-        controller_->on_reload_request();
-      } else {
-        say("received SIGHUP: no --config given; ignoring it");
-      }
-      return;
-    default:
-      return;
-  }
 }
 
 }  // namespace gpurun::supervisor
