@@ -409,3 +409,19 @@ with contextlib.redirect_stderr(err):
 assert "slot 3): warning: setting up the CUDA libraries ahead of the first step failed" in \
     err.getvalue(), err.getvalue()
 print("python_units: a failed CUDA warm-up is a warning")
+
+# The /proc/self/fd scans (GroupLinks, NcclWake) leave every socket's blocking mode as it
+# was, also under socket.setdefaulttimeout() (where CPython makes a new socket object
+# non-blocking, and a duplicate shares the flag with the original).
+plain = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+assert os.get_blocking(plain.fileno())
+socket.setdefaulttimeout(5)
+try:
+    nccl_uds_addresses()
+    from gpurun._comm import tcp_connections  # noqa: E402
+    tcp_connections()
+finally:
+    socket.setdefaulttimeout(None)
+assert os.get_blocking(plain.fileno()), "a socket scan made a socket of the program non-blocking"
+plain.close()
+print("python_units: the socket scans leave blocking modes alone")

@@ -613,3 +613,26 @@ TEST_CASE("in-process: the libraries' warm-up runs on its own thread; its failur
   CHECK(s0[0].epochs_done == 2);
   CHECK(s0[0].final_checksum == s1[0].final_checksum);
 }
+
+TEST_CASE("in-process: the warm-up is joined before the first step") {
+  // The warm-up's handles must be back in torch's pools when training starts: a slow one
+  // (here 100 ms, far longer than this one-rank start) has ended by the first epoch body.
+  Trainer t;
+  t.epochs = 1;
+  std::atomic<int> done{0};
+  std::atomic<int> seen_at_first_epoch{-1};
+  t.before_epoch = [&](Runtime&, int64_t epoch) {
+    if (epoch == 0) seen_at_first_epoch = done.load();
+  };
+  ThreadJob::Options o = job_options(config({0}), "warm-up-join");
+  o.slots = {0};
+  o.warm_up = [&](const at::Device&) {
+    std::this_thread::sleep_for(100ms);
+    ++done;
+  };
+  ThreadJob job(std::move(o), std::ref(t));
+  job.start();
+  REQUIRE(job.wait(20s));
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+  CHECK(seen_at_first_epoch.load() == 1);
+}

@@ -53,7 +53,11 @@ def _own_sockets():
         if not stat.S_ISSOCK(st.st_mode):
             continue
         try:
+            blocking = os.get_blocking(fd)
             s = socket.socket(fileno=os.dup(fd))
+            # With socket.setdefaulttimeout() in force CPython makes a new socket object
+            # non-blocking; the duplicate shares the flag with the original: put it back.
+            os.set_blocking(fd, blocking)
         except OSError:
             continue
         yield fd, st.st_ino, s
@@ -174,8 +178,15 @@ class NcclWake:
     reads a request of type 0, which NCCL does not know and skips without a message. Each
     datagram carries a descriptor of an empty memfd (NCCL expects one with every request and
     warns without it); the copies NCCL received are closed on exit. Without NCCL sockets,
-    or with ``GPURUN_NCCL_WAKE=0``, it does nothing. ``sent``: the datagrams sent; ``closed``:
-    the received descriptors closed on exit."""
+    or with ``GPURUN_NCCL_WAKE=0``, it does nothing; when its set-up fails (no memfd, no
+    thread) the destroy runs as it would without it. ``sent``: the datagrams sent;
+    ``closed``: the received descriptors closed on exit.
+
+    Limits: NCCL names the socket a client opens for a reply (``ncclProxyCallBlockingUDS``)
+    the same way, so a cuMem handle exchange running in another thread during the destroy
+    could take a wake for its reply and fail; gpurun's runtime destroys its groups from the
+    training thread, with no other communicator at work. A communicator that outlives the
+    destroy may keep one queued wake (one descriptor) until its own end."""
 
     def __init__(self):
         off = os.environ.get("GPURUN_NCCL_WAKE", "1") == "0"
@@ -190,10 +201,17 @@ class NcclWake:
         if not self._addrs or not hasattr(os, "memfd_create"):
             return self
         import threading
-        self._memfd = os.memfd_create(_WAKE_MEMFD, os.MFD_CLOEXEC)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpurun-nccl-wake", daemon=True)
-        self._thread.start()
+        try:
+            self._memfd = os.memfd_create(_WAKE_MEMFD, os.MFD_CLOEXEC)
+            self._done = threading.Event()
+            self._thread = threading.Thread(target=self._run, name="gpurun-nccl-wake",
+                                            daemon=True)
+            self._thread.start()
+        except (OSError, RuntimeError):  # only a speed-up: the destroy goes on without it
+            self._thread = None
+            if self._memfd >= 0:
+                os.close(self._memfd)
+                self._memfd = -1
         return self
 
     def _run(self):

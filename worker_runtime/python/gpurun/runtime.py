@@ -10,6 +10,7 @@ Without gpurun's elastic environment (plain ``python3 train.py``, torchrun, or g
 ``--config``) it is a static data-parallel run: ``init_process_group("env://")`` when
 WORLD_SIZE > 1, else a single process.
 """
+import atexit
 import datetime
 import gc
 import os
@@ -746,16 +747,22 @@ class _WarmUp:
         self._device, self._slot, self._error = device, slot, None
         self._thread = threading.Thread(target=self._run, name="gpurun-warm-up", daemon=True)
         self._thread.start()
+        # A process that ends before its first generation (an error, told to exit) must not
+        # tear the interpreter down under the thread's cuDNN/cuBLAS set-up.
+        atexit.register(self._thread.join, 30)
 
     def _run(self):
         try:
             dev = self._device
             torch.cuda.set_device(dev)
-            with torch.no_grad():
+            # A side stream: nothing here waits for the program's kernels or NCCL's.
+            side = torch.cuda.Stream(dev)
+            with torch.cuda.stream(side), torch.no_grad():
                 _word_sums_many([torch.zeros(3, dtype=torch.uint8, device=dev),
                                  torch.zeros(2, device=dev)])
-            with torch.enable_grad():
-                for dtype in (torch.float32, torch.bfloat16):
+            bf16 = torch.cuda.is_bf16_supported()
+            with torch.cuda.stream(side), torch.enable_grad():
+                for dtype in (torch.float32, torch.bfloat16) if bf16 else (torch.float32,):
                     ones = lambda *shape: torch.ones(*shape, dtype=dtype, device=dev,  # noqa: E731
                                                      requires_grad=True)
                     y = torch.nn.functional.linear(ones(8, 16), ones(32, 16), ones(32))
@@ -763,7 +770,7 @@ class _WarmUp:
                     torch.matmul(y, y.transpose(1, 2)).sum().backward()
                     torch.nn.functional.conv2d(ones(2, 1, 8, 8), ones(4, 1, 4, 4),
                                                stride=4).sum().backward()
-            torch.cuda.synchronize(dev)
+            side.synchronize()
         except Exception as e:  # noqa: BLE001 - only a warm-up: the first step does it instead
             self._error = e
 

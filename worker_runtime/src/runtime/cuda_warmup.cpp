@@ -19,7 +19,8 @@ void warm_cuda_libraries(const at::Device& device) {
     const at::Tensor k = at::ones({4, 1, 4, 4}, opt).requires_grad_(true);
     at::conv2d(img, k, {}, 4).sum().backward();  // cuDNN, as a patch embedding
   }
-  (void)at::ones({1}, at::TensorOptions().device(device)).sum().item<float>();  // waits for it
+  // Waits for the current stream only (the caller's side stream).
+  (void)at::ones({1}, at::TensorOptions().device(device)).sum().item<float>();
 }
 
 }  // namespace gpurun::rt

@@ -8,6 +8,8 @@
 #include "runtime/cuda_warmup.hpp"
 #include "state/state_checksum.hpp"
 
+#include <c10/core/DeviceGuard.h>
+
 namespace gpurun {
 
 namespace rt {
@@ -277,6 +279,12 @@ void Runtime::Impl::start_warm_up() {
   const auto t0 = Clock::now();
   warm_thread = std::thread([this, t0, fn = std::move(fn)] {
     try {
+      const c10::DeviceGuard on_device(device);
+      // A side stream: the warm-up waits for none of the program's or the handoff's kernels
+      // (the destructor joins this thread before it aborts a communicator).
+      std::optional<c10::StreamGuard> side;
+      if (device.is_cuda())
+        side.emplace(c10::impl::getDeviceGuardImpl(at::kCUDA)->getStreamFromGlobalPool(device));
       fn(device);
       trace.write("warmed_up", {{"ms", Trace::num(ms_since(t0))}});
     } catch (const std::exception& e) {
