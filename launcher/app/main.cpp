@@ -2,7 +2,6 @@
 // one node's workers. Reference: docs/cli.md; error policy: docs/errors.md.
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>

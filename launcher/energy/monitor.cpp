@@ -302,6 +302,11 @@ void EnergyMonitor::post_event(std::string name, std::string fields_json) {
   });
 }
 
+void EnergyMonitor::fail_later(const std::string& msg) {
+  post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
+  say_later(msg);
+}
+
 void EnergyMonitor::say_later(std::string line) {
   boost::asio::post(io_, [this, line = std::move(line), alive = std::weak_ptr<int>(alive_)] {
     if (!alive.expired()) say_(line);

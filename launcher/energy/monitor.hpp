@@ -164,6 +164,9 @@ class EnergyMonitor {
   void post_event(std::string name, std::string fields_json);
   /// say_(line) on the io thread (from the sampling thread), unless the monitor is gone.
   void say_later(std::string line);
+  /// An "energy_error" event with `msg` and msg said (say_later): a limit the monitor cannot
+  /// set or keep.
+  void fail_later(const std::string& msg);
   void emit_json(const std::string& name, const std::string& fields_json);
   void arm_time_window();
   std::optional<unsigned> limit_in_force() const;

@@ -121,8 +121,7 @@ void EnergyMonitor::check_guard() {
       msg += fmt::format(" ({}: the next gpurun restores {} again, harmlessly)", ex.what(), uuid);
     }
   }
-  post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-  say_later(msg);
+  fail_later(msg);
 }
 
 bool EnergyMonitor::ensure_guard() {
@@ -212,16 +211,14 @@ void EnergyMonitor::apply_limit(unsigned watts, const std::string& source) {
                     "monitoring only",
                     e.what())
               : fmt::format("cannot set power limits ({}); monitoring only", e.what());
-      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-      say_later(msg);
+      fail_later(msg);
       restore_limits();
       return;
     } catch (const Error& e) {  // the guard is gone: change nothing more
       limits_denied_ = true;
       const std::string msg =
           fmt::format("cannot set power limits ({}); monitoring only", e.what());
-      post_event("energy_error", fmt::format(R"({{"error":{}}})", detail::json_string(msg)));
-      say_later(msg);
+      fail_later(msg);
       restore_limits();
       return;
     }

@@ -36,16 +36,19 @@ def is_comm_failure(err):
     return isinstance(err, RuntimeError) and any(m in text for m in _COMM_FAILURE_MARKS)
 
 
+def _own_fds():
+    """This process's open descriptors (ints), read from /proc/self/fd; [] off Linux."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return []
+
+
 def _own_sockets():
     """(fd, inode, duplicate) for each socket this process holds, read from /proc/self/fd
     (Linux only; nothing elsewhere). The caller closes each duplicate (closing it leaves the
     socket open)."""
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in fds:
-        fd = int(name)
+    for fd in _own_fds():
         try:
             st = os.fstat(fd)
         except OSError:  # closed since the listing (or the listing's own descriptor)
@@ -239,12 +242,7 @@ class NcclWake:
         self._done.set()
         self._thread.join()
         mark = f"/memfd:{_WAKE_MEMFD} (deleted)"
-        try:
-            fds = os.listdir("/proc/self/fd")
-        except OSError:
-            fds = []
-        for name in fds:
-            fd = int(name)
+        for fd in _own_fds():
             if fd == self._memfd:
                 continue
             try:
