@@ -32,7 +32,8 @@
 # (the example's arguments for a model, replacing the preset below), EXTRA (arguments added
 # to every run, e.g. --bf16), WAIT_S (timeout of every wait, default 300), RUN_TIMEOUT
 # (seconds per throughput run, default 420), MODES (the pause runs, default "release standby
-# hold": release without and with [park] standby, hold; REPS=0 skips the throughput runs). Waits on events and states, never on fixed sleeps.
+# hold": release without and with [park] standby, hold; REPS=0 skips the throughput runs), FLOOR (0:
+# no bench/park_floor.py, e.g. in a second call over the same OUT_DIR). Waits on events and states, never on fixed sleeps.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODELS=${4:?models, e.g. \"b h\"}
 [[ $DEV == cpu || $DEV == cuda ]] || { echo "python_gpu.sh: DEVICE must be cpu or cuda, not '$DEV'" >&2; exit 2; }
@@ -336,7 +337,7 @@ PY
 }
 
 start=$SECONDS
-[[ $DEV == cuda ]] && "$PY" bench/park_floor.py --embed 1280 --depth 32 > "$OUT/park_floor.json" 2> "$OUT/park_floor.log"
+[[ $DEV == cuda && ${FLOOR:-1} == 1 ]] && "$PY" bench/park_floor.py --embed 1280 --depth 32 > "$OUT/park_floor.json" 2> "$OUT/park_floor.log"
 done_models=()
 for m in $MODELS; do
   echo "== $m: $(preset "$m") ${EXTRA:-}"

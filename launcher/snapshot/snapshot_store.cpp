@@ -357,4 +357,20 @@ PreparedSnapshot make_prepared_snapshot(const SnapshotPreparation& plan) {
   return out;
 }
 
+PreparedSnapshot finish_prepared_snapshot(PreparedSnapshot mapped,
+                                          const SnapshotPreparation& plan) {
+  const auto t0 = SteadyClock::now();
+  const auto existing =
+      std::find_if(plan.paths.begin(), plan.paths.end(),
+                   [](const std::string& p) { return file_size_at(p).has_value(); });
+  if (!mapped.file || existing == plan.paths.end() || !mapped.file->is_at(*existing))
+    return make_prepared_snapshot(plan);
+  SnapshotStats& st = mapped.stats;
+  st.setup_seconds = 0;
+  st.pin_seconds = plan.on_device ? mapped.file->pin() : 0;
+  st.pinned = mapped.file->pinned();
+  st.total_seconds = seconds_since(t0);
+  return mapped;
+}
+
 }  // namespace gpurun::snapshot

@@ -9,6 +9,7 @@
 
 #include "capi_util.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/control/library_preload.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/control/term_signal.hpp"
 #include "gpurun/control/worker_session.hpp"
@@ -48,6 +49,18 @@ void gpurun_free(void* p) {
 char* gpurun_position_text(int64_t epoch, int64_t step) {
   return guarded([&] { return dup(gpurun::control::position_text(epoch, step)); },
                  static_cast<char*>(nullptr));
+}
+
+char* gpurun_preload_cuda_libraries(void) {
+  return guarded(
+      [] {
+        const auto r =
+            gpurun::control::preload_libraries_beside(gpurun::control::cuda_library_families());
+        gpurun::JsonObject o;
+        o.add("loaded", r.loaded).add("failed", r.failed).add("seconds", r.seconds);
+        return dup(o.str());
+      },
+      static_cast<char*>(nullptr));
 }
 
 gpurun_worker* gpurun_worker_open(void) {

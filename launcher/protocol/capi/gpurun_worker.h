@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 4  /* 4: gpurun_position_text */
+#define GPURUN_WORKER_ABI 5  /* 5: gpurun_preload_cuda_libraries */
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;
@@ -41,6 +41,10 @@ GPURUN_API void gpurun_free(void* p);
 /** gpurun's words for a position training resumes at (control::position_text): (E, 0)
  * "after epoch E", (E, S) "in epoch E+1 after step S". */
 GPURUN_API char* gpurun_position_text(int64_t epoch, int64_t step);
+/** A standby, before it waits for its go: opens cuDNN's and cuBLAS's lazily opened libraries
+ * beside the loaded ones (control::preload_libraries_beside; dlopen only, no CUDA call).
+ * Blocks (tens of ms). Returns JSON {"loaded": n, "failed": ["path: why", ...], "seconds": s}. */
+GPURUN_API char* gpurun_preload_cuda_libraries(void);
 
 /** A session from the GPURUN_* environment, connected to gpurun's store. NULL with kind 0 when
  * the process is not elastic (no GPURUN_ELASTIC=1); NULL with an error otherwise. */
@@ -129,7 +133,9 @@ GPURUN_API char* gpurun_snapshots_prepare(gpurun_snapshots* s, uint64_t manifest
  * snapshot it will resume from, changing nothing in it, so that the resume's read only checks
  * and copies (ViT-H's 7.5 GB: ~0.5 s of mapping and cudaHostRegister otherwise inside the
  * resume). Blocks; run it on a thread. Returns stats JSON plus "done" and "error" ("no
- * committed snapshot at any path" when there is nothing to map). */
+ * committed snapshot at any path" when there is nothing to map). A standby calls it twice:
+ * on_device = 0 while it waits (no CUDA), then 1 after its go, which only page-locks the kept
+ * mapping when the file is still the one mapped (snapshot::finish_prepared_snapshot). */
 GPURUN_API char* gpurun_snapshots_premap(gpurun_snapshots* s, int on_device);
 
 /** Copies tensor i's sizes[i] bytes to base + offsets[i] (the padding is already zero);

@@ -204,7 +204,12 @@ char* gpurun_snapshots_premap(gpurun_snapshots* s, int on_device) {
         }
         plan.file_bytes = snap::snapshot_file_bytes(plan.data_end, plan.manifest_bytes);
         plan.on_device = on_device != 0;
-        snap::PreparedSnapshot p = snap::make_prepared_snapshot(plan);
+        snap::PreparedSnapshot early;  // a standby's mapping from before its go, if still current
+        if (s->kept) {
+          early.file = std::make_shared<snap::SnapshotFile>(std::move(*s->kept));
+          s->kept.reset();
+        }
+        snap::PreparedSnapshot p = snap::finish_prepared_snapshot(std::move(early), plan);
         if (p.file) s->kept = std::move(*p.file);
         o.add("done", p.file != nullptr).add("error", p.error);
         return dup(stats_json(p.stats, std::move(o)));

@@ -21,6 +21,7 @@
 
 #include "gpurun/snapshot/format.hpp"
 #include "gpurun/snapshot/snapshot_file.hpp"
+#include "gpurun/snapshot/snapshot_store.hpp"
 #include "gpurun/snapshot/xxh64.hpp"
 #include "gpurun_process.hpp"  // TempDir
 #include "state/state_checksum.hpp"
@@ -732,6 +733,68 @@ TEST_CASE("state registry: prepare_snapshot maps ahead and never replaces an exi
   CHECK(inode_of(path) == inode);
   receiver.reg.read_snapshot(path, torch::kCPU);
   CHECK(receiver.reg.checksum() == source.reg.checksum());
+}
+
+TEST_CASE("state registry: a standby's early mapping is pinned at its go unless the file changed") {
+  namespace snap = gpurun::snapshot;
+  gpurun::testing::TempDir dir("gpurun-state");
+  const std::string path = (dir.path / "state.snap").string();
+  Side source(Kind::kAdam, 1);
+  source.step(0);
+  source.reg.write_snapshot(path);  // a paused job's snapshot
+
+  int pins = 0;  // a fake cudaHostRegister: counts the ranges it page-locks
+  struct FakePin : snap::HostPin {
+    void leave_to_exit() noexcept override {}
+  };
+  snap::set_host_pinner([&pins](uint8_t*, size_t, bool) -> std::unique_ptr<snap::HostPin> {
+    ++pins;
+    return std::make_unique<FakePin>();
+  });
+  struct Unpinner {
+    ~Unpinner() { snap::set_host_pinner({}); }
+  } unpinner;
+
+  StateRegistry::SnapshotPreparation plan;  // what the runtime's start_premap plans
+  plan.paths = {path};
+  REQUIRE(snap::SnapshotHeader::peek_sizes(path, plan.data_end, plan.manifest_bytes));
+  plan.file_bytes = snap::snapshot_file_bytes(plan.data_end, plan.manifest_bytes);
+
+  // While it waits (no device): mapped, not pinned. After its go: the same mapping, pinned.
+  StateRegistry::PreparedSnapshot early = StateRegistry::make_prepared_snapshot(plan);
+  REQUIRE(early.file);
+  CHECK(pins == 0);
+  const snap::SnapshotFile* mapped = early.file.get();
+  plan.on_device = true;
+  StateRegistry::PreparedSnapshot done = snap::finish_prepared_snapshot(std::move(early), plan);
+  CHECK(done.file.get() == mapped);
+  CHECK(pins == 1);
+  CHECK(done.stats.pinned);
+  Side receiver(Kind::kAdam, 2);
+  receiver.reg.adopt_prepared_snapshot(std::move(done));
+  receiver.reg.read_snapshot(path, torch::kCPU);
+  CHECK(receiver.reg.checksum() == source.reg.checksum());
+
+  // The file was replaced while it waited (another pause wrote a new one): the old mapping is
+  // dropped, the new file is mapped and pinned, and the read gets the new state.
+  plan.on_device = false;
+  StateRegistry::PreparedSnapshot stale = StateRegistry::make_prepared_snapshot(plan);
+  REQUIRE(stale.file);
+  const snap::SnapshotFile* old_mapping = stale.file.get();
+  source.step(1);
+  const std::string fresh = (dir.path / "fresh.snap").string();
+  source.reg.write_snapshot(fresh);
+  std::filesystem::rename(fresh, path);
+  plan.on_device = true;
+  StateRegistry::PreparedSnapshot redone = snap::finish_prepared_snapshot(std::move(stale), plan);
+  REQUIRE(redone.file);
+  CHECK(redone.file.get() != old_mapping);
+  CHECK(redone.file->is_at(path));
+  CHECK(pins == 2);
+  Side late(Kind::kAdam, 3);
+  late.reg.adopt_prepared_snapshot(std::move(redone));
+  late.reg.read_snapshot(path, torch::kCPU);
+  CHECK(late.reg.checksum() == source.reg.checksum());
 }
 
 // ---- snapshot integrity and fallback (a full /dev/shm; a corrupt file) -----------------------

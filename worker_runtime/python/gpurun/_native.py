@@ -13,7 +13,7 @@ import ctypes
 import json
 import os
 
-ABI = 4  # gpurun_worker.h GPURUN_WORKER_ABI (4: gpurun_position_text)
+ABI = 5  # gpurun_worker.h GPURUN_WORKER_ABI (5: gpurun_preload_cuda_libraries)
 
 
 class ProtocolError(RuntimeError):
@@ -82,6 +82,7 @@ def load(path=None):
         "gpurun_progress_step": (None, [c.c_void_p, c.c_uint64]),
         "gpurun_progress_close": (None, [c.c_void_p]),
         "gpurun_position_text": (c.c_void_p, [c.c_int64, c.c_int64]),
+        "gpurun_preload_cuda_libraries": (c.c_void_p, []),
         "gpurun_engine_new": (c.c_void_p, [c.c_char_p]),
         "gpurun_engine_free": (None, [c.c_void_p]),
         "gpurun_engine_on": (c.c_void_p, [c.c_void_p, c.c_char_p]),
@@ -204,6 +205,15 @@ def install_term_handler(lib=None):
     boundary instead of dying with its state; gpurun's own SIGTERM still ends it. Returns True
     when installed. Never blocks."""
     return bool((lib or load()).gpurun_worker_install_term_handler())
+
+
+def preload_cuda_libraries(lib=None):
+    """A standby, before it waits for its go: opens cuDNN's and cuBLAS's lazily opened
+    libraries beside the loaded ones (dlopen only: no CUDA call, the GPU stays untouched), so
+    that the first step after the go does not. Blocks (tens of ms). Returns a dict: loaded (int),
+    failed (list of "path: why"), seconds (float)."""
+    lib = lib or load()
+    return json.loads(_take(lib, lib.gpurun_preload_cuda_libraries()))
 
 
 def plan(manifest_bytes, sizes, lib=None):

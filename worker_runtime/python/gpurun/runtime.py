@@ -152,6 +152,7 @@ class Runtime:
         if self._standby:
             print(f"gpurun (python, slot {self.slot}): standby: waiting for a config that names "
                   "this slot (no CUDA context yet)", file=sys.stderr, flush=True)
+            self._standby_ahead()
             t0 = time.perf_counter()
             self._drive({"event": "device"})  # waits for gpurun's go (or exits here)
             print(f"gpurun (python, slot {self.slot}): standby told to go after "
@@ -352,6 +353,7 @@ class Runtime:
                 break
         if last is not None and last["action"] == "exit":
             if last["left"]:
+                self._join_prepare()  # a standby's early mapping: not torn down under exit
                 sys.exit(0)
             self._finishing = True
             self.checkpoint_requested = False
@@ -542,13 +544,28 @@ class Runtime:
                                           daemon=True), out)
         self._prepare[0].start()
 
-    def _start_premap(self):
+    def _standby_ahead(self):
+        """A standby, before it waits for its go, does what needs no CUDA context: cuDNN's and
+        cuBLAS's lazily opened libraries are loaded (_native.preload_cuda_libraries) and the
+        pause snapshot is mapped without page-locking (_start_premap); after the go only the
+        page-locking is left (the C++ runtime's Impl::standby_ahead)."""
+        r = _native.preload_cuda_libraries()
+        for failed in r["failed"]:  # only slower: the library opens it itself later
+            self._note(f"standby: cannot preload {failed}")
+        if self._snap.files:
+            self._start_premap(on_device=False)
+
+    def _start_premap(self, on_device=None):
         """A warm joiner (of a paused job, when the run's snapshot file holds a committed
         snapshot): the library maps and page-locks that file on a thread while the program
         builds its model and loads its data, so that the resume only checks and copies. The
-        file is not changed; nothing is said when there is none (a grow of a running job)."""
+        file is not changed; nothing is said when there is none (a grow of a running job).
+        A standby's mapping from before its go (on_device=False) is joined first: the library
+        then only page-locks it, if the file is still the one mapped."""
+        self._join_prepare()
         out = {"quiet": True}
-        on_device = self.device.type == "cuda"
+        if on_device is None:
+            on_device = self._device.type == "cuda"
 
         def run():
             try:
@@ -757,12 +774,13 @@ class _WarmUp:
             torch.cuda.set_device(dev)
             # A side stream: nothing here waits for the program's kernels or NCCL's.
             side = torch.cuda.Stream(dev)
-            with torch.cuda.stream(side), torch.no_grad():
-                _word_sums_many([torch.zeros(3, dtype=torch.uint8, device=dev),
-                                 torch.zeros(2, device=dev)])
-            bf16 = torch.cuda.is_bf16_supported()
+            dtypes = (torch.float32, torch.bfloat16) if torch.cuda.is_bf16_supported() else (
+                torch.float32,)
             with torch.cuda.stream(side), torch.enable_grad():
-                for dtype in (torch.float32, torch.bfloat16) if bf16 else (torch.float32,):
+                with torch.no_grad():
+                    _word_sums_many([torch.zeros(3, dtype=torch.uint8, device=dev),
+                                     torch.zeros(2, device=dev)])
+                for dtype in dtypes:
                     ones = lambda *shape: torch.ones(*shape, dtype=dtype, device=dev,  # noqa: E731
                                                      requires_grad=True)
                     y = torch.nn.functional.linear(ones(8, 16), ones(32, 16), ones(32))

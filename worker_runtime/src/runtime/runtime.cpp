@@ -4,6 +4,7 @@
 // Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
 #include "runtime/runtime_impl.hpp"
 
+#include "gpurun/control/library_preload.hpp"
 #include "gpurun/control/term_signal.hpp"
 #include "runtime/cuda_warmup.hpp"
 #include "state/state_checksum.hpp"
@@ -239,10 +240,12 @@ void Runtime::Impl::ensure_device() {
                  "gpurun worker (slot %d): standby: waiting for a config that names this slot "
                  "(no CUDA context yet)\n",
                  slot);
+    standby_ahead();
     control::EngineEvent ev;
     ev.kind = control::EngineEvent::Kind::kDevice;
     drive(std::move(ev));
     if (finishing) {  // told to exit: it holds nothing, and its program must not go on
+      if (premap_thread.joinable()) premap_thread.join();  // not unmapped under std::exit
       trace.write("standby_exit", {{"gpu", Trace::num(int64_t{slot})}});
       if (standby_exit) standby_exit();
       std::exit(0);
@@ -262,6 +265,18 @@ void Runtime::Impl::ensure_device() {
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
   }
   if (control) start_warm_up();
+}
+
+void Runtime::Impl::standby_ahead() {
+  const control::PreloadResult r =
+      control::preload_libraries_beside(control::cuda_library_families());
+  trace.write("standby_preload", {{"loaded", Trace::num(int64_t{r.loaded})},
+                                  {"failed", Trace::num(static_cast<int64_t>(r.failed.size()))},
+                                  {"ms", Trace::num(r.seconds * 1e3)}});
+  for (const std::string& f : r.failed)  // only slower: the library opens it itself later
+    std::fprintf(stderr, "gpurun worker (slot %d): note: standby: cannot preload %s\n", slot,
+                 f.c_str());
+  start_premap(/*map_only=*/true);
 }
 
 void Runtime::Impl::start_warm_up() {

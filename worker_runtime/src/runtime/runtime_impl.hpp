@@ -308,11 +308,21 @@ struct Runtime::Impl {
   /// builds its model and loads its data, so that the resume only verifies and copies
   /// (ViT-H's 7.5 GB: ~0.9 s of map and cudaHostRegister otherwise inside the resume). The
   /// file is not changed here; adopt_premapped() gives the mapping to the registry, which then
-  /// reads the snapshot in it (and writes the next pause into it).
-  void start_premap();
+  /// reads the snapshot in it (and writes the next pause into it). A standby calls it twice:
+  /// map_only while it waits for its go (no CUDA: the mapping and its page tables, ~0.3 s for
+  /// ViT-H), then after the go, when only the page-locking is left if the file is still the
+  /// one mapped (snapshot::finish_prepared_snapshot).
+  void start_premap(bool map_only = false);
+  bool premap_map_only = false;  // premap_thread maps only (a standby's, before its go)
 
   /// Joins start_premap()'s thread and gives its mapping to the registry (none: nothing).
   void adopt_premapped();
+
+  /// A CUDA standby, before it waits for its go: what needs no CUDA context is done now, not
+  /// on the resume's critical path: cuDNN's and cuBLAS's lazily opened libraries are loaded
+  /// (control::preload_libraries_beside) and the pause snapshot is mapped (start_premap
+  /// map_only). bench/resize_latency.sh's standby rows measure it.
+  void standby_ahead();
 
   // ---- the CUDA libraries set up beside the program's start -------------------------------
   std::thread warm_thread;

@@ -220,7 +220,15 @@ void Runtime::Impl::finish_snapshot_preparation() {
   }
 }
 
-void Runtime::Impl::start_premap() {
+void Runtime::Impl::start_premap(bool map_only) {
+  // A standby's mapping made while it waited (map_only): page-locked below if still current.
+  std::optional<rt::StateRegistry::PreparedSnapshot> early;
+  if (premap_thread.joinable()) {
+    premap_thread.join();
+    early = std::move(premapped);
+    premapped.reset();
+  }
+  premap_map_only = map_only;
   rt::StateRegistry::SnapshotPreparation plan;
   for (const std::string& p : snapshot_paths().list())
     if (rt::SnapshotHeader::peek_sizes(p, plan.data_end, plan.manifest_bytes)) {
@@ -228,16 +236,18 @@ void Runtime::Impl::start_premap() {
       break;
     }
   if (plan.paths.empty()) return;
-  plan.on_device = device.is_cuda();
+  plan.on_device = !map_only && device.is_cuda();
   const at::Device dev = device;
-  premap_thread = std::thread([this, plan = std::move(plan), dev] {
-    if (dev.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
-    premapped = rt::StateRegistry::make_prepared_snapshot(plan);
-  });
+  premap_thread =
+      std::thread([this, plan = std::move(plan), dev, early = std::move(early)]() mutable {
+        if (plan.on_device) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
+        premapped = early ? snapshot::finish_prepared_snapshot(std::move(*early), plan)
+                          : rt::StateRegistry::make_prepared_snapshot(plan);
+      });
 }
 
 void Runtime::Impl::adopt_premapped() {
-  if (!premap_thread.joinable()) return;
+  if (!premap_thread.joinable() || premap_map_only) return;  // a standby's: pinned at its go
   premap_thread.join();
   if (premapped && premapped->file) {
     const double ms = premapped->stats.total_seconds * 1e3;

@@ -139,4 +139,13 @@ struct PreparedSnapshot {
 /// cudaHostRegister). Never throws: failures are in `error` / `lock_error`.
 PreparedSnapshot make_prepared_snapshot(const SnapshotPreparation& plan);
 
+/// Finishes a preparation made in two steps: `mapped` is an earlier make_prepared_snapshot()
+/// of the same plan without page-locking (a standby maps the snapshot it will read while it
+/// waits, before it may touch its device). When `mapped` still maps the file at the first of
+/// plan.paths that has one (same inode and size: MappedFile::is_at), it is page-locked
+/// (plan.on_device) and returned, its stats' pin_seconds and total_seconds being this step's
+/// alone; otherwise (no mapping, the file replaced or gone) this is make_prepared_snapshot(plan).
+/// Runs on any thread (the pin: ~0.3 s for 7.5 GB). Never throws.
+PreparedSnapshot finish_prepared_snapshot(PreparedSnapshot mapped, const SnapshotPreparation& plan);
+
 }  // namespace gpurun::snapshot
