@@ -78,12 +78,14 @@ cfg() {  # ACTIVE MODE FILE (written whole, then renamed: gpurun never reads hal
     mv "$3.new" "$3"
 }
 standby_waits() { grep -q "standby: waiting" "$1"; }  # the standby reached rt.device
-standby_rss() {  # resident set (KiB) of the slot's standby process, from `gpurun status`
+standby_rss() {  # resident set (KiB) of the slot's standby process (pid from `gpurun status`)
   local p
   p=$("$G" status --json --pid "$gp" 2>/dev/null | "$PY" -c '
 import json, sys
 print(next((s["pid"] for s in json.load(sys.stdin)["slots"] if s["state"] == "STANDBY"), ""))')
-  [[ -n $p ]] && ps -o rss= -p "$p" | tr -d " "
+  # RssAnon + RssFile: not RssShmem, the pause snapshot it maps while it waits (the file's own
+  # pages, shared: no memory of the standby's)
+  [[ -n $p ]] && awk '/^Rss(Anon|File):/ {k += $2} END {print k}' "/proc/$p/status"
 }
 n_events() { local n; n=$(grep -c "\"event\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
 n_decisions() { local n; n=$(grep -c "\"event\": \"decision\".*\"kind\": \"$2\"" "$1" 2>/dev/null); echo "${n:-0}"; }
