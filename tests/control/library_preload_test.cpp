@@ -1,7 +1,8 @@
 // control::preload_libraries_beside: what a standby opens while it waits (the CUDA math
 // libraries' lazily opened parts), with two tiny libraries of the test's own standing in for
-// them: one loaded, one beside it that the preload must open, one of another family that it
-// must leave alone, and a file that is no library.
+// them: one loaded, one beside it that the preload must open, one of another family, one of
+// another major version and a .debug file that it must leave alone, and a file that is no
+// library.
 #include "gpurun/control/library_preload.hpp"
 
 #include <dlfcn.h>
@@ -29,10 +30,14 @@ bool is_loaded(const fs::path& p) {
 TEST_CASE("library preload: the family's libraries beside a loaded one are opened, once") {
   gpurun::testing::TempDir dir("gpurun-preload");
   const fs::path a = dir.path / "libgpurunpl_main.so.9", b = dir.path / "libgpurunpl_engines.so.9",
-                 other = dir.path / "libgpurunother.so.1", bad = dir.path / "libgpurunpl_bad.so";
+                 other = dir.path / "libgpurunother.so.9", bad = dir.path / "libgpurunpl_bad.so.9",
+                 old_major = dir.path / "libgpurunpl_engines.so.8",
+                 debug = dir.path / "libgpurunpl_engines.so.9.debug";
   fs::copy_file(GPURUN_PRELOAD_LIB_A, a);
   fs::copy_file(GPURUN_PRELOAD_LIB_B, b);
   fs::copy_file(GPURUN_PRELOAD_LIB_B, other);
+  fs::copy_file(GPURUN_PRELOAD_LIB_B, old_major);  // another version of the family: left alone
+  fs::copy_file(GPURUN_PRELOAD_LIB_B, debug);      // not a library name: left alone
   std::ofstream(bad) << "not an ELF file";
   fs::create_symlink(b.filename(), dir.path / "libgpurunpl_engines.so");  // a link to b
 
@@ -43,9 +48,11 @@ TEST_CASE("library preload: the family's libraries beside a loaded one are opene
   const auto r = preload_libraries_beside({"libgpurunpl"});
   CHECK(r.loaded == 1);  // b, once (its link resolves to it)
   CHECK(is_loaded(b));
-  CHECK_FALSE(is_loaded(other));  // another family
+  CHECK_FALSE(is_loaded(other));      // another family
+  CHECK_FALSE(is_loaded(old_major));  // another major version
+  CHECK_FALSE(is_loaded(debug));
   REQUIRE(r.failed.size() == 1);  // the bad file: named, and the rest still opened
-  CHECK(r.failed[0].find("libgpurunpl_bad.so") != std::string::npos);
+  CHECK(r.failed[0].find("libgpurunpl_bad.so.9") != std::string::npos);
   CHECK(r.seconds >= 0);
 
   const auto again = preload_libraries_beside({"libgpurunpl"});

@@ -200,6 +200,25 @@ same(state, back)
 assert not io_at(os.path.join(tmp, "none.snapshot")).files.premap(False)["done"]
 print("python_snapshot: premap OK")
 
+# 6c. A standby's two calls: mapped while it waits (premap(False), no CUDA), page-locked after
+# its go (premap(True)): the same mapping while the file is unchanged; a new one, and the new
+# file's state, when another file was put at the path meanwhile.
+io = io_at(p6)
+assert io.files.premap(False)["done"]
+first = io.files.data()
+assert first and io.files.premap(True)["done"] and io.files.data() == first
+stale = io_at(p6)
+assert stale.files.premap(False)["done"]
+old_mapping = stale.files.data()
+shutil.copyfile(p6, p6 + ".new")
+os.replace(p6 + ".new", p6)  # same bytes, another file (inode)
+assert stale.files.premap(True)["done"]
+assert stale.files.data() not in (0, old_mapping), "the replaced file's mapping was kept"
+back, info = stale.read(verify=True)
+assert not info["mapped"], info
+same(state, back)
+print("python_snapshot: a standby's early mapping reused, or remapped when replaced OK")
+
 
 
 # 7. The handoff (handoff() above), rank 0 and rank 1 as two processes.

@@ -425,3 +425,53 @@ finally:
 assert os.get_blocking(plain.fileno()), "a socket scan made a socket of the program non-blocking"
 plain.close()
 print("python_units: the socket scans leave blocking modes alone")
+
+# The snapshot threads page-lock in cuda:<slot>'s context: the premap and the prepare thread set
+# their device before the library's cudaHostRegister (a new thread's current device is 0: a
+# worker of slot 1 would make a context on GPU 0). A standby's map-only premap, before its go,
+# sets none (no CUDA at all), and the premap after the go joins it on its own thread.
+import threading  # noqa: E402
+from gpurun.runtime import Runtime  # noqa: E402
+
+calls = []
+
+
+class _FakeFiles:
+    def premap(self, on_device):
+        calls.append(("premap", on_device, threading.get_ident()))
+        return {"done": True}
+
+
+class _FakeSnap:
+    files = _FakeFiles()
+
+    def plan_prepare(self, state):
+        return 0, [8], True
+
+    def prepare(self, *args):
+        calls.append(("prepare", args[-1], threading.get_ident()))
+        return {"error": ""}
+
+
+fake = object.__new__(Runtime)  # only what the two threads read
+fake._prepare, fake._device, fake._snap = None, torch.device("cuda", 1), _FakeSnap()
+fake.elastic, fake._prepare_wanted, fake._state = True, True, lambda: {}
+real_set_device = torch.cuda.set_device
+torch.cuda.set_device = lambda d: calls.append(("set_device", d, threading.get_ident()))
+try:
+    fake._start_premap(on_device=False)  # a standby's, while it waits
+    fake._start_premap()  # after its go
+    fake._join_prepare()
+    premap_calls = list(calls)
+    calls.clear()
+    fake._start_prepare()  # a training process's background preparation
+    fake._join_prepare()
+finally:
+    torch.cuda.set_device = real_set_device
+main = threading.get_ident()
+assert [c[:2] for c in premap_calls] == [("premap", False), ("set_device", torch.device("cuda", 1)),
+                                          ("premap", True)], premap_calls
+assert premap_calls[1][2] == premap_calls[2][2] != main, premap_calls
+assert [c[:2] for c in calls] == [("set_device", torch.device("cuda", 1)), ("prepare", True)], calls
+assert calls[0][2] == calls[1][2] != main, calls
+print("python_units: the snapshot threads page-lock on the slot's device")

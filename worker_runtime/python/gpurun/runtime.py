@@ -534,9 +534,12 @@ class Runtime:
             self._note(f"the pause snapshot is not prepared ahead: {e}")
             return
         out = {}
+        device = self._device
 
         def run():
             try:
+                if device.type == "cuda":  # cudaHostRegister in cuda:<slot>'s context, not 0's
+                    torch.cuda.set_device(device)
                 out.update(self._snap.prepare(*args))
             except Exception as e:  # noqa: BLE001
                 out["error"] = str(e)
@@ -549,9 +552,13 @@ class Runtime:
         cuBLAS's lazily opened libraries are loaded (_native.preload_cuda_libraries) and the
         pause snapshot is mapped without page-locking (_start_premap); after the go only the
         page-locking is left (the C++ runtime's Impl::standby_ahead)."""
-        r = _native.preload_cuda_libraries()
-        for failed in r["failed"]:  # only slower: the library opens it itself later
-            self._note(f"standby: cannot preload {failed}")
+        if self._device.type == "cuda":
+            try:
+                r = _native.preload_cuda_libraries()
+            except Exception as e:  # noqa: BLE001 - only an optimisation: the standby goes on
+                r = {"failed": [f"({e})"]}
+            for failed in r["failed"]:  # only slower: the library opens it itself later
+                self._note(f"standby: cannot preload {failed}")
         if self._snap.files:
             self._start_premap(on_device=False)
 
@@ -560,15 +567,21 @@ class Runtime:
         snapshot): the library maps and page-locks that file on a thread while the program
         builds its model and loads its data, so that the resume only checks and copies. The
         file is not changed; nothing is said when there is none (a grow of a running job).
-        A standby's mapping from before its go (on_device=False) is joined first: the library
-        then only page-locks it, if the file is still the one mapped."""
-        self._join_prepare()
+        A standby's mapping from before its go (on_device=False) is joined first, on the new
+        thread (the go's CUDA set-up goes on meanwhile): the library then only page-locks it,
+        if the file is still the one mapped."""
+        earlier, self._prepare = self._prepare, None  # a standby's map-only thread (quiet)
         out = {"quiet": True}
         if on_device is None:
             on_device = self._device.type == "cuda"
+        device = self._device
 
         def run():
             try:
+                if earlier is not None:
+                    earlier[0].join()
+                if on_device:  # cudaHostRegister in this thread's current device's context
+                    torch.cuda.set_device(device)
                 out.update(self._snap.files.premap(on_device))
             except Exception:  # noqa: BLE001 - only an optimisation: the read maps it then
                 pass

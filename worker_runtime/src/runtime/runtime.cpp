@@ -268,14 +268,21 @@ void Runtime::Impl::ensure_device() {
 }
 
 void Runtime::Impl::standby_ahead() {
-  const control::PreloadResult r =
-      control::preload_libraries_beside(control::cuda_library_families());
-  trace.write("standby_preload", {{"loaded", Trace::num(int64_t{r.loaded})},
-                                  {"failed", Trace::num(static_cast<int64_t>(r.failed.size()))},
-                                  {"ms", Trace::num(r.seconds * 1e3)}});
-  for (const std::string& f : r.failed)  // only slower: the library opens it itself later
-    std::fprintf(stderr, "gpurun worker (slot %d): note: standby: cannot preload %s\n", slot,
-                 f.c_str());
+  if (device.is_cuda()) {
+    try {
+      const control::PreloadResult r =
+          control::preload_libraries_beside(control::cuda_library_families());
+      trace.write("standby_preload", {{"loaded", Trace::num(int64_t{r.loaded})},
+                                      {"failed", Trace::num(static_cast<int64_t>(r.failed.size()))},
+                                      {"ms", Trace::num(r.seconds * 1e3)}});
+      for (const std::string& f : r.failed)  // only slower: the library opens it itself later
+        std::fprintf(stderr, "gpurun worker (slot %d): note: standby: cannot preload %s\n", slot,
+                     f.c_str());
+    } catch (const std::exception& e) {  // an optimisation only: the standby goes on
+      std::fprintf(stderr, "gpurun worker (slot %d): note: standby: preloading failed: %s\n", slot,
+                   e.what());
+    }
+  }
   start_premap(/*map_only=*/true);
 }
 

@@ -221,13 +221,9 @@ void Runtime::Impl::finish_snapshot_preparation() {
 }
 
 void Runtime::Impl::start_premap(bool map_only) {
-  // A standby's mapping made while it waited (map_only): page-locked below if still current.
-  std::optional<rt::StateRegistry::PreparedSnapshot> early;
-  if (premap_thread.joinable()) {
-    premap_thread.join();
-    early = std::move(premapped);
-    premapped.reset();
-  }
+  // A standby's map-only thread from before its go: the new thread joins it and page-locks its
+  // mapping if the file is still the one mapped (not this thread: the go's CUDA set-up goes on).
+  std::thread earlier = std::move(premap_thread);
   premap_map_only = map_only;
   rt::StateRegistry::SnapshotPreparation plan;
   for (const std::string& p : snapshot_paths().list())
@@ -235,11 +231,21 @@ void Runtime::Impl::start_premap(bool map_only) {
       plan.paths = {p};  // a paused job's snapshot: the one this joiner will read
       break;
     }
-  if (plan.paths.empty()) return;
+  if (plan.paths.empty()) {  // nothing to read (any more): the early mapping is dropped
+    if (earlier.joinable()) earlier.join();
+    premapped.reset();
+    return;
+  }
   plan.on_device = !map_only && device.is_cuda();
   const at::Device dev = device;
   premap_thread =
-      std::thread([this, plan = std::move(plan), dev, early = std::move(early)]() mutable {
+      std::thread([this, plan = std::move(plan), dev, earlier = std::move(earlier)]() mutable {
+        std::optional<rt::StateRegistry::PreparedSnapshot> early;
+        if (earlier.joinable()) {
+          earlier.join();
+          early = std::move(premapped);
+          premapped.reset();
+        }
         if (plan.on_device) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
         premapped = early ? snapshot::finish_prepared_snapshot(std::move(*early), plan)
                           : rt::StateRegistry::make_prepared_snapshot(plan);

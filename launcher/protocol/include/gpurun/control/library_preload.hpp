@@ -2,7 +2,7 @@
 // loads while it waits for its go: the parts of the CUDA math libraries that they would
 // otherwise open at their first use, after the go, on the resume's critical path. Plain
 // dlopen: no CUDA call, no context, the GPU stays at 0 MiB. Shared by both runtimes (the
-// Python package through libgpurun_worker.so's gpurun_preload_libraries).
+// Python package through libgpurun_worker.so's gpurun_preload_cuda_libraries).
 #pragma once
 
 #include <string>
@@ -18,9 +18,11 @@ struct PreloadResult {
 };
 
 /// For every library loaded in this process whose file name starts with one of `families`
-/// (e.g. "libcudnn"), opens (dlopen RTLD_NOW | RTLD_LOCAL, never closed) each regular file or
-/// link in that library's directory whose name starts with the same family and has ".so" in
-/// it, unless the file it resolves to is loaded already. A library that opens later by name
+/// (e.g. "libcudnn") and is versioned (<name>.so.<major>[.…]), opens (dlopen RTLD_NOW |
+/// RTLD_LOCAL, never closed) each file or link in that library's directory whose name starts
+/// with the same family and resolves to a file of the same major version (libcudnn_ops.so.9
+/// beside libcudnn.so.9.10.2; not a cuDNN 8 beside it, nor a .debug file), unless that file is
+/// loaded already. A library that opens later by name
 /// (cuDNN 9 opens its engine, op and graph libraries at its first handle: hundreds of MB,
 /// ~0.3 s of the first step on an H200, bench/first_step_probe.py) then finds it loaded and
 /// relocated. A family with no loaded member opens nothing (a CPU-only process). Blocks for
