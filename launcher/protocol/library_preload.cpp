@@ -55,12 +55,12 @@ PreloadResult preload_libraries_beside(const std::vector<std::string>& families)
   // (directory, family, major version) of each loaded member: only the same version's
   // libraries beside it are opened (a shared lib/ may hold cuDNN 8 next to cuDNN 9).
   std::set<std::tuple<fs::path, std::string, std::string>> groups;
-  for (const fs::path& p : loaded)
-    for (const std::string& f : families) {
-      const std::string major = major_of(p.filename().string());
-      if (has_prefix(p.filename().string(), f) && !major.empty())
-        groups.emplace(p.parent_path(), f, major);
-    }
+  for (const fs::path& p : loaded) {
+    const std::string name = p.filename().string(), major = major_of(name);
+    if (major.empty()) continue;
+    for (const std::string& f : families)
+      if (has_prefix(name, f)) groups.emplace(p.parent_path(), f, major);
+  }
   for (const auto& [dir, family, major] : groups) {
     std::error_code ec;
     std::set<fs::path> candidates;  // sorted: the same order every time

@@ -48,6 +48,12 @@ std::optional<uint64_t> file_size_at(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
+// The first of `paths` that names a regular file (paths.end() when none does).
+std::vector<std::string>::const_iterator first_existing(const std::vector<std::string>& paths) {
+  return std::find_if(paths.begin(), paths.end(),
+                      [](const std::string& p) { return file_size_at(p).has_value(); });
+}
+
 // Whether the kept mapping `f` can take a snapshot of `end` bytes with a manifest of
 // `manifest_bytes` at `path`: it is still the file there, writable, and it fits.
 bool still_fits(const SnapshotFile& f, const std::string& path, uint64_t end,
@@ -302,9 +308,7 @@ PreparedSnapshot make_prepared_snapshot(const SnapshotPreparation& plan) {
   const uint64_t end = plan.data_end, manifest_bytes = plan.manifest_bytes;
   std::optional<SnapshotFile> file;
   try {
-    const auto existing =
-        std::find_if(plan.paths.begin(), plan.paths.end(),
-                     [](const std::string& p) { return file_size_at(p).has_value(); });
+    const auto existing = first_existing(plan.paths);
     if (existing != plan.paths.end()) {
       // An existing file (maybe a snapshot to resume from): used only if it fits, never replaced.
       file = open_if_fits(*existing, end, manifest_bytes);
@@ -360,9 +364,7 @@ PreparedSnapshot make_prepared_snapshot(const SnapshotPreparation& plan) {
 PreparedSnapshot finish_prepared_snapshot(PreparedSnapshot mapped,
                                           const SnapshotPreparation& plan) {
   const auto t0 = SteadyClock::now();
-  const auto existing =
-      std::find_if(plan.paths.begin(), plan.paths.end(),
-                   [](const std::string& p) { return file_size_at(p).has_value(); });
+  const auto existing = first_existing(plan.paths);
   if (!mapped.file || existing == plan.paths.end() || !mapped.file->is_at(*existing))
     return make_prepared_snapshot(plan);
   SnapshotStats& st = mapped.stats;

@@ -318,10 +318,10 @@ struct Runtime::Impl {
   /// Joins start_premap()'s thread and gives its mapping to the registry (none: nothing).
   void adopt_premapped();
 
-  /// A CUDA standby, before it waits for its go: what needs no CUDA context is done now, not
-  /// on the resume's critical path: cuDNN's and cuBLAS's lazily opened libraries are loaded
-  /// (control::preload_libraries_beside) and the pause snapshot is mapped (start_premap
-  /// map_only). bench/resize_latency.sh's standby rows measure it.
+  /// A standby, before it waits for its go: what needs no CUDA context is done now, not on
+  /// the resume's critical path: on a CUDA device cuDNN's and cuBLAS's lazily opened libraries
+  /// are loaded (control::preload_libraries_beside); on any, the pause snapshot is mapped
+  /// (start_premap map_only). bench/resize_latency.sh's standby rows measure it.
   void standby_ahead();
 
   // ---- the CUDA libraries set up beside the program's start -------------------------------

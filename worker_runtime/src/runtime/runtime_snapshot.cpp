@@ -240,15 +240,14 @@ void Runtime::Impl::start_premap(bool map_only) {
   const at::Device dev = device;
   premap_thread =
       std::thread([this, plan = std::move(plan), dev, earlier = std::move(earlier)]() mutable {
-        std::optional<rt::StateRegistry::PreparedSnapshot> early;
+        rt::StateRegistry::PreparedSnapshot early;  // none: finish maps the file itself
         if (earlier.joinable()) {
           earlier.join();
-          early = std::move(premapped);
+          if (premapped) early = std::move(*premapped);
           premapped.reset();
         }
         if (plan.on_device) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
-        premapped = early ? snapshot::finish_prepared_snapshot(std::move(*early), plan)
-                          : rt::StateRegistry::make_prepared_snapshot(plan);
+        premapped = snapshot::finish_prepared_snapshot(std::move(early), plan);
       });
 }
 
