@@ -77,7 +77,11 @@ cfg() {  # ACTIVE MODE FILE (written whole, then renamed: gpurun never reads hal
   printf 'active_gpus = %s\n[park]\nmode = "%s"\nstandby = %s\n' "$1" "$mode" "$sb" > "$3.new" &&
     mv "$3.new" "$3"
 }
-standby_waits() { grep -q "standby: waiting" "$1"; }  # the standby reached rt.device
+# The standby reached rt.device and (AHEAD=1, the default) did all it does before its go: the
+# snapshot mapped (a user's resume comes later than the bench's; AHEAD=0 edits at once).
+standby_waits() {
+  grep -q "standby: waiting" "$1" && { [[ ${AHEAD:-1} == 0 ]] || grep -q "standby: snapshot mapped ahead" "$1"; }
+}
 standby_rss() {  # resident set (KiB) of the slot's standby process (pid from `gpurun status`)
   local p
   p=$("$G" status --json --pid "$gp" 2>/dev/null | "$PY" -c '

@@ -58,7 +58,12 @@ cfg() {  # ACTIVE MODE FILE; env STANDBY (true|false, default false): [park] sta
   printf 'active_gpus = %s\n[park]\nmode = "%s"\nstandby = %s\n[boundary]\nevery = %s\ndeadline_s = 600\n' \
     "$1" "$2" "${STANDBY:-false}" "$EVERY" > "$3.new" && mv "$3.new" "$3"
 }
-standby_waits() { grep -qs '"event": *"standby"' "$1"/trace/gpu0.jsonl; }  # in device()
+# The standby waits in device() and (AHEAD=1, the default) did all it does before its go: the
+# snapshot mapped (a user's resume comes later than the bench's; AHEAD=0 edits at once).
+standby_waits() {
+  grep -qs '"event": *"standby"' "$1"/trace/gpu0.jsonl &&
+    { [[ ${AHEAD:-1} == 0 ]] || grep -qs '"event": *"standby_mapped"' "$1"/trace/gpu0.jsonl; }
+}
 
 scenario() {  # LABEL MODE [extra fmnist_train args]; env: PREPARE=0|1
   local label=$1 mode=$2 d=$OUT/$1; shift 2

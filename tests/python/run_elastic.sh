@@ -114,5 +114,7 @@ if [[ $MODE == release ]]; then
   grep -q '"to": "STANDBY"' "$TMP/events.jsonl" || fail "no standby started after the shrink"
   grep -q 'standby told to go' "$LOG" || fail "no standby was told to go"
   grep -q '"from": "STANDBY", "to": "WARMING"' "$TMP/events.jsonl" || fail "no STANDBY -> WARMING"
+  # The pause's leavers' standbys (started once the snapshot was written) mapped it ahead of the go.
+  grep -q 'standby: snapshot mapped ahead of the go' "$LOG" || fail "no standby mapped the snapshot ahead"
 fi
 echo "python_elastic_$MODE: OK"

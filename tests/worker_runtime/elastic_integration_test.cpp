@@ -220,6 +220,14 @@ TEST_CASE("release mode: shrink, swap, pause, resume, grow; identical state afte
   CHECK(source_leaver);
   // Release mode: every leave ended its process.
   CHECK(run.trace("exit").size() >= 4);  // 2 at the shrink, 0 and 1 at the swap, 2 at the pause
+  // The pause's leaver got a standby (slot 2's, started once the snapshot was written): it
+  // mapped that snapshot while it waited, ahead of its go (docs/worker-runtime.md#standby).
+  const auto mapped = run.trace("standby_mapped");
+  REQUIRE(!mapped.empty());
+  for (const auto& m : mapped) {
+    CHECK(m.at("error").as_string() == "");
+    CHECK(m.at("path").as_string().find(".snapshot") != std::string::npos);
+  }
   // Each epoch saw each sample once, across every resize; training went on (loss fell).
   const auto losses = run.losses();
   REQUIRE(losses.size() >= 8);
