@@ -2,6 +2,7 @@
 # Installs every Debian 12 package gpurun needs and builds it into build/.
 # Usage: scripts/setup.sh            (as root, or with sudo available)
 #        GPURUN_SKIP_APT=1 scripts/setup.sh   (packages already installed)
+#        GPURUN_BUILD_BENCH=OFF scripts/setup.sh   (without bench/'s programs: no test uses them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,7 @@ if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGPURUN_BUILD_BENCH="${GPURUN_BUILD_BENCH:-ON}"
 cmake --build build -j"$(nproc)"
 echo "setup: built build/launcher/gpurun"

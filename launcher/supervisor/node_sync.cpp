@@ -494,13 +494,17 @@ void NodeSync::finish(std::function<void()> closed) {
 }
 
 void NodeSync::finish_tick() {
-  // A node is done with the store once its live key's connection closed (or it never joined).
+  // A node is done with the store once its live key's connection closed (the store deletes
+  // the live key and writes the lost key then), or when it never joined. A node writes its join
+  // record before its live key: one refused at the start rendezvous in between has no live key
+  // yet and has not read the refusal (no lost key either).
   bool gone = true;
-  for (int r = 1; r < opt_.nnodes;
-       ++r) {  // the store deletes a live key when its connection closes
+  for (int r = 1; r < max_nodes(); ++r) {  // --nnodes MIN:MAX: a late node reads it too
     const auto i = static_cast<std::size_t>(r);
     if (i < hung_.size() && hung_[i]) continue;  // given up as hung: it will not read or close
-    if (store_->get(job_keys::live(r))) gone = false;
+    if (store_->get(job_keys::live(r)) ||
+        (store_->get(job_keys::join(r)) && !store_->get(job_keys::lost(r))))
+      gone = false;
   }
   if (gone || Clock::now() >= disconnect_deadline_) {
     auto c = std::move(closed_);

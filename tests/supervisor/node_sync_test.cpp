@@ -61,6 +61,38 @@ TEST_CASE("node sync: node 0's own status never outranks a recorded failure, in 
   CHECK(outcome->code == 3);
 }
 
+TEST_CASE("node sync: node 0 refuses a node at the start and keeps its store until it is gone") {
+  // A joining node writes its join record, then its live key. Node 0 may read the first and
+  // refuse the node (here: another --nproc) before the second is there; its store must stay
+  // up until that node has read the refusal and disconnected (the store's lost key), or the
+  // node sees only a closed connection instead of why it was refused.
+  boost::asio::io_context io;
+  MapStore store;
+  NodeSyncOptions o;
+  o.nnodes = 2;
+  o.nproc = 2;
+  o.poll_interval = std::chrono::milliseconds(1);
+  o.disconnect_wait = std::chrono::seconds(600);
+  NodeSync sync(io, o, store);
+  store.set(job_keys::join(1), "3 2 host-1 4242");  // nproc 3, nnodes 2, host, pid
+  std::optional<std::string> error;
+  bool closed = false;
+  sync.rendezvous([&](const std::string& e) {
+    error = e;
+    sync.finish([&] { closed = true; });  // what gpurun does: close the store when called
+  });
+  for (int i = 0; i < 2000 && !error; ++i) io.run_for(std::chrono::milliseconds(5));
+  REQUIRE(error);
+  CHECK(error->find("node 1 (host-1) joined with 3 workers (--nproc), node 0 has 2") !=
+        std::string::npos);
+  CHECK(store.kv.at(job_keys::start()).rfind("error 1 ", 0) == 0);
+  for (int polls = 0; polls < 50; ++polls) io.run_one();  // node 1 is still connected
+  CHECK_FALSE(closed);
+  store.set(job_keys::lost(1), "1700000000000");  // its connection closed
+  for (int i = 0; i < 2000 && !closed; ++i) io.run_for(std::chrono::milliseconds(5));
+  CHECK(closed);
+}
+
 TEST_CASE("node sync: a failure record round-trips, a reason with spaces and newlines included") {
   NodeFailure f{1700000000123, 1, 3, 1, 139, "rank 3 (pid 42) ended with signal SIGSEGV\nline 2"};
   const std::string text = f.encode();
