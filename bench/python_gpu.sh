@@ -33,7 +33,9 @@
 # to every run, e.g. --bf16), WAIT_S (timeout of every wait, default 300), RUN_TIMEOUT
 # (seconds per throughput run, default 420), MODES (the pause runs, default "release standby
 # hold": release without and with [park] standby, hold; REPS=0 skips the throughput runs), FLOOR (0:
-# no bench/park_floor.py, e.g. in a second call over the same OUT_DIR). Waits on events and states, never on fixed sleeps.
+# no bench/park_floor.py, e.g. in a second call over the same OUT_DIR), AHEAD (0: a standby mode's
+# resume edit as soon as the standby waits, before its snapshot map is done; default 1: once it
+# is). Waits on events and states, never on fixed sleeps.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODELS=${4:?models, e.g. \"b h\"}
 [[ $DEV == cpu || $DEV == cuda ]] || { echo "python_gpu.sh: DEVICE must be cpu or cuda, not '$DEV'" >&2; exit 2; }

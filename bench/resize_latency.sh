@@ -17,7 +17,9 @@
 # gpurun's own event log (the snapshot decision's and the PARKED worker_state's ts, 1 ms).
 # "decision -> GPU free (NVML)": on cuda, bench/nvml_watch.py polls NVML's process list every
 # 2 ms during the pause; the moment the worker's pid stopped being listed (release mode; hold
-# keeps its context). Prints a table last; logs, traces and event logs under OUT_DIR.
+# keeps its context). AHEAD=0: the standby run's resume edit as soon as the standby waits, before
+# its snapshot map is done (default: once its trace says standby_mapped). Prints a table last;
+# logs, traces and event logs under OUT_DIR.
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; DEV=${3:?cpu or cuda}; MODEL=${4:?model preset}; shift 4
 mkdir -p "$OUT"
