@@ -66,6 +66,16 @@ wait_current() {
   done
   fail "status never showed active: current [$1]"
 }
+# Waits (10 s at most) until `gpurun status` shows PATTERN (grep), its output in $TMP/status.out:
+# gpurun rewrites the status file at most every 100 ms (StatusWriter), so it may show a decision
+# up to that much after the event log does.
+wait_status() {
+  for _ in $(seq 1 100); do
+    "$GPURUN" status > "$TMP/status.out" 2>&1 && grep -q "$1" "$TMP/status.out" && return 0
+    sleep 0.1
+  done
+  fail "status never showed '$1': $(cat "$TMP/status.out")"
+}
 wait_event() {  # wait_event PATTERN: 30 s at most
   for _ in $(seq 1 300); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
   fail "no event matching '$1' in 30 s"
@@ -88,9 +98,7 @@ case $CASE in
     "$GPURUN" lend 2 --for 2s --note "alice's eval" > "$TMP/lend.out" 2>&1 || fail "lend: $(cat "$TMP/lend.out")"
     grep -q 'lent GPUs \[2\] until' "$TMP/lend.out" || fail "lend said: $(cat "$TMP/lend.out")"
     expect_resize 2 "[0,1]"
-    "$GPURUN" status > "$TMP/status.out" 2>&1 || fail "status: $(cat "$TMP/status.out")"
-    grep -q "leases: GPUs \[2\] until .* (alice's eval)" "$TMP/status.out" ||
-      fail "status shows no lease: $(cat "$TMP/status.out")"
+    wait_status "leases: GPUs \[2\] until .* (alice's eval)"
     grep -q 'declared (config.toml) \[0, 1, 2\]' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
     wait_event '"event": "lease_end".*"why": "expired"'
     expect_resize 3 "[0,1,2]"
@@ -106,9 +114,7 @@ case $CASE in
     grep -q 'lent GPUs \[1, 2\] until gpurun reclaim: the job stops using \[2\] at its next boundary; GPU 1 stays in the job for now (\[policy\] min_gpus = 2)' "$TMP/lend.out" ||
       fail "lend said: $(cat "$TMP/lend.out")"
     expect_resize 2 "[0,1]"
-    "$GPURUN" status > "$TMP/status.out" 2>&1
-    grep -q 'kept: GPU 1: lent until reclaimed, kept: \[policy\] min_gpus = 2' "$TMP/status.out" ||
-      fail "status: $(cat "$TMP/status.out")"
+    wait_status 'kept: GPU 1: lent until reclaimed, kept: \[policy\] min_gpus = 2'
     wait_current "0, 1"
     "$GPURUN" reclaim 2 > "$TMP/reclaim.out" 2>&1 || fail "reclaim: $(cat "$TMP/reclaim.out")"
     grep -q 'reclaimed GPUs \[2\]: the job takes back \[2\] at its next boundary; GPU 1 leaves the job in their place (lent until reclaimed)' "$TMP/reclaim.out" ||
@@ -228,7 +234,7 @@ PY
     flock "$state" -c "printf 'process 1 $foreign 2048\nprocess 2 $own 900\nprocess 0 4194000 10\n' >> '$state'"
     wait_event '"event": "yield", "gpu": 1'
     expect_resize 2 "[0,2]"
-    "$GPURUN" status > "$TMP/status.out" 2>&1
+    wait_status 'out: GPU 1: yielded to pid'
     grep -q 'declared (config.toml) \[0, 1, 2\]' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
     grep -q '"event": "yield", "gpu": [02]' "$TMP/events.jsonl" && fail "a GPU of ours or of an unseen pid was yielded"
     kill "$foreign"; wait "$foreign" 2>/dev/null || true; foreign=
@@ -243,8 +249,7 @@ PY
     flock "$state" -c "printf 'process 1 $foreign 2048
 ' >> '$state'"
     expect_resize 4 "[0,2]"
-    "$GPURUN" status > "$TMP/status.out" 2>&1
-    grep -q 'out: GPU 1: yielded to pid' "$TMP/status.out" || fail "status: $(cat "$TMP/status.out")"
+    wait_status 'out: GPU 1: yielded to pid'
     "$GPURUN" set policy.yield_to_foreign=false > /dev/null 2>&1 || fail "set yield_to_foreign"
     wait_event '"event": "yield_end", "gpu": 1, .*"why": "policy off"'
     expect_resize 5 "[0,1,2]"
