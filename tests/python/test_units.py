@@ -400,7 +400,7 @@ print(f"python_units: NCCL's UDS thread woken at its stop ({wake.sent} datagrams
 # torch.cuda.set_device refuses).
 import contextlib  # noqa: E402
 import io  # noqa: E402
-from gpurun.runtime import _WarmUp  # noqa: E402
+from gpurun._warmup import _WarmUp  # noqa: E402
 
 warm = _WarmUp(torch.device("cpu"), 3)
 err = io.StringIO()

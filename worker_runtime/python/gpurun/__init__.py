@@ -1,7 +1,8 @@
 """gpurun for Python: elastic data-parallel training under ``gpurun --config``
 (docs/python.md). Pure Python; torch >= 1.13."""
 from ._sampler import ElasticSampler
-from .runtime import Runtime, StateMismatch, elastic, is_comm_failure
+from ._decorator import elastic
+from .runtime import Runtime, StateMismatch, is_comm_failure
 
 __all__ = ["Runtime", "ElasticSampler", "StateMismatch", "elastic", "is_comm_failure"]
 __version__ = "0.1.0"

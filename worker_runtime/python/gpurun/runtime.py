@@ -10,7 +10,6 @@ Without gpurun's elastic environment (plain ``python3 train.py``, torchrun, or g
 ``--config``) it is a static data-parallel run: ``init_process_group("env://")`` when
 WORLD_SIZE > 1, else a single process.
 """
-import atexit
 import datetime
 import gc
 import os
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from . import _native, _snapshot
 from ._checksum import _state_digest, _word_sums_many
+from ._warmup import _WarmUp
 from ._comm import GroupLinks, NcclWake, is_comm_failure
 from ._loader import _Loader
 from ._sampler import ElasticSampler
@@ -769,61 +769,6 @@ class Runtime:
                                 + ", ".join(bad))
 
 
-class _WarmUp:
-    """An elastic CUDA process, once its device is set up: what its first checksum and its
-    first training step would otherwise set up on their critical path, on a thread while the
-    program builds its model and the state arrives (torch releases the GIL in its operations):
-    the checksum's kernels (CUDA loads a kernel at its first launch), then cuBLAS/cuBLASLt and
-    cuDNN (handles, workspaces, engines) through tiny float32 and bfloat16 linear layers,
-    batched products and a strided convolution with their backward, on inputs of ones (the
-    CUDA RNG is not used). The C++ runtime does the same (worker_runtime/src/runtime/
-    cuda_warmup.cpp). torch hands the handles a thread made back to its pools when the thread
-    ends, so the training thread reuses them. ViT-H on an H200: a fresh process's first step
-    2.8 s against 0.16 s steady (bench/vit_step_bench --step-times)."""
-
-    def __init__(self, device, slot):
-        self._device, self._slot, self._error = device, slot, None
-        self._thread = threading.Thread(target=self._run, name="gpurun-warm-up", daemon=True)
-        self._thread.start()
-        # A process that ends before its first generation (an error, told to exit) must not
-        # tear the interpreter down under the thread's cuDNN/cuBLAS set-up.
-        atexit.register(self._thread.join, 30)
-
-    def _run(self):
-        try:
-            dev = self._device
-            torch.cuda.set_device(dev)
-            # A side stream: nothing here waits for the program's kernels or NCCL's.
-            side = torch.cuda.Stream(dev)
-            dtypes = (torch.float32, torch.bfloat16) if torch.cuda.is_bf16_supported() else (
-                torch.float32,)
-            with torch.cuda.stream(side), torch.enable_grad():
-                with torch.no_grad():
-                    _word_sums_many([torch.zeros(3, dtype=torch.uint8, device=dev),
-                                     torch.zeros(2, device=dev)])
-                for dtype in dtypes:
-                    ones = lambda *shape: torch.ones(*shape, dtype=dtype, device=dev,  # noqa: E731
-                                                     requires_grad=True)
-                    y = torch.nn.functional.linear(ones(8, 16), ones(32, 16), ones(32))
-                    y = y.view(2, 4, 32)
-                    torch.matmul(y, y.transpose(1, 2)).sum().backward()
-                    torch.nn.functional.conv2d(ones(2, 1, 8, 8), ones(4, 1, 4, 4),
-                                               stride=4).sum().backward()
-            side.synchronize()
-        except Exception as e:  # noqa: BLE001 - only a warm-up: the first step does it instead
-            self._error = e
-
-    def finish(self):
-        """Waits for the thread (before a generation's first step); prints a failure. Returns
-        None (the caller's reference is dropped)."""
-        self._thread.join()
-        if self._error is not None:
-            print(f"gpurun (python, slot {self._slot}): warning: setting up the CUDA libraries "
-                  f"ahead of the first step failed ({self._error}); the first step sets them "
-                  "up instead", file=sys.stderr, flush=True)
-        return None
-
-
 # How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks
 # go straight from _arrive() into init_process_group, so only a peer that died in between
 # waits this long.
@@ -849,60 +794,3 @@ def _report_program_errors(session):
 
     hook._gpurun = True
     sys.excepthook = hook
-
-
-def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size=None,
-            seed=0, loader_kwargs=None, drop_on_error=False, **others):
-    """Decorator for a per-epoch function ``train_one_epoch(loader, epoch[, rt])``:
-
-        @gpurun.elastic(model=net, optimizer=opt, dataset=train_set, batch_size=64)
-        def train_one_epoch(loader, epoch, rt):
-            for x, y in loader:
-                ...  # forward with rt.model (DDP over this generation's group)
-
-        rt = train_one_epoch(epochs=10)
-
-    Calling the decorated function runs the whole elastic loop (``Runtime.epochs``) and
-    returns the Runtime on every rank that finishes (a release-mode leaver exits with status
-    0 inside it). A collective that fails because a peer died (``is_comm_failure``) is
-    followed at once: the rank reports at its position, gpurun removes the dead rank, and the
-    rest of the epoch runs again over the survivors (the failed step included, so each sample
-    is still trained once). ``loader_kwargs`` (dict) goes to ``Runtime.loader`` (e.g.
-    ``{"num_workers": 2}``). An exception of ``train_one_epoch`` fails the whole job, as under
-    torchrun, unless ``drop_on_error`` (then gpurun goes on without the rank, as after a
-    crash). Limits: docs/python.md#limits."""
-    import inspect
-
-    def wrap(fn):
-        takes_rt = len(inspect.signature(fn).parameters) >= 3
-
-        def run(epochs):
-            rt = Runtime(drop_on_error=drop_on_error)
-            rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
-            loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
-                      if dataset else None)
-            for epoch in rt.epochs(epochs):
-                while True:
-                    try:
-                        fn(loader, epoch, rt) if takes_rt else fn(loader, epoch)
-                        break
-                    except SystemExit as e:
-                        # sys.exit(N != 0) in the program fails the job, as under torchrun
-                        # (the excepthook passes SystemExit by).
-                        if e.code not in (None, 0) and rt.elastic and not drop_on_error:
-                            rt._session.on({"event": "program_error",
-                                            "text": f"SystemExit: sys.exit({e.code!r}) in "
-                                                    f"{fn.__name__}"})
-                        raise
-                    except RuntimeError as e:
-                        if not is_comm_failure(e) or not rt.elastic:
-                            raise
-                        if not rt._recover(e):
-                            return rt
-            return rt
-
-        run.__wrapped__ = fn
-        run.__doc__ = fn.__doc__
-        return run
-
-    return wrap
