@@ -32,7 +32,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from fmnist_vit import MODELS, ViT, load  # noqa: E402
 
 
+def die_with_parent():
+    """torchrun starts its workers in a session of their own: a bench killed under a time limit
+    (SIGKILL: no trap runs) took torchrun with it and left this worker holding its GPU for the
+    runs after (2026-12-05, 518 MiB). Linux: SIGKILL when the parent (torchrun's agent) ends."""
+    try:
+        import ctypes
+        import signal
+        ppid = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != ppid:  # the parent ended before the prctl
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass  # not Linux: the caller's timeouts are all there is
+
+
 def main():
+    die_with_parent()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="tiny")
     p.add_argument("--batch", type=int, default=64)
