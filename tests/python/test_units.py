@@ -475,3 +475,23 @@ assert premap_calls[1][2] == premap_calls[2][2] != main, premap_calls
 assert [c[:2] for c in calls] == [("set_device", torch.device("cuda", 1)), ("prepare", True)], calls
 assert calls[0][2] == calls[1][2] != main, calls
 print("python_units: the snapshot threads page-lock on the slot's device")
+
+# Only a standby's map before its go says "standby: snapshot mapped ahead" (the benches wait for
+# that line): not a warm joiner's map after its start, nor a standby's after its go, which on CPU
+# are map-only (on_device False) too.
+import contextlib  # noqa: E402
+import io  # noqa: E402
+
+cpu = object.__new__(Runtime)
+cpu._prepare, cpu._device, cpu._snap, cpu.slot = None, torch.device("cpu"), _FakeSnap(), 4
+said = io.StringIO()
+with contextlib.redirect_stderr(said):
+    cpu._start_premap()  # a warm joiner's, after its start (no standby)
+    cpu._join_prepare()
+assert "mapped ahead" not in said.getvalue(), said.getvalue()
+with contextlib.redirect_stderr(said):
+    cpu._standby_ahead()  # a standby's, while it waits
+    cpu._start_premap()  # after its go: joins that map
+    cpu._join_prepare()
+assert said.getvalue().count("slot 4): standby: snapshot mapped ahead of the go") == 1, said.getvalue()
+print("python_units: only a standby's map before its go is said to be ahead")

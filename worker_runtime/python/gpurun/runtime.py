@@ -564,9 +564,9 @@ class Runtime:
             # at once then, and says its error, if any, there.
             torch.cuda.is_available()
         if self._snap.files:
-            self._start_premap(on_device=False)
+            self._start_premap(on_device=False, ahead=True)
 
-    def _start_premap(self, on_device=None):
+    def _start_premap(self, on_device=None, ahead=False):
         """A warm joiner (of a paused job, when the run's snapshot file holds a committed
         snapshot): the library maps and page-locks that file on a thread while the program
         builds its model and loads its data, so that the resume only checks and copies. The
@@ -587,7 +587,7 @@ class Runtime:
                 if on_device:  # cudaHostRegister in this thread's current device's context
                     torch.cuda.set_device(device)
                 out.update(self._snap.files.premap(on_device))
-                if not on_device and out.get("done"):  # a standby's: all it does ahead is done
+                if ahead and out.get("done"):  # a standby's, before its go: all it does ahead
                     ms = out.get("total_s", 0) * 1e3
                     print(f"gpurun (python, slot {self.slot}): standby: snapshot mapped ahead of "
                           f"the go ({ms:.0f} ms)", file=sys.stderr, flush=True)
