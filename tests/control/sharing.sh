@@ -59,13 +59,7 @@ resize() {
 expect_resize() { local got; got=$(resize "$1"); [[ $got == "$2" ]] || fail "resize $1: active $got, not $2"; }
 # Waits (10 s at most) until `gpurun status` shows the job training on $1 ("0, 1"): the
 # commands' messages are computed from the status file, written just after the decision.
-wait_current() {
-  for _ in $(seq 1 100); do
-    "$GPURUN" status 2>/dev/null | grep -q "active: current \[$1\]" && return 0
-    sleep 0.1
-  done
-  fail "status never showed active: current [$1]"
-}
+wait_current() { wait_status "active: current \[$1\]"; }
 # Waits (10 s at most) until `gpurun status` shows PATTERN (grep), its output in $TMP/status.out:
 # gpurun rewrites the status file at most every 100 ms (StatusWriter), so it may show a decision
 # up to that much after the event log does.

@@ -454,12 +454,12 @@ class _FakeSnap:
 
 
 fake = object.__new__(Runtime)  # only what the two threads read
-fake._prepare, fake._device, fake._snap = None, torch.device("cuda", 1), _FakeSnap()
+fake._prepare, fake._device, fake._snap, fake.slot = None, torch.device("cuda", 1), _FakeSnap(), 1
 fake.elastic, fake._prepare_wanted, fake._state = True, True, lambda: {}
 real_set_device = torch.cuda.set_device
 torch.cuda.set_device = lambda d: calls.append(("set_device", d, threading.get_ident()))
 try:
-    fake._start_premap(on_device=False)  # a standby's, while it waits
+    fake._start_premap(ahead=True)  # a standby's, while it waits
     fake._start_premap()  # after its go
     fake._join_prepare()
     premap_calls = list(calls)

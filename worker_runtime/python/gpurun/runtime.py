@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from . import _native, _snapshot
 from ._checksum import _state_digest, _word_sums_many
-from ._warmup import _WarmUp
 from ._comm import GroupLinks, NcclWake, is_comm_failure
 from ._loader import _Loader
 from ._sampler import ElasticSampler
+from ._warmup import _WarmUp
 
 
 class StateMismatch(RuntimeError):
@@ -559,25 +559,25 @@ class Runtime:
                 r = {"failed": [f"({e})"]}
             for failed in r["failed"]:  # only slower: the library opens it itself later
                 self._note(f"standby: cannot preload {failed}")
-            # The CUDA driver's own start (cuInit, through cudaGetDeviceCount: ~0.25 s on an
-            # H200), which makes no context: the GPU stays at 0 MiB. The go's check returns
+            # The CUDA driver's own start (cuInit, through cudaGetDeviceCount; at most ~0.25 s
+            # on the H200 by the C++ warm-up thread's start, 2026-12-05), which makes no context: the GPU stays at 0 MiB. The go's check returns
             # at once then, and says its error, if any, there.
             torch.cuda.is_available()
         if self._snap.files:
-            self._start_premap(on_device=False, ahead=True)
+            self._start_premap(ahead=True)
 
-    def _start_premap(self, on_device=None, ahead=False):
+    def _start_premap(self, ahead=False):
         """A warm joiner (of a paused job, when the run's snapshot file holds a committed
         snapshot): the library maps and page-locks that file on a thread while the program
         builds its model and loads its data, so that the resume only checks and copies. The
         file is not changed; nothing is said when there is none (a grow of a running job).
-        A standby's mapping from before its go (on_device=False) is joined first, on the new
-        thread (the go's CUDA set-up goes on meanwhile): the library then only page-locks it,
-        if the file is still the one mapped."""
+        ``ahead``: a standby's, before its go: mapped without page-locking (no CUDA call; the
+        C++ runtime's start_premap(map_only)). That mapping is joined first by the premap after
+        the go, on the new thread (the go's CUDA set-up goes on meanwhile): the library then
+        only page-locks it, if the file is still the one mapped."""
         earlier, self._prepare = self._prepare, None  # a standby's map-only thread (quiet)
         out = {"quiet": True}
-        if on_device is None:
-            on_device = self._device.type == "cuda"
+        on_device = not ahead and self._device.type == "cuda"
         device = self._device
 
         def run():

@@ -272,9 +272,10 @@ void Runtime::Impl::standby_ahead() {
     try {
       const control::PreloadResult r =
           control::preload_libraries_beside(control::cuda_library_families());
-      // The CUDA driver's own start (cuInit, through cudaGetDeviceCount: ~0.25 s on an H200),
-      // which makes no context: nvidia-smi lists nothing and the GPU stays at 0 MiB. The go's
-      // check below then returns at once; its error, if any, is said there.
+      // The CUDA driver's own start (cuInit, through cudaGetDeviceCount; at most ~0.25 s on the
+      // H200 by the warm-up thread's start after a go, 2026-12-05), which makes no context:
+      // nvidia-smi lists nothing and the GPU stays at 0 MiB. The go's check below then returns at
+      // once; its error, if any, is said there.
       const auto t_driver = Clock::now();
       (void)torch::cuda::is_available();
       trace.write("standby_preload", {{"loaded", Trace::num(int64_t{r.loaded})},
