@@ -64,11 +64,10 @@ if ((sanitize)); then
   # here anyway; the -E keeps it so should that change). The Python tests (label python) ran
   # in the main build: their workers load libgpurun_worker.so, which an instrumented build
   # cannot load into an uninstrumented python3.
-  # -j2: at -j4 (15 s faster) supervisor_address_tests' "fails at start within 1 s" took 1.4 s
-  # under the sanitizers' load (clean-clone CI of fa59183).
+  # -j4: most of these tests wait on processes and timers (15 s faster than -j2 on two cores).
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j2 --timeout 300 \
+    ctest --test-dir build-asan --output-on-failure -j4 --timeout 300 \
     -E '^(package_consumer_test|main_job_demo)$' -LE python
   stage "sanitizer tests"
 fi

@@ -109,12 +109,12 @@ TEST_CASE("address: a --master-addr that does not resolve fails at start on node
   for (const std::string rank : {"0", "1"}) {
     CAPTURE(rank);
     TempDir dir;
-    const auto start = Clock::now();
     Gpurun g({"--nnodes", "2", "--node-rank", rank, "--master-port", free_port(), "--master-addr",
               "nosuchhost.invalid"},
              dir, "node" + rank);
+    // "At start" is the message and no worker, not a time: a check made later (at the connect, or
+    // after a retry loop) would name a timeout or a refused connection instead.
     REQUIRE(g.wait(10s));
-    CHECK(Clock::now() - start < 1s);
     CHECK(g.code() == 2);
     CHECK(g.stderr_text() ==
           "gpurun: error: --master-addr 'nosuchhost.invalid' does not resolve: Name or service "
@@ -132,14 +132,12 @@ TEST_CASE("address: on node 0 an address of another host fails at start, naming 
   for (const std::string nnodes : {"1", "2"}) {
     CAPTURE(nnodes);
     TempDir dir;
-    const auto start = Clock::now();
     Gpurun g({"--nnodes", nnodes, "--node-rank", "0", "--master-port", free_port(), "--master-addr",
               other},
              dir, "node0");
     REQUIRE(g.wait(10s));
     const std::string err = g.stderr_text();
     INFO(err);
-    CHECK(Clock::now() - start < 1s);
     CHECK(g.code() == 2);
     CHECK(err.rfind("gpurun: error: --master-addr '203.0.113.7' is not this host: node 0 hosts the "
                     "store, but 203.0.113.7 is not an address of this host (lo: 127.0.0.1",

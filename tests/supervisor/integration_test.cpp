@@ -381,7 +381,7 @@ TEST_CASE("gpurun: --max-restarts 2 -> exactly two restarts, same count on every
   CHECK(ev.find("\"event\": \"shutdown\", \"exit_code\": 3") != std::string::npos);
 }
 
-TEST_CASE("gpurun: an explicitly requested busy port fails within 1 s naming the port") {
+TEST_CASE("gpurun: an explicitly requested busy port fails at start naming the port") {
   TempDir dir;
   int s = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(s >= 0);
@@ -394,16 +394,17 @@ TEST_CASE("gpurun: an explicitly requested busy port fails within 1 s naming the
   socklen_t len = sizeof addr;
   ::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len);
   const std::string port = std::to_string(ntohs(addr.sin_port));
-  const auto t0 = Clock::now();
   Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", port, worker("loop.sh")},
            {{"OUT_DIR", dir.str()}}, dir.path);
+  // At start, not after a retry: one line naming the address, and no worker ran (loop.sh
+  // writes its pid file first thing).
   REQUIRE(g.wait(5s));
-  CHECK(Clock::now() - t0 < 1s);
   ::close(s);
   const std::string err = g.stderr_text();
   INFO(err);
   CHECK(g.code() == 1);
-  CHECK(err.find(":" + port) != std::string::npos);
+  CHECK(err == "gpurun: error: cannot listen on 127.0.0.1:" + port + ": Address already in use\n");
+  CHECK_FALSE(fs::exists(dir.path / "pid.0"));
   CHECK(read_pids(dir.path, "pid.").empty());  // no worker was started
 }
 
@@ -576,18 +577,16 @@ TEST_CASE("gpurun: a missing .py script exits 127; the event log records argv as
 
 TEST_CASE("gpurun: a --master-addr that does not resolve fails at once, naming it") {
   TempDir dir;
-  const auto start = Clock::now();
-  // RFC 6761: names under .invalid never resolve (no DNS needed to know it).
+  // RFC 6761: names under .invalid never resolve (no DNS needed to know it). "At once" is the
+  // message (not a connect timeout's) and no worker started, not a time.
   Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--master-addr",
             "nosuchhost.invalid", worker("dump_env.sh")},
            {{"OUT_DIR", dir.str()}}, dir.path);
   REQUIRE(g.wait(10s));
-  const auto took = Clock::now() - start;
   CHECK(g.code() == 2);
   CHECK(g.stderr_text() ==
         "gpurun: error: --master-addr 'nosuchhost.invalid' does not resolve: Name or service not "
         "known\n");
-  CHECK(took < 1s);
   CHECK_FALSE(fs::exists(dir.path / "env.0"));  // nothing started
 
   Gpurun bracket({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--master-addr",

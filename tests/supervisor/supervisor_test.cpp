@@ -139,8 +139,7 @@ TEST_CASE("supervisor: a worker ignoring SIGTERM gets SIGKILL after the grace pe
   const auto elapsed = std::chrono::steady_clock::now() - t0;
   REQUIRE(h.sup->done());
   CHECK(h.proc(1).signals == std::vector<int>{SIGTERM, SIGKILL});
-  CHECK(elapsed >= 100ms);
-  CHECK(elapsed < 2000ms);
+  CHECK(elapsed >= 100ms);  // not before the grace period (drive()'s limit bounds the rest)
   CHECK(h.sup->exit_code() == 3);
 }
 
