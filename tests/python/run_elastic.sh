@@ -13,9 +13,9 @@ mkdir -p "$TMP/out"
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "${2:-$MODE}" > "$TMP/config.toml.new"
          mv "$TMP/config.toml.new" "$TMP/config.toml"; }
 # Epochs finished so far (rank 0's lines; any slot can be rank 0).
-done_epochs() { cat "$TMP"/out/log.* 2>/dev/null | "$PY" -c '
-import json, sys
-print(max([json.loads(l)["epoch"] for l in sys.stdin if json.loads(l)["rank"] == 0] + [-1]) + 1)'; }
+# awk, not python: this runs every 0.1 s, and a python3 start is ~40 ms of CPU each time.
+done_epochs() { cat "$TMP"/out/log.* 2>/dev/null | awk -F'[:,]' '
+/^\{"epoch": [0-9]+, "rank": 0,/ { if ($2 + 1 > n) n = $2 + 1 } END { print n + 0 }'; }
 wait_epochs() {
   for _ in $(seq 1 600); do
     (( $(done_epochs) >= $1 )) && return 0
