@@ -111,7 +111,7 @@ void Supervisor::start_attempt() {
   failure_.reset();
   absorbed_failure_.reset();
   phase_ = Phase::kRunning;
-  grace_armed_ = killed_ = drain_expired_ = kill_expired_ = false;
+  grace_armed_ = killed_ = drain_expired_ = kill_expired_ = attempt_finished_ = false;
 
   for (int local = 0; local < opt_.plan.nproc; ++local) {
     auto w = std::make_unique<Worker>();
@@ -367,7 +367,7 @@ void Supervisor::arm_poll() {
 }
 
 void Supervisor::check_progress() {
-  if (phase_ == Phase::kDone || phase_ == Phase::kGated) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kGated || attempt_finished_) return;
   // Elastic mode, paused: no process runs, yet the job waits for a resume.
   if (phase_ == Phase::kRunning && controller_ && !failure_ && !shutdown_signal_ &&
       controller_->holds_job_open())
@@ -405,6 +405,10 @@ void Supervisor::check_progress() {
 }
 
 void Supervisor::finish_attempt() {
+  // Once per attempt: restart() posts the next attempt's start, and a check queued meanwhile
+  // (the poll timer's, already fired when cancel() below runs) would otherwise restart again.
+  if (attempt_finished_) return;
+  attempt_finished_ = true;
   grace_timer_.cancel();
   kill_timer_.cancel();
   poll_timer_.cancel();

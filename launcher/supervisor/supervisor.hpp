@@ -229,6 +229,9 @@ class Supervisor {
   bool killed_ = false;
   bool drain_expired_ = false;
   bool kill_expired_ = false;
+  // finish_attempt ran for this attempt: a check queued before it (a timer's that had already
+  // fired, say) finds nothing more to do until start_attempt clears it.
+  bool attempt_finished_ = false;
   bool poll_armed_ = false;
   std::optional<int> exit_code_;
   boost::asio::steady_timer grace_timer_;

@@ -609,3 +609,22 @@ TEST_CASE("supervisor: the preempt signal is forwarded; with stop_on_preempt the
   CHECK(h.sup->exit_code() == 128 + SIGURG);
   CHECK(h.sup->shutdown_signal() == SIGURG);
 }
+
+TEST_CASE("supervisor: one failure is one restart, even with a check already queued") {
+  // The poll timer (every 0 ms here) has a check of the attempt queued when the last worker's
+  // exit finishes the attempt; that check, run before the next attempt starts, must not find
+  // the finished attempt again and restart a second time (two worker sets, a restart lost).
+  Harness h(2, /*max_restarts=*/5, [](SupervisorOptions& o) { o.poll_interval = 0ms; });
+  h.sup->start();
+  h.spawner.exit(0, {1, 0});
+  const auto end = std::chrono::steady_clock::now() + 3s;
+  while (h.spawner.procs.size() < 4 && std::chrono::steady_clock::now() < end) {
+    h.io.restart();
+    h.io.run_for(5ms);
+  }
+  h.settle();
+  CHECK(h.restarts == std::vector<int>{1});
+  CHECK(h.sup->attempt() == 1);
+  REQUIRE(h.spawner.procs.size() == 4);
+  CHECK(h.env(2, "TORCHELASTIC_RESTART_COUNT") == "1");
+}
