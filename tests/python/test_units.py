@@ -430,7 +430,6 @@ print("python_units: the socket scans leave blocking modes alone")
 # their device before the library's cudaHostRegister (a new thread's current device is 0: a
 # worker of slot 1 would make a context on GPU 0). A standby's map-only premap, before its go,
 # sets none (no CUDA at all), and the premap after the go joins it on its own thread.
-import threading  # noqa: E402
 from gpurun.runtime import Runtime  # noqa: E402
 
 calls = []
@@ -495,3 +494,32 @@ with contextlib.redirect_stderr(said):
     cpu._join_prepare()
 assert said.getvalue().count("slot 4): standby: snapshot mapped ahead of the go") == 1, said.getvalue()
 print("python_units: only a standby's map before its go is said to be ahead")
+
+# The state check after a boundary with one rank: nothing to compare, so no collective (with
+# NCCL the first one would set the group's communicator up before the first step) and no
+# checksum; with two ranks it all-gathers.
+import gpurun.runtime as grt  # noqa: E402
+
+
+class _Dist:
+    def __init__(self, world):
+        self.world, self.gathers = world, 0
+
+    def get_world_size(self):
+        return self.world
+
+    def all_gather(self, out, t):
+        self.gathers += 1
+        for o in out:
+            o.copy_(t)
+
+
+real_dist = grt.dist
+try:
+    for world, gathers in ((1, 0), (2, 1)):
+        grt.dist = _Dist(world)
+        rt._verify(0, "after the boundary")
+        assert grt.dist.gathers == gathers, (world, grt.dist.gathers)
+finally:
+    grt.dist = real_dist
+print("python_units: one rank's state check makes no collective")
