@@ -18,6 +18,7 @@ PACKAGES=(
   procps psmisc         # ps/pkill used by the integration tests
   gnuplot-nox           # draws `gpurun report`'s PNG (docs/energy.md#plots)
   clang-format          # scripts/format.sh --check, run first by scripts/test.sh (.clang-format)
+  clang libclang-rt-dev # scripts/test.sh's sanitizer build (clang++ and its ASan/UBSan runtimes)
   slurm-wlm munge       # a real one-machine Slurm for tests/slurm (slurmctld, slurmd, sbatch)
   python3-torch         # torch 1.13 for Python (same LibTorch): tests/python under gpurun
   python3-torchvision python3-tqdm  # examples/python/fmnist_vit.py (ViT, progress bar)

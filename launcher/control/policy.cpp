@@ -143,7 +143,8 @@ EffectiveSet effective_set(const std::vector<int>& declared, const std::vector<L
   }
   for (const auto& [gpu, reason] : yielded) {
     if (!has_id(declared, gpu)) continue;
-    auto w = std::find_if(why.begin(), why.end(), [&](const auto& p) { return p.first == gpu; });
+    auto w =
+        std::find_if(why.begin(), why.end(), [id = gpu](const auto& p) { return p.first == id; });
     if (w == why.end())
       why.emplace_back(gpu, reason);
     else

@@ -112,9 +112,9 @@ struct Run : gpurun::testing::ElasticRun {
   void check_reads_identical() const {
     auto r = reads();
     CHECK(!r.empty());
-    for (const auto& [key, values] : r) {
-      INFO("key " << key);
-      CHECK(values.size() == 1);
+    for (const auto& kv : r) {  // named: clang 14 cannot capture a binding in INFO's lambda
+      INFO("key " << kv.first);
+      CHECK(kv.second.size() == 1);
     }
   }
   /// A grow to `target`: its joiners may be admitted over several resizes, as each gets ready
@@ -345,7 +345,9 @@ TEST_CASE("gpurun status --json and the table against a live run") {
     const int rc = ::pclose(p);
     return std::make_pair(WEXITSTATUS(rc), out);
   };
-  auto [rc, text] = capture("--json");
+  const auto text_out = capture("--json");
+  const int rc = text_out.first;
+  const std::string& text = text_out.second;  // named: for INFO's lambda (clang 14)
   INFO(text);
   REQUIRE(rc == 0);
   auto root = json::parse(text).as_object();
@@ -360,7 +362,9 @@ TEST_CASE("gpurun status --json and the table against a live run") {
   CHECK(slots[2].as_object()["rank"].as_int64() == 1);
   CHECK(slots[2].as_object()["pid"].as_int64() > 0);
 
-  auto [rc2, table] = capture("--run-id ctl-test");
+  const auto table_out = capture("--run-id ctl-test");
+  const int rc2 = table_out.first;
+  const std::string& table = table_out.second;  // named: for INFO's lambda (clang 14)
   INFO(table);
   CHECK(rc2 == 0);
   CHECK(table.find("ACTIVE") != std::string::npos);
@@ -439,7 +443,9 @@ TEST_CASE("--device cuda: every visible GPU is a slot; --nproc only sets how man
   run.wait_continues(1);
   CHECK(run.events("worker_started").size() == 2);
 
-  auto [rc, text] = gpurun_status(tmp.path, "--json");
+  const auto text_out = gpurun_status(tmp.path, "--json");
+  const int rc = text_out.first;
+  const std::string& text = text_out.second;  // named: for INFO's lambda (clang 14)
   INFO(text);
   REQUIRE(rc == 0);
   auto root = json::parse(text).as_object();
@@ -657,7 +663,9 @@ TEST_CASE("gpurun status finds a plain run (no --config)") {
   CHECK(slots[1].as_object()["rank"].as_int64() == 1);
   CHECK(slots[1].as_object()["pid"].as_int64() == -1);
 
-  auto [rc2, table] = gpurun_status(tmp.path, "");
+  const auto table_out = gpurun_status(tmp.path, "");
+  const int rc2 = table_out.first;
+  const std::string& table = table_out.second;  // named: for INFO's lambda (clang 14)
   INFO(table);
   CHECK(rc2 == 0);
   CHECK(table.find("not elastic") != std::string::npos);
@@ -682,7 +690,9 @@ TEST_CASE("gpurun status ignores and removes registrations left by a kill -9 or 
   write_file(rundir / "status.json", "{}");
   write_file(reg / ("reused." + std::to_string(::getpid())),
              "reused\n" + rundir.string() + "\n12345\n");
-  auto [rc, text] = gpurun_status(tmp.path, "");
+  const auto text_out = gpurun_status(tmp.path, "");
+  const int rc = text_out.first;
+  const std::string& text = text_out.second;  // named: for INFO's lambda (clang 14)
   INFO(text);
   CHECK(rc == 1);
   CHECK(text.find("no running gpurun") != std::string::npos);
@@ -788,7 +798,9 @@ TEST_CASE("gpurun status: two live runs with one run id are listed, and --pid pi
     write_file(reg / ("dup." + std::to_string(pid)),
                "dup\n" + rundir.string() + "\n" + start_ticks(pid) + "\n");
   }
-  auto [rc, text] = gpurun_status(tmp.path, "--run-id dup");
+  const auto text_out = gpurun_status(tmp.path, "--run-id dup");
+  const int rc = text_out.first;
+  const std::string& text = text_out.second;  // named: for INFO's lambda (clang 14)
   INFO(text);
   CHECK(rc == 1);
   CHECK(text.find("gpurun: error: 2 running gpurun jobs share the run id 'dup'; pick one with "
@@ -800,7 +812,9 @@ TEST_CASE("gpurun status: two live runs with one run id are listed, and --pid pi
   }
   CHECK(text.find("pick one with --run-id") == std::string::npos);
 
-  auto [rc2, one] = gpurun_status(tmp.path, "--run-id dup --pid " + std::to_string(b));
+  const auto one_out = gpurun_status(tmp.path, "--run-id dup --pid " + std::to_string(b));
+  const int rc2 = one_out.first;
+  const std::string& one = one_out.second;  // named: for INFO's lambda (clang 14)
   INFO(one);
   CHECK(rc2 == 0);
   CHECK(one.find("supervisor pid " + std::to_string(b)) != std::string::npos);

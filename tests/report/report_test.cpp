@@ -261,8 +261,9 @@ TEST_CASE("report: a negative `seconds` names file:line, the event and the field
       R"({"ts": "2025-03-04T08:00:40.000Z", "event": "energy", "kind": "time", "t0": 1.0, )"
       R"("seconds": -0.5, "active": [0], "gpus": [{"slot": 0, "energy_j": 5.0}], )"
       R"("energy_j": 5.0, "cost": 7.0})";
-  for (const auto& [line, event] :
-       {std::pair{epoch, "energy_epoch"}, std::pair{window, "energy"}}) {
+  for (const auto& row : {std::pair{epoch, "energy_epoch"}, std::pair{window, "energy"}}) {
+    const auto& line = row.first;  // named: clang 14 cannot capture a binding in CAPTURE's lambda
+    const auto& event = row.second;
     CAPTURE(event);
     const fs::path log = dir.path / "neg.jsonl";
     std::ofstream(log) << start << "\n" << line << "\n";

@@ -554,7 +554,9 @@ TEST_CASE("cli: torchrun flags gpurun cannot honour are refused with what to use
        "invalid value 'host:99999' for --rdzv-endpoint: expected HOST[:PORT], with an IPv6 "
        "address in brackets: [::1]:29400"},
   };
-  for (const auto& [args, message] : rows) {
+  for (const auto& row : rows) {
+    const auto& args = row.first;  // named: clang 14 cannot capture a binding in CAPTURE's lambda
+    const auto& message = row.second;
     CAPTURE(args);
     CHECK(error_of(args) == message);
   }

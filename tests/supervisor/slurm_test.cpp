@@ -113,7 +113,9 @@ TEST_CASE("slurm: hostlist errors name the expression and the position") {
       {"a[0-999999999]b[0-999999999]",
        "at position 3: range '0-999999999' names more than 65536 hosts"},
   };
-  for (const auto& [expr, what] : cases) {
+  for (const auto& row : cases) {
+    const auto& expr = row.first;  // named: clang 14 cannot capture a binding in CAPTURE's lambda
+    const auto& what = row.second;
     CAPTURE(expr);
     CHECK(hostlist_error(expr) == "invalid hostlist '" + expr + "' " + what);
   }

@@ -60,7 +60,9 @@ TEST_CASE("env: torchrun's variables per rank") {
       // /dev/shm here (a writable directory on Linux); the run dir where there is none
       {"GPURUN_SNAPSHOT_PATH", gpurun::supervisor::snapshot_path("/tmp/run")},
   };
-  for (const auto& [k, v] : expected_subset) {
+  for (const auto& kv : expected_subset) {
+    const auto& k = kv.first;  // named: clang 14 cannot capture a binding in CAPTURE's lambda
+    const auto& v = kv.second;
     CAPTURE(k);
     REQUIRE(env.count(k));
     CHECK(env.at(k) == v);
