@@ -880,7 +880,10 @@ TEST_CASE(
   };
   wait_until("both GPUs capped", [&] { return capped(0) && capped(1); });
   write_file(dir.path / "config.toml", "active_gpus = [0]\n" + energy);
-  wait_until("GPU 1 to get its original limit and clocks back", [&] { return free_gpu(1); });
+  // The journal entry goes after the restore (a read between the two saw both entries).
+  wait_until("GPU 1 to get its original limit and clocks back, its journal entry gone", [&] {
+    return free_gpu(1) && gpurun::energy::read_journal(gpus.journal()).size() == 1;
+  });
   CHECK(capped(0));
   auto journal = gpurun::energy::read_journal(gpus.journal());
   REQUIRE(journal.size() == 1);  // GPU 1 is no longer this job's to restore
