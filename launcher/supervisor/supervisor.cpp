@@ -477,9 +477,16 @@ void Supervisor::restart(const std::string& reason) {
     finish(failure_ ? failure_->status.shell_code() : 1, reason);
     return;
   }
-  // Start from a fresh stack: we may be inside a callback of a worker of this attempt.
+  // Start from a fresh stack: we may be inside a callback of a worker of this attempt. A
+  // shutdown signal handled before that start (it found only exited workers) ends the job
+  // instead: no new worker set that would never get the signal.
   asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
-    if (!alive.expired()) start_attempt();
+    if (alive.expired()) return;
+    if (shutdown_signal_) {
+      finish_unrestarted();
+      return;
+    }
+    start_attempt();
   });
 }
 

@@ -285,19 +285,15 @@ TEST_CASE("cli: check_master_addr takes literals and names, refuses what cannot 
   using R = AddressCheck::Result;
   for (const std::string ok : {"127.0.0.1", "10.1.2.3", "::1", "[::1]", "fe80::1", "localhost"}) {
     CAPTURE(ok);
-    const auto start = std::chrono::steady_clock::now();
     const AddressCheck c = check_master_addr(ok);
     CHECK(c.result == R::kOk);
     CHECK(c.reason.empty());
-    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500));
   }
   for (const std::string bad : {"nosuchhost.invalid", "NoSuchHost.INVALID.", "invalid"}) {
     CAPTURE(bad);
-    const auto start = std::chrono::steady_clock::now();
     const AddressCheck c = check_master_addr(bad);
     CHECK(c.result == R::kUnresolvable);
     CHECK(c.reason == "Name or service not known");
-    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));
   }
   for (const std::string bad : {"[127.0.0.1]", "[node0]", "node[0]"}) {
     CAPTURE(bad);

@@ -628,3 +628,20 @@ TEST_CASE("supervisor: one failure is one restart, even with a check already que
   REQUIRE(h.spawner.procs.size() == 4);
   CHECK(h.env(2, "TORCHELASTIC_RESTART_COUNT") == "1");
 }
+
+TEST_CASE("supervisor: a shutdown signal between a failure and the restart ends the job") {
+  // The signal is handled after the failed attempt ended and before the posted start of the
+  // next: it must not start a worker set that would never get it.
+  Harness h(2, /*max_restarts=*/2);
+  h.sup->on_restart = [&](int a) {
+    h.restarts.push_back(a);
+    h.sup->handle_signal(SIGTERM);
+  };
+  h.sup->start();
+  h.spawner.exit(0, {1, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.restarts == std::vector<int>{1});
+  CHECK(h.spawner.procs.size() == 2);  // no second set
+  CHECK(h.sup->exit_code() == 1);      // the attempt's failure, as for a signal during its stop
+}
