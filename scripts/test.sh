@@ -34,9 +34,20 @@ if ((sanitize)); then
   # and its tests took 97 s instead of 91.
   # clang (setup.sh installs it): this build took 437 s of CPU with g++ and 276 with clang++
   # (2 cores, alone); its UBSan also checks calls through function pointers. g++ where there
-  # is no clang++.
+  # is no clang++ or no clang ASan runtime (libclang-rt-dev).
+  cxx=c++
   compiler=()
-  command -v clang++ >/dev/null && compiler=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang)
+  if command -v clang++ >/dev/null &&
+    [[ $(clang++ -print-file-name=libclang_rt.asan-x86_64.a) == /* ]]; then
+    cxx=clang++
+    compiler=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang)
+  fi
+  # A build-asan/ of the other compiler starts afresh: CMake would drop the cache, and with it
+  # every -D below, for one unsanitized run.
+  if [[ -f build-asan/CMakeCache.txt ]] &&
+    ! grep -q "^CMAKE_CXX_COMPILER:[A-Z]*=.*/$cxx\$" build-asan/CMakeCache.txt; then
+    rm -rf build-asan
+  fi
   mkdir -p build-asan
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${compiler[@]}" \
     -DGPURUN_SANITIZE=address,undefined -DGPURUN_BUILD_BENCH=OFF \
