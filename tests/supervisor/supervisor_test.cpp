@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "testing/capture_console.hpp"
 #include "testing/fake_spawner.hpp"
@@ -56,13 +57,17 @@ struct Harness {
     static int n = 0;
     return n;
   }
-  /// Runs the io_context until the supervisor finishes or `limit` passes.
-  void drive(std::chrono::milliseconds limit = 3000ms) {
+  /// Runs the io_context until `until()` holds or `limit` passes (a safety bound, not a check).
+  void run_until(const std::function<bool()>& until, std::chrono::milliseconds limit = 3000ms) {
     const auto end = std::chrono::steady_clock::now() + limit;
-    while (!sup->done() && std::chrono::steady_clock::now() < end) {
+    while (!until() && std::chrono::steady_clock::now() < end) {
       io.restart();
       io.run_for(5ms);
     }
+  }
+  /// Runs the io_context until the supervisor finishes or `limit` passes.
+  void drive(std::chrono::milliseconds limit = 3000ms) {
+    run_until([this] { return sup->done(); }, limit);
   }
   /// Runs ready handlers without waiting for timers.
   void settle() {
@@ -155,12 +160,7 @@ TEST_CASE("supervisor: --max-restarts K restarts the whole set exactly K times")
     }
     h.spawner.exit(base, {attempt + 1, 0});
     // Let the teardown finish and the next attempt start.
-    const auto end = std::chrono::steady_clock::now() + 3s;
-    while (!h.sup->done() && h.spawner.procs.size() == base + 2 &&
-           std::chrono::steady_clock::now() < end) {
-      h.io.restart();
-      h.io.run_for(5ms);
-    }
+    h.run_until([&] { return h.sup->done() || h.spawner.procs.size() != base + 2; });
   }
   h.drive();
   REQUIRE(h.sup->done());
@@ -173,11 +173,7 @@ TEST_CASE("supervisor: a restarted set that succeeds exits 0") {
   Harness h(1, /*max_restarts=*/1);
   h.sup->start();
   h.spawner.exit(0, {1, 0});
-  const auto end = std::chrono::steady_clock::now() + 3s;
-  while (h.spawner.procs.size() < 2 && std::chrono::steady_clock::now() < end) {
-    h.io.restart();
-    h.io.run_for(5ms);
-  }
+  h.run_until([&] { return h.spawner.procs.size() >= 2; });
   REQUIRE(h.spawner.procs.size() == 2);
   h.spawner.exit(1, {0, 0});
   h.drive();
@@ -617,11 +613,7 @@ TEST_CASE("supervisor: one failure is one restart, even with a check already que
   Harness h(2, /*max_restarts=*/5, [](SupervisorOptions& o) { o.poll_interval = 0ms; });
   h.sup->start();
   h.spawner.exit(0, {1, 0});
-  const auto end = std::chrono::steady_clock::now() + 3s;
-  while (h.spawner.procs.size() < 4 && std::chrono::steady_clock::now() < end) {
-    h.io.restart();
-    h.io.run_for(5ms);
-  }
+  h.run_until([&] { return h.spawner.procs.size() >= 4; });
   h.settle();
   CHECK(h.restarts == std::vector<int>{1});
   CHECK(h.sup->attempt() == 1);

@@ -560,8 +560,9 @@ class Runtime:
             for failed in r["failed"]:  # only slower: the library opens it itself later
                 self._note(f"standby: cannot preload {failed}")
             # The CUDA driver's own start (cuInit, through cudaGetDeviceCount; at most ~0.25 s
-            # on the H200 by the C++ warm-up thread's start, 2026-12-05), which makes no context: the GPU stays at 0 MiB. The go's check returns
-            # at once then, and says its error, if any, there.
+            # on the H200 by the C++ warm-up thread's start, 2026-12-05), which makes no
+            # context: the GPU stays at 0 MiB. The go's check returns at once then, and says
+            # its error, if any, there.
             torch.cuda.is_available()
         if self._snap.files:
             self._start_premap(ahead=True)
@@ -761,7 +762,8 @@ class Runtime:
         collective raises. One rank has nothing to compare: no checksum and no collective (with
         NCCL a group's first collective sets its communicator up, 0.4-0.6 s on an H200 before the
         first step; the program's own first collective pays that, if it makes one). The C++
-        runtime's SoloCommunicator likewise makes none."""
+        runtime's SoloCommunicator makes no collective either (C++ still computes the
+        checksum)."""
         if dist.get_world_size() == 1:
             return
         mine = self.checksum()
