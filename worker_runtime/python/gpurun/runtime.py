@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _native, _snapshot
+from . import _exit, _native, _snapshot
 from ._checksum import _state_digest, _word_sums_many
 from ._comm import GroupLinks, NcclWake, is_comm_failure
 from ._loader import _Loader
@@ -112,6 +112,7 @@ class Runtime:
             # pass took 175 ms of the park before. GPURUN_GC_FREEZE=0 turns it off.
             gc.freeze()
         if self.elastic:
+            _exit.fast_exit_enabled()  # a bad GPURUN_LEAVER_EXIT fails here, not at a leave
             # gpurun's worker engine (its C library): the control protocol's every rule; this
             # package only executes its actions with torch.
             self._session = _native.Session()
@@ -354,7 +355,7 @@ class Runtime:
         if last is not None and last["action"] == "exit":
             if last["left"]:
                 self._join_prepare()  # a standby's early mapping: not torn down under exit
-                sys.exit(0)
+                _exit.leave()  # status 0; the interpreter's teardown skipped (_exit.py)
             self._finishing = True
             self.checkpoint_requested = False
             self.stop_requested = bool(last.get("stop"))
