@@ -40,6 +40,7 @@ print("after leave (never)")
 def run(env_value, mode="plain"):
     env = dict(os.environ)
     env.pop("GPURUN_LEAVER_EXIT", None)
+    env.pop("PYTHONUNBUFFERED", None)  # stdout a pipe, block-buffered: the flush must be ours
     if env_value is not None:
         env["GPURUN_LEAVER_EXIT"] = env_value
     p = subprocess.run([sys.executable, "-c", PROGRAM, EXIT_PY, mode], env=env,
