@@ -8,6 +8,13 @@ import hashlib
 import torch
 
 
+class StateMismatch(RuntimeError):
+    """The training state is not the one expected: the ranks' checksums differ after a start
+    or resize (names the ranks), or the pause snapshot a resume reads cannot be read or holds
+    another position than its pause. Not a program error: gpurun treats the rank as failed
+    (as the C++ runtime's StateError), and says the state is lost when no rank has it."""
+
+
 def _word_sums(t):
     """int64 [2] on t's device: S = sum(w_i), P = sum((i+1) * w_i) over t's bytes as int32
     words w_i (zero-padded to a whole word), wrapping modulo 2^64."""
