@@ -3,13 +3,15 @@
 
 Each case is a fresh interpreter whose program calls ``leave()`` inside a ``try``: its
 ``finally`` block and its ``atexit`` callback run and what it printed (stdout is a pipe, so
-block-buffered) comes out; with the fast end (the default) a live object's ``__del__`` does not
+block-buffered) comes out, and so does a line written to a file it left open (after
+``_exit.freeze_until_exit()``, as the package's Runtime() calls it); with the fast end (the default) a live object's ``__del__`` does not
 run (the interpreter's teardown is skipped), with ``GPURUN_LEAVER_EXIT=normal`` it does; an
 exception raised while the program unwinds gives status 1; a bad value is refused by name.
 Needs no torch: _exit.py is loaded by its path."""
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXIT_PY = os.path.join(HERE, "..", "..", "worker_runtime", "python", "gpurun", "_exit.py")
@@ -25,6 +27,21 @@ class Alive:
         print("del ran")
 
 alive = Alive()
+left_open = open(sys.argv[3], "w")  # never closed: buffered until the end flushes it
+left_open.write("written before the leave\n")
+if sys.argv[4] == "freeze":  # as Runtime() does: the file object in the permanent generation
+    ex.freeze_until_exit()
+elif sys.argv[4] == "rawfreeze":  # the program's own, never unfrozen
+    import gc; gc.freeze()
+elif sys.argv[4] == "wrapout":  # a stdout that is no file object (as progress-bar libraries set)
+    class Wrapped:
+        def __init__(self, out):
+            self.out, self.held = out, []
+        def write(self, s):
+            self.held.append(s)
+        def flush(self):
+            self.out.write("".join(self.held)); self.held = []; self.out.flush()
+    sys.stdout = Wrapped(sys.stdout)
 atexit.register(print, "program atexit ran")
 print("before leave")
 try:
@@ -37,26 +54,39 @@ print("after leave (never)")
 """
 
 
-def run(env_value, mode="plain"):
+def run(env_value, mode="plain", how="freeze"):
     env = dict(os.environ)
     env.pop("GPURUN_LEAVER_EXIT", None)
     env.pop("PYTHONUNBUFFERED", None)  # stdout a pipe, block-buffered: the flush must be ours
     if env_value is not None:
         env["GPURUN_LEAVER_EXIT"] = env_value
-    p = subprocess.run([sys.executable, "-c", PROGRAM, EXIT_PY, mode], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "left_open.txt")
+        p = subprocess.run([sys.executable, "-c", PROGRAM, EXIT_PY, mode, path, how],
+                           env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        with open(path) as f:
+            assert f.read() == "written before the leave\n", (env_value, mode, "file lost")
     return p.returncode, p.stdout.splitlines(), p.stderr
 
 
 rc, out, err = run(None)
 assert rc == 0, (rc, out, err)
 assert out == ["before leave", "finally ran", "program atexit ran"], (out, err)
-print("python_leave: the fast end runs finally and atexit, flushes stdout, skips __del__")
+print("python_leave: the fast end runs finally and atexit, flushes stdout and a file left open, "
+      "skips __del__")
+
+for how in ("rawfreeze", "wrapout"):
+    rc, out, err = run(None, how=how)
+    assert rc == 0 and out == ["before leave", "finally ran", "program atexit ran"], (how, out, err)
+print("python_leave: the fast end also flushes after the program's own gc.freeze() and through "
+      "a sys.stdout that is no file object")
 
 rc, out, err = run("normal")
 assert rc == 0, (rc, out, err)
 assert out == ["before leave", "finally ran", "program atexit ran", "del ran"], (out, err)
-print("python_leave: GPURUN_LEAVER_EXIT=normal is the interpreter's full exit")
+print("python_leave: GPURUN_LEAVER_EXIT=normal is the interpreter's full exit (the frozen objects "
+      "unfrozen at its end: __del__ runs, the file left open is flushed)")
 
 rc, out, err = run(None, "raise")
 assert rc == 1, (rc, out, err)
