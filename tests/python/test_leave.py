@@ -31,6 +31,8 @@ left_open = open(sys.argv[3], "w")  # never closed: buffered until the end flush
 left_open.write("written before the leave\n")
 if sys.argv[4] == "freeze":  # as Runtime() does: the file object in the permanent generation
     ex.freeze_until_exit()
+elif sys.argv[4] == "nofreeze":
+    pass
 elif sys.argv[4] == "rawfreeze":  # the program's own, never unfrozen
     import gc; gc.freeze()
 elif sys.argv[4] == "wrapout":  # a stdout that is no file object (as progress-bar libraries set)
@@ -44,12 +46,35 @@ elif sys.argv[4] == "wrapout":  # a stdout that is no file object (as progress-b
     sys.stdout = Wrapped(sys.stdout)
 atexit.register(print, "program atexit ran")
 print("before leave")
+if sys.argv[2] == "thread":  # a leave on another thread: the main thread's exit decides
+    import threading
+    t = threading.Thread(target=ex.leave); t.start(); t.join()
+    sys.exit(2)
+if sys.argv[2] == "lastvalue":  # an earlier error already printed (e.g. by an interactive shell)
+    sys.last_value = sys.last_exc = ValueError("printed long ago")
+if sys.argv[2] == "cfile":  # a C library's own buffered stdio file
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    cf = libc.fopen((sys.argv[3] + ".c").encode(), b"w")
+    libc.fputs(b"c line\n", ctypes.c_void_p(cf))
+if sys.argv[2] == "pipe":  # a daemon thread blocked writing into a pipe nobody reads
+    import os, threading, time
+    pipe = open(os.pipe()[1], "wb")
+    started = threading.Event()
+    def feed():
+        started.set()
+        pipe.write(b"x" * (1 << 20))  # blocks holding the file's lock: its flush would wait
+    threading.Thread(target=feed, daemon=True).start()
+    started.wait(); time.sleep(0.2)
 try:
     ex.leave()
 finally:
     print("finally ran")
     if sys.argv[2] == "raise":
         raise RuntimeError("clean-up failed")
+    if sys.argv[2] == "kbint":
+        raise KeyboardInterrupt
 print("after leave (never)")
 """
 
@@ -64,9 +89,12 @@ def run(env_value, mode="plain", how="freeze"):
         path = os.path.join(d, "left_open.txt")
         p = subprocess.run([sys.executable, "-c", PROGRAM, EXIT_PY, mode, path, how],
                            env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=20)
         with open(path) as f:
             assert f.read() == "written before the leave\n", (env_value, mode, "file lost")
+        if mode == "cfile":
+            with open(path + ".c") as f:
+                assert f.read() == "c line\n", (env_value, "the C stdio file lost")
     return p.returncode, p.stdout.splitlines(), p.stderr
 
 
@@ -82,17 +110,38 @@ for how in ("rawfreeze", "wrapout"):
 print("python_leave: the fast end also flushes after the program's own gc.freeze() and through "
       "a sys.stdout that is no file object")
 
-rc, out, err = run("normal")
+rc, out, err = run("normal")  # frozen objects stay unfinalized; the file left open is flushed
+assert rc == 0 and out == ["before leave", "finally ran", "program atexit ran"], (out, err)
+rc, out, err = run("normal", how="nofreeze")
 assert rc == 0, (rc, out, err)
 assert out == ["before leave", "finally ran", "program atexit ran", "del ran"], (out, err)
-print("python_leave: GPURUN_LEAVER_EXIT=normal is the interpreter's full exit (the frozen objects "
-      "unfrozen at its end: __del__ runs, the file left open is flushed)")
+print("python_leave: GPURUN_LEAVER_EXIT=normal is the interpreter's full exit (a file left open "
+      "before the freeze flushed at its end)")
 
 rc, out, err = run(None, "raise")
 assert rc == 1, (rc, out, err)
 assert "RuntimeError: clean-up failed" in err, err
 assert out == ["before leave", "finally ran", "program atexit ran"], (out, err)
 print("python_leave: an exception while unwinding gives status 1")
+
+rc, out, err = run(None, "kbint")
+assert rc == -2, (rc, out, err)  # killed by SIGINT, as Python ends on an uncaught Ctrl-C
+rc, out, err = run(None, "lastvalue")
+assert rc == 0, (rc, out, err)
+print("python_leave: a KeyboardInterrupt while unwinding ends by SIGINT; an exception printed "
+      "before the leave does not count")
+
+rc, out, err = run(None, "thread")
+assert rc == 2 and out == ["before leave", "program atexit ran"], (rc, out, err)
+print("python_leave: a leave on another thread ends nothing: the main thread's exit status stands")
+
+rc, out, err = run(None, "pipe")
+assert rc == 0, (rc, out, err)
+print("python_leave: a pipe with a blocked writer is not flushed (the end does not hang)")
+
+rc, out, err = run(None, "cfile")
+assert rc == 0, (rc, out, err)
+print("python_leave: C stdio files are flushed too")
 
 rc, out, err = run("quick")
 assert rc == 1 and "GPURUN_LEAVER_EXIT='quick'" in err and "finally ran" in out, (rc, out, err)
