@@ -4,7 +4,7 @@
 Each case is a fresh interpreter whose program calls ``leave()`` inside a ``try``: its
 ``finally`` block and its ``atexit`` callback run and what it printed (stdout is a pipe, so
 block-buffered) comes out, and so does a line written to a file it left open (after
-``_exit.freeze_until_exit()``, as the package's Runtime() calls it); with the fast end (the default) a live object's ``__del__`` does not
+``_exit.freeze_and_flush_at_exit()``, as the package's Runtime() calls it); with the fast end (the default) a live object's ``__del__`` does not
 run (the interpreter's teardown is skipped), with ``GPURUN_LEAVER_EXIT=normal`` it does; an
 exception raised while the program unwinds gives status 1; a bad value is refused by name.
 Needs no torch: _exit.py is loaded by its path."""
@@ -30,7 +30,7 @@ alive = Alive()
 left_open = open(sys.argv[3], "w")  # never closed: buffered until the end flushes it
 left_open.write("written before the leave\n")
 if sys.argv[4] == "freeze":  # as Runtime() does: the file object in the permanent generation
-    ex.freeze_until_exit()
+    ex.freeze_and_flush_at_exit()
 elif sys.argv[4] == "nofreeze":
     pass
 elif sys.argv[4] == "rawfreeze":  # the program's own, never unfrozen

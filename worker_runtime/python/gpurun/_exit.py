@@ -51,7 +51,7 @@ def fast_exit_enabled(environ=os.environ):
     return v == "fast"
 
 
-def freeze_until_exit():
+def freeze_and_flush_at_exit():
     """``gc.freeze()`` now (what is alive goes to the collector's permanent generation: never
     scanned again, so a later ``gc.collect()`` is cheap), and at the interpreter's end a flush of
     the files left open (an ``atexit`` callback). CPython's end finalizes nothing frozen: without

@@ -104,7 +104,7 @@ class Runtime(_PauseSnapshot):
             # scans only what was made since (the model, the wrappers): ViT-H on an H200, that
             # pass took 175 ms of the park before. GPURUN_GC_FREEZE=0 turns it off. Unfrozen
             # at the interpreter's end, which finalizes nothing frozen (_exit.py).
-            _exit.freeze_until_exit()
+            _exit.freeze_and_flush_at_exit()
         if self.elastic:
             _exit.fast_exit_enabled()  # a bad GPURUN_LEAVER_EXIT fails here, not at a leave
             # gpurun's worker engine (its C library): the control protocol's every rule; this
