@@ -113,7 +113,9 @@ def _flush_open_files():
             pass
     gc.unfreeze()  # listed only when unfrozen; frozen again below (nothing else changes)
     try:
-        files = [o for o in gc.get_objects() if isinstance(o, _io._IOBase)]
+        # type(), not isinstance(): isinstance reads an object's __class__, and some objects
+        # warn on any attribute read (torch 1.13's torch.distributed.reduce_op does).
+        files = [o for o in gc.get_objects() if issubclass(type(o), _io._IOBase)]
     finally:
         gc.freeze()
     for f in files:
