@@ -83,6 +83,7 @@ def _last_exception():
 
 def _end_now():
     atexit.unregister(_end_now)
+    atexit.unregister(_flush_open_files)  # freeze_and_flush_at_exit's: done once, below
     code = 0
     try:
         atexit._run_exitfuncs()  # the others, in order; each one's exception is printed

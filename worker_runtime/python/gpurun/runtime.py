@@ -102,8 +102,8 @@ class Runtime(_PauseSnapshot):
             # What is alive now (imports, torch's own objects, the data loaded so far) goes to
             # the collector's permanent generation, so that a hold-mode park's gc.collect()
             # scans only what was made since (the model, the wrappers): ViT-H on an H200, that
-            # pass took 175 ms of the park before. GPURUN_GC_FREEZE=0 turns it off. Unfrozen
-            # at the interpreter's end, which finalizes nothing frozen (_exit.py).
+            # pass took 175 ms of the park before. GPURUN_GC_FREEZE=0 turns it off. The files
+            # left open are flushed at the end, which finalizes nothing frozen (_exit.py).
             _exit.freeze_and_flush_at_exit()
         if self.elastic:
             _exit.fast_exit_enabled()  # a bad GPURUN_LEAVER_EXIT fails here, not at a leave
