@@ -143,6 +143,7 @@ std::optional<control::EngineEvent> Runtime::Impl::execute(const control::Engine
       return std::nullopt;
     }
     case K::kDropGroup:
+      finish_warm_up();  // nothing of the device's runs on another thread past here
       if (a.abort) {
         if (handoff) handoff->abort();
         if (comm) comm->abort();
@@ -221,7 +222,11 @@ void Runtime::Impl::train_on(const control::EngineAction& a) {
     return;
   }
   adopt(d);
-  finish_warm_up();
+  // The warm-up is not waited for here: the first step runs beside what is left of it and
+  // joins it at its end (next_step). A standby's warm-up runs beside the snapshot's
+  // page-locking and copies; waiting here cost the C++ ViT-H resume 374 ms (H100,
+  // 2026-12-05, docs/results.md tenth day).
+  if (warm_done.load(std::memory_order_acquire)) finish_warm_up();
   if (grads) grads->set_communicator(comm.get());
   trace_resize(d, a.role, moved_bytes, last_checksum);
   first_step_pending = true;
@@ -319,12 +324,14 @@ void Runtime::Impl::start_warm_up() {
     } catch (const std::exception& e) {
       warm_error = e.what();
     }
+    warm_done.store(true, std::memory_order_release);
   });
 }
 
 void Runtime::Impl::finish_warm_up() {
   if (!warm_thread.joinable()) return;
   warm_thread.join();
+  warm_done.store(false, std::memory_order_relaxed);
   if (!warm_error.empty())
     std::fprintf(stderr,
                  "gpurun worker (slot %d): warning: setting up the CUDA libraries ahead of the "
@@ -475,9 +482,11 @@ void Runtime::Impl::next_step() {
   ++global_step;
   if (progress) progress->step(static_cast<uint64_t>(global_step));
   step_valid = false;
-  if (std::exchange(first_step_pending, false))
+  if (std::exchange(first_step_pending, false)) {
+    finish_warm_up();  // no use after the first step; its failure is said now
     trace.write("first_step",
                 {{"generation", Trace::num(generation)}, {"step", Trace::num(global_step)}});
+  }
   // The optimizer made its state in this first step (AdamW: lazily): the pause snapshot's
   // size is known, so its file is prepared from here on, not only at the first boundary.
   if (prepare_snapshot && control) start_snapshot_preparation();

@@ -29,6 +29,7 @@ void Runtime::Impl::read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
 }
 
 void Runtime::Impl::offload_common(const std::string& role) {
+  finish_warm_up();  // (a leaver before its first step) its tensors are freed before the cache
   left_checksum = last_checksum ? last_checksum : written_checksum;
   trace_resize(control->engine().current(), role, moved_bytes, last_checksum);
   comm.reset();
@@ -61,6 +62,7 @@ void Runtime::Impl::park_state(const std::string& role) {
 }
 
 std::string Runtime::Impl::write_pause_snapshot() {
+  finish_warm_up();
   const auto t0 = Clock::now();
   try {
     sync_out();
