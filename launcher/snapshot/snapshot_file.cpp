@@ -4,7 +4,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -74,143 +73,24 @@ SnapshotFile SnapshotFile::open(const std::string& path) {
 
 SnapshotFile& SnapshotFile::operator=(SnapshotFile&& other) noexcept {
   if (this != &other) {
-    unpin();  // ours, while still mapped
-    pin_ = std::move(other.pin_);
+    pin_ = std::move(other.pin_);  // unpins ours while still mapped
     file_ = std::move(other.file_);
     locked_ = std::exchange(other.locked_, false);
   }
   return *this;
 }
 
-SnapshotFile::~SnapshotFile() {
-  unpin();  // a chunked pin's task stopped, every registration undone, before the unmapping
-}
-
-void PinTask::abandon() noexcept {
-  if (!state_) return;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  state_->running = false;
-  state_->cv.notify_all();
-}
-
-PinTask& PinTask::operator=(PinTask&& other) noexcept {
-  if (this != &other) {
-    abandon();
-    state_ = std::move(other.state_);
-    data_ = other.data_;
-    bytes_ = other.bytes_;
-    read_only_ = other.read_only_;
-  }
-  return *this;
-}
-
-PinTask::~PinTask() {
-  abandon();
-}
-
-double PinTask::run() noexcept {
-  if (!state_) return 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  PinState& s = *state_;
-  const HostPinner& pinner = host_pinner();
-  for (size_t at = 0; at < bytes_;) {
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      if (s.stop) break;
-    }
-    const size_t n = std::min(s.chunk, bytes_ - at);
-    std::unique_ptr<HostPin> p = pinner ? pinner(data_ + at, n, read_only_) : nullptr;
-    if (!p) break;  // copies of the rest work unpinned, slower
-    at += n;
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.pins.push_back(std::move(p));
-    s.pinned = at;
-    s.cv.notify_all();
-  }
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.complete = s.pinned == bytes_;
-    s.running = false;
-    s.cv.notify_all();
-  }
-  state_.reset();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-PinTask SnapshotFile::begin_chunked_pin(size_t chunk) {
-  GPURUN_CHECK(chunk > 0 && chunk % static_cast<size_t>(::sysconf(_SC_PAGESIZE)) == 0,
-               "chunked pin of '{}' in chunks of {} bytes (not a multiple of the page size)",
-               path(), chunk);
-  if (pin_ || data() == nullptr) return {};
-  pin_ = std::make_shared<PinState>();
-  pin_->chunk = chunk;
-  pin_->running = true;
-  return PinTask(pin_, data(), size(), /*read_only=*/!writable());
-}
-
-bool SnapshotFile::wait_pinned(size_t end) const noexcept {
-  if (!pin_) return false;
-  std::unique_lock<std::mutex> lock(pin_->mu);
-  pin_->cv.wait(lock, [&] { return pin_->pinned >= end || !pin_->running; });
-  return pin_->pinned >= end;
-}
-
-size_t SnapshotFile::pin_chunk_bytes() const noexcept {
-  if (!pin_) return 0;
-  std::lock_guard<std::mutex> lock(pin_->mu);
-  return pin_->chunk < size() ? pin_->chunk : 0;
-}
-
-bool SnapshotFile::pinned() const noexcept {
-  if (!pin_) return false;
-  std::lock_guard<std::mutex> lock(pin_->mu);
-  return pin_->complete;
-}
-
-void SnapshotFile::stop_pinning() const noexcept {
-  if (!pin_) return;
-  std::unique_lock<std::mutex> lock(pin_->mu);
-  pin_->stop = true;
-  pin_->cv.wait(lock, [&] { return !pin_->running; });
-}
-
 double SnapshotFile::unpin() noexcept {
-  if (!pin_) return 0;
+  if (!pinned()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  stop_pinning();
-  pin_.reset();  // the registrations, undone in turn (the task holds none any more)
+  pin_.reset();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void SnapshotFile::leave_to_exit() noexcept {
-  if (pin_) {
-    stop_pinning();
-    for (auto& p : pin_->pins) p->leave_to_exit();  // forgotten: destroying them undoes nothing
-    pin_.reset();
-  }
-  file_.leave_to_exit();
 }
 
 double SnapshotFile::pin() {
-  if (data() == nullptr) return 0;
-  if (pin_) {  // done, or a chunked pin on another thread: wait for that one
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> lock(pin_->mu);
-    if (!pin_->running) return 0;
-    pin_->cv.wait(lock, [&] { return !pin_->running; });
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  if (pinned() || data() == nullptr) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  if (host_pinner()) {
-    if (auto p = host_pinner()(data(), size(), /*read_only=*/!writable())) {
-      auto s = std::make_shared<PinState>();
-      s->chunk = size();
-      s->pinned = size();
-      s->complete = true;
-      s->pins.push_back(std::move(p));
-      pin_ = std::move(s);
-    }
-  }
+  if (host_pinner()) pin_ = host_pinner()(data(), size(), /*read_only=*/!writable());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

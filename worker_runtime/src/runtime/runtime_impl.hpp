@@ -16,13 +16,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -304,12 +302,6 @@ struct Runtime::Impl {
   // ---- a warm joiner maps the pause snapshot while it starts -----------------------------
   std::thread premap_thread;
   std::optional<rt::StateRegistry::PreparedSnapshot> premapped;  // written by premap_thread
-  // A page-locking premap_thread publishes the mapping before it pins it (premap_mu); the
-  // registry adopts it then, and its read copies each chunk once it is locked.
-  std::mutex premap_mu;
-  std::condition_variable premap_cv;
-  bool premap_published = false;  // premapped is final (premap_mu)
-  bool premap_adopted = false;    // adopt_premapped() took it (main thread only)
 
   /// A warm joiner (from make_runtime) of a paused job (the node's snapshot file holds a
   /// committed snapshot): maps the file and page-locks it (CUDA) on a thread while the program
@@ -319,19 +311,12 @@ struct Runtime::Impl {
   /// reads the snapshot in it (and writes the next pause into it). A standby calls it twice:
   /// map_only while it waits for its go (no CUDA: the mapping and its page tables, ~0.3 s for
   /// ViT-H), then after the go, when only the page-locking is left if the file is still the
-  /// one mapped (snapshot::finish_prepared_snapshot). The page-locking is chunked
-  /// (SnapshotFile::begin_chunked_pin) and goes on after the mapping is published: the
-  /// program's own CUDA calls are not held behind one 7.5 GB cudaHostRegister, and the resume
-  /// copies what is locked while the rest is (C++ ViT-H standby on an H100, 2026-12-05: the
-  /// model's construction waited 554 ms for the whole registration; read 228 ms after it).
+  /// one mapped (snapshot::finish_prepared_snapshot).
   void start_premap(bool map_only = false);
   bool premap_map_only = false;  // premap_thread maps only (a standby's, before its go)
 
-  /// Waits for start_premap()'s mapping and gives it to the registry (none: nothing), once;
-  /// the thread may still be page-locking it (joined by finish_premap or the destructor).
+  /// Joins start_premap()'s thread and gives its mapping to the registry (none: nothing).
   void adopt_premapped();
-  /// Joins start_premap()'s thread (its page-locking over). After a read of the snapshot.
-  void finish_premap();
 
   /// A standby, before it waits for its go: what needs no CUDA context is done now, not on
   /// the resume's critical path: on a CUDA device cuDNN's and cuBLAS's lazily opened libraries

@@ -7,7 +7,6 @@ namespace gpurun {
 
 void Runtime::Impl::read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
   registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying);
-  finish_premap();  // its page-locking is over: the read waited for every chunk
   if (want_epoch >= 0 && (epoch != want_epoch || step_in_epoch != want_step)) {
     const std::string path = registry.last_snapshot_stats().path;
     registry.release();
@@ -228,11 +227,6 @@ void Runtime::Impl::start_premap(bool map_only) {
   // mapping if the file is still the one mapped (not this thread: the go's CUDA set-up goes on).
   std::thread earlier = std::move(premap_thread);
   premap_map_only = map_only;
-  if (!map_only) {  // (a map-only thread never publishes: the next one joins it)
-    std::lock_guard<std::mutex> lock(premap_mu);
-    premap_published = false;
-    premap_adopted = false;
-  }
   rt::StateRegistry::SnapshotPreparation plan;
   for (const std::string& p : snapshot_paths().list())
     if (rt::SnapshotHeader::peek_sizes(p, plan.data_end, plan.manifest_bytes)) {
@@ -254,42 +248,20 @@ void Runtime::Impl::start_premap(bool map_only) {
           if (premapped) early = std::move(*premapped);
           premapped.reset();
         }
-        if (map_only) {
-          premapped = snapshot::finish_prepared_snapshot(std::move(early), plan);
-          // A standby's mapping, done while it waits: all it does ahead of its go is done now.
+        if (plan.on_device) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
+        premapped = snapshot::finish_prepared_snapshot(std::move(early), plan);
+        // A standby's mapping, done while it waits: all it does ahead of its go is done now.
+        if (map_only)
           trace.write("standby_mapped",
                       {{"path", Trace::str(plan.paths.front())},
                        {"ms", Trace::num(premapped->stats.total_seconds * 1e3)},
                        {"error", Trace::str(premapped->file ? "" : premapped->error)}});
-          return;
-        }
-        if (plan.on_device) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(dev);
-        const bool pin = plan.on_device;
-        plan.on_device = false;  // mapped here; page-locked below, once published
-        rt::StateRegistry::PreparedSnapshot mapped =
-            snapshot::finish_prepared_snapshot(std::move(early), plan);
-        snapshot::PinTask task;
-        if (pin && mapped.file) task = mapped.file->begin_chunked_pin();
-        {
-          std::lock_guard<std::mutex> lock(premap_mu);
-          premapped = std::move(mapped);
-          premap_published = true;
-        }
-        premap_cv.notify_all();
-        if (task) {
-          const double s = task.run();
-          trace.write("snapshot_pinned", {{"ms", Trace::num(s * 1e3)}});
-        }
       });
 }
 
 void Runtime::Impl::adopt_premapped() {
   if (!premap_thread.joinable() || premap_map_only) return;  // a standby's: pinned at its go
-  {
-    std::unique_lock<std::mutex> lock(premap_mu);
-    premap_cv.wait(lock, [&] { return premap_published; });
-    if (std::exchange(premap_adopted, true)) return;
-  }
+  premap_thread.join();
   if (premapped && premapped->file) {
     const double ms = premapped->stats.total_seconds * 1e3;
     try {
@@ -301,11 +273,6 @@ void Runtime::Impl::adopt_premapped() {
     }
   }
   premapped.reset();
-}
-
-void Runtime::Impl::finish_premap() {
-  if (!premap_thread.joinable() || premap_map_only) return;
-  premap_thread.join();
 }
 
 }  // namespace gpurun

@@ -31,7 +31,6 @@
 #include "compat/torch_compat.hpp"
 #include "gpurun/check.hpp"
 #include "state/optimizer_adapter.hpp"
-#include "state/pin_chunks.hpp"
 #include "state/state_checksum.hpp"
 
 namespace gpurun::rt {
@@ -949,10 +948,9 @@ struct SnapshotPlan : snapshot::SnapshotLayout {
 };
 
 // The payload fill of `plan` (snapshot::PayloadFill): copies every host tensor in file order,
-// then the device tensors (compat::copy_host: side stream, every copy queued at once, cut at
-// every kCopyProgressBytes of the mapping: no copy spans two registrations of a mapping pinned
-// in chunks, SnapshotFile::begin_chunked_pin) while `written` follows the copies' progress, so
-// that the payload's chunks are hashed behind them and the hash ends soon after the last copy.
+// then the device tensors (compat::copy_host: side stream, every copy queued at once, big
+// tensors in kCopyProgressBytes slices) while `written` follows the copies' progress, so that
+// the payload's chunks are hashed behind them and the hash ends soon after the last copy.
 void fill_payload(const SnapshotPlan& plan, uint8_t* base, PayloadFrontier& written) {
   const uint8_t* const payload = base + SnapshotHeader::kBytes;
   const uint64_t payload_bytes = plan.header.data_end - SnapshotHeader::kBytes;
@@ -960,12 +958,21 @@ void fill_payload(const SnapshotPlan& plan, uint8_t* base, PayloadFrontier& writ
     const at::Tensor& t = plan.tensors[i];
     if (t.is_cpu() && t.nbytes() > 0) std::memcpy(base + plan.offsets[i], t.data_ptr(), t.nbytes());
   }
-  std::vector<compat::HostCopy> whole;
-  for (size_t i = 0; i < plan.tensors.size(); ++i)
-    if (!plan.tensors[i].is_cpu()) whole.push_back({plan.tensors[i], base + plan.offsets[i]});
   std::vector<compat::HostCopy> device;
-  for (auto& group : split_at_chunks(whole, base, compat::kCopyProgressBytes))
-    for (auto& c : group) device.push_back(std::move(c));
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const at::Tensor& t = plan.tensors[i];
+    if (t.is_cpu()) continue;
+    uint8_t* const host = base + plan.offsets[i];
+    const int64_t per = static_cast<int64_t>(compat::kCopyProgressBytes / t.element_size());
+    if (!t.is_contiguous() || t.numel() <= per) {  // (copy_host refuses a non-contiguous one)
+      device.push_back({t, host});
+      continue;
+    }
+    const at::Tensor flat = t.view({-1});
+    for (int64_t e = 0; e < flat.numel(); e += per)
+      device.push_back({flat.narrow(0, e, std::min(per, flat.numel() - e)),
+                        host + static_cast<uint64_t>(e) * t.element_size()});
+  }
   // Everything before the first device tensor is final now; after copies [0, k) everything
   // before copy k's first byte.
   const auto final_before = [&](size_t k) -> uint64_t {
@@ -1031,25 +1038,10 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
         path, plan.header.tensor_count, plan.header.data_end, header.tensor_count,
         header.data_end));
   }
-  // A mapping page-locked in chunks on another thread (a standby's, from its go): each
-  // chunk's copies go once it is locked, while the next ones are locked. Else one pin first.
-  const size_t chunk = plan.on_device ? file.pin_chunk_bytes() : 0;
-  if (plan.on_device && chunk == 0) st.pin_seconds = file.pin();
-  const auto copy_in = [&] {
-    if (chunk == 0) {
-      compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
-      return;
-    }
-    for (const auto& group : split_at_chunks(plan.copies(file.data()), file.data(), chunk)) {
-      const auto t_wait = SteadyClock::now();
-      file.wait_pinned(group_end(group, file.data()));  // (false: refused; copied unpinned)
-      st.pin_seconds += seconds_since(t_wait);
-      compat::copy_host(group, /*to_host=*/false);
-    }
-  };
+  if (plan.on_device) st.pin_seconds = file.pin();
   const auto t_copy = SteadyClock::now();
   if (verify == Verify::kBeforeCopy) {
-    copy_in();
+    compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
     st.copy_seconds = seconds_since(t_copy);
   } else {
     // The payload hash (its own worker threads) over the same bytes the copies read; the
@@ -1065,7 +1057,7 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
     });
     std::exception_ptr copy_error;
     try {
-      copy_in();
+      compat::copy_host(plan.copies(file.data()), /*to_host=*/false);
     } catch (...) {
       copy_error = std::current_exception();
     }

@@ -6,16 +6,14 @@
 // libgpurun_worker.so.)
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
+
+#include <functional>
+#include <memory>
 
 #include "gpurun/snapshot/format.hpp"
 #include "gpurun/snapshot/mapped_file.hpp"
@@ -42,55 +40,6 @@ using HostPinner =
 /// Call before SnapshotFile::pin() runs on any thread (it reads the pinner unlocked).
 void set_host_pinner(HostPinner pinner);
 
-/// The page-locking of one mapping, shared by its SnapshotFile and a PinTask running on
-/// another thread. Guarded by `mu`; `cv` is notified at every change.
-struct PinState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<HostPin>> pins;  ///< in address order, from the mapping's start
-  size_t chunk = 0;       ///< bytes per registration (the last one may be shorter)
-  size_t pinned = 0;      ///< bytes from the mapping's start page-locked so far
-  bool running = false;   ///< a thread is pinning (PinTask::run)
-  bool stop = false;      ///< the file is being unpinned or destroyed: the task ends early
-  bool complete = false;  ///< the whole mapping is page-locked
-};
-
-/// Registrations of this many bytes (a multiple of any page size) page-lock a mapping in the
-/// background while the copies of what is already locked run (SnapshotFile::begin_chunked_pin).
-/// A 7 GiB /dev/shm file into an H100's memory in a fresh process (bench/h2d_probe.py,
-/// 2026-12-05): one cudaHostRegister 440-475 ms then the copy 139-147 ms, against 360-417 ms
-/// in all with 256 MiB chunks each copied once registered.
-inline constexpr size_t kPinChunkBytes = size_t{256} << 20;
-
-/// A chunked page-locking begun by SnapshotFile::begin_chunked_pin(), to run on any thread.
-/// It holds the mapping's address, not the SnapshotFile: the file may be moved meanwhile, and
-/// its unpin(), leave_to_exit() and destructor stop the task and wait for it first.
-class PinTask {
- public:
-  PinTask() = default;
-  PinTask(PinTask&& other) noexcept = default;
-  PinTask& operator=(PinTask&& other) noexcept;
-  PinTask(const PinTask&) = delete;
-  PinTask& operator=(const PinTask&) = delete;
-  /// A task never run ends its pin here (what it locked: nothing), so nobody waits for it.
-  ~PinTask();
-  /// Registers the mapping chunk by chunk (the installed HostPinner), publishing each one
-  /// (SnapshotFile::wait_pinned); stops at a chunk the pinner refuses or when the file is
-  /// being unpinned. Returns the seconds it took. Never throws. Once only.
-  double run() noexcept;
-  explicit operator bool() const noexcept { return state_ != nullptr; }
-
- private:
-  friend class SnapshotFile;
-  PinTask(std::shared_ptr<PinState> s, uint8_t* data, size_t bytes, bool read_only)
-      : state_(std::move(s)), data_(data), bytes_(bytes), read_only_(read_only) {}
-  void abandon() noexcept;
-  std::shared_ptr<PinState> state_;
-  uint8_t* data_ = nullptr;
-  size_t bytes_ = 0;
-  bool read_only_ = false;
-};
-
 class SnapshotFile {
  public:
   /// Creates a snapshot file of `file_bytes` bytes named `path`: a temporary file next to it
@@ -109,7 +58,6 @@ class SnapshotFile {
 
   SnapshotFile(SnapshotFile&&) noexcept = default;
   SnapshotFile& operator=(SnapshotFile&& other) noexcept;
-  ~SnapshotFile();
 
   uint8_t* data() const noexcept { return file_.data(); }
   const std::string& path() const noexcept { return file_.path(); }
@@ -120,31 +68,20 @@ class SnapshotFile {
   bool is_at(const std::string& path) const noexcept { return file_.is_at(path); }
 
   /// Page-locks the whole mapping for device copies (the installed HostPinner:
-  /// cudaHostRegister; nothing without one) in one registration. Idempotent; returns the
-  /// seconds it took (0 when already done). A chunked pin running on another thread is
-  /// waited for instead. Never throws: without page-locking copies still work, slower.
+  /// cudaHostRegister; nothing without one). Idempotent; returns the seconds it took (0 when
+  /// already done). Never throws: without page-locking copies still work, slower.
   double pin();
-  /// Begins page-locking the mapping in `chunk`-byte registrations (a multiple of the page
-  /// size; kPinChunkBytes unless a test's): the returned task runs
-  /// on a thread of the caller's choosing while copies of what is locked already go
-  /// (wait_pinned). A copy must not span two registrations: split copies at multiples of
-  /// pin_chunk_bytes() from data(). An empty task when pinned, being pinned, or unmapped.
-  PinTask begin_chunked_pin(size_t chunk = kPinChunkBytes);
-  /// Blocks until bytes [0, end) of the mapping are page-locked or no pin is running any more
-  /// (never begun, done, refused by the driver, stopped). Returns whether they are locked.
-  bool wait_pinned(size_t end) const noexcept;
-  /// The registrations' size: copies split at its multiples from data() never span two
-  /// (0: nothing pinned, or one registration of the whole mapping).
-  size_t pin_chunk_bytes() const noexcept;
   /// Undoes pin() (cudaHostUnregister: the driver unpins every page) and returns the seconds
-  /// it took; 0 when not pinned. A chunked pin still running is stopped and waited for first.
-  /// The mapping stays.
+  /// it took; 0 when not pinned. The mapping stays.
   double unpin() noexcept;
-  bool pinned() const noexcept;
+  bool pinned() const noexcept { return pin_ != nullptr; }
   /// Leaves the page-locking and the mapping to the process's end (HostPin and
-  /// MappedFile::leave_to_exit): nothing is unpinned or unmapped now (a chunked pin still
-  /// running is stopped first). data() is null after.
-  void leave_to_exit() noexcept;
+  /// MappedFile::leave_to_exit): nothing is unpinned or unmapped now. data() is null after.
+  void leave_to_exit() noexcept {
+    if (pin_) pin_->leave_to_exit();  // forgotten: destroying it now undoes nothing
+    pin_.reset();
+    file_.leave_to_exit();
+  }
 
   /// Locks the whole mapping in memory (mlock: resident, never swapped out; released with the
   /// mapping) — the CPU counterpart of pin() for a prepared file. Returns "" when locked (or
@@ -175,13 +112,9 @@ class SnapshotFile {
   explicit SnapshotFile(MappedFile file) : file_(std::move(file)) {}
 
   MappedFile file_;
-  SnapshotHeader pending_;  ///< of the snapshot begun, until commit()
-  bool locked_ = false;     ///< lock_in_memory() succeeded
-  /// After file_: unpinned before unmapping. Null until pinned or a chunked pin begins.
-  std::shared_ptr<PinState> pin_;
-
-  /// Stops a running PinTask and waits for it; the registrations stay. Never throws.
-  void stop_pinning() const noexcept;
+  SnapshotHeader pending_;        ///< of the snapshot begun, until commit()
+  bool locked_ = false;           ///< lock_in_memory() succeeded
+  std::unique_ptr<HostPin> pin_;  ///< after file_: unpinned before unmapping
 };
 
 }  // namespace gpurun::snapshot

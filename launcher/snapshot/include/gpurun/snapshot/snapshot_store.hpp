@@ -43,8 +43,7 @@ struct SnapshotStats {
   bool pinned = false;          ///< the mapping is page-locked (device state, a pinner installed)
   bool locked = false;          ///< the mapping is mlock-ed (CPU state, prepared ahead)
   double setup_seconds = 0;     ///< create + posix_fallocate + mmap, or open + mmap
-  double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister); a read of a
-                                ///< mapping pinned in chunks elsewhere: its waits for them
+  double pin_seconds = 0;       ///< page-locking the mapping (cudaHostRegister)
   double copy_seconds = 0;      ///< tensor copies, the final synchronise included
   double total_seconds = 0;     ///< the whole call (manifest, checks, msync, commit, ...)
   double checksum_seconds = 0;  ///< payload checksum, from the copies' start: it runs
