@@ -73,6 +73,7 @@ class Validator {
 
   Config run(const toml::table& root) {
     Config config;
+    sets_active_gpus_ = root.contains("active_gpus");
     for (auto&& [key, node] : root) {
       const std::string_view name = key.str();
       if (name == "active_gpus") {
@@ -621,7 +622,19 @@ class Validator {
                        float_text(e.profile_cooldown_s)));
   }
 
+  // A file without active_gpus means every slot: a misspelt or misplaced active_gpus there
+  // would train on everything, so it is an error (an edit is then rejected and the last good
+  // config stays in force), not a warning.
+  static constexpr std::string_view kUnsetMeansAll =
+      "this file sets no top-level active_gpus, which would mean every slot";
+
   void warn_unknown_top_level(const toml::key& key) {
+    if (!sets_active_gpus_ && looks_like(key.str(), "active_gpus")) {
+      error(key.source(), printable(key.str()),
+            fmt::format("unknown key; did you mean 'active_gpus'? ({})", kUnsetMeansAll),
+            "active_gpus = [ids] at the top level");
+      return;
+    }
     std::string text = fmt::format("unknown key '{}' (ignored)", printable(key.str()));
     for (const KnownKey& known : kTopLevelKeys) {
       if (looks_like(key.str(), known.name)) {
@@ -643,6 +656,13 @@ class Validator {
         break;
       }
     }
+    if (!hinted && key.str() == "active_gpus" && !sets_active_gpus_) {
+      error(key.source(), fmt::format("{}.active_gpus", table),
+            fmt::format("active_gpus is a top-level key but belongs to [{}] here ({})", table,
+                        kUnsetMeansAll),
+            "active_gpus = [ids] above the first [table] header");
+      return;
+    }
     if (!hinted && key.str() == "active_gpus") {
       text += fmt::format(
           "; active_gpus is a top-level key: move it above the first [table] header (here it "
@@ -653,6 +673,7 @@ class Validator {
   }
 
   const std::string& source_;
+  bool sets_active_gpus_ = false;  ///< the file has a top-level active_gpus key
   std::vector<int> valid_;
   Findings errors_;
   Findings warnings_;

@@ -198,13 +198,15 @@ profile_cache = "cache.json"
              "'energy.eta_knob'?"};
        })},
       {"unknown keys warn in document order, with suggestions",
-       "zeta = 1\nactve_gpus = [0]\n[park]\nmod = \"hold\"\n[bogus]\nx = 1\n", with([](Config& c) {
-         c.warnings = {"config.toml:1:1: unknown key 'zeta' (ignored)",
-                       "config.toml:2:1: unknown key 'actve_gpus' (ignored); did you mean "
+       "active_gpus = [1]\nzeta = 1\nactve_gpus = [0]\n[park]\nmod = \"hold\"\n[bogus]\nx = 1\n",
+       with([](Config& c) {
+         c.active_gpus = std::vector<int>{1};
+         c.warnings = {"config.toml:2:1: unknown key 'zeta' (ignored)",
+                       "config.toml:3:1: unknown key 'actve_gpus' (ignored); did you mean "
                        "'active_gpus'?",
-                       "config.toml:4:1: unknown key 'park.mod' (ignored); did you mean "
+                       "config.toml:5:1: unknown key 'park.mod' (ignored); did you mean "
                        "'park.mode'?",
-                       "config.toml:5:2: unknown key 'bogus' (ignored)"};
+                       "config.toml:6:2: unknown key 'bogus' (ignored)"};
        })},
       {"a nested key at top level gets a hint", "deadline = 5\n", with([](Config& c) {
          c.warnings = {
@@ -212,10 +214,11 @@ profile_cache = "cache.json"
              "under [boundary]?"};
        })},
       {"active_gpus below a table header belongs to that table",
-       "[park]\nmode = \"hold\"\nactive_gpus = [1]\n", with([](Config& c) {
+       "active_gpus = [0]\n[park]\nmode = \"hold\"\nactive_gpus = [1]\n", with([](Config& c) {
+         c.active_gpus = std::vector<int>{0};
          c.park_mode = ParkMode::kHold;
          c.warnings = {
-             "config.toml:3:1: unknown key 'park.active_gpus' (ignored); active_gpus is a "
+             "config.toml:4:1: unknown key 'park.active_gpus' (ignored); active_gpus is a "
              "top-level key: move it above the first [table] header (here it belongs to "
              "[park])"};
        })},
@@ -235,6 +238,17 @@ profile_cache = "cache.json"
 
 TEST_CASE("parse_config: invalid files give exact, actionable errors") {
   const std::vector<InvalidCase> cases = {
+      // Without a top-level active_gpus the file means every slot: a misspelt or misplaced
+      // one would train on everything (a fresh user's edit of actve_gpus = [0] did).
+      {"a misspelt active_gpus where none is set", "actve_gpus = [0]\n",
+       "config.toml:1:1: actve_gpus: unknown key; did you mean 'active_gpus'? (this file sets no "
+       "top-level active_gpus, which would mean every slot); allowed: active_gpus = [ids] at the "
+       "top level"},
+      {"active_gpus below a table header where none is set above it",
+       "[park]\nmode = \"hold\"\nactive_gpus = [1]\n",
+       "config.toml:3:1: park.active_gpus: active_gpus is a top-level key but belongs to [park] "
+       "here (this file sets no top-level active_gpus, which would mean every slot); allowed: "
+       "active_gpus = [ids] above the first [table] header"},
       {"id out of range", "active_gpus = [0, 1, 7]",
        "config.toml:1:22: active_gpus: GPU id 7 is not available on this node; allowed: 0, 1, "
        "2, 3"},
