@@ -656,14 +656,14 @@ class Validator {
         break;
       }
     }
-    if (!hinted && key.str() == "active_gpus" && !sets_active_gpus_) {
-      error(key.source(), fmt::format("{}.active_gpus", table),
-            fmt::format("active_gpus is a top-level key but belongs to [{}] here ({})", table,
-                        kUnsetMeansAll),
-            "active_gpus = [ids] above the first [table] header");
-      return;
-    }
     if (!hinted && key.str() == "active_gpus") {
+      if (!sets_active_gpus_) {
+        error(key.source(), fmt::format("{}.active_gpus", table),
+              fmt::format("active_gpus is a top-level key but belongs to [{}] here ({})", table,
+                          kUnsetMeansAll),
+              "active_gpus = [ids] above the first [table] header");
+        return;
+      }
       text += fmt::format(
           "; active_gpus is a top-level key: move it above the first [table] header (here it "
           "belongs to [{}])",

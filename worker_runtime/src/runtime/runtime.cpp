@@ -226,7 +226,6 @@ void Runtime::Impl::train_on(const control::EngineAction& a) {
   // joins it at its end (next_step). A standby's warm-up runs beside the snapshot's
   // page-locking and copies; waiting here cost the C++ ViT-H resume 374 ms (H100,
   // 2026-12-05, docs/results.md tenth day).
-  if (warm_done.load(std::memory_order_acquire)) finish_warm_up();
   if (grads) grads->set_communicator(comm.get());
   trace_resize(d, a.role, moved_bytes, last_checksum);
   first_step_pending = true;
@@ -324,14 +323,12 @@ void Runtime::Impl::start_warm_up() {
     } catch (const std::exception& e) {
       warm_error = e.what();
     }
-    warm_done.store(true, std::memory_order_release);
   });
 }
 
 void Runtime::Impl::finish_warm_up() {
   if (!warm_thread.joinable()) return;
   warm_thread.join();
-  warm_done.store(false, std::memory_order_relaxed);
   if (!warm_error.empty())
     std::fprintf(stderr,
                  "gpurun worker (slot %d): warning: setting up the CUDA libraries ahead of the "

@@ -326,8 +326,7 @@ struct Runtime::Impl {
 
   // ---- the CUDA libraries set up beside the program's start -------------------------------
   std::thread warm_thread;
-  std::string warm_error;              // written by warm_thread: what failed (it is only a warm-up)
-  std::atomic<bool> warm_done{false};  // warm_thread's work is over (joined or not)
+  std::string warm_error;  // written by warm_thread: what failed (it is only a warm-up)
 
   /// An elastic CUDA process, once its device is set up: the checksum's kernels and the math
   /// libraries (rt::warm_cuda_libraries) are set up on a thread while the program builds its
@@ -335,10 +334,10 @@ struct Runtime::Impl {
   /// first step 2.8 s against 0.16 s, bench/vit_step_bench --step-times).
   void start_warm_up();
   /// Joins start_warm_up()'s thread; a failure is printed, never thrown. Called at the end of
-  /// a generation's first step (next_step), when a generation starts only if the thread is
-  /// already done (train_on: the first step runs beside the rest of it, and makes its own
-  /// cuBLAS/cuDNN handles if the warm-up still holds its), and before anything that frees
-  /// device memory, writes the snapshot or drops a communicator.
+  /// a generation's first step (next_step; train_on does not wait: the first step runs beside
+  /// the rest of it, and makes its own cuBLAS/cuDNN handles if the warm-up still holds its),
+  /// and before anything that frees device memory, writes the snapshot or drops a
+  /// communicator.
   void finish_warm_up();
 
   ~Impl() {
