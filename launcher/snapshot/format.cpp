@@ -32,7 +32,7 @@ T get(const uint8_t* in, size_t at) {
 // Field offsets of the header.
 constexpr size_t kVersionAt = 8, kHeaderSizeAt = 12, kManifestAt = 16, kCountAt = 24, kDataAt = 32,
                  kDataEndAt = 40, kFileAt = 48, kHashAt = 56, kPidAt = 64, kPayloadBytesAt = 80,
-                 kPayloadSumAt = 88, kWrittenAt = 96, kHeaderSumAt = 104;
+                 kPayloadSumAt = 88, kWrittenAt = 96, kHeaderSumAt = 104, kReservedAt = 112;
 
 uint64_t header_checksum(const uint8_t* header) {
   return Xxh64::of(header, kHeaderSumAt);
@@ -109,6 +109,7 @@ void SnapshotHeader::encode(uint8_t* out) const {
   put<uint64_t>(out, kPayloadSumAt, payload_checksum);
   put<uint64_t>(out, kWrittenAt, written_unix_ns);
   put<uint64_t>(out, kHeaderSumAt, header_checksum(out));
+  put<uint64_t>(out, kReservedAt, device_reserved_bytes);
   put<uint64_t>(out, kCommitAt, committed ? kCommitted : 0);
 }
 
@@ -243,6 +244,7 @@ SnapshotHeader SnapshotHeader::decode(const uint8_t* data, size_t file_bytes,
   h.payload_bytes = get<uint64_t>(data, kPayloadBytesAt);
   h.payload_checksum = get<uint64_t>(data, kPayloadSumAt);
   h.written_unix_ns = get<uint64_t>(data, kWrittenAt);
+  h.device_reserved_bytes = get<uint64_t>(data, kReservedAt);
   h.committed = get<uint64_t>(data, kCommitAt) == kCommitted;
   if (!h.committed) {
     if (h.sequence == 0) {

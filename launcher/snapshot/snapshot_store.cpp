@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -373,6 +374,29 @@ PreparedSnapshot finish_prepared_snapshot(PreparedSnapshot mapped,
   st.pinned = mapped.file->pinned();
   st.total_seconds = seconds_since(t0);
   return mapped;
+}
+
+DeviceReservePlan plan_device_reserve(uint64_t hint, uint64_t reserved_now, uint64_t free_now,
+                                      const char* alloc_conf, const char* no_caching) {
+  DeviceReservePlan p;
+  if (hint <= reserved_now) return p;
+  if (no_caching != nullptr) {
+    p.note = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: the allocator caches nothing";
+    return p;
+  }
+  if (alloc_conf != nullptr &&
+      std::string_view(alloc_conf).find("max_split_size_mb") != std::string_view::npos) {
+    p.note = "PYTORCH_CUDA_ALLOC_CONF sets max_split_size_mb: one large segment would not be split";
+    return p;
+  }
+  const uint64_t missing = hint - reserved_now;
+  const uint64_t cap = free_now > kDeviceReserveMargin ? free_now - kDeviceReserveMargin : 0;
+  p.bytes = std::min(missing, cap);
+  if (p.bytes < kDeviceReserveSmallest) p.bytes = 0;
+  if (p.bytes < missing && missing >= kDeviceReserveSmallest)
+    p.note = fmt::format("{} bytes free on the device: {} of the {} missing reserved", free_now,
+                         p.bytes, missing);
+  return p;
 }
 
 }  // namespace gpurun::snapshot

@@ -125,6 +125,29 @@ s2.load_state_dict(back["other.scheduler"])
 same(objs[0].state_dict(), m2.state_dict(), "model after load")
 print("python_snapshot: round trip in the C++ format OK")
 
+# 1b. The writer's device memory (a hint for the reader's reservation ahead of its first step):
+# a CPU state's is 0 (bytes 112..119); what a writer passes comes back from the read; the rule
+# of how much to reserve is the library's (the C++ table test's cases, through the C API).
+assert struct.unpack("<Q", head[112:120])[0] == 0 and info["device_reserved_bytes"] == 0, info
+GiB = 1 << 30
+empty_manifest, _, empty_sizes = _snapshot.manifest_of({})
+io.files.write(empty_manifest, empty_sizes, False, lambda base, offsets: None, 29 * GiB)
+assert io.files.read(True, False)["device_reserved_bytes"] == 29 * GiB
+for hint, reserved, free, want, note in (
+        (0, 0, 80 * GiB, 0, ""),
+        (29 * GiB, 8 * GiB, 70 * GiB, 21 * GiB, ""),
+        (29 * GiB, 8 * GiB, 5 * GiB, 4 * GiB, "5368709120 bytes free on the device")):
+    got = io.files.plan_reserve(hint, reserved, free)
+    assert got[0] == want and (note in got[1] if note else got[1] == ""), (hint, free, got)
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:512"
+try:
+    got = io.files.plan_reserve(29 * GiB, 8 * GiB, 70 * GiB)
+    assert got[0] == 0 and "max_split_size_mb" in got[1], got
+finally:
+    del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+io.write(state)  # the state of 1. again, for what follows
+print("python_snapshot: the writer's device memory travels in the header OK")
+
 # 2. Nothing read aliases the mapping: the next pause's write leaves the loaded state alone.
 kept = {k: v.clone() for k, v in back["model"].items()}
 other, _ = make_state(3)

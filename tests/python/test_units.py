@@ -523,3 +523,69 @@ try:
 finally:
     grt.dist = real_dist
 print("python_units: one rank's state check makes no collective")
+
+# A resume's reservation ahead of its first step (SnapshotIo._reserve), on a fake CUDA: the
+# library's amount allocated on the current stream and freed at once; any failure only noted.
+import torch  # noqa: E402
+from gpurun import _snapshot  # noqa: E402
+
+
+class _Files:
+    def plan_reserve(self, hint, reserved, free):
+        self.asked = (hint, reserved, free)
+        return hint - reserved, ""
+
+
+class _FakeCuda:
+    def __init__(self, fail=False):
+        self.fail, self.calls = fail, []
+
+    def mem_get_info(self, device):
+        if self.fail:
+            raise RuntimeError("CUDA error: out of memory")
+        return 70 << 30, 80 << 30
+
+    def memory_reserved(self, device):
+        return 8 << 30
+
+    def current_stream(self, device):
+        return "training-stream"
+
+    def caching_allocator_alloc(self, n, device, stream):
+        self.calls.append(("alloc", n, stream))
+        return 1234
+
+    def caching_allocator_delete(self, ptr):
+        self.calls.append(("delete", ptr))
+
+
+io = _snapshot.SnapshotIo.__new__(_snapshot.SnapshotIo)
+io.device, io.files, io.reserve_ahead = torch.device("cuda", 0), _Files(), True
+real_cuda = _snapshot.torch.cuda
+try:
+    for fail in (False, True):
+        _snapshot.torch.cuda = fake = _FakeCuda(fail)
+        info = {"device_reserved_bytes": 29 << 30}
+        io._reserve(info)
+        if not fail:
+            assert io.files.asked == (29 << 30, 8 << 30, 70 << 30), io.files.asked
+            assert fake.calls == [("alloc", 21 << 30, "training-stream"), ("delete", 1234)]
+            assert info["reserved_ahead_bytes"] == 21 << 30 and info["reserve_note"] == ""
+        else:
+            assert fake.calls == [] and info["reserved_ahead_bytes"] == 0, (fake.calls, info)
+            assert "out of memory" in info["reserve_note"], info
+    io.reserve_ahead = False  # GPURUN_RESERVE_AHEAD=0
+    _snapshot.torch.cuda = fake = _FakeCuda()
+    io._reserve(info)
+    assert fake.calls == [] and info["reserved_ahead_bytes"] == 0
+finally:
+    _snapshot.torch.cuda = real_cuda
+os.environ["GPURUN_RESERVE_AHEAD"] = "yes"
+try:
+    _snapshot.SnapshotIo(torch.device("cpu"))
+    raise AssertionError("GPURUN_RESERVE_AHEAD=yes was taken")
+except ValueError as e:
+    assert "GPURUN_RESERVE_AHEAD='yes' must be 0 or 1" in str(e), e
+finally:
+    del os.environ["GPURUN_RESERVE_AHEAD"]
+print("python_units: a resume reserves the writer's device memory on the training stream")

@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 5  /* 5: gpurun_preload_cuda_libraries */
+#define GPURUN_WORKER_ABI 6  /* 6: the snapshot's device-memory hint */
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;
@@ -144,18 +144,30 @@ typedef int (*gpurun_snapshot_fill_fn)(void* ctx, uint8_t* base, const uint64_t*
                                        size_t n);
 /** Writes a snapshot of a manifest (any bytes: the caller's) and n tensors of sizes[n] bytes
  * to the first path that can hold it, calling fill once per attempted path; crash-safe (a
- * file is void until committed), the other path's file removed. Returns stats JSON, or NULL
- * (kind 6: "cannot write the state snapshot ...: every path failed: (1) ..."; no file then
- * remains). Blocks. */
+ * file is void until committed), the other path's file removed. device_reserved_bytes: the
+ * bytes the caller's CUDA caching allocator holds (torch.cuda.memory_reserved; 0: none or
+ * unknown), recorded in the header for the reader (gpurun_snapshot_plan_reserve). Returns
+ * stats JSON, or NULL (kind 6: "cannot write the state snapshot ...: every path failed: (1)
+ * ..."; no file then remains). Blocks. */
 GPURUN_API char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifest,
                                         size_t manifest_bytes, const uint64_t* sizes, size_t n,
-                                        int on_device, gpurun_snapshot_fill_fn fill, void* ctx);
+                                        int on_device, uint64_t device_reserved_bytes,
+                                        gpurun_snapshot_fill_fn fill, void* ctx);
 /** Maps the snapshot to resume from (of two files, the newer), checks its header and, when
  * verify, its payload checksum over every byte (~0.1 s per GB per core, up to 16 cores);
  * page-locks it when on_device. Returns stats JSON plus "manifest" (the manifest bytes as a
- * string), "tensor_count", "data_offset", "data_end", "sequence", "writer_pid"; the bytes are
+ * string), "tensor_count", "data_offset", "data_end", "sequence", "writer_pid",
+ * "device_reserved_bytes" (the writer's, 0: unknown); the bytes are
  * at gpurun_snapshots_data(). NULL (kind 6, naming the path and what is wrong) when refused. */
 GPURUN_API char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_device);
+/** How many bytes a resume reserves through its caching allocator ahead of its first step
+ * (allocated on the training stream, freed at once), from the writer's
+ * "device_reserved_bytes" (hint), what the allocator holds now and the device's free bytes:
+ * snapshot::plan_device_reserve, with PYTORCH_CUDA_ALLOC_CONF and
+ * PYTORCH_NO_CUDA_MEMORY_CACHING read from the environment. Returns JSON {"bytes": N,
+ * "note": why less than missing, or ""}. */
+GPURUN_API char* gpurun_snapshot_plan_reserve(uint64_t hint, uint64_t reserved_now,
+                                              uint64_t free_now);
 
 #ifdef __cplusplus
 }

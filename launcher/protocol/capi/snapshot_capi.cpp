@@ -219,12 +219,14 @@ char* gpurun_snapshots_premap(gpurun_snapshots* s, int on_device) {
 
 char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifest, size_t manifest_bytes,
                              const uint64_t* sizes, size_t n, int on_device,
-                             gpurun_snapshot_fill_fn fill, void* ctx) {
+                             uint64_t device_reserved_bytes, gpurun_snapshot_fill_fn fill,
+                             void* ctx) {
   return guarded(
       [&] {
         const std::lock_guard lock(s->mu);
-        const snap::SnapshotLayout layout(std::string(manifest, manifest_bytes), sizes_of(sizes, n),
-                                          on_device != 0);
+        snap::SnapshotLayout layout(std::string(manifest, manifest_bytes), sizes_of(sizes, n),
+                                    on_device != 0);
+        layout.header.device_reserved_bytes = device_reserved_bytes;
         snap::SnapshotStats st;
         snap::write_snapshot(
             s->kept, s->paths, layout,
@@ -256,8 +258,23 @@ char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_device) {
             .add("data_offset", static_cast<int64_t>(opened.header.data_offset))
             .add("data_end", static_cast<int64_t>(opened.header.data_end))
             .add("sequence", static_cast<int64_t>(opened.header.sequence))
-            .add("writer_pid", static_cast<int64_t>(opened.header.writer_pid));
+            .add("writer_pid", static_cast<int64_t>(opened.header.writer_pid))
+            .add("device_reserved_bytes",
+                 static_cast<int64_t>(opened.header.device_reserved_bytes));
         return dup(stats_json(st, std::move(o)));
+      },
+      static_cast<char*>(nullptr));
+}
+
+char* gpurun_snapshot_plan_reserve(uint64_t hint, uint64_t reserved_now, uint64_t free_now) {
+  return guarded(
+      [&] {
+        const snap::DeviceReservePlan p = snap::plan_device_reserve(
+            hint, reserved_now, free_now, std::getenv("PYTORCH_CUDA_ALLOC_CONF"),
+            std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING"));
+        gpurun::JsonObject o;
+        o.add("bytes", static_cast<int64_t>(p.bytes)).add("note", p.note);
+        return dup(o.str());
       },
       static_cast<char*>(nullptr));
 }

@@ -1121,6 +1121,36 @@ TEST_CASE("state registry: the header records the payload size and checksum; bit
   }
 }
 
+TEST_CASE("state registry: the writer's device memory is a header hint outside its checksum") {
+  WrittenSnapshot w;
+  // A CPU state: its writer holds no device memory, so no hint (bytes 112..119 zero).
+  CHECK(u64_at(w.good, 112) == 0);
+  CHECK(w.h.device_reserved_bytes == 0);
+  CHECK(w.source.reg.last_snapshot_stats().device_reserved_hint == 0);
+  // A header that records one: encoded at byte 112, decoded back, and not covered by the
+  // header checksum (a file of before the hint, with zero there, still decodes).
+  SnapshotHeader with = w.h;
+  with.committed = true;
+  with.device_reserved_bytes = (uint64_t{17} << 30) + 12345;
+  std::string bytes = w.good;
+  with.encode(reinterpret_cast<uint8_t*>(bytes.data()));
+  CHECK(u64_at(bytes, 112) == with.device_reserved_bytes);
+  CHECK(bytes.substr(0, 104) == w.good.substr(0, 104));  // same header checksum input
+  write_file(w.path, bytes);
+  Side restored(Kind::kAdam, 2);
+  restored.reg.release();
+  restored.reg.read_snapshot({w.path, ""}, torch::kCPU,
+                             gpurun::rt::StateRegistry::Verify::kWhileCopying,
+                             /*reserve_ahead=*/true);
+  const auto& st = restored.reg.last_snapshot_stats();
+  CHECK(st.device_reserved_hint == with.device_reserved_bytes);
+  CHECK(st.reserved_ahead_bytes == 0);  // nothing on a device to reserve for
+  CHECK(st.reserve_note.empty());
+  const auto a = w.source.reg.tensors(), b = restored.reg.tensors();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
+}
+
 TEST_CASE("state registry: of two snapshot files the newer one is read; the writer keeps one") {
   gpurun::testing::TempDir dir("gpurun-state");
   const SnapshotPaths paths{(dir.path / "shm" / "x.snapshot").string(),

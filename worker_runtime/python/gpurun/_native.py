@@ -13,7 +13,7 @@ import ctypes
 import json
 import os
 
-ABI = 5  # gpurun_worker.h GPURUN_WORKER_ABI (5: gpurun_preload_cuda_libraries)
+ABI = 6  # gpurun_worker.h GPURUN_WORKER_ABI (6: the snapshot's device-memory hint)
 
 
 class ProtocolError(RuntimeError):
@@ -98,8 +98,9 @@ def load(path=None):
                                                   c.c_size_t, c.c_int, c.c_int]),
         "gpurun_snapshots_write": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_size_t,
                                                 c.POINTER(c.c_uint64), c.c_size_t, c.c_int,
-                                                FILL_FN, c.c_void_p]),
+                                                c.c_uint64, FILL_FN, c.c_void_p]),
         "gpurun_snapshots_read": (c.c_void_p, [c.c_void_p, c.c_int, c.c_int]),
+        "gpurun_snapshot_plan_reserve": (c.c_void_p, [c.c_uint64, c.c_uint64, c.c_uint64]),
         "gpurun_snapshots_premap": (c.c_void_p, [c.c_void_p, c.c_int]),
     }
     # The ABI first: a library of another gpurun may lack functions named below.
@@ -266,11 +267,13 @@ class Snapshots:
         return json.loads(_take(self._lib, self._lib.gpurun_snapshots_premap(
             self._h, int(on_device))))
 
-    def write(self, manifest, sizes, on_device, fill):
+    def write(self, manifest, sizes, on_device, fill, device_reserved_bytes=0):
         """Writes a snapshot of ``manifest`` (bytes) and tensors of ``sizes`` bytes; ``fill(base,
         offsets)`` copies tensor i to address base + offsets[i] and returns once they landed.
-        Returns the stats; raises SnapshotError when no path could hold it, or what ``fill``
-        raised (no file remains then either)."""
+        ``device_reserved_bytes``: what this process's CUDA caching allocator holds (0: none),
+        recorded in the header for the reader (``plan_reserve``). Returns the stats; raises
+        SnapshotError when no path could hold it, or what ``fill`` raised (no file remains then
+        either)."""
         failure = []
 
         def cb(_ctx, base, offsets, n):
@@ -282,7 +285,8 @@ class Snapshots:
                 return 1
         fn = FILL_FN(cb)
         ptr = self._lib.gpurun_snapshots_write(self._h, manifest, len(manifest), _u64s(sizes),
-                                               len(sizes), int(on_device), fn, None)
+                                               len(sizes), int(on_device),
+                                               int(device_reserved_bytes), fn, None)
         if not ptr and failure:
             raise failure[0]  # the copy's own error (the library removed the file)
         return json.loads(_take(self._lib, ptr))
@@ -290,6 +294,16 @@ class Snapshots:
     def read(self, verify, on_device):
         return json.loads(_take(self._lib, self._lib.gpurun_snapshots_read(
             self._h, int(verify), int(on_device))))
+
+    def plan_reserve(self, hint, reserved_now, free_now):
+        """Bytes (int) a resume reserves ahead of its first step and why not all that is
+        missing (str, "" when all): the library's rule (snapshot::plan_device_reserve) from the
+        writer's ``device_reserved_bytes`` (hint), the caching allocator's reserved bytes and
+        the device's free bytes; PYTORCH_CUDA_ALLOC_CONF and PYTORCH_NO_CUDA_MEMORY_CACHING are
+        read from the environment."""
+        out = json.loads(_take(self._lib, self._lib.gpurun_snapshot_plan_reserve(
+            int(hint), int(reserved_now), int(free_now))))
+        return out["bytes"], out["note"]
 
     def leave_to_exit(self):
         if self._h:

@@ -38,6 +38,10 @@ class _PauseSnapshot:
                 f"{_native.position_text(pos['epoch'], pos.get('step', 0))}, but the pause it "
                 f"resumes was {_native.position_text(epoch, step)}: refusing to roll training back "
                 "(was an older snapshot copied over it?)")
+        if info.get("reserve_note"):
+            self._note(f"device memory reserved ahead of the first step: "
+                       f"{info['reserved_ahead_bytes']} of {info['device_reserved_bytes']} "
+                       f"bytes ({info['reserve_note']})")
         self._load(snap)
         return info["tensor_bytes"]
 

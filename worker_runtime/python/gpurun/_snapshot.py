@@ -14,7 +14,9 @@ import base64
 import ctypes
 import io
 import json
+import os
 import pickle
+import time
 
 import torch
 import torch.distributed as dist
@@ -132,6 +134,12 @@ class SnapshotIo:
     (the file made, mapped and page-locked on a background thread while training runs)."""
 
     def __init__(self, device):
+        # GPURUN_RESERVE_AHEAD ("1", default; "0": off): a resume grows the caching allocator
+        # to the writer's device memory before its first step (read()).
+        v = os.environ.get("GPURUN_RESERVE_AHEAD", "1") or "1"
+        if v not in ("0", "1"):
+            raise ValueError(f"environment variable GPURUN_RESERVE_AHEAD='{v}' must be 0 or 1")
+        self.reserve_ahead = v == "1"
         self.device = device
         self.files = _native.Snapshots()
         self.last = {}  # stats of the last call (seconds, bytes)
@@ -174,7 +182,10 @@ class SnapshotIo:
                     dst.copy_(t)
             for d in devices:
                 torch.cuda.synchronize(d)
-        self.last = self.files.write(manifest, sizes, on_device, fill)
+        reserved = 0
+        if on_device and self.device.type == "cuda":
+            reserved = torch.cuda.memory_reserved(self.device)
+        self.last = self.files.write(manifest, sizes, on_device, fill, reserved)
         return self.last
 
     def read(self, verify=True):
@@ -209,6 +220,8 @@ class SnapshotIo:
                 f"ending at byte {info['data_end']}")
         host = _host_bytes(self.files.data(), end)
         views = _views(host, offsets, metas)
+        if on_device:
+            self._reserve(info)
         tensors = []
         for v, (_dt, _shape, dev) in zip(views, metas):
             if dev == "cpu" or not on_device:
@@ -221,6 +234,31 @@ class SnapshotIo:
         info["tensor_bytes"] = sum(sizes)
         self.last = info
         return unflatten(skeleton, tensors), info
+
+    def _reserve(self, info):
+        """Grows the CUDA caching allocator on ``self.device`` towards the writer's device
+        memory (the header's ``device_reserved_bytes``) by what the library's rule says: one
+        allocation on the current stream (the one training runs on), freed at once, so that
+        the first step's gradients and activations come from the cache (the C++ runtime's
+        StateRegistry::read_snapshot does the same). Records ``reserved_ahead_bytes``,
+        ``reserve_s`` and ``reserve_note`` in ``info``. Never raises: an allocation that fails
+        is only noted (training allocates as it would have)."""
+        hint = int(info.get("device_reserved_bytes", 0))
+        info["reserved_ahead_bytes"], info["reserve_s"], info["reserve_note"] = 0, 0.0, ""
+        if not (self.reserve_ahead and hint > 0):
+            return
+        t0 = time.perf_counter()
+        try:
+            free, _total = torch.cuda.mem_get_info(self.device)
+            n, note = self.files.plan_reserve(hint, torch.cuda.memory_reserved(self.device), free)
+            if n > 0:
+                stream = torch.cuda.current_stream(self.device)
+                ptr = torch.cuda.caching_allocator_alloc(n, self.device, stream)
+                torch.cuda.caching_allocator_delete(ptr)  # the segment stays cached for stream
+            info["reserved_ahead_bytes"], info["reserve_note"] = n, note
+        except Exception as e:  # noqa: BLE001 - only an optimisation: the first step allocates
+            info["reserve_note"] = f"{type(e).__name__}: {e}"
+        info["reserve_s"] = time.perf_counter() - t0
 
     def leave_to_exit(self):
         self.files.leave_to_exit()

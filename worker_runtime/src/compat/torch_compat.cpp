@@ -4,6 +4,11 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <chrono>
+#include <cstdlib>
+
+#include "gpurun/snapshot/snapshot_store.hpp"
+
 #include "gpurun/check.hpp"
 
 #ifndef GPURUN_HAVE_NCCL
@@ -87,6 +92,49 @@ c10::Stream forked_stream(const at::Device& device) {
   if (device.is_cuda()) return detail::cuda::forked_stream(device);
 #endif
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+uint64_t device_reserved_bytes(const at::Device& device) noexcept {
+#if GPURUN_HAVE_NCCL
+  if (device.is_cuda()) {
+    try {
+      return detail::cuda::device_reserved_bytes(
+          device.has_index() ? device.index()
+                             : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+DeviceReservation reserve_device_memory(const at::Device& device, uint64_t hint,
+                                        const c10::Stream& stream) noexcept {
+  DeviceReservation r;
+#if GPURUN_HAVE_NCCL
+  if (!device.is_cuda() || hint == 0) return r;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    const c10::DeviceIndex d = device.has_index()
+                                   ? device.index()
+                                   : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index();
+    const snapshot::DeviceReservePlan plan = snapshot::plan_device_reserve(
+        hint, detail::cuda::device_reserved_bytes(d), detail::cuda::device_free_bytes(d),
+        std::getenv("PYTORCH_CUDA_ALLOC_CONF"), std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING"));
+    r.note = plan.note;
+    if (plan.bytes > 0) detail::cuda::reserve_cached(d, plan.bytes, stream);
+    r.bytes = plan.bytes;
+  } catch (const std::exception& e) {
+    r.bytes = 0;
+    r.note = e.what();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+#else
+  (void)device, (void)hint, (void)stream;
+#endif
+  return r;
 }
 
 }  // namespace gpurun::rt::compat

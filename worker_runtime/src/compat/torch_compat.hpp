@@ -126,11 +126,39 @@ void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProg
 /// copies run). Throws c10::Error on a CUDA failure.
 c10::Stream forked_stream(const at::Device& device);
 
+/// The bytes the CUDA caching allocator holds on `device` (reserved: in use or cached;
+/// torch.cuda.memory_reserved). 0 for another device, a CPU build or on any error. Never throws.
+uint64_t device_reserved_bytes(const at::Device& device) noexcept;
+
+/// What reserve_device_memory() did: `bytes` newly reserved (0: nothing) and, when it reserved
+/// less than asked, why (`note`, empty otherwise).
+struct DeviceReservation {
+  uint64_t bytes = 0;
+  double seconds = 0;  ///< the allocation and its release into the cache
+  std::string note;
+};
+
+/// Grows the CUDA caching allocator's cache on `device` towards `hint` bytes reserved (a pause
+/// snapshot's SnapshotHeader::device_reserved_bytes), by as much as
+/// snapshot::plan_device_reserve says (its caps and exceptions): one allocation on `stream`,
+/// released at once. The segment stays cached for that stream's allocations (pass the
+/// program's training stream), so the first training step carves its gradients and
+/// activations from it instead of making hundreds of cudaMalloc calls of its own (C++ ViT-H
+/// resume, one H100: its first step 639-725 -> 559-622 ms; the 21 GB allocation itself ~1 ms;
+/// docs/results.md, eleventh day). Nothing for a non-CUDA device or build. Blocks for the
+/// allocation. Never throws: a failed allocation leaves nothing reserved and says so in `note`.
+DeviceReservation reserve_device_memory(const at::Device& device, uint64_t hint,
+                                        const c10::Stream& stream) noexcept;
+
 namespace detail::cuda {
 // Defined in comm/nccl/cuda_memory.cpp (CUDA builds only): the CUDA tensors of `copies`
 // (others are skipped), as copy_host describes; `done` as copy_host's, counting every copy.
 void copy_host_async(const std::vector<HostCopy>& copies, bool to_host, const CopyProgress& done);
 c10::Stream forked_stream(const at::Device& device);
+uint64_t device_reserved_bytes(c10::DeviceIndex device);
+// Allocates `bytes` on `stream` through the caching allocator and frees them at once.
+void reserve_cached(c10::DeviceIndex device, uint64_t bytes, const c10::Stream& stream);
+uint64_t device_free_bytes(c10::DeviceIndex device);
 }  // namespace detail::cuda
 
 }  // namespace gpurun::rt::compat

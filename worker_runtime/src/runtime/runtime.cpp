@@ -558,6 +558,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->snapshot_path = e.snapshot_path;
   m->snapshot_fallback_path = e.snapshot_fallback_path;
   m->prepare_snapshot = e.prepare_snapshot;
+  m->reserve_ahead = e.reserve_ahead;
   m->preempt_dir = e.preempt_dir;
   m->preempt_seen = g_preempt_signals.load(std::memory_order_relaxed);
   const std::string trace_dir = !m->opt.trace_dir.empty() ? m->opt.trace_dir : e.trace_dir;

@@ -70,6 +70,13 @@ RuntimeEnv RuntimeEnv::from_env() {
           fmt::format("environment variable {}='{}' must be 0 or 1", env::kSnapshotPrepare, v));
     e.prepare_snapshot = v == "1";
   }
+  {  // default on; "0": no reservation ahead of a resume's first step
+    const std::string v = getenv_nonempty(env::kReserveAhead).value_or("1");
+    if (v != "0" && v != "1")
+      throw Error(
+          fmt::format("environment variable {}='{}' must be 0 or 1", env::kReserveAhead, v));
+    e.reserve_ahead = v == "1";
+  }
   e.trace_dir = getenv_nonempty(env::kTraceDir).value_or("");
   e.preempt_dir = getenv_nonempty(env::kPreemptDir).value_or("");
   e.preempt_signal = static_cast<int>(env_int(env::kPreemptSignal, 0));

@@ -88,6 +88,7 @@ struct Runtime::Impl {
   std::string snapshot_fallback_path;
   rt::SnapshotPaths snapshot_paths() const { return {snapshot_path, snapshot_fallback_path}; }
   bool prepare_snapshot = false;  // GPURUN_SNAPSHOT_PREPARE (default on): map the file ahead
+  bool reserve_ahead = true;      // GPURUN_RESERVE_AHEAD (default on): a resume's cache grown
   Trace trace;
   // Preemption (docs/cli.md#preemption): gpurun's request files, the signals seen so far.
   std::string preempt_dir;

@@ -6,7 +6,8 @@
 namespace gpurun {
 
 void Runtime::Impl::read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
-  registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying);
+  registry.read_snapshot(snapshot_paths(), device, rt::StateRegistry::Verify::kWhileCopying,
+                         reserve_ahead);
   if (want_epoch >= 0 && (epoch != want_epoch || step_in_epoch != want_step)) {
     const std::string path = registry.last_snapshot_stats().path;
     registry.release();
@@ -18,14 +19,24 @@ void Runtime::Impl::read_pause_snapshot(int64_t want_epoch, int64_t want_step) {
   }
   sync_in();
   const auto& st = registry.last_snapshot_stats();
-  trace.write("snapshot_read", {{"path", Trace::str(st.path)},
-                                {"bytes", Trace::num(st.file_bytes)},
-                                {"pinned", Trace::num(int64_t{st.pinned})},
-                                {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
-                                {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
-                                {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
-                                {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
-                                {"ms", Trace::num(st.total_seconds * 1e3)}});
+  trace.write("snapshot_read",
+              {{"path", Trace::str(st.path)},
+               {"bytes", Trace::num(st.file_bytes)},
+               {"pinned", Trace::num(int64_t{st.pinned})},
+               {"setup_ms", Trace::num(st.setup_seconds * 1e3)},
+               {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
+               {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
+               {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
+               {"reserve_hint", Trace::num(static_cast<int64_t>(st.device_reserved_hint))},
+               {"reserved", Trace::num(static_cast<int64_t>(st.reserved_ahead_bytes))},
+               {"reserve_ms", Trace::num(st.reserve_seconds * 1e3)},
+               {"ms", Trace::num(st.total_seconds * 1e3)}});
+  if (!st.reserve_note.empty())
+    std::fprintf(stderr,
+                 "gpurun worker (slot %d): note: device memory reserved ahead of the first step: "
+                 "%llu of %llu bytes (%s)\n",
+                 slot, static_cast<unsigned long long>(st.reserved_ahead_bytes),
+                 static_cast<unsigned long long>(st.device_reserved_hint), st.reserve_note.c_str());
 }
 
 void Runtime::Impl::offload_common(const std::string& role) {
@@ -119,6 +130,7 @@ std::string Runtime::Impl::write_pause_snapshot() {
                  {"pin_ms", Trace::num(st.pin_seconds * 1e3)},
                  {"copy_ms", Trace::num(st.copy_seconds * 1e3)},
                  {"checksum_ms", Trace::num(st.checksum_seconds * 1e3)},
+                 {"device_reserved", Trace::num(static_cast<int64_t>(st.device_reserved_hint))},
                  {"ms", Trace::num(ms_since(t0))}});
     for (const auto& f : st.failed_attempts)
       std::fprintf(stderr, "gpurun worker (slot %d): warning: pause snapshot fell back: %s\n", slot,

@@ -148,9 +148,17 @@ class StateRegistry {
   /// longer of the two instead of their sum (ViT-H on an H200: ~0.12 s saved); when it finds
   /// the file corrupt, or a copy fails, the tensors are released (release()) before the same
   /// StateError is thrown: nothing of the corrupt bytes stays usable.
+  ///
+  /// `reserve_ahead`: when the header records the writer's device memory
+  /// (SnapshotHeader::device_reserved_bytes) and the state is on a CUDA device, the CUDA
+  /// caching allocator is grown towards that size before the tensors are filled
+  /// (compat::reserve_device_memory, for the calling thread's current stream; ~1 ms), so that
+  /// the first training step allocates its gradients and activations from the cache. Best
+  /// effort: what it did, or why not all, is in last_snapshot_stats() (device_reserved_hint,
+  /// reserved_ahead_bytes, reserve_seconds, reserve_note).
   enum class Verify { kBeforeCopy, kWhileCopying };
   std::string read_snapshot(const SnapshotPaths& paths, const at::Device& device,
-                            Verify verify = Verify::kBeforeCopy);
+                            Verify verify = Verify::kBeforeCopy, bool reserve_ahead = false);
   /// read_snapshot({path, ""}, device).
   void read_snapshot(const std::string& path, const at::Device& device);
 

@@ -33,6 +33,9 @@ inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";  ///< "release" or 
 inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///< collective deadline
 inline constexpr const char* kSnapshotPrepare = "GPURUN_SNAPSHOT_PREPARE";  ///< "1": pre-create
 inline constexpr const char* kTraceDir = "GPURUN_TRACE_DIR";  ///< per-rank boundary traces
+/// "0": a resume from a pause snapshot does not grow the CUDA caching allocator to the writer's
+/// device memory ahead of its first step (default "1"; docs/worker-runtime.md#snapshot-files).
+inline constexpr const char* kReserveAhead = "GPURUN_RESERVE_AHEAD";
 // --- read by the supervisor's energy monitor (library overrides) ----------------------------
 inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";  ///< path of libnvidia-ml
 inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";  ///< path of libcuda

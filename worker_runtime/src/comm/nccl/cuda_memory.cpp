@@ -26,6 +26,26 @@ void release_cached_device_memory() {
   c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
+uint64_t device_reserved_bytes(c10::DeviceIndex device) {
+  // Index 0 of the stat arrays is StatType::AGGREGATE (every pool), in 1.13 and 2.x alike.
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  return static_cast<uint64_t>(stats.reserved_bytes[0].current);
+}
+
+uint64_t device_free_bytes(c10::DeviceIndex device) {
+  const c10::cuda::CUDAGuard guard(device);
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+void reserve_cached(c10::DeviceIndex device, uint64_t bytes, const c10::Stream& stream) {
+  const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream on(c10::cuda::CUDAStream::UNCHECKED, stream);
+  void* p = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, on.stream());
+  c10::cuda::CUDACachingAllocator::raw_delete(p);  // the segment stays cached for `stream`
+}
+
 bool host_register(void* ptr, size_t bytes, bool read_only) noexcept {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

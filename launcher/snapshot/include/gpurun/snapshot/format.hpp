@@ -17,7 +17,11 @@
 //                   96 written_unix_ns u64 (CLOCK_REALTIME when the writer began it: of two
 //                      snapshot files of one run, the newer one wins)
 //                  104 header_checksum u64 (XXH64, seed 0, of header bytes [0, 104))
-//                  112 zero (8 bytes)
+//                  112 device_reserved_bytes u64: a hint, not covered by any checksum — the
+//                      bytes the writer's CUDA caching allocator held on its device when it
+//                      began the snapshot (state, gradients, activations' cache); 0 when
+//                      unknown (CPU state, a writer that does not say, files of before
+//                      2026-12-05). A reader may reserve as much ahead of its first step.
 //                  120 commit u64: kCommitted once every byte above and below is in place,
 //                      0 while a snapshot is being written (or when none was written yet)
 //   offset 128   manifest (StateRegistry::manifest(): UTF-8 JSON), manifest_bytes bytes
@@ -69,6 +73,10 @@ struct SnapshotHeader {
   uint64_t payload_bytes = 0;     ///< data_end - kBytes
   uint64_t payload_checksum = 0;  ///< payload_digest() of file bytes [kBytes, data_end)
   uint64_t written_unix_ns = 0;   ///< CLOCK_REALTIME (ns since 1970) when writing began
+  /// The writer's device memory held by its caching allocator (bytes; 0: unknown). A hint for
+  /// the reader (StateRegistry::read_snapshot reserves as much ahead of the first step),
+  /// outside the header checksum: never trusted beyond the free memory of the reader's device.
+  uint64_t device_reserved_bytes = 0;
   bool committed = false;
 
   /// The header of a snapshot with this manifest size and these tensor sizes (bytes, canonical

@@ -50,10 +50,37 @@ struct SnapshotStats {
                                 ///< while they land (read: verification; write: hashing
                                 ///< each 64 MiB chunk once the copies passed it)
   std::string path;             ///< the file the snapshot is in (or was prepared at)
+  /// The header's device_reserved_bytes: write, recorded (the writer's CUDA caching allocator,
+  /// bytes); read, found.
+  uint64_t device_reserved_hint = 0;
+  uint64_t reserved_ahead_bytes = 0;  ///< read: device memory reserved ahead from that hint
+  double reserve_seconds = 0;         ///< read: that reservation (beside the copies)
+  std::string reserve_note;           ///< read: why less than the hint was reserved
   /// Paths that failed before `path` was used (write/prepare), one "'<path>': <error>" each:
   /// a non-empty list means the snapshot fell back (worth a warning in the event log).
   std::vector<std::string> failed_attempts;
 };
+
+/// How much device memory a resume reserves ahead of its first step, from the pause writer's
+/// SnapshotHeader::device_reserved_bytes (`hint`): what its CUDA caching allocator lacks of it
+/// beyond `reserved_now` (bytes it holds already: the state just allocated), capped at
+/// `free_now` (the device's free bytes, cudaMemGetInfo) less kDeviceReserveMargin (the hint may
+/// come from a bigger GPU or a GPU shared with others); nothing below kDeviceReserveSmallest.
+/// Nothing at all when the allocator would not serve the first step from one large cached
+/// segment: `no_caching` set (PYTORCH_NO_CUDA_MEMORY_CACHING: nothing is cached) or
+/// `alloc_conf` naming max_split_size_mb (PYTORCH_CUDA_ALLOC_CONF: such a segment is not
+/// split); both are the environment's values, nullptr when unset. The executors (the C++
+/// runtime's compat::reserve_device_memory, the Python package through libgpurun_worker.so)
+/// allocate `bytes` on the training stream through the caching allocator and free them at
+/// once. Pure; never throws except std::bad_alloc.
+struct DeviceReservePlan {
+  uint64_t bytes = 0;  ///< to allocate and free at once (0: nothing)
+  std::string note;    ///< why less than what is missing ("" when all of it, or none is)
+};
+inline constexpr uint64_t kDeviceReserveMargin = uint64_t{1} << 30;     ///< 1 GiB
+inline constexpr uint64_t kDeviceReserveSmallest = uint64_t{64} << 20;  ///< 64 MiB
+DeviceReservePlan plan_device_reserve(uint64_t hint, uint64_t reserved_now, uint64_t free_now,
+                                      const char* alloc_conf, const char* no_caching);
 
 /// One snapshot's layout: its manifest (UTF-8), its tensors' sizes in bytes (canonical order)
 /// and, from SnapshotHeader::plan, each tensor's file offset.
