@@ -54,7 +54,7 @@ struct SnapshotStats {
   /// bytes); read, found.
   uint64_t device_reserved_hint = 0;
   uint64_t reserved_ahead_bytes = 0;  ///< read: device memory reserved ahead from that hint
-  double reserve_seconds = 0;         ///< read: that reservation (beside the copies)
+  double reserve_seconds = 0;         ///< read: that reservation (before the copies)
   std::string reserve_note;           ///< read: why less than the hint was reserved
   /// Paths that failed before `path` was used (write/prepare), one "'<path>': <error>" each:
   /// a non-empty list means the snapshot fell back (worth a warning in the event log).
