@@ -133,6 +133,10 @@ GiB = 1 << 30
 empty_manifest, _, empty_sizes = _snapshot.manifest_of({})
 io.files.write(empty_manifest, empty_sizes, False, lambda base, offsets: None, 29 * GiB)
 assert io.files.read(True, False)["device_reserved_bytes"] == 29 * GiB
+# A hint of 2^63 or more (only a corrupt header: it is outside the checksum) reads as the
+# largest int64, a huge hint as the C++ runtime sees it, never a negative one.
+io.files.write(empty_manifest, empty_sizes, False, lambda base, offsets: None, 2**64 - 1)
+assert io.files.read(True, False)["device_reserved_bytes"] == 2**63 - 1
 for hint, reserved, free, want, note in (
         (0, 0, 80 * GiB, 0, ""),
         (29 * GiB, 8 * GiB, 70 * GiB, 21 * GiB, ""),
@@ -146,6 +150,50 @@ try:
 finally:
     del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
 io.write(state)  # the state of 1. again, for what follows
+
+
+class _FakeCuda:
+    """torch.cuda for a CUDA SnapshotIo on this CPU machine (an empty state: no tensor moves)."""
+    def __init__(self, reserved):
+        self.reserved, self.calls = reserved, []
+
+    def memory_reserved(self, device):
+        return self.reserved
+
+    def mem_get_info(self, device):
+        return 70 * GiB, 80 * GiB
+
+    def current_stream(self, device):
+        return "training-stream"
+
+    def caching_allocator_alloc(self, n, device, stream):
+        self.calls.append((n, stream))
+        return 99
+
+    def caching_allocator_delete(self, ptr):
+        self.calls.append(("delete", ptr))
+
+    def synchronize(self, device):
+        pass
+
+
+# A CUDA process's write records what its allocator holds; its resume's read reserves what is
+# missing of it before the copies (one allocation on the current stream, freed at once).
+cuda_io = _snapshot.SnapshotIo.__new__(_snapshot.SnapshotIo)
+cuda_io.device, cuda_io.files, cuda_io.last = torch.device("cuda", 0), io.files, {}
+cuda_io.reserve_ahead = True
+real_cuda = _snapshot.torch.cuda
+try:
+    _snapshot.torch.cuda = _FakeCuda(reserved=29 * GiB)
+    cuda_io.write({})
+    _snapshot.torch.cuda = fake = _FakeCuda(reserved=2 * GiB)
+    got, info = cuda_io.read(verify=True)
+    assert got == {} and info["device_reserved_bytes"] == 29 * GiB, info
+    assert fake.calls == [(27 * GiB, "training-stream"), ("delete", 99)], fake.calls
+    assert info["reserved_ahead_bytes"] == 27 * GiB and info["reserve_note"] == "", info
+finally:
+    _snapshot.torch.cuda = real_cuda
+io.write(state)
 print("python_snapshot: the writer's device memory travels in the header OK")
 
 # 2. Nothing read aliases the mapping: the next pause's write leaves the loaded state alone.

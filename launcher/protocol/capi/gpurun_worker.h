@@ -163,9 +163,10 @@ GPURUN_API char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_d
 /** How many bytes a resume reserves through its caching allocator ahead of its first step
  * (allocated on the training stream, freed at once), from the writer's
  * "device_reserved_bytes" (hint), what the allocator holds now and the device's free bytes:
- * snapshot::plan_device_reserve, with PYTORCH_CUDA_ALLOC_CONF and
+ * snapshot::plan_device_reserve, with PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF and
  * PYTORCH_NO_CUDA_MEMORY_CACHING read from the environment. Returns JSON {"bytes": N,
- * "note": why less than missing, or ""}. */
+ * "note": why less than missing, or ""}. (Every u64 of these JSON objects above 2^63 - 1 reads
+ * as 2^63 - 1.) */
 GPURUN_API char* gpurun_snapshot_plan_reserve(uint64_t hint, uint64_t reserved_now,
                                               uint64_t free_now);
 

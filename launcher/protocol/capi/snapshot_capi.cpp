@@ -2,8 +2,10 @@
 // gpurun::snapshot code the C++ runtime runs — paths, files, the crash-safe write with its
 // XXH64 payload hash, the checked read and the prepared file — with the tensor copies left to
 // the caller (the Python package's torch).
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,6 +43,12 @@ int& last_error_kind() {
 }  // namespace gpurun::capi
 
 namespace {
+
+// A u64 of the C API's JSON (int64 there): values of 2^63 and more (only a corrupt hint) read
+// as the largest int64, so that every reader sees the same huge value the C++ runtime would.
+int64_t json_u64(uint64_t v) {
+  return static_cast<int64_t>(std::min<uint64_t>(v, std::numeric_limits<int64_t>::max()));
+}
 
 gpurun_host_register_fn g_register = nullptr;
 gpurun_host_unregister_fn g_unregister = nullptr;
@@ -259,8 +267,7 @@ char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_device) {
             .add("data_end", static_cast<int64_t>(opened.header.data_end))
             .add("sequence", static_cast<int64_t>(opened.header.sequence))
             .add("writer_pid", static_cast<int64_t>(opened.header.writer_pid))
-            .add("device_reserved_bytes",
-                 static_cast<int64_t>(opened.header.device_reserved_bytes));
+            .add("device_reserved_bytes", json_u64(opened.header.device_reserved_bytes));
         return dup(stats_json(st, std::move(o)));
       },
       static_cast<char*>(nullptr));
@@ -270,10 +277,9 @@ char* gpurun_snapshot_plan_reserve(uint64_t hint, uint64_t reserved_now, uint64_
   return guarded(
       [&] {
         const snap::DeviceReservePlan p = snap::plan_device_reserve(
-            hint, reserved_now, free_now, std::getenv("PYTORCH_CUDA_ALLOC_CONF"),
-            std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING"));
+            hint, reserved_now, free_now, snap::DeviceAllocatorEnv::from_environment());
         gpurun::JsonObject o;
-        o.add("bytes", static_cast<int64_t>(p.bytes)).add("note", p.note);
+        o.add("bytes", json_u64(p.bytes)).add("note", p.note);
         return dup(o.str());
       },
       static_cast<char*>(nullptr));

@@ -182,9 +182,9 @@ class SnapshotIo:
                     dst.copy_(t)
             for d in devices:
                 torch.cuda.synchronize(d)
-        reserved = 0
-        if on_device and self.device.type == "cuda":
-            reserved = torch.cuda.memory_reserved(self.device)
+        # This process's device memory (state, gradients, cached activations): the resume
+        # reserves as much ahead of its first step (_reserve).
+        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
         self.last = self.files.write(manifest, sizes, on_device, fill, reserved)
         return self.last
 

@@ -5,7 +5,6 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
-#include <cstdlib>
 
 #include "gpurun/snapshot/snapshot_store.hpp"
 
@@ -122,7 +121,7 @@ DeviceReservation reserve_device_memory(const at::Device& device, uint64_t hint,
                                    : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index();
     const snapshot::DeviceReservePlan plan = snapshot::plan_device_reserve(
         hint, detail::cuda::device_reserved_bytes(d), detail::cuda::device_free_bytes(d),
-        std::getenv("PYTORCH_CUDA_ALLOC_CONF"), std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING"));
+        snapshot::DeviceAllocatorEnv::from_environment());
     r.note = plan.note;
     if (plan.bytes > 0) detail::cuda::reserve_cached(d, plan.bytes, stream);
     r.bytes = plan.bytes;

@@ -61,18 +61,29 @@ struct SnapshotStats {
   std::vector<std::string> failed_attempts;
 };
 
+/// The CUDA caching allocator's settings that decide whether reserving ahead helps: the
+/// environment's values, nullptr when unset.
+struct DeviceAllocatorEnv {
+  const char* alloc_conf = nullptr;       ///< PYTORCH_ALLOC_CONF (torch >= 2.8's name)
+  const char* cuda_alloc_conf = nullptr;  ///< PYTORCH_CUDA_ALLOC_CONF (the older name)
+  const char* no_caching = nullptr;       ///< PYTORCH_NO_CUDA_MEMORY_CACHING
+  /// Reads the three variables (std::getenv). Never throws.
+  static DeviceAllocatorEnv from_environment();
+};
+
 /// How much device memory a resume reserves ahead of its first step, from the pause writer's
 /// SnapshotHeader::device_reserved_bytes (`hint`): what its CUDA caching allocator lacks of it
-/// beyond `reserved_now` (bytes it holds already: the state just allocated), capped at
-/// `free_now` (the device's free bytes, cudaMemGetInfo) less kDeviceReserveMargin (the hint may
-/// come from a bigger GPU or a GPU shared with others); nothing below kDeviceReserveSmallest.
-/// Nothing at all when the allocator would not serve the first step from one large cached
-/// segment: `no_caching` set (PYTORCH_NO_CUDA_MEMORY_CACHING: nothing is cached) or
-/// `alloc_conf` naming max_split_size_mb (PYTORCH_CUDA_ALLOC_CONF: such a segment is not
-/// split); both are the environment's values, nullptr when unset. The executors (the C++
-/// runtime's compat::reserve_device_memory, the Python package through libgpurun_worker.so)
-/// allocate `bytes` on the training stream through the caching allocator and free them at
-/// once. Pure; never throws except std::bad_alloc.
+/// beyond `reserved_now` (bytes it holds when the read begins its copies), capped at `free_now`
+/// (the device's free bytes, cudaMemGetInfo) less kDeviceReserveMargin (the hint may come from
+/// a bigger GPU or a GPU shared with others); nothing below kDeviceReserveSmallest. Nothing at
+/// all, with a note, when the allocator would not serve the first step from one large cached
+/// segment: PYTORCH_NO_CUDA_MEMORY_CACHING set to anything but "" or "0" (nothing is cached),
+/// or either allocator-settings variable naming max_split_size_mb (such a segment is not split)
+/// or the cudaMallocAsync backend (no segments of its own). Settings changed at run time
+/// (torch.cuda.memory._set_allocator_settings) are not seen. The executors (the C++ runtime's
+/// compat::reserve_device_memory, the Python package through libgpurun_worker.so) allocate
+/// `bytes` on the training stream through the caching allocator and free them at once. Pure;
+/// never throws except std::bad_alloc.
 struct DeviceReservePlan {
   uint64_t bytes = 0;  ///< to allocate and free at once (0: nothing)
   std::string note;    ///< why less than what is missing ("" when all of it, or none is)
@@ -80,7 +91,7 @@ struct DeviceReservePlan {
 inline constexpr uint64_t kDeviceReserveMargin = uint64_t{1} << 30;     ///< 1 GiB
 inline constexpr uint64_t kDeviceReserveSmallest = uint64_t{64} << 20;  ///< 64 MiB
 DeviceReservePlan plan_device_reserve(uint64_t hint, uint64_t reserved_now, uint64_t free_now,
-                                      const char* alloc_conf, const char* no_caching);
+                                      const DeviceAllocatorEnv& env);
 
 /// One snapshot's layout: its manifest (UTF-8), its tensors' sizes in bytes (canonical order)
 /// and, from SnapshotHeader::plan, each tensor's file offset.
