@@ -384,10 +384,9 @@ DeviceReservePlan plan_device_reserve(uint64_t hint, uint64_t reserved_now, uint
   const auto says = [](const char* v, std::string_view what) {
     return v != nullptr && std::string_view(v).find(what) != std::string_view::npos;
   };
-  // torch 2.x turns caching off for a true value; 1.13 for any value: "0" and "" keep it on
-  // here (on 1.13 the reservation is then one cudaMalloc and cudaFree, ~1 ms, for nothing).
-  if (env.no_caching != nullptr && std::string_view(env.no_caching) != "0" &&
-      *env.no_caching != '\0') {
+  // Any value: torch up to 2.6 turns caching off for any value ("0" and "" too), and before
+  // ~2.5 raw_alloc cached regardless, so a segment reserved then would stay unusable.
+  if (env.no_caching != nullptr) {
     p.note = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: the allocator caches nothing";
     return p;
   }
@@ -396,6 +395,12 @@ DeviceReservePlan plan_device_reserve(uint64_t hint, uint64_t reserved_now, uint
       p.note =
           "the allocator's settings name max_split_size_mb: one large segment would not "
           "be split";
+      return p;
+    }
+    if (says(conf, "roundup_power2_divisions")) {  // rounds the request past the cap
+      p.note =
+          "the allocator's settings name roundup_power2_divisions: the request would be "
+          "rounded up past the free memory's cap";
       return p;
     }
     if (says(conf, "cudaMallocAsync")) {

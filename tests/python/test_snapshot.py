@@ -157,8 +157,9 @@ class _FakeCuda:
     def __init__(self, reserved):
         self.reserved, self.calls = reserved, []
 
-    def memory_reserved(self, device):
-        return self.reserved
+    def memory_stats(self, device):  # the small pool is not the hint's
+        return {"reserved_bytes.large_pool.current": self.reserved,
+                "reserved_bytes.all.current": self.reserved + GiB}
 
     def mem_get_info(self, device):
         return 70 * GiB, 80 * GiB

@@ -545,8 +545,8 @@ class _FakeCuda:
             raise RuntimeError("CUDA error: out of memory")
         return 70 << 30, 80 << 30
 
-    def memory_reserved(self, device):
-        return 8 << 30
+    def memory_stats(self, device):  # the small pool is not the hint's
+        return {"reserved_bytes.large_pool.current": 8 << 30, "reserved_bytes.all.current": 9 << 30}
 
     def current_stream(self, device):
         return "training-stream"
@@ -580,6 +580,16 @@ try:
     assert fake.calls == [] and info["reserved_ahead_bytes"] == 0
 finally:
     _snapshot.torch.cuda = real_cuda
+for value, on in (("0", False), ("1", True), ("", True)):  # empty counts as unset: on
+    os.environ["GPURUN_RESERVE_AHEAD"] = value
+    io2 = _snapshot.SnapshotIo.__new__(_snapshot.SnapshotIo)
+    try:
+        io2.__init__(torch.device("cpu"))
+    except RuntimeError:  # no GPURUN_WORKER_LIBRARY here; the setting is read before it
+        pass
+    finally:
+        del os.environ["GPURUN_RESERVE_AHEAD"]
+    assert io2.reserve_ahead is on, (value, io2.reserve_ahead)
 os.environ["GPURUN_RESERVE_AHEAD"] = "yes"
 try:
     _snapshot.SnapshotIo(torch.device("cpu"))

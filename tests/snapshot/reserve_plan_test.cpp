@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "gpurun/snapshot/snapshot_store.hpp"
@@ -73,14 +74,36 @@ TEST_CASE("device reserve: what is missing of the writer's memory, within the fr
        {nullptr, nullptr, "1"},
        0,
        "PYTORCH_NO_CUDA_MEMORY_CACHING"},
-      {"PYTORCH_NO_CUDA_MEMORY_CACHING=0 or empty keeps caching on",
+      {"PYTORCH_NO_CUDA_MEMORY_CACHING=0 counts as set (torch <= 2.6 reads any value)",
        29 * kGiB,
        8 * kGiB,
        70 * kGiB,
        {nullptr, nullptr, "0"},
-       21 * kGiB,
-       ""},
-      {"... empty", 29 * kGiB, 8 * kGiB, 70 * kGiB, {nullptr, nullptr, ""}, 21 * kGiB, ""},
+       0,
+       "PYTORCH_NO_CUDA_MEMORY_CACHING"},
+      {"... and empty",
+       29 * kGiB,
+       8 * kGiB,
+       70 * kGiB,
+       {nullptr, nullptr, ""},
+       0,
+       "PYTORCH_NO_CUDA_MEMORY_CACHING"},
+      {"roundup_power2_divisions would round the request past the cap",
+       29 * kGiB,
+       8 * kGiB,
+       70 * kGiB,
+       {nullptr, "roundup_power2_divisions:4", nullptr},
+       0,
+       "roundup_power2_divisions"},
+      {"cudaMallocAsync in the older variable too",
+       29 * kGiB,
+       8 * kGiB,
+       70 * kGiB,
+       {nullptr, "backend:cudaMallocAsync", nullptr},
+       0,
+       "cudaMallocAsync"},
+      {"missing exactly 64 MiB, 64 MiB + margin free: all of it", 8 * kGiB + 64 * kMiB, 8 * kGiB,
+       kGiB + 64 * kMiB, none, 64 * kMiB, ""},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -92,4 +115,20 @@ TEST_CASE("device reserve: what is missing of the writer's memory, within the fr
       CHECK(p.note.find(c.note) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("device reserve: the allocator's settings are read from their three variables") {
+  const char* names[] = {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+                         "PYTORCH_NO_CUDA_MEMORY_CACHING"};
+  for (const char* n : names) ::unsetenv(n);
+  auto e = gpurun::snapshot::DeviceAllocatorEnv::from_environment();
+  CHECK((e.alloc_conf == nullptr && e.cuda_alloc_conf == nullptr && e.no_caching == nullptr));
+  ::setenv("PYTORCH_ALLOC_CONF", "a", 1);
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "b", 1);
+  ::setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "c", 1);
+  e = gpurun::snapshot::DeviceAllocatorEnv::from_environment();
+  CHECK(std::string(e.alloc_conf) == "a");
+  CHECK(std::string(e.cuda_alloc_conf) == "b");
+  CHECK(std::string(e.no_caching) == "c");
+  for (const char* n : names) ::unsetenv(n);
 }

@@ -145,8 +145,9 @@ typedef int (*gpurun_snapshot_fill_fn)(void* ctx, uint8_t* base, const uint64_t*
 /** Writes a snapshot of a manifest (any bytes: the caller's) and n tensors of sizes[n] bytes
  * to the first path that can hold it, calling fill once per attempted path; crash-safe (a
  * file is void until committed), the other path's file removed. device_reserved_bytes: the
- * bytes the caller's CUDA caching allocator holds (torch.cuda.memory_reserved; 0: none or
- * unknown), recorded in the header for the reader (gpurun_snapshot_plan_reserve). Returns
+ * bytes the caller's CUDA caching allocator holds in its large pool (torch.cuda.memory_stats'
+ * reserved_bytes.large_pool.current; 0: none or unknown), recorded in the header for the
+ * reader (gpurun_snapshot_plan_reserve). Returns
  * stats JSON, or NULL (kind 6: "cannot write the state snapshot ...: every path failed: (1)
  * ..."; no file then remains). Blocks. */
 GPURUN_API char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifest,
@@ -162,7 +163,8 @@ GPURUN_API char* gpurun_snapshots_write(gpurun_snapshots* s, const char* manifes
 GPURUN_API char* gpurun_snapshots_read(gpurun_snapshots* s, int verify, int on_device);
 /** How many bytes a resume reserves through its caching allocator ahead of its first step
  * (allocated on the training stream, freed at once), from the writer's
- * "device_reserved_bytes" (hint), what the allocator holds now and the device's free bytes:
+ * "device_reserved_bytes" (hint), what the allocator's large pool holds now (the state's
+ * tensors allocated) and the device's free bytes:
  * snapshot::plan_device_reserve, with PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF and
  * PYTORCH_NO_CUDA_MEMORY_CACHING read from the environment. Returns JSON {"bytes": N,
  * "note": why less than missing, or ""}. (Every u64 of these JSON objects above 2^63 - 1 reads

@@ -270,7 +270,8 @@ class Snapshots:
     def write(self, manifest, sizes, on_device, fill, device_reserved_bytes=0):
         """Writes a snapshot of ``manifest`` (bytes) and tensors of ``sizes`` bytes; ``fill(base,
         offsets)`` copies tensor i to address base + offsets[i] and returns once they landed.
-        ``device_reserved_bytes``: what this process's CUDA caching allocator holds (0: none),
+        ``device_reserved_bytes``: what this process's CUDA caching allocator holds in its large
+        pool (0: none),
         recorded in the header for the reader (``plan_reserve``). Returns the stats; raises
         SnapshotError when no path could hold it, or what ``fill`` raised (no file remains then
         either)."""
@@ -299,8 +300,8 @@ class Snapshots:
         """Bytes (int) a resume reserves ahead of its first step and why not all that is
         missing (str, "" when all): the library's rule (snapshot::plan_device_reserve) from the
         writer's ``device_reserved_bytes`` (hint), the caching allocator's reserved bytes and
-        the device's free bytes; PYTORCH_CUDA_ALLOC_CONF and PYTORCH_NO_CUDA_MEMORY_CACHING are
-        read from the environment."""
+        the device's free bytes; PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF and
+        PYTORCH_NO_CUDA_MEMORY_CACHING are read from the environment."""
         out = json.loads(_take(self._lib, self._lib.gpurun_snapshot_plan_reserve(
             int(hint), int(reserved_now), int(free_now))))
         return out["bytes"], out["note"]

@@ -111,6 +111,12 @@ def manifest_of(state):
     return manifest, tensors, [_nbytes(t) for t in tensors]
 
 
+def _large_pool_bytes(device):
+    """Bytes the CUDA caching allocator holds in its large pool on ``device`` (segments for
+    blocks over 1 MiB, in use or cached): the part of its memory one reserved segment serves."""
+    return int(torch.cuda.memory_stats(device).get("reserved_bytes.large_pool.current", 0))
+
+
 def _host_bytes(base, n):
     """The ``n`` bytes at address ``base`` as a uint8 CPU tensor (no copy; the caller keeps the
     mapping alive while it is used)."""
@@ -184,7 +190,7 @@ class SnapshotIo:
                 torch.cuda.synchronize(d)
         # This process's device memory (state, gradients, cached activations): the resume
         # reserves as much ahead of its first step (_reserve).
-        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+        reserved = _large_pool_bytes(self.device) if self.device.type == "cuda" else 0
         self.last = self.files.write(manifest, sizes, on_device, fill, reserved)
         return self.last
 
@@ -220,8 +226,6 @@ class SnapshotIo:
                 f"ending at byte {info['data_end']}")
         host = _host_bytes(self.files.data(), end)
         views = _views(host, offsets, metas)
-        if on_device:
-            self._reserve(info)
         tensors = []
         for v, (_dt, _shape, dev) in zip(views, metas):
             if dev == "cpu" or not on_device:
@@ -229,6 +233,7 @@ class SnapshotIo:
             else:
                 tensors.append(v.to(self.device, non_blocking=True))
         if on_device:
+            self._reserve(info)  # the state's tensors are allocated: the rest of the writer's
             torch.cuda.synchronize(self.device)
         skeleton = pickle.loads(base64.b64decode(m["skeleton"]))  # this job's own bytes
         info["tensor_bytes"] = sum(sizes)
@@ -236,8 +241,9 @@ class SnapshotIo:
         return unflatten(skeleton, tensors), info
 
     def _reserve(self, info):
-        """Grows the CUDA caching allocator on ``self.device`` towards the writer's device
-        memory (the header's ``device_reserved_bytes``) by what the library's rule says: one
+        """Grows the CUDA caching allocator's large pool on ``self.device`` towards the writer's
+        (the header's ``device_reserved_bytes``), once the state's tensors are allocated, by
+        what the library's rule says: one
         allocation on the current stream (the one training runs on), freed at once, so that
         the first step's gradients and activations come from the cache (the C++ runtime's
         StateRegistry::read_snapshot does the same). Records ``reserved_ahead_bytes``,
@@ -250,7 +256,7 @@ class SnapshotIo:
         t0 = time.perf_counter()
         try:
             free, _total = torch.cuda.mem_get_info(self.device)
-            n, note = self.files.plan_reserve(hint, torch.cuda.memory_reserved(self.device), free)
+            n, note = self.files.plan_reserve(hint, _large_pool_bytes(self.device), free)
             if n > 0:
                 stream = torch.cuda.current_stream(self.device)
                 ptr = torch.cuda.caching_allocator_alloc(n, self.device, stream)

@@ -126,8 +126,10 @@ void copy_host(const std::vector<HostCopy>& copies, bool to_host, const CopyProg
 /// copies run). Throws c10::Error on a CUDA failure.
 c10::Stream forked_stream(const at::Device& device);
 
-/// The bytes the CUDA caching allocator holds on `device` (reserved: in use or cached;
-/// torch.cuda.memory_reserved). 0 for another device, a CPU build or on any error. Never throws.
+/// The bytes the CUDA caching allocator holds on `device` in its large pool (segments for
+/// blocks over 1 MiB, in use or cached: torch.cuda.memory_stats' reserved_bytes.large_pool;
+/// the small pool, other streams' and graphs' blocks cannot use one reserved segment, so they
+/// are not counted). 0 for another device, a CPU build or on any error. Never throws.
 uint64_t device_reserved_bytes(const at::Device& device) noexcept;
 
 /// What reserve_device_memory() did: `bytes` newly reserved (0: nothing) and, when it reserved

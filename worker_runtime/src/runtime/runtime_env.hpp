@@ -33,8 +33,9 @@ struct RuntimeEnv {
   /// GPURUN_SNAPSHOT_PREPARE: from_env() sets it unless the variable is 0 (default on); a
   /// hand-built environment (tests) leaves it off.
   bool prepare_snapshot = false;
-  bool reserve_ahead = true;  ///< GPURUN_RESERVE_AHEAD: StateRegistry::read_snapshot's
-  std::string trace_dir;      ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
+  bool reserve_ahead =
+      true;  ///< GPURUN_RESERVE_AHEAD ("0": off): StateRegistry::read_snapshot's reserve_ahead
+  std::string trace_dir;  ///< GPURUN_TRACE_DIR (RuntimeOptions::trace_dir wins)
   /// GPURUN_PREEMPT_DIR: gpurun's requests (`stop`) and this process's answer
   /// (`runtime.<pgid>`); empty when gpurun did not set it (docs/cli.md#preemption).
   std::string preempt_dir;

@@ -27,9 +27,10 @@ void release_cached_device_memory() {
 }
 
 uint64_t device_reserved_bytes(c10::DeviceIndex device) {
-  // Index 0 of the stat arrays is StatType::AGGREGATE (every pool), in 1.13 and 2.x alike.
+  // Index 2 of the stat arrays is StatType::LARGE_POOL (blocks over 1 MiB: what one large
+  // segment can serve), in 1.13 and 2.x alike (0 AGGREGATE, 1 SMALL_POOL).
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-  return static_cast<uint64_t>(stats.reserved_bytes[0].current);
+  return static_cast<uint64_t>(stats.reserved_bytes[2].current);
 }
 
 uint64_t device_free_bytes(c10::DeviceIndex device) {

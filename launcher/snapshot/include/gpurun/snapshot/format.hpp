@@ -18,8 +18,9 @@
 //                      snapshot files of one run, the newer one wins)
 //                  104 header_checksum u64 (XXH64, seed 0, of header bytes [0, 104))
 //                  112 device_reserved_bytes u64: a hint, not covered by any checksum — the
-//                      bytes the writer's CUDA caching allocator held on its device when it
-//                      began the snapshot (state, gradients, activations' cache); 0 when
+//                      bytes the writer's CUDA caching allocator held in its large pool (blocks
+//                      over 1 MiB) when it began the snapshot (state, gradients, activations'
+//                      cache); 0 when
 //                      unknown (CPU state, a writer that does not say, files of before
 //                      2026-12-05). A reader may reserve as much ahead of its first step.
 //                  120 commit u64: kCommitted once every byte above and below is in place,

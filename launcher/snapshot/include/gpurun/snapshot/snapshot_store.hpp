@@ -72,14 +72,16 @@ struct DeviceAllocatorEnv {
 };
 
 /// How much device memory a resume reserves ahead of its first step, from the pause writer's
-/// SnapshotHeader::device_reserved_bytes (`hint`): what its CUDA caching allocator lacks of it
-/// beyond `reserved_now` (bytes it holds when the read begins its copies), capped at `free_now`
+/// SnapshotHeader::device_reserved_bytes (`hint`: the writer's large pool): what its CUDA caching
+/// allocator's large pool lacks of it beyond `reserved_now` (once the state's tensors are
+/// allocated), capped at `free_now`
 /// (the device's free bytes, cudaMemGetInfo) less kDeviceReserveMargin (the hint may come from
 /// a bigger GPU or a GPU shared with others); nothing below kDeviceReserveSmallest. Nothing at
 /// all, with a note, when the allocator would not serve the first step from one large cached
-/// segment: PYTORCH_NO_CUDA_MEMORY_CACHING set to anything but "" or "0" (nothing is cached),
-/// or either allocator-settings variable naming max_split_size_mb (such a segment is not split)
-/// or the cudaMallocAsync backend (no segments of its own). Settings changed at run time
+/// segment: PYTORCH_NO_CUDA_MEMORY_CACHING set to any value (nothing is cached; torch up to 2.6
+/// reads any value so), or either allocator-settings variable naming max_split_size_mb (such
+/// a segment is not split), roundup_power2_divisions (the request would be rounded up past the
+/// cap) or the cudaMallocAsync backend (no segments of its own). Settings changed at run time
 /// (torch.cuda.memory._set_allocator_settings) are not seen. The executors (the C++ runtime's
 /// compat::reserve_device_memory, the Python package through libgpurun_worker.so) allocate
 /// `bytes` on the training stream through the caching allocator and free them at once. Pure;
