@@ -93,13 +93,21 @@ c10::Stream forked_stream(const at::Device& device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
 }
 
+#if GPURUN_HAVE_NCCL
+namespace {
+// A CUDA device's index: its own, else the current device's.
+c10::DeviceIndex cuda_index(const at::Device& device) {
+  return device.has_index() ? device.index()
+                            : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index();
+}
+}  // namespace
+#endif
+
 uint64_t device_reserved_bytes(const at::Device& device) noexcept {
 #if GPURUN_HAVE_NCCL
   if (device.is_cuda()) {
     try {
-      return detail::cuda::device_reserved_bytes(
-          device.has_index() ? device.index()
-                             : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
+      return detail::cuda::device_reserved_bytes(cuda_index(device));
     } catch (const std::exception&) {
       return 0;
     }
@@ -116,9 +124,7 @@ DeviceReservation reserve_device_memory(const at::Device& device, uint64_t hint,
   if (!device.is_cuda() || hint == 0) return r;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    const c10::DeviceIndex d = device.has_index()
-                                   ? device.index()
-                                   : c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index();
+    const c10::DeviceIndex d = cuda_index(device);
     const snapshot::DeviceReservePlan plan = snapshot::plan_device_reserve(
         hint, detail::cuda::device_reserved_bytes(d), detail::cuda::device_free_bytes(d),
         snapshot::DeviceAllocatorEnv::from_environment());

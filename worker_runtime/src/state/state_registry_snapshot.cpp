@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -56,6 +57,15 @@ double seconds_since(SteadyClock::time_point t0) {
 bool any_on_device(const std::vector<at::Tensor>& tensors) {
   return std::any_of(tensors.begin(), tensors.end(),
                      [](const at::Tensor& t) { return !t.is_cpu(); });
+}
+
+// The device of the first CUDA tensor (the one whose allocator a snapshot's device-memory hint
+// describes), or none.
+std::optional<at::Device> cuda_device_of(const std::vector<at::Tensor>& tensors) {
+  const auto it =
+      std::find_if(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+  if (it == tensors.end()) return std::nullopt;
+  return it->device();
 }
 
 // One snapshot's layout (snapshot::SnapshotLayout) with its tensors (canonical order).
@@ -129,11 +139,8 @@ std::string StateRegistry::write_snapshot(const SnapshotPaths& paths) const {
   SnapshotPlan plan(manifest(), tensors());
   // The device memory this process's allocator holds (state, gradients, cached activations):
   // the reader reserves as much ahead of its first step (read_snapshot).
-  for (const at::Tensor& t : plan.tensors)
-    if (t.is_cuda()) {
-      plan.header.device_reserved_bytes = compat::device_reserved_bytes(t.device());
-      break;
-    }
+  if (const auto dev = cuda_device_of(plan.tensors))
+    plan.header.device_reserved_bytes = compat::device_reserved_bytes(*dev);
   SnapshotStats st;
   const std::string path = snapshot::write_snapshot(
       m.snapshot, paths, plan,
@@ -184,18 +191,16 @@ std::string StateRegistry::read_snapshot(const SnapshotPaths& paths, const at::D
   // missing is its gradients' and activations' share; the first step then allocates from the
   // cache. For the calling thread's current stream on that device: the one it trains on.
   st.device_reserved_hint = header.device_reserved_bytes;
-  if (reserve_ahead && header.device_reserved_bytes > 0) {
-    const auto cuda = std::find_if(plan.tensors.begin(), plan.tensors.end(),
-                                   [](const at::Tensor& t) { return t.is_cuda(); });
-    if (cuda != plan.tensors.end()) {
-      const at::Device dev = cuda->device();
-      const compat::DeviceReservation r =
-          compat::reserve_device_memory(dev, header.device_reserved_bytes,
-                                        c10::impl::getDeviceGuardImpl(dev.type())->getStream(dev));
-      st.reserved_ahead_bytes = r.bytes;
-      st.reserve_seconds = r.seconds;
-      st.reserve_note = r.note;
-    }
+  const std::optional<at::Device> dev = reserve_ahead && header.device_reserved_bytes > 0
+                                            ? cuda_device_of(plan.tensors)
+                                            : std::nullopt;
+  if (dev) {
+    const compat::DeviceReservation r =
+        compat::reserve_device_memory(*dev, header.device_reserved_bytes,
+                                      c10::impl::getDeviceGuardImpl(dev->type())->getStream(*dev));
+    st.reserved_ahead_bytes = r.bytes;
+    st.reserve_seconds = r.seconds;
+    st.reserve_note = r.note;
   }
   const auto t_copy = SteadyClock::now();
   if (verify == Verify::kBeforeCopy) {
