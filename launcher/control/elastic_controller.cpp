@@ -15,7 +15,6 @@
 #include <boost/asio/post.hpp>
 
 #include "control/status.hpp"
-#include "gpurun/env_names.hpp"
 
 namespace gpurun::control {
 
@@ -398,24 +397,14 @@ void ElasticController::on_key(const std::string& key) {
 
 void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool standby,
                               const std::string& json) {
-  const Decision d = Decision::from_json(json);
-  supervisor::EnvMap env;
-  const int rank = d.rank_of(gpu);
-  const std::string world = std::to_string(d.active.size());
-  env["RANK"] = std::to_string(rank);
-  env["ROLE_RANK"] = std::to_string(rank);
-  env["WORLD_SIZE"] = world;
-  env["ROLE_WORLD_SIZE"] = world;
-  env["LOCAL_WORLD_SIZE"] = world;
-  env[env::kElastic] = "1";
-  if (warm >= 0) {
-    env[env::kWarm] = std::to_string(warm);  // joins no generation until it is admitted
-    if (standby) env[env::kStandby] = "1";   // and touches no device until told to go
-  } else
-    env[env::kJoinGeneration] = std::to_string(generation);
-  env[env::kActiveGpus] = join_ids(d.active);
-  env[env::kParkMode] = std::string(to_string(d.park_mode));
-  const int pid = supervisor_.spawn_slot(gpu, env);
+  supervisor::ElasticSpawn what;
+  what.slot = gpu;
+  what.generation = generation;
+  what.warm = warm;
+  what.standby = standby;
+  what.config_path = opt_.config_path.string();
+  const int pid =
+      supervisor_.spawn_slot(gpu, supervisor::elastic_worker_env(Decision::from_json(json), what));
   if (pid > 0) timeline_.spawned(gpu, pid);
   if (pid > 0) scheduler_.on_spawned(gpu, pid);
 }

@@ -363,6 +363,7 @@ void Scheduler::wake_all_parked_to_exit(const std::string& why) {
     Decision d;
     d.kind = Decision::Kind::kExit;
     d.generation = generation_;
+    d.reason = exit_reason_;
     Effect e;
     e.kind = Effect::Kind::kWriteKey;
     e.key = keys::wake(gpu, s.park_generation);
@@ -380,6 +381,7 @@ void Scheduler::try_decide() {
   }
   if (!stop_pending_.empty()) {
     finished_ = true;
+    exit_reason_ = "stop";
     stop_reason_ = std::exchange(stop_pending_, std::string());
     const Report& r = reports_.begin()->second;
     say(fmt::format("stopping the job at the boundary {}: {}", boundary_text(r.epoch, r.step),
@@ -399,6 +401,7 @@ void Scheduler::try_decide() {
     for (const auto& [rank, r] : reports_) b.time_ms = std::max(b.time_ms, r.time_ms);
     if (std::optional<std::string> why = on_boundary(b)) {
       finished_ = true;
+      exit_reason_ = "early_stop";
       stop_reason_ = *why;
       say(fmt::format("stopping the job at the boundary {}: {}", boundary_text(b.epoch, b.step),
                       *why));
@@ -641,6 +644,7 @@ bool Scheduler::request_stop(const std::string& why) {
 void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {
   if (finished_) return;
   finished_ = true;
+  exit_reason_ = "finished";
   say(
       fmt::format("gpu {} (rank {}) finished training ({}): the job is finishing; workers at "
                   "boundary round {} of generation {} are told to exit",
@@ -661,6 +665,7 @@ void Scheduler::publish_exit() {
   d.epoch = first.epoch;
   d.step = first.step;
   d.active = active_;
+  d.reason = exit_reason_;
   const std::string json = d.to_json();
   Effect w;
   w.kind = Effect::Kind::kWriteKey;

@@ -271,6 +271,9 @@ class Scheduler {
   bool deadline_armed_ = false;
   bool finished_ = false;
   bool exit_published_ = false;  ///< the open round was answered with `exit`
+  /// The exit decision's reason code (Decision::reason: "stop", "early_stop", "finished",
+  /// "state_lost", "failed"); empty = unknown.
+  std::string exit_reason_;
   std::vector<DecidedRound> decided_;
   std::map<int64_t, int> generation_keys_;  ///< generation -> |active|: start/joined keys exist
   bool state_exists_ = false;               ///< some worker ever joined (state to keep)

@@ -352,6 +352,7 @@ bool Scheduler::snapshot_current() const {
 void Scheduler::lose_state(const std::string& why) {
   if (finished_) return;
   finished_ = true;
+  exit_reason_ = "state_lost";
   state_lost_ = "the training state is lost: " + why;
   Effect ev;
   ev.kind = Effect::Kind::kEvent;
@@ -392,6 +393,7 @@ void Scheduler::check_all_gone() {
     return;
   }
   finished_ = true;
+  exit_reason_ = "failed";
   say(fmt::format("every member of generation {} failed; ending the job", generation_));
   wake_all_parked_to_exit("every active worker failed");
 }

@@ -121,7 +121,9 @@ std::string describe(const StateSource& s) {
 
 std::string Decision::to_json() const {
   if (kind == Kind::kExit)
-    return fmt::format(R"({{"v":1,"kind":"exit","generation":{}}})", generation);
+    return fmt::format(
+        R"({{"v":1,"kind":"exit","generation":{}{}}})", generation,
+        reason.empty() ? std::string() : ",\"reason\":" + json::serialize(json::string(reason)));
   return fmt::format(
       R"({{"v":1,"kind":"{}","generation":{},"prev_generation":{},"round":{},"epoch":{},"step":{},)"
       R"("active":{},"joiners":{},"leavers":{},"failed":{},"state_source":{},"state_source_gpu":{},)"
@@ -151,7 +153,10 @@ Decision Decision::from_json(std::string_view text) {
   else
     throw ProtocolError(fmt::format("decision has an unknown kind '{}': '{}'", kind, text));
   d.generation = get_int(o, "generation", what, text);
-  if (d.kind == Kind::kExit) return d;
+  if (d.kind == Kind::kExit) {
+    if (o.contains("reason")) d.reason = get_string(o, "reason", what, text);  // absent: unknown
+    return d;
+  }
   d.prev_generation = get_int(o, "prev_generation", what, text);
   d.round = get_int(o, "round", what, text);
   d.epoch = get_int(o, "epoch", what, text);
@@ -327,6 +332,17 @@ GenKey parse_gen_key(std::string_view key) {
   return out;
 }
 }  // namespace keys
+
+std::vector<EnvVar> generation_env(const Decision& d, int slot) {
+  const int rank = d.rank_of(slot);
+  if (rank < 0) return {};
+  const std::string r = std::to_string(rank);
+  const std::string world = std::to_string(d.active.size());
+  return {{"RANK", r},         {"WORLD_SIZE", world},
+          {"LOCAL_RANK", r},   {"LOCAL_WORLD_SIZE", world},
+          {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"},
+          {"ROLE_RANK", r},    {"ROLE_WORLD_SIZE", world}};
+}
 
 std::string ids_json(const std::vector<int>& ids) {
   return "[" + join_ids(ids) + "]";

@@ -191,12 +191,15 @@ std::string to_json(const EngineAction& a) {
           .add("checkpoint", d.checkpoint)
           .add("park_mode", to_string(d.park_mode))
           .add("jumped", a.jumped)
-          .add("role", a.role)
-          .add_raw("decision", d.to_json());
+          .add("role", a.role);
+      JsonObject env;
+      for (const auto& [name, value] : a.env) env.add(name, value);
+      o.add_raw("env", env.str()).add_raw("decision", d.to_json());
       break;
     }
     case A::kExit:
       o.add("text", a.text).add("left", a.left).add("stop", a.stop);
+      if (!a.reason.empty()) o.add("reason", a.reason);
       break;
   }
   return o.str();

@@ -157,12 +157,13 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
           break;
         case Phase::kGo: {
           if (e.text != "go") {
-            if (Decision::from_json(e.text).kind != Decision::Kind::kExit)
+            const Decision exit = Decision::from_json(e.text);
+            if (exit.kind != Decision::Kind::kExit)
               throw ProtocolError(
                   fmt::format("slot {}: go key '{}' holds neither \"go\" nor an exit decision",
                               opt_.slot, keys::go(opt_.slot, opt_.warm)));
             set_state(WorkerState::kExited, "a standby told to exit before it was needed");
-            finish("a standby told to exit before it was needed", /*left=*/true);
+            finish("a standby told to exit before it was needed", /*left=*/true, exit.reason);
             break;
           }
           gone_ = true;
@@ -172,10 +173,11 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
         }
         case Phase::kAdmission: {
           seen_ms_ = now;
-          std::optional<Decision> d = take_join(e.text);
+          std::string why;
+          std::optional<Decision> d = take_join(e.text, why);
           if (!d) {
             set_state(WorkerState::kExited, "a warm joiner told to exit before it was admitted");
-            finish("a warm joiner told to exit before it was admitted", /*left=*/true);
+            finish("a warm joiner told to exit before it was admitted", /*left=*/true, why);
             break;
           }
           begin_set_up(*d, /*have_state=*/false, now);
@@ -187,10 +189,11 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
         case Phase::kWake: {
           seen_ms_ = now;
           park_generation_ = -1;
-          std::optional<Decision> d = take_join(e.text);
+          std::string why;
+          std::optional<Decision> d = take_join(e.text, why);
           if (!d) {
             set_state(WorkerState::kExited, "told to exit while parked");
-            finish("hold mode: told to exit while parked", /*left=*/true);
+            finish("hold mode: told to exit while parked", /*left=*/true, why);
             break;
           }
           set_state(WorkerState::kRejoining,
@@ -255,9 +258,12 @@ void WorkerEngine::joined() {
   set(keys::joined(generation_, r), std::to_string(opt_.pid));
 }
 
-std::optional<Decision> WorkerEngine::take_join(const std::string& json) {
+std::optional<Decision> WorkerEngine::take_join(const std::string& json, std::string& exit_reason) {
   Decision d = Decision::from_json(json);
-  if (d.kind == Decision::Kind::kExit) return std::nullopt;
+  if (d.kind == Decision::Kind::kExit) {
+    exit_reason = d.reason;
+    return std::nullopt;
+  }
   adopt(d);
   has_generation_ = true;
   generation_ = d.generation;
@@ -301,7 +307,7 @@ void WorkerEngine::on_decision(const std::string& json, double now) {
         return;
       case K::kExit:
         set_state(WorkerState::kExited, "told to exit after a failed join");
-        finish("told to exit after a failed join", /*left=*/true);
+        finish("told to exit after a failed join", /*left=*/true, d.reason);
         return;
       case K::kResize:
         break;
@@ -319,6 +325,7 @@ void WorkerEngine::on_decision(const std::string& json, double now) {
       a.decision = d;
       a.rank = rank();
       a.role = role_.empty() ? "member" : role_;
+      a.env = generation_env(d, opt_.slot);
       emit(std::move(a));
       phase_ = Phase::kTraining;
       return;
@@ -336,7 +343,7 @@ void WorkerEngine::on_decision(const std::string& json, double now) {
       }
       return;
     case K::kExit:
-      finish("the job is finishing", /*left=*/false);
+      finish("the job is finishing", /*left=*/false, d.reason);
       return;
     case K::kResize: {
       seen_ms_ = now;
@@ -480,6 +487,7 @@ void WorkerEngine::train(double now) {
   a.rank = rank();
   a.role = role_;
   a.jumped = std::exchange(jumped_, false);
+  a.env = generation_env(d, opt_.slot);
   emit(std::move(a));
   phase_ = Phase::kTraining;
 }
@@ -555,10 +563,11 @@ void WorkerEngine::parked(double now) {
   wait_get(keys::wake(opt_.slot, park_generation_), Phase::kWake);
 }
 
-void WorkerEngine::finish(std::string reason, bool left) {
+void WorkerEngine::finish(std::string text, bool left, std::string reason) {
   EngineAction a = make(A::kExit);
-  a.text = std::move(reason);
+  a.text = std::move(text);
   a.left = left;
+  a.reason = std::move(reason);
   emit(std::move(a));
   phase_ = Phase::kDone;
 }

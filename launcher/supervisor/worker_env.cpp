@@ -206,6 +206,30 @@ void remove_snapshot(const std::string& run_dir) {
   }
 }
 
+EnvMap elastic_worker_env(const control::Decision& d, const ElasticSpawn& spawn) {
+  EnvMap env;
+  if (spawn.warm < 0) {
+    for (auto& [name, value] : control::generation_env(d, spawn.slot)) env[name] = value;
+    env[env::kJoinGeneration] = std::to_string(spawn.generation);
+  } else {
+    // Its generation is known only at its admission (the runtime then sets the real values).
+    const std::string rank = std::to_string(d.rank_of(spawn.slot));
+    const std::string world = std::to_string(d.active.size());
+    env["RANK"] = rank;
+    env["ROLE_RANK"] = rank;
+    env["WORLD_SIZE"] = world;
+    env["ROLE_WORLD_SIZE"] = world;
+    env["LOCAL_WORLD_SIZE"] = world;
+    env[env::kWarm] = std::to_string(spawn.warm);  // joins no generation until it is admitted
+    if (spawn.standby) env[env::kStandby] = "1";   // and touches no device until told to go
+  }
+  env[env::kElastic] = "1";
+  env[env::kActiveGpus] = control::join_ids(d.active);
+  env[env::kParkMode] = std::string(control::to_string(d.park_mode));
+  if (!spawn.config_path.empty()) env[env::kConfig] = spawn.config_path;
+  return env;
+}
+
 EnvMap current_environment() {
   EnvMap env;
   for (char** e = environ; e && *e; ++e) {

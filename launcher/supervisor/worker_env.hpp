@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gpurun/control/decision.hpp"
 #include "supervisor/options.hpp"
 
 namespace gpurun::supervisor {
@@ -75,6 +76,27 @@ std::string error_file_path(const JobPlan& plan, int attempt, int rank);
 /// the inherited environment plus the worker variables (which override it), without the
 /// SLURM_* variables that describe a Slurm task (remove_slurm_task_vars in slurm.hpp).
 EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const EnvMap& inherited);
+
+/// Elastic mode (--config): what a slot's process is spawned for.
+struct ElasticSpawn {
+  int slot = 0;
+  /// The generation it joins (GPURUN_JOIN_GENERATION); ignored for a warm joiner.
+  int64_t generation = 0;
+  int64_t warm = -1;        ///< GPURUN_WARM: a warm joiner's id, -1: a joiner of `generation`
+  bool standby = false;     ///< GPURUN_STANDBY=1 (with warm)
+  std::string config_path;  ///< GPURUN_CONFIG: --config made absolute; "" = not set
+};
+
+/// Elastic mode: the variables a slot's process gets on top of build_worker_env (the overlay
+/// of Supervisor::spawn_slot). `d` is the decision it joins by (a warm joiner's: the
+/// provisional world gpurun expects it to join). A joiner of a known generation gets that
+/// generation's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+/// ROLE_RANK and ROLE_WORLD_SIZE (control::generation_env, the rule the runtimes apply at every
+/// generation); a warm joiner or standby, whose generation is unknown until its admission,
+/// gets the provisional RANK, ROLE_RANK, WORLD_SIZE, ROLE_WORLD_SIZE and LOCAL_WORLD_SIZE (its
+/// LOCAL_RANK stays the slot's). Plus GPURUN_ELASTIC, GPURUN_JOIN_GENERATION or GPURUN_WARM
+/// (+ GPURUN_STANDBY), GPURUN_ACTIVE_GPUS, GPURUN_PARK_MODE and GPURUN_CONFIG.
+EnvMap elastic_worker_env(const control::Decision& d, const ElasticSpawn& spawn);
 
 /// The process's own environment as a map.
 EnvMap current_environment();

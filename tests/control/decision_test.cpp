@@ -30,6 +30,24 @@ TEST_CASE("decision: canonical JSON, documented example, round trip") {
   e.generation = 4;
   CHECK(e.to_json() == R"({"v":1,"kind":"exit","generation":4})");
   CHECK(Decision::from_json(e.to_json()).kind == Decision::Kind::kExit);
+  CHECK(Decision::from_json(e.to_json()).reason.empty());  // absent: unknown
+}
+
+TEST_CASE("decision: an exit carries its reason code, absent when unknown") {
+  for (const char* code : {"stop", "early_stop", "finished", "state_lost", "failed"}) {
+    CAPTURE(code);
+    Decision e;
+    e.kind = Decision::Kind::kExit;
+    e.generation = 7;
+    e.reason = code;
+    const std::string json = e.to_json();
+    CHECK(json == fmt::format(R"({{"v":1,"kind":"exit","generation":7,"reason":"{}"}})", code));
+    CHECK(Decision::from_json(json) == e);
+  }
+  // A worker reading an exit written before reasons existed sees "unknown" (empty).
+  CHECK(Decision::from_json(R"({"v":1,"kind":"exit","generation":2})").reason.empty());
+  CHECK_THROWS_WITH_AS(Decision::from_json(R"({"v":1,"kind":"exit","generation":2,"reason":3})"),
+                       doctest::Contains("string field 'reason'"), ProtocolError);
 }
 
 TEST_CASE("decision: state_source is a kind on the API and two integers on the wire") {

@@ -295,3 +295,62 @@ TEST_CASE("env: --role, --signals-to-handle and --virtual-local-rank reach the w
   CHECK(p1.at("CUDA_VISIBLE_DEVICES") == "3,5");
   CHECK(p1.at("ROLE_NAME") == "default");
 }
+
+TEST_CASE("env: elastic spawn — a joiner of a known generation gets that generation's values") {
+  using gpurun::control::Decision;
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 3;
+  d.active = {1, 3};  // not a prefix 0..k-1: slot 3 is rank 1 of 2
+  d.joiners = {3};
+  d.park_mode = gpurun::control::ParkMode::kHold;
+  ElasticSpawn s;
+  s.slot = 3;
+  s.generation = 3;
+  s.config_path = "/jobs/a/config.toml";
+  const EnvMap env = elastic_worker_env(d, s);
+  const EnvMap want = {{"RANK", "1"},
+                       {"WORLD_SIZE", "2"},
+                       {"LOCAL_RANK", "1"},
+                       {"LOCAL_WORLD_SIZE", "2"},
+                       {"GROUP_RANK", "0"},
+                       {"GROUP_WORLD_SIZE", "1"},
+                       {"ROLE_RANK", "1"},
+                       {"ROLE_WORLD_SIZE", "2"},
+                       {"GPURUN_ELASTIC", "1"},
+                       {"GPURUN_JOIN_GENERATION", "3"},
+                       {"GPURUN_ACTIVE_GPUS", "1,3"},
+                       {"GPURUN_PARK_MODE", "hold"},
+                       {"GPURUN_CONFIG", "/jobs/a/config.toml"}};
+  CHECK(env == want);
+  // The same values the runtimes set at every generation: one rule.
+  for (const auto& [k, v] : gpurun::control::generation_env(d, 3)) CHECK(env.at(k) == v);
+  // build_worker_env's slot values are overridden by the overlay (Supervisor::launch).
+  JobPlan plan = plan_for({"--nproc", "4", "--device", "cpu"}, {});
+  EnvMap full = build_worker_env(plan, 3, 0, {});
+  for (const auto& [k, v] : env) full[k] = v;
+  CHECK(full.at("RANK") == "1");
+  CHECK(full.at("LOCAL_RANK") == "1");
+  CHECK(full.at("GPURUN_SLOT") == "3");  // the device stays the slot's
+}
+
+TEST_CASE("env: elastic spawn — a warm joiner or standby keeps the provisional world") {
+  using gpurun::control::Decision;
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 2;
+  d.active = {0, 2};
+  d.joiners = {2};
+  ElasticSpawn s;
+  s.slot = 2;
+  s.warm = 5;
+  s.standby = true;
+  const EnvMap env = elastic_worker_env(d, s);
+  CHECK(env.at("RANK") == "1");
+  CHECK(env.at("WORLD_SIZE") == "2");
+  CHECK(env.at("GPURUN_WARM") == "5");
+  CHECK(env.at("GPURUN_STANDBY") == "1");
+  CHECK(env.count("LOCAL_RANK") == 0);  // the slot's, from build_worker_env
+  CHECK(env.count("GPURUN_JOIN_GENERATION") == 0);
+  CHECK(env.count("GPURUN_CONFIG") == 0);  // no config path given
+}

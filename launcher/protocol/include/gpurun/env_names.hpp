@@ -29,6 +29,9 @@ inline constexpr const char* kWarm = "GPURUN_WARM";
 /// its go key when its program first needs the device (docs/control-protocol.md#standby)
 inline constexpr const char* kStandby = "GPURUN_STANDBY";
 inline constexpr const char* kParkMode = "GPURUN_PARK_MODE";  ///< "release" or "hold"
+/// The absolute path of --config (the file gpurun watches); the Python decorator compares its
+/// own config_path with it.
+inline constexpr const char* kConfig = "GPURUN_CONFIG";
 // --- read by the worker runtime, set by the user or a test ----------------------------------
 inline constexpr const char* kCommTimeoutMs = "GPURUN_COMM_TIMEOUT_MS";     ///< collective deadline
 inline constexpr const char* kSnapshotPrepare = "GPURUN_SNAPSHOT_PREPARE";  ///< "1": pre-create

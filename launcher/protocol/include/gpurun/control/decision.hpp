@@ -79,6 +79,13 @@ struct Decision {
   /// gpurun received the preemption-warning signal (docs/cli.md#preemption): every rank sees
   /// Runtime::checkpoint_requested() from this boundary on. On the wire only when true.
   bool checkpoint = false;
+  /// kExit only: why the job ends, a short code (docs/control-protocol.md#decision-encoding):
+  /// "stop" (gpurun was asked to stop: SIGTERM/SIGINT, or the preemption signal with
+  /// --requeue), "early_stop" (the energy monitor's cost threshold), "finished" (a rank ended its
+  /// program cleanly), "state_lost" (no copy of the training state is left), "failed" (every
+  /// member failed). Empty = unknown (absent on the wire; a parked worker told to exit because
+  /// the park mode became release gets none).
+  std::string reason;
 
   /// Rank of `gpu` in `active`, -1 when it is not a member.
   int rank_of(int gpu) const;
@@ -187,6 +194,20 @@ GenKey parse_gen_key(std::string_view key);
 /// nullopt for another key.
 std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what);
 }  // namespace keys
+
+/// One variable of a worker's environment: (name, value).
+using EnvVar = std::pair<std::string, std::string>;
+
+/// The torchrun variables that describe slot `slot`'s place in the generation `d` created
+/// (docs/cli.md#worker-environment), in this order: RANK, WORLD_SIZE, LOCAL_RANK,
+/// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE. rank = the
+/// slot's index in `d.active`, world = |active|. Elastic mode is one node: LOCAL_* equal the
+/// generation's rank and world, GROUP_RANK is 0 and GROUP_WORLD_SIZE 1 (what gpurun's spawn
+/// environment says for its single node), ROLE_* equal RANK and WORLD_SIZE. The one rule for
+/// both sides: the supervisor's spawn environment of a joiner and the runtimes' update of
+/// their process environment at every generation (the worker engine's kTrain action). Empty
+/// when `slot` is not a member of `d`.
+std::vector<EnvVar> generation_env(const Decision& d, int slot);
 
 /// "0,1,3" (environment form of an active set) and back. parse throws ProtocolError.
 std::string join_ids(const std::vector<int>& ids, std::string_view sep = ",");

@@ -115,6 +115,13 @@ struct EngineAction {
   bool best_effort = false;  ///< kSet: a failure loses only this value (a timing record)
   /// kTrain: member/joiner/source; kRelease/kPark: leaver/source-leaver (the traces' wording)
   std::string role;
+  /// kTrain: the torchrun variables of this slot in the generation in force
+  /// (generation_env(decision, slot): RANK, WORLD_SIZE, LOCAL_RANK, …): the executor sets them
+  /// in its process environment, so that what the program reads is the current generation's.
+  std::vector<EnvVar> env;
+  /// kExit: the exit decision's reason code (Decision::reason: "stop", "early_stop",
+  /// "finished", …); empty when unknown or when this rank left on its own (release mode).
+  std::string reason;
 
   /// True for kWaitGet, kMakeGroup, kBroadcastState, kVerifyState, kWriteSnapshot,
   /// kReadSnapshot, kRelease, kPark: the caller answers with kValue/kDone/kFailed.
@@ -191,7 +198,9 @@ class WorkerEngine {
   void on_decision(const std::string& json, double now);
   void adopt(const Decision& d);
   void joined();
-  std::optional<Decision> take_join(const std::string& json);
+  /// The decision a warm joiner's admit or a parked worker's wake key holds; nullopt for an
+  /// exit decision (its reason code in `exit_reason`).
+  std::optional<Decision> take_join(const std::string& json, std::string& exit_reason);
 
   void begin_set_up(const Decision& d, bool have_state, double now);
   void run_plan(double now);
@@ -199,7 +208,7 @@ class WorkerEngine {
   void leave(double now);
   void parked(double now);
   void train(double now);
-  void finish(std::string reason, bool left);
+  void finish(std::string text, bool left, std::string reason = {});
 
   void mark(const std::string& name, double t);
   void publish_timing();
