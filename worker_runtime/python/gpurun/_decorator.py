@@ -1,5 +1,8 @@
 """The decorator form of the Python package (docs/python.md#the-decorator-form): a per-epoch
 function run in Runtime's elastic loop."""
+import os
+import sys
+
 from ._comm import is_comm_failure
 from .runtime import Runtime
 
@@ -13,7 +16,7 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
             for x, y in loader:
                 ...  # forward with rt.model (DDP over this generation's group)
 
-        rt = train_one_epoch(epochs=10)
+        rt = train_one_epoch(epochs=10)   # epochs=None: until the job stops
 
     Calling the decorated function runs the whole elastic loop (``Runtime.epochs``) and
     returns the Runtime on every rank that finishes (a release-mode leaver exits with status
@@ -29,7 +32,7 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
     def wrap(fn):
         takes_rt = len(inspect.signature(fn).parameters) >= 3
 
-        def run(epochs):
+        def run(epochs=None):
             rt = Runtime(drop_on_error=drop_on_error)
             rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
             loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
@@ -59,3 +62,221 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
         return run
 
     return wrap
+
+
+# Parameter names the gpud form recognises (gpud's own, and the usual spellings).
+_DATA_NAMES = ("dataset", "dataloader", "dataset_or_dataloader", "train_loader", "loader",
+               "train_dataset", "data")
+_OPTIMIZER_NAMES = ("optimizer", "optim", "opt")
+
+
+def elastic_scheduler(config_path="config.toml", batch_size=None, num_workers=None, seed=0,
+                      drop_on_error=False, loader_kwargs=None):
+    """gpud's decorator: elastic training for a per-epoch function the program calls itself.
+
+        @elastic_scheduler(config_path="config.toml")
+        def train_one_epoch(model, dataset, optimizer, criterion, epoch, device):
+            ...
+
+        epoch = 0
+        while True:                       # or: for epoch in range(N)
+            train_one_epoch(model, train_set, optimizer, criterion, epoch, device)
+            epoch += 1
+
+    Parameters are found by name, in any order, extra ones passed through: ``model``
+    (torch.nn.Module, or the first module argument that is not a loss), the data (``dataset``,
+    ``dataloader``, ``train_loader``, ...: a ``Dataset`` or a ``DataLoader``, else the first
+    argument of either type), ``optimizer``, ``epoch`` (int), ``device``. Each call is one
+    epoch: it makes the boundary before it (gpurun's decision: go on, resize, park, pause,
+    stop), then calls the function with ``model`` replaced by ``Runtime.model`` (the current
+    generation's DDP model; ``.module`` is the plain one), the data by the elastic loader
+    (``Runtime.loader``: each sample once per epoch whatever the resizes; ``len()`` is the
+    epoch's steps), ``device`` by the slot's device and ``epoch`` by the job's epoch, and
+    returns the function's return value. The first call makes the Runtime (available as
+    ``train_one_epoch.runtime``) and tracks the model and optimizer.
+
+    Loader: batch size from a DataLoader passed as the data (its ``collate_fn`` too), else
+    ``batch_size``, else 64 (gpud's default); ``num_workers`` as gpud's: half the CPU cores
+    (``os.cpu_count() // 2``, at least 1) unless given; ``pin_memory`` on CUDA.
+    ``loader_kwargs``: more ``Runtime.loader`` arguments.
+
+    Lining up: a process that joins mid-job (a grow in release mode, a standby, a resume, a
+    hold-mode rank woken later) trains the job's epoch in the call it joins in, with ``epoch``
+    the job's value; its later calls whose ``epoch`` argument it has already trained return None
+    at once, without a boundary, until its loop reaches the job's next epoch. So a loop that ends
+    after N epochs ends together on every rank, and nobody waits for a rank that will never
+    come. (A loop that passes the same ``epoch`` every call is never skipped.)
+
+    When the job stops (SIGTERM or preemption, the energy early stop, another rank ended its
+    program) the next call prints one line and ends the process with status 0 (SystemExit:
+    ``finally`` and ``atexit`` run); ``train_one_epoch.runtime.stop_reason`` says why. To end
+    early (a target metric), leave the loop on every rank, or on one: the others end at their
+    next call.
+
+    Without gpurun --config (torchrun, plain python, gpurun alone) it runs static and rank 0
+    says so in one line. Under gpurun --config, gpurun's ``--config`` file is the one watched:
+    when ``config_path`` names another file, one line says which one counts.
+    ``drop_on_error``: as ``gpurun.elastic``'s."""
+    import functools
+    import inspect
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        form = _SchedulerForm(fn, sig, config_path, batch_size, num_workers, seed, drop_on_error,
+                              loader_kwargs)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            result = form(args, kwargs)
+            call.runtime = form.rt
+            return result
+
+        call.runtime = None
+        return call
+
+    return wrap
+
+
+class _DecoratorPosition:
+    """The gpud form's part of the elastic state: the program's ``epoch`` argument of the epoch
+    the job trains (a small tracked object: every rank and every joiner gets rank 0's)."""
+
+    def __init__(self):
+        self.arg = None
+
+    def state_dict(self):
+        return {"arg": self.arg}
+
+    def load_state_dict(self, s):
+        self.arg = s["arg"]
+
+
+class _SchedulerForm:
+    """One decorated function's calls (elastic_scheduler)."""
+
+    def __init__(self, fn, sig, config_path, batch_size, num_workers, seed, drop_on_error,
+                 loader_kwargs):
+        self.fn, self.sig, self.config_path = fn, sig, config_path
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.drop_on_error, self.loader_kwargs = drop_on_error, dict(loader_kwargs or {})
+        self.rt = self.loader = self.epochs = None
+        self.names = {}
+        self.position = _DecoratorPosition()
+        self.trained_arg = None  # the job's epoch argument this process trained last
+        self.last_call_arg = None  # the program's epoch argument of its previous call
+
+    def _find(self, arguments):
+        """{role: parameter name} for model, data, optimizer, epoch, device."""
+        import torch
+        names = {}
+        params = list(arguments)
+        for p in params:
+            v = arguments[p]
+            if p == "model" or ("model" not in names and isinstance(v, torch.nn.Module)
+                                and not isinstance(v, torch.nn.modules.loss._Loss)
+                                and "model" not in arguments):
+                names.setdefault("model", p)
+            if p in _DATA_NAMES or isinstance(v, (torch.utils.data.Dataset,
+                                                  torch.utils.data.DataLoader)):
+                names.setdefault("data", p)
+            if p in _OPTIMIZER_NAMES or isinstance(v, torch.optim.Optimizer):
+                names.setdefault("optimizer", p)
+        for role in ("epoch", "device"):
+            if role in arguments:
+                names[role] = role
+        return names
+
+    def _start(self, arguments):
+        import torch
+        self.names = self._find(arguments)
+        rt = Runtime(drop_on_error=self.drop_on_error)
+        self.rt = rt
+        _say_how_it_runs(rt, self.fn.__name__, self.config_path)
+        model = arguments.get(self.names.get("model"))
+        optimizer = arguments.get(self.names.get("optimizer"))
+        rt.track(model=model, optimizer=optimizer, gpud_position=self.position)
+        data = arguments.get(self.names.get("data"))
+        if data is not None:
+            kw = dict(self.loader_kwargs)
+            size = self.batch_size or 64
+            if isinstance(data, torch.utils.data.DataLoader):
+                if data.batch_size:
+                    size = data.batch_size
+                if data.collate_fn is not None and "collate_fn" not in kw:
+                    kw["collate_fn"] = data.collate_fn
+                data = data.dataset
+            workers = self.num_workers
+            if workers is None:
+                workers = max(1, (os.cpu_count() or 2) // 2)  # gpud: half the cores
+            kw.setdefault("num_workers", workers)
+            if kw["num_workers"] > 0 and rt.device.type == "cuda":
+                kw.setdefault("pin_memory", True)
+            self.loader = rt.loader(data, batch_size=size, seed=self.seed, **kw)
+        self.epochs = rt.epochs(None)
+
+    def __call__(self, args, kwargs):
+        bound = self.sig.bind(*args, **kwargs)  # a wrong call fails as the function would
+        arguments = bound.arguments
+        if self.rt is None:
+            self._start(arguments)
+        rt = self.rt
+        arg = arguments.get(self.names.get("epoch")) if "epoch" in self.names else None
+        counting = (isinstance(arg, int) and isinstance(self.last_call_arg, int)
+                    and arg > self.last_call_arg)
+        self.last_call_arg = arg
+        if counting and isinstance(self.trained_arg, int) and arg <= self.trained_arg:
+            return None  # this process joined later: the job trained this epoch before it came
+        self.position.arg = arg  # what a joiner at this boundary learns (rank 0's counts)
+        try:
+            next(self.epochs)  # the boundary before this epoch (none before the first)
+        except StopIteration:
+            print(f"gpurun (python, slot {rt.slot}): the job stops ({rt.stop_reason}): "
+                  f"{self.fn.__name__}() ends the program with status 0", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(0) from None
+        job_arg = self.position.arg  # the job's: this process may have joined or been woken
+        self.trained_arg = job_arg
+        for role, value in (("model", rt.model), ("data", self.loader), ("device", rt.device),
+                            ("epoch", job_arg)):
+            name = self.names.get(role)
+            if name is not None and (role != "data" or value is not None):
+                bound.arguments[name] = value
+        while True:
+            try:
+                return self.fn(*bound.args, **bound.kwargs)
+            except SystemExit as e:
+                if e.code not in (None, 0) and rt.elastic and not self.drop_on_error:
+                    rt._session.on({"event": "program_error",
+                                    "text": f"SystemExit: sys.exit({e.code!r}) in "
+                                            f"{self.fn.__name__}"})
+                raise
+            except RuntimeError as e:
+                if not is_comm_failure(e) or not rt.elastic:
+                    raise
+                # A peer died in a collective: gpurun goes on without it; the loader goes on
+                # from the step that failed, over the survivors.
+                if not rt._recover(e):
+                    raise SystemExit(0) from None
+                bound.arguments[self.names["model"]] = rt.model if "model" in self.names else None
+
+
+def _say_how_it_runs(rt, name, config_path):
+    """One line on rank 0 (slot 0) about what the decorated program's config_path does."""
+    watched = os.environ.get("GPURUN_CONFIG", "")
+    if not rt.elastic:
+        if rt.slot == 0 and int(os.environ.get("RANK", "0") or 0) == 0:
+            if os.environ.get("GPURUN_SLOT") is not None:
+                why = "gpurun was started without --config"
+            elif os.environ.get("TORCHELASTIC_RUN_ID"):
+                why = "torchrun starts it"
+            else:
+                why = "no launcher started it"
+            print(f"gpurun: {name}() runs static, not elastic ({why}): {config_path} is not "
+                  "watched; run `gpurun --nproc N --config "
+                  f"{config_path} python3 {os.path.basename(sys.argv[0] or 'train.py')}` to "
+                  "resize it while it trains", file=sys.stderr, flush=True)
+        return
+    if watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0:
+        print(f"gpurun: {name}(): config_path '{config_path}' is not gpurun's --config "
+              f"'{watched}'; gpurun watches '{watched}' (edit that one, or start gpurun with "
+              f"--config {config_path})", file=sys.stderr, flush=True)

@@ -12,6 +12,11 @@ class _Loader:
     def __init__(self, rt, dataset, batch_size, kwargs):
         self.rt, self.dataset, self.batch_size, self.kwargs = rt, dataset, batch_size, kwargs
 
+    def __len__(self):
+        """Steps left in this epoch at the current world size (int): what tqdm's percentage
+        and ETA read when the epoch's loop starts (a resize inside the epoch changes it)."""
+        return self.steps_left()
+
     def steps_left(self):
         """Steps left in this epoch at the current world size (int; for progress bars)."""
         s, w = self.rt._sampler, self.rt.world_size
@@ -116,7 +121,6 @@ class _Step:
         rt = self.loader.rt
         for i, mb in enumerate(self.micro):
             last = i == len(self.micro) - 1
-            ddp = isinstance(rt.model, torch.nn.parallel.DistributedDataParallel)
-            ctx = rt.model.no_sync() if ddp and not last else contextlib.nullcontext()
+            ctx = rt._ddp.no_sync() if rt._ddp is not None and not last else contextlib.nullcontext()
             with ctx:
                 yield self.fetch(mb), len(mb) * rt.world_size / self.count

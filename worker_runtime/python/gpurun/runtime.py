@@ -25,7 +25,9 @@ import torch.distributed as dist
 from . import _exit, _native, _snapshot
 from ._checksum import StateMismatch, _state_digest, _word_sums_many
 from ._comm import GroupLinks, NcclWake, is_comm_failure
+from ._iterations import _Iterations
 from ._loader import _Loader
+from ._model import ElasticModel
 from ._pause_snapshot import _PauseSnapshot
 from ._sampler import ElasticSampler
 from ._warmup import _WarmUp
@@ -44,10 +46,20 @@ def _env_int(name, default=None):
         raise RuntimeError(f"environment variable {name}='{v}' is not an integer") from None
 
 
-class Runtime(_PauseSnapshot):
+class Runtime(_PauseSnapshot, _Iterations):
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
-    ``device`` (torch.device), ``model`` (the tracked model wrapped in DDP for the current
-    group), ``epoch`` (int, the epoch being trained).
+    ``device`` (torch.device), ``model`` (``ElasticModel``: the tracked model as the current
+    generation trains it, in DDP when the world has more than one rank; one object for the
+    whole job), ``epoch`` (int, the epoch being trained), ``stop_reason`` (None while the job
+    runs; why the loops ended: see the property).
+
+    At every generation (the start and each resize) the process's ``os.environ`` says the
+    generation's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` (docs/cli.md#worker-environment).
+
+    Raises RuntimeError under gpurun --config when ``torch.distributed`` is already
+    initialized (the runtime makes every process group; remove the program's
+    ``init_process_group()``).
 
     ``drop_on_error``: under gpurun --config, an exception of the program that ends this
     process fails the whole job, as under torchrun (gpurun is told before the process exits);
@@ -55,6 +67,13 @@ class Runtime(_PauseSnapshot):
 
     def __init__(self, backend=None, drop_on_error=False):
         self.elastic = os.environ.get("GPURUN_ELASTIC") == "1"
+        if self.elastic and dist.is_available() and dist.is_initialized():
+            raise RuntimeError(
+                "gpurun.Runtime(): torch.distributed is already initialized (the program called "
+                "init_process_group() before Runtime()); under gpurun --config the runtime makes "
+                "each generation's process group itself: remove the init_process_group() call "
+                "(and destroy_process_group() at the end), then use rt.rank, rt.world_size and "
+                "rt.model")
         self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
         # gpurun's slot i is CUDA device i after CUDA_VISIBLE_DEVICES (docs/control-protocol.md
         # "Words"); without gpurun (torchrun, plain python) a GPU is used when there is one.
@@ -77,8 +96,12 @@ class Runtime(_PauseSnapshot):
             milliseconds=_env_int("GPURUN_COMM_TIMEOUT_MS", 300_000))
         self.rank, self.world_size, self.generation = 0, 1, 0
         self.epoch, self.max_epochs = 0, 0
-        self.model = None
+        self._ddp = None  # the current generation's DistributedDataParallel (None: world 1)
         self._module, self._optimizer, self._others = None, None, {}
+        self._model_view = ElasticModel(self)
+        self.stop_reason = None
+        self._small_pending = False  # a new generation's set-up: adopt rank 0's small objects
+        self.grad_accum, self._micro_seed, self._iteration_form = None, 0, False
         self._sampler = None
         self._started = False
         self._pg_store = None
@@ -164,6 +187,14 @@ class Runtime(_PauseSnapshot):
             if self.elastic:
                 self._warm = _WarmUp(self._device, self.slot)
 
+    @property
+    def model(self):
+        """The tracked model as the current generation trains it (``ElasticModel``; None before
+        ``track(model=...)``): calls and attributes go to this generation's DDP wrapper (world
+        > 1) or the module (world 1). The same object for the whole job: ``model = rt.model``
+        may be taken once, before the loop. ``rt.model.module`` is the plain module."""
+        return self._model_view if self._module is not None else None
+
     # ---- what moves with the state ----------------------------------------------------
     def track(self, model=None, optimizer=None, scheduler=None, **others):
         """Registers the training state. ``model`` (torch.nn.Module) is moved to
@@ -173,7 +204,16 @@ class Runtime(_PauseSnapshot):
         equal): seed each rank yourself; a slot that leaves and comes back — a new process in
         release mode, a pause and resume — goes on with its own streams where it left them
         (torch CPU, its CUDA device's, Python ``random``, numpy's global; kept in gpurun's
-        store). Several calls add up. Returns self."""
+        store). Several calls add up. Returns self.
+
+        ``others`` may also be plain dicts (``rt.track(stats={"best_val_loss": inf})``): their
+        contents are the state, replaced in place. An object whose state holds no tensor over
+        64 KiB (a dict of numbers, a scheduler, a step counter) is *small*: at every resize
+        every rank loads the state source's copy, continuing ranks too, so values only rank 0
+        computes (a best validation loss) survive a change of rank 0. Raises TypeError for a
+        value without ``state_dict()``/``load_state_dict()`` that is not a dict."""
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module  # the runtime wraps it anew for each generation
         if model is not None:
             if any(t.is_meta for t in model.parameters()) or any(
                     t.is_meta for t in model.buffers()):
@@ -184,6 +224,12 @@ class Runtime(_PauseSnapshot):
             self._optimizer = optimizer
         if scheduler is not None:
             others["scheduler"] = scheduler
+        for k, v in list(others.items()):
+            if isinstance(v, dict):
+                others[k] = _DictState(v)
+            elif not (hasattr(v, "state_dict") and hasattr(v, "load_state_dict")):
+                raise TypeError(f"Runtime.track(): {k}={type(v).__name__} has no state_dict() / "
+                                "load_state_dict() (track a dict, or an object with both)")
         self._others.update(others)
         return self
 
@@ -286,10 +332,16 @@ class Runtime(_PauseSnapshot):
         return _Loader(self, dataset, batch_size, dataloader_kwargs)
 
     # ---- the epoch loop ---------------------------------------------------------------
-    def epochs(self, n):
-        """Yields the epochs to train (int, from the current state's epoch up to n-1); a
-        boundary follows each but the last. A leaver in release mode exits the process (exit
-        status 0) from inside this loop."""
+    def epochs(self, n=None):
+        """Yields the epochs to train (int, from the current state's epoch up to n-1; ``None``:
+        until the job stops, ``stop_reason`` says why); a boundary follows each but the last. A
+        leaver in release mode exits the process (exit status 0) from inside this loop."""
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+            raise ValueError(f"Runtime.epochs(): n must be an int >= 0 or None, not {n!r}")
+        if self._iteration_form:
+            raise RuntimeError("Runtime.epochs() on a Runtime that runs iterations(): use one "
+                               "form per Runtime")
+        n = sys.maxsize if n is None else n
         self.max_epochs = n
         self._ensure_started()
         while self.epoch < n and not self._finishing:
@@ -323,8 +375,12 @@ class Runtime(_PauseSnapshot):
 
     def _start_static(self):
         world = _env_int("WORLD_SIZE", 1)
-        if world > 1:
+        if dist.is_available() and dist.is_initialized():  # the program made the group itself
+            world = dist.get_world_size()
+            self.rank, self.world_size = dist.get_rank(), world
+        elif world > 1:
             dist.init_process_group(self.backend, timeout=self.comm_timeout)
+        if world > 1:
             self.rank, self.world_size = dist.get_rank(), world
             self._broadcast_state(0)
             self._verify(0, "after the start")
@@ -353,6 +409,7 @@ class Runtime(_PauseSnapshot):
             self._finishing = True
             self.checkpoint_requested = False
             self.stop_requested = bool(last.get("stop"))
+            self.stop_reason = _stop_reason(last)
         return last
 
     def _failed(self, err):
@@ -379,12 +436,15 @@ class Runtime(_PauseSnapshot):
             return None
         try:
             if kind == "make_group":
+                if a.get("purpose") == "train":
+                    self._small_pending = True  # a new generation: rank 0's small objects
                 self._make_group(a["prefix"], a["abort_key"], a["group"], a["rank"])
                 return {"event": "done"}
             if kind == "broadcast_state":
                 return {"event": "done",
                         "bytes": self._broadcast_state(a["root"], load=a["receive"])}
             if kind == "verify_state":
+                self._adopt_small()
                 self._verify(a["root"], a["text"])
                 return {"event": "done"}
         except RuntimeError as e:
@@ -394,11 +454,11 @@ class Runtime(_PauseSnapshot):
         if kind == "read_snapshot":
             return {"event": "done", "bytes": self._read_snapshot(a["epoch"], a["step"])}
         if kind == "release":
-            self.model = None
+            self._ddp = None
             self._save_rng()
             return {"event": "done"}
         if kind == "park":
-            self.model = None
+            self._ddp = None
             self._save_rng()
             self._offload()  # hold: the tensors go to host memory; a joiner gets the state anew
             return {"event": "done"}
@@ -407,12 +467,14 @@ class Runtime(_PauseSnapshot):
     def _train(self, a):
         """Training goes on in the generation the engine says (rank, world, settings)."""
         self.generation, self.rank, self.world_size = a["generation"], a["rank"], a["world_size"]
+        _set_generation_env(a, self.rank, self.world_size)
         self.global_batch = int(a["global_batch"])
         self.every_steps = int(a["every_steps"])
         self.checkpoint_requested = bool(a["checkpoint"])
         if a["kind"] == "continue":
             self._start_prepare()  # (epochs() alone: the first boundary; done once)
         if a["kind"] != "continue":
+            self._adopt_small()
             if self._warm is not None:
                 self._warm = self._warm.finish()
             try:
@@ -469,6 +531,7 @@ class Runtime(_PauseSnapshot):
         job is finishing."""
         if not self.elastic:  # a static run: nothing is decided at a boundary
             return True
+        self._publish_small()
         self._drive({"event": "boundary", "epoch": epoch, "step": step})
         return not self._finishing
 
@@ -476,16 +539,21 @@ class Runtime(_PauseSnapshot):
         """Called by the loader after each step: a step boundary when ``[boundary] every``
         says so and the epoch is not over. False when this epoch's iteration must end (the
         job is finishing, or this rank rejoined at another position)."""
-        self._global_step += 1
-        if self._progress is not None:
-            self._progress.step(self._global_step)  # gpurun's power-limit profiler reads it
-        if self._global_step == 1 and self.elastic:
-            self._start_prepare()
+        self._count_step()
         s = self._sampler
         if not (self.elastic and self.every_steps > 0 and self._steps_done % self.every_steps == 0
                 and s.remaining() >= self.world_size):
             return True
         return self._boundary(self.epoch, self._steps_done) and not self._jumped
+
+    def _count_step(self):
+        """One optimizer step done: published for gpurun's power-limit profiler; after the
+        first, the pause snapshot's file is prepared in the background."""
+        self._global_step += 1
+        if self._progress is not None:
+            self._progress.step(self._global_step)  # gpurun's power-limit profiler reads it
+        if self._global_step == 1 and self.elastic:
+            self._start_prepare()
 
     def _note(self, text):
         print(f"gpurun (python, slot {self.slot}): note: {text}", file=sys.stderr, flush=True)
@@ -510,7 +578,7 @@ class Runtime(_PauseSnapshot):
         program's own seeding."""
         raw = self._session.get_slot_data("pyrng") if self.elastic else None
         if raw is None:
-            return
+            return False
         # pickle: this job's own bytes, written by _save_rng() of the same slot
         st = pickle.loads(raw)
         as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
@@ -520,6 +588,7 @@ class Runtime(_PauseSnapshot):
             torch.cuda.set_rng_state(as_tensor(st["cuda"]), self.device)
         if "numpy" in st and "numpy" in sys.modules:
             sys.modules["numpy"].random.set_state(st["numpy"])
+        return True
 
     def _offload(self):
         """A parked rank keeps no tensor on its GPU: the model's parameters and buffers keep
@@ -565,9 +634,9 @@ class Runtime(_PauseSnapshot):
             t.data = torch.empty(shape, dtype=t.dtype, device=t.device)
         self._parked = []
 
-    def _make_group(self, prefix, abort_key, group, rank):
-        """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
-        ``prefix``, the engine's key for it."""
+    def _store(self):
+        """This process's client of gpurun's store (torch's TCPStore), made at its first use:
+        the process groups' rendezvous and the small objects' key."""
         if self._pg_store is None:
             # A peer that dies after the arrival wait holds up torch's own rendezvous: gpurun
             # then closes this connection (docs/control-protocol.md#failures-during-a-resize,
@@ -577,6 +646,12 @@ class Runtime(_PauseSnapshot):
             self._pg_store = dist.TCPStore(
                 os.environ["GPURUN_STORE_ADDR"], _env_int("GPURUN_STORE_PORT"), is_master=False,
                 timeout=min(self.comm_timeout, _RENDEZVOUS_TIMEOUT))
+        return self._pg_store
+
+    def _make_group(self, prefix, abort_key, group, rank):
+        """A process group of ``group`` (slots; this rank ``rank``) on gpurun's store under
+        ``prefix``, the engine's key for it."""
+        self._store()
         # Every rank of the group reached its set-up, or gpurun's abort key appeared (torch's
         # own rendezvous would wait for a dead peer until the comm timeout).
         self._session.wait_arrivals(prefix, rank, len(group), abort_key,
@@ -601,7 +676,7 @@ class Runtime(_PauseSnapshot):
                 self._links.after()
 
     def _destroy_group(self):
-        self.model = None
+        self._ddp = None
         t0 = time.perf_counter()
         if dist.is_initialized():
             with NcclWake():  # NCCL's teardown would wait for its proxy thread's 500 ms poll
@@ -614,9 +689,9 @@ class Runtime(_PauseSnapshot):
             return
         if dist.is_initialized() and dist.get_world_size() > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.model = torch.nn.parallel.DistributedDataParallel(self._module, device_ids=ids)
+            self._ddp = torch.nn.parallel.DistributedDataParallel(self._module, device_ids=ids)
         else:
-            self.model = self._module
+            self._ddp = None
 
     def _broadcast_state(self, root, load=True):
         """Sends the root's state to every rank of the group, tensor by tensor on the
@@ -628,6 +703,44 @@ class Runtime(_PauseSnapshot):
         if got is not None:
             self._load(got)
         return total
+
+    # ---- small tracked objects: the previous rank 0's on every rank ----------------------
+    def _small_key(self):
+        return f"gpurun_py/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/rank0_small"
+
+    def _publish_small(self):
+        """Rank 0, before each boundary report: its small tracked objects (track()) go to
+        gpurun's store (one SET of their pickled state dicts), for the next generation."""
+        if self.rank != 0 or not self._others:
+            return
+        small = {}
+        for k, v in self._others.items():
+            sd = v.state_dict()
+            if _is_small(sd):
+                small[k] = sd
+        if small:
+            store = self._store()
+            store.set(self._small_key(), pickle.dumps((self.generation, small)))
+            store.add(self._small_key() + "/n", 1)  # published (torch 1.13 has no check())
+
+    def _adopt_small(self):
+        """Every rank of a new generation, before its checksum and its first step: the small
+        tracked objects become the previous generation's rank 0's (values only rank 0
+        computes, like a best validation loss, survive a change of rank 0)."""
+        if not self._small_pending:
+            return
+        self._small_pending = False
+        if not self._others:
+            return
+        key = self._small_key()
+        store = self._store()
+        if store.add(key + "/n", 0) == 0:
+            return  # rank 0 has published nothing yet (before the first boundary)
+        # pickle: this job's own bytes, written by _publish_small() of its rank 0
+        _, small = pickle.loads(store.get(key))
+        for k, sd in small.items():
+            if k in self._others:
+                self._others[k].load_state_dict(sd)
 
     def _verify(self, root, what):
         """All-gathers the state checksum (int64, one per rank) and raises StateMismatch naming
@@ -650,6 +763,60 @@ class Runtime(_PauseSnapshot):
             raise StateMismatch(f"state checksum mismatch {what} (generation {self.generation}): "
                                 f"rank {root} (the source) has {sums[root] & (2**64 - 1):016x}, "
                                 + ", ".join(bad))
+
+
+def _stop_reason(exit_action):
+    """Runtime.stop_reason from the engine's exit action: gpurun's reason code (the exit
+    decision's ``reason``: "stop", "early_stop", "finished", ...) or, from a gpurun that sends
+    none, "stop" after a stop request and "finished" otherwise."""
+    reason = exit_action.get("reason") or ""
+    if reason:
+        return reason
+    return "stop" if exit_action.get("stop") else "finished"
+
+
+# The torchrun variables a generation changes (docs/cli.md#worker-environment).
+_GENERATION_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
+
+
+def _set_generation_env(train_action, rank, world):
+    """os.environ (and so the C environ: os.environ calls putenv) says the generation's
+    place: the engine's ``env`` of the train action (gpurun's one rule, shared with the C++
+    runtime and the console prefix); from an engine without it, one node's values."""
+    env = train_action.get("env")
+    if not env:
+        env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world,
+               "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world}
+    for k, v in env.items():
+        if k in _GENERATION_ENV:
+            os.environ[k] = str(v)
+
+
+def _is_small(state):
+    """True when a tracked object's ``state`` holds no tensor over 64 KiB or on a device: it
+    travels whole through the store (Runtime.track, small objects)."""
+    if isinstance(state, torch.Tensor):
+        return state.device.type == "cpu" and state.numel() * state.element_size() <= 65536
+    if isinstance(state, dict):
+        return all(_is_small(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(_is_small(v) for v in state)
+    return True
+
+
+class _DictState:
+    """A tracked plain dict (Runtime.track): its items are the state, replaced in place."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def state_dict(self):
+        return dict(self.d)
+
+    def load_state_dict(self, s):
+        self.d.clear()
+        self.d.update(s)
 
 
 # How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks

@@ -1,0 +1,146 @@
+"""The step-loop form of gpurun.Runtime (docs/python.md#the-step-iterator): ``iterations()``
+for iteration-based training (nanoGPT's shape: no dataset, no epochs, random batches) and
+``micro_steps()`` for gradient accumulation split over the current world."""
+import hashlib
+
+import torch
+
+
+class Micro:
+    """One micro-step of an iteration on this rank (``Runtime.micro_steps``).
+
+    * ``index`` (int): the micro-step's number in the iteration over all ranks, 0 …
+      ``grad_accum`` − 1: the same micro-step gets the same number whatever the world size.
+    * ``local`` (int): its number on this rank, 0 … ``rt.accum_steps`` − 1.
+    * ``last`` (bool): this rank's last micro-step of the iteration (DDP synchronises the
+      gradients in its backward; ``micro_steps()`` sets that itself).
+    * ``weight`` (float): multiply the micro-batch's mean loss by it before ``backward()``:
+      world_size / grad_accum, so the averaged gradient is the mean over the iteration's
+      ``grad_accum`` micro-batches whatever the world size (DDP divides the sum over ranks by
+      the world size; it equals 1 / ``rt.accum_steps`` when the world divides grad_accum).
+    * ``generator`` (torch.Generator, CPU): seeded from (``seed``, iteration, ``index``) only,
+      so a batch drawn with it is the same whichever rank draws it and however many ranks
+      there are: ``torch.randint(n, (b,), generator=micro.generator)``.
+    """
+
+    __slots__ = ("index", "local", "last", "weight", "_seed", "_it", "_gen")
+
+    def __init__(self, index, local, last, weight, seed, it):
+        self.index, self.local, self.last, self.weight = index, local, last, weight
+        self._seed, self._it, self._gen = seed, it, None
+
+    @property
+    def generator(self):
+        if self._gen is None:
+            self._gen = torch.Generator()
+            self._gen.manual_seed(micro_seed(self._seed, self._it, self.index))
+        return self._gen
+
+    def __repr__(self):
+        return (f"gpurun.Micro(index={self.index}, local={self.local}, last={self.last}, "
+                f"weight={self.weight:g})")
+
+
+def micro_seed(seed, it, index):
+    """A 63-bit seed for (seed, iteration, micro-step) (BLAKE2b of the three integers): streams
+    of neighbouring micro-steps are unrelated, and no rank or world size enters it."""
+    h = hashlib.blake2b(f"{seed}:{it}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & (2**63 - 1)
+
+
+def split(total, world, rank):
+    """This rank's share of ``total`` micro-steps: ``(first, count)``, contiguous, the first
+    ``total % world`` ranks one more. Raises ValueError when a rank would get none (every rank
+    must take part in DDP's backward)."""
+    if total < world:
+        raise ValueError(f"grad_accum = {total} micro-steps cannot be split over {world} ranks "
+                         "(every rank needs at least one; raise grad_accum or shrink the job)")
+    base, extra = divmod(total, world)
+    first = rank * base + min(rank, extra)
+    return first, base + (1 if rank < extra else 0)
+
+
+class _Iterations:
+    """Runtime's step-loop form; mixed into Runtime (uses its boundary machinery)."""
+
+    def iterations(self, max_iters, every=25, grad_accum=None, seed=0):
+        """Yields the global iteration number ``it`` (int) from the job's current one up to
+        ``max_iters`` − 1: the counter is part of the elastic state, so a rank that joins
+        mid-job (a grow, a resume after a pause, a standby) starts at the same ``it`` as the
+        others, and a hold-mode rank woken later goes on from the state's ``it``.
+
+        A boundary (report to gpurun, follow its decision: resize, park, pause, exit) comes
+        after every ``every`` iterations (and after every ``[boundary] every`` steps of
+        config.toml when that is set), never after the last. ``grad_accum`` (int ≥ 1 or None):
+        the iteration's micro-steps over *all* ranks; ``micro_steps()`` deals this rank's share
+        and ``accum_steps`` counts it (None: one micro-step per rank). ``seed`` (int): the seed
+        of the micro-steps' generators (``Micro.generator``). A release-mode leaver exits the
+        process (status 0) inside the loop; when the job stops (``stop_reason``) the loop ends.
+        Under gpurun --config, a joining process's random streams are its slot's from
+        ``track(model=...)`` on (docs/python.md#the-step-iterator). Raises ValueError for a
+        bad argument, RuntimeError when the loader form is used on the same Runtime."""
+        for name, v, low in (("max_iters", max_iters, 0), ("every", every, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"Runtime.iterations(): {name} must be an int >= {low}, not {v!r}")
+        if grad_accum is not None and (not isinstance(grad_accum, int)
+                                       or isinstance(grad_accum, bool) or grad_accum < 1):
+            raise ValueError(f"Runtime.iterations(): grad_accum must be an int >= 1 or None, "
+                             f"not {grad_accum!r}")
+        if self._sampler is not None:
+            raise RuntimeError("Runtime.iterations() on a Runtime that has a loader(): the "
+                               "step loop and the epoch loop keep different positions; use one "
+                               "form per Runtime")
+        self._iteration_form = True
+        self.grad_accum, self._micro_seed = grad_accum, seed
+        self.max_epochs = 1
+        self._ensure_started()
+        while self._steps_done < max_iters and not self._finishing:
+            yield self._steps_done
+            if self._finishing:
+                return
+            if self._jumped:  # a hold-mode rank woken at the state's position (a boundary)
+                self._jumped = False
+                continue
+            self._steps_done += 1
+            self._count_step()
+            done = self._steps_done
+            config_every = self.every_steps if self.elastic else 0
+            if done < max_iters and (done % every == 0
+                                     or (config_every > 0 and done % config_every == 0)):
+                if not self._boundary(self.epoch, done):
+                    return
+                self._jumped = False  # the loop goes on from the position the boundary left
+
+    @property
+    def iteration(self):
+        """The global iteration being trained (int; the step loop's counter)."""
+        return self._steps_done
+
+    @property
+    def accum_steps(self):
+        """This rank's micro-steps per iteration in the current generation (int): its share of
+        ``grad_accum`` (``iterations()``), 1 without it."""
+        if not self.grad_accum:
+            return 1
+        return split(self.grad_accum, self.world_size, self.rank)[1]
+
+    def micro_steps(self):
+        """This rank's micro-steps of the current iteration (``Micro``, see its fields): a
+        contiguous share of the iteration's ``grad_accum`` micro-steps (the first
+        ``grad_accum % world`` ranks one more). DDP's gradient synchronisation is off for all but
+        the last (``require_backward_grad_sync`` of ``rt.model``), so backward each micro-batch's
+        ``loss * micro.weight`` and step the optimizer after the loop. Raises ValueError when
+        ``grad_accum`` is smaller than the world size."""
+        total = self.grad_accum or self.world_size
+        first, count = split(total, self.world_size, self.rank)
+        ddp = self._ddp
+        weight = self.world_size / total
+        try:
+            for k in range(count):
+                last = k == count - 1
+                if ddp is not None:
+                    ddp.require_backward_grad_sync = last
+                yield Micro(first + k, k, last, weight, self._micro_seed, self._steps_done)
+        finally:
+            if ddp is not None:
+                ddp.require_backward_grad_sync = True
