@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -24,6 +25,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "gpurun/control/worker_state.hpp"
@@ -234,6 +236,48 @@ TEST_CASE("in-process: shrink 2 -> 1, grow 1 -> 2 (release mode): the joiner get
   // ... then the joiner's process: REJOINING -> ACTIVE.
   CHECK(moves(job, 1) ==
         "REJOINING->ACTIVE ACTIVE->OFFLOADING OFFLOADING->EXITED REJOINING->ACTIVE");
+}
+
+TEST_CASE("in-process: after a shrink to the second slot its environment says rank 0 of 1") {
+  // What a program reads (os.environ / getenv) is the current generation's, not the slot's:
+  // after active_gpus = [1] the survivor is rank 0 of 1 (docs/cli.md#in-elastic-mode---config).
+  const auto get = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "(unset)");
+  };
+  std::map<std::string, std::string> saved;
+  for (const char* n : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                        "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"})
+    saved[n] = get(n);
+  ::setenv("RANK", "1", 1);  // what gpurun's spawn gave slot 1 in generation 0
+  ::setenv("WORLD_SIZE", "2", 1);
+  Trainer t;
+  t.epochs = 3;
+  ThreadJob::Options o = job_options(config({0, 1}), "env");
+  o.export_env_slot = 1;
+  ThreadJob job(o, std::ref(t));
+  job.supervisor().load_config_at(0, 0, config({1}));
+  std::map<int64_t, std::string> seen;  // epoch -> what slot 1 read at its top
+  t.before_epoch = [&](Runtime& rt, int64_t epoch) {
+    if (rt.gpu_id() != 1) return;
+    seen[epoch] = fmt::format("RANK={} WORLD_SIZE={} LOCAL_RANK={} LOCAL_WORLD_SIZE={} rank()={}",
+                              get("RANK"), get("WORLD_SIZE"), get("LOCAL_RANK"),
+                              get("LOCAL_WORLD_SIZE"), rt.rank());
+  };
+  job.start();
+  REQUIRE(job.wait(20s));
+  CHECK(seen[0] == "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 rank()=1");
+  CHECK(seen[1] == "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 rank()=0");
+  CHECK(seen[2] == "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 rank()=0");
+  CHECK(get("GROUP_RANK") == "0");
+  CHECK(get("ROLE_WORLD_SIZE") == "1");
+  for (const auto& [n, v] : saved) {
+    if (v == "(unset)") {
+      ::unsetenv(n.c_str());
+    } else {
+      ::setenv(n.c_str(), v.c_str(), 1);
+    }
+  }
 }
 
 TEST_CASE("in-process: park and wake in hold mode (one thread per slot for the whole run)") {

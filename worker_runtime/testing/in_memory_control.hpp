@@ -119,6 +119,10 @@ class ThreadJob {
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
     /// RuntimeSeams::warm_up of every rank's process (empty: the real one, CUDA only).
     std::function<void(const at::Device&)> warm_up;
+    /// The slot whose processes set the generation's RANK, WORLD_SIZE, … in the (one, shared)
+    /// process environment as a real worker does (RuntimeSeams::export_env); -1: none. Only
+    /// one slot may: the ranks are threads of one process.
+    int export_env_slot = -1;
   };
   using Train = std::function<void(Runtime& rt)>;
 

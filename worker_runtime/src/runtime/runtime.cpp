@@ -222,6 +222,9 @@ void Runtime::Impl::train_on(const control::EngineAction& a) {
     return;
   }
   adopt(d);
+  // What the program reads about its place in the job is this generation's (RANK, WORLD_SIZE,
+  // LOCAL_RANK, …): set before its next step. A `continue` changes none of them.
+  if (export_env) export_env(a.env);
   // The warm-up is not waited for here: the first step runs beside what is left of it and
   // joins it at its end (next_step). A standby's warm-up runs beside the snapshot's
   // page-locking and copies; waiting here cost the C++ ViT-H resume 374 ms (H100,
@@ -540,6 +543,7 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
                     "(device {})",
                     rt::to_string(backend), seams.env.cuda ? "cuda" : "cpu"));
   seams.make_comm = &rt::make_communicator;
+  if (seams.control) seams.export_env = &rt::export_env;  // elastic: the generation's values
   return detail::make_runtime(std::move(seams));
 }
 
@@ -567,6 +571,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->on_state = std::move(seams.on_state);
   m->standby_exit = std::move(seams.standby_exit);
   m->warm_up = std::move(seams.warm_up);
+  m->export_env = std::move(seams.export_env);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);
   // The device is set up now, or by a standby's first device() call (ensure_device).

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -34,6 +36,16 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 
 }  // namespace
+
+void export_env(const std::vector<std::pair<std::string, std::string>>& vars) {
+  for (const auto& [name, value] : vars) {
+    const char* now = std::getenv(name.c_str());
+    if (now && value == now) continue;
+    if (::setenv(name.c_str(), value.c_str(), /*overwrite=*/1) != 0)
+      throw Error(fmt::format("cannot set environment variable {}={}: {}", name, value,
+                              std::strerror(errno)));
+  }
+}
 
 RuntimeEnv RuntimeEnv::from_env() {
   RuntimeEnv e;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpurun/store/client.hpp"
 
@@ -44,5 +46,13 @@ struct RuntimeEnv {
   /// Reads the variables. Throws gpurun::Error naming the variable when one is malformed.
   static RuntimeEnv from_env();
 };
+
+/// Sets each (name, value) in this process's environment (::setenv) where it differs from the
+/// value there now: an elastic worker's RANK, WORLD_SIZE, … of the generation it trains in
+/// (control::generation_env; docs/cli.md#in-elastic-mode---config). Not thread-safe against
+/// getenv on other threads (POSIX): the runtime calls it at a generation's start, on the
+/// training thread, between the set-up's collectives and the program's next step. Throws
+/// gpurun::Error naming the variable when setenv fails.
+void export_env(const std::vector<std::pair<std::string, std::string>>& vars);
 
 }  // namespace gpurun::rt

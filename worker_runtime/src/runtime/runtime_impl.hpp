@@ -121,7 +121,9 @@ struct Runtime::Impl {
   bool device_pending = false;                     // CUDA not set up yet (ensure_device)
   std::function<void()> standby_exit;              // RuntimeSeams::standby_exit
   std::function<void(const at::Device&)> warm_up;  // RuntimeSeams::warm_up
-  bool finishing = false;                          // the job is finishing: loops end
+  // RuntimeSeams::export_env: the generation's RANK, WORLD_SIZE, … into the process environment
+  std::function<void(const std::vector<control::EnvVar>&)> export_env;
+  bool finishing = false;  // the job is finishing: loops end
   bool joining = false;    // Runtime::joining(): the tracked state is overwritten before training
   bool jumped = false;     // a hold-mode rejoin moved the position to another epoch
   Step step;               // current step of a StepRange

@@ -44,6 +44,11 @@ struct RuntimeSeams {
   /// checksum's kernels and rt::warm_cuda_libraries on a CUDA device, nothing on a CPU one.
   /// Set (tests): run on any device, on the warm-up thread.
   std::function<void(const at::Device&)> warm_up;
+  /// Sets a generation's torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, …: the engine's
+  /// kTrain `env`, control::generation_env) in the process environment, at every generation
+  /// this process trains in. Runtime::from_env(): rt::export_env (::setenv). Empty: not set
+  /// (tests whose ranks are threads share one environment; ThreadJob sets it for one slot).
+  std::function<void(const std::vector<control::EnvVar>&)> export_env;
 };
 
 /// Builds the runtime from its seams: device (env.cuda: cuda:<env.slot>), joins the
