@@ -779,12 +779,16 @@ int run(int argc, char** argv) {
   if (energy && energy->stopped_early() && code == gpurun::energy::EnergyMonitor::kExitEarlyStop)
     print_err(fmt::format(
         "energy: the job was stopped early by its cost threshold (exit status {})", code));
+  // A job that lost a rank to a boundary deadline says so in its final line, whatever its
+  // exit status (docs/config.md#boundary).
+  const std::string final_line = elastic ? elastic->scheduler().final_line(code) : std::string();
   registration.reset();
   elastic.reset();
   energy.reset();  // restores any power limit it changed
   if (!plan.run_dir.empty()) sv::remove_snapshot(plan.run_dir);
   sv::release_run_dir(run_dir, files_in_temp);
   if (files_in_temp) print_err(fmt::format("log files kept in {}", run_dir.path));
+  if (!final_line.empty()) print_err(final_line);
   return code;
 }
 

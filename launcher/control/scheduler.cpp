@@ -316,12 +316,9 @@ void Scheduler::on_report(const Report& r) {
   moved_on(s.gpu);  // it read every earlier decision
   if (!deadline_armed_) {
     deadline_armed_ = true;
-    Effect e;
-    e.kind = Effect::Kind::kArmDeadline;
-    e.generation = generation_;
-    e.round = round_;
-    e.deadline = config_.boundary_deadline;
-    effects_.push_back(std::move(e));
+    deadline_waited_ = std::chrono::milliseconds{0};
+    first_report_ms_ = r.time_ms;
+    arm_boundary_deadline(config_.boundary_deadline);
   }
   if (finished_) {
     publish_exit();

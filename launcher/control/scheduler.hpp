@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "control/config.hpp"
@@ -91,6 +92,31 @@ struct BoundaryInfo {
   int64_t time_ms = 0;      ///< latest report's Unix time (ms); 0 when no report gave one
 };
 
+/// A member that has not reached the open boundary round after `[boundary] deadline_s` and is
+/// running (not stopped): it runs the program's own code (validation, a checkpoint) and is
+/// waited for, as DDP would (docs/config.md#boundary).
+struct LateRank {
+  int gpu = 0;
+  int rank = -1;
+  int pid = -1;  ///< -1: unknown
+};
+
+/// The open boundary round while it waits past its deadline for running ranks.
+struct BoundaryWait {
+  int64_t generation = 0;
+  int64_t round = 0;
+  std::optional<std::pair<int64_t, int64_t>> boundary;  ///< (epoch, step) the others reported
+  /// Since the round's first report, as counted by the deadline timer (the deadline, then
+  /// every repeat): a lower bound between two expiries.
+  std::chrono::milliseconds waited{0};
+  std::chrono::milliseconds deadline{0};  ///< `[boundary] deadline_s`
+  /// The round's first report's time (Unix ms, Report::time_ms); 0 when it gave none.
+  int64_t first_report_ms = 0;
+  size_t reported = 0;  ///< ranks that reported
+  size_t of = 0;        ///< the generation's active ranks
+  std::vector<LateRank> late;
+};
+
 /// Boundary decisions for one node's slots. Not thread-safe; the controller calls it from
 /// the supervisor's io thread. Every state change goes through transition() and produces a
 /// `worker_state` event effect.
@@ -136,6 +162,21 @@ class Scheduler {
   /// deadline: only a stopped participant is killed there. Empty: none is (the controller sets
   /// the real probe; tests a fake).
   std::function<bool(int pid)> stalled_probe;
+  /// How often a boundary round past its deadline says again who it waits for: every
+  /// `[boundary] deadline_s`, but not more often than this (a deadline of a few ms would
+  /// otherwise print lines at the machine's speed).
+  static constexpr std::chrono::milliseconds kLateRepeatFloor{1000};
+  /// The open round while it waits past its deadline for running (not stopped) ranks: who,
+  /// for how long, k of n reported (gpurun status). nullopt before the round's deadline
+  /// expired, or when every live member reported.
+  std::optional<BoundaryWait> boundary_wait() const;
+  /// Ranks killed at a boundary deadline in this job (stopped: SIGSTOP, a debugger), one
+  /// phrase each: "gpu 1 (rank 1 of generation 2, pid 1234)".
+  const std::vector<std::string>& deadline_kills() const { return deadline_kills_; }
+  /// The job's final console line (without "gpurun: ") when a rank was killed at a boundary
+  /// deadline: "finished (exit 0); note: 1 rank was killed at a boundary deadline: gpu 1 …";
+  /// empty when none was (a job that lost a rank never ends quietly).
+  std::string final_line(int exit_code) const;
   /// `gpurun/gen/<g>/timing/<gpu>` was written: that participant finished its part of the
   /// resize into `generation` (its set-up is done).
   void on_setup_done(int64_t generation, int gpu);
@@ -250,6 +291,10 @@ class Scheduler {
   bool holder_alive(int besides = -1) const;  // `besides`: a slot not to count
   Decision base_decision() const;
   void say(std::string text);
+  /// Arms the open round's boundary deadline timer (kArmDeadline) to expire after `after`.
+  void arm_boundary_deadline(std::chrono::milliseconds after);
+  /// The console line naming the running ranks a round past its deadline waits for.
+  std::string late_line(const std::vector<int>& gpus) const;
 
   /// A decided round whose keys (reports, decision) still exist: deleted once every
   /// reporter showed it read the decision (docs/control-protocol.md#key-lifetime).
@@ -269,6 +314,10 @@ class Scheduler {
   std::vector<int> active_;
   std::map<int, Report> reports_;  ///< rank -> report of the open round
   bool deadline_armed_ = false;
+  std::chrono::milliseconds deadline_armed_for_{0};  ///< the armed timer's duration
+  std::chrono::milliseconds deadline_waited_{0};     ///< expired timers' durations, this round
+  int64_t first_report_ms_ = 0;                      ///< the open round's first report's time_ms
+  std::vector<std::string> deadline_kills_;          ///< deadline_kills()
   bool finished_ = false;
   bool exit_published_ = false;  ///< the open round was answered with `exit`
   /// The exit decision's reason code (Decision::reason: "stop", "early_stop", "finished",

@@ -75,27 +75,118 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
     return;
   }
   if (generation != generation_ || round != round_ || !deadline_armed_) return;
+  deadline_waited_ += deadline_armed_for_;
+  // A late rank that is running is doing the program's own work between boundaries (rank-0
+  // validation, a checkpoint): it is waited for, as DDP would, and said again every
+  // deadline_s. Only a stopped one (stalled_probe: SIGSTOP, a debugger) is declared stalled
+  // and killed, and the round is decided without it. A pid that cannot be probed (none known,
+  // no probe): waited for.
+  std::vector<int> running;
   for (int gpu : active_) {
     SlotInfo& s = slot(gpu);
     if (!alive_member(s) || reports_.count(s.rank)) continue;
+    if (s.pid < 0 || !stalled_probe || !stalled_probe(s.pid)) {
+      running.push_back(gpu);
+      continue;
+    }
     set_state(s, SlotState::kFailed,
-              fmt::format("stalled past the boundary deadline of {} ms (generation {}, round {}, "
-                          "{} of {} ranks reported)",
+              fmt::format("stopped and stalled past the boundary deadline of {} ms (generation "
+                          "{}, round {}, {} of {} ranks reported)",
                           config_.boundary_deadline.count(), generation, round, reports_.size(),
                           active_.size()));
-    say(
-        fmt::format("gpu {} (rank {}, pid {}) did not reach boundary round {} of generation {} "
-                    "within {} ms: killing it and deciding without it",
-                    gpu, s.rank, s.pid, round, generation, config_.boundary_deadline.count()));
-    if (s.pid >= 0) {
-      Effect e;
-      e.kind = Effect::Kind::kKill;
-      e.gpu = gpu;
-      effects_.push_back(std::move(e));
-    }
+    say(fmt::format(
+        "gpu {} (rank {}, pid {}) did not reach boundary round {} of generation {} within {} ms "
+        "and is stopped (SIGSTOP or a debugger): killing it and deciding without it",
+        gpu, s.rank, s.pid, round, generation, config_.boundary_deadline.count()));
+    deadline_kills_.push_back(
+        fmt::format("gpu {} (rank {} of generation {}, pid {}, stopped at "
+                    "boundary round {} for more than {} ms)",
+                    gpu, s.rank, generation, s.pid, round, config_.boundary_deadline.count()));
+    Effect e;
+    e.kind = Effect::Kind::kKill;
+    e.gpu = gpu;
+    effects_.push_back(std::move(e));
+  }
+  if (!running.empty()) {
+    say(late_line(running));
+    arm_boundary_deadline(std::max(config_.boundary_deadline, kLateRepeatFloor));
   }
   if (!finished_) try_decide();
   check_all_gone();
+}
+
+void Scheduler::arm_boundary_deadline(std::chrono::milliseconds after) {
+  deadline_armed_for_ = after;
+  Effect e;
+  e.kind = Effect::Kind::kArmDeadline;
+  e.generation = generation_;
+  e.round = round_;
+  e.deadline = after;
+  effects_.push_back(std::move(e));
+}
+
+namespace {
+// Seconds as a config would write them: 2, 0.5, 1.25.
+std::string seconds_text(std::chrono::milliseconds ms) {
+  return fmt::format("{:g}", static_cast<double>(ms.count()) / 1000.0);
+}
+}  // namespace
+
+std::string Scheduler::late_line(const std::vector<int>& gpus) const {
+  std::string who;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const SlotInfo& s = slots_.at(gpus[i]);
+    who += fmt::format("{}gpu {} (rank {}, pid {})",
+                       i == 0                 ? ""
+                       : i + 1 == gpus.size() ? " and "
+                                              : ", ",
+                       s.gpu, s.rank, s.pid >= 0 ? std::to_string(s.pid) : "unknown");
+  }
+  const bool one = gpus.size() == 1;
+  std::string where;
+  if (!reports_.empty()) {
+    const Report& r = reports_.begin()->second;
+    where = fmt::format("; the others wait at the boundary {}", boundary_text(r.epoch, r.step));
+  }
+  return fmt::format(
+      "{} {} not reached boundary round {} of generation {} after {:.1f} s ([boundary] "
+      "deadline_s = {}; {} of {} ranks reported{}): {} running the program's own code (not "
+      "stopped); waiting for {}, as DDP would",
+      who, one ? "has" : "have", round_, generation_,
+      static_cast<double>(deadline_waited_.count()) / 1000.0,
+      seconds_text(config_.boundary_deadline), reports_.size(), active_.size(), where,
+      one ? "it is" : "they are", one ? "it" : "them");
+}
+
+std::optional<BoundaryWait> Scheduler::boundary_wait() const {
+  if (!deadline_armed_ || deadline_waited_.count() == 0) return std::nullopt;
+  BoundaryWait w;
+  for (int gpu : active_) {
+    const SlotInfo& s = slots_.at(gpu);
+    if (alive_member(s) && !reports_.count(s.rank)) w.late.push_back(LateRank{gpu, s.rank, s.pid});
+  }
+  if (w.late.empty()) return std::nullopt;
+  w.generation = generation_;
+  w.round = round_;
+  if (!reports_.empty())
+    w.boundary = std::make_pair(reports_.begin()->second.epoch, reports_.begin()->second.step);
+  w.waited = deadline_waited_;
+  w.deadline = config_.boundary_deadline;
+  w.first_report_ms = first_report_ms_;
+  w.reported = reports_.size();
+  w.of = active_.size();
+  return w;
+}
+
+std::string Scheduler::final_line(int exit_code) const {
+  if (deadline_kills_.empty()) return "";
+  const size_t n = deadline_kills_.size();
+  std::string list;
+  for (size_t i = 0; i < n; ++i) list += (i ? "; " : "") + deadline_kills_[i];
+  return fmt::format(
+      "finished (exit {}); note: {} rank{} {} killed at a boundary deadline ([boundary] "
+      "deadline_s; the job went on without {}): {}",
+      exit_code, n, n == 1 ? "" : "s", n == 1 ? "was" : "were", n == 1 ? "it" : "them", list);
 }
 
 bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart) {

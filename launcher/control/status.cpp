@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -68,6 +69,7 @@ RunStatus run_status(const Scheduler& sch) {
   if (sch.effective_desired().empty()) st.pause_refused = sch.pause_refused();
   st.state_lost = sch.state_lost();
   st.last_decision = sch.last_decision();
+  st.late = sch.boundary_wait();
   for (const auto& [gpu, s] : sch.slots())
     st.slots.push_back(
         SlotStatus{gpu, s.state, s.generation, s.rank, s.pid, s.last_boundary, s.reason});
@@ -154,6 +156,40 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_null("last_decision");
   else
     root.add_raw("last_decision", st.last_decision);
+  if (st.late) {
+    // How long: since the round's first report by the clock when the report gave its time,
+    // else as the deadline timer counted it (the deadline, then every repeat).
+    const BoundaryWait& w = *st.late;
+    int64_t late_ms = w.waited.count();
+    if (w.first_report_ms > 0) {
+      const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+      late_ms = std::max(late_ms, now_ms - w.first_report_ms);
+    }
+    std::string ranks = "[";
+    for (size_t i = 0; i < w.late.size(); ++i)
+      ranks += (i ? "," : "") + JsonObject()
+                                    .add("gpu", w.late[i].gpu)
+                                    .add("rank", w.late[i].rank)
+                                    .add("pid", w.late[i].pid)
+                                    .str();
+    JsonObject l;
+    l.add("generation", w.generation).add("round", w.round);
+    if (w.boundary)
+      l.add_raw("boundary",
+                JsonObject().add("epoch", w.boundary->first).add("step", w.boundary->second).str());
+    else
+      l.add_null("boundary");
+    l.add("late_s", static_cast<double>(late_ms) / 1000.0)
+        .add("deadline_s", static_cast<double>(w.deadline.count()) / 1000.0)
+        .add("reported", static_cast<int64_t>(w.reported))
+        .add("of", static_cast<int64_t>(w.of))
+        .add_raw("ranks", ranks + "]");
+    root.add_raw("late_at_boundary", l.str());
+  } else {
+    root.add_null("late_at_boundary");
+  }
   if (!snap.policy.empty()) root.add_raw("policy", snap.policy);
   if (snap.last_resize.empty())
     root.add_null("last_resize");
@@ -488,6 +524,25 @@ int status_command(const std::vector<std::string>& args) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  if (const json::value* l = o.if_contains("late_at_boundary"); l && l->is_object()) {
+    // A round past [boundary] deadline_s that waits for running ranks (docs/config.md#boundary).
+    const json::object& lo = l->as_object();
+    std::string who;
+    if (const json::value* r = lo.if_contains("ranks"); r && r->is_array())
+      for (const auto& rv : r->as_array())
+        if (rv.is_object())
+          who += fmt::format("{}gpu {} (rank {}, pid {})", who.empty() ? "" : ", ",
+                             field_text(rv.as_object(), "gpu"), field_text(rv.as_object(), "rank"),
+                             field_text(rv.as_object(), "pid"));
+    out += fmt::format(
+        "late at boundary round {} of generation {}: {} for {} s ([boundary] deadline_s = {}; {} "
+        "of {} ranks reported): running the program's own code, waited for (as DDP would)\n",
+        field_text(lo, "round"), field_text(lo, "generation"), who,
+        fmt::format("{:.1f}", lo.contains("late_s") && lo.at("late_s").is_number()
+                                  ? lo.at("late_s").to_number<double>()
+                                  : 0.0),
+        field_text(lo, "deadline_s"), field_text(lo, "reported"), field_text(lo, "of"));
+  }
   if (const json::value* p = o.if_contains("policy"); p && p->is_object()) {
     const json::object& po = p->as_object();
     std::string leases;

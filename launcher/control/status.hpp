@@ -74,6 +74,8 @@ struct RunStatus {
   std::string pause_refused;          ///< why the wanted pause is refused; empty: none
   std::string state_lost;             ///< set when the training state is lost; empty: none
   std::string last_decision;          ///< JSON object text; empty: none
+  /// The open boundary round past its deadline, waiting for running ranks; nullopt: none.
+  std::optional<BoundaryWait> late;
   std::vector<SlotStatus> slots;
 };
 

@@ -5,7 +5,7 @@
 //   stop            contains an epoch E: exit 0 on reaching epoch E (before reporting)
 //   stop_gpu<N>     contains an epoch E: slot N alone exits 0 on reaching epoch E
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
-//   stall_gpu<N>    slot N never reports at its next boundary (sleeps)
+//   stall_gpu<N>    slot N never reports at its next boundary (stops itself: SIGSTOP)
 //   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
 //   hold_warm_gpu<N> a warm joiner of slot N gets ready only once the file is removed
 //   stall_setup_gpu<N> slot N, in a generation > 0, stops itself (SIGSTOP) in its make_group
@@ -181,8 +181,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (fs::exists(dir / ("stall_gpu" + std::to_string(gpu)))) {
+      // Stopped, as a user's SIGSTOP or a debugger would: a rank that merely runs (sleeps in
+      // the program's own code) is waited for at a boundary, a stopped one is killed.
       std::fprintf(stderr, "fake_worker gpu %d: stalling before boundary %ld\n", gpu, epoch);
-      while (true) ::pause();
+      while (true) ::raise(SIGSTOP);
     }
     EngineEvent b;
     b.kind = EngineEvent::Kind::kBoundary;

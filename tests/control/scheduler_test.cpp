@@ -1,6 +1,7 @@
 #include "control/scheduler.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
@@ -357,7 +358,10 @@ TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without
   CHECK(d.failed == std::vector<int>{3});
   CHECK(h.state(3) == SlotState::kFailed);
 
-  // gpu 1 stalls: the deadline declares it FAILED, kills it, decides without it.
+  // gpu 1 stalls, stopped (SIGSTOP): the deadline declares it FAILED, kills it, decides
+  // without it.
+  const int stopped_pid = h.s.slots().at(1).pid;
+  h.s.stalled_probe = [&](int pid) { return pid == stopped_pid; };
   h.report(0, 1);
   h.report(2, 1);
   CHECK(h.decisions.size() == 2);
@@ -1376,4 +1380,132 @@ TEST_CASE(
   one.drain();
   CHECK(one.killed.empty());
   CHECK(one.state(0) != SlotState::kFailed);
+}
+
+// ---- busy is not stalled: a late rank that runs is waited for (issue 43 item 4) -----------
+
+namespace {
+std::vector<std::string> said(const Harness& h, size_t from = 0) {
+  std::vector<std::string> out;
+  for (size_t i = from; i < h.log.size(); ++i)
+    if (h.log[i].kind == Effect::Kind::kSay) out.push_back(h.log[i].value);
+  return out;
+}
+std::vector<std::chrono::milliseconds> armed(const Harness& h, size_t from = 0) {
+  std::vector<std::chrono::milliseconds> out;
+  for (size_t i = from; i < h.log.size(); ++i)
+    if (h.log[i].kind == Effect::Kind::kArmDeadline && h.log[i].round >= 0)
+      out.push_back(h.log[i].deadline);
+  return out;
+}
+}  // namespace
+
+TEST_CASE(
+    "scheduler: a running late rank is waited for past 3x the deadline, named, then decided") {
+  Harness h(cfg(std::nullopt));  // 4 slots, deadline_s = 2
+  h.join_all();
+  h.s.stalled_probe = [](int) { return false; };  // every process runs (none is stopped)
+  const size_t decided = h.decisions.size();
+  // Rank 0 validates (the program's own code) while the others wait at the boundary.
+  h.report(1, 0);
+  h.report(2, 0);
+  h.report(3, 0);
+  size_t mark = h.log.size();
+  CHECK(armed(h) == std::vector<std::chrono::milliseconds>{2s});
+  const int64_t g = h.s.generation(), round = h.s.round();
+  for (int expiry = 1; expiry <= 4; ++expiry) {  // 2, 4, 6, 8 s after the first report
+    h.s.on_deadline(g, round);
+    h.drain();
+    CHECK(h.killed.empty());
+    CHECK(h.state(0) == SlotState::kActive);
+    CHECK(h.decisions.size() == decided);
+    // Said again at every expiry, and armed again for one more deadline_s (no busy loop).
+    const auto lines = said(h, mark);
+    REQUIRE(lines.size() == 1);
+    CHECK(armed(h, mark) == std::vector<std::chrono::milliseconds>{2s});
+    INFO(lines[0]);
+    CHECK(lines[0].find(fmt::format("gpu 0 (rank 0, pid 1000) has not reached boundary round {} "
+                                    "of generation {} after {}.0 s ([boundary] deadline_s = 2; 3 "
+                                    "of 4 ranks reported; the others wait at the boundary after "
+                                    "epoch 1): it is running the program's own code (not "
+                                    "stopped); waiting for it, as DDP would",
+                                    round, g, 2 * expiry)) == 0);
+    mark = h.log.size();
+  }
+  const std::optional<BoundaryWait> w = h.s.boundary_wait();
+  REQUIRE(w);
+  CHECK(w->waited == 8s);
+  CHECK(w->reported == 3);
+  CHECK(w->of == 4);
+  REQUIRE(w->late.size() == 1);
+  CHECK(w->late[0].gpu == 0);
+  CHECK(w->late[0].pid == 1000);
+  // Its report completes the round: the same four ranks continue.
+  h.report(0, 0);
+  REQUIRE(h.decisions.size() == decided + 1);
+  CHECK(h.decisions.back().kind == Decision::Kind::kContinue);
+  CHECK(h.decisions.back().active == std::vector<int>{0, 1, 2, 3});
+  CHECK_FALSE(h.s.boundary_wait());
+  // The round's timer, if it still fires, does nothing: no line, no new timer.
+  mark = h.log.size();
+  h.s.on_deadline(g, round);
+  h.drain();
+  CHECK(said(h, mark).empty());
+  CHECK(armed(h, mark).empty());
+  CHECK(h.s.final_line(0).empty());
+}
+
+TEST_CASE("scheduler: a stopped late rank is killed at the deadline; a running one waited for") {
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  const int stopped_pid = h.s.slots().at(2).pid;
+  h.s.stalled_probe = [&](int pid) { return pid == stopped_pid; };  // gpu 2: SIGSTOP
+  h.report(1, 0);
+  h.report(3, 0);
+  const size_t decided = h.decisions.size();
+  size_t mark = h.log.size();
+  h.s.on_deadline(h.s.generation(), h.s.round());
+  h.drain();
+  CHECK(h.killed == std::vector<int>{2});
+  CHECK(h.state(2) == SlotState::kFailed);
+  CHECK(h.s.slots().at(2).reason.find("stalled past the boundary deadline") != std::string::npos);
+  CHECK(h.state(0) == SlotState::kActive);
+  CHECK(h.decisions.size() == decided);  // gpu 0 still runs: waited for
+  const auto lines = said(h, mark);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("gpu 2 (rank 2, pid 1002) did not reach boundary round 0") == 0);
+  CHECK(lines[0].find("is stopped (SIGSTOP or a debugger): killing it") != std::string::npos);
+  CHECK(lines[1].find("gpu 0 (rank 0, pid 1000) has not reached boundary round 0") == 0);
+  CHECK(armed(h, mark) == std::vector<std::chrono::milliseconds>{2s});
+  h.report(0, 0);
+  REQUIRE(h.decisions.size() == decided + 1);
+  CHECK(h.decisions.back().active == std::vector<int>{0, 1, 3});
+  CHECK(h.decisions.back().failed == std::vector<int>{2});
+  // The job that lost it says so in its final line, whatever its exit status.
+  CHECK(h.s.final_line(0) ==
+        std::string("finished (exit 0); note: 1 rank was killed at a boundary deadline "
+                    "([boundary] deadline_s; the job went on without it): gpu 2 (rank 2 of "
+                    "generation 0, pid 1002, stopped at boundary round 0 for more than 2000 ms)"));
+}
+
+TEST_CASE("scheduler: a round waiting past a tiny deadline says it again at most once a second") {
+  Config c = cfg(std::nullopt);
+  c.boundary_deadline = 10ms;
+  Harness h(c, 2);
+  h.join_all();
+  h.s.stalled_probe = [](int) { return false; };
+  h.report(1, 0);
+  CHECK(armed(h) == std::vector<std::chrono::milliseconds>{10ms});
+  const size_t mark = h.log.size();
+  h.s.on_deadline(h.s.generation(), h.s.round());
+  h.drain();
+  CHECK(armed(h, mark) == std::vector<std::chrono::milliseconds>{Scheduler::kLateRepeatFloor});
+  h.s.on_deadline(h.s.generation(), h.s.round());
+  h.drain();
+  const auto lines = said(h, mark);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1].find("after 1.0 s ([boundary] deadline_s = 0.01;") != std::string::npos);
+  REQUIRE(h.s.boundary_wait());
+  CHECK(h.s.boundary_wait()->waited == 1010ms);
+  CHECK(h.killed.empty());
 }

@@ -130,5 +130,50 @@ TEST_CASE("status: a refused pause and a lost state are in the status JSON") {
   CHECK(text.find("state_lost") != std::string::npos);
 }
 
+TEST_CASE("status: a boundary round waiting past its deadline names who is late and how long") {
+  Config c;
+  c.active_gpus = std::vector<int>{0, 1};
+  c.boundary_deadline = std::chrono::seconds(2);
+  Scheduler s({0, 1}, c);
+  s.config_loaded(c, "config.toml");
+  s.start_attempt(0);
+  s.take_effects();
+  s.on_spawned(0, 100);
+  s.on_spawned(1, 101);
+  s.on_joined(0, 0, 100);
+  s.on_joined(0, 1, 101);
+  s.stalled_probe = [](int) { return false; };  // rank 0 runs its validation
+  Report r;
+  r.gpu = 1;
+  r.rank = 1;
+  r.pid = 101;
+  r.epoch = 2;
+  s.on_report(r);
+  CHECK(render_status(s, StatusSnapshot{}).find(R"("late_at_boundary": null)") !=
+        std::string::npos);  // before the deadline: nobody is late yet
+  s.on_deadline(0, 0);
+  s.on_deadline(0, 0);
+  s.take_effects();
+  const std::string json = render_status(s, StatusSnapshot{});
+  INFO(json);
+  CHECK(json.find(R"("late_at_boundary": {"generation": 0, "round": 0, "boundary": {"epoch": )"
+                  R"(2, "step": 0}, "late_s": 4, "deadline_s": 2, "reported": 1, "of": 2, )"
+                  R"("ranks": [{"gpu": 0, "rank": 0, "pid": 100}]})") != std::string::npos);
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(dir.str(), json, error));
+  const std::string text = status_text(dir);
+  CHECK_MESSAGE(text.find("late at boundary round 0 of generation 0: gpu 0 (rank 0, pid 100) for "
+                          "4.0 s ([boundary] deadline_s = 2; 1 of 2 ranks reported): running the "
+                          "program's own code, waited for (as DDP would)\n") != std::string::npos,
+                text);
+  r.gpu = 0;
+  r.rank = 0;
+  r.pid = 100;
+  s.on_report(r);  // the round is decided: nobody is late any more
+  CHECK(render_status(s, StatusSnapshot{}).find(R"("late_at_boundary": null)") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace gpurun::control
