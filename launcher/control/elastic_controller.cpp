@@ -409,10 +409,17 @@ void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool st
   if (pid > 0) scheduler_.on_spawned(gpu, pid);
 }
 
+void ElasticController::follow_generation() {
+  if (console_active_ == scheduler_.active()) return;
+  console_active_ = scheduler_.active();
+  supervisor_.set_generation(console_active_);
+}
+
 void ElasticController::run_effects() {
   // Effects may produce more effects (spawn -> on_spawned); loop until none are left.
   for (std::vector<Effect> batch = scheduler_.take_effects(); !batch.empty();
        batch = scheduler_.take_effects()) {
+    follow_generation();
     for (Effect& e : batch) {
       switch (e.kind) {
         case Effect::Kind::kWriteKey:
@@ -452,6 +459,7 @@ void ElasticController::run_effects() {
       }
     }
   }
+  follow_generation();
   emit_resize_events();
   if (energy_.active_changed && scheduler_.active() != energy_active_) {
     energy_active_ = scheduler_.active();

@@ -120,6 +120,9 @@ class ElasticController : public supervisor::SlotController {
   std::string policy_status() const;
   void on_key(const std::string& key);
   void run_effects();
+  /// The console prefixes follow the generation in force (Supervisor::set_generation): called
+  /// before each batch of effects, so a joiner spawned by it starts with its generation's.
+  void follow_generation();
   void spawn(int gpu, int64_t generation, int64_t warm, bool standby,
              const std::string& decision_json);
   void write_status();
@@ -134,6 +137,7 @@ class ElasticController : public supervisor::SlotController {
   supervisor::Supervisor& supervisor_;
   supervisor::EventLog& events_;
   supervisor::Console& console_;
+  std::optional<std::vector<int>> console_active_;  ///< the active set the prefixes show
   ElasticOptions opt_;
   Config declared_;  ///< the file's last good config (the scheduler gets effective_config())
   Scheduler scheduler_;

@@ -32,8 +32,12 @@ int display_columns(std::string_view text) {
   return n;
 }
 
-std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
-                          const std::string& role) {
+namespace {
+// `tmpl` with ${rank}, ${local_rank} and ${role_name} replaced by the given texts; with
+// `slot_label` "rank${rank}" is replaced by ${rank}'s text alone.
+std::string expand_vars(const std::string& tmpl, const std::string& rank,
+                        const std::string& local_rank, const std::string& role,
+                        bool slot_label = false) {
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
     auto take = [&](std::string_view var, const std::string& value) {
@@ -42,12 +46,42 @@ std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
       i += var.size();
       return true;
     };
-    if (take("${rank}", std::to_string(rank)) ||
-        take("${local_rank}", std::to_string(local_rank)) || take("${role_name}", role))
+    if ((slot_label && take("rank${rank}", rank)) || take("${rank}", rank) ||
+        take("${local_rank}", local_rank) || take("${role_name}", role))
       continue;
     out.push_back(tmpl[i++]);
   }
   return out;
+}
+}  // namespace
+
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
+                          const std::string& role) {
+  return expand_vars(tmpl, std::to_string(rank), std::to_string(local_rank), role);
+}
+
+std::string expand_elastic_prefix(const std::string& tmpl, int slot, int rank,
+                                  const std::string& role) {
+  if (rank < 0) {
+    const std::string label = fmt::format("gpu{}", slot);
+    return expand_vars(tmpl, label, label, role, /*slot_label=*/true);
+  }
+  const std::string r = std::to_string(rank);
+  return expand_vars(tmpl, rank == slot ? r : fmt::format("{} gpu{}", r, slot), r, role);
+}
+
+std::string Supervisor::prefix_of(int local_rank) const {
+  const int rank = opt_.plan.node_rank * opt_.plan.nproc + local_rank;
+  if (!generation_) return expand_prefix(opt_.prefix_template, rank, local_rank, opt_.plan.role);
+  const auto it = std::find(generation_->begin(), generation_->end(), local_rank);
+  const int in_generation =
+      it == generation_->end() ? -1 : static_cast<int>(it - generation_->begin());
+  return expand_elastic_prefix(opt_.prefix_template, local_rank, in_generation, opt_.plan.role);
+}
+
+void Supervisor::set_generation(std::optional<std::vector<int>> active) {
+  generation_ = std::move(active);
+  for (auto& w : workers_) w->prefix = prefix_of(w->local_rank);
 }
 
 Supervisor::Supervisor(asio::io_context& io, SupervisorOptions options, ProcessSpawner& spawner,
@@ -117,7 +151,7 @@ void Supervisor::start_attempt() {
     auto w = std::make_unique<Worker>();
     w->local_rank = local;
     w->rank = opt_.plan.node_rank * opt_.plan.nproc + local;
-    w->prefix = expand_prefix(opt_.prefix_template, w->rank, w->local_rank, opt_.plan.role);
+    w->prefix = prefix_of(local);
     w->error_file = error_file_path(opt_.plan, attempt_, w->rank);
     if (controller_) {
       // Elastic mode: every slot starts without a process; the controller spawns members.
@@ -212,7 +246,7 @@ int Supervisor::spawn_slot(int local_rank, const EnvMap& overlay) {
   auto w = std::make_unique<Worker>();
   w->local_rank = local_rank;
   w->rank = slot->rank;
-  w->prefix = slot->prefix;
+  w->prefix = prefix_of(local_rank);
   w->error_file = slot->error_file;
   retired_.push_back(std::move(slot));
   slot = std::move(w);

@@ -63,6 +63,16 @@ struct SupervisorOptions {
 /// Expands ${rank}, ${local_rank} and ${role_name} (`role`, --role) in a console prefix template.
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank,
                           const std::string& role = "default");
+/// Elastic mode: the console prefix of slot `slot` whose rank in the generation in force is
+/// `rank` (-1: the slot is in none: parked, a standby, a warm joiner not admitted yet, a
+/// leaver's last lines). A member's ${rank} and ${local_rank} are its generation rank (its
+/// RANK and LOCAL_RANK), and ${rank} adds the slot where the two differ: "[rank${rank}]: "
+/// gives "[rank0]: " for slot 0 and "[rank0 gpu1]: " for slot 1 after active_gpus = [1]. A
+/// slot outside the generation shows the slot instead: "rank${rank}", ${rank} and
+/// ${local_rank} all become "gpu<slot>" ("[gpu1]: "). "gpu" is the slot's word in gpurun's
+/// lines and `gpurun status`, with --device cpu too.
+std::string expand_elastic_prefix(const std::string& tmpl, int slot, int rank,
+                                  const std::string& role = "default");
 /// Terminal columns `text` takes: one per UTF-8 character (`[rank0]: ` = 9).
 int display_columns(std::string_view text);
 
@@ -144,6 +154,12 @@ class Supervisor {
   int spawn_slot(int local_rank, const EnvMap& overlay);
   /// Sends SIGKILL to the process group of slot `local_rank` (no-op without a process).
   void kill_slot(int local_rank);
+  /// Elastic mode: the generation in force is `active` (sorted slots; rank = index), or none
+  /// (nullopt: before the first decision, the slots' own ranks). Each slot's console prefix
+  /// follows it from the next line on (expand_elastic_prefix); a process spawned later gets
+  /// its slot's. Call on the io thread, before the spawns the generation causes (so the
+  /// prefix width the pty leaves is the one its lines get).
+  void set_generation(std::optional<std::vector<int>> active);
 
   /// Reacts to a signal gpurun received: SIGINT/SIGTERM/SIGQUIT start a shutdown (the
   /// signal is forwarded to every worker group, SIGKILL after the grace period;
@@ -210,6 +226,8 @@ class Supervisor {
   void on_preempt_signal(int sig);
   void stop_at_boundary(int sig, bool signal_others_now);
   bool uses_runtime(const Worker& w) const;
+  // The console prefix of slot `local_rank` now: its rank's, or set_generation's.
+  std::string prefix_of(int local_rank) const;
 
   boost::asio::io_context& io_;
   SupervisorOptions opt_;
@@ -220,7 +238,8 @@ class Supervisor {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> retired_;  // earlier processes of respawned slots
   SlotController* controller_ = nullptr;
-  std::unique_ptr<Failure> absorbed_failure_;  // first failure elastic mode absorbed
+  std::optional<std::vector<int>> generation_;  // set_generation: the active set in force
+  std::unique_ptr<Failure> absorbed_failure_;   // first failure elastic mode absorbed
   std::unique_ptr<Failure> failure_;
   Phase phase_ = Phase::kRunning;
   int attempt_ = 0;

@@ -537,6 +537,64 @@ TEST_CASE("supervisor: a lost training state never ends with exit 0, even if eve
                            "is lost: no process of generation 2 holds it") != std::string::npos);
 }
 
+TEST_CASE(
+    "supervisor: elastic console prefixes — the generation's rank, the slot where they differ") {
+  CHECK(expand_elastic_prefix("[rank${rank}]: ", 0, 0) == "[rank0]: ");
+  CHECK(expand_elastic_prefix("[rank${rank}]: ", 1, 0) == "[rank0 gpu1]: ");
+  CHECK(expand_elastic_prefix("[rank${rank}]: ", 1, -1) == "[gpu1]: ");
+  CHECK(expand_elastic_prefix("${role_name}/${local_rank}|${rank}: ", 2, 1, "trainer") ==
+        "trainer/1|1 gpu2: ");
+  CHECK(expand_elastic_prefix("${role_name}/${local_rank}|${rank}: ", 2, -1) ==
+        "default/gpu2|gpu2: ");
+}
+
+namespace {
+/// Elastic mode: both slots run; the test says which generation is in force.
+struct TwoSlotController : SlotController {
+  Supervisor* sup = nullptr;
+  void on_attempt_start(int) override {
+    sup->set_generation(std::vector<int>{0, 1});
+    sup->spawn_slot(0, {});
+    sup->spawn_slot(1, {});
+  }
+  bool on_worker_exit(int, ExitStatus, bool) override { return true; }
+  bool holds_job_open() const override { return false; }
+  bool succeeded() const override { return true; }
+  void on_reload_request() override {}
+};
+}  // namespace
+
+TEST_CASE("supervisor: after active_gpus = [1] the survivor's lines say rank 0 (and gpu 1)") {
+  // Issue 43: the prefix said [rank1] while the process was rank 0 of 1.
+  Harness h(2);
+  TwoSlotController c;
+  c.sup = h.sup.get();
+  h.sup->set_controller(&c);
+  h.sup->start();
+  h.settle();
+  REQUIRE(h.spawner.procs.size() == 2);
+  h.spawner.output(1, StreamId::kStdout, "before\n");
+  h.sup->set_generation(std::vector<int>{1});  // the leaver's last lines carry its slot
+  h.spawner.output(0, StreamId::kStdout, "leaving\n");
+  h.spawner.output(1, StreamId::kStdout, "after\n");
+  h.spawner.exit(0, {0, 0});
+  h.settle();
+  // A process spawned for a slot outside the generation (a standby) shows the slot; once a
+  // generation names it, its rank.
+  h.sup->spawn_slot(0, {});
+  h.spawner.output(2, StreamId::kStdout, "standby\n");
+  h.sup->set_generation(std::vector<int>{0, 1});
+  h.spawner.output(2, StreamId::kStdout, "joined\n");
+  h.spawner.output(1, StreamId::kStdout, "grown\n");
+  CHECK(h.console.out ==
+        "[rank1]: before\n[gpu0]: leaving\n[rank0 gpu1]: after\n[gpu0]: standby\n"
+        "[rank0]: joined\n[rank1]: grown\n");
+  h.spawner.exit(1, {0, 0});
+  h.spawner.exit(2, {0, 0});
+  h.drive();
+  CHECK(h.sup->done());
+}
+
 TEST_CASE("supervisor: an error file that holds no report says why on its own line") {
   Harness h(2);
   h.sup->start();

@@ -326,6 +326,15 @@ TEST_CASE(
     INFO(run.full_diag());
     CHECK(run.code() == 0);
     elastic = run.losses();
+    // Issue 43: after the shrink to [1] the survivor's environment and console prefix say
+    // rank 0 of 1 (epoch 2 ran entirely in that generation); after the grow, rank 1 of 2.
+    const std::string console = slurp(run.dir / "gpurun.stdout");
+    CHECK(console.find("[rank0 gpu1]: elastic_trainer gpu 1: epoch 2 env RANK=0 WORLD_SIZE=1 "
+                       "LOCAL_RANK=0\n") != std::string::npos);
+    CHECK(console.find("[rank1]: elastic_trainer gpu 1: epoch 5 env RANK=1 WORLD_SIZE=2 "
+                       "LOCAL_RANK=1\n") != std::string::npos);
+    CHECK(console.find("[rank0]: elastic_trainer gpu 0: epoch 5 env RANK=0 WORLD_SIZE=2 "
+                       "LOCAL_RANK=0\n") != std::string::npos);
     CHECK(run.check_checksums() >= 3);
     run.check_samples(0, 6);
   }

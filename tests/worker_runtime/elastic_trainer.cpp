@@ -195,6 +195,15 @@ int run(int argc, char** argv) {
       }
     }
     if (rt->left()) break;  // left at a step boundary: write nothing more
+    // What a program reads about its place in the job: the current generation's.
+    const auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v ? v : "(unset)";
+    };
+    std::printf("elastic_trainer gpu %d: epoch %lld env RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s\n",
+                rt->gpu_id(), static_cast<long long>(epoch), env("RANK"), env("WORLD_SIZE"),
+                env("LOCAL_RANK"));
+    std::fflush(stdout);
     if (rt->rank() == 0) {
       std::ofstream loss(out / ("loss." + std::to_string(rt->gpu_id())), std::ios::app);
       loss << epoch << ' ' << std::setprecision(17) << epoch_loss_sum / epoch_count << ' '
