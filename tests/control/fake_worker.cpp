@@ -78,9 +78,10 @@ int main(int argc, char** argv) {
   }
   {
     std::ofstream env(dir / ("env." + me));
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPURUN_SLOT",
-                             "GPURUN_GPU_ID", "GPURUN_DEVICE", "GPURUN_JOIN_GENERATION",
-                             "GPURUN_WARM", "GPURUN_ACTIVE_GPUS", "CUDA_VISIBLE_DEVICES"}) {
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPURUN_SLOT", "GPURUN_GPU_ID",
+          "GPURUN_DEVICE", "GPURUN_JOIN_GENERATION", "GPURUN_WARM", "GPURUN_ACTIVE_GPUS",
+          "CUDA_VISIBLE_DEVICES", "GROUP_RANK", "GPURUN_CONFIG"}) {
       const char* v = std::getenv(name);
       env << name << "=" << (v ? v : "<unset>") << "\n";
     }
