@@ -19,14 +19,12 @@ start of the first after it), first_step_unix (s since 1970: when the epoch's fi
 loss was read back, bench/python_gpu.sh's "edit -> first step"). --bf16: forward and loss under torch.autocast(bfloat16).
 """
 import argparse
-import gzip
 import hashlib
 import json
 import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torchvision
@@ -34,6 +32,7 @@ import torchvision
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "worker_runtime", "python"))
 import gpurun  # noqa: E402
+from fmnist_data import DEFAULT_DIR, load  # noqa: E402,F401 (load: bench/anchors)
 
 try:
     from tqdm import tqdm
@@ -45,29 +44,6 @@ MODELS = {  # layers, heads, width, mlp width
     "b": (12, 12, 768, 3072),
     "h": (32, 16, 1280, 5120),
 }
-
-
-def read_idx(path):
-    """An IDX file (gzip or plain) as a numpy array: images (n, 28, 28) uint8 or labels (n,)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    dims = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
-def load(data_dir, split, limit):
-    name = "train" if split == "train" else "t10k"
-    find = lambda kind: next(os.path.join(data_dir, f) for f in (  # noqa: E731
-        f"{name}-{kind}-idx{3 if kind == 'images' else 1}-ubyte.gz",
-        f"{name}-{kind}-idx{3 if kind == 'images' else 1}-ubyte")
-        if os.path.exists(os.path.join(data_dir, f)))
-    x = torch.from_numpy(read_idx(find("images")).copy()).float().div_(255).sub_(0.2860).div_(0.3530)
-    y = torch.from_numpy(read_idx(find("labels")).copy()).long()
-    if limit:
-        x, y = x[:limit], y[:limit]
-    return torch.utils.data.TensorDataset(x.unsqueeze(1), y)
 
 
 class ViT(nn.Module):
@@ -88,7 +64,7 @@ def main():
     p.add_argument("--epochs", type=int, default=5, help="0: until stopped")
     p.add_argument("--batch", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--data", default=DEFAULT_DIR)
     p.add_argument("--limit-train", type=int, default=0)
     p.add_argument("--limit-val", type=int, default=2000)
     p.add_argument("--no-bar", action="store_true")

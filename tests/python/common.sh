@@ -3,6 +3,8 @@
 # folder removed at exit) and LOG ($TMP/gpurun.log); defines
 #   fail MSG             prints "$TEST: FAIL: MSG" and the last 40 lines of $LOG, exits 1
 #   wait_event PATTERN   waits (90 s at most) for a line of $TMP/events.jsonl matching it
+#   wait_line PATTERN    waits (180 s at most) for a line of $LOG matching the extended regex
+#                        while gpurun ($pid) runs
 set -euo pipefail
 GPURUN=$1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,4 +29,12 @@ wait_event() {
     sleep 0.1
   done
   fail "no event matching $1 in 90 s"
+}
+wait_line() {
+  for _ in $(seq 1 1800); do
+    grep -Eq "$1" "$LOG" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before '$1'"
+    sleep 0.1
+  done
+  fail "no line '$1' in 180 s"
 }

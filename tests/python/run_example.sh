@@ -9,14 +9,6 @@
 MODE=${2:-release}
 TEST=python_example_vit$([[ $MODE == hold ]] && echo _hold)
 source "$(dirname "$0")/common.sh"
-wait_line() {
-  for _ in $(seq 1 1800); do
-    grep -q "$1" "$LOG" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before '$1'"
-    sleep 0.1
-  done
-  fail "no line '$1' in 180 s"
-}
 conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "$MODE" > "$TMP/config.toml.new"
          mv "$TMP/config.toml.new" "$TMP/config.toml"; }
 conf "[0, 1]"
