@@ -5,7 +5,7 @@
 # loop, tqdm on rank 0, validation on rank 0 every epoch) on 2 CPU slots under gpurun --config,
 # config.toml edited while it trains: [0, 1] -> [0] -> [0, 1] -> [1]. Asserts: only the import
 # differs from its torchrun form; the worlds follow the edits; after [1] the survivor (slot 1)
-# reads RANK=0 WORLD_SIZE=1 from os.environ and its console lines say rank 0; the tqdm bar shows
+# reads RANK=0 WORLD_SIZE=1 from os.environ and its console prefix is [rank0 gpu1]; the tqdm bar shows
 # % and an ETA; one validation line per epoch, each by the rank 0 of its generation; exit 0.
 # Usage: run_gpud_example.sh GPURUN
 TEST=python_example_gpud
@@ -55,10 +55,9 @@ grep -q "\"gpu\": 1.*\"pid\": $spid\|\"pid\": $spid.*\"gpu\": 1" "$TMP/events.js
   fail "the last epoch's process (pid $spid) is not slot 1's"
 grep -E "epoch $((EPOCHS - 1)) RANK=0 WORLD_SIZE=1 pid $spid: " "$TMP/lines" ||
   fail "slot 1 (pid $spid) does not read RANK=0 WORLD_SIZE=1 from os.environ after [1]"
-# The console prefix of the survivor's lines says rank 0. PREFIX CHECK: enable the second
-# pattern once the supervisor prints "[rank0 gpu1]: " for rank 0 on slot 1 (issue 43 item 3).
-grep -E "^\[rank0( gpu1)?\]: epoch $((EPOCHS - 1)) RANK=0 WORLD_SIZE=1 pid $spid: " "$TMP/lines" ||
-  fail "the survivor's console prefix does not say rank 0"
+# The console prefix of the survivor's lines says rank 0, on slot 1 (issue 43 item 3).
+grep -E "^\[rank0 gpu1\]: epoch $((EPOCHS - 1)) RANK=0 WORLD_SIZE=1 pid $spid: " "$TMP/lines" ||
+  fail "the survivor's console prefix does not say [rank0 gpu1]"
 # tqdm's bar (rank 0, len() of the elastic loader): a percentage and an ETA
 grep -Eq '[0-9]+%\|[^|]*\| *[0-9]+/[0-9]+ \[[0-9:]+<[0-9:]+' "$TMP/lines" ||
   fail "no tqdm bar with % and ETA"

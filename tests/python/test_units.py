@@ -599,3 +599,224 @@ except ValueError as e:
 finally:
     del os.environ["GPURUN_RESERVE_AHEAD"]
 print("python_units: a resume reserves the writer's device memory on the training stream")
+
+# ---- issue 43's Python API, without gpurun ------------------------------------------------
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import tempfile  # noqa: E402
+
+import torch.distributed as dist  # noqa: E402
+from gpurun._iterations import Micro, split  # noqa: E402
+
+# micro_steps(): 40 micro-steps over 3 ranks: contiguous shares 14, 13, 13 covering 0..39 once,
+# weight world/grad_accum, DDP's sync only in the last micro-step's backward (restored after).
+assert [split(40, 3, r) for r in range(3)] == [(0, 14), (14, 13), (27, 13)]
+assert split(8, 8, 7) == (7, 1) and split(5, 1, 0) == (0, 5)
+try:
+    split(2, 3, 0)
+    raise AssertionError("2 micro-steps split over 3 ranks")
+except ValueError as e:
+    assert "grad_accum = 2 micro-steps cannot be split over 3 ranks" in str(e), e
+
+
+class _SyncFlag:  # stands in for the generation's DDP wrapper
+    require_backward_grad_sync = True
+
+
+rt = gpurun.Runtime()
+rt.grad_accum, rt._micro_seed, rt._steps_done = 40, 5, 17
+indices = []
+for r in range(3):
+    rt.rank, rt.world_size, rt._ddp = r, 3, _SyncFlag()
+    assert rt.accum_steps == (14, 13, 13)[r]
+    got = []
+    for m in rt.micro_steps():
+        got.append((m.index, m.local, m.last, m.weight, rt._ddp.require_backward_grad_sync))
+    n = len(got)
+    assert n == rt.accum_steps, (r, n)
+    assert [g[1] for g in got] == list(range(n)) and [g[2] for g in got] == [False] * (n - 1) + [True]
+    assert [g[4] for g in got] == [False] * (n - 1) + [True], got  # sync on the last only
+    assert all(g[3] == 3 / 40 for g in got), got
+    assert rt._ddp.require_backward_grad_sync is True  # restored after the loop
+    indices += [g[0] for g in got]
+assert indices == list(range(40)), indices
+rt.rank, rt.world_size, rt._ddp, rt.grad_accum = 0, 1, None, None
+assert rt.accum_steps == 1 and [m.weight for m in rt.micro_steps()] == [1.0]
+print("python_units: micro_steps() deals 40 over 3 ranks as 14, 13, 13; weights 3/40; last syncs")
+
+# Micro.generator: a function of (seed, iteration, index) only, not of the rank's place.
+draw = lambda m: torch.randint(1 << 30, (8,), generator=m.generator).tolist()  # noqa: E731
+a = draw(Micro(3, 0, False, 0.25, seed=5, it=17))
+assert a == draw(Micro(3, 2, True, 1.0, seed=5, it=17))  # other local index, last, weight
+for other in (Micro(4, 0, False, 0.25, 5, 17), Micro(3, 0, False, 0.25, 6, 17),
+              Micro(3, 0, False, 0.25, 5, 18)):
+    assert draw(other) != a, other
+rt.grad_accum, rt._micro_seed, rt._steps_done = 40, 5, 17
+by_index = {}
+for world in (1, 3, 8):  # micro-step 3's batch is the same at every world size
+    for r in range(world):
+        rt.rank, rt.world_size = r, world
+        for m in rt.micro_steps():
+            by_index.setdefault(m.index, set()).add(tuple(draw(m)))
+assert all(len(v) == 1 for v in by_index.values()) and by_index[3] == {tuple(a)}
+assert len({next(iter(v)) for v in by_index.values()}) == 40  # the 40 streams differ
+rt.rank, rt.world_size, rt.grad_accum, rt._steps_done = 0, 1, None, 0
+print("python_units: Micro.generator depends on (seed, it, index) only")
+
+# ElasticModel (rt.model): calls and attributes go to the generation's DDP wrapper when there is
+# one, else to the module; .module is always the plain module; one object across generations.
+assert dist.is_available() and not dist.is_initialized()
+rt = gpurun.Runtime()
+assert rt.model is None
+net = torch.nn.Linear(3, 2)
+rt.track(model=net)
+m = rt.model
+assert isinstance(m, gpurun.ElasticModel) and m is rt.model and m.module is net
+x = torch.ones(4, 3)
+assert torch.equal(m(x), net(x)) and m.weight is net.weight
+m.eval()
+assert not net.training
+m.train()
+assert net.training
+m.custom_flag = 7  # set through the view: lands on the module
+assert net.custom_flag == 7
+with m.no_sync():  # no wrapper: a no-op context
+    pass
+store_dir = tempfile.mkdtemp()
+dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=0, world_size=1)
+try:
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    rt._ddp = ddp  # a new generation's wrapper
+    assert m._current() is ddp and m.module is net
+    assert torch.equal(m(x), ddp(x))
+    m.require_backward_grad_sync = False  # DDP's own attribute, set through the view
+    assert ddp.require_backward_grad_sync is False and "require_backward_grad_sync" not in vars(net)
+    ddp.require_backward_grad_sync = True
+    with m.no_sync():
+        assert ddp.require_backward_grad_sync is False  # DDP's no_sync() ran
+    assert "DistributedDataParallel" in repr(m)
+    print("python_units: rt.model forwards calls and attributes; .module is the plain module")
+
+    # init_process_group() before Runtime() under gpurun --config: an error that says what to do.
+    os.environ["GPURUN_ELASTIC"] = "1"
+    try:
+        gpurun.Runtime()
+        raise AssertionError("Runtime() accepted an initialized torch.distributed")
+    except RuntimeError as e:
+        assert "already initialized" in str(e) and "remove the init_process_group() call" in str(e), e
+    finally:
+        del os.environ["GPURUN_ELASTIC"]
+    gpurun.Runtime()  # without GPURUN_ELASTIC: a static run may make its own group
+    print("python_units: init_process_group() before Runtime() under --config says what to do")
+finally:
+    rt._ddp = None
+    dist.destroy_process_group()
+
+# A tracked dict: its contents are the state (state_dict / load_state_dict), replaced in place;
+# small, so it travels whole through the store at a resize.
+rt = gpurun.Runtime()
+stats = {"best_val_loss": 1e9, "history": [3.0, 2.5]}
+rt.track(stats=stats)
+saved = rt._state()
+assert saved["other.stats"] == {"best_val_loss": 1e9, "history": [3.0, 2.5]}
+from gpurun._tracked import _is_small  # noqa: E402
+assert _is_small(saved["other.stats"]) and not _is_small({"w": torch.zeros(20000)})
+stats["best_val_loss"] = 1.5
+stats["seen"] = 1
+rt._load(saved)
+assert stats == {"best_val_loss": 1e9, "history": [3.0, 2.5]}, stats  # the same dict object
+import pickle  # noqa: E402
+rt._others["stats"].load_state_dict(pickle.loads(pickle.dumps({"best_val_loss": 0.25})))
+assert stats == {"best_val_loss": 0.25}
+try:
+    rt.track(bad=3)
+    raise AssertionError("track() took an int")
+except TypeError as e:
+    assert "bad=int" in str(e), e
+print("python_units: a tracked dict round-trips through state_dict / load_state_dict in place")
+
+# len() of the elastic loader: the steps left in the epoch at the current world size, what the
+# loop then yields (tqdm's % and ETA).
+rt = gpurun.Runtime()
+data = torch.utils.data.TensorDataset(torch.arange(100.0))
+loader = rt.loader(data, batch_size=8)
+for epoch in rt.epochs(1):
+    assert len(loader) == 13  # 12 steps of 8, then 4
+    steps = 0
+    for (xb,) in loader:
+        steps += 1
+        if steps == 5:  # inside the 5th step: it and 8 more are left
+            assert len(loader) == 9, len(loader)
+    assert steps == 13 and len(loader) == 0
+rt._sampler.set_epoch(1)
+rt.world_size = 3  # 24 samples a step over 3 ranks
+assert len(loader) == 5  # 4 x 24 = 96, then 4 (>= 3 ranks: a step)
+rt._sampler.advance(2)   # 98 left: 4 steps of 24, a tail of 2 < 3 ranks is skipped
+assert len(loader) == 4
+rt.world_size = 1
+print("python_units: len() of the loader is the epoch's steps left")
+
+# epochs(None): until the job stops (a static run: forever).
+rt = gpurun.Runtime()
+seen = []
+for epoch in rt.epochs(None):
+    seen.append(epoch)
+    if epoch == 6:
+        break
+assert seen == list(range(7)) and rt.max_epochs == sys.maxsize and rt.stop_reason is None
+for bad in (-1, 2.0, True):
+    try:
+        next(gpurun.Runtime().epochs(bad))
+        raise AssertionError(f"epochs({bad!r}) was taken")
+    except ValueError:
+        pass
+print("python_units: epochs(None) runs until stopped")
+
+# elastic_scheduler without gpurun --config: static, one line saying so (rank 0, once); the
+# function gets the model view, an elastic loader (the DataLoader's batch size, half the cores
+# as workers), the device and the epoch, and its value is returned.
+for k in ("GPURUN_SLOT", "TORCHELASTIC_RUN_ID", "GPURUN_CONFIG", "RANK", "WORLD_SIZE"):
+    os.environ.pop(k, None)
+got = []
+
+
+@gpurun.elastic_scheduler(config_path="config.toml")
+def train_one_epoch(model, dataset, optimizer, criterion, epoch, device, extra=None):
+    got.append((model, dataset, epoch, device, extra))
+    return epoch * 10
+
+
+net = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+dl = torch.utils.data.DataLoader(data, batch_size=20, shuffle=True)
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    results = [train_one_epoch(net, dl, opt, torch.nn.MSELoss(), e, "cuda:7", extra="x")
+               for e in range(3)]
+notice = err.getvalue().splitlines()
+assert len(notice) == 1, notice
+assert notice[0].startswith("gpurun: train_one_epoch() runs static, not elastic (no launcher "
+                            "started it): config.toml is not watched; run `gpurun --nproc N "
+                            "--config config.toml python3 "), notice
+assert results == [0, 10, 20], results
+rt = train_one_epoch.runtime
+assert isinstance(rt, gpurun.Runtime) and not rt.elastic
+for model, loader, epoch, device, extra in got:
+    assert model is rt.model and model.module is net and device == rt.device and extra == "x"
+    assert len(loader) == 5 and loader.batch_size == 20  # the DataLoader's batch size
+    assert loader.kwargs["num_workers"] == max(1, (os.cpu_count() or 2) // 2), loader.kwargs
+assert [g[2] for g in got] == [0, 1, 2]
+print("python_units: elastic_scheduler runs static with one line; arguments replaced")
+os.environ["RANK"] = "1"  # another rank (a static multi-process run) prints nothing
+try:
+    @gpurun.elastic_scheduler(config_path="config.toml")
+    def train_rank1(model, dataset, optimizer, epoch, device):
+        return "ok"
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert train_rank1(net, dl, opt, 0, None) == "ok"
+    assert err.getvalue() == "", err.getvalue()
+finally:
+    del os.environ["RANK"]
+print("python_units: ... and only rank 0 says so")
