@@ -28,6 +28,7 @@ changed=$(sed 's/^from gpurun import elastic_scheduler$/from gpud import elastic
 [[ $changed == 2 ]] || fail "the torchrun form differs in $((changed / 2)) lines, not 1"
 
 conf "[0, 1]"
+cd "$TMP"  # where config.toml is: the decorator's config_path is gpurun's --config
 PYTHONPATH=$HERE/../../worker_runtime/python \
   "$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" \
   --event-log "$TMP/events.jsonl" "$PY" "$EX" --epochs $EPOCHS --limit 3000 --limit-val 1000 \
@@ -41,6 +42,7 @@ wait_event '"active": \[0,1\],'
 wait_count "WORLD_SIZE=2: validation" "$(grep -c "WORLD_SIZE=2: validation" "$LOG")"; conf "[1]"
 wait_event '"active": \[1\],'
 wait "$pid" || fail "gpurun exited $?"
+grep "config_path" "$LOG" && fail "config_path config.toml in $TMP was not taken as gpurun's --config"
 
 # The survivor's lines after [1]: slot 1's (its generation-1 rank 0 prints them).
 tr '\r' '\n' < "$LOG" > "$TMP/lines"
