@@ -820,3 +820,71 @@ try:
 finally:
     del os.environ["RANK"]
 print("python_units: ... and only rank 0 says so")
+
+# rt.model after a resize to a DDP wrapper: state_dict() keys are the module's (no "module."
+# prefix, so a checkpoint loads at any world size); the program's own methods, which DDP does not
+# forward, are the module's.
+class WithMethod(torch.nn.Linear):
+    def describe(self):
+        return f"linear {self.in_features}->{self.out_features}"
+
+
+rt = gpurun.Runtime()
+net = WithMethod(3, 2)
+rt.track(model=net)
+store_dir = tempfile.mkdtemp()
+dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=0, world_size=1)
+try:
+    rt._ddp = torch.nn.parallel.DistributedDataParallel(net)
+    assert list(rt.model.state_dict()) == ["weight", "bias"], list(rt.model.state_dict())
+    rt.model.load_state_dict({"weight": torch.zeros(2, 3), "bias": torch.ones(2)})
+    assert float(net.bias.sum()) == 2.0
+    assert rt.model.describe() == "linear 3->2"  # DDP has no describe(): the module's
+    try:
+        rt.model.no_such_attribute
+        raise AssertionError("a missing attribute did not raise")
+    except AttributeError:
+        pass
+finally:
+    rt._ddp = None
+    dist.destroy_process_group()
+print("python_units: rt.model's state_dict() has the module's keys; the module's own methods")
+
+# iterations(start=N): a job that starts afresh begins at N (a run resumed from the program's
+# own checkpoint), and the counter ends at max_iters.
+rt = gpurun.Runtime()
+rt.track(model=torch.nn.Linear(2, 1))
+assert list(rt.iterations(8, every=3, start=5)) == [5, 6, 7]
+try:
+    list(gpurun.Runtime().iterations(8, start=-1))
+    raise AssertionError("start=-1 accepted")
+except ValueError as e:
+    assert "start" in str(e)
+print("python_units: iterations(start=5) yields 5, 6, 7")
+
+# track_globals(): module variables by name are part of the state; loading assigns them anew.
+best_val_loss = 1e9
+rt = gpurun.Runtime()
+rt.track_globals("best_val_loss")
+best_val_loss = 2.5
+saved = rt._state()
+assert saved["other.globals.__main__"] == {"best_val_loss": 2.5}, saved
+saved["other.globals.__main__"]["best_val_loss"] = 0.75  # rank 0's, as a resize brings it
+rt._load(saved)
+assert best_val_loss == 0.75, best_val_loss
+try:
+    rt.track_globals("not_defined_here")
+    raise AssertionError("an undefined name was accepted")
+except NameError as e:
+    assert "not_defined_here" in str(e)
+print("python_units: track_globals() carries module variables by name")
+
+# Rank before the first generation: a static run's is the environment's (a program's
+# `if rt.rank == 0:` before its loop picks one process).
+os.environ.update(RANK="1", WORLD_SIZE="2")
+try:
+    rt = gpurun.Runtime()
+    assert (rt.rank, rt.world_size) == (1, 2), (rt.rank, rt.world_size)
+finally:
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]
+print("python_units: rank and world before the loop are the environment's")

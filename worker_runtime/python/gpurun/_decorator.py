@@ -276,7 +276,8 @@ def _say_how_it_runs(rt, name, config_path):
                   f"{config_path} python3 {os.path.basename(sys.argv[0] or 'train.py')}` to "
                   "resize it while it trains", file=sys.stderr, flush=True)
         return
-    if watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0:
+    if (watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0
+            and not rt.joining):
         print(f"gpurun: {name}(): config_path '{config_path}' is not gpurun's --config "
               f"'{watched}'; gpurun watches '{watched}' (edit that one, or start gpurun with "
               f"--config {config_path})", file=sys.stderr, flush=True)

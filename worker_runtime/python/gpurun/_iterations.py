@@ -63,7 +63,7 @@ def split(total, world, rank):
 class _Iterations:
     """Runtime's step-loop form; mixed into Runtime (uses its boundary machinery)."""
 
-    def iterations(self, max_iters, every=25, grad_accum=None, seed=0):
+    def iterations(self, max_iters, every=25, grad_accum=None, seed=0, start=0):
         """Yields the global iteration number ``it`` (int) from the job's current one up to
         ``max_iters`` − 1: the counter is part of the elastic state, so a rank that joins
         mid-job (a grow, a resume after a pause, a standby) starts at the same ``it`` as the
@@ -74,12 +74,16 @@ class _Iterations:
         config.toml when that is set), never after the last. ``grad_accum`` (int ≥ 1 or None):
         the iteration's micro-steps over *all* ranks; ``micro_steps()`` deals this rank's share
         and ``accum_steps`` counts it (None: one micro-step per rank). ``seed`` (int): the seed
-        of the micro-steps' generators (``Micro.generator``). A release-mode leaver exits the
+        of the micro-steps' generators (``Micro.generator``). ``start`` (int): the iteration a
+        job that starts afresh begins at (a run resumed from the program's own checkpoint:
+        ``start=iter_num``); rank 0's is every rank's, and a mid-job joiner takes the job's
+        instead. A release-mode leaver exits the
         process (status 0) inside the loop; when the job stops (``stop_reason``) the loop ends.
         Under gpurun --config, a joining process's random streams are its slot's from
         ``track(model=...)`` on (docs/python.md#the-step-iterator). Raises ValueError for a
         bad argument, RuntimeError when the loader form is used on the same Runtime."""
-        for name, v, low in (("max_iters", max_iters, 0), ("every", every, 1)):
+        for name, v, low in (("max_iters", max_iters, 0), ("every", every, 1),
+                             ("start", start, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"Runtime.iterations(): {name} must be an int >= {low}, not {v!r}")
         if grad_accum is not None and (not isinstance(grad_accum, int)
@@ -93,6 +97,8 @@ class _Iterations:
         self._iteration_form = True
         self.grad_accum, self._micro_seed = grad_accum, seed
         self.max_epochs = 1
+        if not self._started:
+            self._steps_done = start  # rank 0's goes to every rank with the start's state
         self._ensure_started()
         while self._steps_done < max_iters and not self._finishing:
             yield self._steps_done

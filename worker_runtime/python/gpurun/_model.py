@@ -14,9 +14,11 @@ class ElasticModel:
     ``model = rt.model`` taken once before the loop stays right (a ``DDP(...)`` object kept by
     the program would keep the old generation's process group).
 
-    ``module`` is always the plain ``torch.nn.Module`` (as ``DDP.module``: use it to save a
-    checkpoint or evaluate without synchronising). ``no_sync()`` is a no-op context without a
-    wrapper. Before the first generation (and in a single-process run) it is the module."""
+    ``module`` is always the plain ``torch.nn.Module`` (as ``DDP.module``: use it to evaluate
+    without synchronising); ``state_dict()`` / ``load_state_dict()`` are the module's (keys
+    without DDP's ``module.`` prefix, in every generation); an attribute DDP lacks (the
+    program's own methods) is the module's. ``no_sync()`` is a no-op context without a wrapper.
+    Before the first generation (and in a single-process run) it is the module."""
 
     __slots__ = ("_rt",)
 
@@ -46,8 +48,26 @@ class ElasticModel:
     def __call__(self, *args, **kwargs):
         return self._current()(*args, **kwargs)
 
+    def state_dict(self, *args, **kwargs):
+        """The plain module's ``state_dict()``: the same keys in every generation (no DDP
+        ``module.`` prefix), so a checkpoint loads whatever the world size."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        """The plain module's ``load_state_dict()``."""
+        return self.module.load_state_dict(*args, **kwargs)
+
     def __getattr__(self, name):
-        return getattr(self._current(), name)
+        current = self._current()
+        try:
+            return getattr(current, name)
+        except AttributeError:
+            # the program's own methods (e.g. a model's configure_optimizers(), generate())
+            # are the module's: DDP does not forward them
+            module = object.__getattribute__(self, "_rt")._module
+            if module is None or module is current:
+                raise
+            return getattr(module, name)
 
     def __setattr__(self, name, value):
         setattr(self._current(), name, value)

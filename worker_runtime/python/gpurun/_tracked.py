@@ -12,6 +12,25 @@ import torch
 class _Tracked:
     """Runtime's per-slot streams and small objects; mixed into Runtime."""
 
+    def track_globals(self, *names):
+        """Tracks variables of the calling module by name, for script-style programs:
+        ``rt.track_globals("best_val_loss")`` after ``best_val_loss = 1e9``. Their values are
+        part of the state (read at each boundary: a joiner gets them) and, being small, are the
+        previous generation's rank 0's on every rank after each resize, so a value only rank 0
+        updates survives a change of rank 0. Loading assigns the module variable anew (a name
+        imported elsewhere with ``from m import x`` keeps its old binding). Raises NameError for
+        a name the module does not define yet. Returns self."""
+        g = sys._getframe(1).f_globals
+        missing = [n for n in names if n not in g]
+        if missing:
+            raise NameError(f"Runtime.track_globals(): {', '.join(missing)} not defined in module "
+                            f"{g.get('__name__', '?')} yet (assign it before tracking it)")
+        key = "globals." + g.get("__name__", "?")
+        if key in self._others:
+            names = tuple(dict.fromkeys(self._others[key].names + names))
+        self._others[key] = _GlobalsState(g, names)
+        return self
+
     # ---- per-slot RNG streams -----------------------------------------------------------
     def _save_rng(self):
         """A leaving rank keeps its slot's RNG streams in gpurun's store (a few KB): torch's
@@ -107,3 +126,18 @@ class _DictState:
     def load_state_dict(self, s):
         self.d.clear()
         self.d.update(s)
+
+
+class _GlobalsState:
+    """Variables of one module's namespace, tracked by name (Runtime.track_globals)."""
+
+    def __init__(self, namespace, names):
+        self.namespace, self.names = namespace, tuple(names)
+
+    def state_dict(self):
+        return {n: self.namespace[n] for n in self.names}
+
+    def load_state_dict(self, s):
+        for n in self.names:
+            if n in s:
+                self.namespace[n] = s[n]

@@ -150,6 +150,18 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         # random initialisation (skip_init()). Same rule as the C++ runtime's joining().
         self.joining = (self._session.info()["joining"] if self.elastic
                         else _env_int("WORLD_SIZE", 1) > 1 and _env_int("RANK", 0) != 0)
+        # Before the first generation is set up, rank and world are the start record's (a
+        # worker of a start or a joiner of a known generation), else the environment's: a
+        # program's `if rt.rank == 0:` before its loop picks one rank (a warm joiner or a
+        # standby learns its rank at its admission).
+        info = self._session.info() if self.elastic else None
+        if info is not None and info["rank"] >= 0:
+            self.rank, self.world_size = info["rank"], info["world_size"]
+        elif not self.elastic:
+            self.rank, self.world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+        elif self._standby or info["warm"]:
+            # not a member yet (told at its admission): no rank, the spawn's world size
+            self.rank, self.world_size = -1, _env_int("WORLD_SIZE", 1)
         if self.elastic and self._session.info()["warm"] and not standby and self._snap.files:
             self._start_premap()
 
