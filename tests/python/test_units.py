@@ -888,3 +888,21 @@ try:
 finally:
     del os.environ["RANK"], os.environ["WORLD_SIZE"]
 print("python_units: rank and world before the loop are the environment's")
+
+# Runtime.stop(): the loop ends at the next boundary (the epoch's end; the next multiple of
+# `every`), not at once; stop_reason says the program asked.
+rt = gpurun.Runtime()
+seen = []
+for epoch in rt.epochs(None):
+    seen.append(epoch)
+    if epoch == 2:
+        rt.stop()
+assert seen == [0, 1, 2] and rt.stop_reason == "stopped", (seen, rt.stop_reason)
+rt = gpurun.Runtime()
+its = []
+for it in rt.iterations(100, every=5):
+    its.append(it)
+    if it == 7:
+        rt.stop()
+assert its == list(range(10)), its
+print("python_units: stop() ends the loop at the next boundary")

@@ -113,6 +113,8 @@ class _Iterations:
             config_every = self.every_steps if self.elastic else 0
             if done < max_iters and (done % every == 0
                                      or (config_every > 0 and done % config_every == 0)):
+                if self._stop_asked and self._stop_here():
+                    return
                 if not self._boundary(self.epoch, done):
                     return
                 self._jumped = False  # the loop goes on from the position the boundary left

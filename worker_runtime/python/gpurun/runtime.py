@@ -99,6 +99,7 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         self._module, self._optimizer, self._others = None, None, {}
         self._model_view = ElasticModel(self)
         self.stop_reason = None
+        self._stop_asked = False  # stop(): this rank's loop ends at its next boundary
         self._small_pending = False  # a new generation's set-up: adopt rank 0's small objects
         self.grad_accum, self._micro_seed, self._iteration_form = None, 0, False
         self._sampler = None
@@ -368,12 +369,32 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
                 continue
             finished = self.epoch
             self.epoch += 1
+            if self._stop_asked and self._stop_here():
+                return
             if self._sampler:
                 self._sampler.set_epoch(self.epoch)
             self._steps_done = 0
             if self.epoch < n and not self._boundary(finished, 0):
                 return
             self._jumped = False  # the loop goes on from the position this boundary left
+
+    def stop(self):
+        """Ends this rank's loop at its next boundary — the end of the epoch in ``epochs()``
+        (so in ``gpurun.elastic``), the next multiple of ``every`` in ``iterations()``, the next
+        call in the gpud form — without reporting there (``stop_reason`` = "stopped"). When
+        this process then ends, gpurun finishes the job: the other ranks' loops end at their
+        next boundary (their ``stop_reason``: "finished"). Call it on one rank (a target
+        metric reached on rank 0) or on all. Does not block."""
+        self._stop_asked = True
+
+    def _stop_here(self):
+        """At a boundary after stop(): the loop ends here, this rank reports nothing."""
+        self._finishing = True
+        self.stop_reason = "stopped"
+        print(f"gpurun (python, slot {self.slot}): the program asked to stop (Runtime.stop()): "
+              "its loop ends at this boundary; the other ranks end at their next one",
+              file=sys.stderr, flush=True)
+        return True
 
     def _ensure_started(self):
         if self._started:
