@@ -38,23 +38,9 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
             loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
                       if dataset else None)
             for epoch in rt.epochs(epochs):
-                while True:
-                    try:
-                        fn(loader, epoch, rt) if takes_rt else fn(loader, epoch)
-                        break
-                    except SystemExit as e:
-                        # sys.exit(N != 0) in the program fails the job, as under torchrun
-                        # (the excepthook passes SystemExit by).
-                        if e.code not in (None, 0) and rt.elastic and not drop_on_error:
-                            rt._session.on({"event": "program_error",
-                                            "text": f"SystemExit: sys.exit({e.code!r}) in "
-                                                    f"{fn.__name__}"})
-                        raise
-                    except RuntimeError as e:
-                        if not is_comm_failure(e) or not rt.elastic:
-                            raise
-                        if not rt._recover(e):
-                            return rt
+                call = (lambda: fn(loader, epoch, rt)) if takes_rt else (lambda: fn(loader, epoch))
+                if _call_elastic(rt, fn, call, drop_on_error) is _JOB_ENDED:
+                    return rt
             return rt
 
         run.__wrapped__ = fn
@@ -62,6 +48,31 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
         return run
 
     return wrap
+
+
+_JOB_ENDED = object()  # _call_elastic: the job is finishing
+
+
+def _call_elastic(rt, fn, call, drop_on_error):
+    """Runs ``call()`` (one epoch of the decorated ``fn``) to its end and returns its value. A
+    collective that fails because a peer died (``is_comm_failure``) is followed at once: the
+    rank reports at its position, gpurun goes on without the dead rank, and ``call()`` runs
+    again (the loader goes on from the step that failed, over the survivors); _JOB_ENDED when
+    gpurun ends the job instead. ``sys.exit(N != 0)`` inside fails the job, as under torchrun
+    (the excepthook passes SystemExit by), unless ``drop_on_error``."""
+    while True:
+        try:
+            return call()
+        except SystemExit as e:
+            if e.code not in (None, 0) and rt.elastic and not drop_on_error:
+                rt._session.on({"event": "program_error",
+                                "text": f"SystemExit: sys.exit({e.code!r}) in {fn.__name__}"})
+            raise
+        except RuntimeError as e:
+            if not is_comm_failure(e) or not rt.elastic:
+                raise
+            if not rt._recover(e):
+                return _JOB_ENDED
 
 
 # Parameter names the gpud form recognises (gpud's own, and the usual spellings).
@@ -241,23 +252,11 @@ class _SchedulerForm:
             name = self.names.get(role)
             if name is not None and (role != "data" or value is not None):
                 bound.arguments[name] = value
-        while True:
-            try:
-                return self.fn(*bound.args, **bound.kwargs)
-            except SystemExit as e:
-                if e.code not in (None, 0) and rt.elastic and not self.drop_on_error:
-                    rt._session.on({"event": "program_error",
-                                    "text": f"SystemExit: sys.exit({e.code!r}) in "
-                                            f"{self.fn.__name__}"})
-                raise
-            except RuntimeError as e:
-                if not is_comm_failure(e) or not rt.elastic:
-                    raise
-                # A peer died in a collective: gpurun goes on without it; the loader goes on
-                # from the step that failed, over the survivors.
-                if not rt._recover(e):
-                    raise SystemExit(0) from None
-                bound.arguments[self.names["model"]] = rt.model if "model" in self.names else None
+        result = _call_elastic(rt, self.fn, lambda: self.fn(*bound.args, **bound.kwargs),
+                               self.drop_on_error)
+        if result is _JOB_ENDED:
+            raise SystemExit(0)
+        return result
 
 
 def _say_how_it_runs(rt, name, config_path):
