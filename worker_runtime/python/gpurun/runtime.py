@@ -10,6 +10,7 @@ Without gpurun's elastic environment (plain ``python3 train.py``, torchrun, or g
 ``--config``) it is a static data-parallel run: ``init_process_group("env://")`` when
 WORLD_SIZE > 1, else a single process.
 """
+import atexit
 import datetime
 import gc
 import os
@@ -411,6 +412,7 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
             world = dist.get_world_size()
             self.rank, self.world_size = dist.get_rank(), world
         elif world > 1:
+            _destroy_group_at_exit()
             dist.init_process_group(self.backend, timeout=self.comm_timeout)
         if world > 1:
             self.rank, self.world_size = dist.get_rank(), world
@@ -661,6 +663,7 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         gloo = self.backend == "gloo"
         if gloo:
             self._links.before()
+        _destroy_group_at_exit()
         try:
             dist.init_process_group(self.backend,
                                     store=dist.PrefixStore(prefix + "/pg", self._pg_store),
@@ -755,6 +758,30 @@ def _set_generation_env(train_action):
 # go straight from _arrive() into init_process_group, so only a peer that died in between
 # waits this long.
 _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=30)
+
+
+_exit_destroy_registered = False
+
+
+def _destroy_group_at_exit():
+    """Once per process, before the runtime makes a process group: the group the program ends
+    with is destroyed at its normal exit (atexit), as a torchrun program's
+    ``destroy_process_group()`` would be (torch >= 2.4 warns of leaked resources otherwise). A
+    group the program made itself is the program's."""
+    global _exit_destroy_registered
+    if _exit_destroy_registered:
+        return
+    _exit_destroy_registered = True
+
+    def destroy():
+        try:
+            if dist.is_initialized():
+                with NcclWake():
+                    dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the process is ending; a broken group stays broken
+            pass
+
+    atexit.register(destroy)
 
 
 def _report_program_errors(session):
