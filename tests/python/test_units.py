@@ -906,3 +906,23 @@ for it in rt.iterations(100, every=5):
         rt.stop()
 assert its == list(range(10)), its
 print("python_units: stop() ends the loop at the next boundary")
+
+# gpurun.elastic without gpurun --config: one line saying it runs static, under gpurun alone too.
+os.environ["GPURUN_SLOT"] = "0"
+try:
+    err = io.StringIO()
+    net = torch.nn.Linear(1, 1)
+
+    @gpurun.elastic(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    def one_epoch(loader, epoch):
+        pass
+
+    with contextlib.redirect_stderr(err):
+        one_epoch(epochs=2)
+    notice = err.getvalue().splitlines()
+    assert notice == ["gpurun: one_epoch() runs static, not elastic (gpurun was started without "
+                      "--config): run `gpurun --nproc N --config config.toml python3 "
+                      f"{os.path.basename(sys.argv[0])}` to resize it while it trains"], notice
+finally:
+    del os.environ["GPURUN_SLOT"]
+print("python_units: gpurun.elastic says in one line that it runs static")

@@ -34,6 +34,7 @@ def elastic(model=None, optimizer=None, scheduler=None, dataset=None, batch_size
 
         def run(epochs=None):
             rt = Runtime(drop_on_error=drop_on_error)
+            _say_how_it_runs(rt, fn.__name__, None)
             rt.track(model=model, optimizer=optimizer, scheduler=scheduler, **others)
             loader = (rt.loader(dataset, batch_size=batch_size, seed=seed, **(loader_kwargs or {}))
                       if dataset else None)
@@ -260,7 +261,9 @@ class _SchedulerForm:
 
 
 def _say_how_it_runs(rt, name, config_path):
-    """One line on rank 0 (slot 0) about what the decorated program's config_path does."""
+    """One line on rank 0 (slot 0) when a decorated program runs static (why, and the command
+    that makes it elastic), or when its ``config_path`` (None: gpurun.elastic has none) is not
+    the file gpurun watches."""
     watched = os.environ.get("GPURUN_CONFIG", "")
     if not rt.elastic:
         if rt.slot == 0 and int(os.environ.get("RANK", "0") or 0) == 0:
@@ -270,12 +273,13 @@ def _say_how_it_runs(rt, name, config_path):
                 why = "torchrun starts it"
             else:
                 why = "no launcher started it"
-            print(f"gpurun: {name}() runs static, not elastic ({why}): {config_path} is not "
-                  "watched; run `gpurun --nproc N --config "
-                  f"{config_path} python3 {os.path.basename(sys.argv[0] or 'train.py')}` to "
-                  "resize it while it trains", file=sys.stderr, flush=True)
+            unwatched = f"{config_path} is not watched; " if config_path else ""
+            print(f"gpurun: {name}() runs static, not elastic ({why}): {unwatched}run `gpurun "
+                  f"--nproc N --config {config_path or 'config.toml'} python3 "
+                  f"{os.path.basename(sys.argv[0] or 'train.py')}` to resize it while it trains",
+                  file=sys.stderr, flush=True)
         return
-    if (watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0
+    if (config_path and watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0
             and not rt.joining):
         print(f"gpurun: {name}(): config_path '{config_path}' is not gpurun's --config "
               f"'{watched}'; gpurun watches '{watched}' (edit that one, or start gpurun with "
