@@ -209,7 +209,12 @@ void remove_snapshot(const std::string& run_dir) {
 EnvMap elastic_worker_env(const control::Decision& d, const ElasticSpawn& spawn) {
   EnvMap env;
   if (spawn.warm < 0) {
-    for (auto& [name, value] : control::generation_env(d, spawn.slot)) env[name] = value;
+    // LOCAL_RANK is left as build_worker_env made it, the slot's device index: a program picks
+    // its GPU from it at its start (`cuda:LOCAL_RANK`, as under torchrun), and a generation
+    // whose active set is not 0..k-1 would otherwise point it at another slot's GPU. From its
+    // first generation on, the runtime sets the generation's value (docs/cli.md).
+    for (auto& [name, value] : control::generation_env(d, spawn.slot))
+      if (name != "LOCAL_RANK") env[name] = value;
     env[env::kJoinGeneration] = std::to_string(spawn.generation);
   } else {
     // Its generation is known only at its admission (the runtime then sets the real values).

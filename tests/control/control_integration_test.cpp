@@ -492,9 +492,10 @@ TEST_CASE("--device cuda: active_gpus at start decides the initial set, beyond -
   REQUIRE(envs[3].size() == 1);
   CHECK(envs[3][0]["GPURUN_GPU_ID"] == "7");
   CHECK(envs[3][0]["RANK"] == "1");
-  // Issue 43: the generation's values, not the slot's (the device stays GPURUN_SLOT's), and
-  // the config gpurun watches.
-  CHECK(envs[3][0]["LOCAL_RANK"] == "1");
+  // Issue 43: the generation's values, not the slot's, but LOCAL_RANK at the start is the
+  // slot's device index (cuda:LOCAL_RANK is this slot's GPU; the runtime sets the
+  // generation's local rank from its first generation on), and the config gpurun watches.
+  CHECK(envs[3][0]["LOCAL_RANK"] == "3");
   CHECK(envs[3][0]["WORLD_SIZE"] == "2");
   CHECK(envs[3][0]["LOCAL_WORLD_SIZE"] == "2");
   CHECK(envs[3][0]["GROUP_RANK"] == "0");
@@ -502,7 +503,7 @@ TEST_CASE("--device cuda: active_gpus at start decides the initial set, beyond -
   CHECK(envs[3][0]["GPURUN_CONFIG"] == fs::absolute(tmp.path / "config.toml").string());
   REQUIRE(envs[1].size() == 1);
   CHECK(envs[1][0]["RANK"] == "0");
-  CHECK(envs[1][0]["LOCAL_RANK"] == "0");
+  CHECK(envs[1][0]["LOCAL_RANK"] == "1");
   CHECK(envs.count(0) == 0);
   CHECK(run.finish() == 0);
 }

@@ -311,7 +311,6 @@ TEST_CASE("env: elastic spawn — a joiner of a known generation gets that gener
   const EnvMap env = elastic_worker_env(d, s);
   const EnvMap want = {{"RANK", "1"},
                        {"WORLD_SIZE", "2"},
-                       {"LOCAL_RANK", "1"},
                        {"LOCAL_WORLD_SIZE", "2"},
                        {"GROUP_RANK", "0"},
                        {"GROUP_WORLD_SIZE", "1"},
@@ -323,14 +322,16 @@ TEST_CASE("env: elastic spawn — a joiner of a known generation gets that gener
                        {"GPURUN_PARK_MODE", "hold"},
                        {"GPURUN_CONFIG", "/jobs/a/config.toml"}};
   CHECK(env == want);
-  // The same values the runtimes set at every generation: one rule.
-  for (const auto& [k, v] : gpurun::control::generation_env(d, 3)) CHECK(env.at(k) == v);
+  // The same values the runtimes set at every generation: one rule; but LOCAL_RANK at the
+  // start is the slot's device index (cuda:LOCAL_RANK must be this slot's GPU).
+  for (const auto& [k, v] : gpurun::control::generation_env(d, 3))
+    if (k != "LOCAL_RANK") CHECK(env.at(k) == v);
   // build_worker_env's slot values are overridden by the overlay (Supervisor::launch).
   JobPlan plan = plan_for({"--nproc", "4", "--device", "cpu"}, {});
   EnvMap full = build_worker_env(plan, 3, 0, {});
   for (const auto& [k, v] : env) full[k] = v;
   CHECK(full.at("RANK") == "1");
-  CHECK(full.at("LOCAL_RANK") == "1");
+  CHECK(full.at("LOCAL_RANK") == "3");   // the device index at the start: slot 3's GPU
   CHECK(full.at("GPURUN_SLOT") == "3");  // the device stays the slot's
 }
 

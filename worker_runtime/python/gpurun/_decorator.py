@@ -174,7 +174,8 @@ class _SchedulerForm:
         self.rt = self.loader = self.epochs = None
         self.names = {}
         self.position = _DecoratorPosition()
-        self.trained_arg = None  # the job's epoch argument this process trained last
+        self.offset = 0  # the job's epoch minus this process's argument (a joiner's lag)
+        self.skip = 0  # calls left to return None at once (every member skips them in step)
         self.last_call_arg = None  # the program's epoch argument of its previous call
 
     def _find(self, arguments):
@@ -226,6 +227,28 @@ class _SchedulerForm:
             self.loader = rt.loader(data, batch_size=size, seed=self.seed, **kw)
         self.epochs = rt.epochs(None)
 
+    def _line_up(self, lag):
+        """How this process's loop lines up with the job's epochs. ``lag``: the job's epoch this
+        call trains minus the program's ``epoch`` argument (a process that joined mid-job is
+        behind by the epochs trained before it came). Every call of every member trains one job
+        epoch, so the program's code after the call runs once per epoch on every member, in
+        step (a barrier there pairs up). Members skip calls only together: the smallest lag
+        over the generation (one all-reduce of an int64) is skipped by every member after this
+        call (its later calls return None at once), so a loop that ends after N epochs ends
+        with the job on every rank once no member is ahead any more (a resume: every process
+        behind; a joiner left alone)."""
+        import torch
+        import torch.distributed as dist
+        rt = self.rt
+        common = lag
+        if rt.elastic and dist.is_initialized() and dist.get_world_size() > 1:
+            dev = rt.device if rt.backend == "nccl" else torch.device("cpu")
+            t = torch.tensor([lag], dtype=torch.int64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            common = int(t.item())
+        common = max(common, 0)
+        self.skip, self.offset = common, lag - common
+
     def __call__(self, args, kwargs):
         bound = self.sig.bind(*args, **kwargs)  # a wrong call fails as the function would
         arguments = bound.arguments
@@ -236,9 +259,14 @@ class _SchedulerForm:
         counting = (isinstance(arg, int) and isinstance(self.last_call_arg, int)
                     and arg > self.last_call_arg)
         self.last_call_arg = arg
-        if counting and isinstance(self.trained_arg, int) and arg <= self.trained_arg:
-            return None  # this process joined later: the job trained this epoch before it came
-        self.position.arg = arg  # what a joiner at this boundary learns (rank 0's counts)
+        if self.skip and counting:
+            self.skip -= 1
+            return None  # the job trained this epoch before this process came (see _line_up)
+        self.skip = 0
+        ints = isinstance(arg, int) and not isinstance(arg, bool)
+        # The job's epoch this call trains, as this process counts it; rank 0's is every
+        # rank's after each resize (a small tracked object), and a joiner's comes with the state.
+        self.position.arg = arg + self.offset if ints else arg
         try:
             next(self.epochs)  # the boundary before this epoch (none before the first)
         except StopIteration:
@@ -247,14 +275,17 @@ class _SchedulerForm:
                   flush=True)
             raise SystemExit(0) from None
         job_arg = self.position.arg  # the job's: this process may have joined or been woken
-        self.trained_arg = job_arg
+        lag = job_arg - arg if ints and isinstance(job_arg, int) else 0
         for role, value in (("model", rt.model), ("data", self.loader), ("device", rt.device),
                             ("epoch", job_arg)):
             name = self.names.get(role)
             if name is not None and (role != "data" or value is not None):
                 bound.arguments[name] = value
-        result = _call_elastic(rt, self.fn, lambda: self.fn(*bound.args, **bound.kwargs),
-                               self.drop_on_error)
+        def one_epoch():
+            self._line_up(lag)  # first: a peer's death here is followed like one in training
+            return self.fn(*bound.args, **bound.kwargs)
+
+        result = _call_elastic(rt, self.fn, one_epoch, self.drop_on_error)
         if result is _JOB_ENDED:
             raise SystemExit(0)
         return result
@@ -275,8 +306,8 @@ def _say_how_it_runs(rt, name, config_path):
                 why = "no launcher started it"
             unwatched = f"{config_path} is not watched; " if config_path else ""
             print(f"gpurun: {name}() runs static, not elastic ({why}): {unwatched}run `gpurun "
-                  f"--nproc N --config {config_path or 'config.toml'} python3 "
-                  f"{os.path.basename(sys.argv[0] or 'train.py')}` to resize it while it trains",
+                  f"--nproc N --config {config_path or 'config.toml'} {sys.executable} "
+                  f"{sys.argv[0] or 'train.py'}` to resize it while it trains",
                   file=sys.stderr, flush=True)
         return
     if (config_path and watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0

@@ -50,11 +50,10 @@ def micro_seed(seed, it, index):
 
 def split(total, world, rank):
     """This rank's share of ``total`` micro-steps: ``(first, count)``, contiguous, the first
-    ``total % world`` ranks one more. Raises ValueError when a rank would get none (every rank
-    must take part in DDP's backward)."""
-    if total < world:
-        raise ValueError(f"grad_accum = {total} micro-steps cannot be split over {world} ranks "
-                         "(every rank needs at least one; raise grad_accum or shrink the job)")
+    ``total % world`` ranks one more; ``count`` is 0 for the ranks beyond ``total`` when the
+    world is larger (micro_steps() gives those one micro-step of weight 0)."""
+    if rank >= total:
+        return total, 0
     base, extra = divmod(total, world)
     first = rank * base + min(rank, extra)
     return first, base + (1 if rank < extra else 0)
@@ -118,6 +117,8 @@ class _Iterations:
                 if not self._boundary(self.epoch, done):
                     return
                 self._jumped = False  # the loop goes on from the position the boundary left
+        if not self._finishing:
+            self.stop_reason = "completed"
 
     @property
     def iteration(self):
@@ -127,22 +128,35 @@ class _Iterations:
     @property
     def accum_steps(self):
         """This rank's micro-steps per iteration in the current generation (int): its share of
-        ``grad_accum`` (``iterations()``), 1 without it."""
+        ``grad_accum`` (``iterations()``), 1 without it, and 1 for a rank beyond grad_accum (a
+        program that divides its loss by it then adds a full micro-batch's gradient: use
+        ``micro_steps()``' weights where the world can exceed grad_accum)."""
         if not self.grad_accum:
             return 1
-        return split(self.grad_accum, self.world_size, self.rank)[1]
+        return max(1, split(self.grad_accum, self.world_size, self.rank)[1])
 
     def micro_steps(self):
         """This rank's micro-steps of the current iteration (``Micro``, see its fields): a
         contiguous share of the iteration's ``grad_accum`` micro-steps (the first
         ``grad_accum % world`` ranks one more). DDP's gradient synchronisation is off for all but
         the last (``require_backward_grad_sync`` of ``rt.model``), so backward each micro-batch's
-        ``loss * micro.weight`` and step the optimizer after the loop. Raises ValueError when
-        ``grad_accum`` is smaller than the world size."""
+        ``loss * micro.weight`` and step the optimizer after the loop. A rank beyond
+        ``grad_accum`` (a world larger than it, e.g. after a grow) gets one micro-step of weight
+        0 and a negative ``index``: it takes part in the all-reduce and adds nothing (one note
+        on stderr)."""
         total = self.grad_accum or self.world_size
         first, count = split(total, self.world_size, self.rank)
         ddp = self._ddp
         weight = self.world_size / total
+        if count == 0:
+            # More ranks than micro-steps (a grow past grad_accum): this rank still takes part
+            # in DDP's gradient all-reduce, with a micro-step that adds nothing to the gradient.
+            if "grad_accum" not in self._warned:
+                self._warned.add("grad_accum")
+                self._note(f"grad_accum = {total} is below the world size {self.world_size}: "
+                           f"rank {self.rank} runs a micro-step of weight 0 each iteration "
+                           "(wasted work; raise grad_accum, or use fewer GPUs)")
+            first, count, weight = -1 - self.rank, 1, 0.0
         try:
             for k in range(count):
                 last = k == count - 1

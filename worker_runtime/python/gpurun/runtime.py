@@ -69,11 +69,12 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         self.elastic = os.environ.get("GPURUN_ELASTIC") == "1"
         if self.elastic and dist.is_available() and dist.is_initialized():
             raise RuntimeError(
-                "gpurun.Runtime(): torch.distributed is already initialized (the program called "
-                "init_process_group() before Runtime()); under gpurun --config the runtime makes "
-                "each generation's process group itself: remove the init_process_group() call "
-                "(and destroy_process_group() at the end), then use rt.rank, rt.world_size and "
-                "rt.model")
+                "gpurun: torch.distributed is already initialized (the program called "
+                "init_process_group() before gpurun.Runtime() or its decorator's first call); "
+                "under gpurun --config gpurun makes each generation's process group itself: "
+                "remove the program's init_process_group() call (and destroy_process_group() at "
+                "the end); the rank and world size are then rt.rank and rt.world_size, or "
+                "RANK and WORLD_SIZE in os.environ")
         self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
         # gpurun's slot i is CUDA device i after CUDA_VISIBLE_DEVICES (docs/control-protocol.md
         # "Words"); without gpurun (torchrun, plain python) a GPU is used when there is one.
@@ -378,6 +379,8 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
             if self.epoch < n and not self._boundary(finished, 0):
                 return
             self._jumped = False  # the loop goes on from the position this boundary left
+        if not self._finishing:
+            self.stop_reason = "completed"
 
     def stop(self):
         """Ends this rank's loop at its next boundary — the end of the epoch in ``epochs()``
