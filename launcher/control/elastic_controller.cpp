@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
+#include <chrono>
+#include <thread>
 
 #include "control/status.hpp"
 
@@ -23,13 +25,24 @@ namespace asio = boost::asio;
 namespace {
 
 // /proc/<pid>/stat's state is 'T' (stopped by a signal) or 't' (tracing stop).
-bool process_stopped(int pid) {
+bool stopped_now(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!std::getline(in, line)) return false;
   const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
   if (close == std::string::npos || close + 2 >= line.size()) return false;
   return line[close + 2] == 'T' || line[close + 2] == 't';
+}
+
+// Stopped in four readings 50 ms apart: a sampling profiler (py-spy pauses its target for each
+// sample, ~1 ms) is not a stop; SIGSTOP or a debugger's prompt is. Blocks at most 150 ms, and
+// only when the first reading says stopped (a deadline's expiry with a late rank).
+bool process_stopped(int pid) {
+  for (int i = 0; i < 4; ++i) {
+    if (!stopped_now(pid)) return false;
+    if (i < 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
 }
 
 }  // namespace

@@ -161,6 +161,7 @@ void Scheduler::start_attempt(int attempt) {
   deadline_armed_ = false;
   finished_ = false;
   exit_published_ = false;
+  exit_reason_.clear();  // a later exit wake of this attempt says its own reason, or none
   // A new attempt: no process of the previous one is left to read its keys.
   for (const DecidedRound& r : decided_) {
     delete_key(keys::decision(r.generation, r.round));

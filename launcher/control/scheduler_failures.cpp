@@ -67,6 +67,10 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
           "gpu {} (pid {}) is stopped and did not finish the set-up of generation {} within {} "
           "ms ([boundary] setup_deadline_s): killing it, the others go on without it",
           gpu, s.pid, generation, config_.setup_deadline.count()));
+      deadline_kills_.push_back(
+          fmt::format("gpu {} (pid {}, stopped in the set-up of generation {} for more than {} "
+                      "ms, [boundary] setup_deadline_s)",
+                      gpu, s.pid, generation, config_.setup_deadline.count()));
       Effect e;
       e.kind = Effect::Kind::kKill;
       e.gpu = gpu;
@@ -89,19 +93,20 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
       running.push_back(gpu);
       continue;
     }
+    // deadline_waited_: how long this round has waited (every expiry), not only deadline_s
     set_state(s, SlotState::kFailed,
               fmt::format("stopped and stalled past the boundary deadline of {} ms (generation "
-                          "{}, round {}, {} of {} ranks reported)",
+                          "{}, round {}, {} of {} ranks reported, {} ms waited)",
                           config_.boundary_deadline.count(), generation, round, reports_.size(),
-                          active_.size()));
+                          active_.size(), deadline_waited_.count()));
     say(fmt::format(
         "gpu {} (rank {}, pid {}) did not reach boundary round {} of generation {} within {} ms "
         "and is stopped (SIGSTOP or a debugger): killing it and deciding without it",
-        gpu, s.rank, s.pid, round, generation, config_.boundary_deadline.count()));
+        gpu, s.rank, s.pid, round, generation, deadline_waited_.count()));
     deadline_kills_.push_back(
         fmt::format("gpu {} (rank {} of generation {}, pid {}, stopped at "
-                    "boundary round {} for more than {} ms)",
-                    gpu, s.rank, generation, s.pid, round, config_.boundary_deadline.count()));
+                    "boundary round {} after {} ms)",
+                    gpu, s.rank, generation, s.pid, round, deadline_waited_.count()));
     Effect e;
     e.kind = Effect::Kind::kKill;
     e.gpu = gpu;
@@ -184,8 +189,8 @@ std::string Scheduler::final_line(int exit_code) const {
   std::string list;
   for (size_t i = 0; i < n; ++i) list += (i ? "; " : "") + deadline_kills_[i];
   return fmt::format(
-      "finished (exit {}); note: {} rank{} {} killed at a boundary deadline ([boundary] "
-      "deadline_s; the job went on without {}): {}",
+      "finished (exit {}); note: {} rank{} {} killed at a deadline ([boundary] deadline_s or "
+      "setup_deadline_s; the job went on without {}): {}",
       exit_code, n, n == 1 ? "" : "s", n == 1 ? "was" : "were", n == 1 ? "it" : "them", list);
 }
 

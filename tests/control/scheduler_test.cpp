@@ -1330,6 +1330,11 @@ TEST_CASE("scheduler: a participant stalled in a resize's set-up is killed at it
   h.s.on_deadline(d.generation, Scheduler::kSetUpRound);
   h.drain();
   CHECK(h.killed == std::vector<int>{1});
+  // The job lost a rank to a deadline: its final line says so (issue 43 item 4).
+  CHECK(h.s.final_line(0).find("note: 1 rank was killed at a deadline") != std::string::npos);
+  CHECK(h.s.final_line(0).find(fmt::format("gpu 1 (pid {}, stopped in the set-up of generation {} "
+                                           "for more than 7000 ms",
+                                           stopped_pid, d.generation)) != std::string::npos);
 }
 
 TEST_CASE("scheduler: a report in the new generation is a finished set-up too") {
@@ -1483,9 +1488,9 @@ TEST_CASE("scheduler: a stopped late rank is killed at the deadline; a running o
   CHECK(h.decisions.back().failed == std::vector<int>{2});
   // The job that lost it says so in its final line, whatever its exit status.
   CHECK(h.s.final_line(0) ==
-        std::string("finished (exit 0); note: 1 rank was killed at a boundary deadline "
-                    "([boundary] deadline_s; the job went on without it): gpu 2 (rank 2 of "
-                    "generation 0, pid 1002, stopped at boundary round 0 for more than 2000 ms)"));
+        std::string("finished (exit 0); note: 1 rank was killed at a deadline ([boundary] "
+                    "deadline_s or setup_deadline_s; the job went on without it): gpu 2 (rank 2 "
+                    "of generation 0, pid 1002, stopped at boundary round 0 after 2000 ms)"));
 }
 
 TEST_CASE("scheduler: a round waiting past a tiny deadline says it again at most once a second") {
@@ -1508,4 +1513,37 @@ TEST_CASE("scheduler: a round waiting past a tiny deadline says it again at most
   REQUIRE(h.s.boundary_wait());
   CHECK(h.s.boundary_wait()->waited == 1010ms);
   CHECK(h.killed.empty());
+}
+
+TEST_CASE("scheduler: an exit reason of an earlier attempt is not a later exit wake's") {
+  Harness h(cfg(std::vector<int>{0, 1}, ParkMode::kHold), 2);
+  h.join_all();
+  // Attempt 0: rank 1 ends its program cleanly (reason "finished"), rank 0 then crashes with
+  // restarts left: attempt 1 starts.
+  CHECK_FALSE(h.s.on_process_exit(1, true, "exit code 0", true));
+  h.drain();
+  CHECK_FALSE(h.s.on_process_exit(0, false, "exit code 1", true));
+  h.drain();
+  h.s.start_attempt(1);
+  h.drain();
+  h.join_all();
+  CHECK_FALSE(h.s.finished());
+  // Attempt 1: gpu 1 leaves in hold mode and parks; then [park] mode becomes release, and the
+  // parked process is woken to exit, a wake whose reason is unknown (docs/control-protocol.md).
+  h.s.config_loaded(cfg(std::vector<int>{0}, ParkMode::kHold), "c");
+  h.drain();
+  const Decision d = h.boundary(0);
+  h.s.on_parked(1, d.generation);
+  h.drain();
+  REQUIRE(h.state(1) == SlotState::kParked);
+  const size_t mark = h.log.size();
+  h.s.config_loaded(cfg(std::vector<int>{0}, ParkMode::kRelease), "c");
+  h.drain();
+  std::string wake;
+  for (size_t i = mark; i < h.log.size(); ++i)
+    if (h.log[i].kind == Effect::Kind::kWriteKey &&
+        h.log[i].key.find("/wake/") != std::string::npos)
+      wake = h.log[i].value;
+  REQUIRE_FALSE(wake.empty());
+  CHECK(Decision::from_json(wake).reason.empty());
 }

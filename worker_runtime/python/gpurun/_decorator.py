@@ -310,8 +310,9 @@ def _say_how_it_runs(rt, name, config_path):
                   f"{sys.argv[0] or 'train.py'}` to resize it while it trains",
                   file=sys.stderr, flush=True)
         return
-    if (config_path and watched and os.path.realpath(config_path) != os.path.realpath(watched) and rt.slot == 0
-            and not rt.joining):
+    # rank 0 of the start (its start record's; not a joiner): one line per job
+    if (config_path and watched and rt.rank == 0 and not rt.joining
+            and os.path.realpath(config_path) != os.path.realpath(watched)):
         print(f"gpurun: {name}(): config_path '{config_path}' is not gpurun's --config "
               f"'{watched}'; gpurun watches '{watched}' (edit that one, or start gpurun with "
               f"--config {config_path})", file=sys.stderr, flush=True)
