@@ -22,7 +22,8 @@ from gpurun import elastic_scheduler  # noqa: E402
 out, epochs = sys.argv[1], int(sys.argv[2])
 
 
-@elastic_scheduler(config_path=os.environ.get("GPURUN_CONFIG", "config.toml"))
+# num_workers=0: this test is about lining up, not about the loader's worker processes
+@elastic_scheduler(config_path=os.environ.get("GPURUN_CONFIG", "config.toml"), num_workers=0)
 def train_one_epoch(model, dataset, optimizer, criterion, epoch, device):
     for x, y in dataset:
         optimizer.zero_grad()

@@ -48,6 +48,11 @@ class _Loader:
     def _workers(self, batches):
         """An iterator over the collated ``batches`` (lists of indices), read by a DataLoader
         with this loader's worker arguments."""
+        # The DataLoader forks its workers: no thread of the runtime's may run then (a child
+        # forked while the snapshot preparation held a lock could block forever; CI saw one
+        # such hang in the first epoch after a grow, when the preparation starts).
+        if self.rt.elastic:
+            self.rt._join_prepare()
         kw = {k: v for k, v in self.kwargs.items() if k != "collate_fn"}
         collate = self.kwargs.get("collate_fn")
         if collate is not None:
