@@ -149,20 +149,6 @@ def elastic_scheduler(config_path="config.toml", batch_size=None, num_workers=No
     return wrap
 
 
-class _DecoratorPosition:
-    """The gpud form's part of the elastic state: the program's ``epoch`` argument of the epoch
-    the job trains (a small tracked object: every rank and every joiner gets rank 0's)."""
-
-    def __init__(self):
-        self.arg = None
-
-    def state_dict(self):
-        return {"arg": self.arg}
-
-    def load_state_dict(self, s):
-        self.arg = s["arg"]
-
-
 class _SchedulerForm:
     """One decorated function's calls (elastic_scheduler)."""
 
@@ -173,7 +159,9 @@ class _SchedulerForm:
         self.drop_on_error, self.loader_kwargs = drop_on_error, dict(loader_kwargs or {})
         self.rt = self.loader = self.epochs = None
         self.names = {}
-        self.position = _DecoratorPosition()
+        # The gpud form's part of the elastic state, a tracked dict (small: every rank and every
+        # joiner gets rank 0's): "arg", the program's epoch argument of the epoch the job trains.
+        self.position = {"arg": None}
         self.offset = 0  # the job's epoch minus this process's argument (a joiner's lag)
         self.skip = 0  # calls left to return None at once (every member skips them in step)
         self.last_call_arg = None  # the program's epoch argument of its previous call
@@ -266,7 +254,7 @@ class _SchedulerForm:
         ints = isinstance(arg, int) and not isinstance(arg, bool)
         # The job's epoch this call trains, as this process counts it; rank 0's is every
         # rank's after each resize (a small tracked object), and a joiner's comes with the state.
-        self.position.arg = arg + self.offset if ints else arg
+        self.position["arg"] = arg + self.offset if ints else arg
         try:
             next(self.epochs)  # the boundary before this epoch (none before the first)
         except StopIteration:
@@ -274,13 +262,14 @@ class _SchedulerForm:
                   f"{self.fn.__name__}() ends the program with status 0", file=sys.stderr,
                   flush=True)
             raise SystemExit(0) from None
-        job_arg = self.position.arg  # the job's: this process may have joined or been woken
+        job_arg = self.position["arg"]  # the job's: this process may have joined or been woken
         lag = job_arg - arg if ints and isinstance(job_arg, int) else 0
         for role, value in (("model", rt.model), ("data", self.loader), ("device", rt.device),
                             ("epoch", job_arg)):
             name = self.names.get(role)
             if name is not None and (role != "data" or value is not None):
                 bound.arguments[name] = value
+
         def one_epoch():
             self._line_up(lag)  # first: a peer's death here is followed like one in training
             return self.fn(*bound.args, **bound.kwargs)
@@ -292,12 +281,12 @@ class _SchedulerForm:
 
 
 def _say_how_it_runs(rt, name, config_path):
-    """One line on rank 0 (slot 0) when a decorated program runs static (why, and the command
-    that makes it elastic), or when its ``config_path`` (None: gpurun.elastic has none) is not
-    the file gpurun watches."""
+    """One line on rank 0 (of a static run; of an elastic job's start) when a decorated program
+    runs static (why, and the command that makes it elastic), or when its ``config_path``
+    (None: gpurun.elastic has none) is not the file gpurun watches."""
     watched = os.environ.get("GPURUN_CONFIG", "")
     if not rt.elastic:
-        if rt.slot == 0 and int(os.environ.get("RANK", "0") or 0) == 0:
+        if rt.rank == 0:
             if os.environ.get("GPURUN_SLOT") is not None:
                 why = "gpurun was started without --config"
             elif os.environ.get("TORCHELASTIC_RUN_ID"):

@@ -78,8 +78,9 @@ class _Iterations:
         ``start=iter_num``); rank 0's is every rank's, and a mid-job joiner takes the job's
         instead. A release-mode leaver exits the
         process (status 0) inside the loop; when the job stops (``stop_reason``) the loop ends.
-        Under gpurun --config, a joining process's random streams are its slot's from
-        ``track(model=...)`` on (docs/python.md#the-step-iterator). Raises ValueError for a
+        Under gpurun --config, a process that joins without the state takes its slot's random
+        streams back at its admission, before its first iteration
+        (docs/python.md#the-step-iterator). Raises ValueError for a
         bad argument, RuntimeError when the loader form is used on the same Runtime."""
         for name, v, low in (("max_iters", max_iters, 0), ("every", every, 1),
                              ("start", start, 0)):
@@ -112,18 +113,13 @@ class _Iterations:
             config_every = self.every_steps if self.elastic else 0
             if done < max_iters and (done % every == 0
                                      or (config_every > 0 and done % config_every == 0)):
-                if self._stop_asked and self._stop_here():
-                    return
+                if self._stop_asked:
+                    return self._stop_here()
                 if not self._boundary(self.epoch, done):
                     return
                 self._jumped = False  # the loop goes on from the position the boundary left
         if not self._finishing:
             self.stop_reason = "completed"
-
-    @property
-    def iteration(self):
-        """The global iteration being trained (int; the step loop's counter)."""
-        return self._steps_done
 
     @property
     def accum_steps(self):

@@ -51,7 +51,7 @@ class _Tracked:
         program's own seeding."""
         raw = self._session.get_slot_data("pyrng") if self.elastic else None
         if raw is None:
-            return False
+            return
         # pickle: this job's own bytes, written by _save_rng() of the same slot
         st = pickle.loads(raw)
         as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
@@ -61,7 +61,6 @@ class _Tracked:
             torch.cuda.set_rng_state(as_tensor(st["cuda"]), self.device)
         if "numpy" in st and "numpy" in sys.modules:
             sys.modules["numpy"].random.set_state(st["numpy"])
-        return True
 
     # ---- small tracked objects: the previous rank 0's on every rank ----------------------
     def _small_key(self):

@@ -50,8 +50,9 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
     ``device`` (torch.device), ``model`` (``ElasticModel``: the tracked model as the current
     generation trains it, in DDP when the world has more than one rank; one object for the
-    whole job), ``epoch`` (int, the epoch being trained), ``stop_reason`` (None while the job
-    runs; why the loops ended: see the property).
+    whole job), ``epoch`` (int, the epoch being trained), ``stop_reason`` (str: None while
+    the job runs, then why the loops ended: "completed", "stopped" (this rank's ``stop()``) or
+    gpurun's exit reason: "finished", "stop", "early_stop", ...).
 
     At every generation (the start and each resize) the process's ``os.environ`` says the
     generation's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
@@ -148,16 +149,16 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
             self._drive({"event": "open"})  # a joiner reads its generation's start record
             if not drop_on_error:
                 _report_program_errors(self._session)
+        info = self._session.info() if self.elastic else None  # the engine after "open"
         # True when the tracked state is overwritten before the first step (a joiner of a
         # running job, a warm joiner, a rank other than 0 at a start): its model needs no
         # random initialisation (skip_init()). Same rule as the C++ runtime's joining().
-        self.joining = (self._session.info()["joining"] if self.elastic
+        self.joining = (info["joining"] if self.elastic
                         else _env_int("WORLD_SIZE", 1) > 1 and _env_int("RANK", 0) != 0)
         # Before the first generation is set up, rank and world are the start record's (a
         # worker of a start or a joiner of a known generation), else the environment's: a
         # program's `if rt.rank == 0:` before its loop picks one rank (a warm joiner or a
         # standby learns its rank at its admission).
-        info = self._session.info() if self.elastic else None
         if info is not None and info["rank"] >= 0:
             self.rank, self.world_size = info["rank"], info["world_size"]
         elif not self.elastic:
@@ -165,7 +166,7 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         elif self._standby or info["warm"]:
             # not a member yet (told at its admission): no rank, the spawn's world size
             self.rank, self.world_size = -1, _env_int("WORLD_SIZE", 1)
-        if self.elastic and self._session.info()["warm"] and not standby and self._snap.files:
+        if self.elastic and info["warm"] and not standby and self._snap.files:
             self._start_premap()
 
     @property
@@ -222,9 +223,10 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
 
         ``others`` may also be plain dicts (``rt.track(stats={"best_val_loss": inf})``): their
         contents are the state, replaced in place. An object whose state holds no tensor over
-        64 KiB (a dict of numbers, a scheduler, a step counter) is *small*: at every resize
-        every rank loads the state source's copy, continuing ranks too, so values only rank 0
-        computes (a best validation loss) survive a change of rank 0. Raises TypeError for a
+        64 KiB (a dict of numbers, a scheduler, a step counter) is *small*: rank 0 writes it to
+        gpurun's store at each boundary and at every resize every rank of the new generation
+        loads that copy, continuing ranks too, so values only rank 0 computes (a best
+        validation loss) survive a change of rank 0. Raises TypeError for a
         value without ``state_dict()``/``load_state_dict()`` that is not a dict."""
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model = model.module  # the runtime wraps it anew for each generation
@@ -371,8 +373,8 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
                 continue
             finished = self.epoch
             self.epoch += 1
-            if self._stop_asked and self._stop_here():
-                return
+            if self._stop_asked:
+                return self._stop_here()
             if self._sampler:
                 self._sampler.set_epoch(self.epoch)
             self._steps_done = 0
@@ -398,7 +400,6 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
         print(f"gpurun (python, slot {self.slot}): the program asked to stop (Runtime.stop()): "
               "its loop ends at this boundary; the other ranks end at their next one",
               file=sys.stderr, flush=True)
-        return True
 
     def _ensure_started(self):
         if self._started:
@@ -735,17 +736,13 @@ class Runtime(_PauseSnapshot, _Iterations, _Tracked):
 
 def _stop_reason(exit_action):
     """Runtime.stop_reason from the engine's exit action: gpurun's reason code (the exit
-    decision's ``reason``: "stop", "early_stop", "finished", ...) or, from a gpurun that sends
-    none, "stop" after a stop request and "finished" otherwise."""
+    decision's ``reason``: "stop", "early_stop", "finished", ...) or, where it has none (an
+    exit wake whose reason gpurun does not know), "stop" after a stop request and "finished"
+    otherwise."""
     reason = exit_action.get("reason") or ""
     if reason:
         return reason
     return "stop" if exit_action.get("stop") else "finished"
-
-
-# The torchrun variables a generation changes (docs/cli.md#worker-environment).
-_GENERATION_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                   "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
 
 
 def _set_generation_env(train_action):
@@ -753,8 +750,7 @@ def _set_generation_env(train_action):
     place: the engine's ``env`` of the train action (control::generation_env, gpurun's one rule,
     shared with the C++ runtime and the supervisor's spawn environment)."""
     for k, v in (train_action.get("env") or {}).items():
-        if k in _GENERATION_ENV:
-            os.environ[k] = str(v)
+        os.environ[k] = str(v)
 
 
 # How long torch's rendezvous of a new group may wait once every rank arrived (s): the ranks
