@@ -193,6 +193,11 @@ TEST_CASE("gpurun under a terminal: workers get a tty, \\r redraws arrive at onc
   Console c({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--log-dir", logs,
              worker("progress.sh")},
             {{"OUT_DIR", dir.str()}}, setup);
+  // The worker's stderr line first: the bar starts only after it is shown ("ready").
+  const bool err_shown =
+      c.until([&] { return c.out.find("[rank0]: stderr tty\n") != std::string::npos; }, 5s);
+  CHECK(err_shown);
+  { std::ofstream(dir.path / "ready") << ""; }
   // The first state of the bar shows while the worker still runs (it waits for "go").
   const bool live =
       c.until([&] { return c.out.find("\r[rank0]: step 1/3") != std::string::npos; }, 5s);
@@ -254,6 +259,7 @@ TEST_CASE("gpurun under a terminal: a resize reaches every worker's terminal, le
 
 TEST_CASE("gpurun with pipes as its output: workers get pipes, a \\r line is forwarded whole") {
   TempDir dir;
+  { std::ofstream(dir.path / "ready") << ""; }
   { std::ofstream(dir.path / "go") << ""; }
   Console c({"--nproc", "1", "--device", "cpu", "--master-port", "0", worker("progress.sh")},
             {{"OUT_DIR", dir.str()}}, {});

@@ -1,8 +1,10 @@
 #!/bin/sh
 # A worker with a tqdm-style progress line. Says whether stdout/stderr are terminals (and, on
 # a terminal, its size and the output flags gpurun turned off), then redraws "step i/3" with
-# "\r"; after the first state it waits (up to 10 s) for $OUT_DIR/go, which the test creates
-# once it has seen that state on gpurun's console. Ends with bytes and no newline.
+# "\r". Before the first state it waits (up to 10 s) for $OUT_DIR/ready, which the test creates
+# once the stderr line is on gpurun's console (stdout and stderr are two streams: without it the
+# stderr line may land inside the bar); after the first state it waits for $OUT_DIR/go, which the
+# test creates once it has seen that state. Ends with bytes and no newline.
 if [ -t 1 ]; then echo "stdout tty"; else echo "stdout pipe"; fi
 if [ -t 2 ]; then echo "stderr tty" >&2; else echo "stderr pipe" >&2; fi
 exec 3>&1  # stdout, for stty inside $(...)
@@ -10,6 +12,8 @@ if [ -t 1 ]; then
   echo "size $(stty size <&3)"
   echo "flags $(stty -a <&3 | tr ' ;' '\n\n' | grep -x -e -opost -e -echo | tr '\n' ' ')"
 fi
+i=0
+while [ ! -e "$OUT_DIR/ready" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 printf '\rstep 1/3'
 i=0
 while [ ! -e "$OUT_DIR/go" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
