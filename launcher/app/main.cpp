@@ -575,13 +575,13 @@ int run(int argc, char** argv) {
         supervisor.stop_for_peer(why);
     };
     node_sync->on_root_cause = [&events](int attempt, const sv::NodeFailure& root) {
+      // A node's own failure ("node 1 (host)'s gpurun disconnected …") names its node, a
+      // worker's ("rank 2 (pid 123) ended with …") its rank: each is said once.
       print_err(fmt::format(
-          "root cause of attempt {} (first failure in time, of every node): "
-          "node {}{}: {}",
-          attempt, root.node,
-          root.rank >= 0 ? fmt::format(", rank {} (local rank {})", root.rank, root.local_rank)
-                         : std::string(),
-          root.reason));
+          "root cause of attempt {} (first failure in time, of every node): {}", attempt,
+          root.rank >= 0 ? fmt::format("node {}, local rank {}: {}", root.node, root.local_rank,
+                                       root.reason)
+                         : root.reason));
       events.emit("root_cause", sv::JsonObject()
                                     .add("attempt", attempt)
                                     .add("node", root.node)

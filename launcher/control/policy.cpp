@@ -298,6 +298,11 @@ std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& a
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
+  // "1,1" or "0-2,2": a GPU named twice is a typo (which GPU was meant?), never taken as once.
+  std::vector<int> sorted = out;
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
+    throw bad(fmt::format("GPU {} is named twice; list each GPU once", *dup));
   return sorted_unique(std::move(out));
 }
 

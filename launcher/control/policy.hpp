@@ -90,7 +90,8 @@ std::string reclaim_effect(const std::vector<int>& back, const std::vector<int>&
                            const std::vector<int>& current, const EffectiveSet& after);
 
 /// "2,3", "2-3", "0-1,3" or "all" -> sorted unique ids; "all" = `all`. Throws LeaseError
-/// naming `what` for anything else (an empty part, a reversed range, a negative id).
+/// naming `what` for anything else (an empty part, a reversed range, a negative id, a GPU
+/// named twice: "1,1", "0-2,2").
 std::vector<int> parse_gpu_list(std::string_view text, const std::vector<int>& all,
                                 std::string_view what);
 /// "90", "90s", "5m", "2h", "1d", "1.5h" -> milliseconds (> 0). Throws LeaseError naming

@@ -140,7 +140,16 @@ TEST_CASE("lend_effect and reclaim_effect: what the command does to the job, tru
 
 TEST_CASE("parse_gpu_list and parse_duration_ms: the forms and their errors") {
   CHECK(parse_gpu_list("3,1", kFour, "GPU list") == std::vector<int>{1, 3});
-  CHECK(parse_gpu_list("0-2,2", kFour, "GPU list") == std::vector<int>{0, 1, 2});
+  CHECK(parse_gpu_list("0-1,2", kFour, "GPU list") == std::vector<int>{0, 1, 2});
+  // A GPU named twice is refused, naming it (issue 44: `gpurun lend 1,1` was accepted).
+  CHECK_THROWS_WITH_AS(parse_gpu_list("1,1", kFour, "GPU list"),
+                       "invalid GPU list '1,1': GPU 1 is named twice; list each GPU once "
+                       "(expected ids like 2,3 or 0-3, or all)",
+                       LeaseError);
+  CHECK_THROWS_WITH_AS(parse_gpu_list("0-2,2", kFour, "GPU list"),
+                       "invalid GPU list '0-2,2': GPU 2 is named twice; list each GPU once "
+                       "(expected ids like 2,3 or 0-3, or all)",
+                       LeaseError);
   CHECK(parse_gpu_list("all", kFour, "GPU list") == kFour);
   CHECK_THROWS_WITH_AS(parse_gpu_list("3-1", kFour, "GPU list"),
                        "invalid GPU list '3-1': the range '3-1' runs backwards (expected ids "
