@@ -144,7 +144,15 @@ std::optional<WorkerErrorReport> read_error_file(const std::string& path) {
     return bad_file(path, fmt::format("is {} bytes, over the {}-byte limit; first bytes: {}", size,
                                       kMaxErrorFileBytes, first_bytes(content, true)));
   }
-  if (auto report = parse_error_file(content)) return report;
+  if (auto report = parse_error_file(content)) {
+    struct stat now {};
+    if (::fstat(fd.get(), &now) == 0)
+      report->written_at = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(now.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(now.st_mtim.tv_nsec)));
+    return report;
+  }
   return bad_file(path, content_problem(content));
 }
 

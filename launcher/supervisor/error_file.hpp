@@ -2,6 +2,7 @@
 // (torch's @record decorator) for the root-cause summary.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -14,6 +15,9 @@ struct WorkerErrorReport {
   std::string message;    ///< the error message (e.g. a Python exception line)
   std::string traceback;  ///< extraInfo.py_callstack, empty if absent
   std::string timestamp;  ///< extraInfo.timestamp as written (unix seconds), empty if absent
+  /// When the file was last written (its mtime; read_error_file only): when the worker failed,
+  /// to the nanosecond where the file system keeps it (extraInfo.timestamp has seconds).
+  std::optional<std::chrono::system_clock::time_point> written_at;
   /// Non-empty when the file exists but holds no report: what is wrong with it, e.g. "is not
   /// valid JSON (syntax error at line 1, column 13); first bytes: '{oops'". `message` then
   /// holds the same sentence with the path: "error file <path> <problem>".

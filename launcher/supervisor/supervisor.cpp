@@ -18,6 +18,7 @@
 
 #include "gpurun/check.hpp"
 #include "gpurun/env_names.hpp"
+#include "gpurun/text_block.hpp"
 #include "supervisor/error_file.hpp"
 #include "supervisor/supervisor_worker.hpp"
 
@@ -98,6 +99,7 @@ Supervisor::Supervisor(asio::io_context& io, SupervisorOptions options, ProcessS
       stop_timer_(io) {
   GPURUN_CHECK(!opt_.argv.empty(), "empty worker command");
   GPURUN_CHECK(opt_.plan.nproc >= 1, "nproc {}", opt_.plan.nproc);
+  oom_ = opt_.memory_event_files ? OomWatch(*opt_.memory_event_files) : OomWatch::for_self();
 }
 
 Supervisor::~Supervisor() = default;
@@ -144,6 +146,8 @@ void Supervisor::start_attempt() {
   retired_.clear();
   failure_.reset();
   absorbed_failure_.reset();
+  teardown_at_.reset();
+  oom_.baseline();
   phase_ = Phase::kRunning;
   grace_armed_ = killed_ = drain_expired_ = kill_expired_ = attempt_finished_ = false;
 
@@ -188,6 +192,7 @@ void Supervisor::launch(Worker& w, const EnvMap& overlay) {
   cb.on_exit = [this, &w](ExitStatus st) { on_exit(w, st); };
   w.proc = spawner_.spawn(req, std::move(cb));
   w.pid = w.proc->pid();
+  if (!opt_.memory_event_files) oom_.add_process(w.pid);  // its cgroup may not be gpurun's
   events_.emit("worker_started", JsonObject()
                                      .add("rank", w.rank)
                                      .add("local_rank", w.local_rank)
@@ -277,8 +282,21 @@ void Supervisor::kill_slot(int local_rank) {
   }
 }
 
+std::string Supervisor::ended_with(const Worker& w) const {
+  return fmt::format("rank {} (pid {}) ended with {}{}", w.rank, w.pid,
+                     w.exit ? w.exit->describe() : std::string("?"),
+                     w.oom.empty() ? std::string() : ": " + w.oom);
+}
+
 void Supervisor::on_exit(Worker& w, ExitStatus status) {
   w.exit = status;
+  w.exited_at = WallClock::now();
+  // A SIGKILL gpurun did not send: did the kernel's OOM killer send it? (read now: the count)
+  if (status.signal == SIGKILL && !w.killed && !killed_)
+    if (const auto counted = oom_.rose()) {
+      w.oom = oom_kill_sentence(*counted);
+      oom_.baseline();  // the next OOM kill is told apart from this one
+    }
   JsonObject fields;
   fields.add("rank", w.rank)
       .add("local_rank", w.local_rank)
@@ -289,6 +307,7 @@ void Supervisor::on_exit(Worker& w, ExitStatus status) {
   else
     fields.add("code", status.code);
   if (w.killed) fields.add("ended_by_gpurun", true);  // e.g. a standby no longer wanted
+  if (!w.oom.empty()) fields.add("oom_kill", w.oom);
   events_.emit("worker_exited", fields);
   bool absorbed = false;
   const bool current = controller_ && workers_.size() > static_cast<size_t>(w.local_rank) &&
@@ -301,13 +320,11 @@ void Supervisor::on_exit(Worker& w, ExitStatus status) {
       absorbed_failure_->local_rank = w.local_rank;
       absorbed_failure_->pid = w.pid;
       absorbed_failure_->status = status;
-      absorbed_failure_->reason =
-          fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid, status.describe());
+      absorbed_failure_->reason = ended_with(w);
     }
   }
   if (!absorbed && !status.success() && phase_ == Phase::kRunning && !shutdown_signal_)
-    record_failure(w, status,
-                   fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid, status.describe()));
+    record_failure(w, status, ended_with(w));
   check_progress();
 }
 
@@ -321,6 +338,8 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   failure_->reason = std::move(reason);
   failure_->error_file = w.error_file;
   failure_->start_error = w.start_error;
+  failure_->oom = w.oom;
+  teardown_at_ = WallClock::now();  // a worker that ends after this may be ended by gpurun
   say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
                   opt_.grace_period.count()));
   if (on_failure)
@@ -455,6 +474,7 @@ void Supervisor::finish_attempt() {
     w->err.file.reset();
   }
   if (failure_ && !failure_->peer) {
+    settle_root_cause();
     for (auto& w : workers_)
       if (w->rank == failure_->rank) failure_->tail.assign(w->err_tail.begin(), w->err_tail.end());
     print_summary();
@@ -558,6 +578,57 @@ std::string format_error_time(const std::string& ts) {
 }
 }  // namespace
 
+void Supervisor::settle_root_cause() {
+  if (controller_ || !failure_ || failure_->peer || !failure_->start_error.empty()) return;
+  std::vector<FailureRecord> records;
+  std::vector<const Worker*> who;
+  std::size_t first = 0;
+  for (const auto& w : workers_) {
+    if (!w->exit || !w->proc || !w->start_error.empty()) continue;
+    FailureRecord r;
+    r.rank = w->rank;
+    r.local_rank = w->local_rank;
+    r.pid = w->pid;
+    r.status = *w->exit;
+    r.reaped_at = w->exited_at;
+    r.report = read_error_file(w->error_file);
+    for (const auto& l : w->err_tail) r.stderr_tail += l + "\n";
+    r.after_teardown = teardown_at_ && w->exited_at > *teardown_at_;
+    if (w->rank == failure_->rank) first = records.size();
+    records.push_back(std::move(r));
+    who.push_back(w.get());
+  }
+  if (records.empty()) return;
+  const std::size_t root = choose_root_cause(records, teardown_at_, first);
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (i == root || !is_own_failure(records[i], teardown_at_)) continue;
+    const std::string said = error_line(records[i]);
+    failure_->others.push_back(
+        fmt::format("{}{}{}", ended_with(*who[i]), said.empty() ? "" : " (" + said + ")",
+                    has_teardown_error(records[i]) && !has_teardown_error(records[root])
+                        ? ": a connection closed by the failing rank, not a cause"
+                        : ""));
+  }
+  if (root == first) return;
+  const Worker& w = *who[root];
+  failure_->rank = w.rank;
+  failure_->local_rank = w.local_rank;
+  failure_->pid = w.pid;
+  failure_->error_file = w.error_file;
+  failure_->oom = w.oom;
+  failure_->reason = ended_with(w);
+  if (records[root].after_teardown && (w.exit->signal == SIGTERM || w.exit->signal == SIGKILL)) {
+    // It failed (its error file says so), then gpurun's teardown ended it before it exited:
+    // the job's status stays the first failure's (a worker's own code, not gpurun's signal).
+    failure_->ended_by_teardown = fmt::format(
+        "{}, sent by gpurun's teardown after it had failed (its error file was written first)",
+        w.exit->describe());
+    failure_->reason = fmt::format("rank {} (pid {}) failed", w.rank, w.pid);
+  } else {
+    failure_->status = *w.exit;
+  }
+}
+
 void Supervisor::print_summary() {
   const Failure& f = *failure_;
   std::string out;
@@ -567,14 +638,21 @@ void Supervisor::print_summary() {
   line(fmt::format("{} FAILED (attempt {}, max restarts {})",
                    opt_.display_name.empty() ? opt_.argv[0] : opt_.display_name, attempt_,
                    opt_.plan.max_restarts));
-  line("root cause (first observed failure):");
+  line("root cause (first failure in time):");
   line(fmt::format("  rank       : {} (local rank {})", f.rank, f.local_rank));
   if (!f.start_error.empty()) {
     line(fmt::format("  exit       : could not start: {}", f.start_error));
   } else {
     line(fmt::format("  pid        : {}", f.pid));
-    line(fmt::format("  exit       : {}", f.status.describe()));
+    line(fmt::format("  exit       : {}{}",
+                     f.ended_by_teardown.empty() ? f.status.describe() : f.ended_by_teardown,
+                     f.oom.empty() ? "" : ": " + f.oom));
   }
+  // A multi-line text (a DataLoader worker's traceback inside the message) keeps its lines,
+  // bounded (text_block: 40 lines, 4 KiB, the last lines kept).
+  const auto block = [&](std::string_view text, std::string_view indent) {
+    out += text_block(text, "gpurun: " + std::string(indent));
+  };
   auto report = read_error_file(f.error_file);
   if (report) {
     if (!report->problem.empty()) {  // the file exists but holds no usable report
@@ -583,14 +661,18 @@ void Supervisor::print_summary() {
       line(fmt::format("  error file : {}", f.error_file));
       if (!report->timestamp.empty())
         line(fmt::format("  time       : {}", format_error_time(report->timestamp)));
-      line(fmt::format("  message    : {}", report->message));
+      if (report->message.find('\n') == std::string::npos) {
+        line(fmt::format("  message    : {}", report->message));
+      } else {
+        line("  message    :");
+        block(report->message, "    ");
+      }
+      if (const auto device = device_oom_sentence(report->message))
+        line(fmt::format("  memory     : {}", *device));
     }
     if (!report->traceback.empty()) {
       line("  traceback  :");
-      LineSplitter split;
-      auto emit = [&](std::string_view l) { line("    " + std::string(l)); };
-      split.feed(report->traceback, emit);
-      split.flush(emit);
+      block(report->traceback, "    ");
     }
   } else {
     line("  error file : <not written> (decorate the entry point with torch's @record to get one)");
@@ -601,7 +683,14 @@ void Supervisor::print_summary() {
     line(fmt::format("  stderr     : last {} line{}:", f.tail.size(),
                      f.tail.size() == 1 ? "" : "s"));
     for (const auto& l : f.tail) line("    | " + l);
+    if (!report || !report->problem.empty()) {  // no report: its stderr may say CUDA OOM
+      std::string tail;
+      for (const auto& l : f.tail) tail += l + "\n";
+      if (const auto device = device_oom_sentence(tail))
+        line(fmt::format("  memory     : {}", *device));
+    }
   }
+  for (const auto& o : f.others) line("  also failed: " + o);
   line(rule);
   console_.write(StreamId::kStderr, out);
 }

@@ -24,6 +24,7 @@
 #include "supervisor/event_log.hpp"
 #include "supervisor/line_splitter.hpp"
 #include "supervisor/process_spawner.hpp"
+#include "supervisor/root_cause.hpp"
 #include "supervisor/slot_controller.hpp"
 #include "supervisor/worker_env.hpp"
 
@@ -58,6 +59,10 @@ struct SupervisorOptions {
   std::chrono::milliseconds stop_timeout{30'000};
   /// --requeue: the preempt signal also stops the job at the workers' next boundary.
   bool stop_on_preempt = false;
+  /// The memory cgroup files whose oom_kill count tells an OOM kill from another SIGKILL
+  /// (root_cause.hpp). nullopt: gpurun's own cgroup's and each worker's (/proc/<pid>/cgroup);
+  /// a test names fake files.
+  std::optional<std::vector<std::string>> memory_event_files;
 };
 
 /// Expands ${rank}, ${local_rank} and ${role_name} (`role`, --role) in a console prefix template.
@@ -209,6 +214,8 @@ class Supervisor {
   // returns how many bytes it took (the caller sends the rest to the console).
   size_t write_log(Worker& w, StreamId stream, std::string_view bytes);
   void on_exit(Worker& w, ExitStatus status);
+  // "rank 1 (pid 123) ended with signal SIGKILL (9)[: killed by the kernel's OOM killer …]"
+  std::string ended_with(const Worker& w) const;
   void record_failure(Worker& w, ExitStatus status, std::string reason);
   void stop_workers(int sig);
   void signal_all(int sig);
@@ -218,6 +225,9 @@ class Supervisor {
   void restart(const std::string& reason);  // the next attempt, on a fresh stack
   void finish_unrestarted();                // the local rule's end: success or a failure
   void print_summary();
+  // Static mode, at an attempt's end: makes failure_ the root cause among the workers that
+  // failed (choose_root_cause), which need not be the first one reaped.
+  void settle_root_cause();
   void finish(int code, const std::string& reason);
   void say(const std::string& line);  // "gpurun: ..." on the console's stderr
   void say_paused_snapshot();         // a shutdown signal while paused: the snapshot's fate
@@ -241,6 +251,8 @@ class Supervisor {
   std::optional<std::vector<int>> generation_;  // set_generation: the active set in force
   std::unique_ptr<Failure> absorbed_failure_;   // first failure elastic mode absorbed
   std::unique_ptr<Failure> failure_;
+  std::optional<WallClock::time_point> teardown_at_;  // record_failure's SIGTERM to every group
+  OomWatch oom_;
   Phase phase_ = Phase::kRunning;
   int attempt_ = 0;
   int shutdown_signal_ = 0;  // SIGINT/SIGTERM/SIGQUIT received

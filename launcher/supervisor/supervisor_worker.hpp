@@ -36,8 +36,10 @@ struct Supervisor::Worker {
   std::deque<std::string> err_tail;
   std::string prefix;
   std::string error_file;
-  std::string start_error;  // why the process could not be started (no pid, no exit status)
-  bool killed = false;      // kill_slot() ended it: the controller's own doing, no failure
+  std::string start_error;          // why the process could not be started (no pid, no exit status)
+  bool killed = false;              // kill_slot() ended it: the controller's own doing, no failure
+  WallClock::time_point exited_at;  // when on_exit reaped it
+  std::string oom;  // a SIGKILL the memory cgroup counted as an OOM kill: oom_kill_sentence
 };
 
 struct Supervisor::Failure {
@@ -50,6 +52,13 @@ struct Supervisor::Failure {
   std::string start_error;  // non-empty: the worker never ran
   std::vector<std::string> tail;
   bool peer = false;  // stop_for_peer: another node failed (no local summary)
+  std::string oom;    // Worker::oom
+  // The root cause's process was then ended by gpurun's teardown (it had written its error
+  // file): its status is the signal, the job's is the first failure's (`status`).
+  std::string ended_by_teardown;
+  // The other workers that failed on their own in this attempt, one line each (the summary's
+  // "also failed"), when the root cause is not the first one reaped or more than one failed.
+  std::vector<std::string> others;
 };
 
 }  // namespace gpurun::supervisor

@@ -261,7 +261,7 @@ TEST_CASE("gpurun: a worker's TORCHELASTIC_ERROR_FILE is the root cause in the s
   const std::string err = g.stderr_text();
   INFO(err);
   CHECK(g.code() == 1);
-  CHECK(err.find("root cause (first observed failure):") != std::string::npos);
+  CHECK(err.find("root cause (first failure in time):") != std::string::npos);
   CHECK(err.find("rank       : 0 (local rank 0)") != std::string::npos);
   CHECK(err.find("message    : ValueError: loss is NaN at step 12") != std::string::npos);
   CHECK(err.find("File \"train.py\", line 3") != std::string::npos);  // the traceback

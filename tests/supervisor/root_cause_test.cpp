@@ -1,0 +1,368 @@
+#include "supervisor/root_cause.hpp"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "gpurun/text_block.hpp"
+#include "supervisor/supervisor.hpp"
+#include "testing/capture_console.hpp"
+#include "testing/fake_spawner.hpp"
+
+using namespace gpurun::supervisor;
+using namespace std::chrono_literals;
+using gpurun::text_block;
+using gpurun::TextBlockLimits;
+
+namespace {
+
+const WallClock::time_point kRcT0 = WallClock::time_point(std::chrono::seconds(1'800'000'000));
+
+const char* const kRcClosed =
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by "
+    "peer [127.0.0.1]:41237";
+
+WorkerErrorReport rc_report(std::string message, WallClock::time_point at) {
+  WorkerErrorReport r;
+  r.message = std::move(message);
+  r.written_at = at;
+  return r;
+}
+
+/// A worker's end: rank, status, reap time, optional own report, stderr, after the teardown.
+FailureRecord rc_rec(int rank, ExitStatus status, WallClock::time_point reaped,
+                     std::optional<WorkerErrorReport> own = {}, std::string stderr_tail = {},
+                     bool after_teardown = false) {
+  FailureRecord r;
+  r.rank = r.local_rank = rank;
+  r.pid = 1000 + rank;
+  r.status = status;
+  r.reaped_at = reaped;
+  r.report = std::move(own);
+  r.stderr_tail = std::move(stderr_tail);
+  r.after_teardown = after_teardown;
+  return r;
+}
+
+/// A scratch directory removed at the end of the test.
+struct RcScratch {
+  std::filesystem::path path;
+  RcScratch() {
+    static int n = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("gpurun-rootcause-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    std::filesystem::create_directories(path);
+  }
+  ~RcScratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("root cause: the table (which rank is named, and why)") {
+  const auto teardown = kRcT0 + 1ms;  // gpurun's SIGTERM to every group, right after the first reap
+  struct Row {
+    const char* what;
+    std::vector<FailureRecord> records;
+    std::size_t first_observed;
+    int want_rank;
+  };
+  const std::vector<Row> rows = {
+      {"SIGKILL: the killed rank, not the peers its death broke",
+       {rc_rec(0, {1, 0}, kRcT0 + 40ms, rc_report(kRcClosed, kRcT0 + 30ms), "", true),
+        rc_rec(1, {0, SIGKILL}, kRcT0)},
+       1,
+       1},
+      {"SIGSEGV without an error file; the peer's connection error comes later",
+       {rc_rec(0, {1, 0}, kRcT0 + 20ms, {}, std::string(kRcClosed) + "\n", true),
+        rc_rec(2, {0, SIGSEGV}, kRcT0)},
+       1,
+       2},
+      {"@record: the failing rank destroyed its group first; the peer was reaped first",
+       {rc_rec(0, {1, 0}, kRcT0, rc_report(kRcClosed, kRcT0 - 2ms)),
+        rc_rec(1, {1, 0}, kRcT0 + 60ms, rc_report("ValueError: bad learning rate", kRcT0 + 30ms),
+               "", true)},
+       0,
+       1},
+      {"no @record: the same, told apart by the last stderr lines",
+       {rc_rec(0, {1, 0}, kRcT0, {},
+               std::string("Traceback (most recent call last):\n") + kRcClosed),
+        rc_rec(1, {1, 0}, kRcT0 + 40ms, {},
+               "Traceback (most recent call last):\nValueError: bad lr\n", true)},
+       0,
+       1},
+      {"a peer's connection error with nobody else failing within 5 s stays the root cause",
+       {rc_rec(0, {1, 0}, kRcT0, rc_report(kRcClosed, kRcT0)),
+        rc_rec(1, {1, 0}, kRcT0 + 6s, rc_report("ValueError: late", kRcT0 + 6s), "", true)},
+       0,
+       0},
+      {"ended by gpurun's SIGTERM (no error file): not a failure of its own",
+       {rc_rec(0, {3, 0}, kRcT0, {}, "RuntimeError: Socket Timeout\n"),
+        rc_rec(1, {0, SIGTERM}, kRcT0 + 5ms, {}, "ValueError: x\n", true)},
+       0,
+       0},
+      {"ended by gpurun's SIGTERM after it wrote its error file before the teardown",
+       {rc_rec(0, {1, 0}, kRcT0, rc_report(kRcClosed, kRcT0)),
+        rc_rec(1, {0, SIGTERM}, kRcT0 + 5ms, rc_report("ValueError: first", kRcT0 + 1ms - 1us), "",
+               true)},
+       0,
+       1},
+      {"two real errors: the earlier one, whichever was reaped first",
+       {rc_rec(0, {1, 0}, kRcT0, rc_report("KeyError: 'x'", kRcT0 - 1ms)),
+        rc_rec(2, {1, 0}, kRcT0 + 10ms, rc_report("ValueError: y", kRcT0 - 5ms), "", true)},
+       0,
+       2},
+      {"the same instant: the one with its own error file, then the lower rank",
+       {rc_rec(1, {1, 0}, kRcT0, {}, "ZeroDivisionError: z\n"),
+        rc_rec(3, {1, 0}, kRcT0, rc_report("E: a", kRcT0))},
+       0,
+       3},
+      {"a CUDA out-of-memory is a program error like any other",
+       {rc_rec(0, {1, 0}, kRcT0 + 1ms, rc_report(kRcClosed, kRcT0 + 1ms)),
+        rc_rec(
+            1, {1, 0}, kRcT0 + 2ms,
+            rc_report("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                      kRcT0 + 1ms),
+            "", true)},
+       0,
+       1},
+  };
+  for (const auto& row : rows) {
+    CAPTURE(row.what);
+    const std::size_t i = choose_root_cause(row.records, teardown, row.first_observed);
+    REQUIRE(i < row.records.size());
+    CHECK(row.records[i].rank == row.want_rank);
+  }
+}
+
+TEST_CASE("root cause: teardown errors are recognised by the error's last line") {
+  CHECK(is_teardown_error(kRcClosed));
+  CHECK(is_teardown_error("RuntimeError: Connection reset by peer"));
+  CHECK(
+      is_teardown_error("Traceback (most recent call last):\n  File \"t.py\"\n"
+                        "RuntimeError: NCCL communicator was aborted on rank 0.\n"));
+  CHECK_FALSE(is_teardown_error("ValueError: bad learning rate"));
+  // A traceback that passes through a socket call but ends in the program's own error.
+  CHECK_FALSE(
+      is_teardown_error("  File \"broken pipe.py\", line 3\nValueError: Broken pipe"
+                        " was not the point\nKeyError: 'lr'"));
+  CHECK_FALSE(is_teardown_error("RuntimeError: DataLoader timed out after 5 seconds"));
+  CHECK_FALSE(is_teardown_error(""));
+}
+
+TEST_CASE("root cause: the OOM count of a memory cgroup (a fake memory.events)") {
+  RcScratch dir;
+  const std::string events =
+      dir.write("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 0\noom_group_kill 0\n");
+  CHECK(read_oom_kill_count(events) == 0u);
+  // cgroup v1's memory.oom_control has the same line.
+  CHECK(read_oom_kill_count(
+            dir.write("oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")) == 7u);
+  CHECK_FALSE(read_oom_kill_count(dir.write("bad", "oom_kill x\n")));
+  CHECK_FALSE(read_oom_kill_count((dir.path / "missing").string()));
+
+  OomWatch watch({events});
+  watch.baseline();
+  CHECK_FALSE(watch.rose());
+  dir.write("memory.events", "low 0\nhigh 0\nmax 13\noom 2\noom_kill 1\noom_group_kill 0\n");
+  const auto counted = watch.rose();
+  REQUIRE(counted);
+  CHECK(*counted == "cgroup " + dir.path.string() + " oom_kill 1");
+  CHECK(oom_kill_sentence(*counted) ==
+        "killed by the kernel's out-of-memory killer (host memory; cgroup " + dir.path.string() +
+            " oom_kill 1)");
+  // A file with no baseline (unreadable at the start) never claims an OOM kill.
+  OomWatch unknown({(dir.path / "later").string()});
+  unknown.baseline();
+  dir.write("later", "oom_kill 3\n");
+  CHECK_FALSE(unknown.rose());
+}
+
+TEST_CASE("root cause: memory cgroup files from /proc/<pid>/cgroup (v2 and v1)") {
+  CHECK(memory_event_files("0::/user.slice/job-7\n", "/cg") ==
+        std::vector<std::string>{"/cg/user.slice/job-7/memory.events"});
+  CHECK(memory_event_files("9:name=systemd:/\n4:memory:/slurm/uid_0/job_5\n0::/\n", "/cg") ==
+        std::vector<std::string>{"/cg/memory/slurm/uid_0/job_5/memory.oom_control"});
+  CHECK(memory_event_files("3:cpu,memory:/a\n", "/cg") ==
+        std::vector<std::string>{"/cg/memory/a/memory.oom_control"});
+  CHECK(memory_event_files("0::/\n", "/cg").empty());  // the root cgroup: no file
+  CHECK(memory_event_files("", "/cg").empty());
+}
+
+TEST_CASE("root cause: device memory is named for a CUDA out-of-memory") {
+  CHECK(device_oom_sentence("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate"));
+  CHECK(device_oom_sentence("RuntimeError: CUDA error: out of memory (cudaErrorMemoryAllocation)"));
+  CHECK(*device_oom_sentence("CUDA out of memory") ==
+        "the GPU ran out of device memory (CUDA out of memory), not the host");
+  CHECK_FALSE(device_oom_sentence("MemoryError"));
+}
+
+TEST_CASE("text_block: lines under a prefix, bounded, the last error kept") {
+  CHECK(text_block("", "p| ").empty());
+  CHECK(text_block("one", "p| ") == "p| one\n");
+  CHECK(text_block("a\r\nb\n", "p| ") == "p| a\np| b\n");
+  // A DataLoader worker's error: 100 traceback lines, the real error last.
+  std::string tb = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback:\n";
+  for (int i = 0; i < 100; ++i)
+    tb += "  File \"/usr/lib/python3/dist-packages/torch/utils/data/f" + std::to_string(i) +
+          ".py\", line 1\n";
+  tb += "ValueError: sample 17 has no label";
+  const std::string out = text_block(tb, "p| ", TextBlockLimits{10, 4096, 2});
+  CHECK(out.find("p| Caught ValueError in DataLoader worker process 0.\n") == 0);
+  CHECK(out.find("p| [... 94 lines (") != std::string::npos);
+  CHECK(out.find(" bytes) elided ...]\n") != std::string::npos);
+  CHECK(out.size() > 3);
+  CHECK(out.substr(out.size() - 38) == "p| ValueError: sample 17 has no label\n");
+  std::size_t lines = 0;
+  for (const char c : out) lines += c == '\n';
+  CHECK(lines == 10);
+  // The byte bound: 40 lines of 200 bytes are more than 4 KiB.
+  std::string wide;
+  for (int i = 0; i < 40; ++i) wide += std::string(199, 'a' + i % 26) + "\n";
+  wide += "LAST";
+  const std::string w = text_block(wide, "");
+  CHECK(w.size() < 4096 + 41 * 2 + 64);
+  CHECK(w.substr(w.size() - 5) == "LAST\n");
+  // One line over the bound keeps its start and its end.
+  const std::string one = text_block(std::string(10'000, 'x') + "END", "", {});
+  CHECK(one.size() < 4200);
+  CHECK(one.find("bytes elided ...]") != std::string::npos);
+  CHECK(one.substr(one.size() - 4) == "END\n");
+}
+
+// ---- The supervisor's summary, with a fake spawner (no processes) ------------------------
+
+namespace {
+
+struct RcHarness {
+  boost::asio::io_context io;
+  FakeSpawner spawner{io};
+  CaptureConsole console;
+  EventLog events;
+  RcScratch dir;
+  std::unique_ptr<Supervisor> sup;
+
+  explicit RcHarness(int nproc, std::function<void(SupervisorOptions&)> tweak = {}) {
+    SupervisorOptions o;
+    o.plan.nproc = nproc;
+    o.plan.world_size = nproc;
+    o.plan.device = Device::kCpu;
+    o.plan.run_id = "t";
+    o.plan.master_addr = "127.0.0.1";
+    o.plan.master_port = 1234;
+    o.plan.run_dir = (dir.path / "run").string();
+    o.argv = {"/bin/true"};
+    o.grace_period = 100ms;
+    o.kill_timeout = 200ms;
+    o.drain_timeout = 100ms;
+    o.poll_interval = 5ms;
+    o.memory_event_files = std::vector<std::string>{};  // no real cgroup
+    if (tweak) tweak(o);
+    sup = std::make_unique<Supervisor>(io, o, spawner, console, events);
+  }
+  void drive() {
+    const auto end = std::chrono::steady_clock::now() + 3s;
+    while (!sup->done() && std::chrono::steady_clock::now() < end) {
+      io.restart();
+      io.run_for(5ms);
+    }
+  }
+  std::string error_file(std::size_t i) const {
+    return spawner.procs.at(i)->request.env.at("TORCHELASTIC_ERROR_FILE");
+  }
+  void write_error_file(std::size_t i, const std::string& message) const {
+    std::filesystem::create_directories(std::filesystem::path(error_file(i)).parent_path());
+    std::ofstream(error_file(i)) << R"({"message": {"message": )" << message
+                                 << R"(, "extraInfo": {"timestamp": "0"}}})";
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "root cause summary: a rank that destroyed its group before raising is named, not the peer "
+    "whose connection it closed") {
+  RcHarness h(2);
+  h.sup->start();
+  // Rank 0 sees its peer's connection close and is reaped first...
+  h.write_error_file(0, R"("RuntimeError: [pair.cc:598] Connection closed by peer [127.0.0.1]:1")");
+  h.spawner.output(0, StreamId::kStderr, std::string(kRcClosed) + "\n");
+  h.spawner.exit(0, {1, 0});
+  // ...then rank 1's @record writes the real error and it exits 1 (before gpurun's SIGTERM).
+  h.write_error_file(1, R"("ValueError: bad learning rate 10.0")");
+  h.spawner.output(1, StreamId::kStderr, "ValueError: bad learning rate 10.0\n");
+  h.spawner.exit(1, {1, 0});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 1);
+  const std::string& err = h.console.err;
+  INFO(err);
+  CHECK(err.find("root cause (first failure in time):") != std::string::npos);
+  CHECK(err.find("rank       : 1 (local rank 1)") != std::string::npos);
+  CHECK(err.find("message    : ValueError: bad learning rate 10.0") != std::string::npos);
+  CHECK(err.find("also failed: rank 0 (pid 1000) ended with exit code 1 (RuntimeError: "
+                 "[pair.cc:598] Connection closed by peer [127.0.0.1]:1): a connection closed by "
+                 "the failing rank, not a cause") != std::string::npos);
+}
+
+TEST_CASE("root cause summary: a SIGKILL the memory cgroup counted is an OOM kill") {
+  RcScratch cg;
+  const std::string events = cg.write("memory.events", "oom 0\noom_kill 4\n");
+  RcHarness h(2, [&](SupervisorOptions& o) { o.memory_event_files = std::vector{events}; });
+  h.sup->start();
+  cg.write("memory.events", "oom 1\noom_kill 5\n");  // the kernel killed a process of the job
+  h.spawner.exit(1, {0, SIGKILL});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 137);
+  const std::string& err = h.console.err;
+  INFO(err);
+  const std::string oom = "killed by the kernel's out-of-memory killer (host memory; cgroup " +
+                          cg.path.string() + " oom_kill 5)";
+  CHECK(err.find("rank 1 (pid 1001) ended with signal SIGKILL (9): " + oom) != std::string::npos);
+  CHECK(err.find("exit       : signal SIGKILL (9): " + oom) != std::string::npos);
+}
+
+TEST_CASE("root cause summary: a SIGKILL the cgroup did not count is a plain SIGKILL") {
+  RcScratch cg;
+  const std::string events = cg.write("memory.events", "oom_kill 4\n");
+  RcHarness h(1, [&](SupervisorOptions& o) { o.memory_event_files = std::vector{events}; });
+  h.sup->start();
+  h.spawner.exit(0, {0, SIGKILL});
+  h.drive();
+  CHECK(h.sup->exit_code() == 137);
+  CHECK(h.console.err.find("exit       : signal SIGKILL (9)\n") != std::string::npos);
+  CHECK(h.console.err.find("out-of-memory") == std::string::npos);
+}
+
+TEST_CASE("root cause summary: a CUDA out-of-memory is device memory; a long message is bounded") {
+  RcHarness h(1);
+  h.sup->start();
+  std::string msg = "Caught OutOfMemoryError in DataLoader worker process 0.\\nOriginal Traceback";
+  for (int i = 0; i < 80; ++i)
+    msg += "\\n  File \\\"/usr/lib/python3/site-packages/m.py\\\", line 1";
+  msg += "\\ntorch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+  h.write_error_file(0, "\"" + msg + "\"");
+  h.spawner.exit(0, {1, 0});
+  h.drive();
+  const std::string& err = h.console.err;
+  INFO(err);
+  CHECK(err.find("gpurun:   message    :\ngpurun:     Caught OutOfMemoryError in DataLoader") !=
+        std::string::npos);
+  CHECK(err.find("gpurun:     [... ") != std::string::npos);
+  CHECK(err.find("gpurun:     torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                 "2.00 GiB\n") != std::string::npos);
+  CHECK(err.find("memory     : the GPU ran out of device memory (CUDA out of memory), not the "
+                 "host") != std::string::npos);
+}
