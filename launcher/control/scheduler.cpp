@@ -341,7 +341,8 @@ void Scheduler::on_parked(int gpu, int64_t park_generation) {
 void Scheduler::on_program_error(int gpu, int64_t pid, const std::string& text) {
   auto it = slots_.find(gpu);
   if (it == slots_.end() || it->second.pid != pid) return;
-  it->second.program_error = text.substr(0, 500);
+  // Its lines are bounded when said (text_block); the worker sends at most ~4000 characters.
+  it->second.program_error = text.size() <= 16384 ? text : text.substr(text.size() - 16384);
 }
 
 void Scheduler::on_spawned(int gpu, int pid) {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/text_block.hpp"
 
 namespace gpurun::control {
 
@@ -224,11 +225,19 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         // The program's own exception is the job's failure, as under torchrun (a crash or a
         // kill is a lost rank, gone on without): the supervisor stops the job (or restarts it).
         set_state(s, SlotState::kFailed, how);
-        say(fmt::format(
+        // A multi-line error (a DataLoader worker's traceback) keeps its lines, each under
+        // the slot's prefix, bounded (40 lines, 4 KiB, the real error last).
+        const bool lines = program_error.find('\n') != std::string::npos;
+        std::string text = fmt::format(
             "gpu {} (rank {} of generation {}, pid {}) ended with {} after the program's own "
-            "error: {}; the job fails (gpurun.elastic(drop_on_error=True) / "
+            "error{}; the job fails (gpurun.elastic(drop_on_error=True) / "
             "Runtime(drop_on_error=True) would go on without the rank)",
-            gpu, s.rank, generation_, pid, how, program_error));
+            gpu, s.rank, generation_, pid, how, lines ? " (below)" : ": " + program_error);
+        if (lines) {
+          text += "\n" + text_block(program_error, fmt::format("gpurun:   gpu {} | ", gpu));
+          text.pop_back();  // say() ends the last line
+        }
+        say(std::move(text));
         absorbed = false;
       } else {
         set_state(s, SlotState::kFailed, how);

@@ -342,6 +342,50 @@ TEST_CASE("scheduler: a member that dies of the program's own error fails the jo
   CHECK(h.s.on_process_exit(2, false, "exit code 1", false));
 }
 
+TEST_CASE("scheduler: a multi-line program error keeps its lines, bounded, the real error last") {
+  // Issue 44: a DataLoader worker's error (its traceback inside the message) was pasted into
+  // one console line and cut at 500 characters mid-path, before the real error.
+  Harness h(cfg(std::nullopt));
+  h.join_all();
+  const int pid = h.s.slots().at(1).pid;
+  std::string text =
+      "ValueError: Caught ValueError in DataLoader worker process 0.\nOriginal "
+      "Traceback (most recent call last):";
+  for (int i = 0; i < 60; ++i)
+    text += "\n  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/fetch" +
+            std::to_string(i) + ".py\", line 58, in fetch";
+  text += "\nValueError: sample 17 has no label";
+  h.s.on_program_error(1, pid, text);
+  CHECK_FALSE(h.s.on_process_exit(1, false, "exit code 1", false));
+  h.drain();
+  std::string said;
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay && e.value.find("program's own error") != std::string::npos)
+      said = e.value;
+  INFO(said);
+  CHECK(said.find("after the program's own error (below); the job fails") != std::string::npos);
+  CHECK(said.find("\ngpurun:   gpu 1 | ValueError: Caught ValueError in DataLoader worker "
+                  "process 0.\n") != std::string::npos);
+  CHECK(said.find("\ngpurun:   gpu 1 | [... ") != std::string::npos);
+  const std::string last = "\ngpurun:   gpu 1 | ValueError: sample 17 has no label";
+  CHECK(said.size() > last.size());
+  CHECK(said.substr(said.size() - last.size()) == last);
+  std::size_t lines = 1;
+  for (const char c : said) lines += c == '\n';
+  CHECK(lines == 1 + 40);
+  // A KeyboardInterrupt with no message is its name alone (the worker sends "KeyboardInterrupt").
+  const int pid2 = h.s.slots().at(2).pid;
+  h.s.on_program_error(2, pid2, "KeyboardInterrupt");
+  CHECK_FALSE(h.s.on_process_exit(2, false, "signal SIGINT (2)", false));
+  h.drain();
+  bool clean = false;
+  for (const Effect& e : h.log)
+    clean |= e.kind == Effect::Kind::kSay &&
+             e.value.find("after the program's own error: KeyboardInterrupt; the job fails") !=
+                 std::string::npos;
+  CHECK(clean);
+}
+
 TEST_CASE("scheduler: death and stall mid-boundary; the decision is made without them") {
   Harness h(cfg(std::nullopt));
   h.join_all();

@@ -939,3 +939,45 @@ assert rt.accum_steps == 1 and "grad_accum = 2 is below the world size 3" in err
 rt.rank = 1
 assert [(m.index, m.weight) for m in rt.micro_steps()] == [(1, 1.5)]
 print("python_units: a rank beyond grad_accum takes part with weight 0")
+
+# Issue 44: the text gpurun is told for the program's own error (gpurun/_exit.py).
+from gpurun._exit import program_error_text  # noqa: E402
+
+assert program_error_text(KeyboardInterrupt, KeyboardInterrupt()) == "KeyboardInterrupt"
+assert program_error_text(ValueError, ValueError("bad batch")) == "ValueError: bad batch"
+long_error = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback:\n" + "".join(
+    f'  File "/usr/lib/python3/dist-packages/torch/utils/data/f{i}.py", line 1\n'
+    for i in range(200)) + "ValueError: sample 17 has no label"
+said = program_error_text(ValueError, ValueError(long_error))
+assert len(said) < 4100 and said.startswith("ValueError: Caught ValueError in DataLoader"), said
+assert said.endswith("\nValueError: sample 17 has no label") and "characters elided ...]" in said
+print("python_units: a program error's text: no 'KeyboardInterrupt: ', its end kept")
+
+# A wrong GPURUN_WORKER_LIBRARY: which path, what is wrong, what to do (gpurun/_native.py).
+import ctypes.util  # noqa: E402
+import tempfile  # noqa: E402
+from gpurun import _native  # noqa: E402
+
+_native._lib = None
+with tempfile.TemporaryDirectory() as d:
+    text_file = os.path.join(d, "libgpurun_worker.so")
+    with open(text_file, "w") as f:
+        f.write("not a library\n")
+    libc = ctypes.util.find_library("c") or "libc.so.6"
+    libc_path = next((os.path.join(p, libc) for p in ("/lib/x86_64-linux-gnu", "/usr/lib64",
+                                                      "/lib64", "/usr/lib/x86_64-linux-gnu")
+                      if os.path.exists(os.path.join(p, libc))), libc)
+    for path, why in ((os.path.join(d, "missing.so"), "does not exist"), (d, "is a directory"),
+                      (text_file, "cannot be loaded ("),
+                      (libc_path, "is a shared library but not gpurun's worker library (it has "
+                                  "no gpurun_worker_abi function)")):
+        try:
+            _native.load(path)
+        except RuntimeError as e:
+            msg = str(e)
+            assert msg.startswith(f"GPURUN_WORKER_LIBRARY='{path}' {why}"), msg
+            assert "next to the gpurun binary" in msg and "unset it" in msg, msg
+        else:
+            raise AssertionError(f"{path} loaded")
+    assert _native._lib is None
+print("python_units: a wrong GPURUN_WORKER_LIBRARY names the path and what to do")

@@ -101,6 +101,28 @@ def _end_now():
         os._exit(code)
 
 
+def program_error_text(kind, value, limit=4000):
+    """The text gpurun is told for an exception that ends the program (its ``program_error``
+    event): ``"ValueError: bad batch"``; the name alone for one without a message
+    (``"KeyboardInterrupt"``, never ``"KeyboardInterrupt: "``). A message of several lines (a
+    DataLoader worker's error carries its traceback) keeps its lines; over ``limit``
+    characters its start and its end (the real error) are kept, the middle elided with a
+    count. gpurun bounds what it shows (docs/errors.md, "Multi-line errors")."""
+    name = getattr(kind, "__name__", str(kind))
+    try:
+        message = str(value).strip()
+    except Exception:  # noqa: BLE001 - a __str__ that raises: the name is still the news
+        message = ""
+    if not message:
+        return name
+    text = f"{name}: {message}"
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters elided ...]\n{text[-tail:]}"
+
+
 def _flush_open_files():
     """Flushes ``sys.stdout`` and ``sys.stderr`` (whatever objects they are: a wrapper may write
     into a file), then every open, writable file object on a regular file that the garbage

@@ -45,9 +45,20 @@ _HOST_LAST_ERROR = ctypes.CFUNCTYPE(ctypes.c_int)
 _lib = None
 
 
+def _not_the_library(path, why):
+    """The error for a GPURUN_WORKER_LIBRARY that is not gpurun's worker library: which path,
+    what is wrong with it, and what to do."""
+    return RuntimeError(
+        f"GPURUN_WORKER_LIBRARY='{path}' {why}: it must name the worker engine library "
+        "(libgpurun_worker.so, next to the gpurun binary) of the gpurun that started this "
+        "process, which sets it; unset it in your environment or name that file")
+
+
 def load(path=None):
     """The library at ``path`` (default: $GPURUN_WORKER_LIBRARY), loaded once per process.
-    Raises RuntimeError naming the path when it is missing or of another ABI."""
+    Raises RuntimeError naming the path and what is wrong when it is missing, not a loadable
+    library, not gpurun's worker library (no ``gpurun_worker_abi``), of another ABI or lacking
+    one of the functions this package calls."""
     global _lib
     if _lib is not None:
         return _lib
@@ -57,10 +68,19 @@ def load(path=None):
             "GPURUN_WORKER_LIBRARY is not set: an elastic run (gpurun --config) needs the "
             "worker engine library of the gpurun that started it (libgpurun_worker.so, next to "
             "the gpurun binary); this gpurun does not name one (is it older than the package?)")
+    if not os.path.exists(path):
+        raise _not_the_library(path, "does not exist")
+    if os.path.isdir(path):
+        raise _not_the_library(path, "is a directory")
     try:
         lib = ctypes.CDLL(path)
-    except OSError as e:
-        raise RuntimeError(f"cannot load gpurun's worker engine library '{path}': {e}") from e
+    except OSError as e:  # not a shared library, another architecture, a missing dependency
+        raise _not_the_library(path, f"cannot be loaded ({e})") from e
+    try:
+        lib.gpurun_worker_abi
+    except AttributeError:
+        raise _not_the_library(path, "is a shared library but not gpurun's worker library (it "
+                                     "has no gpurun_worker_abi function)") from None
     c = ctypes
     sig = {
         "gpurun_worker_abi": (c.c_int, []),
@@ -110,7 +130,11 @@ def load(path=None):
                            f"{lib.gpurun_worker_abi()}, this package speaks {ABI}: use the "
                            "package of the same gpurun")
     for name, (res, args) in sig.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise _not_the_library(path, f"has ABI {ABI} but no {name} function (a build of "
+                                         "another gpurun?)") from None
         f.restype, f.argtypes = res, args
     _lib = lib
     return lib

@@ -795,7 +795,7 @@ def _report_program_errors(session):
         if not (isinstance(value, (SystemExit, StateMismatch)) or is_comm_failure(value)):
             try:
                 session.on({"event": "program_error",
-                            "text": f"{kind.__name__}: {str(value)[:300]}"})
+                            "text": _exit.program_error_text(kind, value)})
             except Exception:  # noqa: BLE001 - the exit itself still ends the process
                 pass
         previous(kind, value, tb)
