@@ -2,14 +2,9 @@
 #include "control/config.hpp"
 #include "control/config_text.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -17,6 +12,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
+
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
 
@@ -722,35 +719,12 @@ Config parse_config(std::string_view text, const std::string& source,
 }
 
 Config load_config(const std::filesystem::path& path, const std::vector<int>& valid_gpu_ids) {
-  const auto fail = [&](std::string_view reason) {
-    return ConfigError(fmt::format("{}: cannot read the config file: {}", path.string(), reason));
-  };
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (ec) throw fail(ec.message());
-  if (!fs::is_regular_file(status)) throw fail("not a regular file");
-
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw fail(std::strerror(errno));
-  std::string text;
-  char buffer[16384];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int saved = errno;
-      ::close(fd);
-      throw fail(std::strerror(saved));
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > kMaxConfigBytes) {
-      ::close(fd);
-      throw fail(fmt::format("larger than the limit of {} bytes", kMaxConfigBytes));
-    }
+  try {
+    const FileContent file = read_regular_file(path, kMaxConfigBytes, "the config file");
+    return parse_config(file.bytes, path.string(), valid_gpu_ids);
+  } catch (const FileError& e) {
+    throw ConfigError(e.what());
   }
-  ::close(fd);
-  return parse_config(text, path.string(), valid_gpu_ids);
 }
 
 }  // namespace gpurun::control

@@ -168,9 +168,10 @@ Config parse_config(std::string_view text, const std::string& source,
                     const std::vector<int>& valid_gpu_ids);
 
 /// Reads `path` (following symlinks; at most kMaxConfigBytes) and parses it as parse_config
-/// does, naming the path in messages. Blocks on file I/O. Throws ConfigError, also when the
-/// file is missing, unreadable, not a regular file or too large:
-/// "<path>: cannot read the config file: <reason>".
+/// does, naming the path in messages. Blocks on file I/O (never on a FIFO or a device: read
+/// with gpurun::read_regular_file). Throws ConfigError, also when the file is missing,
+/// unreadable, not a regular file or too large:
+/// "cannot read the config file <path>: it is a FIFO, not a regular file".
 Config load_config(const std::filesystem::path& path, const std::vector<int>& valid_gpu_ids);
 
 /// Largest config file load_config reads, in bytes.

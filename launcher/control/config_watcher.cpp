@@ -21,6 +21,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "control/config.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
 
@@ -36,7 +37,7 @@ struct FileSnapshot {
   int64_t size_bytes = 0;
   uint64_t inode = 0;
   uint64_t device = 0;
-  uint64_t content_hash = 0;  ///< FNV-1a 64 of the first kMaxConfigBytes + 1 bytes
+  uint64_t content_hash = 0;  ///< FNV-1a 64 of the content (of nothing past kMaxConfigBytes)
 
   friend bool operator==(const FileSnapshot&, const FileSnapshot&) = default;
 };
@@ -54,21 +55,13 @@ FileSnapshot take_snapshot(const fs::path& path) {
   snap.inode = static_cast<uint64_t>(st.st_ino);
   snap.device = static_cast<uint64_t>(st.st_dev);
   if (!S_ISREG(st.st_mode)) return snap;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return snap;
   uint64_t hash = 0xcbf29ce484222325ULL;
-  std::size_t total = 0;
-  char buffer[16384];
-  while (total <= kMaxConfigBytes) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
-    }
-    total += static_cast<std::size_t>(n);
+  try {
+    // Past the limit (or swapped for a FIFO): the hash of nothing; mtime and size still tell.
+    for (const char c : read_regular_file(path, kMaxConfigBytes).bytes)
+      hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  } catch (const FileError&) {
   }
-  ::close(fd);
   snap.content_hash = hash;
   return snap;
 }

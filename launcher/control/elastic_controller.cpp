@@ -80,7 +80,13 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
   if (!opt_.run_dir.empty())
     leases_ = std::make_unique<LeaseKeeper>(
         io_, opt_.run_dir, opt_.watcher,
-        [this](const std::vector<LeaseKeeper::Change>& c) { on_leases(c); });
+        [this](const std::vector<LeaseKeeper::Change>& c) { on_leases(c); },
+        [this](const std::string& error) {
+          console_.write(StreamId::kStderr,
+                         fmt::format("gpurun: warning: {}; the leases in force before stay, "
+                                     "training goes on\n",
+                                     error));
+        });
   run_effects();
 }
 

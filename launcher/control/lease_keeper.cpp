@@ -10,26 +10,32 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 
 #include <fmt/format.h>
 
+#include "gpurun/regular_file.hpp"
 #include "gpurun/unique_fd.hpp"
 
 namespace gpurun::control {
 
 namespace {
 
-std::string slurp(const std::string& path, bool& missing) {
-  std::ifstream in(path, std::ios::binary);
-  missing = !in;
-  if (!in) return {};
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw LeaseError(fmt::format("{}: cannot read the leases file", path));
-  return s.str();
+/// A leases file is a few hundred bytes per lease: 1 MiB is thousands of them.
+constexpr std::size_t kMaxLeasesBytes = std::size_t{1} << 20;
+/// Rounds of "the file changed under us: read it again" before update_leases gives up.
+constexpr int kUpdateAttempts = 5;
+
+std::optional<FileContent> read_file(const std::string& path) {
+  try {
+    return read_regular_file_if_exists(path, kMaxLeasesBytes, "the leases file");
+  } catch (const FileError& e) {
+    throw LeaseError(e.what());
+  }
+}
+
+std::vector<Lease> parsed(const std::optional<FileContent>& file, const std::string& path) {
+  return file ? parse_leases(file->bytes, path) : std::vector<Lease>{};
 }
 
 }  // namespace
@@ -56,13 +62,12 @@ std::string lease_time_text(int64_t unix_ms) {
 }
 
 std::vector<Lease> read_leases(const std::string& path) {
-  bool missing = false;
-  const std::string text = slurp(path, missing);
-  return missing ? std::vector<Lease>{} : parse_leases(text, path);
+  return parsed(read_file(path), path);
 }
 
 std::vector<Lease> update_leases(
-    const std::string& path, const std::function<std::vector<Lease>(std::vector<Lease>)>& change) {
+    const std::string& path, const std::function<std::vector<Lease>(std::vector<Lease>)>& change,
+    const ReplaceHook& hook) {
   const std::string lock_path = path + ".lock";
   UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock)
@@ -71,29 +76,33 @@ std::vector<Lease> update_leases(
   while (::flock(lock.get(), LOCK_EX) != 0)
     if (errno != EINTR)
       throw LeaseError(fmt::format("{}: cannot lock: {}", lock_path, std::strerror(errno)));
-  std::vector<Lease> next = change(read_leases(path));
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << render_leases(next);
-    out.close();
-    if (!out) {
-      ::unlink(tmp.c_str());
-      throw LeaseError(fmt::format("{}: cannot write the leases file", tmp));
+  // gpurun's own writers hold the lock; a hand edit (or another program) does not: the file
+  // is replaced only if it still holds what was read, else read again.
+  for (int attempt = 1;; ++attempt) {
+    const std::optional<FileContent> before = read_file(path);
+    std::vector<Lease> next = change(parsed(before, path));
+    try {
+      if (replace_file_if_unchanged(path, before, render_leases(next), 0644, hook)) return next;
+    } catch (const FileError& e) {
+      throw LeaseError(e.what());
     }
+    if (attempt == kUpdateAttempts)
+      throw LeaseError(fmt::format(
+          "{}: the leases file changed {} times while gpurun rewrote it (something writes it "
+          "without taking {}): nothing was changed; try again",
+          path, kUpdateAttempts, lock_path));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw LeaseError(fmt::format("{}: cannot replace the leases file: {}", path, std::strerror(e)));
-  }
-  return next;
 }
 
 LeaseKeeper::LeaseKeeper(boost::asio::io_context& io, const std::string& run_dir,
                          WatcherOptions watcher,
-                         std::function<void(const std::vector<Change>&)> on_change)
-    : io_(io), path_(leases_path(run_dir)), on_change_(std::move(on_change)), timer_(io) {
+                         std::function<void(const std::vector<Change>&)> on_change,
+                         std::function<void(const std::string&)> on_error)
+    : io_(io),
+      path_(leases_path(run_dir)),
+      on_change_(std::move(on_change)),
+      on_error_(std::move(on_error)),
+      timer_(io) {
   watcher.log = {};
   watcher_ = std::make_unique<ConfigWatcher>(io_, path_, watcher, [this] { reload(); });
 }
@@ -105,11 +114,17 @@ LeaseKeeper::~LeaseKeeper() {
 void LeaseKeeper::reload() {
   try {
     std::vector<Lease> now = drop_ended(read_leases(path_), unix_now_ms());
-    error_.clear();
+    set_error("");
     apply(std::move(now), "reclaimed");
   } catch (const LeaseError& e) {
-    error_ = e.what();
+    set_error(e.what());
   }
+}
+
+void LeaseKeeper::set_error(const std::string& error) {
+  if (error == error_) return;
+  error_ = error;
+  if (!error_.empty() && on_error_) on_error_(error_);
 }
 
 void LeaseKeeper::expire() {
@@ -117,7 +132,7 @@ void LeaseKeeper::expire() {
   try {
     now = update_leases(path_, [](std::vector<Lease> l) { return drop_ended(l, unix_now_ms()); });
   } catch (const LeaseError& e) {
-    error_ = e.what();
+    set_error(e.what());
     now = drop_ended(leases_, unix_now_ms());  // the time is up whatever the file says
   }
   apply(std::move(now), "expired");

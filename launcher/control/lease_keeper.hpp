@@ -14,6 +14,7 @@
 
 #include "control/config_watcher.hpp"
 #include "control/policy.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
 
@@ -21,12 +22,19 @@ namespace gpurun::control {
 std::string leases_path(const std::string& run_dir);
 
 /// Reads, changes and rewrites the leases file under an exclusive lock (flock on
-/// `<file>.lock`), atomically (temp file + rename). `change` gets the current leases (none
-/// when the file is missing) and returns the new ones. Returns them. Blocks on file I/O and
-/// the lock. Throws LeaseError naming the file on an I/O error or a malformed file.
+/// `<file>.lock`), atomically (temp file + rename, gpurun::replace_file_if_unchanged).
+/// `change` gets the current leases (none when the file is missing) and returns the new ones;
+/// should the file change between the read and the rename (a hand edit: gpurun's own writers
+/// hold the lock), it is read again and `change` runs again, up to 5 times, so `change` must
+/// compute its result from its argument alone. Returns the leases written. Blocks on file
+/// I/O and the lock. Throws LeaseError naming the file on an I/O error, a malformed file, a
+/// file that is not a regular file (a FIFO, /dev/zero: gpurun::read_regular_file) or one
+/// that kept changing. `hook`: the test seam of replace_file_if_unchanged.
 std::vector<Lease> update_leases(
-    const std::string& path, const std::function<std::vector<Lease>(std::vector<Lease>)>& change);
-/// The leases in the file (none when it is missing). Throws LeaseError.
+    const std::string& path, const std::function<std::vector<Lease>(std::vector<Lease>)>& change,
+    const ReplaceHook& hook = {});
+/// The leases in the file (none when it is missing). Never blocks on a FIFO or a device.
+/// Throws LeaseError.
 std::vector<Lease> read_leases(const std::string& path);
 
 /// Unix time now, ms.
@@ -45,8 +53,12 @@ class LeaseKeeper {
     std::string why;
   };
   /// `on_change` runs after the set of running leases changed (never inside the constructor).
+  /// `on_error` gets each new problem with the file (a sentence naming it: "cannot read the
+  /// leases file /r/leases.json: it is a FIFO, not a regular file"), once until it changes;
+  /// the leases in force stay.
   LeaseKeeper(boost::asio::io_context& io, const std::string& run_dir, WatcherOptions watcher,
-              std::function<void(const std::vector<Change>&)> on_change);
+              std::function<void(const std::vector<Change>&)> on_change,
+              std::function<void(const std::string&)> on_error = {});
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
@@ -61,10 +73,12 @@ class LeaseKeeper {
   void expire();
   void arm();
   void apply(std::vector<Lease> now, const std::string& end_why);
+  void set_error(const std::string& error);
 
   boost::asio::io_context& io_;
   std::string path_;
   std::function<void(const std::vector<Change>&)> on_change_;
+  std::function<void(const std::string&)> on_error_;
   std::vector<Lease> leases_;
   std::string error_;
   boost::asio::steady_timer timer_;

@@ -23,6 +23,7 @@
 #include "control/policy.hpp"
 #include "control/status.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/regular_file.hpp"
 #include "gpurun/unique_fd.hpp"
 
 namespace gpurun::control {
@@ -36,12 +37,8 @@ void err(const std::string& msg) {
   std::fprintf(stderr, "gpurun: error: %s\n", msg.c_str());
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+/// Rounds of "the file changed under us: read it again" before `gpurun set` gives up.
+constexpr int kSetAttempts = 5;
 
 /// What a command needs from the run's status.json.
 struct RunFacts {
@@ -67,8 +64,14 @@ std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
   if (!dir) return err(error), std::nullopt;
   code = 1;
   const fs::path file = fs::path(*dir) / "status.json";
+  std::optional<FileContent> text;
+  try {
+    text = read_regular_file_if_exists(file, kDefaultMaxFileBytes, "the run's status");
+  } catch (const FileError& e) {
+    return err(e.what()), std::nullopt;
+  }
   boost::system::error_code ec;
-  json::value root = json::parse(slurp(file), ec);
+  json::value root = json::parse(text ? std::string_view(text->bytes) : std::string_view(), ec);
   if (ec || !root.is_object())
     return err(fmt::format("cannot read '{}' (has the job ended?)", file.string())), std::nullopt;
   const json::object& o = root.as_object();
@@ -159,7 +162,7 @@ bool parse_args(const std::vector<std::string>& args, std::string_view command,
 
 }  // namespace
 
-int lend_command(const std::vector<std::string>& args) {
+int lend_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   constexpr std::string_view kUsage =
       "usage: gpurun lend GPUS [--for DURATION] [--note TEXT] "
       "[--run-id ID | --pid PID | --run-dir DIR]\n"
@@ -193,12 +196,14 @@ int lend_command(const std::vector<std::string>& args) {
   if (note) lease.note = *note;
   std::vector<Lease> now_lent;
   try {
-    update_leases(leases_path(run->run_dir), [&](std::vector<Lease> l) {
-      l = drop_ended(l, lease.since_ms);
-      l.push_back(lease);
-      now_lent = l;
-      return l;
-    });
+    now_lent = update_leases(
+        leases_path(run->run_dir),
+        [&](std::vector<Lease> l) {
+          l = drop_ended(l, lease.since_ms);
+          l.push_back(lease);
+          return l;
+        },
+        hook);
   } catch (const LeaseError& e) {
     return err(e.what()), 1;
   }
@@ -209,7 +214,7 @@ int lend_command(const std::vector<std::string>& args) {
   return 0;
 }
 
-int reclaim_command(const std::vector<std::string>& args) {
+int reclaim_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   constexpr std::string_view kUsage =
       "usage: gpurun reclaim [GPUS] [--run-id ID | --pid PID | --run-dir DIR]\n"
       "  ends the leases of GPUS now (every lease without GPUS)";
@@ -238,18 +243,21 @@ int reclaim_command(const std::vector<std::string>& args) {
   std::vector<Lease> left;
   const int64_t now_ms = unix_now_ms();
   try {
-    update_leases(leases_path(run->run_dir), [&](std::vector<Lease> l) {
-      std::vector<Lease> out;
-      for (Lease& lease : drop_ended(l, now_ms)) {
-        std::vector<int> keep;
-        for (int g : lease.gpus) (which && !has_id(*which, g) ? keep : back).push_back(g);
-        if (keep.empty()) continue;
-        lease.gpus = keep;
-        out.push_back(lease);
-      }
-      left = out;
-      return out;
-    });
+    left = update_leases(
+        leases_path(run->run_dir),
+        [&](std::vector<Lease> l) {
+          back.clear();  // runs again when the file changed under it
+          std::vector<Lease> out;
+          for (Lease& lease : drop_ended(l, now_ms)) {
+            std::vector<int> keep;
+            for (int g : lease.gpus) (which && !has_id(*which, g) ? keep : back).push_back(g);
+            if (keep.empty()) continue;
+            lease.gpus = keep;
+            out.push_back(lease);
+          }
+          return out;
+        },
+        hook);
   } catch (const LeaseError& e) {
     return err(e.what()), 1;
   }
@@ -358,7 +366,7 @@ std::string set_config_key(std::string_view config, std::string_view key, std::s
   return out + fmt::format("\n[{}]\n{} = {}\n", table, name, value);
 }
 
-int set_command(const std::vector<std::string>& args) {
+int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   constexpr std::string_view kUsage =
       "usage: gpurun set KEY=VALUE... [--config PATH | --run-id ID | --pid PID | --run-dir DIR]\n"
       "  e.g. gpurun set active_gpus=0-3   gpurun set park.mode=hold   (docs/config.md keys)";
@@ -405,90 +413,91 @@ int set_command(const std::vector<std::string>& args) {
     return err(fmt::format("cannot lock the directory of '{}': {}", target.string(),
                            std::strerror(errno))),
            1;
-  std::string text;
-  {
-    std::ifstream in(target, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (!in || in.bad()) return err(fmt::format("cannot read '{}'", target.string())), 1;
-    text = ss.str();
-  }
   const std::vector<int> any_ids = [&] {
     std::vector<int> ids = gpus;
     if (ids.empty())  // --config alone: any id is taken
       for (int i = 0; i < 4096; ++i) ids.push_back(i);
     return ids;
   }();
-  std::vector<std::string> warned_before;
-  try {
-    warned_before = parse_config(text, target.string(), any_ids).warnings;
-  } catch (const ConfigError&) {
-    // A file with an error now: the change may fix it; the check below says.
-  }
-  for (const std::string& kv : pos) {
-    const size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return err(fmt::format("'{}' is not KEY=VALUE ({})", kv, kUsage)), 2;
-    const std::string key = kv.substr(0, eq);
-    std::string value = kv.substr(eq + 1);
-    if (key == "active_gpus") {
-      if (value.empty() || value == "[]" || value == "none") {
-        value = "[]";
-      } else if (value == "all" && gpus.empty()) {
-        return err("active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
-                   "give the job (--run-id, --pid, --run-dir) instead of --config"),
-               2;
-      } else if (value.front() != '[') {
-        try {
-          value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
-        } catch (const LeaseError& e) {
-          return err(e.what()), 2;
+  const auto mode = static_cast<mode_t>(fs::status(target, ec).permissions());
+  // Read, change, check, and replace only if the file still holds what was read: a hand edit
+  // (or an editor's save) between the read and the rename is read again, never overwritten.
+  for (int attempt = 1;; ++attempt) {
+    std::optional<FileContent> before;
+    try {
+      before = read_regular_file(target, kMaxConfigBytes, "the config file");
+    } catch (const FileError& e) {
+      return err(e.what()), 1;
+    }
+    std::string text = before->bytes;
+    std::vector<std::string> warned_before;
+    try {
+      warned_before = parse_config(text, target.string(), any_ids).warnings;
+    } catch (const ConfigError&) {
+      // A file with an error now: the change may fix it; the check below says.
+    }
+    for (const std::string& kv : pos) {
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        return err(fmt::format("'{}' is not KEY=VALUE ({})", kv, kUsage)), 2;
+      const std::string key = kv.substr(0, eq);
+      std::string value = kv.substr(eq + 1);
+      if (key == "active_gpus") {
+        if (value.empty() || value == "[]" || value == "none") {
+          value = "[]";
+        } else if (value == "all" && gpus.empty()) {
+          return err("active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
+                     "give the job (--run-id, --pid, --run-dir) instead of --config"),
+                 2;
+        } else if (value.front() != '[') {
+          try {
+            value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
+          } catch (const LeaseError& e) {
+            return err(e.what()), 2;
+          }
         }
+      } else if (key.find('.') == std::string::npos) {
+        return err(fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
+                               "(docs/config.md)",
+                               key)),
+               2;
+      } else {
+        // A TOML value as written (5, 1.5, true, "x", [..]); a bare word is taken as a string.
+        const bool literal =
+            !value.empty() && (value.front() == '"' || value.front() == '\'' ||
+                               value.front() == '[' || value == "true" || value == "false" ||
+                               value.find_first_not_of("0123456789.+-eE_") == std::string::npos);
+        if (!literal) value = json::serialize(json::value(value));
       }
-    } else if (key.find('.') == std::string::npos) {
-      return err(fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
-                             "(docs/config.md)",
-                             key)),
-             2;
-    } else {
-      // A TOML value as written (5, 1.5, true, "x", [..]); a bare word is taken as a string.
-      const bool literal =
-          !value.empty() && (value.front() == '"' || value.front() == '\'' ||
-                             value.front() == '[' || value == "true" || value == "false" ||
-                             value.find_first_not_of("0123456789.+-eE_") == std::string::npos);
-      if (!literal) value = json::serialize(json::value(value));
+      try {
+        text = set_config_key(text, key, value);
+      } catch (const ConfigError& e) {
+        return err(fmt::format("{}: {}: {}", target.string(), key, e.what())), 1;
+      }
+    }
+    // The same rules and messages as a hand edit; a key the file would only warn about (an
+    // unknown one, a misspelling) is refused as well: set writes keys that take effect.
+    try {
+      const Config c = parse_config(text, target.string(), any_ids);
+      for (const std::string& w : c.warnings)
+        if (std::find(warned_before.begin(), warned_before.end(), w) == warned_before.end())
+          return err(fmt::format("the change was not written; {} would warn: {}", target.string(),
+                                 w)),
+                 2;
+    } catch (const ConfigError& e) {
+      err(fmt::format("the change was not written; {} would say:\n{}", target.string(), e.what()));
+      return 1;
     }
     try {
-      text = set_config_key(text, key, value);
-    } catch (const ConfigError& e) {
-      return err(fmt::format("{}: {}: {}", target.string(), key, e.what())), 1;
+      if (replace_file_if_unchanged(target, before, text, mode, hook)) break;
+    } catch (const FileError& e) {
+      return err(e.what()), 1;
     }
-  }
-  // The same rules and messages as a hand edit; a key the file would only warn about (an
-  // unknown one, a misspelling) is refused as well: set writes keys that take effect.
-  try {
-    const Config c = parse_config(text, target.string(), any_ids);
-    for (const std::string& w : c.warnings)
-      if (std::find(warned_before.begin(), warned_before.end(), w) == warned_before.end())
-        return err(fmt::format("the change was not written; {} would warn: {}", target.string(),
-                               w)),
-               2;
-  } catch (const ConfigError& e) {
-    err(fmt::format("the change was not written; {} would say:\n{}", target.string(), e.what()));
-    return 1;
-  }
-  const std::string tmp = fmt::format("{}.gpurun-set.{}", target.string(), ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) return ::unlink(tmp.c_str()), err(fmt::format("cannot write '{}'", tmp)), 1;
-  }
-  fs::permissions(tmp, fs::status(target, ec).permissions(), ec);
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return err(fmt::format("cannot replace '{}': {}", target.string(), std::strerror(e))), 1;
+    if (attempt == kSetAttempts)
+      return err(fmt::format("'{}' changed {} times while gpurun set rewrote it (a hand edit or "
+                             "another program): the change was not written; try again",
+                             target.string(), kSetAttempts)),
+             1;
   }
   std::string what;
   bool at_start = false;  // [energy] and [notify] are read when the job starts

@@ -21,6 +21,7 @@
 
 #include "control/resize_timeline.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/regular_file.hpp"
 #include "supervisor/event_log.hpp"
 
 namespace gpurun::control {
@@ -49,9 +50,11 @@ std::string process_start_time(int pid) {
   return "";
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+/// A registry entry or status.json: "" when missing; throws FileError for a FIFO, a device,
+/// a directory or a file over 16 MiB (gpurun::read_regular_file).
+std::string slurp(const fs::path& p, std::string_view what) {
+  const std::optional<FileContent> f = read_regular_file_if_exists(p, kDefaultMaxFileBytes, what);
+  return f ? f->bytes : std::string();
 }
 
 }  // namespace
@@ -208,7 +211,8 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
   return root.str();
 }
 
-bool write_status_file(const std::string& dir, const std::string& text, std::string& error) {
+bool write_status_file(const std::string& dir, const std::string& text, std::string& error,
+                       FileIdentity* written) {
   const std::string path = dir + "/status.json";
   const std::string tmp = fmt::format("{}/.status.json.{}", dir, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -229,6 +233,10 @@ bool write_status_file(const std::string& dir, const std::string& text, std::str
       return false;
     }
     off += static_cast<size_t>(n);
+  }
+  if (written) {
+    // The identity the file will have in place (rename keeps the inode and the mtime).
+    if (const std::optional<FileIdentity> id = file_identity(fd)) *written = *id;
   }
   if (::close(fd) != 0) {  // e.g. a deferred NFS write error
     error = fmt::format("cannot write '{}': {}", tmp, std::strerror(errno));
@@ -324,7 +332,12 @@ std::vector<RunEntry> live_runs() {
     } catch (const std::exception&) {
       continue;
     }
-    std::ifstream in(e.path());
+    std::istringstream in;
+    try {
+      in.str(slurp(e.path(), "the run registration"));
+    } catch (const FileError&) {
+      continue;  // not one gpurun wrote (a FIFO, a directory): not a run, left alone
+    }
     RunEntry r;
     r.pid = pid;
     std::string& started = r.started;
@@ -485,7 +498,13 @@ int status_command(const std::vector<std::string>& args) {
     return code;
   }
   const fs::path file = fs::path(*run_dir) / "status.json";
-  const std::string text = slurp(file);
+  std::string text;
+  try {
+    text = slurp(file, "the run's status");
+  } catch (const FileError& e) {
+    err(e.what());
+    return 1;
+  }
   boost::system::error_code ec;
   json::value root = json::parse(text, ec);
   if (ec || !root.is_object()) {
@@ -671,7 +690,24 @@ void StatusWriter::write_now() {
   dirty_ = false;
   last_write_ = std::chrono::steady_clock::now();
   std::string error;
-  if (!write_status_file(dir_, render_(), error) && on_error_) on_error_(error);
+  const std::string path = dir_ + "/status.json";
+  if (written_ && !crossed_said_) {
+    const std::optional<FileIdentity> now = file_identity(path);
+    if (now && *now != *written_ && on_error_) {
+      crossed_said_ = true;  // said once: a second writer would otherwise flood the console
+      on_error_(
+          fmt::format("{} was changed or replaced by another process since gpurun wrote "
+                      "it (another gpurun using this run directory, or a hand edit); "
+                      "gpurun goes on writing this run's status there",
+                      path));
+    }
+  }
+  FileIdentity id;
+  if (!write_status_file(dir_, render_(), error, &id)) {
+    if (on_error_) on_error_(error);
+    return;
+  }
+  written_ = id;
 }
 
 }  // namespace gpurun::control

@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "control/scheduler.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
 
@@ -87,8 +88,10 @@ std::string render_status(const RunStatus& status, const StatusSnapshot& snapsho
 std::string render_status(const Scheduler& scheduler, const StatusSnapshot& snapshot);
 
 /// Writes `<dir>/status.json` atomically (temp file in `dir`, then rename). Returns false
-/// and sets `error` (a sentence naming the path) on failure. Blocks on file I/O.
-bool write_status_file(const std::string& dir, const std::string& json, std::string& error);
+/// and sets `error` (a sentence naming the path) on failure. `written` (optional) gets the
+/// identity of the file put in place. Blocks on file I/O.
+bool write_status_file(const std::string& dir, const std::string& json, std::string& error,
+                       FileIdentity* written = nullptr);
 
 /// Coalesces status.json writes: publish() marks the status dirty and the file is
 /// rewritten at most once per `min_interval` (and at once when the last write is
@@ -99,7 +102,9 @@ bool write_status_file(const std::string& dir, const std::string& json, std::str
 class StatusWriter {
  public:
   using Render = std::function<std::string()>;
-  /// `render` returns the status.json text; `on_error` gets a sentence on a failed write.
+  /// `render` returns the status.json text; `on_error` gets a sentence on a failed write,
+  /// and once when status.json is found changed or replaced since the last write (another
+  /// writer in the run directory, or a hand edit): gpurun goes on writing its status there.
   StatusWriter(boost::asio::io_context& io, std::string dir, Render render,
                std::function<void(const std::string&)> on_error,
                std::chrono::milliseconds min_interval = std::chrono::milliseconds(100));
@@ -120,6 +125,8 @@ class StatusWriter {
   std::function<void(const std::string&)> on_error_;
   std::chrono::milliseconds min_interval_;
   std::chrono::steady_clock::time_point last_write_{};
+  std::optional<FileIdentity> written_;  ///< the file the last write put in place
+  bool crossed_said_ = false;
   bool dirty_ = false;
   bool armed_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);

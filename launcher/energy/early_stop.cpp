@@ -12,37 +12,13 @@
 #include <boost/json.hpp>
 
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::energy {
 
 namespace {
 
 using detail::json_number;
-
-}  // namespace
-
-namespace detail {
-
-std::string file_type_name(unsigned mode) {
-  switch (mode & S_IFMT) {
-    case S_IFDIR:
-      return "a directory";
-    case S_IFCHR:
-      return "a character device";
-    case S_IFBLK:
-      return "a block device";
-    case S_IFIFO:
-      return "a FIFO";
-    case S_IFSOCK:
-      return "a socket";
-    default:
-      return "not a regular file";
-  }
-}
-
-}  // namespace detail
-
-namespace {
 
 std::string slot_map_json(const std::map<int, double>& m) {
   std::string out = "{";
@@ -169,51 +145,18 @@ std::optional<std::string> CostTracker::stop_reason(const CostThreshold& thresho
 }
 
 std::optional<double> best_cost(const std::filesystem::path& history, const std::string& job) {
-  // O_NONBLOCK: a FIFO named as the history must not hang the job's start.
-  const int fd = ::open(history.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::nullopt;
-    throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
-                            std::strerror(errno)));
+  // A FIFO must not hang the job's start, nor /dev/zero grow it: read_regular_file.
+  std::optional<FileContent> file;
+  try {
+    file = read_regular_file_if_exists(history, kMaxHistoryBytes, "the energy history");
+  } catch (const FileError& e) {
+    throw Error(fmt::format(
+        "the energy history {} ([energy] history) cannot be read: {}; name a JSON-lines file "
+        "(at most {} MiB), or start a new one",
+        history.string(), e.problem(), kMaxHistoryBytes >> 20));
   }
-  std::string text;
-  {
-    struct stat st {};
-    const bool stat_ok = ::fstat(fd, &st) == 0;
-    const int stat_errno = errno;
-    if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size > static_cast<off_t>(kMaxHistoryBytes)) {
-      ::close(fd);
-      if (!stat_ok)
-        throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
-                                std::strerror(stat_errno)));
-      if (!S_ISREG(st.st_mode))
-        throw Error(fmt::format(
-            "the energy history {} ([energy] history) is not a regular file but {}; name a "
-            "JSON-lines file (at most {} MiB)",
-            history.string(), detail::file_type_name(st.st_mode), kMaxHistoryBytes >> 20));
-      throw Error(fmt::format(
-          "the energy history {} ([energy] history) is {} bytes, more than the limit of {} MiB "
-          "({} bytes); start a new file or trim the old runs",
-          history.string(), st.st_size, kMaxHistoryBytes >> 20, kMaxHistoryBytes));
-    }
-    // At most the limit, whatever the file grows to while it is read.
-    text.resize(kMaxHistoryBytes);
-    std::size_t got = 0;
-    while (got < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        const int read_errno = errno;
-        ::close(fd);
-        throw Error(fmt::format("cannot read the energy history {}: {}", history.string(),
-                                std::strerror(read_errno)));
-      }
-      if (n == 0) break;
-      got += static_cast<std::size_t>(n);
-    }
-    ::close(fd);
-    text.resize(got);
-  }
+  if (!file) return std::nullopt;
+  const std::string& text = file->bytes;
   std::istringstream in(text);
   std::optional<double> best;
   std::string line;
@@ -260,7 +203,7 @@ void append_history(const std::filesystem::path& history, const HistoryEntry& e)
     throw Error(fmt::format(
         "the energy history {} ([energy] history) is not a regular file but {}: this run is not "
         "appended to it",
-        history.string(), detail::file_type_name(st.st_mode)));
+        history.string(), file_type_name(st.st_mode)));
   }
   ssize_t n;
   do {

@@ -145,11 +145,6 @@ void append_history(const std::filesystem::path& history, const HistoryEntry& en
 /// significant digits ("1e+308"), so a huge threshold is not printed as 309 digits.
 std::string format_joules(double j, int decimals = 1);
 
-namespace detail {
-/// "a directory", "a character device", "a FIFO", … for a stat st_mode, for messages.
-std::string file_type_name(unsigned mode);
-}  // namespace detail
-
 /// The early-stop threshold: `absolute_j` when given (origin empty); else factor × best with
 /// origin "<factor> × best <best> J from <history_name>" when both factor > 0 and best are
 /// given; else nullopt (no early stop).

@@ -17,6 +17,7 @@
 
 #include "gpurun/abstract_lock.hpp"
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::energy {
 
@@ -103,15 +104,13 @@ std::string render(const std::vector<JournalEntry>& entries) {
 }
 
 std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (errno == ENOENT) return "";
-    throw Error(
-        fmt::format("power journal: cannot read {}: {}", path.string(), std::strerror(errno)));
+  try {
+    const std::optional<FileContent> f =
+        read_regular_file_if_exists(path, kDefaultMaxFileBytes, "the power journal");
+    return f ? f->bytes : std::string();
+  } catch (const FileError& e) {
+    throw Error(fmt::format("power journal: {}", e.what()));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 bool usable_dir(const fs::path& dir) {
@@ -144,7 +143,7 @@ fs::path journal_path() {
 
 std::vector<JournalEntry> read_journal(const fs::path& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return {};
+  if (!fs::exists(path, ec) && !ec) return {};  // a symlink loop (ec) is said by slurp()
   FileLock lock(lock_path(path), LOCK_SH);
   return parse(slurp(path), path);
 }

@@ -6,9 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,6 +14,7 @@
 
 #include "energy/cost.hpp"
 #include "gpurun/check.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::energy {
 
@@ -222,24 +221,29 @@ namespace json = boost::json;
 }
 
 // The parsed file, or an empty cache when it does not exist.
-json::object read_cache(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec) && !ec) {
-      json::object o;
-      o["version"] = 1;
-      o["entries"] = json::array();
-      return o;
-    }
-    throw Error(fmt::format("cannot read the profile cache {}: {}", path.string(),
-                            ec ? ec.message() : std::string(std::strerror(errno))));
+// The file's bytes, or nullopt when it does not exist. Never blocks (a FIFO), never grows
+// without bound (/dev/zero): read_regular_file.
+std::optional<FileContent> read_cache_file(const std::filesystem::path& path) {
+  try {
+    return read_regular_file_if_exists(path, kDefaultMaxFileBytes, "the profile cache");
+  } catch (const FileError& e) {
+    throw Error(
+        fmt::format("the profile cache {} ([energy] profile_cache) cannot be read: {}; "
+                    "name a JSON file there, or delete it",
+                    path.string(), e.problem()));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("cannot read the profile cache {}", path.string()));
+}
+
+json::object parse_cache(const std::filesystem::path& path,
+                         const std::optional<FileContent>& file) {
+  if (!file) {
+    json::object o;
+    o["version"] = 1;
+    o["entries"] = json::array();
+    return o;
+  }
   json::error_code ec;
-  json::value v = json::parse(text.str(), ec);
+  json::value v = json::parse(file->bytes, ec);
   if (ec) bad_cache(path, fmt::format("not JSON ({})", ec.message()));
   json::object* o = v.if_object();
   if (!o) bad_cache(path, "expected a JSON object");
@@ -279,7 +283,7 @@ bool matches(const json::object& e, const ProfileKey& key) {
 }  // namespace
 
 std::optional<unsigned> cached_limit(const std::filesystem::path& path, const ProfileKey& key) {
-  const json::object cache = read_cache(path);
+  const json::object cache = parse_cache(path, read_cache_file(path));
   for (const json::value& e : cache.at("entries").get_array()) {
     if (matches(e.get_object(), key)) {
       return static_cast<unsigned>(e.get_object().at("chosen_w").to_number<int64_t>());
@@ -290,7 +294,6 @@ std::optional<unsigned> cached_limit(const std::filesystem::path& path, const Pr
 
 void store_limit(const std::filesystem::path& path, const ProfileKey& key, unsigned chosen_w,
                  const std::vector<ProfileRow>& rows) {
-  json::object cache = read_cache(path);
   json::object entry;
   entry["program"] = key.program;
   entry["key"] = key.key;
@@ -301,39 +304,32 @@ void store_limit(const std::filesystem::path& path, const ProfileKey& key, unsig
   json::array jrows;
   for (const ProfileRow& r : rows) jrows.push_back(json::parse(r.to_json_fields()));
   entry["rows"] = std::move(jrows);
-
-  json::array& entries = cache["entries"].as_array();
-  bool replaced = false;
-  for (json::value& e : entries) {
-    if (matches(e.get_object(), key)) {
-      e = entry;
-      replaced = true;
-      break;
+  // Jobs sharing one cache: replaced only if it still holds what was read (else read again),
+  // so another job's entry written meanwhile is kept.
+  constexpr int kAttempts = 5;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    const std::optional<FileContent> before = read_cache_file(path);
+    json::object cache = parse_cache(path, before);
+    json::array& entries = cache["entries"].as_array();
+    bool replaced = false;
+    for (json::value& e : entries) {
+      if (matches(e.get_object(), key)) {
+        e = entry;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) entries.push_back(entry);
+    try {
+      if (replace_file_if_unchanged(path, before, json::serialize(cache) + "\n", 0644)) return;
+    } catch (const FileError& e) {
+      throw Error(fmt::format("cannot write the profile cache: {}", e.what()));
     }
   }
-  if (!replaced) entries.push_back(std::move(entry));
-
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << json::serialize(cache) << '\n';
-    out.close();
-    if (!out) {
-      const int err = errno;
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw Error(fmt::format("cannot write the profile cache {} (via {}): {}", path.string(),
-                              tmp.string(), std::strerror(err)));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw Error(fmt::format("cannot replace the profile cache {} with {}: {}", path.string(),
-                            tmp.string(), std::strerror(err)));
-  }
+  throw Error(
+      fmt::format("the profile cache {} changed {} times while gpurun wrote it (other "
+                  "jobs write it): this run's limit was not saved",
+                  path.string(), kAttempts));
 }
 
 }  // namespace gpurun::energy

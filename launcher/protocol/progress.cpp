@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
 
@@ -65,9 +67,16 @@ std::unique_ptr<ProgressWriter> ProgressWriter::from_env() {
 }
 
 ProgressWriter::ProgressWriter(const std::string& path, int slot) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // O_NONBLOCK and a regular file only: a FIFO or a device in its place is refused, not mapped.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     throw Error(fmt::format("progress file {}: open failed: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format("progress file {}: it is {}, not a regular file", path,
+                            file_type_name(st.st_mode)));
+  }
   const off_t size = ::lseek(fd, 0, SEEK_END);
   const auto need = static_cast<off_t>((static_cast<std::size_t>(slot) + 1) * kProgressSlotBytes);
   if (size < need) {

@@ -6,18 +6,21 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string_view>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::report::detail {
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
+
+/// Longest line read_log takes: gpurun writes records of at most 64 KiB.
+constexpr size_t kMaxLogLineBytes = size_t{1} << 20;
 
 namespace {
 
@@ -188,17 +191,56 @@ void add_record(Run& run, const json::object& o, const std::string& file, size_t
 /// Reads `path` line by line. A line that is not a JSON object throws Error naming
 /// path:line:column — except an unterminated last line (a killed run), which only warns.
 Run read_log(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw Error(fmt::format("{} is a directory, not an event log", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open the event log {}: {}", path, std::strerror(errno)));
+  // A FIFO, /dev/zero or a directory is refused before a byte is read (read_regular_file's
+  // checks); a regular file is streamed, each line at most kMaxLogLineBytes.
+  std::optional<RegularFile> file;
+  try {
+    file = open_regular_file(path, "the event log");
+  } catch (const FileError& e) {
+    throw Error(e.what());
+  }
+  const int fd = file->fd.get();
   Run run;
   std::string text;
   size_t line = 0;
-  while (std::getline(in, text)) {
+  std::string buffer;
+  size_t start = 0;
+  bool at_end = false;
+  bool unterminated = false;
+  // The next line into `text` (without its '\n'); false at the end.
+  const auto next_line = [&]() -> bool {
+    while (true) {
+      const size_t nl = buffer.find('\n', start);
+      if (nl != std::string::npos) {
+        text.assign(buffer, start, nl - start);
+        start = nl + 1;
+        return true;
+      }
+      if (buffer.size() - start > kMaxLogLineBytes)
+        throw Error(
+            fmt::format("{}:{}: the line is more than the limit of {} bytes: not an "
+                        "event log",
+                        path, line + 1, kMaxLogLineBytes));
+      if (at_end) {
+        if (start == buffer.size()) return false;
+        text.assign(buffer, start);
+        start = buffer.size();
+        unterminated = true;
+        return true;
+      }
+      buffer.erase(0, start);
+      start = 0;
+      char chunk[65536];
+      const ssize_t n = ::read(fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        throw Error(fmt::format("reading the event log {} failed: {}", path, std::strerror(errno)));
+      if (n == 0) at_end = true;
+      buffer.append(chunk, static_cast<size_t>(n > 0 ? n : 0));
+    }
+  };
+  while (next_line()) {
     ++line;
-    const bool unterminated = in.eof();
     if (!text.empty() && text.back() == '\r') text.pop_back();
     if (text.find_first_not_of(" \t") == std::string::npos) continue;
     json::stream_parser p;
@@ -223,8 +265,6 @@ Run read_log(const std::string& path) {
                               kind_name(v)));
     add_record(run, v.get_object(), path, line);
   }
-  if (in.bad())
-    throw Error(fmt::format("reading the event log {} failed: {}", path, std::strerror(errno)));
   return run;
 }
 

@@ -1,6 +1,7 @@
 #include "gpurun/snapshot/format.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -186,8 +187,10 @@ bool PayloadFrontier::wait_for(uint64_t bytes) const noexcept {
 
 bool SnapshotHeader::peek_sizes(const std::string& path, uint64_t& data_end,
                                 uint64_t& manifest_bytes) noexcept {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO: no hang
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return ::close(fd), false;
   uint8_t h[kBytes];
   const bool whole = ::pread(fd, h, kBytes, 0) == static_cast<ssize_t>(kBytes);
   ::close(fd);

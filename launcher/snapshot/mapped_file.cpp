@@ -11,12 +11,21 @@
 #include <utility>
 
 #include "gpurun/check.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::snapshot {
 namespace {
 
 [[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
   throw Error(fmt::format("state snapshot: {} '{}' failed: {}", what, path, std::strerror(err)));
+}
+
+/// A snapshot is mapped: a FIFO or a device named in its place is refused (opened
+/// O_NONBLOCK, so a FIFO never hangs the open).
+void require_regular(const std::string& path, const struct stat& st) {
+  if (!S_ISREG(st.st_mode))
+    throw Error(fmt::format("state snapshot: '{}' is {}, not a regular file", path,
+                            file_type_name(st.st_mode)));
 }
 
 }  // namespace
@@ -58,11 +67,12 @@ MappedFile MappedFile::create(const std::string& path, size_t bytes) {
 }
 
 MappedFile MappedFile::open_read_only(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw_io("opening", path, errno);
   MappedFile file(path, fd, nullptr, 0, false);
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_io("stat of", path, errno);
+  require_regular(path, st);
   file.size_ = static_cast<size_t>(st.st_size);
   if (file.size_ > 0) {
     void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -73,11 +83,12 @@ MappedFile MappedFile::open_read_only(const std::string& path) {
 }
 
 MappedFile MappedFile::open_read_write(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw_io("opening", path, errno);
   MappedFile file(path, fd, nullptr, 0, true);
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_io("stat of", path, errno);
+  require_regular(path, st);
   file.size_ = static_cast<size_t>(st.st_size);
   if (file.size_ > 0) {
     void* p = ::mmap(nullptr, file.size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);

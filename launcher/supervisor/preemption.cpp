@@ -9,12 +9,13 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 #include "supervisor/process_spawner.hpp"
 #include "supervisor/worker_command.hpp"
 
@@ -105,8 +106,14 @@ std::optional<std::chrono::seconds> slurm_kill_wait(const EnvMap& env, std::stri
   paths.emplace_back("/etc/slurm/slurm.conf");
   paths.emplace_back("/etc/slurm-llnl/slurm.conf");
   for (const std::string& path : paths) {
-    std::ifstream in(path);
-    if (!in) continue;
+    std::istringstream in;
+    try {
+      const std::optional<FileContent> f = read_regular_file_if_exists(path);
+      if (!f) continue;
+      in.str(f->bytes);
+    } catch (const FileError&) {
+      continue;  // a FIFO, a directory, unreadable: as if absent (Slurm's defaults apply)
+    }
     if (source) *source = path;
     std::optional<std::chrono::seconds> found;
     std::string line;

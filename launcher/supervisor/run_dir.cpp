@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/error.hpp"
+#include "gpurun/regular_file.hpp"
 
 namespace gpurun::supervisor {
 
@@ -92,7 +93,16 @@ int remove_stale_run_dirs(const std::string& base) {
   int removed = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(base, ec)) {
-    std::ifstream in(e.path() / kOwnerFile);
+    // Never blocks nor grows: an owner file that is not a small regular file names no owner.
+    std::istringstream in;
+    try {
+      const std::optional<FileContent> f =
+          read_regular_file_if_exists(e.path() / kOwnerFile, 4096, "the owner file");
+      if (!f) continue;
+      in.str(f->bytes);
+    } catch (const FileError&) {
+      continue;
+    }
     long pid = 0;
     std::string started;
     if (!(in >> pid >> started) || pid <= 0) continue;              // kept logs, or being created

@@ -458,14 +458,15 @@ TEST_CASE("load_config reads files, follows symlinks and reports unreadable ones
   };
   const fs::path missing = dir.path / "missing.toml";
   CHECK(message_for(missing) ==
-        missing.string() + ": cannot read the config file: No such file or directory");
-  CHECK(message_for(dir.path) ==
-        dir.path.string() + ": cannot read the config file: not a regular file");
+        "cannot read the config file " + missing.string() + ": it does not exist");
+  CHECK(message_for(dir.path) == "cannot read the config file " + dir.path.string() +
+                                     ": it is a directory, not a regular file");
 
   const fs::path big = dir.path / "big.toml";
   std::ofstream(big) << std::string(kMaxConfigBytes + 1, '#');
-  CHECK(message_for(big) ==
-        big.string() + ": cannot read the config file: larger than the limit of 1048576 bytes");
+  CHECK(message_for(big) == "cannot read the config file " + big.string() +
+                                ": it is 1048577 bytes, more than the limit of 1 MiB (1048576 "
+                                "bytes)");
 
   const fs::path bad = dir.path / "bad.toml";
   std::ofstream(bad) << "active_gpus = [5]\n";

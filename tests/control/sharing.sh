@@ -16,6 +16,9 @@
 #               another's on GPU 1 makes the job give it up at the next boundary; gone, GPU 1
 #               comes back after reclaim_after_s. gpurun's own worker listed on GPU 2 and a pid
 #               not visible here listed on GPU 0 are not taken as another user's
+#   bad_files   [energy] profile_cache = "/dev/zero" and a FIFO as <run dir>/leases.json: each
+#               said naming the path, the job trains and decides on; lend refuses the FIFO at
+#               once; SIGTERM is honoured (docs/errors.md, "Files gpurun reads")
 # Usage: sharing.sh GPURUN FAKE_WORKER CASE
 set -euo pipefail
 GPURUN=$1 WORKER=$2 CASE=$3
@@ -249,6 +252,44 @@ PY
     expect_resize 5 "[0,1,2]"
     kill "$foreign"; wait "$foreign" 2>/dev/null || true; foreign=
     finish
+    ;;
+  bad_files)
+    # Files that are not regular files (issue 44): [energy] profile_cache naming /dev/zero is
+    # said and the job trains (it never did, growing ~0.5 GB/s); <run dir>/leases.json made a
+    # FIFO nobody writes is said once and decisions go on (they froze for good); `gpurun lend`
+    # refuses it at once naming it (it hung); SIGTERM ends the job.
+    [[ -n ${GPURUN_FAKE_NVML:-} ]] || fail "GPURUN_FAKE_NVML is not set"
+    state=$TMP/nvml_state.txt
+    for i in 0 1; do
+      echo "gpu $i uuid=GPU-a000000$i-0000-1234-3333-00000000000$i full_w=500" >> "$state"
+    done
+    export GPURUN_NVML_LIBRARY=$GPURUN_FAKE_NVML GPURUN_CUDA_LIBRARY=$GPURUN_FAKE_NVML
+    export GPURUN_FAKE_NVML_STATE=$state
+    cfg '[energy]' 'power_limit_watts = "auto"' 'profile_cache = "/dev/zero"'
+    start 2 --energy on
+    expect_resize 1 "[0,1]"
+    for _ in $(seq 1 100); do grep -q 'profile cache /dev/zero' "$TMP/err.log" && break; sleep 0.1; done
+    grep -q 'the profile cache /dev/zero (\[energy\] profile_cache) cannot be read: it is a character device, not a regular file' "$TMP/err.log" ||
+      fail "the /dev/zero cache was not said"
+    wait_current "0, 1"
+    rundir=$(sed -n 's/.*run dir \([^ ]*\).*/\1/p' "$TMP/status.out" | head -1)
+    [[ -d $rundir ]] || fail "no run dir in status: $(cat "$TMP/status.out")"
+    mkfifo "$rundir/leases.json"
+    for _ in $(seq 1 100); do grep -q 'leases.json: it is a FIFO' "$TMP/err.log" && break; sleep 0.1; done
+    grep -q "warning: cannot read the leases file $rundir/leases.json: it is a FIFO, not a regular file" "$TMP/err.log" ||
+      fail "the FIFO was not said"
+    rc=0; timeout 10 "$GPURUN" lend 1 > "$TMP/bad.out" 2>&1 || rc=$?
+    [[ $rc == 1 ]] && grep -q "leases.json: it is a FIFO, not a regular file" "$TMP/bad.out" ||
+      fail "lend on a FIFO: $rc $(cat "$TMP/bad.out")"
+    "$GPURUN" set active_gpus=0 > "$TMP/set.out" 2>&1 || fail "set: $(cat "$TMP/set.out")"
+    expect_resize 2 "[0]"  # decisions go on
+    kill -TERM "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && fail "SIGTERM did not end gpurun within 10 s"
+    rc=0; wait "$pid" || rc=$?
+    pid=
+    [[ $rc == 143 ]] || fail "gpurun exited $rc after SIGTERM, not 143"
+    [[ $(grep -c 'leases.json: it is a FIFO' "$TMP/err.log") == 1 ]] || fail "the FIFO was said more than once"
     ;;
   *) fail "unknown case" ;;
 esac

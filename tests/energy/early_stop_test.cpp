@@ -234,16 +234,16 @@ TEST_CASE(
 
   // /dev/zero never ends: read by line it took 16.8 GB of memory.
   const std::string dev = what_of([&] { best_cost("/dev/zero", "vit"); });
-  CHECK_MESSAGE(dev.find("the energy history /dev/zero ([energy] history) is not a regular file "
-                         "but a character device") != std::string::npos,
+  CHECK_MESSAGE(dev.find("the energy history /dev/zero ([energy] history) cannot be read: it is "
+                         "a character device, not a regular file") != std::string::npos,
                 dev);
   const std::string dir_msg = what_of([&] { best_cost(dir.path, "vit"); });
-  CHECK(dir_msg.find("is not a regular file but a directory") != std::string::npos);
+  CHECK(dir_msg.find("it is a directory, not a regular file") != std::string::npos);
 
   // A FIFO with no writer (or reader) would block the open: neither read nor written.
   const fs::path fifo = dir.path / "fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK(what_of([&] { best_cost(fifo, "vit"); }).find("is not a regular file but a FIFO") !=
+  CHECK(what_of([&] { best_cost(fifo, "vit"); }).find("it is a FIFO, not a regular file") !=
         std::string::npos);
   CHECK(what_of([&] {
           append_history(fifo, {"x", 1, 1, 1, 1, true});
