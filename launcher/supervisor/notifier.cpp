@@ -1,6 +1,7 @@
 // [notify] command runner. Reference: docs/sharing.md#notifications.
 #include "supervisor/notifier.hpp"
 
+#include "gpurun/unique_fd.hpp"
 #include "supervisor/owned_children.hpp"
 
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -110,6 +112,7 @@ void Notifier::run() {
       }
       item = std::move(queue_.front());
       queue_.pop_front();
+      if (gave_up_) continue;  // the command was not found: not run again (said once)
     }
     run_one(item.first, item.second);
   }
@@ -125,6 +128,23 @@ void Notifier::failed(const std::string& why) {
     warn_(fmt::format("notify: {}; the job goes on (later failures are not reported)", why));
 }
 
+void Notifier::forward_stderr(const std::string& event, const std::string& shown,
+                              std::size_t hidden) {
+  if (!warn_ || (shown.empty() && hidden == 0)) return;
+  std::string_view rest = shown;
+  while (!rest.empty()) {
+    const std::size_t nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    warn_(fmt::format("notify: [{}] {}", event, line));
+  }
+  if (hidden > 0)
+    warn_(fmt::format(
+        "notify: [{}] and {} more bytes of the command's stderr, not shown (only the first {} "
+        "bytes of each run are)",
+        event, hidden, kMaxStderrBytes));
+}
+
 void Notifier::run_one(const std::string& event, const std::string& record) {
   // A socket pair, not a pipe: send(MSG_NOSIGNAL) to a command that left without reading
   // is EPIPE, never SIGPIPE, whatever the process's SIGPIPE disposition.
@@ -132,12 +152,36 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0)
     return failed(fmt::format("cannot make a socket for '{}': {}", event, std::strerror(errno)));
   ::shutdown(in[0], SHUT_WR);
+  // Its stderr through a pipe of ours: forwarded bounded (kMaxStderrBytes a run), never a
+  // flood on gpurun's own stderr, never a command blocked on a full pipe (read all along).
+  int err[2];
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return failed(fmt::format("cannot make a pipe for '{}': {}", event, std::strerror(errno)));
+  }
+  ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
+  std::string shown;
+  std::size_t hidden = 0;
+  const auto read_err = [&] {
+    char buf[16384];
+    for (;;) {
+      const ssize_t n = ::read(err[0], buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // EAGAIN (nothing now), or EOF
+      const std::size_t take =
+          std::min(static_cast<std::size_t>(n), kMaxStderrBytes - shown.size());
+      shown.append(buf, take);
+      hidden += static_cast<std::size_t>(n) - take;
+    }
+  };
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
   posix_spawnattr_setpgroup(&attr, 0);  // its own group: a timeout kills what it started too
   sigset_t none;
   sigemptyset(&none);
@@ -162,6 +206,8 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(in[0]);
+  ::close(err[1]);
+  const UniqueFd err_fd(err[0]);
   if (rc != 0) {
     ::close(in[1]);
     return failed(fmt::format("cannot start /bin/sh for '{}': {}", event, std::strerror(rc)));
@@ -188,6 +234,7 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
       ::close(in[1]);
       in[1] = -1;
     }
+    read_err();
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) {
       exited = true;
@@ -196,20 +243,41 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
     if (w < 0 && errno == ECHILD) {  // reaped elsewhere after all: its status is unknown
       release_owned_child(pid);
       if (in[1] >= 0) ::close(in[1]);
-      return;
+      read_err();
+      return forward_stderr(event, shown, hidden);
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       ::kill(-pid, SIGKILL);       // the command's own process group (setpgroup above); still ours:
       ::waitpid(pid, &status, 0);  // not reaped, so the pid cannot have been reused
       release_owned_child(pid);
       if (in[1] >= 0) ::close(in[1]);
+      read_err();
+      forward_stderr(event, shown, hidden);
       return failed(fmt::format("the command for '{}' ran past timeout_s = {} and was killed",
                                 event, static_cast<double>(timeout_.count()) / 1000.0));
     }
-    ::poll(nullptr, 0, 10);
+    pollfd p{err_fd.get(), POLLIN, 0};
+    ::poll(&p, 1, 10);
   }
   release_owned_child(pid);
   if (in[1] >= 0) ::close(in[1]);
+  read_err();  // what is there now (a process it left running may hold the pipe: not waited for)
+  forward_stderr(event, shown, hidden);
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == 127 || WEXITSTATUS(status) == 126)) {
+    // The shell could not run it: every later event would fail the same way.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++failures_;
+      gave_up_ = true;
+    }
+    if (warn_)
+      warn_(fmt::format(
+          "notify: the command for '{}' exited with {} ({}): it is not run again for later "
+          "events; the job goes on (fix [notify] command)",
+          event, WEXITSTATUS(status),
+          WEXITSTATUS(status) == 127 ? "not found" : "found but not executable"));
+    return;
+  }
   if (WIFSIGNALED(status))
     return failed(
         fmt::format("the command for '{}' was killed by signal {}", event, WTERMSIG(status)));

@@ -108,6 +108,50 @@ TEST_CASE("Notifier: a failing command is said once; one past its timeout is kil
   CHECK(counts == std::pair<int, int>{2, 0});
 }
 
+TEST_CASE("Notifier: a command that is not found is said once and not run again") {
+  // Issue 44: the shell's "not found" was printed on every notify event.
+  TempDir dir;
+  const std::string ran = dir.str() + "/ran";
+  Warnings w;
+  std::pair<int, int> counts;
+  {
+    Notifier n("echo x >> '" + ran + "'; gpurun-test-no-such-notify-command", 10s, w.sink());
+    n.post("lease", "{}");
+    n.post("lease_end", "{}");
+    n.post("shutdown", "{}");
+    while (n.failures().first < 1) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(200ms);
+    counts = n.failures();
+  }
+  const auto p = w.problems();
+  REQUIRE(p.size() == 2);
+  // The shell's own words, once, under the event's name (dash: "/bin/sh: 1: …: not found").
+  CHECK(p[0].rfind("notify: [lease] ", 0) == 0);
+  CHECK(p[0].find("gpurun-test-no-such-notify-command") != std::string::npos);
+  CHECK(p[0].find("not found") != std::string::npos);
+  CHECK(p[1] ==
+        "notify: the command for 'lease' exited with 127 (not found): it is not run again for "
+        "later events; the job goes on (fix [notify] command)");
+  CHECK(slurp(ran) == "x\n");  // run once, not for lease_end and shutdown
+  CHECK(counts.first == 1);
+}
+
+TEST_CASE("Notifier: a command's stderr is forwarded bounded, the rest counted") {
+  // Issue 44: a notify command's stderr (65 MB) flooded gpurun's.
+  Warnings w;
+  {
+    Notifier n("head -c 10000000 /dev/zero | tr '\\0' x >&2; echo >&2; echo last >&2", 30s,
+               w.sink());
+    n.post("lease", "{}");
+  }
+  const auto p = w.problems();
+  REQUIRE(p.size() == 2);
+  CHECK(p[0] == "notify: [lease] " + std::string(Notifier::kMaxStderrBytes, 'x'));
+  CHECK(p[1] ==
+        "notify: [lease] and 9995910 more bytes of the command's stderr, not shown (only the "
+        "first 4096 bytes of each run are)");
+}
+
 TEST_CASE("Notifier: a command that never reads stdin, and one that closes it, are fine") {
   Warnings w;
   {
