@@ -99,8 +99,9 @@ std::string signal_name(int sig) {
 }
 
 std::string ExitStatus::describe() const {
-  if (signal != 0) return fmt::format("signal {} ({})", signal_name(signal), signal);
-  return fmt::format("exit code {}", code);
+  const std::string why = cause.empty() ? std::string() : ": " + cause;
+  if (signal != 0) return fmt::format("signal {} ({}){}", signal_name(signal), signal, why);
+  return fmt::format("exit code {}{}", code, why);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "supervisor/worker_env.hpp"
@@ -14,13 +15,20 @@ namespace gpurun::supervisor {
 
 /// How a process ended: exited with `code`, or killed by `signal` (then code is unused).
 struct ExitStatus {
+  ExitStatus() = default;
+  ExitStatus(int exit_code, int signal_number, std::string why = {})
+      : code(exit_code), signal(signal_number), cause(std::move(why)) {}
+
   int code = 0;
   int signal = 0;
+  /// What gpurun learned of the death beyond the status, said after it: "killed by the
+  /// kernel's out-of-memory killer (host memory; cgroup … oom_kill 1)" (root_cause.hpp).
+  std::string cause;
 
   bool success() const { return signal == 0 && code == 0; }
   /// The shell's convention: the code, or 128 + signal number.
   int shell_code() const { return signal != 0 ? 128 + signal : code; }
-  /// "exit code 7" or "signal SIGSEGV (11)".
+  /// "exit code 7" or "signal SIGSEGV (11)", then ": <cause>" when there is one.
   std::string describe() const;
 };
 

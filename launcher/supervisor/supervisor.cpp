@@ -283,20 +283,19 @@ void Supervisor::kill_slot(int local_rank) {
 }
 
 std::string Supervisor::ended_with(const Worker& w) const {
-  return fmt::format("rank {} (pid {}) ended with {}{}", w.rank, w.pid,
-                     w.exit ? w.exit->describe() : std::string("?"),
-                     w.oom.empty() ? std::string() : ": " + w.oom);
+  return fmt::format("rank {} (pid {}) ended with {}", w.rank, w.pid,
+                     w.exit ? w.exit->describe() : std::string("?"));
 }
 
 void Supervisor::on_exit(Worker& w, ExitStatus status) {
-  w.exit = status;
   w.exited_at = WallClock::now();
   // A SIGKILL gpurun did not send: did the kernel's OOM killer send it? (read now: the count)
   if (status.signal == SIGKILL && !w.killed && !killed_)
     if (const auto counted = oom_.rose()) {
-      w.oom = oom_kill_sentence(*counted);
+      w.oom = status.cause = oom_kill_sentence(*counted);  // said wherever the death is
       oom_.baseline();  // the next OOM kill is told apart from this one
     }
+  w.exit = status;
   JsonObject fields;
   fields.add("rank", w.rank)
       .add("local_rank", w.local_rank)
@@ -338,7 +337,6 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   failure_->reason = std::move(reason);
   failure_->error_file = w.error_file;
   failure_->start_error = w.start_error;
-  failure_->oom = w.oom;
   teardown_at_ = WallClock::now();  // a worker that ends after this may be ended by gpurun
   say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
                   opt_.grace_period.count()));
@@ -615,7 +613,6 @@ void Supervisor::settle_root_cause() {
   failure_->local_rank = w.local_rank;
   failure_->pid = w.pid;
   failure_->error_file = w.error_file;
-  failure_->oom = w.oom;
   failure_->reason = ended_with(w);
   if (records[root].after_teardown && (w.exit->signal == SIGTERM || w.exit->signal == SIGKILL)) {
     // It failed (its error file says so), then gpurun's teardown ended it before it exited:
@@ -644,9 +641,8 @@ void Supervisor::print_summary() {
     line(fmt::format("  exit       : could not start: {}", f.start_error));
   } else {
     line(fmt::format("  pid        : {}", f.pid));
-    line(fmt::format("  exit       : {}{}",
-                     f.ended_by_teardown.empty() ? f.status.describe() : f.ended_by_teardown,
-                     f.oom.empty() ? "" : ": " + f.oom));
+    line(fmt::format("  exit       : {}",
+                     f.ended_by_teardown.empty() ? f.status.describe() : f.ended_by_teardown));
   }
   // A multi-line text (a DataLoader worker's traceback inside the message) keeps its lines,
   // bounded (text_block: 40 lines, 4 KiB, the last lines kept).

@@ -52,7 +52,6 @@ struct Supervisor::Failure {
   std::string start_error;  // non-empty: the worker never ran
   std::vector<std::string> tail;
   bool peer = false;  // stop_for_peer: another node failed (no local summary)
-  std::string oom;    // Worker::oom
   // The root cause's process was then ended by gpurun's teardown (it had written its error
   // file): its status is the signal, the job's is the first failure's (`status`).
   std::string ended_by_teardown;
