@@ -392,7 +392,9 @@ void NodeSync::node0_decide_tick() {
   } else {
     const NodeFailure root = *root_cause(failures);
     if (on_root_cause) on_root_cause(a, root);
-    out.reason = fmt::format("{}: {}", node_name(root.node), root.reason);
+    // A node's own failure names its node already ("node 1 (host)'s gpurun …"): once.
+    out.reason =
+        root.rank >= 0 ? fmt::format("{}: {}", node_name(root.node), root.reason) : root.reason;
     out.code = root.code != 0 ? root.code : 1;
     if (a >= opt_.max_restarts) {
       // no restart left: out.restart stays false

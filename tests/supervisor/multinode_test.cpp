@@ -251,7 +251,9 @@ TEST_CASE(
   CHECK(n0.code() == 1);
   CHECK(contains(e0,
                  "root cause of attempt 0 (first failure in time, of every node): node 1 ("));
-  CHECK_FALSE(contains(e0, "node 1: node 1"));  // the node is named once (issue 44)
+  // The node is named once (issue 44), in the root cause and in the job's outcome.
+  CHECK_FALSE(contains(e0, "node 1: node 1"));
+  CHECK_FALSE(contains(e0, "): node 1 ("));
   CHECK(contains(e0, "'s gpurun disconnected from node 0's store"));
   // A static job cannot restart without the lost node, even with restarts left.
   CHECK(contains(e0, "(no restart: node(s) 1 gone, and a static job needs every node)"));
