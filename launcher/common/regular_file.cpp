@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "gpurun/unique_fd.hpp"
+
 namespace gpurun {
 
 namespace fs = std::filesystem;
@@ -129,6 +131,23 @@ bool still_holds(const fs::path& path, const std::optional<FileContent>& expecte
   }
 }
 
+/// Waits (at most ~100 ms) until no process has `file` open for writing — a writer that
+/// opened it before the rename and writes after it — so that a comparison sees its write. A
+/// read lease (F_SETLEASE F_RDLCK) is granted only when there is no writer; it is released at
+/// once. Best effort: returns at once where leases are refused (not the file's owner, NFS).
+void wait_for_writers(const std::string& file) {
+  const UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) return;
+  for (int i = 0; i < 200; ++i) {
+    if (::fcntl(fd.get(), F_SETLEASE, F_RDLCK) == 0) {
+      ::fcntl(fd.get(), F_SETLEASE, F_UNLCK);
+      return;
+    }
+    if (errno != EAGAIN) return;
+    ::usleep(500);
+  }
+}
+
 FileError replace_error(const fs::path& path, const std::string& problem) {
   return FileError(fmt::format("cannot replace {}: {}", path.string(), problem), path.string(),
                    problem);
@@ -227,17 +246,27 @@ bool replace_file_if_unchanged(const fs::path& path, const std::optional<FileCon
     // A file system without hard links: a plain rename (the check above stands).
   } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
     // `tmp` now holds what `path` held at the exchange: the version read, unless an edit
-    // landed after the check. Then it is put back, and the caller retries.
+    // landed after the check (or lands now, from a writer that opened it before the
+    // exchange). Then it is put back, and the caller retries.
+    wait_for_writers(tmp);
     if (still_holds(tmp, expected)) return drop_tmp(), true;
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) != 0)
       throw replace_error(path, fmt::format("it changed while gpurun replaced it, and its new "
                                             "version, moved to {}, cannot be put back: {}",
                                             tmp, std::strerror(errno)));
-    const std::optional<FileIdentity> back = file_identity(tmp);
-    if (back && back->inode != ours)  // yet another edit in these microseconds: keep it
-      throw replace_error(path, fmt::format("it changed several times while gpurun replaced "
-                                            "it; one version was moved to {}: look at it",
-                                            tmp));
+    // `tmp` holds gpurun's version again, with whatever was written into it while it was in
+    // place. Two edits that crossed can't be merged: the other one is kept, and said.
+    wait_for_writers(tmp);
+    std::optional<FileContent> back;
+    try {
+      back = read_impl(tmp, content.size() + 1, "the file", true);
+    } catch (const FileError&) {
+    }
+    if (!back || back->identity.inode != ours || back->bytes != content)
+      throw replace_error(path, fmt::format("it was edited twice while gpurun replaced it, "
+                                            "and the edits cannot be merged: {} holds one, {} "
+                                            "the other; merge them by hand",
+                                            path.string(), tmp));
     return drop_tmp(), false;
   } else if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP && errno != EOPNOTSUPP) {
     const int e = errno;

@@ -419,3 +419,28 @@ TEST_CASE("the status writer says once that status.json was changed by another p
                 said[0]);
   CHECK(gpurun::read_regular_file(status).bytes == "{\"n\": 4}\n");
 }
+
+TEST_CASE(
+    "replace_file_if_unchanged: a writer that opened the file before the rename and "
+    "writes after it is waited for and its write kept") {
+  TempDir dir("gpurun-replace");
+  const fs::path f = dir.path / "config.toml";
+  std::ofstream(f) << "a = 1\n";
+  const gpurun::FileContent before = gpurun::read_regular_file(f);
+  std::thread writer;
+  const auto open_then_write_later = [&](std::string_view at) {
+    if (at != "before_rename") return;
+    // `echo x >> config.toml` caught between its open() and its write(): the write lands on
+    // the file the rename takes away (before: silently lost).
+    const int fd = ::open(f.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    writer = std::thread([fd] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      CHECK(::write(fd, "b = 2\n", 6) == 6);
+      ::close(fd);
+    });
+  };
+  CHECK_FALSE(gpurun::replace_file_if_unchanged(f, before, "a = 5\n", 0644, open_then_write_later));
+  writer.join();
+  CHECK(gpurun::read_regular_file(f).bytes == "a = 1\nb = 2\n");
+}

@@ -107,14 +107,17 @@ std::optional<FileIdentity> file_identity(int fd);
 using ReplaceHook = std::function<void(std::string_view step)>;
 
 /// The last step of a read-modify-write: writes `content` to a temp file next to `path`
-/// (mode `mode`, fsync'ed) and renames it over `path` only if `path` still holds what was
-/// read: `expected` (nullopt: the file was missing and must still be) compared by identity
-/// and content (a re-read just before the rename). Where the file system can, the rename is
-/// an exchange (renameat2 RENAME_EXCHANGE) and the file it displaced is compared again, so
-/// an edit that lands between the check and the rename is put back, not lost. Returns true
-/// when `content` is in place; false when the file changed under the caller (nothing
-/// replaced: re-read and retry). Blocks on file I/O. Throws FileError (naming the path) when
-/// the temp file cannot be written or the rename fails.
+/// (`<path>.gpurun-tmp.<pid>.<n>`, mode `mode`) and renames it over `path` only if `path`
+/// still holds what was read: `expected` (nullopt: the file was missing and must still be)
+/// compared by identity and content (a re-read just before the rename). Where the file system
+/// can, the rename is an exchange (renameat2 RENAME_EXCHANGE): the file it displaced is
+/// compared again once no process has it open for writing (a read lease, waited for up to
+/// ~100 ms: `echo x >> file` caught between its open and its write), and an edit found there
+/// is put back, not lost. Returns true when `content` is in place; false when the file changed
+/// under the caller (nothing replaced: re-read and retry). Blocks on file I/O. Throws
+/// FileError naming the path when the temp file cannot be written, the rename fails, or two
+/// edits crossed gpurun's and each other so that they cannot both be kept ("it was edited
+/// twice …": the other version is left in the temp file, named).
 bool replace_file_if_unchanged(const std::filesystem::path& path,
                                const std::optional<FileContent>& expected, std::string_view content,
                                mode_t mode, const ReplaceHook& hook = {});
