@@ -74,6 +74,15 @@ std::string error_line(const FailureRecord& r) {
   return "..." + std::string(l.substr(from));
 }
 
+std::string tidy_message(std::string_view message) {
+  while (!message.empty() && (message.back() == ' ' || message.back() == '\n' ||
+                              message.back() == '\r' || message.back() == '\t'))
+    message.remove_suffix(1);
+  if (!message.empty() && message.back() == ':' && message.find('\n') == std::string_view::npos)
+    message.remove_suffix(1);
+  return std::string(message);
+}
+
 bool has_teardown_error(const FailureRecord& r) {
   return is_teardown_error(error_text(r));
 }

@@ -51,6 +51,10 @@ std::string error_line(const FailureRecord& r);
 /// Whether the record's error (its error file's message, else its stderr) is a teardown error.
 bool has_teardown_error(const FailureRecord& r);
 
+/// An error message as said: trailing blanks dropped, and "KeyboardInterrupt: " (torch's
+/// "{type}: {str(e)}" of an exception without a message) is "KeyboardInterrupt".
+std::string tidy_message(std::string_view message);
+
 /// When the record's worker failed: its error file's time when it wrote one (the error comes
 /// before the exit), else its reap time.
 WallClock::time_point failed_at(const FailureRecord& r);

@@ -657,11 +657,12 @@ void Supervisor::print_summary() {
       line(fmt::format("  error file : {}", f.error_file));
       if (!report->timestamp.empty())
         line(fmt::format("  time       : {}", format_error_time(report->timestamp)));
-      if (report->message.find('\n') == std::string::npos) {
-        line(fmt::format("  message    : {}", report->message));
+      const std::string message = tidy_message(report->message);
+      if (message.find('\n') == std::string::npos) {
+        line(fmt::format("  message    : {}", message));
       } else {
         line("  message    :");
-        block(report->message, "    ");
+        block(message, "    ");
       }
       if (const auto device = device_oom_sentence(report->message))
         line(fmt::format("  memory     : {}", *device));

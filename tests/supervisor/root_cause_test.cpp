@@ -206,6 +206,14 @@ TEST_CASE("root cause: memory cgroup files from /proc/<pid>/cgroup (v2 and v1)")
   CHECK(memory_event_files("", "/cg").empty());
 }
 
+TEST_CASE("root cause: an exception without a message is its name alone") {
+  // torch's @record writes "{type}: {str(e)}": "KeyboardInterrupt: " for a bare Ctrl-C.
+  CHECK(tidy_message("KeyboardInterrupt: ") == "KeyboardInterrupt");
+  CHECK(tidy_message("KeyboardInterrupt:") == "KeyboardInterrupt");
+  CHECK(tidy_message("ValueError: x \n") == "ValueError: x");
+  CHECK(tidy_message("RuntimeError: see below:\n  detail") == "RuntimeError: see below:\n  detail");
+}
+
 TEST_CASE("root cause: device memory is named for a CUDA out-of-memory") {
   CHECK(device_oom_sentence("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate"));
   CHECK(device_oom_sentence("RuntimeError: CUDA error: out of memory (cudaErrorMemoryAllocation)"));
@@ -349,6 +357,16 @@ TEST_CASE("root cause: an OOM kill's cause is said wherever the death is (descri
         "/sys/fs/cgroup/job oom_kill 2)");
   CHECK(ExitStatus{0, SIGKILL}.describe() == "signal SIGKILL (9)");
   CHECK(ExitStatus{3, 0}.describe() == "exit code 3");
+}
+
+TEST_CASE("root cause summary: a KeyboardInterrupt without a message reads cleanly") {
+  RcHarness h(1);
+  h.sup->start();
+  h.write_error_file(0, R"("KeyboardInterrupt: ")");
+  h.spawner.exit(0, {1, 0});
+  h.drive();
+  INFO(h.console.err);
+  CHECK(h.console.err.find("message    : KeyboardInterrupt\n") != std::string::npos);
 }
 
 TEST_CASE("root cause summary: a SIGKILL the cgroup did not count is a plain SIGKILL") {
