@@ -378,6 +378,8 @@ int run(int argc, char** argv) {
       gpurun::store::ServerOptions so;
       so.hosts = store_hosts;
       so.port = plan.master_port;
+      so.free_port_if_busy = sv::may_take_free_port(plan.nnodes, opt.master_port_given,
+                                                     inherited.count("MASTER_PORT") != 0);
       if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
       so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
@@ -386,6 +388,8 @@ int run(int argc, char** argv) {
             fmt::format("node 0's store listens on port {}: start the other nodes with "
                         "--master-port {}",
                         store->port(), store->port()));
+      if (plan.master_port != 0 && store->port() != plan.master_port)  // busy; nobody chose it
+        print_err(sv::free_port_note(plan.master_port, store_hosts.front(), store->port()));
       plan.master_port = store->port();
     }
     if (!opt.log_dir) sv::remove_stale_run_dirs(sv::temp_run_base());  // left by kill -9

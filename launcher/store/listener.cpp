@@ -1,6 +1,7 @@
 #include "store/listener.hpp"
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -61,9 +62,27 @@ error_code Listener::listen_one(const asio::ip::address& addr, uint16_t port, bo
 void Listener::listen() {
   const ServerOptions& options = server_->options;
   GPURUN_CHECK(!options.hosts.empty(), "ServerOptions::hosts is empty");
+  // A port the kernel picked for the first host may be another program's on a later one; a
+  // busy port that may be replaced (free_port_if_busy): start over on a port the kernel picks.
+  constexpr int kAttempts = 8;
+  uint16_t port = options.port;
+  for (int attempt = 1;; ++attempt) {
+    std::optional<std::string> busy = listen_hosts(port);
+    if (!busy) break;
+    if ((port != 0 && !options.free_port_if_busy) || attempt == kAttempts) throw StoreError(*busy);
+    acceptors_.clear();
+    bound_port_ = 0;
+    port = 0;
+  }
+  next_reactor_.assign(acceptors_.size(), 0);
+  for (std::size_t i = 0; i < acceptors_.size(); ++i) do_accept(i);
+}
+
+std::optional<std::string> Listener::listen_hosts(uint16_t first_port) {
+  const ServerOptions& options = server_->options;
   for (std::size_t i = 0; i < options.hosts.size(); ++i) {
     const std::string& host = options.hosts[i];
-    const uint16_t port = bound_port_ != 0 ? bound_port_ : options.port;
+    const uint16_t port = bound_port_ != 0 ? bound_port_ : first_port;
     error_code ec;
     asio::ip::address addr = asio::ip::make_address(host, ec);
     if (ec) {
@@ -91,11 +110,12 @@ void Listener::listen() {
                                    format_host_port(host, port), ec.message()));
       continue;
     }
-    throw StoreError(
-        fmt::format("cannot listen on {}: {}", format_host_port(host, port), ec.message()));
+    std::string what =
+        fmt::format("cannot listen on {}: {}", format_host_port(host, port), ec.message());
+    if (ec == boost::system::errc::address_in_use) return what;
+    throw StoreError(what);
   }
-  next_reactor_.assign(acceptors_.size(), 0);
-  for (std::size_t i = 0; i < acceptors_.size(); ++i) do_accept(i);
+  return std::nullopt;
 }
 
 void Listener::do_accept(std::size_t index) {

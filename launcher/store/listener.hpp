@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <boost/asio/ip/address.hpp>
@@ -27,7 +29,9 @@ class Listener : public std::enable_shared_from_this<Listener> {
   /// Binds and listens on every ServerOptions::hosts address and starts
   /// accepting. Throws gpurun::StoreError naming host and port ("cannot listen
   /// on 127.0.0.1:29500: Address already in use"); an address other than the
-  /// first that the host lacks is skipped with a log line.
+  /// first that the host lacks is skipped with a log line. A busy port is
+  /// replaced by one the kernel picks when ServerOptions::free_port_if_busy is
+  /// set, or when the kernel picked it (port 0) and a later host has it taken.
   void listen();
   /// The bound port (after listen()).
   uint16_t port() const { return bound_port_; }
@@ -40,6 +44,9 @@ class Listener : public std::enable_shared_from_this<Listener> {
   // Opens, binds and listens one acceptor; returns the error instead of throwing.
   boost::system::error_code listen_one(const boost::asio::ip::address& addr, uint16_t port,
                                        bool dual_stack);
+  // Listens on every host, the first on `first_port`, the others on the port it got. Returns
+  // the error line when a port is taken (EADDRINUSE), throws StoreError on any other error.
+  std::optional<std::string> listen_hosts(uint16_t first_port);
   void do_accept(std::size_t index);
   void on_accept(std::size_t index, boost::system::error_code ec, Socket socket);
 

@@ -42,6 +42,10 @@ struct ServerOptions {
   std::vector<std::string> hosts{"127.0.0.1", "::1"};
   /// TCP port; 0 = let the kernel choose (read it back with Server::port()).
   uint16_t port = 0;
+  /// When `port` (not 0) is taken on one of `hosts` (EADDRINUSE), listen on a
+  /// port the kernel picks instead of throwing: Server::port() differs from
+  /// `port` then. For a single-node job given no port (docs/cli.md#ports).
+  bool free_port_if_busy = false;
   /// listen() backlog; the kernel caps it at net.core.somaxconn. Large so
   /// that thousands of workers connecting at once are not refused.
   int backlog = 8192;

@@ -166,6 +166,19 @@ std::vector<std::string> store_listen_hosts(int nnodes, const std::vector<std::s
   return hosts;
 }
 
+bool may_take_free_port(int nnodes, bool port_given, bool master_port_env) {
+  return nnodes == 1 && !port_given && !master_port_env;
+}
+
+std::string free_port_note(uint16_t asked, const std::string& host, uint16_t bound) {
+  const std::string where = host.find(':') != std::string::npos
+                                ? fmt::format("[{}]:{}", host, bound)
+                                : fmt::format("{}:{}", host, bound);
+  return fmt::format(
+      "port {} is busy; the store listens on {} instead (give --master-port to choose)", asked,
+      where);
+}
+
 bool port_in_use(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;

@@ -46,6 +46,16 @@ std::string not_this_host_reason(const std::string& given, const std::vector<std
 ///    reachable at the address its workers were given and nowhere else.
 std::vector<std::string> store_listen_hosts(int nnodes, const std::vector<std::string>& local);
 
+/// Whether node 0's store may take a free port when the job's port is busy (torchrun's
+/// pytorch#126510): a single-node job (nnodes 1) whose port nobody chose: no --master-port or
+/// PET_MASTER_PORT, no --rdzv-endpoint (`port_given` false: Options::master_port_given) and no
+/// MASTER_PORT in gpurun's environment (`master_port_env`). docs/cli.md#ports.
+bool may_take_free_port(int nnodes, bool port_given, bool master_port_env);
+
+/// The line that says so: "port 29500 is busy; the store listens on 127.0.0.1:41234 instead
+/// (give --master-port to choose)". `host`: the first address the store listens on.
+std::string free_port_note(uint16_t asked, const std::string& host, uint16_t bound);
+
 /// True when a TCP listener on this host holds `port` (binding 0.0.0.0:port with SO_REUSEADDR
 /// fails with EADDRINUSE): c10d's host candidate then joins the node that listens there
 /// instead. Non-blocking; false on any other error.

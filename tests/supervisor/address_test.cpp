@@ -1,7 +1,8 @@
 // --master-addr through the real gpurun binary (docs/cli.md#master-address-and-where-the-store-
 // listens): a name that does not resolve fails at start on every node, an address of another
 // host fails at start on node 0; node 0's store listens on every interface only with
-// --nnodes > 1 (loopback, or exactly the master address, with one node).
+// --nnodes > 1 (loopback, or exactly the master address, with one node). A single-node job
+// given no port takes a free one when 29500 is busy (docs/cli.md#ports); a chosen one fails.
 #include <doctest/doctest.h>
 
 #include "gpurun_process.hpp"
@@ -14,10 +15,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <set>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -95,6 +99,34 @@ struct Gpurun : ChildProcess {
     return a;
   }
 };
+
+/// Holds 127.0.0.1:29500 (gpurun's default port) for the test's life: listening, as another
+/// job's store would. Another program holding it (another job) is as good: `ours` is false
+/// then, and the port may come free during the test.
+struct HoldDefaultPort {
+  int fd = -1;
+  bool ours = false;
+  HoldDefaultPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    const int one = 1;  // a TIME_WAIT left by an earlier job must not count as held
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(29500);
+    ours = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+    if (!ours) REQUIRE(errno == EADDRINUSE);
+  }
+  ~HoldDefaultPort() { ::close(fd); }
+};
+
+/// No port from the environment either (the test's own could have one).
+void no_port_in_environment() {
+  ::unsetenv("MASTER_PORT");
+  ::unsetenv("PET_MASTER_PORT");
+  ::unsetenv("PET_RDZV_ENDPOINT");
+}
 
 /// Lets the workers of `g` finish and waits for gpurun's exit status.
 int stop(Gpurun& g, const TempDir& dir) {
@@ -209,4 +241,88 @@ TEST_CASE("address: with --nnodes 2 node 0's store listens on every interface, I
   INFO("node 1 stderr:\n" << n1.stderr_text());
   CHECK(stop(n1, dir) == 0);
   CHECK(stop(n0, dir) == 0);
+}
+
+TEST_CASE("address: three single-node jobs started at once with no port flags all run") {
+  no_port_in_environment();
+  const HoldDefaultPort held;
+  // Each worker writes its MASTER_PORT, then waits: the three jobs run side by side.
+  const std::string worker =
+      "echo \"$MASTER_PORT\" > \"$OUT_DIR/port.$RANK\"; while [ ! -e \"$OUT_DIR/stop\" ]; do "
+      "sleep 0.05; done";
+  std::vector<std::unique_ptr<TempDir>> dirs;
+  std::vector<std::unique_ptr<ChildProcess>> jobs;
+  for (int j = 0; j < 3; ++j) dirs.push_back(std::make_unique<TempDir>());
+  for (int j = 0; j < 3; ++j)
+    jobs.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{kGpurun, "--nproc", "2", "--device", "cpu", "sh", "-c", worker},
+        std::map<std::string, std::string>{{"OUT_DIR", dirs[j]->str()}},
+        dirs[j]->path / "stdout", dirs[j]->path / "stderr"));
+  const auto end = Clock::now() + 30s;
+  const auto all_written = [&] {
+    for (const auto& d : dirs)
+      for (const char* r : {"0", "1"})
+        if (gpurun::testing::slurp(d->path / (std::string("port.") + r)).find('\n') ==
+            std::string::npos)
+          return false;
+    return true;
+  };
+  const auto one_ended = [&] {  // before the fix: two of them, at once
+    return std::any_of(jobs.begin(), jobs.end(), [](const auto& j) { return j->wait(0ms); });
+  };
+  while (!all_written() && !one_ended() && Clock::now() < end) std::this_thread::sleep_for(20ms);
+  std::set<std::string> ports;
+  for (int j = 0; j < 3; ++j) {
+    CAPTURE(j);
+    const std::string err = jobs[j]->stderr_text();
+    INFO(err);
+    std::string port = gpurun::testing::slurp(dirs[j]->path / "port.0");
+    CHECK(gpurun::testing::slurp(dirs[j]->path / "port.1") == port);  // every worker the same
+    if (!port.empty()) port.pop_back();
+    REQUIRE_FALSE(port.empty());
+    ports.insert(port);
+    // The port the workers were given is the one the line names (29500 itself only where
+    // another program held it at first and let it go).
+    if (held.ours || port != "29500")
+      CHECK(err.substr(0, err.find('\n') + 1) ==
+            "gpurun: port 29500 is busy; the store listens on 127.0.0.1:" + port +
+                " instead (give --master-port to choose)\n");
+    std::ofstream(dirs[j]->path / "stop") << "\n";
+  }
+  CHECK(ports.size() == 3);  // before the fix: two of the three "cannot listen on ...:29500"
+  for (auto& job : jobs) {
+    REQUIRE(job->wait(30s));
+    CHECK(job->code() == 0);
+  }
+}
+
+TEST_CASE("address: a busy port that was chosen (--master-port, MASTER_PORT) fails naming it") {
+  no_port_in_environment();
+  const HoldDefaultPort held;
+  if (!held.ours) {
+    MESSAGE("skipped: another program holds 29500 and may let it go during the test");
+    return;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::map<std::string, std::string>>> ways{
+      {{"--master-port", "29500"}, {}},
+      {{}, {{"PET_MASTER_PORT", "29500"}}},
+      {{}, {{"MASTER_PORT", "29500"}}},
+  };
+  for (const auto& [flags, env] : ways) {
+    TempDir dir;
+    CAPTURE(flags.size());
+    CAPTURE(env.size() ? env.begin()->first : std::string());
+    std::vector<std::string> argv{kGpurun};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    for (const char* w : {"--nproc", "1", "--device", "cpu", "sh", "-c", "touch \"$OUT_DIR/ran\""})
+      argv.emplace_back(w);
+    auto e = env;
+    e["OUT_DIR"] = dir.str();
+    ChildProcess g(argv, e, dir.path / "stdout", dir.path / "stderr");
+    REQUIRE(g.wait(10s));
+    CHECK(g.code() == 1);
+    CHECK(g.stderr_text() ==
+          "gpurun: error: cannot listen on 127.0.0.1:29500: Address already in use\n");
+    CHECK_FALSE(fs::exists(dir.path / "ran"));
+  }
 }

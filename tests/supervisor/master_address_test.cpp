@@ -105,3 +105,16 @@ TEST_CASE("master address: check_master_addr returns the addresses, then this ho
   }
   CHECK(has_loopback);
 }
+
+TEST_CASE("master address: only a single-node job whose port nobody chose may take a free one") {
+  CHECK(may_take_free_port(1, false, false));
+  CHECK_FALSE(may_take_free_port(1, true, false));   // --master-port, PET_MASTER_PORT, endpoint
+  CHECK_FALSE(may_take_free_port(1, false, true));   // MASTER_PORT in gpurun's environment
+  CHECK_FALSE(may_take_free_port(2, false, false));  // the other nodes were told the port
+  CHECK(free_port_note(29500, "127.0.0.1", 41234) ==
+        "port 29500 is busy; the store listens on 127.0.0.1:41234 instead (give --master-port to "
+        "choose)");
+  CHECK(free_port_note(29500, "::1", 41234) ==
+        "port 29500 is busy; the store listens on [::1]:41234 instead (give --master-port to "
+        "choose)");
+}
