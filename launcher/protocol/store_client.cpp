@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -52,6 +53,9 @@ std::string key_list(const std::vector<std::string>& keys) {
   return out + "]";
 }
 
+// How long PING must have gone unanswered before a silent listener counts as not a store.
+constexpr long long kMinPingWaitMs = 100;
+
 // Thrown (as StoreTimeout) after a wait timed out and was cleanly cancelled:
 // the connection stays usable.
 class CleanWaitTimeout : public StoreTimeout {
@@ -60,6 +64,10 @@ class CleanWaitTimeout : public StoreTimeout {
 };
 
 }  // namespace
+
+NotAStoreError::NotAStoreError(const std::string& peer, std::string seen)
+    : StoreError(fmt::format("{} answers but is not a TCPStore ({})", peer, seen)),
+      seen_(std::move(seen)) {}
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   // "[::1]" (the URL form users give --master-addr) is the address ::1 to getaddrinfo.
@@ -135,13 +143,42 @@ int Client::connect_once(Clock::time_point deadline) {
 }
 
 void Client::handshake(Clock::time_point deadline) {
+  // VALIDATE and PING in one write; any failure from here on is the listener's: it accepted
+  // the connection, so it is there, but it is not a store.
   std::string bytes;
   Request validate;
   validate.type = QueryType::kValidate;
   validate.u32 = kValidationMagic;
   encode_request(validate, bytes);
-  send_all(bytes, deadline);
-  ping_locked(deadline);
+  Request ping;
+  ping.type = QueryType::kPing;
+  ping.u32 = static_cast<uint32_t>(::getpid());
+  encode_request(ping, bytes);
+  std::string echo(4, '\0');
+  const auto sent_at = Clock::now();
+  try {
+    send_all(bytes, deadline);
+    read_exact(echo.data(), echo.size(), deadline);
+  } catch (const StoreTimeout&) {
+    // Silence is evidence only when there was time to answer (an attempt can start at the
+    // end of the connect loop's deadline).
+    if (elapsed_ms(sent_at) < kMinPingWaitMs) throw;
+    throw NotAStoreError(peer_, fmt::format("no answer to PING within {} ms", elapsed_ms(sent_at)));
+  } catch (const StoreError& e) {
+    // An end of file, or a reset (it closed before our bytes came): "... failed: <strerror>".
+    const std::string what = e.what();
+    const std::size_t os = what.find("failed: ");
+    throw NotAStoreError(
+        peer_, fmt::format("it closed the connection without answering PING{}",
+                           os == std::string::npos ? std::string()
+                                                   : fmt::format(" ({})", what.substr(os + 8))));
+  }
+  if (echo == bytes.substr(bytes.size() - 4)) return;  // PING's nonce, as encoded
+  // Show what it sent: the 4 bytes and whatever else is already there (an HTTP status line).
+  char more[60];
+  const ssize_t n = ::recv(fd_, more, sizeof more, MSG_DONTWAIT);
+  if (n > 0) echo.append(more, static_cast<std::size_t>(n));
+  throw NotAStoreError(peer_, fmt::format("it answered PING with {}", printable(echo, 72)));
 }
 
 void Client::ping_locked(Clock::time_point deadline) {
@@ -164,16 +201,23 @@ void Client::connect_with_retry() {
   double delay_ms = static_cast<double>(options_.connect_backoff_initial.count());
   int attempts = 0;
   std::string last_error;
+  std::optional<NotAStoreError> foreign;  // the last attempt reached a listener, not a store
   for (;;) {
     ++attempts;
     try {
       fd_ = connect_once(deadline);
       handshake(deadline);
       return;
+    } catch (const NotAStoreError& e) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = -1;
+      last_error = e.what();
+      foreign = e;
     } catch (const StoreError& e) {
       if (fd_ >= 0) ::close(fd_);
       fd_ = -1;
       last_error = e.what();
+      foreign.reset();
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
@@ -181,6 +225,9 @@ void Client::connect_with_retry() {
         static_cast<int64_t>(std::max(0.0, delay_ms * (1.0 + jitter(rng)))));
     sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
     std::this_thread::sleep_for(sleep);
+    // No attempt without time to answer: its PING would time out at once, and a listener that
+    // is not a store would read as one that is slow.
+    if (deadline - Clock::now() < std::chrono::milliseconds(kMinPingWaitMs)) break;
     delay_ms = std::min(delay_ms * options_.connect_backoff_factor,
                         static_cast<double>(options_.connect_backoff_max.count()));
   }
@@ -188,6 +235,7 @@ void Client::connect_with_retry() {
       "cannot connect to store at {}: {} attempt(s) over {} ms (timeout "
       "{} ms) failed; last error: {}",
       peer_, attempts, elapsed_ms(start), options_.timeout.count(), last_error);
+  if (foreign) throw *foreign;
   throw StoreError(broken_reason_);
 }
 

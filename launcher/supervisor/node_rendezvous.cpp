@@ -13,6 +13,11 @@ namespace gpurun::supervisor {
 
 using namespace node_sync_detail;
 
+namespace {
+/// Connect windows in a row that reach a listener that is not a store before join() gives up.
+constexpr int kNotAStoreWindows = 3;
+}  // namespace
+
 JobStart NodeSync::join() {
   const auto t0 = Clock::now();
   const std::string where = fmt::format("{}:{}", opt_.host, opt_.port);
@@ -22,6 +27,7 @@ JobStart NodeSync::join() {
           128 + sig, fmt::format("{} while joining node 0's store at {}", signal_name(sig), where));
   };
   int windows = 0;
+  int foreign = 0;  // windows in a row that reached a listener that is not a store
   std::string last;
   while (!store_->client) {
     cancelled();
@@ -34,7 +40,17 @@ JobStart NodeSync::join() {
     try {
       store_->client = std::make_unique<store::Client>(co);
       break;
+    } catch (const store::NotAStoreError& e) {
+      // Another program on the port: not waited on as a store that has yet to start (a port
+      // that refuses connections is). A few windows, so that a store busy for a moment passes.
+      if (++foreign == kNotAStoreWindows)
+        throw JoinError(1, fmt::format("{}: another program listens on node 0's store port "
+                                       "({} tries over {}); stop it, or give the address and "
+                                       "port node 0's gpurun listens on",
+                                       e.what(), foreign, seconds(Clock::now() - t0)));
+      last = e.what();
     } catch (const gpurun::Error& e) {
+      foreign = 0;
       last = e.what();
     }
     if (windows == 1 && opt_.say)

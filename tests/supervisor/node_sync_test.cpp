@@ -1,13 +1,22 @@
 // The records multi-node gpuruns exchange through node 0's store (docs/cli.md#multi-node): a
-// node's failure, node 0's decision, and which failure is the root cause.
+// node's failure, node 0's decision, and which failure is the root cause; a node > 0 that
+// finds another program on node 0's store port.
 #include "supervisor/node_sync.hpp"
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <boost/asio/io_context.hpp>
 
@@ -30,7 +39,114 @@ struct MapStore : LocalStore {
   void remove(const std::string& key) override { kv.erase(key); }
 };
 
+/// A loopback listener that is not a store: it accepts and answers `reply` then closes
+/// (`reply` empty: closes at once), or (`accept` false) never accepts, so connections complete
+/// in the kernel's backlog and get no answer.
+struct ForeignListener {
+  int fd = -1;
+  uint16_t port = 0;
+  std::atomic<bool> stop{false};
+  std::thread acceptor;
+  ForeignListener(bool accept, std::string reply) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 64) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+    if (!accept) return;
+    acceptor = std::thread([this, reply] {
+      while (!stop) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 20) != 1) continue;
+        const int c = ::accept(fd, nullptr, nullptr);
+        if (c < 0) continue;
+        if (!reply.empty()) (void)!::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        ::close(c);
+      }
+    });
+  }
+  ~ForeignListener() {
+    stop = true;
+    if (acceptor.joinable()) acceptor.join();
+    ::close(fd);
+  }
+};
+
 }  // namespace
+
+TEST_CASE("node sync: a node > 0 tells another program on node 0's port from a store not up yet") {
+  using namespace std::chrono_literals;
+  struct Kind {
+    const char* name;
+    bool accept;
+    std::string reply;
+    std::string seen;
+  };
+  const Kind kinds[] = {
+      {"HTTP server", true, "HTTP/1.1 400 Bad Request\r\n\r\n",
+       "it answered PING with 'HTTP/1.1 400 Bad Request\\x0d\\x0a\\x0d\\x0a'"},
+      {"accepts, then closes", true, "", "it closed the connection without answering PING"},
+      {"silent", false, "", "no answer to PING within "},
+  };
+  for (const Kind& k : kinds) {
+    INFO(k.name);
+    ForeignListener foreign(k.accept, k.reply);
+    boost::asio::io_context io;
+    NodeSyncOptions o;
+    o.nnodes = 2;
+    o.node_rank = 1;
+    o.port = foreign.port;
+    o.op_timeout = 300ms;     // one connect window
+    o.connect_timeout = 20s;  // before the fix: waited on all of it, then "did not answer"
+    NodeSync sync(io, o);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      sync.join();
+    } catch (const JoinError& e) {
+      error = e.what();
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    INFO(error);
+    const std::string where = "127.0.0.1:" + std::to_string(foreign.port);
+    CHECK(error.rfind(where + " answers but is not a TCPStore (" + k.seen, 0) == 0);
+    CHECK(error.find("another program listens on node 0's store port (3 tries over ") !=
+          std::string::npos);
+    CHECK(took < 10s);  // three windows of 0.3 s, not connect_timeout
+  }
+}
+
+TEST_CASE("node sync: a node > 0 still waits for a port that refuses connections") {
+  using namespace std::chrono_literals;
+  uint16_t port = 0;
+  {
+    ForeignListener closed(false, "");  // a port that was free a moment ago
+    port = closed.port;
+  }
+  boost::asio::io_context io;
+  NodeSyncOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.port = port;
+  o.op_timeout = 300ms;
+  o.connect_timeout = 1s;
+  NodeSync sync(io, o);
+  std::string error;
+  try {
+    sync.join();
+  } catch (const JoinError& e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK(error.rfind(
+            "node 0's store at 127.0.0.1:" + std::to_string(port) + " did not answer within 1 s",
+            0) == 0);
+}
 
 TEST_CASE("node sync: node 0's own status never outranks a recorded failure, in any millisecond") {
   // Node 1 recorded its failure (stamped by its clock, here ahead of node 0's); node 0's workers

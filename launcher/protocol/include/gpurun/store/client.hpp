@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpurun/error.hpp"
 #include "gpurun/store/frame_codec.hpp"
 
 namespace gpurun::store {
@@ -35,6 +36,21 @@ struct ClientOptions {
   Limits limits{};
 };
 
+/// Thrown by Client's constructor when its last attempt connected but what listens there did
+/// not complete the TCPStore handshake (VALIDATE + PING): it closed or reset the connection,
+/// stayed silent until the deadline, or answered PING with bytes other than its echo. what():
+/// "127.0.0.1:29400 answers but is not a TCPStore (it answered PING with 'HTTP/1.1 400 ...')".
+/// A port that refuses connections (nothing listens yet) is a plain StoreError.
+class NotAStoreError : public StoreError {
+ public:
+  NotAStoreError(const std::string& peer, std::string seen);
+  /// What the listener did, e.g. "it closed the connection without answering PING".
+  const std::string& seen() const { return seen_; }
+
+ private:
+  std::string seen_;
+};
+
 /// One connection to a store. Keys and values are raw bytes carried in
 /// std::string (any byte, NUL included). Every method blocks until the reply
 /// arrives or ClientOptions::timeout passes, and is safe to call from several
@@ -48,7 +64,8 @@ class Client {
  public:
   /// Connects, retrying with jittered exponential backoff until
   /// options.timeout, then sends VALIDATE and PING (nonce = pid) and checks
-  /// the echo. Throws StoreError listing the attempts when it cannot connect.
+  /// the echo. Throws StoreError listing the attempts when it cannot connect,
+  /// NotAStoreError when the last attempt reached a listener that is not a store.
   explicit Client(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;
