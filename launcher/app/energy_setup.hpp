@@ -17,6 +17,7 @@
 #include "energy/monitor.hpp"
 #include "energy/nvml.hpp"
 #include "gpurun/control/progress.hpp"
+#include "supervisor/console_writer.hpp"
 #include "supervisor/event_log.hpp"
 #include "supervisor/options.hpp"
 #include "supervisor/worker_env.hpp"
@@ -25,7 +26,7 @@ namespace gpurun::app {
 
 /// "gpurun: <msg>" on stderr: the executable's own lines.
 inline void print_err(const std::string& msg) {
-  std::fprintf(stderr, "gpurun: %s\n", msg.c_str());
+  supervisor::console_write(2, "gpurun: " + msg + "\n");
 }
 
 /// The monitor's figures for status.json (io thread: the totals are the io thread's).

@@ -42,6 +42,7 @@
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
+#include "supervisor/console_writer.hpp"
 #include "supervisor/event_log.hpp"
 #include "supervisor/fd_limit.hpp"
 #include "supervisor/gpu_inventory.hpp"
@@ -114,6 +115,11 @@ int run(int argc, char** argv) {
   // The power-limit guard helper gpurun starts for itself (docs/energy.md#power-limits).
   if (argc >= 2 && std::string_view(argv[1]) == "__power-guard")
     return gpurun::energy::power_guard_main();
+
+  // gpurun's own output goes through writer threads: a console nobody reads (a paused pager,
+  // Ctrl-S) never stalls supervision, heartbeats or signal handling (docs/cli.md#console).
+  sv::ConsoleWriter console_writer({});
+  sv::ConsoleWriter::install(&console_writer);
 
   sv::Options opt;
   const sv::EnvMap inherited = sv::current_environment();
@@ -406,6 +412,9 @@ int run(int argc, char** argv) {
   }
 
   const bool files_in_temp = run_dir.temporary && (opt.redirects.any() || opt.tee.any());
+  console_writer.set_drop_hint(opt.log_dir || files_in_temp
+                                   ? fmt::format("the log files under {} have them", run_dir.path)
+                                   : std::string("--log-dir keeps every worker line in files"));
   if (opt.log_dir)
     print_err(fmt::format("logs: {}", run_dir.path));
   else if (files_in_temp)
@@ -793,6 +802,9 @@ int run(int argc, char** argv) {
   sv::release_run_dir(run_dir, files_in_temp);
   if (files_in_temp) print_err(fmt::format("log files kept in {}", run_dir.path));
   if (!final_line.empty()) print_err(final_line);
+  // After a stop signal the console gets a moment to take the last lines; else gpurun waits
+  // for its reader, as any program writing to a pipe does.
+  if (supervisor.shutdown_signal() != 0) console_writer.stop(std::chrono::seconds(2));
   return code;
 }
 

@@ -41,8 +41,9 @@ class Console {
   StreamId open_stream_ = StreamId::kStdout;
 };
 
-/// The real console: gpurun's fds 1 and 2. A stream whose reader is gone
-/// (EPIPE) is dropped silently; gpurun carries on (SIGPIPE is ignored by main).
+/// The real console: gpurun's fds 1 and 2, through the installed ConsoleWriter (console_write):
+/// a reader that does not read never blocks the caller; a stream whose reader is gone (EPIPE)
+/// is dropped silently and gpurun carries on (SIGPIPE is ignored by main).
 /// is_terminal: isatty() of fd 1 / fd 2 when constructed.
 class FdConsole : public Console {
  public:
@@ -53,7 +54,6 @@ class FdConsole : public Console {
   void put(StreamId stream, std::string_view text) override;
 
  private:
-  bool broken_[3] = {false, false, false};
   bool tty_[3] = {false, false, false};
 };
 

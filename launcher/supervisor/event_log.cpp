@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "supervisor/console_writer.hpp"
+
 #include "gpurun/error.hpp"
 
 namespace gpurun::supervisor {
@@ -106,7 +108,7 @@ void EventLog::emit(std::string_view event, const JsonObject& fields) {
         "gpurun: warning: writing event log '{}' failed: {} ({} of {} bytes of a record "
         "written); the job goes on (later failures are not reported)\n",
         path_, std::strerror(err), done, line.size());
-    [[maybe_unused]] auto r = ::write(STDERR_FILENO, msg.data(), msg.size());
+    console_write(2, msg);
   }
 }
 
