@@ -36,6 +36,8 @@ int wake_signal() {
 
 std::atomic<ConsoleWriter*> g_installed{nullptr};
 
+constexpr size_t kBatchBytes = 1u << 20;  // the most one write(2) of the writer carries
+
 /// Blocking write of all of `text`; false when the destination is gone (or `abandon`).
 bool write_all(int fd, std::string_view text, const std::atomic<bool>* abandon) {
   while (!text.empty()) {
@@ -69,6 +71,7 @@ struct Lane {
   std::mutex mu;
   std::condition_variable wake;     // the thread: work or stop
   std::condition_variable drained;  // flush(): the queue is empty and nothing is being written
+  std::condition_variable room;     // write() to a regular file: the queue has room again
   std::deque<Item> queue;
   size_t pending = 0;    // bytes in `queue` and in the write in progress
   bool writing = false;  // the thread is in write(2)
@@ -76,6 +79,7 @@ struct Lane {
   bool dropping = false;                          // dropping until the queue drains to half
   uint64_t dropped_lines = 0, dropped_bytes = 0;  // since the last notice
   bool broken[2] = {false, false};                // [which]: the reader is gone
+  bool file = false;  // a regular file: never stalls for long, so write() waits, never drops
   std::atomic<bool> abandon{false};
   std::atomic<bool> exited{false};
   std::thread thread;
@@ -122,18 +126,27 @@ void ConsoleWriter::Impl::run(Lane& lane) {
   for (;;) {
     lane.wake.wait(lock, [&] { return !lane.queue.empty() || lane.stopping; });
     if (lane.queue.empty() || lane.abandon) break;  // stopping, and everything is written
-    Lane::Item item = std::move(lane.queue.front());
+    // One write(2) for the queued items of one stream (up to 1 MiB): a burst of worker lines
+    // costs a few system calls, not one per line.
+    const int which = lane.queue.front().which;
+    std::string batch = std::move(lane.queue.front().text);
     lane.queue.pop_front();
+    while (!lane.queue.empty() && lane.queue.front().which == which &&
+           batch.size() + lane.queue.front().text.size() <= kBatchBytes) {
+      batch += lane.queue.front().text;
+      lane.queue.pop_front();
+    }
     lane.writing = true;
-    const bool skip = lane.broken[item.which];
-    const int fd = item.which == 0 ? opt.out_fd : opt.err_fd;
+    const bool skip = lane.broken[which];
+    const int fd = which == 0 ? opt.out_fd : opt.err_fd;
     lock.unlock();
     bool ok = true;
-    if (!skip) ok = write_all(fd, item.text, &lane.abandon);
+    if (!skip) ok = write_all(fd, batch, &lane.abandon);
     lock.lock();
     lane.writing = false;
-    if (!ok && !lane.abandon) lane.broken[item.which] = true;
-    lane.pending -= item.text.size();
+    if (!ok && !lane.abandon) lane.broken[which] = true;
+    lane.pending -= batch.size();
+    lane.room.notify_all();
     if (lane.dropping && lane.pending <= opt.max_pending_bytes / 2) {
       // The reader is back: say once what it missed.
       const uint64_t lines = lane.dropped_lines, bytes = lane.dropped_bytes;
@@ -147,6 +160,7 @@ void ConsoleWriter::Impl::run(Lane& lane) {
   }
   lane.exited = true;
   lane.drained.notify_all();
+  lane.room.notify_all();
 }
 
 ConsoleWriter::ConsoleWriter(Options options) : impl_(std::make_unique<Impl>()) {
@@ -157,7 +171,11 @@ ConsoleWriter::ConsoleWriter(Options options) : impl_(std::make_unique<Impl>()) 
   const bool same = ::fstat(options.out_fd, &a) == 0 && ::fstat(options.err_fd, &b) == 0 &&
                     a.st_dev == b.st_dev && a.st_ino == b.st_ino;
   impl_->lanes[0] = std::make_unique<Lane>();
-  if (!same) impl_->lanes[1] = std::make_unique<Lane>();
+  impl_->lanes[0]->file = S_ISREG(a.st_mode);
+  if (!same) {
+    impl_->lanes[1] = std::make_unique<Lane>();
+    impl_->lanes[1]->file = S_ISREG(b.st_mode);
+  }
   for (auto& lane : impl_->lanes)
     if (lane) lane->thread = std::thread([this, l = lane.get()] { impl_->run(*l); });
 }
@@ -171,8 +189,14 @@ bool ConsoleWriter::write(int fd, std::string_view text) {
   if (text.empty()) return true;
   const int which = fd == 1 ? 0 : 1;
   Lane& lane = impl_->lane_of(which);
-  std::lock_guard<std::mutex> lock(lane.mu);
-  const bool full = lane.pending > 0 && lane.pending + text.size() > impl_->opt.max_pending_bytes;
+  std::unique_lock<std::mutex> lock(lane.mu);
+  auto is_full = [&] {
+    return lane.pending > 0 && lane.pending + text.size() > impl_->opt.max_pending_bytes;
+  };
+  // A regular file takes every byte soon (a full disk fails the write instead): wait for room.
+  if (lane.file && !lane.exited)
+    lane.room.wait(lock, [&] { return !is_full() || lane.stopping || lane.exited; });
+  const bool full = is_full();
   if (lane.stopping || lane.dropping || full) {
     const auto lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
     const uint64_t counted = std::max<uint64_t>(lines, 1);
@@ -220,6 +244,7 @@ uint64_t ConsoleWriter::stop(std::chrono::milliseconds limit) {
         lane->queue.clear();
       }
       lane->wake.notify_all();
+      lane->room.notify_all();
     }
     // A write blocked on the reader returns on the wake signal (no SA_RESTART).
     while (!lane->exited.load()) {

@@ -135,3 +135,27 @@ TEST_CASE("console writer: a reader that is gone (EPIPE) is dropped; the other s
   REQUIRE(writer.flush(std::chrono::milliseconds::max()));
   CHECK(err.drain() == "gpurun: to the terminal\n");
 }
+
+TEST_CASE("console writer: a regular file gets every line of a burst, none dropped") {
+  char path[] = "/tmp/gpurun-console-writer-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  Pipe err;
+  ConsoleWriter::Options o;
+  o.out_fd = fd;
+  o.err_fd = err.w;
+  o.max_pending_bytes = 1000;  // one line: a burst outruns any writer thread
+  {
+    ConsoleWriter writer(o);
+    for (int i = 0; i < 4000; ++i) CHECK(writer.write(1, numbered(i)));
+    CHECK(writer.dropped_lines() == 0);
+  }  // the destructor writes the rest
+  std::string shown(4000 * 1000, '\0');
+  CHECK(::pread(fd, shown.data(), shown.size(), 0) == static_cast<ssize_t>(shown.size()));
+  for (int i = 0; i < 4000; ++i) {
+    CAPTURE(i);
+    REQUIRE(shown.compare(static_cast<size_t>(i) * 1000, 1000, numbered(i)) == 0);
+  }
+  ::close(fd);
+  ::unlink(path);
+}
