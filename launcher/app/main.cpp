@@ -614,11 +614,18 @@ int run(int argc, char** argv) {
       nf.reason = f.reason;
       node_sync->local_failure(f.attempt, nf);
     };
-    supervisor.attempt_gate = [&node_sync](int attempt, int code, bool by_signal,
-                                           sv::Supervisor::AttemptDecision decide) {
-      node_sync->attempt_ended(attempt, code, by_signal, [decide](const sv::AttemptOutcome& out) {
+    supervisor.attempt_gate = [&](int attempt, int code, bool by_signal,
+                                  sv::Supervisor::AttemptDecision decide) {
+      const auto then = [&, decide](const sv::AttemptOutcome& out) {
+        if (out.restart && out.nnodes > 0) {  // re-formed with the nodes left (--nnodes MIN:MAX)
+          plan.node_rank = out.node_rank;
+          plan.nnodes = out.nnodes;
+          plan.world_size = plan.nproc * plan.nnodes;
+          supervisor.set_node(out.node_rank, out.nnodes);
+        }
         decide(out.restart, out.code, out.reason);
-      });
+      };
+      node_sync->attempt_ended(attempt, code, by_signal, then);
     };
   }
   // torchrun's TORCHELASTIC_HEALTH_CHECK_PORT (docs/cli.md#health-check): 200 while the job

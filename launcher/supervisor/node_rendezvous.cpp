@@ -159,6 +159,7 @@ JobStart NodeSync::join() {
                                          js.nnodes, js.nnodes == 1 ? "" : "s", opt_.node_rank,
                                          opt_.nnodes, max_nodes()));
         opt_.nnodes = js.nnodes;
+        set_members({});
         js.node_rank = opt_.node_rank;
         for (int r = 0; r < opt_.nnodes; ++r)  // the hosts, to name nodes in messages
           if (const auto j = store_->get(job_keys::join(r)))
@@ -251,7 +252,9 @@ void NodeSync::rendezvous_tick() {
   }
   if (start) {
     const int lo = opt_.nnodes;
+    min_nodes_ = lo;
     opt_.nnodes = count;
+    set_members({});
     store_->set(job_keys::join(0),
                 fmt::format("{} {} {} {}", opt_.nproc, max_nodes(), hosts_[0], ::getpid()));
     store_->set(job_keys::start(),

@@ -56,6 +56,9 @@ std::string next_node() {
 std::string job_id() {
   return "gpurun/job/id";
 }
+std::string members(int attempt) {
+  return fmt::format("gpurun/job/{}/nodes", attempt);
+}
 }  // namespace job_keys
 
 std::string NodeFailure::encode() const {
@@ -102,6 +105,7 @@ NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalSt
     : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
   store_->local = &local;
   hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
+  set_members({});
   hosts_[0] = this_host();
   local.set(job_keys::job_id(), opt_.run_id);  // a joining node checks it (check_run_id)
 }
@@ -109,6 +113,14 @@ NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalSt
 NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options)
     : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
   hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
+  set_members({});
+}
+
+void NodeSync::set_members(std::vector<int> members) {
+  if (members.empty())  // every node of the job: 0 .. nnodes - 1
+    for (int r = 0; r < opt_.nnodes; ++r) members.push_back(r);
+  members_ = std::move(members);
+  opt_.nnodes = static_cast<int>(members_.size());
 }
 
 NodeSync::~NodeSync() = default;
@@ -139,7 +151,7 @@ void NodeSync::attempt_started(int attempt) {
   watching_ = true;
   peer_stopped_ = false;
   announced_ = false;
-  const auto n = static_cast<std::size_t>(opt_.nnodes);
+  const auto n = static_cast<std::size_t>(std::max(max_nodes(), opt_.nnodes));  // by first rank
   beat_seen_.assign(n, "");
   beat_changed_.assign(n, Clock::now());  // every node gets a whole timeout from the start
   hung_.assign(n, false);
@@ -187,8 +199,8 @@ void NodeSync::watch_tick() {
   try {
     beat();
     if (store_->local) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
-      for (int r = 1; r < opt_.nnodes; ++r) {
-        if (store_->get(job_keys::end(a, r))) continue;
+      for (const int r : members_) {
+        if (r == 0 || store_->get(job_keys::end(a, r))) continue;
         const auto lost = store_->get(job_keys::lost(r));
         if (!lost) {
           node_hung(r);  // alive but silent: given up after heartbeat_timeout
@@ -308,7 +320,7 @@ void NodeSync::node0_decide_tick() {
   std::vector<std::size_t> placeholders;  // indexes in failures: a status, no failure record
   std::vector<int> missing, lost_nodes;
   bool any_signal = own_by_signal_;
-  for (int r = 0; r < opt_.nnodes; ++r) {
+  for (const int r : members_) {
     std::optional<NodeFailure> rec;
     if (const auto v = store_->get(job_keys::fail(a, r))) rec = NodeFailure::decode(*v);
     int code = 0;
@@ -399,8 +411,20 @@ void NodeSync::node0_decide_tick() {
     if (a >= opt_.max_restarts) {
       // no restart left: out.restart stays false
     } else if (!lost_nodes.empty() || !missing.empty()) {
-      out.reason += fmt::format(" (no restart: node(s) {} gone, and a static job needs every node)",
-                                node_list(lost_nodes.empty() ? missing : lost_nodes));
+      std::vector<int> gone = lost_nodes;
+      gone.insert(gone.end(), missing.begin(), missing.end());
+      std::sort(gone.begin(), gone.end());
+      if (auto reformed = any_signal ? std::nullopt : reform(a, gone, out.reason)) {
+        out = *reformed;
+      } else {
+        out.reason +=
+            fmt::format(" (no restart: node(s) {} gone, and {})", node_list(gone),
+                        min_nodes_ == 0 || min_nodes_ == max_nodes()
+                            ? std::string("a static job needs every node")
+                        : any_signal ? std::string("a shutdown signal ends the job")
+                                     : fmt::format("fewer than --nnodes {}:{}'s {} would be left",
+                                                   min_nodes_, max_nodes(), min_nodes_));
+      }
     } else if (any_signal) {
       out.reason += " (no restart after a shutdown signal)";
     } else {
@@ -413,6 +437,36 @@ void NodeSync::node0_decide_tick() {
   if (!out.restart && out.code != 0 && opt_.say)
     opt_.say(fmt::format("the job failed: {}", out.reason));
   decided(out);
+}
+
+std::optional<AttemptOutcome> NodeSync::reform(int a, const std::vector<int>& gone,
+                                               std::string reason) {
+  if (min_nodes_ == 0 || min_nodes_ == max_nodes()) return std::nullopt;  // not a range
+  std::vector<int> left;
+  for (const int r : members_)
+    if (std::find(gone.begin(), gone.end(), r) == gone.end()) left.push_back(r);
+  if (static_cast<int>(left.size()) < min_nodes_) return std::nullopt;
+  // As torchrun re-forms its rendezvous with the nodes still there: ranks renumbered densely,
+  // the next attempt on a clean store (gpurun's own keys stay), the others told through
+  // job_keys::members before job_keys::next.
+  std::vector<std::string> names;
+  for (const int r : gone) names.push_back(node_name(r));
+  if (opt_.say)
+    opt_.say(
+        fmt::format("{} left the job: restarting with {} node{} (--nnodes {}:{}; restart {} of {})",
+                    fmt::join(names, ", "), left.size(), left.size() == 1 ? "" : "s", min_nodes_,
+                    max_nodes(), a + 1, opt_.max_restarts));
+  store_->set(job_keys::members(a), fmt::format("{}", fmt::join(left, " ")));
+  store_->local->reset_keyspace("gpurun/");
+  set_members(left);
+  AttemptOutcome out;
+  out.restart = true;
+  out.code = 1;
+  out.reason = fmt::format("{} (re-formed with {} node{}: node(s) {} left)", reason, left.size(),
+                           left.size() == 1 ? "" : "s", node_list(gone));
+  out.nnodes = opt_.nnodes;
+  out.node_rank = 0;  // node 0 stays first
+  return out;
 }
 
 void NodeSync::node_wait_tick() {
@@ -431,6 +485,37 @@ void NodeSync::node_wait_tick() {
     if (auto out = AttemptOutcome::decode(*v)) {
       if (!out->restart && out->code != 0 && opt_.say)
         opt_.say(fmt::format("the job failed (decided by node 0): {}", out->reason));
+      std::optional<std::string> nodes;
+      try {
+        if (out->restart) nodes = store_->get(job_keys::members(attempt_));
+      } catch (const gpurun::Error&) {  // node 0 gone: the next attempt finds out
+      }
+      if (nodes) {  // node 0 re-formed the job (--nnodes MIN:MAX): this node's new rank
+        std::vector<int> left;
+        for (std::size_t pos = 0; pos < nodes->size();) {
+          std::size_t sp = nodes->find(' ', pos);
+          if (sp == std::string::npos) sp = nodes->size();
+          int r = -1;
+          if (parse_int(std::string_view(*nodes).substr(pos, sp - pos), r)) left.push_back(r);
+          pos = sp + 1;
+        }
+        const auto me = std::find(left.begin(), left.end(), opt_.node_rank);
+        if (me == left.end()) {
+          decided(AttemptOutcome{false, 1,
+                                 fmt::format("node 0 re-formed the job without {} (nodes {} "
+                                             "go on)",
+                                             node_name(opt_.node_rank), node_list(left))});
+          return;
+        }
+        out->node_rank = static_cast<int>(me - left.begin());
+        set_members(left);
+        out->nnodes = opt_.nnodes;
+        if (opt_.say)
+          opt_.say(
+              fmt::format("node 0 re-formed the job with {} node{}; this node is node {} "
+                          "of them (GROUP_RANK)",
+                          out->nnodes, out->nnodes == 1 ? "" : "s", out->node_rank));
+      }
       decided(*out);
       return;
     }

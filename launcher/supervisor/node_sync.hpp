@@ -1,7 +1,9 @@
 // gpurun::supervisor::NodeSync — a static multi-node job (--nnodes > 1) held together through
 // node 0's store: the start rendezvous (one run id, one restart limit), a failure anywhere
 // stopping every node, one restart count for the whole job decided by node 0, the root cause
-// named on node 0, and the exit barrier. Behaviour, keys and flags: docs/cli.md#multi-node.
+// named on node 0, and the exit barrier; with --nnodes MIN:MAX a lost node re-forms the job with
+// the nodes left (docs/cli.md#node-ranges-a-lost-node-re-forms-the-job). Behaviour, keys and
+// flags: docs/cli.md#multi-node.
 #pragma once
 
 #include <atomic>
@@ -37,6 +39,9 @@ std::string lost(int node);               ///< gpurun/lost/node<node> (Backend)
 std::string beat(int node);               ///< gpurun/beat/node<node>: a counter, nodes > 0
 std::string next_node();                  ///< gpurun/job/next_node: c10d node ranks, in join order
 std::string job_id();                     ///< gpurun/job/id: node 0's run id, set at its start
+/// gpurun/job/<attempt>/nodes: the nodes (their first node ranks, ascending) that attempt
+/// + 1 runs on, written before next(attempt) when node 0 re-forms a --nnodes MIN:MAX job
+std::string members(int attempt);
 }  // namespace job_keys
 
 /// A node's first failure in an attempt, as written to node 0's store: one line,
@@ -62,6 +67,11 @@ struct AttemptOutcome {
   bool restart = false;
   int code = 0;        ///< the job's exit status when !restart
   std::string reason;  ///< one line
+  /// A restart of a re-formed job (--nnodes MIN:MAX, a node lost): the next attempt's node
+  /// count and this node's rank in it (dense). 0 / -1: unchanged. Not encoded (the nodes read
+  /// job_keys::members).
+  int nnodes = 0;
+  int node_rank = -1;
   std::string encode() const;
   static std::optional<AttemptOutcome> decode(const std::string& text);
 };
@@ -170,7 +180,8 @@ class NodeSync {
   /// then calls `ready("")`; `ready(error)` when a node cannot take part (its join names a
   /// different nproc) or join_timeout passes (the error names the missing nodes).
   void rendezvous(std::function<void(const std::string& error)> ready);
-  /// The job's node count: node 0's after rendezvous(), the others' after join().
+  /// The job's node count: node 0's after rendezvous(), the others' after join(); smaller
+  /// after a re-formed restart (--nnodes MIN:MAX).
   int nnodes() const { return opt_.nnodes; }
   /// This node's rank; -1 while a node ranked by join order has none yet.
   int node_rank() const { return opt_.rank_by_join && !ranked_ ? -1 : opt_.node_rank; }
@@ -253,6 +264,14 @@ class NodeSync {
   std::optional<std::chrono::steady_clock::time_point> last_call_;  // node 0: MIN reached
   bool ranked_ = false;  // rank_by_join: join() has taken a rank
   int max_nodes() const { return opt_.nnodes_max > 0 ? opt_.nnodes_max : opt_.nnodes; }
+  // The nodes taking part, by their first node rank (the id in every key), ascending; a
+  // node's rank in the job (GROUP_RANK) is its index here. Fewer after a re-formed restart.
+  std::vector<int> members_;
+  int min_nodes_ = 0;  // node 0: --nnodes MIN of a range (0: a fixed count)
+  void set_members(std::vector<int> members);
+  // Node 0, after a failed attempt `a` with nodes gone: the restart that re-forms the job with
+  // the nodes left (--nnodes MIN:MAX, at least MIN left), or nullopt.
+  std::optional<AttemptOutcome> reform(int a, const std::vector<int>& gone, std::string reason);
   std::vector<std::string> hosts_;  // per node, from the join records ("" unknown)
   std::function<void()> closed_;
   std::atomic<int> join_cancel_{0};

@@ -139,6 +139,12 @@ class Supervisor {
     opt_.plan.nnodes = nnodes;
     opt_.plan.world_size = opt_.plan.nproc * nnodes;
   }
+  /// Multi-node, before a restart's attempt starts: the job was re-formed with the nodes left
+  /// (--nnodes MIN:MAX): this node's rank in it (GROUP_RANK; RANK follows) and the node count.
+  void set_node(int node_rank, int nnodes) {
+    opt_.plan.node_rank = node_rank;
+    set_node_count(nnodes);
+  }
 
   /// Multi-node: another node failed. Stops this node's workers as a local failure would
   /// (SIGTERM, SIGKILL after the grace period), saying `reason`; the attempt counts as failed

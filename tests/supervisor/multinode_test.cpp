@@ -1,7 +1,8 @@
 // Static multi-node (--nnodes 2) on loopback with the real gpurun binary (docs/cli.md#multi-node):
 // the start rendezvous, a failure anywhere stopping every node with the root cause named on
 // node 0, a lost node (SIGKILL of its gpurun), restarts shared by all nodes, and the exit barrier
-// (node 0 keeps its store up until node 1 is done).
+// (node 0 keeps its store up until node 1 is done); with --nnodes MIN:MAX a lost node's job is
+// re-formed with the nodes left.
 #include <doctest/doctest.h>
 
 #include "gpurun_process.hpp"
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -249,8 +251,7 @@ TEST_CASE(
   REQUIRE(n0_done);
   CHECK(took < 3s + 3s);  // the grace period plus a margin; the workers would sleep 60 s
   CHECK(n0.code() == 1);
-  CHECK(contains(e0,
-                 "root cause of attempt 0 (first failure in time, of every node): node 1 ("));
+  CHECK(contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 1 ("));
   // The node is named once (issue 44), in the root cause and in the job's outcome.
   CHECK_FALSE(contains(e0, "node 1: node 1"));
   CHECK_FALSE(contains(e0, "): node 1 ("));
@@ -490,4 +491,107 @@ TEST_CASE("multinode: a node that joined and left before the start is waited for
   CHECK(n0.code() == 0);
   CHECK(n1.code() == 0);
   CHECK(n2.code() == 0);
+}
+
+namespace {
+
+/// A gpurun of a --nnodes `range` c10d job at 127.0.0.1:`port` with two CPU workers that write
+/// "$WORLD_SIZE $GROUP_RANK $RANK" to world.<attempt>.<group rank>.<local rank>, then sleep
+/// 60 s in attempt 0 (exit 0 at once after a restart).
+std::unique_ptr<ChildProcess> range_node(const std::string& range, const std::string& port,
+                                         const TempDir& dir, const std::string& name) {
+  const std::string worker =
+      "echo \"$WORLD_SIZE $GROUP_RANK $RANK\" > "
+      "\"$OUT_DIR/world.$TORCHELASTIC_RESTART_COUNT.$GROUP_RANK.$LOCAL_RANK\"; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 60; fi";
+  return std::make_unique<ChildProcess>(std::vector<std::string>{kGpurun,
+                                                                 "--nnodes",
+                                                                 range,
+                                                                 "--nproc",
+                                                                 "2",
+                                                                 "--device",
+                                                                 "cpu",
+                                                                 "--rdzv-backend",
+                                                                 "c10d",
+                                                                 "--rdzv-endpoint",
+                                                                 "127.0.0.1:" + port,
+                                                                 "--rdzv-conf",
+                                                                 "last_call_timeout=20",
+                                                                 "--max-restarts",
+                                                                 "1",
+                                                                 "--grace-period",
+                                                                 "3",
+                                                                 "sh",
+                                                                 "-c",
+                                                                 worker},
+                                        std::map<std::string, std::string>{{"OUT_DIR", dir.str()}},
+                                        dir.path / (name + ".stdout"),
+                                        dir.path / (name + ".stderr"));
+}
+
+fs::path world(const TempDir& dir, int attempt, int node_rank, int local) {
+  return dir.path / ("world." + std::to_string(attempt) + "." + std::to_string(node_rank) + "." +
+                     std::to_string(local));
+}
+
+bool wait_line(const ChildProcess& p, const std::string& line) {
+  const auto until = Clock::now() + 10s;
+  while (!contains(p.stderr_text(), line) && Clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  return contains(p.stderr_text(), line);
+}
+
+}  // namespace
+
+TEST_CASE("multinode: --nnodes 1:2 re-forms the job with node 0 alone when node 1's gpurun dies") {
+  // As torchrun re-forms its rendezvous with the nodes still there: attempt 1 runs on one node
+  // (WORLD_SIZE 2, not 4) and the job ends 0. Before: "no restart: node(s) 1 gone".
+  TempDir dir;
+  const std::string port = free_port();
+  auto n0 = range_node("1:2", port, dir, "node0");
+  REQUIRE(wait_line(*n0, "waiting 20 s more for others"));
+  auto n1 = range_node("1:2", port, dir, "node1");
+  REQUIRE(wait_for_files(
+      {world(dir, 0, 0, 0), world(dir, 0, 0, 1), world(dir, 0, 1, 0), world(dir, 0, 1, 1)}, 20s));
+  REQUIRE(::kill(n1->pid, SIGKILL) == 0);  // its workers follow it (PR_SET_PDEATHSIG)
+  const bool done = n0->wait(30s);
+  const std::string e0 = n0->stderr_text();
+  INFO("node 0 stderr:\n" << e0);
+  REQUIRE(done);
+  CHECK(n0->code() == 0);
+  CHECK(contains(e0, "node 1 ("));
+  CHECK(contains(e0, ") left the job: restarting with 1 node (--nnodes 1:2; restart 1 of 1)"));
+  CHECK(gpurun::testing::slurp(world(dir, 0, 0, 0)) == "4 0 0\n");
+  CHECK(gpurun::testing::slurp(world(dir, 1, 0, 0)) == "2 0 0\n");
+  CHECK(gpurun::testing::slurp(world(dir, 1, 0, 1)) == "2 0 1\n");
+  CHECK_FALSE(fs::exists(world(dir, 1, 1, 0)));
+}
+
+TEST_CASE("multinode: --nnodes 2:3 losing node 1 renumbers node 2 as node 1 of two") {
+  TempDir dir;
+  const std::string port = free_port();
+  auto n0 = range_node("2:3", port, dir, "node0");
+  std::this_thread::sleep_for(300ms);  // node 0 hosts (the first on the port)
+  auto n1 = range_node("2:3", port, dir, "node1");
+  REQUIRE(wait_line(*n1, "joined as node 1 (join order)"));
+  auto n2 = range_node("2:3", port, dir, "node2");
+  std::vector<fs::path> all;
+  for (int node = 0; node < 3; ++node)
+    for (int local = 0; local < 2; ++local) all.push_back(world(dir, 0, node, local));
+  REQUIRE(wait_for_files(all, 20s));
+  REQUIRE(::kill(n1->pid, SIGKILL) == 0);
+  const bool done0 = n0->wait(30s);
+  const bool done2 = n2->wait(30s);
+  INFO("node 0 stderr:\n" << n0->stderr_text());
+  INFO("node 2 stderr:\n" << n2->stderr_text());
+  REQUIRE(done0);
+  REQUIRE(done2);
+  CHECK(n0->code() == 0);
+  CHECK(n2->code() == 0);
+  CHECK(contains(n2->stderr_text(),
+                 "node 0 re-formed the job with 2 nodes; this node is node 1 of them"));
+  CHECK(gpurun::testing::slurp(world(dir, 1, 0, 1)) == "4 0 1\n");
+  CHECK(gpurun::testing::slurp(world(dir, 1, 1, 0)) == "4 1 2\n");  // node 2's, renumbered
+  CHECK(gpurun::testing::slurp(world(dir, 1, 1, 1)) == "4 1 3\n");
+  CHECK_FALSE(fs::exists(world(dir, 1, 2, 0)));
 }

@@ -11,12 +11,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
@@ -259,3 +261,55 @@ TEST_CASE("node sync: the root cause is the first failure in time, then the lowe
 }
 
 }  // namespace gpurun::supervisor
+
+TEST_CASE("node sync: --nnodes 2:3 re-forms the job with the nodes left, ranks renumbered") {
+  // Node 1 of three is lost: node 0 restarts with nodes 0 and 2 (node 2 is GROUP_RANK 1 now),
+  // written for the others before the decision; losing two leaves fewer than MIN: no restart.
+  for (const bool lose_two : {false, true}) {
+    CAPTURE(lose_two);
+    boost::asio::io_context io;
+    MapStore store;
+    NodeSyncOptions o;
+    o.nnodes = 2;
+    o.nnodes_max = 3;
+    o.nproc = 1;
+    o.max_restarts = 1;
+    o.last_call_timeout = std::chrono::milliseconds(0);
+    o.poll_interval = std::chrono::milliseconds(1);
+    std::vector<std::string> said;
+    o.say = [&](const std::string& line) { said.push_back(line); };
+    NodeSync sync(io, o, store);
+    store.set(job_keys::join(1), "1 3 host-1 4241");
+    store.set(job_keys::join(2), "1 3 host-2 4242");
+    std::optional<std::string> ready;
+    sync.rendezvous([&](const std::string& e) { ready = e; });
+    REQUIRE(ready == std::string());
+    REQUIRE(sync.nnodes() == 3);
+    sync.attempt_started(0);
+    store.set(job_keys::lost(1), "1000");  // node 1's gpurun disconnected
+    if (lose_two)
+      store.set(job_keys::lost(2), "1001");
+    else
+      store.set(job_keys::end(0, 2), "1 0");  // node 2's workers were stopped
+    std::optional<AttemptOutcome> outcome;
+    sync.attempt_ended(0, 1, false, [&](const AttemptOutcome& a) { outcome = a; });
+    for (int i = 0; i < 2000 && !outcome; ++i) io.run_for(std::chrono::milliseconds(5));
+    REQUIRE(outcome);
+    if (lose_two) {
+      CHECK_FALSE(outcome->restart);
+      CHECK(outcome->reason.find("(no restart: node(s) 1, 2 gone, and fewer than --nnodes 2:3's "
+                                 "2 would be left)") != std::string::npos);
+      CHECK_FALSE(store.get(job_keys::members(0)));
+      continue;
+    }
+    CHECK(outcome->restart);  // before: "no restart: ... a static job needs every node"
+    CHECK(outcome->nnodes == 2);
+    CHECK(outcome->node_rank == 0);
+    CHECK(sync.nnodes() == 2);
+    CHECK(store.get(job_keys::members(0)) == std::string("0 2"));  // node 2 is second: rank 1
+    CHECK(store.get(job_keys::next(0)).value_or("").rfind("restart ", 0) == 0);
+    CHECK(std::find(said.begin(), said.end(),
+                    "node 1 (host-1) left the job: restarting with 2 nodes (--nnodes 2:3; restart "
+                    "1 of 1)") != said.end());
+  }
+}
