@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,9 +198,11 @@ TEST_CASE("multinode: node 0's own failure stops node 1's workers; both exit wit
   CHECK(n1.code() == 5);
   CHECK(contains(e1, "node 0 ("));
   CHECK(contains(e1, "node 0 (" + host_name() + ") failed: rank "));
-  CHECK(contains(e0,
-                 "root cause of attempt 0 (first failure in time, of every node): node 0, "
-                 "local rank 0: rank 0 (pid "));
+  // Both of node 0's workers exit 5 at once: either is the first failure in time.
+  CHECK((contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 0, "
+                      "local rank 0: rank 0 (pid ") ||
+         contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 0, "
+                      "local rank 1: rank 1 (pid ")));
   CHECK_FALSE(fs::exists(dir.path / "finished.1.0"));
   CHECK_FALSE(contains(e0, "keeping the store up"));
 }
@@ -254,7 +257,12 @@ TEST_CASE(
   CHECK(contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 1 ("));
   // The node is named once (issue 44), in the root cause and in the job's outcome.
   CHECK_FALSE(contains(e0, "node 1: node 1"));
-  CHECK_FALSE(contains(e0, "): node 1 ("));
+  std::istringstream lines(e0);
+  for (std::string line; std::getline(lines, line);) {
+    CAPTURE(line);
+    const size_t first = line.find("node 1 (");
+    CHECK((first == std::string::npos || line.find("node 1 (", first + 1) == std::string::npos));
+  }
   CHECK(contains(e0, "'s gpurun disconnected from node 0's store"));
   // A static job cannot restart without the lost node, even with restarts left.
   CHECK(contains(e0, "(no restart: node(s) 1 gone, and a static job needs every node)"));
