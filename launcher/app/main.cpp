@@ -20,24 +20,23 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "app/auto_scale.hpp"
+#include "app/backend_store.hpp"
 #include "app/energy_setup.hpp"
 #include "app/start_checks.hpp"
+#include "app/subcommands.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
-#include "control/policy_command.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
 #include "energy/early_stop.hpp"
 #include "energy/gpu_map.hpp"
 #include "energy/monitor.hpp"
 #include "energy/nvml.hpp"
-#include "energy/power_guard.hpp"
 #include "gpurun/abstract_lock.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/unique_fd.hpp"
-#include "report/report.hpp"
 #include "store/backend.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
@@ -77,44 +76,13 @@ std::string random_uuid() {
                      b >> 48, b & 0xFFFFFFFFFFFFull);
 }
 
-/// Node 0's store as the multi-node sync sees it.
-class BackendStore final : public gpurun::supervisor::LocalStore {
- public:
-  explicit BackendStore(gpurun::store::Backend& b) : b_(b) {}
-  std::optional<std::string> get(const std::string& key) override {
-    if (!b_.check({key})) return std::nullopt;
-    return b_.get(key);
-  }
-  void set(const std::string& key, const std::string& value) override { b_.set(key, value); }
-  std::string set_if_missing(const std::string& key, const std::string& value) override {
-    return b_.compare_set(key, "", value);
-  }
-  void reset_keyspace(const std::string& keep_prefix) override { b_.reset_keyspace(keep_prefix); }
-  void remove(const std::string& key) override { b_.delete_key(key); }
-
- private:
-  gpurun::store::Backend& b_;
-};
-
 int run(int argc, char** argv) {
   // A vanished console reader must not kill the supervisor (workers reset this), nor a file
   // size limit (RLIMIT_FSIZE): a log write then fails with EFBIG, which gpurun reports.
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGXFSZ, SIG_IGN);
 
-  if (argc >= 2 && std::string_view(argv[1]) == "status")
-    return gpurun::control::status_command(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc >= 2 && std::string_view(argv[1]) == "lend")
-    return gpurun::control::lend_command(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc >= 2 && std::string_view(argv[1]) == "reclaim")
-    return gpurun::control::reclaim_command(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc >= 2 && std::string_view(argv[1]) == "set")
-    return gpurun::control::set_command(std::vector<std::string>(argv + 2, argv + argc));
-  if (argc >= 2 && std::string_view(argv[1]) == "report")
-    return gpurun::report::report_command(std::vector<std::string>(argv + 2, argv + argc));
-  // The power-limit guard helper gpurun starts for itself (docs/energy.md#power-limits).
-  if (argc >= 2 && std::string_view(argv[1]) == "__power-guard")
-    return gpurun::energy::power_guard_main();
+  if (const std::optional<int> code = run_subcommand(argc, argv)) return *code;
 
   // gpurun's own output goes through writer threads: a console nobody reads (a paused pager,
   // Ctrl-S) never stalls supervision, heartbeats or signal handling (docs/cli.md#console).
@@ -385,7 +353,7 @@ int run(int argc, char** argv) {
       so.hosts = store_hosts;
       so.port = plan.master_port;
       so.free_port_if_busy = sv::may_take_free_port(plan.nnodes, opt.master_port_given,
-                                                     inherited.count("MASTER_PORT") != 0);
+                                                    inherited.count("MASTER_PORT") != 0);
       if (opt.store_memory_budget) so.memory_budget_bytes = *opt.store_memory_budget;
       so.log = [](const std::string& line) { print_err(line); };  // lines start "store: "
       store = std::make_unique<gpurun::store::Server>(io, std::move(so));
@@ -575,9 +543,9 @@ int run(int argc, char** argv) {
   // --nnodes > 1: a failure anywhere stops every node; node 0 decides each attempt's end for
   // the whole job (restart or exit, the root cause) and keeps its store up until every node
   // is done (the exit barrier). docs/cli.md#multi-node.
-  std::unique_ptr<BackendStore> node0_store;
+  std::unique_ptr<gpurun::app::BackendStore> node0_store;
   if (plan.nnodes > 1 && store) {
-    node0_store = std::make_unique<BackendStore>(store->backend());
+    node0_store = std::make_unique<gpurun::app::BackendStore>(store->backend());
     node_sync = std::make_unique<sv::NodeSync>(io, node_opts, *node0_store);
   }
   if (node_sync) {
@@ -592,9 +560,9 @@ int run(int argc, char** argv) {
       // worker's ("rank 2 (pid 123) ended with …") its rank: each is said once.
       print_err(fmt::format(
           "root cause of attempt {} (first failure in time, of every node): {}", attempt,
-          root.rank >= 0 ? fmt::format("node {}, local rank {}: {}", root.node, root.local_rank,
-                                       root.reason)
-                         : root.reason));
+          root.rank >= 0
+              ? fmt::format("node {}, local rank {}: {}", root.node, root.local_rank, root.reason)
+              : root.reason));
       events.emit("root_cause", sv::JsonObject()
                                     .add("attempt", attempt)
                                     .add("node", root.node)
