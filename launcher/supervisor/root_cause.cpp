@@ -132,11 +132,13 @@ std::size_t choose_root_cause(const std::vector<FailureRecord>& records,
   return own.front();
 }
 
-std::optional<std::uint64_t> read_oom_kill_count(const std::string& path) {
-  // memory.events is a pseudo-file: small, never a FIFO; O_NONBLOCK in case it is swapped.
+namespace {
+/// A cgroup pseudo-file (memory.events: small, never a FIFO; O_NONBLOCK all the same), at
+/// most 16 KiB; empty when it cannot be read.
+std::string read_small(const std::string& path) {
   const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd) return std::nullopt;
-  std::string text(64 * 1024, '\0');
+  if (!fd) return {};
+  std::string text(16 * 1024, '\0');
   std::size_t got = 0;
   while (got < text.size()) {
     const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
@@ -145,6 +147,12 @@ std::optional<std::uint64_t> read_oom_kill_count(const std::string& path) {
     got += static_cast<std::size_t>(n);
   }
   text.resize(got);
+  return text;
+}
+}  // namespace
+
+std::optional<std::uint64_t> read_oom_kill_count(const std::string& path) {
+  const std::string text = read_small(path);
   std::string_view rest = text;
   while (!rest.empty()) {
     const std::size_t nl = rest.find('\n');
@@ -192,22 +200,6 @@ std::vector<std::string> memory_event_files(std::string_view proc_cgroup, const 
   return out;
 }
 
-namespace {
-std::string read_small(const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd) return {};
-  std::string text(16 * 1024, '\0');
-  std::size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  text.resize(got);
-  return text;
-}
-}  // namespace
 
 OomWatch::OomWatch(std::vector<std::string> files) {
   for (auto& f : files) files_.push_back({std::move(f), std::nullopt});
