@@ -4,6 +4,7 @@
 // Workers: tests/supervisor/workers/flood.sh.
 #include <doctest/doctest.h>
 
+#include "check_text.hpp"
 #include "gpurun_process.hpp"
 
 #include <fcntl.h>
@@ -115,12 +116,7 @@ bool wait_for(const fs::path& file, std::chrono::milliseconds limit) {
   return true;
 }
 
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
-    ++n;
-  return n;
-}
+using gpurun::testing::count_of;
 
 }  // namespace
 

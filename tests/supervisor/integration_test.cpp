@@ -1,6 +1,7 @@
 // Runs the real gpurun binary with tiny shell/python workers (tests/supervisor/workers).
 #include <doctest/doctest.h>
 
+#include "check_text.hpp"
 #include "gpurun_process.hpp"
 
 #include <arpa/inet.h>
@@ -112,12 +113,7 @@ std::string announced_log_dir(const std::string& err) {
   return err.substr(pos + tag.size(), err.find('\n', pos) - pos - tag.size());
 }
 
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
-    ++n;
-  return n;
-}
+using gpurun::testing::count_of;
 
 /// Pids of live processes whose command line contains `needle`.
 std::vector<pid_t> pids_with_arg(const std::string& needle) {

@@ -3,6 +3,7 @@
 // SIGQUIT. Workers: tests/supervisor/workers.
 #include <doctest/doctest.h>
 
+#include "check_text.hpp"
 #include "gpurun_process.hpp"
 
 #include <fcntl.h>
@@ -47,12 +48,7 @@ std::string worker(const std::string& name) {
   return kWorkers + "/" + name;
 }
 
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
-    ++n;
-  return n;
-}
+using gpurun::testing::count_of;
 
 /// The run directory gpurun announced with "gpurun: logs: <dir>" (--log-dir runs).
 std::string announced_log_dir(const std::string& err) {

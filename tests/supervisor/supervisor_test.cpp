@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 
+#include "check_text.hpp"
 #include "testing/capture_console.hpp"
 #include "testing/fake_spawner.hpp"
 
@@ -298,14 +299,7 @@ TEST_CASE("supervisor: prefix template expansion") {
   CHECK(expand_prefix("${role_name}/${local_rank}|${rank}${x}", 5, 1) == "default/1|5${x}");
 }
 
-namespace {
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size())
-    ++n;
-  return n;
-}
-}  // namespace
+using gpurun::testing::count_of;
 
 TEST_CASE("supervisor: a worker that cannot start is reported once, without a pid or exit code") {
   Harness h(3);
