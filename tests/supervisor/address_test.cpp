@@ -15,14 +15,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
-#include <set>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -256,8 +256,8 @@ TEST_CASE("address: three single-node jobs started at once with no port flags al
   for (int j = 0; j < 3; ++j)
     jobs.push_back(std::make_unique<ChildProcess>(
         std::vector<std::string>{kGpurun, "--nproc", "2", "--device", "cpu", "sh", "-c", worker},
-        std::map<std::string, std::string>{{"OUT_DIR", dirs[j]->str()}},
-        dirs[j]->path / "stdout", dirs[j]->path / "stderr"));
+        std::map<std::string, std::string>{{"OUT_DIR", dirs[j]->str()}}, dirs[j]->path / "stdout",
+        dirs[j]->path / "stderr"));
   const auto end = Clock::now() + 30s;
   const auto all_written = [&] {
     for (const auto& d : dirs)

@@ -199,10 +199,12 @@ TEST_CASE("multinode: node 0's own failure stops node 1's workers; both exit wit
   CHECK(contains(e1, "node 0 ("));
   CHECK(contains(e1, "node 0 (" + host_name() + ") failed: rank "));
   // Both of node 0's workers exit 5 at once: either is the first failure in time.
-  CHECK((contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 0, "
-                      "local rank 0: rank 0 (pid ") ||
-         contains(e0, "root cause of attempt 0 (first failure in time, of every node): node 0, "
-                      "local rank 1: rank 1 (pid ")));
+  CHECK((contains(e0,
+                  "root cause of attempt 0 (first failure in time, of every node): node 0, "
+                  "local rank 0: rank 0 (pid ") ||
+         contains(e0,
+                  "root cause of attempt 0 (first failure in time, of every node): node 0, "
+                  "local rank 1: rank 1 (pid ")));
   CHECK_FALSE(fs::exists(dir.path / "finished.1.0"));
   CHECK_FALSE(contains(e0, "keeping the store up"));
 }
