@@ -200,7 +200,6 @@ std::vector<std::string> memory_event_files(std::string_view proc_cgroup, const 
   return out;
 }
 
-
 OomWatch::OomWatch(std::vector<std::string> files) {
   for (auto& f : files) files_.push_back({std::move(f), std::nullopt});
 }
