@@ -308,7 +308,10 @@ TEST_CASE("address: a busy port that was chosen (--master-port, MASTER_PORT) fai
       {{}, {{"PET_MASTER_PORT", "29500"}}},
       {{}, {{"MASTER_PORT", "29500"}}},
   };
-  for (const auto& [flags, env] : ways) {
+  for (const auto& way : ways) {
+    // Not a structured binding: clang before 16 (the sanitizer build) cannot capture one.
+    const std::vector<std::string>& flags = way.first;
+    const std::map<std::string, std::string>& env = way.second;
     TempDir dir;
     CAPTURE(flags.size());
     CAPTURE(env.size() ? env.begin()->first : std::string());
