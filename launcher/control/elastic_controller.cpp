@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
@@ -376,40 +376,23 @@ void ElasticController::reload() {
 }
 
 void ElasticController::on_key(const std::string& key) {
-  const keys::GenKey k = keys::parse_gen_key(key);
-  const std::string value = backend_.get(key);
-  if (k.kind == keys::GenKey::Kind::kJoined) {
-    int pid = -1;
-    std::from_chars(value.data(), value.data() + value.size(), pid);
-    scheduler_.on_joined(k.generation, k.rank, pid);
-  } else if (k.kind == keys::GenKey::Kind::kReport) {
-    try {
-      Report r = Report::from_json(value);
-      if (r.generation != k.generation || r.round != k.round || r.rank != k.rank)
-        throw ProtocolError(fmt::format("report under '{}' names generation {}, round {}, rank {}",
-                                        key, r.generation, r.round, r.rank));
-      scheduler_.on_report(r);
-    } catch (const ProtocolError& e) {
-      console_.write(StreamId::kStderr, fmt::format("gpurun: warning: ignoring a bad boundary "
-                                                    "report: {}\n",
-                                                    e.what()));
-    }
-  } else if (auto parked = keys::parse_slot_key(key, "parked")) {
-    scheduler_.on_parked(parked->first, parked->second);
-  } else if (auto ready = keys::parse_slot_key(key, "ready")) {
-    scheduler_.on_ready(ready->first, ready->second);
-  } else if (auto err = keys::parse_slot_key(key, "error")) {
-    scheduler_.on_program_error(err->first, err->second, value);
-  } else if (auto timing = ResizeTimeline::parse_key(key)) {
-    backend_.delete_key(key);  // read once: the store keeps no timing key
-    timeline_.on_record(timing->first, timing->second, value);
-    scheduler_.on_setup_done(timing->first, timing->second);  // its set-up deadline is off
-    emit_resize_events();
-    write_status();
+  std::optional<keys::WorkerWrite> write;
+  try {
+    write = keys::parse_worker_write(key, backend_.get(key));
+  } catch (const ProtocolError& e) {
+    console_.write(StreamId::kStderr, fmt::format("gpurun: warning: ignoring a bad boundary "
+                                                  "report: {}\n",
+                                                  e.what()));
     run_effects();
     return;
-  } else {
-    return;  // our own writes, and keys we do not know
+  }
+  if (!write) return;  // our own writes, and keys we do not know
+  const auto* timing = std::get_if<keys::Timing>(&*write);
+  if (timing) timeline_.on_record(timing->generation, timing->gpu, timing->record);
+  scheduler_.on(*write);
+  if (timing) {
+    emit_resize_events();
+    write_status();
   }
   run_effects();
 }

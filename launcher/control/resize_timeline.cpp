@@ -1,7 +1,6 @@
 #include "control/resize_timeline.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -215,24 +214,6 @@ void ResizeTimeline::close(int64_t generation) {
 
 std::vector<JsonObject> ResizeTimeline::take_ready() {
   return std::exchange(ready_, {});
-}
-
-std::optional<std::pair<int64_t, int>> ResizeTimeline::parse_key(std::string_view key) {
-  constexpr std::string_view kGen = "gpurun/gen/";
-  if (key.substr(0, kGen.size()) != kGen) return std::nullopt;
-  key.remove_prefix(kGen.size());
-  int64_t g = 0;
-  auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), g);
-  if (ec != std::errc{}) return std::nullopt;
-  std::string_view rest(p, static_cast<size_t>(key.data() + key.size() - p));
-  constexpr std::string_view kTiming = "/timing/";
-  if (rest.substr(0, kTiming.size()) != kTiming) return std::nullopt;
-  rest.remove_prefix(kTiming.size());
-  int gpu = 0;
-  auto [p2, ec2] = std::from_chars(rest.data(), rest.data() + rest.size(), gpu);
-  if (ec2 != std::errc{} || p2 != rest.data() + rest.size() || g < 0 || gpu < 0)
-    return std::nullopt;
-  return std::make_pair(g, gpu);
 }
 
 std::vector<std::string> ResizeTimeline::describe(std::string_view event_json) {

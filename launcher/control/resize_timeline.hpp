@@ -55,9 +55,6 @@ class ResizeTimeline {
   /// The last `resize` event's fields as a JSON object text; empty before the first.
   const std::string& last() const { return last_; }
 
-  /// (generation, gpu) of a gpurun/gen/<G>/timing/<gpu> key; nullopt for any other key.
-  static std::optional<std::pair<int64_t, int>> parse_key(std::string_view key);
-
   /// One line per event for `gpurun status`: "generation 3 grow [0, 1] -> [0, 1, 2]: ..."
   /// and one per rank. `event` is last()'s text (or status.json's `last_resize`).
   static std::vector<std::string> describe(std::string_view event_json);

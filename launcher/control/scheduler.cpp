@@ -3,7 +3,9 @@
 #include "control/scheduler.hpp"
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -250,6 +252,29 @@ void Scheduler::config_rejected(const std::string& path, const std::string& erro
   e.fields.add("path", path).add("error", error);
   effects_.push_back(std::move(e));
   say(fmt::format("config rejected, the last good config stays in force: {}", error));
+}
+
+void Scheduler::on(const keys::WorkerWrite& write) {
+  std::visit(
+      [this](const auto& w) {
+        using T = std::decay_t<decltype(w)>;
+        if constexpr (std::is_same_v<T, keys::Joined>) {
+          on_joined(w.generation, w.rank, w.pid);
+        } else if constexpr (std::is_same_v<T, keys::Reported>) {
+          on_report(w.report);
+        } else if constexpr (std::is_same_v<T, keys::Parked>) {
+          on_parked(w.gpu, w.park_generation);
+        } else if constexpr (std::is_same_v<T, keys::Ready>) {
+          on_ready(w.gpu, w.warm);
+        } else if constexpr (std::is_same_v<T, keys::ProgramError>) {
+          on_program_error(w.gpu, w.pid, w.text);
+        } else {
+          static_assert(std::is_same_v<T, keys::Timing>);
+          delete_key(keys::timing(w.generation, w.gpu));  // read once: the store keeps none
+          on_setup_done(w.generation, w.gpu);             // its set-up deadline is off
+        }
+      },
+      write);
 }
 
 void Scheduler::on_joined(int64_t generation, int rank, int pid) {

@@ -16,6 +16,7 @@
 #include "control/config.hpp"
 #include "control/slot_state.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/control/keys.hpp"
 #include "gpurun/json_writer.hpp"
 
 namespace gpurun::control {
@@ -137,6 +138,11 @@ class Scheduler {
   void config_loaded(Config config, const std::string& path);
   /// A rejected config: recorded (last_config_error) and logged; nothing else changes.
   void config_rejected(const std::string& path, const std::string& error);
+
+  /// A worker's write to the store (keys::parse_worker_write): the one router of them, to the
+  /// handlers below. A Timing record's key is deleted (read once) and that participant's
+  /// set-up is done (on_setup_done); the record itself is the caller's (ResizeTimeline).
+  void on(const keys::WorkerWrite& write);
 
   /// `gpurun/gen/<g>/joined/<rank>` was written with `pid`.
   void on_joined(int64_t generation, int rank, int pid);

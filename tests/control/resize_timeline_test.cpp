@@ -82,10 +82,7 @@ TEST_CASE("a participant that dies without its record: the event says which one 
   CHECK(json::serialize(e.at("missing")) == "[1]");
 }
 
-TEST_CASE("timing keys and bad records") {
-  CHECK(ResizeTimeline::parse_key("gpurun/gen/12/timing/3") == std::make_pair(int64_t{12}, 3));
-  CHECK(!ResizeTimeline::parse_key("gpurun/gen/12/joined/3"));
-  CHECK(!ResizeTimeline::parse_key("gpurun/gen/12/timing/3x"));
+TEST_CASE("timing: bad records") {  // the keys: keys_test.cpp
   ResizeTimeline t([] { return 0.0; });
   CHECK(!t.on_record(1, 0, R"({"marks":{}})"));  // no open generation
   t.decision_written(grow());

@@ -83,11 +83,17 @@ struct Harness {
             decisions.push_back(Decision::from_json(e.value));
           else if (e.key.find("/wake/") != std::string::npos)
             wakes.push_back(e.key);
-          else if (auto go = keys::parse_slot_key(e.key, "go"); go && auto_ready)
+          else if (auto go = go_of(e.key); go && auto_ready)
             s.on_ready(go->first, go->second);  // a standby told to go gets ready at once
         }
       }
     }
+  }
+  /// (gpu, warm id) when `key` is the go key of a standby spawned here.
+  std::optional<std::pair<int, int64_t>> go_of(const std::string& key) const {
+    for (const auto& [gpu, w] : warm)
+      if (key == keys::go(gpu, w)) return std::make_pair(gpu, w);
+    return std::nullopt;
   }
   SlotState state(int gpu) const { return s.slots().at(gpu).state; }
   /// The warm joiner of `gpu` wrote its ready key.

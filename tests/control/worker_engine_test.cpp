@@ -497,7 +497,8 @@ TEST_CASE("worker engine: the program's own error is said to gpurun, in any phas
   CHECK(out[0].key == "gpurun/slot/1/error/4242");
   CHECK(out[0].value == "ValueError: bad batch");
   CHECK(s.on(boundary(0)) == "set(gen/0/round/0/report/1) wait(gen/0/round/0/decision)");
-  CHECK(keys::parse_slot_key(out[0].key, "error") == std::make_pair(1, int64_t{4242}));
+  CHECK(keys::parse_worker_write(out[0].key, out[0].value) ==
+        keys::WorkerWrite(keys::ProgramError{1, 4242, "ValueError: bad batch"}));
 }
 
 TEST_CASE("worker engine: events out of place are executor bugs") {

@@ -1,8 +1,9 @@
 #include "testing/in_memory_control.hpp"
 
+#include <variant>
+
 #include <fmt/format.h>
 
-#include "control/resize_timeline.hpp"
 #include "gpurun/error.hpp"
 #include "runtime/runtime_seams.hpp"
 
@@ -52,27 +53,16 @@ void InMemorySupervisor::process_exited(int gpu, bool clean, const std::string& 
 void InMemorySupervisor::set(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(mu_);
   kv_[key] = value;
-  const keys::GenKey k = keys::parse_gen_key(key);
-  if (k.kind == keys::GenKey::Kind::kJoined) {
-    scheduler_.on_joined(k.generation, k.rank, std::stoi(value));
-  } else if (k.kind == keys::GenKey::Kind::kReport) {
-    const control::Report r = control::Report::from_json(value);
-    apply_scripted(r.epoch, r.step);
-    scheduler_.on_report(r);
-  } else if (auto parked = keys::parse_slot_key(key, "parked")) {
-    scheduler_.on_parked(parked->first, parked->second);
-  } else if (auto ready = keys::parse_slot_key(key, "ready")) {
-    scheduler_.on_ready(ready->first, ready->second);
-    run_effects();
-    ready_locked(ready->first, ready->second);
-    return;
-  } else if (auto err = keys::parse_slot_key(key, "error")) {
-    scheduler_.on_program_error(err->first, err->second, value);
-  } else if (control::ResizeTimeline::parse_key(key)) {
-    kv_.erase(key);  // read once, as gpurun does (resize timings are not this fake's)
-    return;
+  const std::optional<keys::WorkerWrite> write = keys::parse_worker_write(key, value);
+  if (write) {
+    // A scripted edit is in force before the boundary it names is decided.
+    if (const auto* r = std::get_if<keys::Reported>(&*write))
+      apply_scripted(r->report.epoch, r->report.step);
+    scheduler_.on(*write);
   }
-  run_effects();
+  run_effects();  // wakes the waits on `key` too
+  if (const auto* ready = write ? std::get_if<keys::Ready>(&*write) : nullptr)
+    ready_locked(ready->gpu, ready->warm);
 }
 
 void InMemorySupervisor::ready_locked(int gpu, int64_t warm) {
@@ -154,9 +144,15 @@ void InMemorySupervisor::run_effects() {
           // A warm joiner of that slot waiting for its admission, or a standby waiting for
           // its go, is told to exit.
           std::vector<std::string> admits;
-          for (const auto& [key, value] : kv_)
-            if (auto r = keys::parse_slot_key(key, "ready"); r && r->first == e.gpu)
-              admits.push_back(keys::admit(e.gpu, r->second));
+          for (const auto& [key, value] : kv_) {
+            std::optional<keys::WorkerWrite> w;
+            try {
+              w = keys::parse_worker_write(key, value);
+            } catch (const control::ProtocolError&) {  // a bad report: refused when written
+            }
+            if (const auto* r = w ? std::get_if<keys::Ready>(&*w) : nullptr; r && r->gpu == e.gpu)
+              admits.push_back(keys::admit(e.gpu, r->warm));
+          }
           if (const int64_t w = scheduler_.slots().at(e.gpu).warm_id; w >= 0)
             admits.push_back(keys::go(e.gpu, w));
           for (const std::string& admit : admits) {

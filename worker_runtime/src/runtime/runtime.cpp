@@ -4,6 +4,7 @@
 // Protocol: docs/control-protocol.md; behaviour: docs/worker-runtime.md.
 #include "runtime/runtime_impl.hpp"
 
+#include "gpurun/control/keys.hpp"
 #include "gpurun/control/library_preload.hpp"
 #include "gpurun/control/term_signal.hpp"
 #include "runtime/cuda_warmup.hpp"
@@ -43,7 +44,7 @@ int64_t Step::samples() const {
 std::unique_ptr<Communicator> Runtime::Impl::make_static_comm(const std::vector<int>& group) {
   rt::CommOptions o;
   o.store = store;
-  o.prefix = fmt::format("gpurun/static/{}/comm/train", restart_count);
+  o.prefix = control::keys::static_comm(restart_count);
   o.rank = rank;
   o.size = static_cast<int>(group.size());
   o.device = device;

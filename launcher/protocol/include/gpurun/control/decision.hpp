@@ -1,5 +1,6 @@
 // gpurun::control::Decision and Report — the values of the control protocol's
-// store keys, and the key names. Encoding: docs/control-protocol.md#decision-encoding.
+// store keys (their names: gpurun/control/keys.hpp). Encoding:
+// docs/control-protocol.md#decision-encoding.
 #pragma once
 
 #include <cstdint>
@@ -138,62 +139,6 @@ std::string boundary_text(int64_t epoch, int64_t step);
 /// step in it): (E, 0) is the start of epoch E, "after epoch E" ("before the first epoch" for
 /// E = 0); (E, S) "in epoch E+1 after step S".
 std::string position_text(int64_t epoch, int64_t step);
-
-/// Key names (docs/control-protocol.md#keys).
-namespace keys {
-inline constexpr std::string_view kPrefix = "gpurun/";
-inline constexpr std::string_view kGenPrefix = "gpurun/gen/";
-std::string start(int64_t generation);
-std::string joined(int64_t generation, int rank);
-std::string report(int64_t generation, int64_t round, int rank);
-std::string decision(int64_t generation, int64_t round);
-/// Written by gpurun when a participant of `generation` died before the generation was
-/// established; value: the reason. Communicators of that generation stop waiting on it.
-std::string abort(int64_t generation);
-std::string parked(int gpu, int64_t park_generation);
-std::string wake(int gpu, int64_t park_generation);
-/// Written once by each participant (member or leaver) of a resize into generation
-/// `generation` when its part is done: its phase timestamps (docs/control-protocol.md#resize-
-/// timings). gpurun reads and deletes it.
-std::string timing(int64_t generation, int gpu);
-/// A warm joiner (spawned with GPURUN_WARM=<w> before any decision names it): its pid, written
-/// once it is ready (model built, data loaded: its first epochs()/steps() call).
-std::string ready(int gpu, int64_t warm);
-/// gpurun's answer to a warm joiner: the decision that created the generation it joins, or
-/// {"v":1,"kind":"exit",...} when it is not needed after all.
-std::string admit(int gpu, int64_t warm);
-/// gpurun's word to a standby (a warm joiner spawned with GPURUN_STANDBY=1 after a release-mode
-/// leaver of its slot exited, before any config wants the slot): "go" once a config names the
-/// slot (it then sets up its device and gets ready as any warm joiner), or
-/// {"v":1,"kind":"exit",...}. The standby reads it when its program first needs the device.
-std::string go(int gpu, int64_t warm);
-/// The program's own error (its text), written by the worker of `gpu` with pid `pid` just
-/// before that error ends it: gpurun fails the job on its exit instead of going on without it.
-std::string program_error(int gpu, int64_t pid);
-/// The store prefix of generation g's communicator for `purpose` ("train": the generation's
-/// own; "handoff": the state source's group with the joiners): the executor's rendezvous keys
-/// (Gloo's, NCCL's unique id, torch.distributed's PrefixStore) live under it.
-std::string comm(int64_t generation, std::string_view purpose);
-/// Under a communicator's prefix: `rank` reached its set-up (WorkerSession::wait_arrivals).
-std::string arrived(std::string_view comm_prefix, int rank);
-/// A slot's own small data that outlives its process within one restart attempt (the Python
-/// package's per-slot RNG streams): WorkerSession::put_slot_data.
-std::string slot_data(int64_t restart, int gpu, std::string_view name);
-inline constexpr std::string_view kGeneration = "gpurun/generation";
-
-/// A parsed key under gpurun/gen/: which one and its numbers.
-struct GenKey {
-  enum class Kind { kJoined, kReport, kOther };
-  Kind kind = Kind::kOther;
-  int64_t generation = -1;
-  int64_t round = -1;
-  int rank = -1;
-};
-GenKey parse_gen_key(std::string_view key);
-/// gpurun/slot/<gpu>/<what>/<n> (what: "parked", "wake", "ready", "admit") -> (gpu, n);
-/// nullopt for another key.
-std::optional<std::pair<int, int64_t>> parse_slot_key(std::string_view key, std::string_view what);
-}  // namespace keys
 
 /// One variable of a worker's environment: (name, value).
 using EnvVar = std::pair<std::string, std::string>;

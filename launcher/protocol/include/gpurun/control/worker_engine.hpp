@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpurun/control/decision.hpp"
+#include "gpurun/control/keys.hpp"
 #include "gpurun/control/worker_state.hpp"
 
 namespace gpurun::control {
