@@ -20,7 +20,6 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "app/auto_scale.hpp"
-#include "app/backend_store.hpp"
 #include "app/energy_setup.hpp"
 #include "app/launch_plan.hpp"
 #include "app/start_checks.hpp"
@@ -39,6 +38,7 @@
 #include "gpurun/error.hpp"
 #include "gpurun/unique_fd.hpp"
 #include "store/backend.hpp"
+#include "store/backend_store.hpp"
 #include "store/server.hpp"
 #include "supervisor/cli.hpp"
 #include "supervisor/console.hpp"
@@ -417,9 +417,9 @@ int run(int argc, char** argv) {
   // --nnodes > 1: a failure anywhere stops every node; node 0 decides each attempt's end for
   // the whole job (restart or exit, the root cause) and keeps its store up until every node
   // is done (the exit barrier). docs/cli.md#multi-node.
-  std::unique_ptr<gpurun::app::BackendStore> node0_store;
+  std::unique_ptr<gpurun::store::BackendStore> node0_store;
   if (plan.nnodes > 1 && store) {
-    node0_store = std::make_unique<gpurun::app::BackendStore>(store->backend());
+    node0_store = std::make_unique<gpurun::store::BackendStore>(store->backend());
     node_sync = std::make_unique<sv::NodeSync>(io, node_opts, *node0_store);
   }
   if (node_sync) {

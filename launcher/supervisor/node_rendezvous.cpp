@@ -29,7 +29,7 @@ JobStart NodeSync::join() {
   int windows = 0;
   int foreign = 0;  // windows in a row that reached a listener that is not a store
   std::string last;
-  while (!store_->client) {
+  while (!client_) {
     cancelled();
     store::ClientOptions co;
     co.host = opt_.host;
@@ -38,7 +38,7 @@ JobStart NodeSync::join() {
     co.timeout = std::min(opt_.op_timeout, std::chrono::milliseconds(1000));
     ++windows;
     try {
-      store_->client = std::make_unique<store::Client>(co);
+      client_ = std::make_unique<store::ClientStore>(co);
       break;
     } catch (const store::NotAStoreError& e) {
       // Another program on the port: not waited on as a store that has yet to start (a port
@@ -76,7 +76,7 @@ JobStart NodeSync::join() {
     std::string held;
     if (opt_.check_run_id) {  // a stale job on the port is not joined
       std::optional<std::string> id;
-      for (int i = 0; i < 50 && !(id = store_->get(job_keys::job_id())); ++i) {
+      for (int i = 0; i < 50 && !(id = store().try_get(job_keys::job_id())); ++i) {
         cancelled();
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -95,19 +95,18 @@ JobStart NodeSync::join() {
         // First a rank whose node left before the start (node 0 dropped its join key), then
         // the next one. A rank taken between the two steps is skipped (compare_set).
         int n = -1;
-        const int64_t given = store_->client->add(job_keys::next_node(), 0);
+        const int64_t given = client_->add(job_keys::next_node(), 0);
         for (int r = 1; r <= given && r < max_nodes() && n < 0; ++r)
-          if (!store_->client->check({job_keys::join(r)}) &&
-              store_->client->compare_set(job_keys::join(r), "", record) == record)
+          if (!client_->try_get(job_keys::join(r)) &&
+              client_->compare_set(job_keys::join(r), "", record) == record)
             n = r;
         if (n < 0) {
-          const int64_t next = store_->client->add(job_keys::next_node(), 1);
+          const int64_t next = client_->add(job_keys::next_node(), 1);
           if (next >= max_nodes())
             throw JoinError(1, fmt::format("node 0's store at {} already has {} nodes, the most "
                                            "--nnodes allows: this node cannot join",
                                            where, max_nodes()));
-          if (store_->client->compare_set(job_keys::join(static_cast<int>(next)), "", record) !=
-              record)
+          if (client_->compare_set(job_keys::join(static_cast<int>(next)), "", record) != record)
             continue;  // a node given --node-rank took it: the next one
           n = static_cast<int>(next);
         }
@@ -119,7 +118,7 @@ JobStart NodeSync::join() {
       if (opt_.say) opt_.say(fmt::format("joined as node {} (join order)", opt_.node_rank));
     } else {
       // First come, first served: a second gpurun with the same --node-rank is refused.
-      held = store_->client->compare_set(job_keys::join(opt_.node_rank), "", record);
+      held = client_->compare_set(job_keys::join(opt_.node_rank), "", record);
     }
     if (held != record) {
       std::vector<std::string> f;
@@ -129,14 +128,14 @@ JobStart NodeSync::join() {
                                      "node {}: every node needs its own --node-rank",
                                      other, where, opt_.node_rank));
     }
-    store_->client->set(job_keys::live(opt_.node_rank), me);
+    client_->set(job_keys::live(opt_.node_rank), me);
     if (opt_.say)
       opt_.say(fmt::format(
           "node {}: joined node 0's store at {}; waiting for the other nodes (at most {})",
           opt_.node_rank, where, seconds(opt_.join_timeout)));
     for (;;) {
       cancelled();
-      if (const auto v = store_->get(job_keys::start())) {
+      if (const auto v = store().try_get(job_keys::start())) {
         std::vector<std::string> f;
         std::string rest;
         if (v->rfind("error ", 0) == 0) {
@@ -162,7 +161,7 @@ JobStart NodeSync::join() {
         set_members({});
         js.node_rank = opt_.node_rank;
         for (int r = 0; r < opt_.nnodes; ++r)  // the hosts, to name nodes in messages
-          if (const auto j = store_->get(job_keys::join(r)))
+          if (const auto j = store().try_get(job_keys::join(r)))
             if (split_fields(*j, 3, f, rest)) hosts_[static_cast<std::size_t>(r)] = f[2];
         return js;
       }
@@ -190,7 +189,7 @@ void NodeSync::rendezvous(std::function<void(const std::string& error)> ready) {
 void NodeSync::rendezvous_tick() {
   std::vector<int> missing;
   const auto refuse = [this](const std::string& error) {
-    store_->set(job_keys::start(), "error 1 " + one_line(error));
+    store().set(job_keys::start(), "error 1 " + one_line(error));
     auto r2 = std::move(ready_);
     ready_ = nullptr;
     r2(error);
@@ -198,7 +197,7 @@ void NodeSync::rendezvous_tick() {
   std::vector<bool> joined(static_cast<std::size_t>(max_nodes()), false);
   joined[0] = true;
   for (int r = 1; r < max_nodes(); ++r) {
-    const auto v = store_->get(job_keys::join(r));
+    const auto v = store().try_get(job_keys::join(r));
     if (!v) {
       if (r < opt_.nnodes) missing.push_back(r);
       continue;
@@ -208,9 +207,9 @@ void NodeSync::rendezvous_tick() {
     int nproc = -1, nnodes = -1;
     if (split_fields(*v, 3, f, rest) && parse_int(f[0], nproc) && parse_int(f[1], nnodes))
       hosts_[static_cast<std::size_t>(r)] = f[2];
-    if (store_->get(job_keys::lost(r))) {  // it joined, then its gpurun went away
-      store_->local->remove(job_keys::join(r));
-      store_->local->remove(job_keys::lost(r));
+    if (store().try_get(job_keys::lost(r))) {  // it joined, then its gpurun went away
+      host_->remove(job_keys::join(r));
+      host_->remove(job_keys::lost(r));
       if (opt_.say)
         opt_.say(
             fmt::format("{} left before the start; waiting for a node {} again", node_name(r), r));
@@ -255,9 +254,9 @@ void NodeSync::rendezvous_tick() {
     min_nodes_ = lo;
     opt_.nnodes = count;
     set_members({});
-    store_->set(job_keys::join(0),
+    store().set(job_keys::join(0),
                 fmt::format("{} {} {} {}", opt_.nproc, max_nodes(), hosts_[0], ::getpid()));
-    store_->set(job_keys::start(),
+    store().set(job_keys::start(),
                 fmt::format("ok {} {} {}", opt_.max_restarts, opt_.nnodes, opt_.run_id));
     if (opt_.say)
       opt_.say(max_nodes() == opt_.nnodes
@@ -284,7 +283,7 @@ void NodeSync::cancel_rendezvous(const std::string& why, int code) {
   if (!ready_) return;
   tick_ = nullptr;
   timer_.cancel();
-  store_->set(job_keys::start(), fmt::format("error {} {}", code, one_line(why)));
+  store().set(job_keys::start(), fmt::format("error {} {}", code, one_line(why)));
   auto ready = std::move(ready_);
   ready_ = nullptr;
   ready(why);

@@ -11,7 +11,7 @@
 #include <boost/asio/post.hpp>
 
 #include "gpurun/error.hpp"
-#include "gpurun/store/client.hpp"
+#include "gpurun/store/client_store.hpp"
 #include "gpurun/store/live_keys.hpp"
 #include "supervisor/node_sync_detail.hpp"
 #include "supervisor/process_spawner.hpp"
@@ -101,9 +101,8 @@ std::optional<AttemptOutcome> AttemptOutcome::decode(const std::string& text) {
   return out;
 }
 
-NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalStore& local)
-    : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
-  store_->local = &local;
+NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, store::HostedStore& local)
+    : io_(io), opt_(std::move(options)), host_(&local), timer_(io) {
   hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
   set_members({});
   hosts_[0] = this_host();
@@ -111,7 +110,7 @@ NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalSt
 }
 
 NodeSync::NodeSync(boost::asio::io_context& io, NodeSyncOptions options)
-    : io_(io), opt_(std::move(options)), store_(std::make_unique<Store>()), timer_(io) {
+    : io_(io), opt_(std::move(options)), timer_(io) {
   hosts_.assign(static_cast<std::size_t>(max_nodes()), "");
   set_members({});
 }
@@ -143,7 +142,7 @@ void NodeSync::arm(std::function<void()> tick) {
 }
 
 bool NodeSync::node_lost(int node) {
-  return store_->get(job_keys::lost(node)).has_value();
+  return store().try_get(job_keys::lost(node)).has_value();
 }
 
 void NodeSync::attempt_started(int attempt) {
@@ -160,8 +159,8 @@ void NodeSync::attempt_started(int attempt) {
 }
 
 void NodeSync::beat() {
-  if (store_->local || Clock::now() - beat_sent_ < opt_.heartbeat_interval) return;
-  store_->set(job_keys::beat(opt_.node_rank), std::to_string(++beats_));
+  if (host_ || Clock::now() - beat_sent_ < opt_.heartbeat_interval) return;
+  store().set(job_keys::beat(opt_.node_rank), std::to_string(++beats_));
   beat_sent_ = Clock::now();
 }
 
@@ -169,7 +168,7 @@ bool NodeSync::node_hung(int r) {
   const auto i = static_cast<std::size_t>(r);
   if (opt_.heartbeat_timeout.count() <= 0 || i >= hung_.size()) return false;
   if (hung_[i]) return true;
-  const std::string v = store_->get(job_keys::beat(r)).value_or("");
+  const std::string v = store().try_get(job_keys::beat(r)).value_or("");
   const auto now = Clock::now();
   if (v != beat_seen_[i]) {
     beat_seen_[i] = v;
@@ -179,7 +178,7 @@ bool NodeSync::node_hung(int r) {
   if (now - beat_changed_[i] < opt_.heartbeat_timeout) return false;
   hung_[i] = true;
   const int a = attempt_;
-  if (!store_->get(job_keys::fail(a, r))) {
+  if (!store().try_get(job_keys::fail(a, r))) {
     NodeFailure f;
     f.node = r;
     f.time_ms = now_ms();
@@ -187,8 +186,8 @@ bool NodeSync::node_hung(int r) {
         "{}'s gpurun sent no heartbeat for {} with its connection to node 0's store still open "
         "(stopped or hung, or its host stalled; --node-timeout)",
         node_name(r), seconds(opt_.heartbeat_timeout));
-    store_->set(job_keys::fail(a, r), f.encode());
-    store_->set_if_missing(job_keys::stop(a), std::to_string(r));
+    store().set(job_keys::fail(a, r), f.encode());
+    store().compare_set(job_keys::stop(a), "", std::to_string(r));
   }
   return true;
 }
@@ -198,15 +197,15 @@ void NodeSync::watch_tick() {
   const int a = attempt_;
   try {
     beat();
-    if (store_->local) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
+    if (host_) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
       for (const int r : members_) {
-        if (r == 0 || store_->get(job_keys::end(a, r))) continue;
-        const auto lost = store_->get(job_keys::lost(r));
+        if (r == 0 || store().try_get(job_keys::end(a, r))) continue;
+        const auto lost = store().try_get(job_keys::lost(r));
         if (!lost) {
           node_hung(r);  // alive but silent: given up after heartbeat_timeout
           continue;
         }
-        if (store_->get(job_keys::fail(a, r))) continue;
+        if (store().try_get(job_keys::fail(a, r))) continue;
         NodeFailure f;
         f.node = r;
         if (!parse_int(*lost, f.time_ms)) f.time_ms = now_ms();
@@ -214,11 +213,11 @@ void NodeSync::watch_tick() {
             "{}'s gpurun disconnected from node 0's store (killed, or its host or network "
             "failed)",
             node_name(r));
-        store_->set(job_keys::fail(a, r), f.encode());
-        store_->set_if_missing(job_keys::stop(a), std::to_string(r));
+        store().set(job_keys::fail(a, r), f.encode());
+        store().compare_set(job_keys::stop(a), "", std::to_string(r));
       }
     }
-    if (const auto stopper = store_->get(job_keys::stop(a)); stopper && !peer_stopped_) {
+    if (const auto stopper = store().try_get(job_keys::stop(a)); stopper && !peer_stopped_) {
       int node = -1, sig = 0;
       std::vector<std::string> f;
       std::string rest;
@@ -228,7 +227,7 @@ void NodeSync::watch_tick() {
         peer_stopped_ = true;
         std::string why = fmt::format("{} failed", node >= 0 ? node_name(node) : "a node");
         if (node >= 0)
-          if (const auto rec = store_->get(job_keys::fail(a, node)))
+          if (const auto rec = store().try_get(job_keys::fail(a, node)))
             if (const auto f = NodeFailure::decode(*rec))
               why = f->rank >= 0 ? why + ": " + f->reason : f->reason;
         if (on_peer_failure) on_peer_failure(why, sig);
@@ -251,8 +250,8 @@ void NodeSync::local_failure(int attempt, const NodeFailure& failure) {
   f.node = opt_.node_rank;
   if (f.time_ms == 0) f.time_ms = now_ms();
   try {
-    store_->set(job_keys::fail(attempt, opt_.node_rank), f.encode());
-    store_->set_if_missing(job_keys::stop(attempt), std::to_string(opt_.node_rank));
+    store().set(job_keys::fail(attempt, opt_.node_rank), f.encode());
+    store().compare_set(job_keys::stop(attempt), "", std::to_string(opt_.node_rank));
   } catch (const gpurun::Error& e) {
     node0_gone_ = true;
     node0_error_ =
@@ -268,8 +267,8 @@ void NodeSync::local_signal(int attempt, int sig) {
   f.code = 128 + sig;
   f.reason = fmt::format("{}'s gpurun received {}", node_name(opt_.node_rank), signal_name(sig));
   try {
-    store_->set_if_missing(job_keys::fail(attempt, opt_.node_rank), f.encode());
-    store_->set_if_missing(job_keys::stop(attempt), fmt::format("{} {}", opt_.node_rank, sig));
+    store().compare_set(job_keys::fail(attempt, opt_.node_rank), "", f.encode());
+    store().compare_set(job_keys::stop(attempt), "", fmt::format("{} {}", opt_.node_rank, sig));
   } catch (const gpurun::Error& e) {
     node0_gone_ = true;
     node0_error_ =
@@ -289,7 +288,7 @@ void NodeSync::attempt_ended(int attempt, int code, bool by_signal,
   interrupted_ = false;
   if (!node0_gone_) {
     try {
-      store_->set(job_keys::end(attempt, opt_.node_rank),
+      store().set(job_keys::end(attempt, opt_.node_rank),
                   fmt::format("{} {}", code, by_signal ? 1 : 0));
     } catch (const gpurun::Error& e) {
       node0_gone_ = true;
@@ -305,7 +304,7 @@ void NodeSync::attempt_ended(int attempt, int code, bool by_signal,
     return;
   }
   wait_deadline_ = Clock::now() + opt_.barrier_timeout;
-  if (store_->local) {
+  if (host_) {
     node0_decide_tick();
   } else {
     wait_deadline_ += std::chrono::seconds(60);  // node 0's own bound comes first
@@ -322,13 +321,13 @@ void NodeSync::node0_decide_tick() {
   bool any_signal = own_by_signal_;
   for (const int r : members_) {
     std::optional<NodeFailure> rec;
-    if (const auto v = store_->get(job_keys::fail(a, r))) rec = NodeFailure::decode(*v);
+    if (const auto v = store().try_get(job_keys::fail(a, r))) rec = NodeFailure::decode(*v);
     int code = 0;
     bool by_signal = false;
     if (r == 0) {
       code = own_code_;
       by_signal = own_by_signal_;
-    } else if (const auto end = store_->get(job_keys::end(a, r))) {
+    } else if (const auto end = store().try_get(job_keys::end(a, r))) {
       std::vector<std::string> f;
       std::string rest;
       if (!split_fields(*end, 1, f, rest) || !parse_int(f[0], code)) code = 1;
@@ -336,7 +335,7 @@ void NodeSync::node0_decide_tick() {
       any_signal = any_signal || by_signal;
     } else if (node_hung(r)) {  // its failure record was written by node_hung
       lost_nodes.push_back(r);
-    } else if (const auto lost = store_->get(job_keys::lost(r))) {
+    } else if (const auto lost = store().try_get(job_keys::lost(r))) {
       lost_nodes.push_back(r);
       if (!rec) {
         NodeFailure f;
@@ -373,7 +372,7 @@ void NodeSync::node0_decide_tick() {
   if (!missing.empty()) {
     if (!failures.empty()) {
       // Every node must stop: a node that ended by a signal wrote no stop key.
-      store_->set_if_missing(job_keys::stop(a), std::to_string(failures.front().node));
+      store().compare_set(job_keys::stop(a), "", std::to_string(failures.front().node));
     } else if (!announced_ && opt_.say) {
       opt_.say(
           fmt::format("node 0's workers are done; keeping the store up for node(s) {} (at most {})",
@@ -430,10 +429,10 @@ void NodeSync::node0_decide_tick() {
     } else {
       out.restart = true;
       // The next attempt starts on a clean store: only gpurun's own keys stay.
-      store_->local->reset_keyspace("gpurun/");
+      host_->reset_keyspace("gpurun/");
     }
   }
-  store_->set(job_keys::next(a), out.encode());
+  store().set(job_keys::next(a), out.encode());
   if (!out.restart && out.code != 0 && opt_.say)
     opt_.say(fmt::format("the job failed: {}", out.reason));
   decided(out);
@@ -456,8 +455,8 @@ std::optional<AttemptOutcome> NodeSync::reform(int a, const std::vector<int>& go
         fmt::format("{} left the job: restarting with {} node{} (--nnodes {}:{}; restart {} of {})",
                     fmt::join(names, ", "), left.size(), left.size() == 1 ? "" : "s", min_nodes_,
                     max_nodes(), a + 1, opt_.max_restarts));
-  store_->set(job_keys::members(a), fmt::format("{}", fmt::join(left, " ")));
-  store_->local->reset_keyspace("gpurun/");
+  store().set(job_keys::members(a), fmt::format("{}", fmt::join(left, " ")));
+  host_->reset_keyspace("gpurun/");
   set_members(left);
   AttemptOutcome out;
   out.restart = true;
@@ -473,7 +472,7 @@ void NodeSync::node_wait_tick() {
   if (!decide_) return;
   std::optional<std::string> v;
   try {
-    v = store_->get(job_keys::next(attempt_));
+    v = store().try_get(job_keys::next(attempt_));
   } catch (const gpurun::Error& e) {
     decided(AttemptOutcome{
         false, own_code_ != 0 ? own_code_ : 1,
@@ -487,7 +486,7 @@ void NodeSync::node_wait_tick() {
         opt_.say(fmt::format("the job failed (decided by node 0): {}", out->reason));
       std::optional<std::string> nodes;
       try {
-        if (out->restart) nodes = store_->get(job_keys::members(attempt_));
+        if (out->restart) nodes = store().try_get(job_keys::members(attempt_));
       } catch (const gpurun::Error&) {  // node 0 gone: the next attempt finds out
       }
       if (nodes) {  // node 0 re-formed the job (--nnodes MIN:MAX): this node's new rank
@@ -542,7 +541,7 @@ void NodeSync::decided(const AttemptOutcome& outcome) {
 
 void NodeSync::interrupt(int sig) {
   if (!decide_) return;
-  if (store_->local && !interrupted_) {
+  if (host_ && !interrupted_) {
     // Every node still running stops as if it got the signal; node 0 waits for them a while.
     interrupted_ = true;
     own_code_ = 128 + sig;
@@ -551,8 +550,8 @@ void NodeSync::interrupt(int sig) {
     f.time_ms = now_ms();
     f.code = own_code_;
     f.reason = fmt::format("{}'s gpurun received {}", node_name(0), signal_name(sig));
-    store_->set_if_missing(job_keys::fail(attempt_, 0), f.encode());
-    store_->set_if_missing(job_keys::stop(attempt_), fmt::format("0 {}", sig));
+    store().compare_set(job_keys::fail(attempt_, 0), "", f.encode());
+    store().compare_set(job_keys::stop(attempt_), "", fmt::format("0 {}", sig));
     wait_deadline_ = std::min(wait_deadline_, Clock::now() + opt_.peer_stop_wait);
     if (opt_.say)
       opt_.say(
@@ -565,13 +564,13 @@ void NodeSync::interrupt(int sig) {
                      fmt::format("node {} received {} while waiting for the other nodes",
                                  opt_.node_rank, signal_name(sig))};
   if (opt_.say) opt_.say(out.reason + "; not waiting any longer");
-  if (store_->local) store_->set(job_keys::next(attempt_), out.encode());
+  if (host_) store().set(job_keys::next(attempt_), out.encode());
   decided(out);
 }
 
 void NodeSync::finish(std::function<void()> closed) {
-  if (!store_->local) {
-    store_->client.reset();  // node 0 sees this node's lost key: it has read the decision
+  if (!host_) {
+    client_.reset();  // node 0 sees this node's lost key: it has read the decision
     closed();
     return;
   }
@@ -589,8 +588,8 @@ void NodeSync::finish_tick() {
   for (int r = 1; r < max_nodes(); ++r) {  // --nnodes MIN:MAX: a late node reads it too
     const auto i = static_cast<std::size_t>(r);
     if (i < hung_.size() && hung_[i]) continue;  // given up as hung: it will not read or close
-    if (store_->get(job_keys::live(r)) ||
-        (store_->get(job_keys::join(r)) && !store_->get(job_keys::lost(r))))
+    if (store().try_get(job_keys::live(r)) ||
+        (store().try_get(job_keys::join(r)) && !store().try_get(job_keys::lost(r))))
       gone = false;
   }
   if (gone || Clock::now() >= disconnect_deadline_) {

@@ -20,9 +20,8 @@
 
 #include "gpurun/error.hpp"
 
-namespace gpurun::store {
-class Client;
-}  // namespace gpurun::store
+#include "gpurun/store/client_store.hpp"
+#include "gpurun/store/store.hpp"
 
 namespace gpurun::supervisor {
 
@@ -91,22 +90,6 @@ struct JobStart {
   int node_rank = 0;     ///< this node's (given in join order with rank_by_join)
 };
 
-/// Node 0's in-process store, as NodeSync uses it (main adapts the store's Backend). Calls
-/// must not block (the backend's own mutex only).
-class LocalStore {
- public:
-  virtual ~LocalStore() = default;
-  /// The value; nullopt when the key is missing.
-  virtual std::optional<std::string> get(const std::string& key) = 0;
-  virtual void set(const std::string& key, const std::string& value) = 0;
-  /// Stores `value` unless the key exists; returns what the key holds afterwards.
-  virtual std::string set_if_missing(const std::string& key, const std::string& value) = 0;
-  /// Drops every key not under `keep_prefix` (before a restart).
-  virtual void reset_keyspace(const std::string& keep_prefix) = 0;
-  /// Deletes `key` (no-op when missing).
-  virtual void remove(const std::string& key) = 0;
-};
-
 /// Settings; defaults match the CLI's.
 struct NodeSyncOptions {
   int nnodes = 2;      ///< --nnodes (the minimum of MIN:MAX)
@@ -161,9 +144,10 @@ struct NodeSyncOptions {
 /// lost node 0 stalls this node's io thread once, for at most op_timeout).
 class NodeSync {
  public:
-  /// Node 0, over its in-process store (which must outlive this).
-  NodeSync(boost::asio::io_context& io, NodeSyncOptions options, LocalStore& local);
-  /// Nodes > 0: nothing happens until join().
+  /// Node 0, over the store it hosts (store::BackendStore; it must outlive this). Its calls
+  /// must not block (the backend's own mutex only).
+  NodeSync(boost::asio::io_context& io, NodeSyncOptions options, store::HostedStore& local);
+  /// Nodes > 0: nothing happens until join(), which opens a store::ClientStore to node 0's.
   NodeSync(boost::asio::io_context& io, NodeSyncOptions options);
   ~NodeSync();
   NodeSync(const NodeSync&) = delete;
@@ -226,7 +210,8 @@ class NodeSync {
   void finish(std::function<void()> closed);
 
  private:
-  struct Store;  // get/set over the backend or the client
+  /// Node 0's store: the hosted one on node 0, this node's connection on the others.
+  store::Store& store() { return host_ ? static_cast<store::Store&>(*host_) : *client_; }
   void arm(std::function<void()> tick);
   void watch_tick();
   void node0_decide_tick();
@@ -243,7 +228,8 @@ class NodeSync {
 
   boost::asio::io_context& io_;
   NodeSyncOptions opt_;
-  std::unique_ptr<Store> store_;
+  store::HostedStore* host_ = nullptr;          // node 0
+  std::unique_ptr<store::ClientStore> client_;  // nodes > 0, from join() to finish()
   boost::asio::steady_timer timer_;
   std::function<void()> tick_;  // what the timer runs next
   int attempt_ = -1;

@@ -1,5 +1,5 @@
 // Private to NodeSync's translation units (node_sync.cpp, node_rendezvous.cpp): the record
-// helpers and NodeSync::Store, the one way both talk to node 0's store.
+// record helpers.
 #pragma once
 
 #include <unistd.h>
@@ -14,7 +14,6 @@
 
 #include <fmt/format.h>
 
-#include "gpurun/store/client.hpp"
 #include "supervisor/node_sync.hpp"
 
 namespace gpurun::supervisor {
@@ -77,26 +76,5 @@ inline std::string node_list(const std::vector<int>& nodes) {
 }
 
 }  // namespace node_sync_detail
-
-/// Node 0's backend or a client of node 0's store. Client requests throw gpurun::Error.
-struct NodeSync::Store {
-  LocalStore* local = nullptr;
-  std::unique_ptr<store::Client> client;
-
-  std::optional<std::string> get(const std::string& key) {
-    if (local) return local->get(key);
-    if (!client->check({key})) return std::nullopt;
-    return client->get(key);
-  }
-  void set(const std::string& key, const std::string& value) {
-    if (local)
-      local->set(key, value);
-    else
-      client->set(key, value);
-  }
-  std::string set_if_missing(const std::string& key, const std::string& value) {
-    return local ? local->set_if_missing(key, value) : client->compare_set(key, "", value);
-  }
-};
 
 }  // namespace gpurun::supervisor

@@ -22,24 +22,13 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "testing/memory_store.hpp"
+
 namespace gpurun::supervisor {
 namespace {
 
-/// Node 0's store as a map.
-struct MapStore : LocalStore {
-  std::map<std::string, std::string> kv;
-  std::optional<std::string> get(const std::string& key) override {
-    auto it = kv.find(key);
-    if (it == kv.end()) return std::nullopt;
-    return it->second;
-  }
-  void set(const std::string& key, const std::string& value) override { kv[key] = value; }
-  std::string set_if_missing(const std::string& key, const std::string& value) override {
-    return kv.emplace(key, value).first->second;
-  }
-  void reset_keyspace(const std::string&) override {}
-  void remove(const std::string& key) override { kv.erase(key); }
-};
+/// Node 0's store: the in-memory fake.
+using store::testing::MemoryStore;
 
 /// A loopback listener that is not a store: it accepts and answers `reply` then closes
 /// (`reply` empty: closes at once), or (`accept` false) never accepts, so connections complete
@@ -154,7 +143,7 @@ TEST_CASE("node sync: node 0's own status never outranks a recorded failure, in 
   // Node 1 recorded its failure (stamped by its clock, here ahead of node 0's); node 0's workers
   // were stopped because of it, so node 0 ends with status 1 but records no failure of its own.
   boost::asio::io_context io;
-  MapStore store;
+  MemoryStore store;
   NodeSyncOptions o;
   o.nnodes = 2;
   o.poll_interval = std::chrono::milliseconds(1);
@@ -185,7 +174,7 @@ TEST_CASE("node sync: node 0 refuses a node at the start and keeps its store unt
   // up until that node has read the refusal and disconnected (the store's lost key), or the
   // node sees only a closed connection instead of why it was refused.
   boost::asio::io_context io;
-  MapStore store;
+  MemoryStore store;
   NodeSyncOptions o;
   o.nnodes = 2;
   o.nproc = 2;
@@ -203,7 +192,7 @@ TEST_CASE("node sync: node 0 refuses a node at the start and keeps its store unt
   REQUIRE(error);
   CHECK(error->find("node 1 (host-1) joined with 3 workers (--nproc), node 0 has 2") !=
         std::string::npos);
-  CHECK(store.kv.at(job_keys::start()).rfind("error 1 ", 0) == 0);
+  CHECK(store.try_get(job_keys::start()).value().rfind("error 1 ", 0) == 0);
   for (int polls = 0; polls < 50; ++polls) io.run_one();  // node 1 is still connected
   CHECK_FALSE(closed);
   store.set(job_keys::lost(1), "1700000000000");  // its connection closed
@@ -268,7 +257,7 @@ TEST_CASE("node sync: --nnodes 2:3 re-forms the job with the nodes left, ranks r
   for (const bool lose_two : {false, true}) {
     CAPTURE(lose_two);
     boost::asio::io_context io;
-    MapStore store;
+    MemoryStore store;
     NodeSyncOptions o;
     o.nnodes = 2;
     o.nnodes_max = 3;
@@ -299,15 +288,15 @@ TEST_CASE("node sync: --nnodes 2:3 re-forms the job with the nodes left, ranks r
       CHECK_FALSE(outcome->restart);
       CHECK(outcome->reason.find("(no restart: node(s) 1, 2 gone, and fewer than --nnodes 2:3's "
                                  "2 would be left)") != std::string::npos);
-      CHECK_FALSE(store.get(job_keys::members(0)));
+      CHECK_FALSE(store.try_get(job_keys::members(0)));
       continue;
     }
     CHECK(outcome->restart);  // before: "no restart: ... a static job needs every node"
     CHECK(outcome->nnodes == 2);
     CHECK(outcome->node_rank == 0);
     CHECK(sync.nnodes() == 2);
-    CHECK(store.get(job_keys::members(0)) == std::string("0 2"));  // node 2 is second: rank 1
-    CHECK(store.get(job_keys::next(0)).value_or("").rfind("restart ", 0) == 0);
+    CHECK(store.try_get(job_keys::members(0)) == std::string("0 2"));  // node 2 is second: rank 1
+    CHECK(store.try_get(job_keys::next(0)).value_or("").rfind("restart ", 0) == 0);
     CHECK(std::find(said.begin(), said.end(),
                     "node 1 (host-1) left the job: restarting with 2 nodes (--nnodes 2:3; restart "
                     "1 of 1)") != said.end());
