@@ -23,7 +23,7 @@
 #include "app/energy_setup.hpp"
 #include "app/launch_plan.hpp"
 #include "app/start_checks.hpp"
-#include "app/subcommands.hpp"
+#include "commands/subcommands.hpp"
 #include "control/config.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/status.hpp"
@@ -73,7 +73,7 @@ int run(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGXFSZ, SIG_IGN);
 
-  if (const std::optional<int> code = run_subcommand(argc, argv)) return *code;
+  if (const std::optional<int> code = gpurun::commands::run_subcommand(argc, argv)) return *code;
 
   // gpurun's own output goes through writer threads: a console nobody reads (a paused pager,
   // Ctrl-S) never stalls supervision, heartbeats or signal handling (docs/cli.md#console).

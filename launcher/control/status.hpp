@@ -132,6 +132,10 @@ class StatusWriter {
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
+/// When process `pid` started: clock ticks since boot (/proc/<pid>/stat field 22), "" if
+/// unknown. With the pid it names one process for good: a reused pid has another.
+std::string process_start_time(int pid);
+
 /// The directory where running supervisors register: $XDG_RUNTIME_DIR/gpurun, else
 /// /tmp/gpurun-<uid>.
 std::string registry_dir();
@@ -151,28 +155,5 @@ class RunRegistration {
   std::string path_;
   std::string error_;
 };
-
-/// Which run a command (`gpurun status`, `lend`, `reclaim`, `set`) is about.
-struct RunChoice {
-  std::optional<std::string> run_id;
-  std::optional<std::string> run_dir;
-  std::optional<int> pid;  ///< the supervisor's
-};
-/// When args[i] is --run-id, --pid or --run-dir (also as --flag=value), takes it and its
-/// value into `choice` (advancing i) and returns true; a missing or bad value sets `error`.
-bool take_run_flag(const std::vector<std::string>& args, size_t& i, RunChoice& choice,
-                   std::string& error);
-/// The run directory of the one registered run `choice` matches (--run-dir: that one).
-/// nullopt when none or several match (`error` says which, listing them; `code` 1) or the
-/// flags contradict each other (`code` 2). Removes stale registry entries it meets.
-std::optional<std::string> choose_run_dir(const RunChoice& choice, std::string& error, int& code);
-
-/// `gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]` (args after "status").
-/// --run-id and --pid (the supervisor's) filter the registered runs; --run-dir reads that
-/// directory's status.json directly. Prints to stdout; errors to stderr as
-/// "gpurun: error: ...". Several matching runs are listed (pid, run dir, start time).
-/// Returns the exit status: 0, 1 when no (or more than one) running job matches or
-/// status.json is unreadable, 2 for a usage error.
-int status_command(const std::vector<std::string>& args);
 
 }  // namespace gpurun::control

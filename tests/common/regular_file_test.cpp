@@ -26,9 +26,10 @@
 #include <boost/asio/io_context.hpp>
 
 #include "check_text.hpp"
+#include "commands/policy_command.hpp"
+#include "commands/status_command.hpp"
 #include "control/config.hpp"
 #include "control/lease_keeper.hpp"
-#include "control/policy_command.hpp"
 #include "control/status.hpp"
 #include "energy/early_stop.hpp"
 #include "energy/power_journal.hpp"
@@ -183,7 +184,9 @@ std::vector<Reader> readers() {
          write_status(d);
          int code = 0;
          const std::string err = captured(2, d / "err.txt", [&] {
-           captured(1, d / "out.txt", [&] { code = c::lend_command({"1", "--run-dir", d}); });
+           captured(1, d / "out.txt", [&] {
+             code = gpurun::commands::lend_command({"1", "--run-dir", d});
+           });
          });
          CHECK(code == 1);
          return err;
@@ -192,7 +195,9 @@ std::vector<Reader> readers() {
        [](const fs::path& d) {
          int code = 0;
          const std::string err = captured(2, d / "err.txt", [&] {
-           captured(1, d / "out.txt", [&] { code = c::status_command({"--run-dir", d}); });
+           captured(1, d / "out.txt", [&] {
+             code = gpurun::commands::status_command({"--run-dir", d});
+           });
          });
          CHECK(code == 1);
          return err;
@@ -359,7 +364,7 @@ TEST_CASE("gpurun set keeps a hand edit made between its read and its rename") {
   };
   int code = -1;
   const std::string out = captured(1, dir.path / "out.txt", [&] {
-    code = gpurun::control::set_command({"active_gpus=0", "--config", config.string()}, hand_edit);
+    code = gpurun::commands::set_command({"active_gpus=0", "--config", config.string()}, hand_edit);
   });
   CHECK(code == 0);
   CHECK(edits == 2);  // the edit, then the second round found the file unchanged
@@ -380,7 +385,7 @@ TEST_CASE("gpurun set refuses, writing nothing, when the file keeps changing und
   };
   int code = -1;
   const std::string err = captured(2, dir.path / "err.txt", [&] {
-    code = gpurun::control::set_command({"active_gpus=0", "--config", config.string()}, always);
+    code = gpurun::commands::set_command({"active_gpus=0", "--config", config.string()}, always);
   });
   CHECK(code == 1);
   CHECK_MESSAGE(contains(err, "changed 5 times while gpurun set rewrote it"), err);
@@ -401,7 +406,7 @@ TEST_CASE("gpurun lend and reclaim keep a hand edit of leases.json made while th
   };
   int code = -1;
   captured(1, dir.path / "out.txt", [&] {
-    code = gpurun::control::lend_command({"1", "--run-dir", dir.str()}, hand_edit);
+    code = gpurun::commands::lend_command({"1", "--run-dir", dir.str()}, hand_edit);
   });
   CHECK(code == 0);
   std::vector<gpurun::control::Lease> now = gpurun::control::read_leases(leases.string());
@@ -417,7 +422,7 @@ TEST_CASE("gpurun lend and reclaim keep a hand edit of leases.json made while th
     std::ofstream(leases, std::ios::trunc) << text;
   };
   captured(1, dir.path / "out.txt", [&] {
-    code = gpurun::control::reclaim_command({"1", "--run-dir", dir.str()}, note_edit);
+    code = gpurun::commands::reclaim_command({"1", "--run-dir", dir.str()}, note_edit);
   });
   CHECK(code == 0);
   now = gpurun::control::read_leases(leases.string());

@@ -1,16 +1,17 @@
 // Leases, the effective GPU set, the lend/set argument forms and set_config_key
-// (launcher/control/policy.hpp, policy_command.hpp). docs/sharing.md.
+// (launcher/control/policy.hpp, launcher/commands/policy_command.hpp). docs/sharing.md.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
+#include "commands/policy_command.hpp"
 #include "control/config.hpp"
 #include "control/foreign_gpus.hpp"
 #include "control/policy.hpp"
-#include "control/policy_command.hpp"
 
 using namespace gpurun::control;
+using gpurun::commands::set_config_key;
 
 namespace {
 

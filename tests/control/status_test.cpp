@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "commands/status_command.hpp"
 #include "control/scheduler.hpp"
 #include "gpurun_process.hpp"
 
@@ -53,7 +54,7 @@ std::string status_text(const gpurun::testing::TempDir& dir) {
   REQUIRE(f >= 0);
   ::dup2(f, 1);
   ::close(f);
-  const int code = status_command({"--run-dir", dir.str()});
+  const int code = gpurun::commands::status_command({"--run-dir", dir.str()});
   std::fflush(stdout);
   ::dup2(saved, 1);
   ::close(saved);

@@ -24,6 +24,7 @@ check launcher/supervisor 'gpurun|supervisor'
 check launcher/control 'gpurun|store|supervisor|control'
 check launcher/energy 'gpurun|supervisor|energy'
 check launcher/report 'gpurun|report'
+check launcher/commands 'gpurun|store|supervisor|control|energy|report|commands'
 check worker_runtime/include 'gpurun'
 check worker_runtime/src 'gpurun|comm|state|runtime|compat|data'
 # the self-test: a rule that cannot fail proves nothing

@@ -1,5 +1,5 @@
 // gpurun lend / reclaim / set. Reference: docs/sharing.md.
-#include "control/policy_command.hpp"
+#include "commands/policy_command.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -18,6 +18,7 @@
 #include <toml++/toml.h>
 #include <boost/json.hpp>
 
+#include "commands/status_command.hpp"
 #include "control/config.hpp"
 #include "control/lease_keeper.hpp"
 #include "control/policy.hpp"
@@ -26,16 +27,14 @@
 #include "gpurun/regular_file.hpp"
 #include "gpurun/unique_fd.hpp"
 
-namespace gpurun::control {
+namespace gpurun::commands {
+
+using namespace gpurun::control;  // the config, leases and policy these commands edit
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
 
 namespace {
-
-void err(const std::string& msg) {
-  std::fprintf(stderr, "gpurun: error: %s\n", msg.c_str());
-}
 
 /// Rounds of "the file changed under us: read it again" before `gpurun set` gives up.
 constexpr int kSetAttempts = 5;
@@ -61,19 +60,20 @@ struct RunFacts {
 std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
   std::string error;
   const std::optional<std::string> dir = choose_run_dir(choice, error, code);
-  if (!dir) return err(error), std::nullopt;
+  if (!dir) return command_error(error), std::nullopt;
   code = 1;
   const fs::path file = fs::path(*dir) / "status.json";
   std::optional<FileContent> text;
   try {
     text = read_regular_file_if_exists(file, kDefaultMaxFileBytes, "the run's status");
   } catch (const FileError& e) {
-    return err(e.what()), std::nullopt;
+    return command_error(e.what()), std::nullopt;
   }
   boost::system::error_code ec;
   json::value root = json::parse(text ? std::string_view(text->bytes) : std::string_view(), ec);
   if (ec || !root.is_object())
-    return err(fmt::format("cannot read '{}' (has the job ended?)", file.string())), std::nullopt;
+    return command_error(fmt::format("cannot read '{}' (has the job ended?)", file.string())),
+           std::nullopt;
   const json::object& o = root.as_object();
   RunFacts f;
   f.run_dir = *dir;
@@ -112,7 +112,8 @@ std::optional<RunFacts> run_facts(const RunChoice& choice, int& code) {
         }
   }
   if (f.config.empty())
-    return err(fmt::format("the run in '{}' is not elastic (no --config): its GPU set cannot "
+    return command_error(
+               fmt::format("the run in '{}' is not elastic (no --config): its GPU set cannot "
                            "change while it runs",
                            *dir)),
            std::nullopt;
@@ -134,7 +135,7 @@ bool parse_args(const std::vector<std::string>& args, std::string_view command,
       return true;
     }
     if (take_run_flag(args, i, choice, error)) {
-      if (!error.empty()) return err(fmt::format("{} ({})", error, usage)), false;
+      if (!error.empty()) return command_error(fmt::format("{} ({})", error, usage)), false;
       continue;
     }
     bool taken = false;
@@ -146,14 +147,14 @@ bool parse_args(const std::vector<std::string>& args, std::string_view command,
         *slot = a.substr(name.size() + 1);
         taken = true;
       } else if (a == name) {
-        return err(fmt::format("{} needs a value ({})", name, usage)), false;
+        return command_error(fmt::format("{} needs a value ({})", name, usage)), false;
       }
       if (taken) break;
     }
     if (taken) continue;
     if (a.rfind("--", 0) == 0 && a.size() > 2)
-      return err(fmt::format("unknown argument '{}' for gpurun {} (see gpurun {} --help)", a,
-                             command, command)),
+      return command_error(fmt::format("unknown argument '{}' for gpurun {} (see gpurun {} --help)",
+                                       a, command, command)),
              false;
     positional.push_back(a);
   }
@@ -176,7 +177,7 @@ int lend_command(const std::vector<std::string>& args, const ReplaceHook& hook) 
                   help))
     return 2;
   if (help) return 0;
-  if (pos.size() != 1) return err(fmt::format("lend takes one GPU list ({})", kUsage)), 2;
+  if (pos.size() != 1) return command_error(fmt::format("lend takes one GPU list ({})", kUsage)), 2;
   int code = 1;
   const std::optional<RunFacts> run = run_facts(choice, code);
   if (!run) return code;
@@ -186,12 +187,12 @@ int lend_command(const std::vector<std::string>& args, const ReplaceHook& hook) 
     lease.since_ms = unix_now_ms();
     if (for_text) lease.until_ms = lease.since_ms + parse_duration_ms(*for_text, "--for");
   } catch (const LeaseError& e) {
-    return err(fmt::format("{} ({})", e.what(), kUsage)), 2;
+    return command_error(fmt::format("{} ({})", e.what(), kUsage)), 2;
   }
   for (int g : lease.gpus)
     if (!has_id(run->gpus, g))
-      return err(fmt::format("GPU {} is not one of this job's GPUs; allowed: {}", g,
-                             join_ids(run->gpus, ", "))),
+      return command_error(fmt::format("GPU {} is not one of this job's GPUs; allowed: {}", g,
+                                       join_ids(run->gpus, ", "))),
              2;
   if (note) lease.note = *note;
   std::vector<Lease> now_lent;
@@ -205,7 +206,7 @@ int lend_command(const std::vector<std::string>& args, const ReplaceHook& hook) 
         },
         hook);
   } catch (const LeaseError& e) {
-    return err(e.what()), 1;
+    return command_error(e.what()), 1;
   }
   const EffectiveSet e = run->effective(now_lent, lease.since_ms);
   std::printf("gpurun: lent GPUs %s until %s: %s\n", ids_text(lease.gpus).c_str(),
@@ -223,7 +224,8 @@ int reclaim_command(const std::vector<std::string>& args, const ReplaceHook& hoo
   bool help = false;
   if (!parse_args(args, "reclaim", kUsage, choice, {}, pos, help)) return 2;
   if (help) return 0;
-  if (pos.size() > 1) return err(fmt::format("reclaim takes at most one GPU list ({})", kUsage)), 2;
+  if (pos.size() > 1)
+    return command_error(fmt::format("reclaim takes at most one GPU list ({})", kUsage)), 2;
   int code = 1;
   const std::optional<RunFacts> run = run_facts(choice, code);
   if (!run) return code;
@@ -231,13 +233,13 @@ int reclaim_command(const std::vector<std::string>& args, const ReplaceHook& hoo
   try {
     if (!pos.empty()) which = parse_gpu_list(pos[0], run->gpus, "GPU list");
   } catch (const LeaseError& e) {
-    return err(fmt::format("{} ({})", e.what(), kUsage)), 2;
+    return command_error(fmt::format("{} ({})", e.what(), kUsage)), 2;
   }
   if (which)  // as lend: a GPU the job does not have is a typo, not "nothing to reclaim"
     for (int g : *which)
       if (!has_id(run->gpus, g))
-        return err(fmt::format("GPU {} is not one of this job's GPUs; allowed: {}", g,
-                               join_ids(run->gpus, ", "))),
+        return command_error(fmt::format("GPU {} is not one of this job's GPUs; allowed: {}", g,
+                                         join_ids(run->gpus, ", "))),
                2;
   std::vector<int> back;
   std::vector<Lease> left;
@@ -259,7 +261,7 @@ int reclaim_command(const std::vector<std::string>& args, const ReplaceHook& hoo
         },
         hook);
   } catch (const LeaseError& e) {
-    return err(e.what()), 1;
+    return command_error(e.what()), 1;
   }
   std::sort(back.begin(), back.end());
   back.erase(std::unique(back.begin(), back.end()), back.end());
@@ -376,7 +378,8 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   bool help = false;
   if (!parse_args(args, "set", kUsage, choice, {{"--config", &config_flag}}, pos, help)) return 2;
   if (help) return 0;
-  if (pos.empty()) return err(fmt::format("set needs at least one KEY=VALUE ({})", kUsage)), 2;
+  if (pos.empty())
+    return command_error(fmt::format("set needs at least one KEY=VALUE ({})", kUsage)), 2;
   std::string path;
   std::vector<int> gpus;
   if (config_flag) {
@@ -390,28 +393,29 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   }
   std::error_code ec;
   if (!fs::exists(path, ec))
-    return err(fmt::format("'{}' does not exist: gpurun set changes an existing config file",
-                           path)),
+    return command_error(fmt::format(
+               "'{}' does not exist: gpurun set changes an existing config file", path)),
            1;
   const fs::path target = fs::canonical(path, ec);
   if (ec || !fs::is_regular_file(target, ec))
-    return err(fmt::format("'{}' is not a regular file", path)), 1;
+    return command_error(fmt::format("'{}' is not a regular file", path)), 1;
   // Read-only by its mode: refused even for root (whom access() lets write anything).
   if ((fs::status(target, ec).permissions() & (fs::perms::owner_write | fs::perms::group_write |
                                                fs::perms::others_write)) == fs::perms::none)
-    return err(fmt::format("'{}' is read-only (no write permission in its mode): not changed",
+    return command_error(
+               fmt::format("'{}' is read-only (no write permission in its mode): not changed",
                            target.string())),
            1;
   if (::access(target.c_str(), R_OK | W_OK) != 0)
-    return err(fmt::format("'{}' cannot be {}: {}", target.string(),
-                           ::access(target.c_str(), R_OK) != 0 ? "read" : "written",
-                           std::strerror(errno))),
+    return command_error(fmt::format("'{}' cannot be {}: {}", target.string(),
+                                     ::access(target.c_str(), R_OK) != 0 ? "read" : "written",
+                                     std::strerror(errno))),
            1;
   // One `gpurun set` at a time per directory (flock on it): no concurrent one loses a change.
   const UniqueFd dir_lock(::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_lock || ::flock(dir_lock.get(), LOCK_EX) != 0)
-    return err(fmt::format("cannot lock the directory of '{}': {}", target.string(),
-                           std::strerror(errno))),
+    return command_error(fmt::format("cannot lock the directory of '{}': {}", target.string(),
+                                     std::strerror(errno))),
            1;
   const std::vector<int> any_ids = [&] {
     std::vector<int> ids = gpus;
@@ -427,7 +431,7 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
     try {
       before = read_regular_file(target, kMaxConfigBytes, "the config file");
     } catch (const FileError& e) {
-      return err(e.what()), 1;
+      return command_error(e.what()), 1;
     }
     std::string text = before->bytes;
     std::vector<std::string> warned_before;
@@ -439,25 +443,27 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
     for (const std::string& kv : pos) {
       const size_t eq = kv.find('=');
       if (eq == std::string::npos || eq == 0)
-        return err(fmt::format("'{}' is not KEY=VALUE ({})", kv, kUsage)), 2;
+        return command_error(fmt::format("'{}' is not KEY=VALUE ({})", kv, kUsage)), 2;
       const std::string key = kv.substr(0, eq);
       std::string value = kv.substr(eq + 1);
       if (key == "active_gpus") {
         if (value.empty() || value == "[]" || value == "none") {
           value = "[]";
         } else if (value == "all" && gpus.empty()) {
-          return err("active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
+          return command_error(
+                     "active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
                      "give the job (--run-id, --pid, --run-dir) instead of --config"),
                  2;
         } else if (value.front() != '[') {
           try {
             value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
           } catch (const LeaseError& e) {
-            return err(e.what()), 2;
+            return command_error(e.what()), 2;
           }
         }
       } else if (key.find('.') == std::string::npos) {
-        return err(fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
+        return command_error(
+                   fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
                                "(docs/config.md)",
                                key)),
                2;
@@ -472,7 +478,7 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
       try {
         text = set_config_key(text, key, value);
       } catch (const ConfigError& e) {
-        return err(fmt::format("{}: {}: {}", target.string(), key, e.what())), 1;
+        return command_error(fmt::format("{}: {}: {}", target.string(), key, e.what())), 1;
       }
     }
     // The same rules and messages as a hand edit; a key the file would only warn about (an
@@ -481,20 +487,22 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
       const Config c = parse_config(text, target.string(), any_ids);
       for (const std::string& w : c.warnings)
         if (std::find(warned_before.begin(), warned_before.end(), w) == warned_before.end())
-          return err(fmt::format("the change was not written; {} would warn: {}", target.string(),
-                                 w)),
+          return command_error(fmt::format("the change was not written; {} would warn: {}",
+                                           target.string(), w)),
                  2;
     } catch (const ConfigError& e) {
-      err(fmt::format("the change was not written; {} would say:\n{}", target.string(), e.what()));
+      command_error(
+          fmt::format("the change was not written; {} would say:\n{}", target.string(), e.what()));
       return 1;
     }
     try {
       if (replace_file_if_unchanged(target, before, text, mode, hook)) break;
     } catch (const FileError& e) {
-      return err(e.what()), 1;
+      return command_error(e.what()), 1;
     }
     if (attempt == kSetAttempts)
-      return err(fmt::format("'{}' changed {} times while gpurun set rewrote it (a hand edit or "
+      return command_error(
+                 fmt::format("'{}' changed {} times while gpurun set rewrote it (a hand edit or "
                              "another program): the change was not written; try again",
                              target.string(), kSetAttempts)),
              1;
@@ -511,4 +519,4 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   return 0;
 }
 
-}  // namespace gpurun::control
+}  // namespace gpurun::commands

@@ -8,7 +8,7 @@
 
 #include "gpurun/regular_file.hpp"
 
-namespace gpurun::control {
+namespace gpurun::commands {
 
 /// `gpurun lend GPUS [--for DURATION] [--note TEXT] [--run-id ID | --pid PID | --run-dir DIR]`
 /// (args after "lend"): adds a lease to the run's leases.json; the job stops training on those
@@ -37,4 +37,4 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook = 
 /// first table, a table's key after its header, a missing table at the end). Pure.
 std::string set_config_key(std::string_view config, std::string_view key, std::string_view value);
 
-}  // namespace gpurun::control
+}  // namespace gpurun::commands

@@ -5,10 +5,10 @@
 
 #include <optional>
 
-namespace gpurun::app {
+namespace gpurun::commands {
 
 /// Runs the subcommand named by argv[1] and returns its exit status; nullopt when argv[1]
 /// names none (a launch: `gpurun [flags] program ...`). Blocks until the subcommand ends.
 std::optional<int> run_subcommand(int argc, char** argv);
 
-}  // namespace gpurun::app
+}  // namespace gpurun::commands
