@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/env_names.hpp"
+#include "gpurun/store/client_store.hpp"
 
 namespace gpurun::control {
 
@@ -33,38 +34,7 @@ int64_t env_int(const char* name) {
   return out;
 }
 
-class ClientStoreIo final : public StoreIo {
- public:
-  ClientStoreIo(store::ClientOptions o, std::chrono::milliseconds chunk)
-      : client_(std::move(o)), chunk_(chunk) {}
-  void set(const std::string& key, const std::string& value) override { client_.set(key, value); }
-  std::string wait_get(const std::string& key) override {
-    while (true) {
-      try {
-        client_.wait({key}, chunk_);
-        break;
-      } catch (const StoreTimeout&) {
-        // Keep waiting: the supervisor decides when a boundary is overdue.
-      }
-    }
-    return client_.get(key);
-  }
-  std::optional<std::string> try_get(const std::string& key) override {
-    if (!client_.check({key})) return std::nullopt;
-    return client_.get(key);
-  }
-
- private:
-  store::Client client_;
-  std::chrono::milliseconds chunk_;
-};
-
 }  // namespace
-
-std::unique_ptr<StoreIo> make_store_io(store::ClientOptions options,
-                                       std::chrono::milliseconds wait_chunk) {
-  return std::make_unique<ClientStoreIo>(std::move(options), wait_chunk);
-}
 
 double WorkerSession::mono_ms() {
   return std::chrono::duration<double, std::milli>(
@@ -93,10 +63,11 @@ std::unique_ptr<WorkerSession> WorkerSession::from_env(SessionOptions o) {
   if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT"); r && *r)
     o.restart_count = std::strtoll(r, nullptr, 10);
   if (const char* p = std::getenv(env::kPreemptDir); p && *p) o.preempt_dir = p;
-  return std::make_unique<WorkerSession>(std::move(o), make_store_io(store_options_from_env()));
+  return std::make_unique<WorkerSession>(
+      std::move(o), std::make_unique<store::ClientStore>(store_options_from_env()));
 }
 
-WorkerSession::WorkerSession(SessionOptions options, std::unique_ptr<StoreIo> store)
+WorkerSession::WorkerSession(SessionOptions options, std::unique_ptr<store::Store> store)
     : opt_(std::move(options)), store_(std::move(store)), engine_(opt_.engine) {
   if (!opt_.log) {
     const int slot = opt_.engine.slot;
@@ -132,7 +103,7 @@ std::vector<EngineAction> WorkerSession::on(EngineEvent e) {
         case EngineAction::Kind::kWaitGet: {
           EngineEvent v;
           v.kind = EngineEvent::Kind::kValue;
-          v.text = store_->wait_get(a.key);
+          v.text = store_->get(a.key, store::Store::kNoTimeout);
           if (opt_.on_value) opt_.on_value(a.key, v.text);
           next = std::move(v);
           break;

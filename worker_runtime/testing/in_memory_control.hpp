@@ -2,7 +2,7 @@
 //   InMemorySupervisor  the decision side: the real control::Scheduler (pure: reports, joins,
 //                       exits in; effects out) over an in-memory key/value store; spawn
 //                       effects start a rank, kill and deadline effects are recorded only.
-//   InMemoryStore       one rank's control::StoreIo over it: the rank runs the real worker
+//   InMemoryStore       one rank's store::Store over it: the rank runs the real worker
 //                       engine (control::WorkerSession); its SETs reach the scheduler as the
 //                       real store's observer hook reaches ElasticController (no key grammar
 //                       or protocol rule of its own).
@@ -28,7 +28,9 @@
 #include "control/scheduler.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/control/worker_session.hpp"
+#include "gpurun/error.hpp"
 #include "gpurun/runtime.hpp"
+#include "gpurun/store/store.hpp"
 #include "testing/fake_communicator.hpp"
 
 namespace gpurun::testing {
@@ -98,14 +100,32 @@ class InMemorySupervisor {
   int next_pid_ = 1000000;  // fake pids: never a real process
 };
 
-class InMemoryStore final : public control::StoreIo {
+/// One rank's store::Store: its SETs and reads go to the supervisor (set, try_get, wait_get);
+/// the supervisor's wait_timeout, not the caller's timeout, bounds every get/wait (StoreTimeout: a
+/// stuck test fails instead of hanging). The worker protocol needs nothing more: compare_set, add
+/// and remove throw StoreError.
+class InMemoryStore final : public store::Store {
  public:
   explicit InMemoryStore(InMemorySupervisor& sup) : sup_(sup) {}
   void set(const std::string& key, const std::string& value) override { sup_.set(key, value); }
-  std::string wait_get(const std::string& key) override { return sup_.wait_get(key); }
+  std::string get(const std::string& key, std::chrono::milliseconds) override {
+    return sup_.wait_get(key);
+  }
   std::optional<std::string> try_get(const std::string& key) override { return sup_.try_get(key); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds) override {
+    for (const auto& k : keys) sup_.wait_get(k);
+  }
+  std::string compare_set(const std::string& key, const std::string&, const std::string&) override {
+    throw not_worker_protocol("compare_set", key);
+  }
+  int64_t add(const std::string& key, int64_t) override { throw not_worker_protocol("add", key); }
+  bool remove(const std::string& key) override { throw not_worker_protocol("remove", key); }
 
  private:
+  static StoreError not_worker_protocol(const char* op, const std::string& key) {
+    return StoreError("in-memory supervisor store: " + std::string(op) + " on '" + key +
+                      "' is not part of the worker protocol");
+  }
   InMemorySupervisor& sup_;
 };
 

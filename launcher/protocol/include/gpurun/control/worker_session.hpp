@@ -15,26 +15,9 @@
 
 #include "gpurun/control/worker_engine.hpp"
 #include "gpurun/store/client.hpp"
+#include "gpurun/store/store.hpp"
 
 namespace gpurun::control {
-
-/// The store operations a worker's side of the protocol needs. Real: over store::Client
-/// (make_store_io). Fake: worker_runtime/testing's in-memory supervisor.
-class StoreIo {
- public:
-  virtual ~StoreIo() = default;
-  virtual void set(const std::string& key, const std::string& value) = 0;
-  /// Blocks until `key` exists (no deadline: gpurun enforces the protocol's deadlines), returns
-  /// its value. Throws StoreError on a broken connection.
-  virtual std::string wait_get(const std::string& key) = 0;
-  /// The value, or nullopt when the key does not exist (does not block).
-  virtual std::optional<std::string> try_get(const std::string& key) = 0;
-};
-
-/// A StoreIo over a connection to gpurun's store; `wait_chunk` bounds one WAIT (repeated until
-/// the key appears).
-std::unique_ptr<StoreIo> make_store_io(
-    store::ClientOptions options, std::chrono::milliseconds wait_chunk = std::chrono::seconds(30));
 
 struct SessionOptions {
   EngineOptions engine;
@@ -59,7 +42,10 @@ class WorkerSession {
   /// The store options from GPURUN_STORE_ADDR/GPURUN_STORE_PORT (ProtocolError when unset).
   static store::ClientOptions store_options_from_env();
 
-  WorkerSession(SessionOptions options, std::unique_ptr<StoreIo> store);
+  /// Over `store`: real, a store::ClientStore to gpurun's store (from_env); tests,
+  /// worker_runtime/testing's InMemoryStore. A decision is read with get(key, kNoTimeout):
+  /// gpurun, not the worker, enforces the protocol's deadlines.
+  WorkerSession(SessionOptions options, std::unique_ptr<store::Store> store);
 
   /// Feeds `e` to the engine (stamping mono_ms/unix_ms when 0), runs every store action it
   /// returns (feeding the values back), prints the log lines, and returns the other actions in
@@ -68,7 +54,7 @@ class WorkerSession {
   std::vector<EngineAction> on(EngineEvent e);
 
   const WorkerEngine& engine() const { return engine_; }
-  StoreIo& store() { return *store_; }
+  store::Store& store() { return *store_; }
 
   /// Before a torch.distributed rendezvous: writes `rank`'s arrival under `prefix` and waits
   /// until every rank of `size` arrived, polling every 20 ms; throws CommAbandoned (a
@@ -85,7 +71,7 @@ class WorkerSession {
 
  private:
   SessionOptions opt_;
-  std::unique_ptr<StoreIo> store_;
+  std::unique_ptr<store::Store> store_;
   WorkerEngine engine_;
 };
 
