@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "gpurun/store/client.hpp"
+#include "gpurun/store/store.hpp"
 
 namespace gpurun::rt {
 
@@ -22,13 +22,13 @@ struct AbortKey {
   bool empty() const { return key.empty(); }
 
   /// Throws CommError("<what>: abandoned by gpurun: <the key's value>") when the key exists.
-  /// Blocks for one CHECK (+ one GET when set) on `client`. No-op when empty().
-  void throw_if_set(store::Client& client, const std::string& what) const;
+  /// One try_get on `store` (a ClientStore: CHECK, + GET when set). No-op when empty().
+  void throw_if_set(store::Store& store, const std::string& what) const;
 
-  /// Store WAIT for every key in `keys` up to `timeout`, in slices of `poll`, calling
+  /// Store::wait for every key in `keys` up to `timeout`, in slices of `poll`, calling
   /// throw_if_set() between slices. Throws StoreTimeout after `timeout`, CommError when
   /// aborted, StoreError when the connection fails. With empty() a single wait.
-  void wait(store::Client& client, const std::vector<std::string>& keys,
+  void wait(store::Store& store, const std::vector<std::string>& keys,
             std::chrono::milliseconds timeout, const std::string& what) const;
 };
 

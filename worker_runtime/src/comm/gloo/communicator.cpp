@@ -25,6 +25,7 @@
 
 #include "comm/gloo/store.hpp"
 #include "gpurun/check.hpp"
+#include "gpurun/store/client_store.hpp"
 
 namespace gpurun::rt {
 
@@ -315,7 +316,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
   store_options.timeout = options.timeout;
   std::unique_ptr<GlooStore> store;
   try {
-    store = std::make_unique<GlooStore>(store_options, options.prefix, options.abort);
+    store = std::make_unique<GlooStore>(std::make_unique<store::ClientStore>(store_options),
+                                        options.prefix, store_options.timeout, options.abort);
   } catch (const std::exception& e) {
     throw CommError(
         fmt::format("gloo rendezvous of group '{}' (rank {} of {}): cannot reach "

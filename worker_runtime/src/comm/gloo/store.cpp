@@ -5,22 +5,23 @@
 
 namespace gpurun::rt {
 
-GlooStore::GlooStore(const store::ClientOptions& options, std::string prefix, AbortKey abort)
-    : client_(options),
+GlooStore::GlooStore(std::unique_ptr<store::Store> store, std::string prefix,
+                     std::chrono::milliseconds timeout, AbortKey abort)
+    : store_(std::move(store)),
       prefix_(std::move(prefix)),
-      abort_(std::move(abort)),
-      timeout_(options.timeout) {}
+      timeout_(timeout),
+      abort_(std::move(abort)) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   const std::string full = full_key(key);
-  client_.set(full, std::string_view(data.data(), data.size()));
+  store_->set(full, std::string(data.data(), data.size()));
   if (std::find(own_keys_.begin(), own_keys_.end(), full) == own_keys_.end()) {
     own_keys_.push_back(full);
   }
 }
 
 std::vector<char> GlooStore::get(const std::string& key) {
-  const std::string value = client_.get(full_key(key));
+  const std::string value = store_->get(full_key(key), timeout_);
   return std::vector<char>(value.begin(), value.end());
 }
 
@@ -33,18 +34,18 @@ void GlooStore::wait(const std::vector<std::string>& keys,
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(full_key(k));
-  abort_.wait(client_, full, timeout, "rendezvous of group '" + prefix_ + "'");
+  abort_.wait(*store_, full, timeout, "rendezvous of group '" + prefix_ + "'");
 }
 
 bool GlooStore::exists(const std::string& key) {
-  return client_.check({full_key(key)});
+  return store_->try_get(full_key(key)).has_value();
 }
 
 int GlooStore::delete_own_keys() noexcept {
   int failed = 0;
   for (const auto& k : own_keys_) {
     try {
-      client_.delete_key(k);
+      store_->remove(k);
     } catch (...) {
       ++failed;
     }

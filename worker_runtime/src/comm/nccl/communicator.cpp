@@ -16,7 +16,7 @@
 #include <fmt/ranges.h>
 #include <nccl.h>
 
-#include "gpurun/store/client.hpp"
+#include "gpurun/store/client_store.hpp"
 
 namespace gpurun::rt {
 
@@ -60,7 +60,7 @@ bool nccl_dtype(at::ScalarType t, ncclDataType_t& out) {
 class NcclCommunicator final : public Communicator {
  public:
   /// `store`: the rendezvous connection, kept to poll options.abort while synchronize() waits.
-  NcclCommunicator(ncclComm_t comm, CommOptions options, std::unique_ptr<store::Client> store)
+  NcclCommunicator(ncclComm_t comm, CommOptions options, std::unique_ptr<store::ClientStore> store)
       : comm_(comm), options_(std::move(options)), store_(std::move(store)) {}
 
   ~NcclCommunicator() override {
@@ -331,7 +331,7 @@ class NcclCommunicator final : public Communicator {
   std::mutex mu_;  // guards comm_, aborted_, failure_, pending_streams_
   ncclComm_t comm_;
   CommOptions options_;
-  std::unique_ptr<store::Client> store_;  // abort polling; null when lost
+  std::unique_ptr<store::ClientStore> store_;  // abort polling; null when lost
   Clock::time_point last_abort_poll_{};
   bool aborted_ = false;
   std::string failure_;
@@ -354,21 +354,21 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options)
 
   store::ClientOptions store_options = options.store;
   store_options.timeout = options.timeout;
-  std::unique_ptr<store::Client> store;
+  std::unique_ptr<store::ClientStore> store;
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   try {
-    store = std::make_unique<store::Client>(store_options);
+    store = std::make_unique<store::ClientStore>(store_options);
     if (options.rank == 0) {
       const ncclResult_t res = ncclGetUniqueId(&id);
       if (res != ncclSuccess) {
         throw CommError(fmt::format("nccl rendezvous of {}: ncclGetUniqueId failed: {}", where,
                                     ncclGetErrorString(res)));
       }
-      store->set(id_key, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+      store->set(id_key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
     } else {
       options.abort.wait(*store, {id_key}, options.timeout, where);
-      const std::string bytes = store->get(id_key);
+      const std::string bytes = store->get(id_key, options.timeout);
       if (bytes.size() != sizeof(id)) {
         throw CommError(
             fmt::format("nccl rendezvous of {}: the value at '{}' has {} bytes, "
@@ -388,7 +388,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options)
   auto drop_id_key = [&] {
     if (options.rank != 0) return;
     try {
-      store->delete_key(id_key);
+      store->remove(id_key);
     } catch (...) {
     }
   };
