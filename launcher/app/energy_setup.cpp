@@ -9,6 +9,7 @@
 #include "energy/early_stop.hpp"
 #include "energy/power_journal.hpp"
 #include "gpurun/error.hpp"
+#include "supervisor/gpu_inventory.hpp"
 
 namespace gpurun::app {
 

@@ -9,7 +9,9 @@
 #include "app/energy_setup.hpp"
 #include "app/start_checks.hpp"
 #include "gpurun/error.hpp"
+#include "supervisor/gpu_inventory.hpp"
 #include "supervisor/slurm.hpp"
+#include "supervisor/worker_command.hpp"
 
 namespace gpurun::app {
 

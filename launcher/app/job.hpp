@@ -1,0 +1,130 @@
+// gpurun::app::Job — one launch of a job on this node, from a checked Launch (launch_plan.hpp)
+// to gpurun's exit status: it owns and wires every part (the store, the run directory, the
+// supervisor and its spawners, the elastic controller, the energy monitor, the multi-node sync,
+// the health check, the signal routing) and runs the io loop. Part of the composition root:
+// job.cpp (the parts), job_nodes.cpp (several nodes), job_signals.cpp (signals).
+#pragma once
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "app/auto_scale.hpp"
+#include "app/energy_setup.hpp"
+#include "app/launch_plan.hpp"
+#include "control/elastic_controller.hpp"
+#include "control/status.hpp"
+#include "control/status_spawner.hpp"
+#include "energy/monitor.hpp"
+#include "gpurun/control/progress.hpp"
+#include "gpurun/unique_fd.hpp"
+#include "store/backend_store.hpp"
+#include "store/server.hpp"
+#include "supervisor/console.hpp"
+#include "supervisor/console_writer.hpp"
+#include "supervisor/event_log.hpp"
+#include "supervisor/health_check.hpp"
+#include "supervisor/node_sync.hpp"
+#include "supervisor/notifier.hpp"
+#include "supervisor/posix_spawner.hpp"
+#include "supervisor/preemption.hpp"
+#include "supervisor/run_dir.hpp"
+#include "supervisor/supervisor.hpp"
+
+namespace gpurun::app {
+
+class Job {
+ public:
+  /// `console_writer`: gpurun's console (main's), given 2 s for its last lines after a stop
+  /// signal.
+  Job(Launch launch, supervisor::ConsoleWriter& console_writer);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  /// Runs the job to its end on this thread (the io loop) and returns gpurun's exit status
+  /// (docs/errors.md#exit-status). Prints gpurun's own lines on stderr.
+  int run();
+
+ private:
+  // job_nodes.cpp: --nnodes > 1 (docs/cli.md#multi-node).
+  /// The node's multi-node options, c10d host placement, and for nodes > 0 the blocking join
+  /// of node 0's store. An exit status when the job cannot start.
+  std::optional<int> prepare_nodes();
+  /// Node 0's sync over its store; failures, restarts and the root cause across nodes.
+  void wire_nodes();
+  /// "node R", or "this node" while a join-order rank is not given yet.
+  std::string node_label() const;
+
+  // job.cpp
+  std::optional<int> open_store_and_run_dir();
+  void announce();
+  std::optional<int> build_supervisor();
+  void wire_supervisor();
+  std::optional<int> start_health_check();
+  void wire_done();
+  int run_to_end();
+  int finish(int code);
+
+  // job_signals.cpp: which part each signal goes to (the start rendezvous, the exit barrier,
+  // the supervisor, the other nodes).
+  void route_signals();
+
+  Launch launch_;
+  supervisor::ConsoleWriter& console_writer_;
+  const supervisor::Options& opt_ = launch_.opt;
+  const supervisor::EnvMap& inherited_ = launch_.inherited;
+  supervisor::JobPlan& plan_ = launch_.plan;
+  std::optional<control::Config>& config_ = launch_.config;
+  const std::vector<int>& slot_ids_ = launch_.slot_ids;
+  const std::vector<int>& launch_ids_ = launch_.launch_ids;
+  const supervisor::FdLimit& fd_limit_ = launch_.fd_limit;
+  const std::vector<std::string>& wargv_ = launch_.wargv;
+  const std::vector<std::string>& store_hosts_ = launch_.store_hosts;
+  const bool rank_by_join_ = launch_.rank_by_join;
+  const std::string exe_ = launch_.wargv[0];  // the program's path, found on PATH
+  const std::string display_name_ = launch_.opt.command.front();
+
+  // The parts, in the order they are made (and so destroyed in reverse).
+  boost::asio::io_context io_;
+  std::unique_ptr<supervisor::NodeSync> node_sync_;
+  supervisor::NodeSyncOptions node_opts_;
+  boost::asio::signal_set signals_{io_};
+  UniqueFd host_claim_;  // c10d: this host's claim to host the store
+  supervisor::StopTiming stop_timing_;
+  supervisor::EventLog events_;
+  /// [notify] command: destroyed after the supervisor, so what is queued still runs.
+  std::unique_ptr<supervisor::Notifier> notifier_;
+  std::unique_ptr<store::Server> store_;
+  supervisor::RunDir run_dir_;
+  bool files_in_temp_ = false;
+  std::unique_ptr<control::ProgressFile> progress_;
+  std::unique_ptr<energy::EnergyMonitor> energy_;
+  std::unique_ptr<AutoScale> auto_scale_;  // [energy] scale = "auto"
+  bool monitor_energy_ = false;
+  double job_start_s_ = 0;
+  std::future<std::optional<DiscoveredGpus>> discovery_;
+  /// [energy] settings, kept for when discovery is done (config is moved into the controller).
+  std::optional<control::Config> energy_config_;
+  supervisor::FdConsole console_;
+  std::unique_ptr<supervisor::PosixSpawner> posix_spawner_;
+  std::unique_ptr<control::StatusSpawner> status_spawner_;
+  std::unique_ptr<supervisor::Supervisor> supervisor_;
+  std::unique_ptr<control::ElasticController> elastic_;
+  std::unique_ptr<control::RunRegistration> registration_;
+  boost::asio::steady_timer status_refresh_{io_};
+  std::function<void(const boost::system::error_code&)> refresh_;
+  std::unique_ptr<store::BackendStore> node0_store_;
+  std::unique_ptr<supervisor::HealthCheckServer> health_;
+  std::string rendezvous_error_;  // node 0: the start rendezvous failed
+  int rendezvous_signal_ = 0;     // ... because of this signal
+  std::function<void(const boost::system::error_code&, int)> on_signal_;
+};
+
+}  // namespace gpurun::app
