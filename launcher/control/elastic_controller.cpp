@@ -397,20 +397,6 @@ void ElasticController::on_key(const std::string& key) {
   run_effects();
 }
 
-void ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool standby,
-                              const std::string& json) {
-  supervisor::ElasticSpawn what;
-  what.slot = gpu;
-  what.generation = generation;
-  what.warm = warm;
-  what.standby = standby;
-  what.config_path = opt_.config_path.string();
-  const int pid =
-      supervisor_.spawn_slot(gpu, supervisor::elastic_worker_env(Decision::from_json(json), what));
-  if (pid > 0) timeline_.spawned(gpu, pid);
-  if (pid > 0) scheduler_.on_spawned(gpu, pid);
-}
-
 void ElasticController::follow_generation() {
   if (console_active_ == scheduler_.active()) return;
   console_active_ = scheduler_.active();
@@ -418,49 +404,7 @@ void ElasticController::follow_generation() {
 }
 
 void ElasticController::run_effects() {
-  // Effects may produce more effects (spawn -> on_spawned); loop until none are left.
-  for (std::vector<Effect> batch = scheduler_.take_effects(); !batch.empty();
-       batch = scheduler_.take_effects()) {
-    follow_generation();
-    for (Effect& e : batch) {
-      switch (e.kind) {
-        case Effect::Kind::kWriteKey:
-          backend_.set(e.key, e.value);
-          note_decision_write(e.key, e.value);
-          break;
-        case Effect::Kind::kDeleteKey:
-          backend_.delete_key(e.key);
-          break;
-        case Effect::Kind::kAbandonKeys:
-          backend_.abandon_prefix(e.key);
-          break;
-        case Effect::Kind::kSpawn:
-          spawn(e.gpu, e.generation, e.warm, e.standby, e.value);
-          break;
-        case Effect::Kind::kKill:
-          supervisor_.kill_slot(e.gpu);
-          break;
-        case Effect::Kind::kArmDeadline: {
-          auto timer = std::make_unique<asio::steady_timer>(io_, e.deadline);
-          const auto id = std::make_pair(e.generation, e.round);
-          timer->async_wait(
-              [this, id, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
-                if (ec || alive.expired()) return;
-                scheduler_.on_deadline(id.first, id.second);
-                run_effects();
-              });
-          deadlines_[id] = std::move(timer);
-          break;
-        }
-        case Effect::Kind::kEvent:
-          events_.emit(e.key, e.fields);
-          break;
-        case Effect::Kind::kSay:
-          console_.write(StreamId::kStderr, "gpurun: " + e.value + "\n");
-          break;
-      }
-    }
-  }
+  control::run_effects(scheduler_, *this);
   follow_generation();
   emit_resize_events();
   if (energy_.active_changed && scheduler_.active() != energy_active_) {
@@ -478,18 +422,63 @@ void ElasticController::run_effects() {
   write_status();
 }
 
-void ElasticController::note_decision_write(const std::string& key, const std::string& value) {
-  const auto ends_with = [&](std::string_view tail) {
-    return key.size() >= tail.size() &&
-           key.compare(key.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  if (key.rfind(keys::kGenPrefix, 0) != 0 || !(ends_with("/decision") || ends_with("/start")))
-    return;
-  try {
-    timeline_.decision_written(Decision::from_json(value));
-  } catch (const ProtocolError&) {
-    // Our own write: never malformed; nothing to time if it were.
-  }
+void ElasticController::begin_batch() {
+  follow_generation();  // a joiner spawned by this batch starts with its generation's prefixes
+}
+
+void ElasticController::write_key(const std::string& key, const std::string& value,
+                                  const Decision* decision) {
+  backend_.set(key, value);
+  // Resize timings (docs/control-protocol.md#resize-timings): the first write of a decision
+  // (its decision or start key) starts its timeline; later ones (wakes, admissions) are
+  // ignored there.
+  if (decision) timeline_.decision_written(*decision);
+}
+
+void ElasticController::delete_key(const std::string& key) {
+  backend_.delete_key(key);
+}
+
+void ElasticController::abandon_keys(const std::string& prefix) {
+  backend_.abandon_prefix(prefix);
+}
+
+int ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool standby,
+                             const Decision& decision) {
+  supervisor::ElasticSpawn what;
+  what.slot = gpu;
+  what.generation = generation;
+  what.warm = warm;
+  what.standby = standby;
+  what.config_path = opt_.config_path.string();
+  const int pid = supervisor_.spawn_slot(gpu, supervisor::elastic_worker_env(decision, what));
+  if (pid > 0) timeline_.spawned(gpu, pid);
+  return pid;
+}
+
+void ElasticController::kill(int gpu) {
+  supervisor_.kill_slot(gpu);
+}
+
+void ElasticController::arm_deadline(int64_t generation, int64_t round,
+                                     std::chrono::milliseconds after) {
+  auto timer = std::make_unique<asio::steady_timer>(io_, after);
+  const auto id = std::make_pair(generation, round);
+  timer->async_wait(
+      [this, id, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+        if (ec || alive.expired()) return;
+        scheduler_.on_deadline(id.first, id.second);
+        run_effects();
+      });
+  deadlines_[id] = std::move(timer);
+}
+
+void ElasticController::event(const std::string& name, const JsonObject& fields) {
+  events_.emit(name, fields);
+}
+
+void ElasticController::say(const std::string& line) {
+  console_.write(StreamId::kStderr, "gpurun: " + line + "\n");
 }
 
 void ElasticController::emit_resize_events() {

@@ -17,6 +17,7 @@
 
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
+#include "control/effects.hpp"
 #include "control/foreign_gpus.hpp"
 #include "control/lease_keeper.hpp"
 #include "control/resize_timeline.hpp"
@@ -59,8 +60,9 @@ struct EnergyHooks {
 };
 
 /// Runs on the supervisor's io thread (every method and callback). The backend, supervisor,
-/// event log and console must outlive it.
-class ElasticController : public supervisor::SlotController {
+/// event log and console must outlive it. It is the scheduler's EffectSink: the store, the
+/// slots' processes, timers, the event log and the console.
+class ElasticController : public supervisor::SlotController, private EffectSink {
  public:
   /// `initial` = the already validated config. Installs the store write observer and the
   /// config watcher; writes status.json.
@@ -119,17 +121,27 @@ class ElasticController : public supervisor::SlotController {
   /// status.json's "policy" object text.
   std::string policy_status() const;
   void on_key(const std::string& key);
+  /// control::run_effects over this sink, then what follows every batch of effects (console
+  /// prefixes, resize events, energy hooks, stale timers, status.json).
   void run_effects();
+  // EffectSink (the io thread).
+  void begin_batch() override;
+  void write_key(const std::string& key, const std::string& value,
+                 const Decision* decision) override;
+  void delete_key(const std::string& key) override;
+  void abandon_keys(const std::string& prefix) override;
+  int spawn(int gpu, int64_t generation, int64_t warm, bool standby,
+            const Decision& decision) override;
+  void kill(int gpu) override;
+  void arm_deadline(int64_t generation, int64_t round, std::chrono::milliseconds after) override;
+  void event(const std::string& name, const JsonObject& fields) override;
+  void say(const std::string& line) override;
   /// The console prefixes follow the generation in force (Supervisor::set_generation): called
   /// before each batch of effects, so a joiner spawned by it starts with its generation's.
   void follow_generation();
-  void spawn(int gpu, int64_t generation, int64_t warm, bool standby,
-             const std::string& decision_json);
   void write_status();
   std::string render_current_status() const;
-  /// Resize timings (docs/control-protocol.md#resize-timings): a written key that may be a
-  /// decision, and the `resize` events completed.
-  void note_decision_write(const std::string& key, const std::string& value);
+  /// Resize timings (docs/control-protocol.md#resize-timings): the `resize` events completed.
   void emit_resize_events();
 
   boost::asio::io_context& io_;

@@ -110,16 +110,16 @@ Decision Scheduler::base_decision() const {
   return d;
 }
 
-void Scheduler::publish(const Decision& d, const std::string& json,
-                        const std::string& decision_key) {
-  auto write = [&](std::string key, std::string value) {
-    Effect e;
-    e.kind = Effect::Kind::kWriteKey;
-    e.key = std::move(key);
-    e.value = std::move(value);
-    effects_.push_back(std::move(e));
-  };
-  if (!decision_key.empty()) write(decision_key, json);
+void Scheduler::write_decision(std::string key, const Decision& d) {
+  Effect e;
+  e.kind = Effect::Kind::kWriteKey;
+  e.key = std::move(key);
+  e.decision = d;
+  effects_.push_back(std::move(e));
+}
+
+void Scheduler::publish(const Decision& d, const std::string& decision_key) {
+  if (!decision_key.empty()) write_decision(decision_key, d);
   const bool new_generation =
       d.kind != Decision::Kind::kContinue && d.kind != Decision::Kind::kSnapshot;
   if (new_generation) {
@@ -140,11 +140,15 @@ void Scheduler::publish(const Decision& d, const std::string& json,
     }
     source_gpu_ = d.state_source.is_peer() ? d.state_source.gpu : -1;
     source_snapshot_ = d.state_source.is_snapshot();
-    write(keys::start(d.generation), json);
-    write(std::string(keys::kGeneration), std::to_string(d.generation));
+    write_decision(keys::start(d.generation), d);
+    Effect g;
+    g.kind = Effect::Kind::kWriteKey;
+    g.key = std::string(keys::kGeneration);
+    g.value = std::to_string(d.generation);
+    effects_.push_back(std::move(g));
     generation_keys_[d.generation] = static_cast<int>(d.active.size());
   }
-  last_decision_ = json;
+  last_decision_ = d;
   decision_event(d);
   if (new_generation)
     say(
@@ -193,8 +197,7 @@ void Scheduler::start_attempt(int attempt) {
   d.joiners = active_;
   d.state_source = StateSource::none();
   if (last_boundary_) std::tie(d.epoch, d.step) = *last_boundary_;
-  const std::string json = d.to_json();
-  publish(d, json, "");
+  publish(d, "");
   collect_keys();  // the previous attempt's generations
   (void)attempt;
   for (int gpu : active_) {
@@ -203,7 +206,7 @@ void Scheduler::start_attempt(int attempt) {
     s.holds_state = true;            // a fresh start: rank 0's initial state is broadcast
     s.generation = generation_;
     s.rank = d.rank_of(gpu);
-    spawn_effect(gpu, generation_, json);
+    spawn_effect(gpu, generation_, d);
   }
 }
 
@@ -388,11 +391,7 @@ void Scheduler::wake_all_parked_to_exit(const std::string& why) {
     d.kind = Decision::Kind::kExit;
     d.generation = generation_;
     d.reason = exit_reason_;
-    Effect e;
-    e.kind = Effect::Kind::kWriteKey;
-    e.key = keys::wake(gpu, s.park_generation);
-    e.value = d.to_json();
-    effects_.push_back(std::move(e));
+    write_decision(keys::wake(gpu, s.park_generation), d);
     say(fmt::format("telling parked gpu {} (pid {}) to exit: {}", gpu, s.pid, why));
   }
 }
@@ -437,7 +436,7 @@ void Scheduler::try_decide() {
   decide();
 }
 
-void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json) {
+void Scheduler::bring_in(SlotInfo& s, const Decision& d) {
   s.generation = d.generation;
   s.rank = d.rank_of(s.gpu);
   const std::string why = fmt::format("joins generation {} as rank {}", d.generation, s.rank);
@@ -445,11 +444,7 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   if (s.state == SlotState::kWarming) {  // ready and waiting: only the set-up is left
     set_state(s, SlotState::kRejoining, why + " (warm: ready before this decision)");
     s.warm_ready = false;
-    Effect e;
-    e.kind = Effect::Kind::kWriteKey;
-    e.key = keys::admit(s.gpu, s.warm_id);
-    e.value = json;
-    effects_.push_back(std::move(e));
+    write_decision(keys::admit(s.gpu, s.warm_id), d);
     return;
   }
   if (s.pid >= 0 && (s.state == SlotState::kRejoining || s.state == SlotState::kActive)) {
@@ -460,18 +455,14 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d, const std::string& json
   }
   if (s.pid < 0) {
     set_state(s, SlotState::kRejoining, why + " (spawned)");
-    spawn_effect(s.gpu, d.generation, json);
+    spawn_effect(s.gpu, d.generation, d);
   } else {
     const bool held = (s.state == SlotState::kParked || s.state == SlotState::kOffloading) &&
                       s.park_generation >= 0 && !s.will_exit;
     GPURUN_CHECK(held, "joiner gpu {} in state {} (pid {})", s.gpu, to_string(s.state), s.pid);
     // A held process (or one still offloading: it reads the wake key when it parks).
     set_state(s, SlotState::kRejoining, why + " (woken)");
-    Effect e;
-    e.kind = Effect::Kind::kWriteKey;
-    e.key = keys::wake(s.gpu, s.park_generation);
-    e.value = json;
-    effects_.push_back(std::move(e));
+    write_decision(keys::wake(s.gpu, s.park_generation), d);
     s.woken_from = s.park_generation;
   }
   s.park_generation = -1;
@@ -560,7 +551,7 @@ void Scheduler::decide() {
       d.generation = generation_;
       d.active = old;
       d.state_source = StateSource::peer(slot(src).rank, src);
-      publish(d, d.to_json(), key);
+      publish(d, key);
       if (pause_refused_.empty())
         say(fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, {})", src,
                         generation_, boundary_text(d.epoch, d.step)));
@@ -580,7 +571,7 @@ void Scheduler::decide() {
     d.kind = Decision::Kind::kContinue;
     d.generation = generation_;
     d.active = old;
-    publish(d, d.to_json(), key);
+    publish(d, key);
     ++round_;
     collect_keys();
     return;
@@ -598,8 +589,7 @@ void Scheduler::decide() {
   // A pause keeps the state in the verified snapshot written in the round before.
   d.state_source = src_gpu < 0 || target.empty() ? StateSource::snapshot()
                                                  : StateSource::peer(slot(src_gpu).rank, src_gpu);
-  const std::string json = d.to_json();
-  publish(d, json, key);
+  publish(d, key);
 
   generation_ = d.generation;
   round_ = 0;
@@ -619,15 +609,15 @@ void Scheduler::decide() {
     s.generation = d.generation;
     s.rank = d.rank_of(gpu);
   }
-  for (int gpu : d.joiners) admit(slot(gpu), d, json);
+  for (int gpu : d.joiners) admit(slot(gpu), d);
   collect_keys();
 }
 
-void Scheduler::admit(SlotInfo& s, const Decision& d, const std::string& json) {
+void Scheduler::admit(SlotInfo& s, const Decision& d) {
   GPURUN_CHECK(joinable_now(s),
                "joiner gpu {} of generation {} is not joinable (state {}, pid {}, exiting {})",
                s.gpu, d.generation, to_string(s.state), s.pid, s.will_exit);
-  bring_in(s, d, json);
+  bring_in(s, d);
 }
 
 void Scheduler::resume() {
@@ -647,14 +637,13 @@ void Scheduler::resume() {
   d.active = target;
   d.joiners = target;
   d.state_source = state_exists_ ? StateSource::snapshot() : StateSource::none();
-  const std::string json = d.to_json();
-  publish(d, json, "");
+  publish(d, "");
   generation_ = d.generation;
   round_ = 0;
   active_ = target;
   reports_.clear();
   deadline_armed_ = false;
-  for (int gpu : target) admit(slot(gpu), d, json);
+  for (int gpu : target) admit(slot(gpu), d);
   collect_keys();
 }
 
@@ -690,13 +679,8 @@ void Scheduler::publish_exit() {
   d.step = first.step;
   d.active = active_;
   d.reason = exit_reason_;
-  const std::string json = d.to_json();
-  Effect w;
-  w.kind = Effect::Kind::kWriteKey;
-  w.key = keys::decision(generation_, round_);
-  w.value = json;
-  effects_.push_back(std::move(w));
-  last_decision_ = json;
+  write_decision(keys::decision(generation_, round_), d);
+  last_decision_ = d;
   decision_event(d);  // an exit decision has no joiners, leavers, failed or source
 }
 
@@ -718,12 +702,12 @@ void Scheduler::decision_event(const Decision& d) {
   effects_.push_back(std::move(ev));
 }
 
-void Scheduler::spawn_effect(int gpu, int64_t generation, const std::string& decision_json) {
+void Scheduler::spawn_effect(int gpu, int64_t generation, const Decision& d) {
   Effect e;
   e.kind = Effect::Kind::kSpawn;
   e.gpu = gpu;
   e.generation = generation;
-  e.value = decision_json;
+  e.decision = d;
   effects_.push_back(std::move(e));
 }
 

@@ -14,38 +14,13 @@
 #include <vector>
 
 #include "control/config.hpp"
+#include "control/effects.hpp"
 #include "control/slot_state.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/control/keys.hpp"
 #include "gpurun/json_writer.hpp"
 
 namespace gpurun::control {
-
-/// Something the caller must do, in order, after a Scheduler call.
-struct Effect {
-  enum class Kind {
-    kWriteKey,     ///< store SET key = value
-    kDeleteKey,    ///< store DELETE_KEY key (a key no process will read again)
-    kAbandonKeys,  ///< no key under the prefix `key` will be written: waits on them end
-                   ///< (store::Backend::abandon_prefix; an abandoned generation's set-up)
-    kSpawn,        ///< start a process for `gpu` joining `generation` (decision = value); with
-                   ///< `warm` >= 0 a warm joiner (GPURUN_WARM=warm; value: the provisional set)
-    kKill,         ///< SIGKILL the process group of `gpu` (stalled)
-    kArmDeadline,  ///< call on_deadline(generation, round) after `deadline`
-    kEvent,        ///< event log record: name = key, fields
-    kSay,          ///< console line (value, without "gpurun: ")
-  };
-  Kind kind = Kind::kSay;
-  std::string key;
-  std::string value;
-  int gpu = -1;
-  int64_t generation = -1;
-  int64_t round = -1;
-  std::chrono::milliseconds deadline{0};
-  JsonObject fields;
-  int64_t warm = -1;     ///< kSpawn of a warm joiner: its id (keys::ready / keys::admit)
-  bool standby = false;  ///< kSpawn of a standby (GPURUN_STANDBY=1 as well as GPURUN_WARM)
-};
 
 /// Everything known about one slot.
 struct SlotInfo {
@@ -226,7 +201,7 @@ class Scheduler {
   /// The last boundary any member reported (epoch, step); nullopt before the first.
   const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const { return last_boundary_; }
 
-  /// Takes the effects produced so far.
+  /// Takes the effects produced so far (run_effects in control/effects.hpp carries them out).
   std::vector<Effect> take_effects();
 
   // --- read access for status and tests ------------------------------------------
@@ -240,7 +215,8 @@ class Scheduler {
   const Config& config() const { return config_; }
   const std::map<int, SlotInfo>& slots() const { return slots_; }
   const std::string& last_config_error() const { return last_config_error_; }
-  const std::string& last_decision() const { return last_decision_; }
+  /// The last decision published, as its JSON (status.json); empty before the first.
+  std::string last_decision() const { return last_decision_ ? last_decision_->to_json() : ""; }
 
  private:
   SlotInfo& slot(int gpu);
@@ -266,17 +242,21 @@ class Scheduler {
   void drop_warm_keys(SlotInfo& s);
   /// A parked slot's process is gone: its parked and wake keys go (nobody will read them).
   void drop_park_keys(SlotInfo& s);
-  void bring_in(SlotInfo& s, const Decision& d, const std::string& json);
+  void bring_in(SlotInfo& s, const Decision& d);
   // The `decision` event for the event log.
   void decision_event(const Decision& d);
   // Asks the supervisor to start a process on `gpu` that joins `generation` by reading
-  // `decision_json` (the decision that created it).
-  void spawn_effect(int gpu, int64_t generation, const std::string& decision_json);
+  // `d` (the decision that created it).
+  void spawn_effect(int gpu, int64_t generation, const Decision& d);
   // A joiner of `d`. Only a slot joinable_now() can be one: a slot whose previous process is
   // still exiting is never named by a decision (it would be a member with no process, and
   // the members' loss would read as the training state's), it joins once warm.
-  void admit(SlotInfo& s, const Decision& d, const std::string& json);
-  void publish(const Decision& d, const std::string& json, const std::string& decision_key);
+  void admit(SlotInfo& s, const Decision& d);
+  // Writes `d` under `decision_key` (none when empty) and, for a new generation, its start
+  // record; the decision event; the console line.
+  void publish(const Decision& d, const std::string& decision_key);
+  // A kWriteKey effect whose value is `d` (encoded where the effects are run).
+  void write_decision(std::string key, const Decision& d);
   void begin_finish(const SlotInfo& s, const std::string& how);
   void publish_exit();
   void remember_round();
@@ -334,7 +314,7 @@ class Scheduler {
   bool state_exists_ = false;               ///< some worker ever joined (state to keep)
   std::optional<std::pair<int64_t, int64_t>> last_boundary_;
   std::string last_config_error_;
-  std::string last_decision_;
+  std::optional<Decision> last_decision_;
   std::string stop_reason_;
   std::string stop_pending_;         ///< request_stop's reason until a round is complete
   bool checkpoint_pending_ = false;  ///< request_checkpoint() until a decision carries it

@@ -99,7 +99,7 @@ void Scheduler::spawn_warm(SlotInfo& s, const std::vector<int>& want, bool stand
   e.generation = -1;
   e.warm = s.warm_id;
   e.standby = standby;
-  e.value = d.to_json();
+  e.decision = std::move(d);
   effects_.push_back(std::move(e));
 }
 

@@ -29,10 +29,10 @@ TEST_CASE("a worker's writes parse back, typed") {
       {keys::ProgramError{1, 4242, "ValueError: bad batch"}, "ValueError: bad batch"},
       {keys::Timing{12, 3, R"({"marks":{}})"}, R"({"marks":{}})"},
   };
-  for (const auto& [write, value] : writes) {
-    const std::string key = keys::key_of(write);
+  for (const auto& written : writes) {  // no structured binding: CAPTURE makes a lambda
+    const std::string key = keys::key_of(written.first);
     CAPTURE(key);
-    CHECK(keys::parse_worker_write(key, value) == write);
+    CHECK(keys::parse_worker_write(key, written.second) == written.first);
   }
   CHECK(keys::key_of(keys::Reported{r}) == "gpurun/gen/3/round/1/report/2");
   CHECK(keys::key_of(keys::Parked{1, 6}) == "gpurun/slot/1/parked/6");

@@ -77,10 +77,10 @@ struct Harness {
         } else if (e.kind == Effect::Kind::kWriteKey) {
           store.insert(e.key);
           if (e.key.find("/decision") != std::string::npos)
-            decisions.push_back(Decision::from_json(e.value));
+            decisions.push_back(Decision::from_json(e.text()));
           else if (e.key.find("/start") != std::string::npos &&
-                   (decisions.empty() || decisions.back().to_json() != e.value))
-            decisions.push_back(Decision::from_json(e.value));
+                   (decisions.empty() || decisions.back().to_json() != e.text()))
+            decisions.push_back(Decision::from_json(e.text()));
           else if (e.key.find("/wake/") != std::string::npos)
             wakes.push_back(e.key);
           else if (auto go = go_of(e.key); go && auto_ready)
@@ -1593,7 +1593,7 @@ TEST_CASE("scheduler: an exit reason of an earlier attempt is not a later exit w
   for (size_t i = mark; i < h.log.size(); ++i)
     if (h.log[i].kind == Effect::Kind::kWriteKey &&
         h.log[i].key.find("/wake/") != std::string::npos)
-      wake = h.log[i].value;
+      wake = h.log[i].text();
   REQUIRE_FALSE(wake.empty());
   CHECK(Decision::from_json(wake).reason.empty());
 }

@@ -10,7 +10,6 @@
 namespace gpurun::testing {
 
 using control::Decision;
-using control::Effect;
 namespace keys = control::keys;
 
 // ---- InMemorySupervisor ---------------------------------------------------------------------
@@ -114,63 +113,52 @@ std::vector<std::string> InMemorySupervisor::ignored_effects() const {
 }
 
 void InMemorySupervisor::run_effects() {
-  // As ElasticController::run_effects: effects may produce more (spawn -> on_spawned).
-  for (std::vector<Effect> batch = scheduler_.take_effects(); !batch.empty();
-       batch = scheduler_.take_effects()) {
-    for (Effect& e : batch) {
-      switch (e.kind) {
-        case Effect::Kind::kWriteKey:
-          if (!e.value.empty() && e.value.front() == '{') {
-            try {
-              decisions_.push_back(Decision::from_json(e.value));
-            } catch (const control::ProtocolError&) {
-            }
-          }
-          kv_[e.key] = e.value;
-          break;
-        case Effect::Kind::kDeleteKey:
-          kv_.erase(e.key);
-          break;
-        case Effect::Kind::kAbandonKeys:  // no rendezvous here waits on the store's keys
-          break;
-        case Effect::Kind::kSpawn: {
-          const int pid = next_pid_++;
-          spawner_(e.gpu, e.generation, e.warm, e.standby, pid);
-          scheduler_.on_spawned(e.gpu, pid);
-          break;
+  // The real effects loop (control::run_effects) over this fake's sink: keys in kv_, a spawn
+  // starts a rank; kills and deadlines are recorded only. A local class: it sees the members.
+  struct Sink final : control::EffectSink {
+    InMemorySupervisor& sup;
+    explicit Sink(InMemorySupervisor& s) : sup(s) {}
+    void write_key(const std::string& key, const std::string& value,
+                   const Decision* decision) override {
+      if (decision) sup.decisions_.push_back(*decision);
+      sup.kv_[key] = value;
+    }
+    void delete_key(const std::string& key) override { sup.kv_.erase(key); }
+    void abandon_keys(const std::string&) override {}  // no rendezvous here waits on the keys
+    int spawn(int gpu, int64_t generation, int64_t warm, bool standby, const Decision&) override {
+      const int pid = sup.next_pid_++;
+      sup.spawner_(gpu, generation, warm, standby, pid);
+      return pid;
+    }
+    void kill(int gpu) override {
+      sup.ignored_.push_back(fmt::format("kill {}", gpu));
+      // A warm joiner of that slot waiting for its admission, or a standby waiting for its go,
+      // is told to exit.
+      std::vector<std::string> admits;
+      for (const auto& [key, value] : sup.kv_) {
+        std::optional<keys::WorkerWrite> w;
+        try {
+          w = keys::parse_worker_write(key, value);
+        } catch (const control::ProtocolError&) {  // a bad report: refused when written
         }
-        case Effect::Kind::kKill: {
-          ignored_.push_back(fmt::format("kill {}", e.gpu));
-          // A warm joiner of that slot waiting for its admission, or a standby waiting for
-          // its go, is told to exit.
-          std::vector<std::string> admits;
-          for (const auto& [key, value] : kv_) {
-            std::optional<keys::WorkerWrite> w;
-            try {
-              w = keys::parse_worker_write(key, value);
-            } catch (const control::ProtocolError&) {  // a bad report: refused when written
-            }
-            if (const auto* r = w ? std::get_if<keys::Ready>(&*w) : nullptr; r && r->gpu == e.gpu)
-              admits.push_back(keys::admit(e.gpu, r->warm));
-          }
-          if (const int64_t w = scheduler_.slots().at(e.gpu).warm_id; w >= 0)
-            admits.push_back(keys::go(e.gpu, w));
-          for (const std::string& admit : admits) {
-            Decision x;
-            x.kind = Decision::Kind::kExit;
-            if (!kv_.count(admit)) kv_[admit] = x.to_json();
-          }
-          break;
-        }
-        case Effect::Kind::kArmDeadline:
-          ignored_.push_back(fmt::format("deadline {}/{}", e.generation, e.round));
-          break;
-        case Effect::Kind::kEvent:
-        case Effect::Kind::kSay:
-          break;
+        if (const auto* r = w ? std::get_if<keys::Ready>(&*w) : nullptr; r && r->gpu == gpu)
+          admits.push_back(keys::admit(gpu, r->warm));
+      }
+      if (const int64_t id = sup.scheduler_.slots().at(gpu).warm_id; id >= 0)
+        admits.push_back(keys::go(gpu, id));
+      for (const std::string& admit : admits) {
+        Decision x;
+        x.kind = Decision::Kind::kExit;
+        if (!sup.kv_.count(admit)) sup.kv_[admit] = x.to_json();
       }
     }
-  }
+    void arm_deadline(int64_t generation, int64_t round, std::chrono::milliseconds) override {
+      sup.ignored_.push_back(fmt::format("deadline {}/{}", generation, round));
+    }
+    void event(const std::string&, const JsonObject&) override {}
+    void say(const std::string&) override {}
+  } sink(*this);
+  control::run_effects(scheduler_, sink);
   cv_.notify_all();
 }
 
