@@ -81,7 +81,8 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
         throw StoreError(
             fmt::format("ADD on key '{}': its value '{}' is not an integer", key, text));
     }
-    v += delta;
+    if (__builtin_add_overflow(v, delta, &v))
+      throw StoreError(fmt::format("ADD on key '{}': {} + {} overflows int64", key, text, delta));
     text = std::to_string(v);
   }
   changed_.notify_all();

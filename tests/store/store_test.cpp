@@ -104,8 +104,9 @@ TEST_CASE_TEMPLATE("store: compare_set has TCPStore's four cases", T, GPURUN_STO
   CHECK(s.try_get("k") == "third");
 }
 
-TEST_CASE_TEMPLATE("store: add counts from zero and refuses a value that is not a number", T,
-                   GPURUN_STORES) {
+TEST_CASE_TEMPLATE(
+    "store: add counts from zero and refuses a value that is not a number or overflows", T,
+    GPURUN_STORES) {
   T f;
   INFO(T::kName);
   Store& s = f.store();
@@ -113,8 +114,15 @@ TEST_CASE_TEMPLATE("store: add counts from zero and refuses a value that is not 
   CHECK(s.add("n", 5) == 5);
   CHECK(s.add("n", -2) == 3);
   CHECK(s.try_get("n") == "3");
-  s.set("text", "abc");
-  CHECK_THROWS_AS(s.add("text", 1), StoreError);
+  // A refused ADD ends a client's connection (the server closes it): one per subcase.
+  SUBCASE("not a number") {
+    s.set("text", "abc");
+    CHECK_THROWS_AS(s.add("text", 1), StoreError);
+  }
+  SUBCASE("an overflow") {
+    s.set("big", "9223372036854775807");
+    CHECK_THROWS_AS(s.add("big", 1), StoreError);
+  }
 }
 
 TEST_CASE_TEMPLATE("store: remove says whether the key existed", T, GPURUN_STORES) {
