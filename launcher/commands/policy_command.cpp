@@ -391,14 +391,21 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
     path = run->config;
     gpus = run->gpus;
   }
+  // The checks and messages of every reader (docs/errors.md, "Files gpurun reads"): a FIFO,
+  // a device, a directory, a symlink loop, a file over the bound, each named.
+  try {
+    if (!read_regular_file_if_exists(path, kMaxConfigBytes, "the config file"))
+      return command_error(fmt::format("cannot read the config file {}: it does not exist; "
+                                       "gpurun set changes an existing config file",
+                                       path)),
+             1;
+  } catch (const FileError& e) {
+    return command_error(e.what()), 1;
+  }
   std::error_code ec;
-  if (!fs::exists(path, ec))
-    return command_error(fmt::format(
-               "'{}' does not exist: gpurun set changes an existing config file", path)),
-           1;
   const fs::path target = fs::canonical(path, ec);
-  if (ec || !fs::is_regular_file(target, ec))
-    return command_error(fmt::format("'{}' is not a regular file", path)), 1;
+  if (ec)
+    return command_error(fmt::format("cannot read the config file {}: {}", path, ec.message())), 1;
   // Read-only by its mode: refused even for root (whom access() lets write anything).
   if ((fs::status(target, ec).permissions() & (fs::perms::owner_write | fs::perms::group_write |
                                                fs::perms::others_write)) == fs::perms::none)

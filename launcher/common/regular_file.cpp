@@ -246,14 +246,34 @@ bool replace_file_if_unchanged(const fs::path& path, const std::optional<FileCon
     // A file system without hard links: a plain rename (the check above stands).
   } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
     // `tmp` now holds what `path` held at the exchange: the version read, unless an edit
-    // landed after the check (or lands now, from a writer that opened it before the
-    // exchange). Then it is put back, and the caller retries.
-    wait_for_writers(tmp);
-    if (still_holds(tmp, expected)) return drop_tmp(), true;
+    // landed after the check (an editor's save renamed over it, an in-place write). Compared
+    // at once (a stat and a read: microseconds) and, when it differs, put back at once: while
+    // gpurun's version is at the path an editor may read it (`sed -i` reads, then renames its
+    // copy over the path) and so drop the edit that landed; only the exchange itself is that
+    // window now, not the wait for writers below.
+    if (hook) hook("exchanged");
+    bool kept = still_holds(tmp, expected);
+    if (kept) {
+      // The version read: gpurun's may stay. A writer that opened the file before the
+      // exchange (`echo x >> file` between its open and its write) may still write into the
+      // displaced file: waited for, then compared again.
+      if (hook) hook("before_wait");
+      wait_for_writers(tmp);
+      kept = still_holds(tmp, expected);
+    }
+    if (kept) {
+      // Success only for a change that is in the file now: an editor's save renamed over the
+      // path after the exchange replaced gpurun's version (the save's edit stays; the caller
+      // reads it and applies the change again).
+      drop_tmp();
+      const std::optional<FileIdentity> now = file_identity(path);
+      return now && now->inode == ours;
+    }
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) != 0)
       throw replace_error(path, fmt::format("it changed while gpurun replaced it, and its new "
                                             "version, moved to {}, cannot be put back: {}",
                                             tmp, std::strerror(errno)));
+    if (hook) hook("swapped_back");
     // `tmp` holds gpurun's version again, with whatever was written into it while it was in
     // place. Two edits that crossed can't be merged: the other one is kept, and said.
     wait_for_writers(tmp);

@@ -191,6 +191,18 @@ std::vector<Reader> readers() {
          CHECK(code == 1);
          return err;
        }},
+      {"gpurun set (config.toml)", c::kMaxConfigBytes, in("cfg.toml"),
+       [](const fs::path& d) {
+         int code = 0;
+         const std::string err = captured(2, d / "err.txt", [&] {
+           captured(1, d / "out.txt", [&] {
+             code = gpurun::commands::set_command(
+                 {"park.mode=hold", "--config", (d / "cfg.toml").string()});
+           });
+         });
+         CHECK(code == 1);
+         return err;
+       }},
       {"gpurun status (status.json)", gpurun::kDefaultMaxFileBytes, in("status.json"),
        [](const fs::path& d) {
          int code = 0;
@@ -477,4 +489,104 @@ TEST_CASE(
   CHECK_FALSE(gpurun::replace_file_if_unchanged(f, before, "a = 5\n", 0644, open_then_write_later));
   writer.join();
   CHECK(gpurun::read_regular_file(f).bytes == "a = 1\nb = 2\n");
+}
+
+// An editor-style save (`sed -i`: read the path, write a temp file, rename it over the path).
+// These rows use the hook's steps, never timing: what the path holds at each step is what an
+// editor reading it then would read.
+namespace {
+
+/// `sed -i '$a LINE' f`, split in its two halves: read() takes the path's bytes now, save()
+/// renames them plus LINE over the path later.
+struct RenameEditor {
+  explicit RenameEditor(fs::path f) : file(std::move(f)) {}
+  fs::path file;
+  std::string read_bytes;
+  bool has_read = false;
+  void read() {
+    read_bytes = gpurun::read_regular_file(file).bytes;
+    has_read = true;
+  }
+  void save(const std::string& line) {
+    const fs::path tmp = file.string() + ".sed-tmp";
+    std::ofstream(tmp) << read_bytes << line << "\n";
+    fs::rename(tmp, file);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "replace_file_if_unchanged: a save renamed over the file just before the exchange is put "
+    "back at once, before any wait, and an editor reading then keeps it") {
+  TempDir dir("gpurun-replace");
+  const fs::path f = dir.path / "config.toml";
+  std::ofstream(f) << "a = 1\n";
+  const gpurun::FileContent before = gpurun::read_regular_file(f);
+  RenameEditor hand51(f), hand52(f);
+  std::vector<std::pair<std::string, std::string>> seen;  // step, what the path held
+  bool exchanged = false;
+  const auto hook = [&](std::string_view at) {
+    if (at == "before_rename") {  // `# hand 51` lands after set's check, before its exchange
+      hand51.read();
+      hand51.save("# hand 51");
+      return;
+    }
+    if (at == "exchanged") {  // the one moment gpurun's version must be at the path
+      exchanged = true;
+      return;
+    }
+    if (!exchanged) return;
+    seen.emplace_back(at, gpurun::read_regular_file(f).bytes);
+    if (!hand52.has_read) hand52.read();  // the next `sed -i` reads at the next step
+  };
+  CHECK_FALSE(gpurun::replace_file_if_unchanged(f, before, "a = 5\n", 0644, hook));
+  // After the exchange, the next step is the swap back: gpurun's version was at the path only
+  // between the exchange and the swap (before: through the wait for writers, ~100 ms).
+  REQUIRE_FALSE(seen.empty());
+  CHECK(seen.front().first == "swapped_back");
+  for (const auto& [step, bytes] : seen) CHECK_MESSAGE(bytes != "a = 5\n", "at " << step);
+  hand52.save("# hand 52");  // sed #52 renames what it read over the path
+  const std::string text = gpurun::read_regular_file(f).bytes;
+  CHECK_MESSAGE(text == "a = 1\n# hand 51\n# hand 52\n", text);  // both hand edits kept
+}
+
+TEST_CASE(
+    "replace_file_if_unchanged: a save renamed over gpurun's version right after the exchange "
+    "is kept and no success is reported") {
+  TempDir dir("gpurun-replace");
+  const fs::path f = dir.path / "config.toml";
+  std::ofstream(f) << "a = 1\n";
+  const gpurun::FileContent before = gpurun::read_regular_file(f);
+  RenameEditor hand(f);
+  hand.read();  // the editor read the file before gpurun's exchange, saves after it
+  const auto hook = [&](std::string_view at) {
+    if (at == "exchanged") hand.save("# hand");
+  };
+  // Before: true, with "a = 5" in no file (the save replaced it).
+  CHECK_FALSE(gpurun::replace_file_if_unchanged(f, before, "a = 5\n", 0644, hook));
+  CHECK(gpurun::read_regular_file(f).bytes == "a = 1\n# hand\n");
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path)) ++files;
+  CHECK(files == 1);  // no temp file left
+}
+
+TEST_CASE("gpurun set keeps a save that lands right after its exchange, and lands its change") {
+  TempDir dir("gpurun-set-race");
+  const fs::path config = dir.path / "config.toml";
+  std::ofstream(config) << "active_gpus = [0, 1]\n\n[park]\nmode = \"release\"\n";
+  RenameEditor hand(config);
+  int saves = 0;
+  const auto hook = [&](std::string_view at) {
+    if (at == "before_rename" && saves == 0) hand.read();
+    if (at == "exchanged" && saves++ == 0) hand.save("# hand");
+  };
+  int code = -1;
+  const std::string out = captured(1, dir.path / "out.txt", [&] {
+    code = gpurun::commands::set_command({"park.mode=hold", "--config", config.string()}, hook);
+  });
+  CHECK(code == 0);
+  const std::string text = gpurun::read_regular_file(config).bytes;
+  CHECK_MESSAGE(contains(text, "# hand"), text);           // the save is kept
+  CHECK_MESSAGE(contains(text, "mode = \"hold\""), text);  // and set's change is in the file
 }

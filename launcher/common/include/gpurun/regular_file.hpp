@@ -103,7 +103,10 @@ std::optional<FileIdentity> file_identity(int fd);
 
 /// Test seam of replace_file_if_unchanged: runs at a named step ("before_check": the new
 /// file is written, nothing compared yet; "before_rename": the check passed, the rename is
-/// next). A test edits the file there to make a crossing deterministic. Empty: nothing.
+/// next; after an exchange: "exchanged": gpurun's version is at the path, the displaced file
+/// not yet compared; "before_wait": the displaced file is the version read, the wait for its
+/// writers is next; "swapped_back": it was not, and is back at the path). A test edits or
+/// reads the file there to make a crossing deterministic. Empty: nothing.
 using ReplaceHook = std::function<void(std::string_view step)>;
 
 /// The last step of a read-modify-write: writes `content` to a temp file next to `path`
@@ -111,13 +114,15 @@ using ReplaceHook = std::function<void(std::string_view step)>;
 /// still holds what was read: `expected` (nullopt: the file was missing and must still be)
 /// compared by identity and content (a re-read just before the rename). Where the file system
 /// can, the rename is an exchange (renameat2 RENAME_EXCHANGE): the file it displaced is
+/// compared at once, and an edit found there is put back at once (an editor that reads the
+/// path meanwhile sees gpurun's version only for those microseconds); when it matched, it is
 /// compared again once no process has it open for writing (a read lease, waited for up to
-/// ~100 ms: `echo x >> file` caught between its open and its write), and an edit found there
-/// is put back, not lost. Returns true when `content` is in place; false when the file changed
-/// under the caller (nothing replaced: re-read and retry). Blocks on file I/O. Throws
-/// FileError naming the path when the temp file cannot be written, the rename fails, or two
-/// edits crossed gpurun's and each other so that they cannot both be kept ("it was edited
-/// twice …": the other version is left in the temp file, named).
+/// ~100 ms: `echo x >> file` caught between its open and its write). Returns true when
+/// `content` is at the path when it returns; false when the file changed under the caller
+/// (an edit put back, or a save renamed over gpurun's version: re-read and retry). Blocks on file
+/// I/O. Throws FileError naming the path when the temp file cannot be written, the rename fails, or
+/// two edits crossed gpurun's and each other so that they cannot both be kept ("it was edited twice
+/// …": the other version is left in the temp file, named).
 bool replace_file_if_unchanged(const std::filesystem::path& path,
                                const std::optional<FileContent>& expected, std::string_view content,
                                mode_t mode, const ReplaceHook& hook = {});
