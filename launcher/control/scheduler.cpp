@@ -468,132 +468,64 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d) {
   s.park_generation = -1;
 }
 
+DecisionInput Scheduler::decision_input() const {
+  DecisionInput in;
+  in.generation = generation_;
+  in.round = round_;
+  in.active = active_;
+  in.desired = effective_desired();
+  in.slots = &slots_;
+  in.reports = reports_;
+  in.min_gpus = config_.policy.min_gpus;
+  in.snapshot_current = snapshot_current();
+  in.refused_at = refused_at_;
+  in.snapshot_boundary = snapshot_boundary_;
+  in.checkpoint = checkpoint_pending_;
+  in.base = base_decision();
+  return in;
+}
+
 void Scheduler::decide() {
-  const std::vector<int> old = active_;
-  std::vector<int> failed, survivors;
-  std::vector<int> stateless;  // joiners whose set-up was abandoned, reporting without state
-  for (int gpu : old) {
-    const SlotInfo& s = slot(gpu);
-    if (s.state == SlotState::kFailed) failed.push_back(gpu);
-    const bool live = s.state == SlotState::kActive || s.state == SlotState::kRejoining;
-    if (live && s.holds_state) survivors.push_back(gpu);
-    if (live && !s.holds_state && reports_.count(s.rank)) stateless.push_back(gpu);
+  const DecisionOutcome out = compute_decision(decision_input());
+  for (const DecisionReason& r : out.reasons) {  // each said once per slot
+    SlotInfo& s = slot(r.gpu);
+    bool& said =
+        r.kind == DecisionReason::Kind::kWarmNotReady ? s.warm_late_said : s.floor_kept_said;
+    if (!std::exchange(said, true)) say(r.text);
   }
-  std::vector<int> target = effective_desired();
-  {
-    // Warm joiners still starting (and slots whose old process is still exiting) join at a
-    // later boundary: the members never wait here for a start-up.
-    std::vector<int> now;
-    for (int gpu : target) {
-      SlotInfo& s = slot(gpu);
-      if (std::binary_search(old.begin(), old.end(), gpu) || joinable_now(s)) {
-        now.push_back(gpu);
-      } else if (s.state == SlotState::kWarming && !s.warm_late_said) {
-        s.warm_late_said = true;  // once per warm joiner: a stalled one is otherwise invisible
-        const Report& r = reports_.begin()->second;
-        say(
-            fmt::format("the warm joiner on gpu {} (pid {}) is not ready yet at the boundary "
-                        "{}: training goes on without it, it joins at the first boundary after "
-                        "it is ready",
-                        gpu, s.pid, boundary_text(r.epoch, r.step)));
-      }
-    }
-    if (now.empty() && !target.empty()) now = survivors;  // e.g. a swap: train on meanwhile
-    // A joiner deferred here must not take the job below `[policy] min_gpus`: a member the
-    // target drops (a lent GPU whose replacement still starts) stays until the joiner is in.
-    const size_t floor =
-        std::min(target.size(), static_cast<size_t>(std::max(config_.policy.min_gpus, 0)));
-    for (int gpu : survivors) {
-      if (now.size() >= floor) break;
-      if (std::binary_search(now.begin(), now.end(), gpu)) continue;
-      now.insert(std::upper_bound(now.begin(), now.end(), gpu), gpu);
-      SlotInfo& s = slot(gpu);
-      if (!s.floor_kept_said) {
-        s.floor_kept_said = true;
-        say(
-            fmt::format("gpu {} stays in the job until the joiners of [{}] are ready: [policy] "
-                        "min_gpus = {}",
-                        gpu, join_ids(minus(target, now), ", "), config_.policy.min_gpus));
-      }
-    }
-    for (int gpu : minus(old, now)) slot(gpu).floor_kept_said = false;
-    target = std::move(now);
-  }
-  if (survivors.empty() && !snapshot_current()) {
-    // Only joiners without state are left (the holders died during the set-up).
-    lose_state(fmt::format("no process of generation {} holds it (failed: [{}])", generation_,
-                           join_ids(failed, ", ")));
+  for (int gpu : minus(active_, out.next)) slot(gpu).floor_kept_said = false;
+  if (!out.decision) {
+    lose_state(out.state_lost);
     return;
   }
-  Decision d = base_decision();
-  d.prev_generation = generation_;
-  d.round = round_;
-  // The boundary's position as a holder reported it (a stateless joiner repeats its decision's).
-  const Report* first = &reports_.begin()->second;
-  for (const auto& [rank, r] : reports_)
-    if (r.has_state) {
-      first = &r;
-      break;
-    }
-  d.epoch = first->epoch;
-  d.step = first->step;
-  if (target.empty() && !survivors.empty()) {
-    if (refused_at_ == std::make_pair(d.epoch, d.step)) {
-      target = survivors;  // the snapshot could not be written here: train on, retry later
-    } else if (snapshot_boundary_ != std::make_pair(d.epoch, d.step)) {
-      // First the snapshot, while every rank still holds the state; the pause comes after.
-      const int src = survivors.front();
-      const std::string key = keys::decision(generation_, round_);
-      remember_round();
-      reports_.clear();
-      deadline_armed_ = false;
-      d.kind = Decision::Kind::kSnapshot;
-      d.generation = generation_;
-      d.active = old;
-      d.state_source = StateSource::peer(slot(src).rank, src);
-      publish(d, key);
-      if (pause_refused_.empty())
-        say(fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, {})", src,
-                        generation_, boundary_text(d.epoch, d.step)));
-      ++round_;
-      snapshot_round_ = true;
-      collect_keys();
-      return;
-    }
-  }
+  const Decision& d = *out.decision;
   const std::string key = keys::decision(generation_, round_);
   remember_round();
   reports_.clear();
   deadline_armed_ = false;
-
-  d.checkpoint = std::exchange(checkpoint_pending_, false);
-  if (failed.empty() && target == old && survivors == old) {
-    d.kind = Decision::Kind::kContinue;
-    d.generation = generation_;
-    d.active = old;
+  if (d.kind == Decision::Kind::kSnapshot) {
+    // First the snapshot, while every rank still holds the state; the pause comes after.
+    publish(d, key);
+    if (pause_refused_.empty())
+      say(fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, {})",
+                      d.state_source.gpu, generation_, boundary_text(d.epoch, d.step)));
+    ++round_;
+    snapshot_round_ = true;
+    collect_keys();
+    return;
+  }
+  checkpoint_pending_ = false;  // the decision carries it
+  if (d.kind == Decision::Kind::kContinue) {
     publish(d, key);
     ++round_;
     collect_keys();
     return;
   }
-  d.kind = Decision::Kind::kResize;
-  d.generation = generation_ + 1;
-  d.active = target;
-  d.joiners = minus(target, survivors);
-  d.leavers = minus(survivors, target);
-  for (int gpu : minus(stateless, target))  // an abandoned joiner left out now leaves
-    d.leavers.insert(std::upper_bound(d.leavers.begin(), d.leavers.end(), gpu), gpu);
-  d.failed = failed;
-  const std::vector<int> stay = intersect(survivors, target);
-  const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
-  // A pause keeps the state in the verified snapshot written in the round before.
-  d.state_source = src_gpu < 0 || target.empty() ? StateSource::snapshot()
-                                                 : StateSource::peer(slot(src_gpu).rank, src_gpu);
   publish(d, key);
 
   generation_ = d.generation;
   round_ = 0;
-  active_ = target;
+  active_ = d.active;
   for (int gpu : d.leavers) {
     SlotInfo& s = slot(gpu);
     s.park_generation = d.generation;
@@ -604,7 +536,7 @@ void Scheduler::decide() {
     s.rank = -1;
     s.generation = d.generation;
   }
-  for (int gpu : stay) {
+  for (int gpu : intersect(out.survivors, d.active)) {
     SlotInfo& s = slot(gpu);
     s.generation = d.generation;
     s.rank = d.rank_of(gpu);

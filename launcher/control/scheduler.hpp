@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "control/config.hpp"
+#include "control/decision_rule.hpp"
 #include "control/effects.hpp"
 #include "control/slot_state.hpp"
 #include "gpurun/control/decision.hpp"
@@ -227,6 +228,9 @@ class Scheduler {
   std::string held_by() const;
   bool alive_member(const SlotInfo& s) const;
   void try_decide();
+  /// The open round's facts for compute_decision (control/decision_rule.hpp).
+  DecisionInput decision_input() const;
+  /// compute_decision over the open round, carried out: its console lines, keys and slots.
   void decide();
   void resume();
   // Warm joiners: spawns one for every wanted slot that has no process (docs/control-protocol.md
@@ -236,9 +240,6 @@ class Scheduler {
   void warm_up();
   void spawn_warm(SlotInfo& s, const std::vector<int>& want, bool standby);
   void cancel_warming(SlotInfo& s, const std::string& why);
-  // Whether a wanted slot can be in the next generation now (a ready warm joiner, a held
-  // process); false for one still warming or whose previous process is still exiting.
-  bool joinable_now(const SlotInfo& s) const;
   void drop_warm_keys(SlotInfo& s);
   /// A parked slot's process is gone: its parked and wake keys go (nobody will read them).
   void drop_park_keys(SlotInfo& s);

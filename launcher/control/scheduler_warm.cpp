@@ -25,13 +25,6 @@ void Scheduler::on_ready(int gpu, int64_t warm) {
   if (holds_job_open()) resume();  // paused: nobody trains, no boundary comes
 }
 
-bool Scheduler::joinable_now(const SlotInfo& s) const {
-  if (s.state == SlotState::kWarming) return s.warm_ready;
-  if (s.state == SlotState::kParked && s.pid >= 0 && (s.will_exit || s.cancelled)) return false;
-  if (s.state == SlotState::kOffloading && s.will_exit) return false;
-  return true;  // a held process (woken), or no process (spawned by the decision)
-}
-
 void Scheduler::warm_up() {
   if (generation_ < 0) return;
   const bool ending = finished_ || !stop_pending_.empty();
