@@ -10,21 +10,17 @@
 
 namespace gpurun::control {
 
-namespace {
-
-std::vector<int> minus(const std::vector<int>& a, const std::vector<int>& b) {
+std::vector<int> ids_minus(const std::vector<int>& a, const std::vector<int>& b) {
   std::vector<int> out;
   std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
   return out;
 }
 
-std::vector<int> intersect(const std::vector<int>& a, const std::vector<int>& b) {
+std::vector<int> ids_intersect(const std::vector<int>& a, const std::vector<int>& b) {
   std::vector<int> out;
   std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
   return out;
 }
-
-}  // namespace
 
 bool joinable_now(const SlotInfo& s) {
   if (s.state == SlotState::kWarming) return s.warm_ready;
@@ -89,7 +85,7 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
         {DecisionReason::Kind::kFloorKept, gpu,
          fmt::format("gpu {} stays in the job until the joiners of [{}] are ready: [policy] "
                      "min_gpus = {}",
-                     gpu, join_ids(minus(target_wanted, now), ", "), in.min_gpus)});
+                     gpu, join_ids(ids_minus(target_wanted, now), ", "), in.min_gpus)});
   out.next = now;
   std::vector<int> target = std::move(now);
 
@@ -136,12 +132,12 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
   d.kind = Decision::Kind::kResize;
   d.generation = in.generation + 1;
   d.active = target;
-  d.joiners = minus(target, survivors);
-  d.leavers = minus(survivors, target);
-  for (int gpu : minus(stateless, target))  // an abandoned joiner left out now leaves
+  d.joiners = ids_minus(target, survivors);
+  d.leavers = ids_minus(survivors, target);
+  for (int gpu : ids_minus(stateless, target))  // an abandoned joiner left out now leaves
     d.leavers.insert(std::upper_bound(d.leavers.begin(), d.leavers.end(), gpu), gpu);
   d.failed = out.failed;
-  const std::vector<int> stay = intersect(survivors, target);
+  const std::vector<int> stay = ids_intersect(survivors, target);
   const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
   // A pause keeps the state in the verified snapshot written in the round before.
   d.state_source = src_gpu < 0 || target.empty() ? StateSource::snapshot()

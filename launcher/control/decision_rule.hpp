@@ -19,6 +19,10 @@ namespace gpurun::control {
 
 struct SlotInfo;
 
+/// Sorted id lists (slot ids): the ids of `a` not in `b`, and the ids in both; sorted.
+std::vector<int> ids_minus(const std::vector<int>& a, const std::vector<int>& b);
+std::vector<int> ids_intersect(const std::vector<int>& a, const std::vector<int>& b);
+
 /// Whether a wanted slot can be in the next generation now: a ready warm joiner, a held
 /// process, or no process (the decision spawns one); false for one still warming or whose
 /// previous process is still exiting.

@@ -20,18 +20,6 @@ std::string state_from(const Decision& d) {
   return describe(d.state_source);
 }
 
-std::vector<int> minus(const std::vector<int>& a, const std::vector<int>& b) {
-  std::vector<int> out;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
-}
-
-std::vector<int> intersect(const std::vector<int>& a, const std::vector<int>& b) {
-  std::vector<int> out;
-  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
-}
-
 }  // namespace
 
 Scheduler::Scheduler(std::vector<int> slots, Config config, std::optional<std::vector<int>> launch)
@@ -40,7 +28,7 @@ Scheduler::Scheduler(std::vector<int> slots, Config config, std::optional<std::v
   for (int gpu : slot_ids_) slots_[gpu].gpu = gpu;
   launch_ = launch ? std::move(*launch) : slot_ids_;
   std::sort(launch_.begin(), launch_.end());
-  launch_ = intersect(launch_, slot_ids_);
+  launch_ = ids_intersect(launch_, slot_ids_);
 }
 
 std::vector<Effect> Scheduler::take_effects() {
@@ -81,7 +69,7 @@ void Scheduler::set_state(SlotInfo& s, SlotState to, const std::string& reason) 
 
 std::vector<int> Scheduler::desired() const {
   if (!config_.active_gpus) return launch_;
-  return intersect(*config_.active_gpus, slot_ids_);
+  return ids_intersect(*config_.active_gpus, slot_ids_);
 }
 
 std::vector<int> Scheduler::effective_desired() const {
@@ -231,7 +219,7 @@ void Scheduler::config_loaded(Config config, const std::string& path) {
   if (finished_) return;
   if (to_release) wake_all_parked_to_exit("park mode is now release");
   // A named slot that failed in this attempt stays out: say so, never drop it silently.
-  const std::vector<int> out = minus(desired(), effective_desired());
+  const std::vector<int> out = ids_minus(desired(), effective_desired());
   if (!out.empty() && generation_ >= 0) {
     std::string which;
     for (int gpu : out)
@@ -493,7 +481,7 @@ void Scheduler::decide() {
         r.kind == DecisionReason::Kind::kWarmNotReady ? s.warm_late_said : s.floor_kept_said;
     if (!std::exchange(said, true)) say(r.text);
   }
-  for (int gpu : minus(active_, out.next)) slot(gpu).floor_kept_said = false;
+  for (int gpu : ids_minus(active_, out.next)) slot(gpu).floor_kept_said = false;
   if (!out.decision) {
     lose_state(out.state_lost);
     return;
@@ -536,7 +524,7 @@ void Scheduler::decide() {
     s.rank = -1;
     s.generation = d.generation;
   }
-  for (int gpu : intersect(out.survivors, d.active)) {
+  for (int gpu : ids_intersect(out.survivors, d.active)) {
     SlotInfo& s = slot(gpu);
     s.generation = d.generation;
     s.rank = d.rank_of(gpu);
