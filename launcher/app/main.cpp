@@ -2,6 +2,7 @@
 // one node's workers. Reference: docs/cli.md; error policy: docs/errors.md.
 #include <signal.h>
 
+#include <chrono>
 #include <optional>
 #include <variant>
 
@@ -31,8 +32,14 @@ int run(int argc, char** argv) {
 
   const std::variant<Launch, int> prepared = prepare_launch(argc, argv);
   if (const int* code = std::get_if<int>(&prepared)) return *code;
-  Job job(std::get<Launch>(prepared), console_writer);
-  return job.run();
+  int code = 0;
+  {
+    Job job(std::get<Launch>(prepared), console_writer);
+    code = job.run();
+  }
+  // The console's last lines: as long as its reader takes, or 2 s after a stop signal.
+  console_writer.drain_at_exit(std::chrono::seconds(2));
+  return code;
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 namespace gpurun::supervisor {
 
 void Console::write(StreamId stream, std::string_view text) {
+  own_ = true;
   write_from(stream, text, -1, false);
+  own_ = false;
 }
 
 void Console::write_from(StreamId stream, std::string_view text, int source, bool open) {
@@ -44,6 +46,11 @@ FdConsole::FdConsole() {
 }
 
 void FdConsole::put(StreamId stream, std::string_view text) {
+  if (ConsoleWriter* w = ConsoleWriter::installed()) {
+    w->write(static_cast<int>(stream), text,
+             own_line() ? ConsoleWriter::Origin::kGpurun : ConsoleWriter::Origin::kWorker);
+    return;
+  }
   console_write(static_cast<int>(stream), text);
 }
 

@@ -35,8 +35,11 @@ class Console {
  protected:
   /// One write of `text` to `stream`, whole.
   virtual void put(StreamId stream, std::string_view text) = 0;
+  /// Within put(): whether the text is gpurun's own (write()), not a worker's (write_from()).
+  bool own_line() const { return own_; }
 
  private:
+  bool own_ = false;
   std::optional<int> open_source_;  // a line left open by write_from(open = true)
   StreamId open_stream_ = StreamId::kStdout;
 };

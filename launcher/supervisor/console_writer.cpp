@@ -96,6 +96,8 @@ struct ConsoleWriter::Impl {
   void run(Lane& lane);
   /// The notice for a lane that dropped (called with its mutex NOT held).
   void notice(uint64_t lines, uint64_t bytes);
+  /// notice() for every lane with drops not said yet.
+  void announce_drops();
 };
 
 void ConsoleWriter::Impl::notice(uint64_t lines, uint64_t bytes) {
@@ -185,11 +187,19 @@ ConsoleWriter::~ConsoleWriter() {
   stop(std::chrono::milliseconds::max());
 }
 
-bool ConsoleWriter::write(int fd, std::string_view text) {
+bool ConsoleWriter::write(int fd, std::string_view text, Origin origin) {
   if (text.empty()) return true;
   const int which = fd == 1 ? 0 : 1;
   Lane& lane = impl_->lane_of(which);
   std::unique_lock<std::mutex> lock(lane.mu);
+  if (origin == Origin::kGpurun && !lane.stopping) {
+    // gpurun's own lines are few and are what the user asked for (a reload, a failure, the
+    // final status): queued beyond the bound, never dropped.
+    lane.pending += text.size();
+    lane.queue.push_back({which, std::string(text)});
+    lane.wake.notify_one();
+    return true;
+  }
   auto is_full = [&] {
     return lane.pending > 0 && lane.pending + text.size() > impl_->opt.max_pending_bytes;
   };
@@ -230,7 +240,22 @@ bool ConsoleWriter::flush(std::chrono::milliseconds limit) {
   return all;
 }
 
+void ConsoleWriter::Impl::announce_drops() {
+  for (auto& lane : lanes) {
+    if (!lane) continue;
+    uint64_t lines = 0, bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(lane->mu);
+      lines = lane->dropped_lines;
+      bytes = lane->dropped_bytes;
+      lane->dropped_lines = lane->dropped_bytes = 0;
+    }
+    if (lines > 0) notice(lines, bytes);
+  }
+}
+
 uint64_t ConsoleWriter::stop(std::chrono::milliseconds limit) {
+  impl_->announce_drops();  // while stderr may still take it (a stalled stdout, a file stderr)
   flush(limit);
   uint64_t abandoned = 0;
   for (auto& lane : impl_->lanes) {
@@ -275,6 +300,34 @@ ConsoleWriter* ConsoleWriter::installed() {
 }
 void ConsoleWriter::install(ConsoleWriter* writer) {
   g_installed.store(writer);
+}
+
+namespace {
+volatile sig_atomic_t g_exit_stop_signal = 0;
+}  // namespace
+
+bool ConsoleWriter::drain_at_exit(std::chrono::milliseconds after_stop_signal) {
+  // The io loop and its signal handling are over: a stop signal now would end gpurun by its
+  // default action, losing the job's exit status and the console's last lines.
+  constexpr int kStops[] = {SIGINT, SIGTERM, SIGQUIT, SIGHUP};
+  struct sigaction sa {
+  }, old[4];
+  sa.sa_handler = [](int sig) { g_exit_stop_signal = sig; };
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 4; ++i) ::sigaction(kStops[i], &sa, &old[i]);
+  bool drained = false;
+  for (;;) {
+    if (flush(std::chrono::milliseconds(100))) {
+      drained = true;
+      break;
+    }
+    if (g_exit_stop_signal != 0) {
+      stop(after_stop_signal);
+      break;
+    }
+  }
+  for (int i = 0; i < 4; ++i) ::sigaction(kStops[i], &old[i], nullptr);
+  return drained;
 }
 
 void console_write(int fd, std::string_view text) {

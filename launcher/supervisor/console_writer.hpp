@@ -40,9 +40,14 @@ class ConsoleWriter {
   ConsoleWriter(const ConsoleWriter&) = delete;
   ConsoleWriter& operator=(const ConsoleWriter&) = delete;
 
-  /// Queues `text` for stdout (`fd` 1) or stderr (any other `fd`). Never
-  /// blocks on the reader. Returns false when the text was dropped (the queue is full).
-  bool write(int fd, std::string_view text);
+  /// Who wrote a text: gpurun itself (its own lines: never dropped) or a worker.
+  enum class Origin { kGpurun, kWorker };
+
+  /// Queues `text` for stdout (`fd` 1) or stderr (any other `fd`). Never blocks on the
+  /// reader. A worker's text is dropped when the queue is full (returns false); gpurun's own
+  /// lines are queued beyond the bound (few, and what the user asked for: a reload, a
+  /// failure, the exit status).
+  bool write(int fd, std::string_view text, Origin origin = Origin::kGpurun);
 
   /// Blocks until everything queued so far is written or `limit` has passed; true when
   /// written.
@@ -52,6 +57,13 @@ class ConsoleWriter {
   /// is interrupted) and joins the thread(s). Later writes are dropped. Returns the number of
   /// bytes abandoned (0: everything was written).
   uint64_t stop(std::chrono::milliseconds limit);
+
+  /// At gpurun's exit, after its io loop: waits for the reader to take everything queued,
+  /// however long that takes, as any program writing to a pipe does; a stop signal (SIGINT,
+  /// SIGTERM, SIGQUIT, SIGHUP) meanwhile gives it `after_stop_signal` more and then abandons
+  /// the rest (stop()). Handles those signals while it waits (their dispositions are
+  /// restored after). True when everything was written. Main thread only.
+  bool drain_at_exit(std::chrono::milliseconds after_stop_signal);
 
   /// Where dropped lines can still be read, appended to the drop notice (e.g. "the log files
   /// under <dir> have every line"); empty: nothing appended.

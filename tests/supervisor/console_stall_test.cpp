@@ -35,7 +35,8 @@ using gpurun::testing::free_port;
 using gpurun::testing::slurp;
 using gpurun::testing::TempDir;
 
-/// gpurun with stdout a pipe the test reads only when it chooses to, stderr a file.
+/// gpurun with stdout a pipe the test reads only when it chooses to, stderr a file (or, with
+/// an empty path, the same pipe).
 struct StalledGpurun {
   pid_t pid = -1;
   int out_r = -1;
@@ -51,7 +52,8 @@ struct StalledGpurun {
     pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      // No err file: stderr is the same pipe (`2>&1 |`).
+      const int e = err.empty() ? p[1] : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(p[1], 1);
       ::dup2(e, 2);
       for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -205,4 +207,40 @@ TEST_CASE(
   CHECK(fs::exists(dir.path / "finished.1"));
   CHECK(n1.stderr_text().find("the console was not read for a while") != std::string::npos);
   CHECK_FALSE(out1.empty());
+}
+
+TEST_CASE(
+    "console stall: SIGTERM while gpurun waits at exit for a stalled reader: the job's "
+    "status, the notice, an exit within 2 s") {
+  TempDir dir;
+  StalledGpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", kFlood},
+                  {{"OUT_DIR", dir.str()}, {"FLOOD_LINES", "120000"}}, dir.path / "err");
+  // The worker is done; gpurun waits for its reader, who does not read.
+  REQUIRE(wait_for(dir.path / "finished.0", 30s));
+  std::this_thread::sleep_for(500ms);  // gpurun reaps the worker and reaches its exit
+  REQUIRE(::kill(g.pid, SIGTERM) == 0);
+  // Before: the default action of SIGTERM ended gpurun at once (status 143, no notice).
+  const bool ended = g.wait(10s);
+  const std::string err = g.stderr_text();
+  INFO(err);
+  REQUIRE(ended);
+  CHECK(g.code() == 0);  // the job's status: every worker exited 0
+  CHECK(count_of(err, "gpurun: warning: the console was not read for a while") == 1);
+}
+
+TEST_CASE(
+    "console stall: gpurun's own lines are never dropped (stdout and stderr one pipe, "
+    "2>&1)") {
+  TempDir dir;
+  StalledGpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", kFlood},
+                  {{"OUT_DIR", dir.str()}, {"FLOOD_LINES", "120000"}, {"FLOOD_CODE", "3"}}, "");
+  REQUIRE(wait_for(dir.path / "finished.0", 30s));
+  const std::string out = g.read_to_end();
+  REQUIRE(g.status.has_value());
+  CHECK(g.code() == 3);
+  // Worker lines were dropped and counted, but the failure gpurun reports is there whole.
+  CHECK(count_of(out, "gpurun: warning: the console was not read for a while") == 1);
+  CHECK(count_of(out, "gpurun: rank 0 (pid ") >= 1);
+  CHECK(count_of(out, "ended with exit code 3") >= 1);
+  CHECK(count_of(out, "FAILED") == 1);
 }

@@ -67,7 +67,8 @@ TEST_CASE(
   // test's ctest TIMEOUT ends it); the writer queues 256 KiB and drops the rest.
   constexpr int kLines = 4000;
   int accepted = 0;
-  for (int i = 0; i < kLines; ++i) accepted += writer.write(1, numbered(i)) ? 1 : 0;
+  for (int i = 0; i < kLines; ++i)
+    accepted += writer.write(1, numbered(i), ConsoleWriter::Origin::kWorker) ? 1 : 0;
   CHECK(accepted < kLines);
   CHECK(writer.dropped_lines() == static_cast<uint64_t>(kLines - accepted));
   CHECK(writer.dropped_bytes() == static_cast<uint64_t>(kLines - accepted) * 1000);
@@ -75,7 +76,8 @@ TEST_CASE(
   // The reader comes back: everything queued arrives, whole lines in order, then the notice.
   std::string shown;
   std::string said;
-  while (said.find('\n') == std::string::npos) {
+  for (int tries = 0; said.find('\n') == std::string::npos; ++tries) {
+    REQUIRE_MESSAGE(tries < 300, "no notice after 30 s; stdout had " << shown.size() << " bytes");
     pollfd p[2] = {{out.r, POLLIN, 0}, {err.r, POLLIN, 0}};
     ::poll(p, 2, 100);
     shown += out.drain();
@@ -95,7 +97,7 @@ TEST_CASE(
             std::to_string((kLines - accepted) * 1000) +
             " bytes) of output were not shown; the log files have them\n");
   // Output after the reader is back is shown again.
-  CHECK(writer.write(1, "after\n"));
+  CHECK(writer.write(1, "after\n", ConsoleWriter::Origin::kWorker));
   CHECK(writer.write(2, "gpurun: after\n"));
   REQUIRE(writer.flush(std::chrono::milliseconds::max()));
   CHECK(out.drain() == "after\n");
@@ -147,7 +149,8 @@ TEST_CASE("console writer: a regular file gets every line of a burst, none dropp
   o.max_pending_bytes = 1000;  // one line: a burst outruns any writer thread
   {
     ConsoleWriter writer(o);
-    for (int i = 0; i < 4000; ++i) CHECK(writer.write(1, numbered(i)));
+    for (int i = 0; i < 4000; ++i)
+      CHECK(writer.write(1, numbered(i), ConsoleWriter::Origin::kWorker));
     CHECK(writer.dropped_lines() == 0);
   }  // the destructor writes the rest
   std::string shown(4000 * 1000, '\0');
@@ -158,4 +161,30 @@ TEST_CASE("console writer: a regular file gets every line of a burst, none dropp
   }
   ::close(fd);
   ::unlink(path);
+}
+
+TEST_CASE("console writer: gpurun's own lines are kept when a worker's are dropped") {
+  Pipe out;
+  ConsoleWriter::Options o;
+  o.out_fd = out.w;
+  o.err_fd = out.w;  // `2>&1 |`: one destination
+  o.max_pending_bytes = 64 * 1024;
+  ConsoleWriter writer(o);
+  int dropped = 0;
+  for (int i = 0; i < 1000; ++i)
+    dropped += writer.write(1, numbered(i), ConsoleWriter::Origin::kWorker) ? 0 : 1;
+  REQUIRE(dropped > 0);
+  CHECK(writer.write(2, "gpurun: rank 0 failed\n"));  // gpurun's own: queued past the bound
+  CHECK_FALSE(writer.write(1, numbered(1000), ConsoleWriter::Origin::kWorker));
+  std::string shown;
+  for (int tries = 0; shown.find("gpurun: warning:") == std::string::npos; ++tries) {
+    REQUIRE_MESSAGE(tries < 300, "no notice after 30 s");
+    pollfd p{out.r, POLLIN, 0};
+    ::poll(&p, 1, 100);
+    shown += out.drain();
+  }
+  REQUIRE(writer.flush(std::chrono::milliseconds::max()));
+  shown += out.drain();
+  CHECK(shown.find("gpurun: rank 0 failed\n") != std::string::npos);
+  CHECK(shown.find("not shown") != std::string::npos);
 }
