@@ -35,7 +35,9 @@ struct FailureRecord {
 };
 
 /// Within this much of the earliest failure, a rank whose own error is not a connection or
-/// teardown error is preferred to one whose error is (docs/errors.md, "The root cause").
+/// teardown error is preferred to one whose error is (docs/errors.md, "The root cause"); the
+/// supervisor holds its teardown this long after such a first failure (its teardown_hold) so
+/// that the rank can fail within it.
 inline constexpr std::chrono::seconds kRootCauseWindow{5};
 
 /// True when `text` is a collective or store failing because a peer went away: "Connection

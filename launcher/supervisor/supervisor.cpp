@@ -96,7 +96,8 @@ Supervisor::Supervisor(asio::io_context& io, SupervisorOptions options, ProcessS
       kill_timer_(io),
       poll_timer_(io),
       drain_timer_(io),
-      stop_timer_(io) {
+      stop_timer_(io),
+      hold_timer_(io) {
   GPURUN_CHECK(!opt_.argv.empty(), "empty worker command");
   GPURUN_CHECK(opt_.plan.nproc >= 1, "nproc {}", opt_.plan.nproc);
   oom_ = opt_.memory_event_files ? OomWatch(*opt_.memory_event_files) : OomWatch::for_self();
@@ -149,7 +150,7 @@ void Supervisor::start_attempt() {
   teardown_at_.reset();
   oom_.baseline();
   phase_ = Phase::kRunning;
-  grace_armed_ = killed_ = drain_expired_ = kill_expired_ = attempt_finished_ = false;
+  grace_armed_ = holding_ = killed_ = drain_expired_ = kill_expired_ = attempt_finished_ = false;
 
   for (int local = 0; local < opt_.plan.nproc; ++local) {
     auto w = std::make_unique<Worker>();
@@ -322,8 +323,11 @@ void Supervisor::on_exit(Worker& w, ExitStatus status) {
       absorbed_failure_->reason = ended_with(w);
     }
   }
-  if (!absorbed && !status.success() && phase_ == Phase::kRunning && !shutdown_signal_)
+  if (holding_) {
+    check_hold(&w);
+  } else if (!absorbed && !status.success() && phase_ == Phase::kRunning && !shutdown_signal_) {
     record_failure(w, status, ended_with(w));
+  }
   check_progress();
 }
 
@@ -337,15 +341,16 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   failure_->reason = std::move(reason);
   failure_->error_file = w.error_file;
   failure_->start_error = w.start_error;
-  teardown_at_ = WallClock::now();  // a worker that ends after this may be ended by gpurun
-  say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)", failure_->reason,
-                  opt_.grace_period.count()));
-  if (on_failure)
-    on_failure(LocalFailure{attempt_, w.rank, w.local_rank, status.shell_code(), failure_->reason});
-  stop_workers(SIGTERM);
+  if (hold_teardown(w)) return;
+  begin_teardown(&w, "");
 }
 
 void Supervisor::stop_for_peer(const std::string& reason) {
+  if (holding_) {  // the peer's failure may be the real one: stop now
+    begin_teardown(nullptr, reason);
+    check_progress();
+    return;
+  }
   if (phase_ != Phase::kRunning || failure_ || shutdown_signal_) return;
   failure_ = std::make_unique<Failure>();
   failure_->rank = -1;
@@ -425,8 +430,9 @@ void Supervisor::check_progress() {
     return;
   const bool all_exited = std::all_of(workers_.begin(), workers_.end(),
                                       [](const auto& w) { return w->exit.has_value(); });
+  if (holding_) check_hold(nullptr);  // an error file written meanwhile, or nobody left
   if (!all_exited) {
-    if (phase_ == Phase::kStopping) arm_poll();
+    if (phase_ == Phase::kStopping || holding_) arm_poll();
     return;
   }
   if (phase_ != Phase::kDraining) {
@@ -464,6 +470,8 @@ void Supervisor::finish_attempt() {
   kill_timer_.cancel();
   poll_timer_.cancel();
   drain_timer_.cancel();
+  hold_timer_.cancel();
+  holding_ = false;
   for (auto& w : workers_) {
     for (StreamId id : {StreamId::kStdout, StreamId::kStderr})
       stream(*w, id).lines.flush_pieces(
@@ -508,6 +516,11 @@ void Supervisor::finish_attempt() {
 }
 
 void Supervisor::peer_signal(int sig, const std::string& reason) {
+  if (holding_) {  // this node's failure goes first: stop now, as a stop signal would
+    begin_teardown(nullptr, "");
+    check_progress();
+    return;
+  }
   if (phase_ != Phase::kRunning || failure_ || shutdown_signal_) return;
   say(fmt::format("{}; this node stops as if it got {} too", reason, signal_name(sig)));
   handle_signal(sig);
@@ -576,6 +589,19 @@ std::string format_error_time(const std::string& ts) {
 }
 }  // namespace
 
+FailureRecord Supervisor::record_of(const Worker& w) const {
+  FailureRecord r;
+  r.rank = w.rank;
+  r.local_rank = w.local_rank;
+  r.pid = w.pid;
+  if (w.exit) r.status = *w.exit;
+  r.reaped_at = w.exited_at;
+  r.report = read_error_file(w.error_file);
+  for (const auto& l : w.err_tail) r.stderr_tail += l + "\n";
+  r.after_teardown = teardown_at_ && w.exit && w.exited_at > *teardown_at_;
+  return r;
+}
+
 void Supervisor::settle_root_cause() {
   if (controller_ || !failure_ || failure_->peer || !failure_->start_error.empty()) return;
   std::vector<FailureRecord> records;
@@ -583,17 +609,8 @@ void Supervisor::settle_root_cause() {
   std::size_t first = 0;
   for (const auto& w : workers_) {
     if (!w->exit || !w->proc || !w->start_error.empty()) continue;
-    FailureRecord r;
-    r.rank = w->rank;
-    r.local_rank = w->local_rank;
-    r.pid = w->pid;
-    r.status = *w->exit;
-    r.reaped_at = w->exited_at;
-    r.report = read_error_file(w->error_file);
-    for (const auto& l : w->err_tail) r.stderr_tail += l + "\n";
-    r.after_teardown = teardown_at_ && w->exited_at > *teardown_at_;
     if (w->rank == failure_->rank) first = records.size();
-    records.push_back(std::move(r));
+    records.push_back(record_of(*w));
     who.push_back(w.get());
   }
   if (records.empty()) return;

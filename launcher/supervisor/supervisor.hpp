@@ -63,6 +63,13 @@ struct SupervisorOptions {
   /// (root_cause.hpp). nullopt: gpurun's own cgroup's and each worker's (/proc/<pid>/cgroup);
   /// a test names fake files.
   std::optional<std::vector<std::string>> memory_event_files;
+  /// When an attempt's first failure is a connection or teardown error (is_teardown_error:
+  /// its error file's last line, else its stderr's), how long the other workers may go on
+  /// before the SIGTERM, so that the rank that really failed (it tore its group down first)
+  /// can raise and write its error file (docs/errors.md, "The root cause"). It ends early when
+  /// another worker fails of something else (exits, or writes such an error file), every other
+  /// worker has ended, a peer node failed, or gpurun gets a stop signal. 0: no hold.
+  std::chrono::milliseconds teardown_hold{kRootCauseWindow};
 };
 
 /// Expands ${rank}, ${local_rank} and ${role_name} (`role`, --role) in a console prefix template.
@@ -83,7 +90,8 @@ int display_columns(std::string_view text);
 
 /// Runs on one io_context thread; every public method must be called there.
 /// Life of an attempt: spawn all slots -> run -> on the first failure (non-zero
-/// exit or signal) SIGTERM every worker group, SIGKILL after grace_period ->
+/// exit or signal; a teardown error: after the teardown hold, SupervisorOptions::teardown_hold)
+/// SIGTERM every worker group, SIGKILL after grace_period ->
 /// wait for every group to be empty and pipes to drain -> restart (at most
 /// plan.max_restarts times, not after a shutdown signal) or finish.
 /// Exit status: 0 if every worker of the last attempt succeeded, else the
@@ -108,7 +116,8 @@ class Supervisor {
   std::function<std::optional<std::pair<int, std::string>>(int exit_code)> final_status;
 
   /// Multi-node (docs/cli.md#multi-node): this node's first failure of an attempt, as
-  /// `on_failure` receives it (before the other workers are stopped).
+  /// `on_failure` receives it (as the other workers are stopped: after a teardown hold, the
+  /// worker that ended it by failing of something else, when one did).
   struct LocalFailure {
     int attempt = 0;
     int rank = -1;  ///< global rank
@@ -223,6 +232,18 @@ class Supervisor {
   // "rank 1 (pid 123) ended with signal SIGKILL (9)[: killed by the kernel's OOM killer …]"
   std::string ended_with(const Worker& w) const;
   void record_failure(Worker& w, ExitStatus status, std::string reason);
+  // The record root_cause judges a worker by (its error file, stderr tail, times).
+  FailureRecord record_of(const Worker& w) const;
+  // The teardown hold (SupervisorOptions::teardown_hold), static mode: starts it when the
+  // first failure (failure_, worker `w`) is a teardown error; true when it did.
+  bool hold_teardown(const Worker& w);
+  // While holding: ends the hold when `w` (just exited, or running with an error file) failed
+  // of something other than a teardown error, or every worker has ended.
+  void check_hold(const Worker* exited);
+  // Ends the hold (if any) and stops the other workers: SIGTERM, SIGKILL after the grace
+  // period; tells on_failure of `cause` (failure_'s worker, or the one that ended the hold).
+  // `why` starts the line said ("" : failure_'s reason).
+  void begin_teardown(const Worker* cause, const std::string& why);
   void stop_workers(int sig);
   void signal_all(int sig);
   void check_progress();
@@ -263,6 +284,7 @@ class Supervisor {
   int attempt_ = 0;
   int shutdown_signal_ = 0;  // SIGINT/SIGTERM/SIGQUIT received
   bool grace_armed_ = false;
+  bool holding_ = false;  // the teardown hold is on: failure_ is set, no SIGTERM sent yet
   bool killed_ = false;
   bool drain_expired_ = false;
   bool kill_expired_ = false;
@@ -276,6 +298,7 @@ class Supervisor {
   boost::asio::steady_timer poll_timer_;
   boost::asio::steady_timer drain_timer_;
   boost::asio::steady_timer stop_timer_;                   // stop at a boundary -> SIGTERM
+  boost::asio::steady_timer hold_timer_;                   // the teardown hold's end
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // handlers check it via weak_ptr
 };
 

@@ -1,12 +1,14 @@
 // Supervisor: the signals gpurun receives — forwarded, turned into a stop at the next boundary
 // (SIGTERM with --stop-timeout), a preemption warning (a checkpoint request), a reload (SIGHUP),
-// a terminal resize. The rest of the supervisor: supervisor.cpp.
+// a terminal resize; the teardown after a worker's failure, and its hold after a teardown
+// error. The rest of the supervisor: supervisor.cpp.
 #include "supervisor/supervisor.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,9 +17,98 @@
 #include <fmt/ranges.h>
 
 #include "gpurun/check.hpp"
+#include "supervisor/error_file.hpp"
 #include "supervisor/supervisor_worker.hpp"
 
 namespace gpurun::supervisor {
+
+namespace {
+/// "5 s", or "250 ms" when not whole seconds.
+std::string duration_text(std::chrono::milliseconds d) {
+  return d.count() % 1000 == 0 ? fmt::format("{} s", d.count() / 1000)
+                               : fmt::format("{} ms", d.count());
+}
+}  // namespace
+
+bool Supervisor::hold_teardown(const Worker& w) {
+  if (controller_ || opt_.teardown_hold.count() <= 0 || !w.start_error.empty() ||
+      shutdown_signal_ || phase_ != Phase::kRunning)
+    return false;
+  const FailureRecord r = record_of(w);
+  if (!has_teardown_error(r)) return false;
+  const bool others_running = std::any_of(workers_.begin(), workers_.end(), [&](const auto& o) {
+    return o.get() != &w && o->proc && !o->exit;
+  });
+  if (!others_running) return false;
+  holding_ = true;
+  events_.emit("teardown_hold",
+               JsonObject()
+                   .add("attempt", attempt_)
+                   .add("rank", w.rank)
+                   .add("error", error_line(r))
+                   .add("hold_ms", static_cast<int64_t>(opt_.teardown_hold.count())));
+  say(fmt::format(
+      "rank {} (pid {}) lost its connection to a peer ({}) and ended with {}: waiting up to {} "
+      "for the rank that failed before stopping the others",
+      w.rank, w.pid, error_line(r), w.exit ? w.exit->describe() : std::string("?"),
+      duration_text(opt_.teardown_hold)));
+  hold_timer_.expires_after(opt_.teardown_hold);
+  hold_timer_.async_wait([this,
+                          alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+    if (ec || alive.expired() || !holding_) return;
+    begin_teardown(
+        nullptr, fmt::format("no other worker failed within {} of rank {}'s "
+                             "connection error; {}",
+                             duration_text(opt_.teardown_hold), failure_->rank, failure_->reason));
+    check_progress();
+  });
+  arm_poll();  // check_progress looks for an error file written meanwhile
+  return true;
+}
+
+void Supervisor::check_hold(const Worker* exited) {
+  if (!holding_) return;
+  // The rank the hold waits for: one that failed of something other than a lost connection,
+  // by its exit, or (still running: a slow exit) by its error file.
+  if (exited && exited->exit && !exited->exit->success() &&
+      !has_teardown_error(record_of(*exited))) {
+    begin_teardown(exited, ended_with(*exited));
+    return;
+  }
+  bool others_running = false;
+  for (const auto& w : workers_) {
+    if (!w->proc || w->exit) continue;
+    others_running = true;
+    const auto report = read_error_file(w->error_file);
+    if (report && report->problem.empty() && !is_teardown_error(report->message)) {
+      begin_teardown(w.get(),
+                     fmt::format("rank {} (pid {}) failed ({}), as its error file {} says", w->rank,
+                                 w->pid, error_line(record_of(*w)), w->error_file));
+      return;
+    }
+  }
+  if (!others_running) begin_teardown(nullptr, "");  // nobody left to wait for
+}
+
+void Supervisor::begin_teardown(const Worker* cause, const std::string& why) {
+  holding_ = false;
+  hold_timer_.cancel();
+  teardown_at_ = WallClock::now();  // a worker that ends after this may be ended by gpurun
+  say(fmt::format("{}; stopping the other workers (SIGTERM, SIGKILL after {} ms)",
+                  why.empty() ? failure_->reason : why, opt_.grace_period.count()));
+  if (on_failure) {
+    LocalFailure f{attempt_, failure_->rank, failure_->local_rank, failure_->status.shell_code(),
+                   failure_->reason};
+    if (cause && cause->rank != failure_->rank) {  // the hold found the rank that failed
+      f.rank = cause->rank;
+      f.local_rank = cause->local_rank;
+      if (cause->exit) f.code = cause->exit->shell_code();
+      f.reason = why;
+    }
+    on_failure(f);
+  }
+  stop_workers(SIGTERM);
+}
 
 std::string Supervisor::preempt_dir() const {
   return opt_.plan.run_dir.empty() ? std::string() : opt_.plan.run_dir + "/preempt";
@@ -120,6 +211,10 @@ void Supervisor::stop_at_boundary(int sig, bool signal_others_now) {
 
 void Supervisor::handle_signal(int sig) {
   if (phase_ == Phase::kDone || phase_ == Phase::kGated) return;  // gated: the gate's holder
+  // A stop signal ends the teardown hold at once: the failure's teardown, then the signal's.
+  const bool stops = sig == SIGINT || sig == SIGQUIT || sig == SIGTERM ||
+                     (sig == opt_.preempt_signal && sig != 0 && opt_.stop_on_preempt);
+  if (holding_ && stops) begin_teardown(nullptr, "");
   if (sig == opt_.preempt_signal && sig != 0 && !shutdown_signal_) {
     on_preempt_signal(sig);
     return;

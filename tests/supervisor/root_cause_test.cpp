@@ -285,6 +285,11 @@ struct RcHarness {
     if (tweak) tweak(o);
     sup = std::make_unique<Supervisor>(io, o, spawner, console, events);
   }
+  /// Runs ready handlers without waiting for timers.
+  void settle_io() {
+    io.restart();
+    io.poll();
+  }
   void drive() {
     const auto end = std::chrono::steady_clock::now() + 3s;
     while (!sup->done() && std::chrono::steady_clock::now() < end) {
@@ -400,4 +405,132 @@ TEST_CASE("root cause summary: a CUDA out-of-memory is device memory; a long mes
                  "2.00 GiB\n") != std::string::npos);
   CHECK(err.find("memory     : the GPU ran out of device memory (CUDA out of memory), not the "
                  "host") != std::string::npos);
+}
+
+// ---- The teardown hold: a first failure that is a teardown error waits for the real one ----
+
+namespace {
+/// Runs `h`'s io_context until `until()` holds or 3 s pass (a safety bound, not a check).
+void rc_run_until(RcHarness& h, const std::function<bool()>& until) {
+  const auto end = std::chrono::steady_clock::now() + 3s;
+  while (!until() && std::chrono::steady_clock::now() < end) {
+    h.io.restart();
+    h.io.run_for(5ms);
+  }
+}
+/// A few turns of `h`'s io_context: its 5 ms polls run (a hold of an hour cannot end).
+void rc_turn(RcHarness& h) {
+  for (int i = 0; i < 10; ++i) {
+    h.io.restart();
+    h.io.run_for(5ms);
+  }
+}
+void rc_fail_closed(RcHarness& h, std::size_t i) {
+  h.write_error_file(i, R"("RuntimeError: [pair.cc:598] Connection closed by peer [127.0.0.1]:1")");
+  h.spawner.output(i, StreamId::kStderr, std::string(kRcClosed) + "\n");
+  h.spawner.exit(i, {1, 0});
+}
+void rc_hold_for(SupervisorOptions& o, std::chrono::milliseconds hold) {
+  o.teardown_hold = hold;
+}
+}  // namespace
+
+TEST_CASE(
+    "teardown hold: a peer's lost connection holds the SIGTERM until a rank fails of something "
+    "else, which is the root cause; any other first failure stops the rest at once") {
+  SUBCASE("a lost connection first: no SIGTERM while only teardown errors come") {
+    RcHarness h(4, [](SupervisorOptions& o) { rc_hold_for(o, 1h); });
+    h.sup->start();
+    rc_fail_closed(h, 0);
+    rc_fail_closed(h, 3);  // a second peer of the same failing rank: still waiting
+    rc_turn(h);
+    for (std::size_t i : {1, 2}) CHECK(h.spawner.procs[i]->signals.empty());
+    CHECK(h.console.err.find("rank 0 (pid 1000) lost its connection to a peer (RuntimeError: "
+                             "[pair.cc:598] Connection closed by peer [127.0.0.1]:1) and ended "
+                             "with exit code 1: waiting up to 3600 s for the rank that failed "
+                             "before stopping the others") != std::string::npos);
+    // The rank that tore its group down raises (no @record: its stderr says why) and exits:
+    // the teardown follows at once.
+    h.spawner.output(1, StreamId::kStderr, "ValueError: bad learning rate 10.0\n");
+    h.spawner.exit(1, {1, 0});
+    CHECK(h.spawner.procs[2]->signals == std::vector<int>{SIGTERM});
+    h.drive();
+    REQUIRE(h.sup->done());
+    CHECK(h.sup->exit_code() == 1);
+    const std::string& err = h.console.err;
+    INFO(err);
+    CHECK(err.find("rank 1 (pid 1001) ended with exit code 1; stopping the other workers") !=
+          std::string::npos);
+    CHECK(err.find("rank       : 1 (local rank 1)") != std::string::npos);
+    CHECK(err.find("| ValueError: bad learning rate 10.0") != std::string::npos);
+  }
+  SUBCASE("any other first failure: SIGTERM at once") {
+    RcHarness h(3, [](SupervisorOptions& o) { rc_hold_for(o, 1h); });
+    h.sup->start();
+    h.write_error_file(0, R"("ValueError: bad learning rate 10.0")");
+    h.spawner.exit(0, {1, 0});
+    CHECK(h.spawner.procs[1]->signals == std::vector<int>{SIGTERM});
+    CHECK(h.spawner.procs[2]->signals == std::vector<int>{SIGTERM});
+    h.drive();
+    CHECK(h.console.err.find("waiting up to") == std::string::npos);
+  }
+}
+
+TEST_CASE("teardown hold: a running rank's error file ends it; that rank is the root cause") {
+  RcHarness h(2, [](SupervisorOptions& o) { rc_hold_for(o, 1h); });
+  h.sup->start();
+  rc_fail_closed(h, 0);
+  rc_turn(h);
+  CHECK(h.spawner.procs[1]->signals.empty());
+  // Rank 1's @record wrote its error; its exit is slow (an atexit callback): the next poll
+  // reads the file and the teardown ends it.
+  h.write_error_file(1, R"("ValueError: bad learning rate 10.0")");
+  rc_run_until(h, [&] { return !h.spawner.procs[1]->signals.empty(); });
+  CHECK(h.spawner.procs[1]->signals == std::vector<int>{SIGTERM});
+  h.drive();
+  REQUIRE(h.sup->done());
+  CHECK(h.sup->exit_code() == 1);  // the first failure's status, not gpurun's SIGTERM
+  const std::string& err = h.console.err;
+  INFO(err);
+  CHECK(err.find("rank 1 (pid 1001) failed (ValueError: bad learning rate 10.0), as its error "
+                 "file ") != std::string::npos);
+  CHECK(err.find("rank       : 1 (local rank 1)") != std::string::npos);
+  CHECK(err.find("message    : ValueError: bad learning rate 10.0") != std::string::npos);
+}
+
+TEST_CASE("teardown hold: when nobody else fails within it, the lost connection is the cause") {
+  RcHarness h(2, [](SupervisorOptions& o) { rc_hold_for(o, 40ms); });
+  h.sup->start();
+  rc_fail_closed(h, 0);
+  h.settle_io();
+  CHECK(h.spawner.procs[1]->signals.empty());  // held: not stopped on the failure itself
+  rc_run_until(h, [&] { return !h.spawner.procs[1]->signals.empty(); });
+  CHECK(h.spawner.procs[1]->signals == std::vector<int>{SIGTERM});
+  h.drive();
+  REQUIRE(h.sup->done());
+  const std::string& err = h.console.err;
+  INFO(err);
+  CHECK(err.find("no other worker failed within 40 ms of rank 0's connection error; rank 0 "
+                 "(pid 1000) ended with exit code 1; stopping the other workers") !=
+        std::string::npos);
+  CHECK(err.find("rank       : 0 (local rank 0)") != std::string::npos);
+}
+
+TEST_CASE("teardown hold: a stop signal, or a peer node's failure or stop, ends it at once") {
+  for (const int how : {0, 1, 2}) {  // SIGTERM to gpurun, a peer node's failure, its SIGTERM
+    CAPTURE(how);
+    RcHarness h(2, [](SupervisorOptions& o) { rc_hold_for(o, 1h); });
+    h.sup->start();
+    rc_fail_closed(h, 0);
+    h.settle_io();
+    REQUIRE(h.spawner.procs[1]->signals.empty());
+    REQUIRE(h.console.err.find("waiting up to 3600 s") != std::string::npos);
+    if (how == 0) h.sup->handle_signal(SIGTERM);
+    if (how == 1) h.sup->stop_for_peer("node 1 failed");
+    if (how == 2) h.sup->peer_signal(SIGTERM, "node 1's gpurun received SIGTERM");
+    CHECK(h.spawner.procs[1]->signals.at(0) == SIGTERM);
+    h.drive();
+    REQUIRE(h.sup->done());
+    CHECK(h.sup->exit_code() == 1);  // rank 0's failure, not the signal's 143
+  }
 }
