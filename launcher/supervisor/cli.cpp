@@ -689,6 +689,23 @@ Options parse(const std::vector<std::string>& args, const std::map<std::string, 
     o.rdzv_backend = RdzvBackend::kStatic;
   }
   if (o.rdzv_endpoint) apply_rdzv_endpoint(o);
+  // MASTER_PORT in gpurun's environment (a Slurm script's `export MASTER_PORT=…`) names the
+  // store's port when no flag, PET_MASTER_PORT or endpoint did; torchrun reads only those two
+  // (docs/cli.md#ports). --standalone picks its own.
+  if (const auto it = env.find("MASTER_PORT");
+      it != env.end() && !o.master_port_given && !o.standalone) {
+    const std::string_view v = detail::trim(it->second);
+    if (!v.empty()) {
+      const auto port = detail::to_int(v, 0, 65535);
+      if (!port)
+        throw UsageError(fmt::format(
+            "invalid value '{}' for MASTER_PORT in gpurun's environment: expected a port number "
+            "0-65535",
+            v));
+      o.master_port = static_cast<uint16_t>(*port);
+      o.master_port_given = true;
+    }
+  }
   if (o.nnodes != o.nnodes_max && o.rdzv_backend != RdzvBackend::kC10d)
     throw UsageError(fmt::format(
         "--nnodes {}:{}: a node range needs --rdzv-backend c10d (a static rendezvous has a "

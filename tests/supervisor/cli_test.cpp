@@ -476,6 +476,20 @@ TEST_CASE("cli: every torchrun 2.11 flag, both spellings, = forms and PET_* vari
 
 TEST_CASE("cli: torchrun's PET_* variables: the command line wins, bad values name the variable") {
   CHECK(parse({"--nproc-per-node", "2", "x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 2);
+  // MASTER_PORT in gpurun's environment is the port when nothing else names one (issue 44).
+  {
+    const Options o = parse({"x"}, {{"MASTER_PORT", "29642"}});
+    CHECK(o.master_port == 29642);
+    CHECK(o.master_port_given);
+  }
+  CHECK(parse({"--master-port", "29601", "x"}, {{"MASTER_PORT", "29642"}}).master_port == 29601);
+  CHECK(parse({"x"}, {{"PET_MASTER_PORT", "29602"}, {"MASTER_PORT", "29642"}}).master_port ==
+        29602);
+  CHECK_FALSE(parse({"--standalone", "x"}, {{"MASTER_PORT", "29642"}}).master_port_given);
+  CHECK_THROWS_WITH_AS(parse({"x"}, {{"MASTER_PORT", "http"}}),
+                       "invalid value 'http' for MASTER_PORT in gpurun's environment: expected a "
+                       "port number 0-65535",
+                       gpurun::UsageError);
   CHECK(parse({"x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 3);
   // A variable the command line overrides is never parsed (torchrun: only argparse's default).
   CHECK(parse({"--nproc", "2", "x"}, {{"PET_NPROC_PER_NODE", "abc"}}).nproc == 2);
