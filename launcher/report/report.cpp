@@ -378,6 +378,69 @@ struct Layout {
   bool scale = false;  // the GPU-count panel ([energy] scale = "auto")
 };
 
+/// Panel (5) of script(): the power-limit profile, at `origin` ("set origin …\nset size …").
+std::string profile_panel(const Run& run, const fs::path& dir, const std::string& origin) {
+  std::string s;
+  const std::string prof = gp_string((dir / "profile.dat").string());
+  s += origin;
+  s += "set title \"power-limit profile (just-in-time profiler)\"\n";
+  s += "set xlabel \"power limit (W)\"\nset xrange [*:*]\nset xtics autofreq\nset offsets graph "
+       "0.05,graph 0.05,graph 0.12,0\n";
+  s += "set ylabel \"throughput (steps/s)\"\nset y2label \"cost per step (J)\"\n";
+  // Headroom above both curves for the key (offsets do not apply to y2).
+  double max_rate = 0, max_cost = 0;
+  for (const auto& p : run.profile)
+    max_rate = std::max(max_rate, p.steps_per_s), max_cost = std::max(max_cost, p.cost_per_step);
+  s +=
+      fmt::format("set ytics nomirror\nset y2tics\nset yrange [0:{:.6g}]\nset y2range [0:{:.6g}]\n",
+                  max_rate > 0 ? max_rate * 1.3 : 1, max_cost > 0 ? max_cost * 1.3 : 1);
+  s += "set rmargin 11\n";
+  if (run.chosen_limit_w)
+    s += fmt::format(
+        "set arrow 2 from {0:.10g}, graph 0 to {0:.10g}, graph 1 nohead front lc rgb '#D00000' "
+        "lw 2 dt 2\nset label 2 \"chosen {0:g} W\" at {0:.10g}, graph 0.96 offset 0.6,0 front tc "
+        "rgb "
+        "'#D00000'\n",
+        *run.chosen_limit_w);
+  s += fmt::format(
+      "plot {0} using 1:2 axes x1y1 with linespoints lc rgb '#0072B2' lw 2 pt 7 title "
+      "\"steps/s (left)\", {0} using 1:4 axes x1y2 with linespoints lc rgb '#E69F00' lw 2 pt 5 "
+      "title \"cost per step (right)\"\n",
+      prof);
+  return s;
+}
+
+/// Panel (6) of script(): the GPU-count profile of scale = "auto", at `origin`.
+std::string scale_panel(const Run& run, const fs::path& dir, const std::string& origin) {
+  std::string s;
+  const std::string sc = gp_string((dir / "scale.dat").string());
+  s += "unset arrow 2\nunset label 2\nset rmargin 11\n";
+  s += origin;
+  s += "set title \"GPU count (scale = auto): cost and time per epoch by the GPUs trained on\"\n";
+  s += "set xlabel \"GPUs\"\nset xtics 1\nset offsets 0.5,0.5,0,0\n";
+  s += "set ylabel \"cost per epoch (J)\"\nset y2label \"time per epoch (s)\"\n";
+  double max_cost = 0, max_s = 0;
+  int max_n = 1;
+  for (const auto& p : run.scale)
+    max_cost = std::max(max_cost, p.cost), max_s = std::max(max_s, p.seconds),
+    max_n = std::max(max_n, p.gpus);
+  s += fmt::format(
+      "set xrange [0.5:{}.5]\nset ytics nomirror\nset y2tics\nset yrange [0:{:.6g}]\n"
+      "set y2range [0:{:.6g}]\n",
+      max_n, max_cost > 0 ? max_cost * 1.3 : 1, max_s > 0 ? max_s * 1.3 : 1);
+  if (run.scale_choice)
+    s += fmt::format(
+        "set label 3 \"chosen: {0} GPU{1}\" at {0}, graph 0.82 center front tc rgb "
+        "'#D00000'\n",
+        *run.scale_choice, *run.scale_choice == 1 ? "" : "s");
+  s += fmt::format(
+      "plot {0} using 1:4:(0.6) axes x1y1 with boxes lc rgb '#8172B2' title \"cost per epoch "
+      "(left)\", {0} using 1:2 axes x1y2 with linespoints lc rgb '#E69F00' lw 2 pt 7 title "
+      "\"time per epoch (right)\"\n",
+      sc);
+  return s;
+}
+
 std::string script(const Run& run, const fs::path& dir, const std::string& terminal,
                    const Layout& layout, const std::string& title) {
   const std::string rows = gp_string((dir / "rows.dat").string());
@@ -485,63 +548,10 @@ std::string script(const Run& run, const fs::path& dir, const std::string& termi
   s += "\n" + unmark;
 
   // (5) the power-limit profile.
-  if (layout.profile) {
-    const std::string prof = gp_string((dir / "profile.dat").string());
-    s += place(2, 0, 1);
-    s += "set title \"power-limit profile (just-in-time profiler)\"\n";
-    s += "set xlabel \"power limit (W)\"\nset xrange [*:*]\nset xtics autofreq\nset offsets graph "
-         "0.05,graph 0.05,graph 0.12,0\n";
-    s += "set ylabel \"throughput (steps/s)\"\nset y2label \"cost per step (J)\"\n";
-    // Headroom above both curves for the key (offsets do not apply to y2).
-    double max_rate = 0, max_cost = 0;
-    for (const auto& p : run.profile)
-      max_rate = std::max(max_rate, p.steps_per_s), max_cost = std::max(max_cost, p.cost_per_step);
-    s += fmt::format(
-        "set ytics nomirror\nset y2tics\nset yrange [0:{:.6g}]\nset y2range [0:{:.6g}]\n",
-        max_rate > 0 ? max_rate * 1.3 : 1, max_cost > 0 ? max_cost * 1.3 : 1);
-    s += "set rmargin 11\n";
-    if (run.chosen_limit_w)
-      s += fmt::format(
-          "set arrow 2 from {0:.10g}, graph 0 to {0:.10g}, graph 1 nohead front lc rgb '#D00000' "
-          "lw 2 dt 2\nset label 2 \"chosen {0:g} W\" at {0:.10g}, graph 0.96 offset 0.6,0 front tc "
-          "rgb "
-          "'#D00000'\n",
-          *run.chosen_limit_w);
-    s += fmt::format(
-        "plot {0} using 1:2 axes x1y1 with linespoints lc rgb '#0072B2' lw 2 pt 7 title "
-        "\"steps/s (left)\", {0} using 1:4 axes x1y2 with linespoints lc rgb '#E69F00' lw 2 pt 5 "
-        "title \"cost per step (right)\"\n",
-        prof);
-  }
+  if (layout.profile) s += profile_panel(run, dir, place(2, 0, 1));
 
   // (6) the GPU-count profile of scale = "auto": time and cost per epoch by count.
-  if (layout.scale) {
-    const std::string sc = gp_string((dir / "scale.dat").string());
-    s += "unset arrow 2\nunset label 2\nset rmargin 11\n";
-    s += place(layout.profile ? 3 : 2, 0, 1);
-    s += "set title \"GPU count (scale = auto): cost and time per epoch by the GPUs trained on\"\n";
-    s += "set xlabel \"GPUs\"\nset xtics 1\nset offsets 0.5,0.5,0,0\n";
-    s += "set ylabel \"cost per epoch (J)\"\nset y2label \"time per epoch (s)\"\n";
-    double max_cost = 0, max_s = 0;
-    int max_n = 1;
-    for (const auto& p : run.scale)
-      max_cost = std::max(max_cost, p.cost), max_s = std::max(max_s, p.seconds),
-      max_n = std::max(max_n, p.gpus);
-    s += fmt::format(
-        "set xrange [0.5:{}.5]\nset ytics nomirror\nset y2tics\nset yrange [0:{:.6g}]\n"
-        "set y2range [0:{:.6g}]\n",
-        max_n, max_cost > 0 ? max_cost * 1.3 : 1, max_s > 0 ? max_s * 1.3 : 1);
-    if (run.scale_choice)
-      s += fmt::format(
-          "set label 3 \"chosen: {0} GPU{1}\" at {0}, graph 0.82 center front tc rgb "
-          "'#D00000'\n",
-          *run.scale_choice, *run.scale_choice == 1 ? "" : "s");
-    s += fmt::format(
-        "plot {0} using 1:4:(0.6) axes x1y1 with boxes lc rgb '#8172B2' title \"cost per epoch "
-        "(left)\", {0} using 1:2 axes x1y2 with linespoints lc rgb '#E69F00' lw 2 pt 7 title "
-        "\"time per epoch (right)\"\n",
-        sc);
-  }
+  if (layout.scale) s += scale_panel(run, dir, place(layout.profile ? 3 : 2, 0, 1));
   s += "unset multiplot\nset output\n";
   return s;
 }
