@@ -229,51 +229,9 @@ std::optional<std::string> choose_run_dir(const RunChoice& c, std::string& error
   return runs.front().run_dir;
 }
 
-int status_command(const std::vector<std::string>& args) {
-  constexpr const char* kUsage =
-      "usage: gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]";
-  bool as_json = false;
-  RunChoice choice;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    std::string error;
-    if (a == "--json") {
-      as_json = true;
-    } else if (a == "-h" || a == "--help") {
-      std::puts(kUsage);
-      return 0;
-    } else if (take_run_flag(args, i, choice, error)) {
-      if (!error.empty()) return command_error(error), 2;
-    } else {
-      command_error(
-          fmt::format("unknown argument '{}' for gpurun status (see gpurun status --help)", a));
-      return 2;
-    }
-  }
-  std::string error;
-  int code = 1;
-  const std::optional<std::string> run_dir = choose_run_dir(choice, error, code);
-  if (!run_dir) {
-    command_error(code == 2 ? fmt::format("{} ({})", error, kUsage) : error);
-    return code;
-  }
-  const fs::path file = fs::path(*run_dir) / "status.json";
-  std::string text;
-  try {
-    text = slurp(file, "the run's status");
-  } catch (const FileError& e) {
-    command_error(e.what());
-    return 1;
-  }
-  boost::system::error_code ec;
-  json::value root = json::parse(text, ec);
-  if (ec || !root.is_object()) {
-    command_error(
-        fmt::format("cannot read '{}': {}", file.string(),
-                    text.empty() ? "missing or empty (has the job ended?)" : "not a JSON object"));
-    return 1;
-  }
-  json::object& o = root.as_object();
+namespace {
+/// Adds each slot's "gpu_memory_mib" (null when the GPUs' memory cannot be read).
+void add_gpu_memory(json::object& o) {
   const auto mem = gpu_memory_by_pid();
   if (json::value* slots = o.if_contains("slots"); slots && slots->is_array()) {
     for (auto& sv : slots->as_array()) {
@@ -288,10 +246,10 @@ int status_command(const std::vector<std::string>& args) {
       }
     }
   }
-  if (as_json) {
-    std::puts(json::serialize(root).c_str());
-    return 0;
-  }
+}
+
+/// The lines above the slot table: the run, its generation, policy, leases and energy.
+std::string summary_text(const json::object& o) {
   std::string out;
   const json::value* elastic = o.if_contains("elastic");
   const bool plain = elastic && elastic->is_bool() && !elastic->as_bool();
@@ -370,6 +328,12 @@ int status_command(const std::vector<std::string>& args) {
         field_text(e->as_object(), "threshold_j") == "-"
             ? std::string("none")
             : field_text(e->as_object(), "threshold_j") + " J");
+  return out;
+}
+
+/// The slot table, one line a GPU, with energy columns when the run has a monitor.
+std::string slot_table(const json::object& o) {
+  std::string out;
   // Energy columns when the run has a monitor (docs/energy.md#status).
   bool with_energy = false;
   if (const json::value* slots = o.if_contains("slots"); slots && slots->is_array())
@@ -409,6 +373,61 @@ int status_command(const std::vector<std::string>& args) {
                       field_text(so, "gpu_memory_mib"), energy_cols(&so), boundary);
     }
   }
+  return out;
+}
+}  // namespace
+
+int status_command(const std::vector<std::string>& args) {
+  constexpr const char* kUsage =
+      "usage: gpurun status [--json] [--run-id ID] [--pid PID | --run-dir DIR]";
+  bool as_json = false;
+  RunChoice choice;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string error;
+    if (a == "--json") {
+      as_json = true;
+    } else if (a == "-h" || a == "--help") {
+      std::puts(kUsage);
+      return 0;
+    } else if (take_run_flag(args, i, choice, error)) {
+      if (!error.empty()) return command_error(error), 2;
+    } else {
+      command_error(
+          fmt::format("unknown argument '{}' for gpurun status (see gpurun status --help)", a));
+      return 2;
+    }
+  }
+  std::string error;
+  int code = 1;
+  const std::optional<std::string> run_dir = choose_run_dir(choice, error, code);
+  if (!run_dir) {
+    command_error(code == 2 ? fmt::format("{} ({})", error, kUsage) : error);
+    return code;
+  }
+  const fs::path file = fs::path(*run_dir) / "status.json";
+  std::string text;
+  try {
+    text = slurp(file, "the run's status");
+  } catch (const FileError& e) {
+    command_error(e.what());
+    return 1;
+  }
+  boost::system::error_code ec;
+  json::value root = json::parse(text, ec);
+  if (ec || !root.is_object()) {
+    command_error(
+        fmt::format("cannot read '{}': {}", file.string(),
+                    text.empty() ? "missing or empty (has the job ended?)" : "not a JSON object"));
+    return 1;
+  }
+  json::object& o = root.as_object();
+  add_gpu_memory(o);
+  if (as_json) {
+    std::puts(json::serialize(root).c_str());
+    return 0;
+  }
+  const std::string out = summary_text(o) + slot_table(o);
   std::fputs(out.c_str(), stdout);
   return 0;
 }
