@@ -457,6 +457,163 @@ class Validator {
     return std::nullopt;
   }
 
+  /// [energy]'s monitor, window and Zeus cost keys: false when `k` is none of them.
+  bool energy_monitor_key(std::string_view k, const toml::node& value, EnergyConfig& e) {
+    if (k == "monitor") {
+      if (const auto* b = value.as_boolean()) {
+        e.monitor = b->get();
+      } else {
+        error(value.source(), "energy.monitor",
+              fmt::format("expected true or false, found {}", found_phrase(value)), "true, false");
+      }
+    } else if (k == "period_s" || k == "window_s") {
+      const bool period = k == "period_s";
+      const std::string name = fmt::format("energy.{}", k);
+      // Readings further apart than 5 s would leave window edges to extrapolation.
+      const std::string_view allowed =
+          period ? "a number of seconds from 0.01 to 5" : "a number of seconds from 1 to 86400";
+      const double lo = period ? 0.01 : 1, hi = period ? 5 : 86400;
+      if (auto v = number(value, name, allowed)) {
+        if (*v < lo || *v > hi) {
+          error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
+        } else {
+          (period ? e.period : e.window) =
+              std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000.0)));
+        }
+      }
+    } else if (k == "eta_knob") {
+      if (auto v = number(value, "energy.eta_knob", "a number from 0 to 1")) {
+        if (*v < 0 || *v > 1)
+          error(value.source(), "energy.eta_knob",
+                fmt::format("{} is outside [0, 1]", float_text(*v)), "a number from 0 to 1");
+        else
+          e.eta = *v == 0 ? 0.0 : *v;  // -0.0 is 0 (printed "η = 0", not "η = -0")
+      }
+    } else if (k == "cost_threshold") {
+      if (auto v = number(value, "energy.cost_threshold", "a positive number of joules")) {
+        if (*v <= 0)
+          error(value.source(), "energy.cost_threshold",
+                fmt::format("{} is not positive", float_text(*v)), "a positive number of joules");
+        else
+          e.cost_threshold_j = *v;
+      }
+    } else if (k == "cost_threshold_factor") {
+      if (auto v = number(value, "energy.cost_threshold_factor", "a number >= 1")) {
+        if (*v < 1)
+          error(value.source(), "energy.cost_threshold_factor",
+                fmt::format("{} is smaller than 1", float_text(*v)), "a number >= 1");
+        else
+          e.cost_threshold_factor = *v;
+      }
+    } else if (k == "history" || k == "job" || k == "profile_cache") {
+      if (auto v = text(value, fmt::format("energy.{}", k), "a non-empty string"))
+        (k == "history" ? e.history : k == "job" ? e.job : e.profile_cache) = *v;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  /// [energy]'s power-limit profiler keys: false when `k` is none of them.
+  bool energy_profile_key(std::string_view k, const toml::node& value, EnergyConfig& e) {
+    if (k == "power_limit_watts") {
+      constexpr std::string_view allowed = R"("auto" or a number of watts from 1 to 10000)";
+      if (const auto* t = value.as_string()) {
+        if (t->get() == "auto")
+          e.auto_limit = true;
+        else
+          error(value.source(), "energy.power_limit_watts",
+                fmt::format("unknown value {}", quote_value(t->get())), allowed);
+      } else if (auto v = number(value, "energy.power_limit_watts", allowed)) {
+        if (*v < 1 || *v > 10000)
+          error(value.source(), "energy.power_limit_watts",
+                fmt::format("{} is out of range", float_text(*v)), allowed);
+        else
+          e.power_limit_w = static_cast<unsigned>(std::lround(*v));
+      }
+    } else if (k == "profile_warmup_steps" || k == "profile_measure_steps") {
+      const std::string name = fmt::format("energy.{}", k);
+      if (auto v = positive_int(value, name, "a positive integer"))
+        (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
+    } else if (k == "profile_cooldown_s" || k == "profile_settle_s") {
+      const bool cool = k == "profile_cooldown_s";
+      const std::string name = fmt::format("energy.{}", k);
+      const std::string_view allowed =
+          cool ? "a number of seconds from 0 (off) to 3600" : "a number of seconds from 0.1 to 600";
+      const double lo = cool ? 0 : 0.1, hi = cool ? 3600 : 600;
+      if (auto v = number(value, name, allowed)) {
+        if (*v < lo || *v > hi)
+          error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
+        else
+          (cool ? e.profile_cooldown_s : e.profile_settle_s) = *v == 0 ? 0.0 : *v;
+      }
+    } else if (k == "locked_clocks_mhz") {
+      constexpr std::string_view allowed = "[min, max] or one number of MHz from 1 to 10000";
+      std::vector<const toml::node*> parts;
+      if (const auto* arr = value.as_array())
+        for (const toml::node& el : *arr) parts.push_back(&el);
+      else
+        parts = {&value, &value};
+      if (parts.size() != 2) {
+        error(value.source(), "energy.locked_clocks_mhz",
+              fmt::format("expected 2 numbers, found {}", parts.size()), allowed);
+      } else {
+        const auto lo = positive_int(*parts[0], "energy.locked_clocks_mhz", allowed);
+        const auto hi = positive_int(*parts[1], "energy.locked_clocks_mhz", allowed);
+        if (lo && hi && (*lo > *hi || *hi > 10000))
+          error(value.source(), "energy.locked_clocks_mhz",
+                *lo > *hi ? fmt::format("the minimum {} MHz is above the maximum {} MHz", *lo, *hi)
+                          : fmt::format("{} MHz is out of range", *hi),
+                allowed);
+        else if (lo && hi)
+          e.locked_clocks_mhz =
+              std::make_pair(static_cast<unsigned>(*lo), static_cast<unsigned>(*hi));
+      }
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  /// [energy]'s GPU-count (scale = "auto") keys: false when `k` is none of them.
+  bool energy_scale_key(std::string_view k, const toml::node& value, EnergyConfig& e) {
+    if (k == "scale") {
+      const auto* t = value.as_string();
+      if (t && (t->get() == "auto" || t->get() == "off"))
+        e.auto_scale = t->get() == "auto";
+      else
+        error(value.source(), "energy.scale",
+              t ? fmt::format("unknown value {}", quote_value(t->get()))
+                : fmt::format("expected a string, found {}", found_phrase(value)),
+              R"("auto", "off")");
+    } else if (k == "allowed_gpus") {
+      if (auto ids = gpu_ids(value, "energy.allowed_gpus")) {
+        const auto* arr = value.as_array();
+        if (arr && arr->empty())
+          error(value.source(), "energy.allowed_gpus", "is empty",
+                fmt::format("a list of ids from {}", valid_ids_text()));
+        else if (!ids->empty())  // else every id was refused, each said by gpu_ids()
+          e.allowed_gpus = std::move(*ids);
+      }
+    } else if (k == "scale_measure_epochs") {
+      if (auto v = positive_int(value, "energy.scale_measure_epochs", "a positive integer"))
+        e.scale_measure_epochs = *v;
+    } else if (k == "scale_warmup_epochs" || k == "scale_recheck_epochs") {
+      const std::string name = fmt::format("energy.{}", k);
+      const auto* n = value.as_integer();
+      if (n == nullptr || n->get() < 0)
+        error(value.source(), name,
+              n ? fmt::format("{} is negative", n->get())
+                : fmt::format("expected an integer, found {}", found_phrase(value)),
+              "an integer >= 0");
+      else
+        (k == "scale_warmup_epochs" ? e.scale_warmup_epochs : e.scale_recheck_epochs) = n->get();
+    } else {
+      return false;
+    }
+    return true;
+  }
+
   void check_energy(const toml::node& node, Config& config) {
     const auto* table = section(node, "energy", "[energy] with the keys of docs/energy.md");
     if (table == nullptr) return;
@@ -466,142 +623,8 @@ class Validator {
     for (auto&& [key, value] : *table) {
       const std::string_view k = key.str();
       if (k == "profile_settle_s") settle_at = value.source();
-      if (k == "monitor") {
-        if (const auto* b = value.as_boolean()) {
-          e.monitor = b->get();
-        } else {
-          error(value.source(), "energy.monitor",
-                fmt::format("expected true or false, found {}", found_phrase(value)),
-                "true, false");
-        }
-      } else if (k == "period_s" || k == "window_s") {
-        const bool period = k == "period_s";
-        const std::string name = fmt::format("energy.{}", k);
-        // Readings further apart than 5 s would leave window edges to extrapolation.
-        const std::string_view allowed =
-            period ? "a number of seconds from 0.01 to 5" : "a number of seconds from 1 to 86400";
-        const double lo = period ? 0.01 : 1, hi = period ? 5 : 86400;
-        if (auto v = number(value, name, allowed)) {
-          if (*v < lo || *v > hi) {
-            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
-          } else {
-            (period ? e.period : e.window) =
-                std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*v * 1000.0)));
-          }
-        }
-      } else if (k == "eta_knob") {
-        if (auto v = number(value, "energy.eta_knob", "a number from 0 to 1")) {
-          if (*v < 0 || *v > 1)
-            error(value.source(), "energy.eta_knob",
-                  fmt::format("{} is outside [0, 1]", float_text(*v)), "a number from 0 to 1");
-          else
-            e.eta = *v == 0 ? 0.0 : *v;  // -0.0 is 0 (printed "η = 0", not "η = -0")
-        }
-      } else if (k == "cost_threshold") {
-        if (auto v = number(value, "energy.cost_threshold", "a positive number of joules")) {
-          if (*v <= 0)
-            error(value.source(), "energy.cost_threshold",
-                  fmt::format("{} is not positive", float_text(*v)), "a positive number of joules");
-          else
-            e.cost_threshold_j = *v;
-        }
-      } else if (k == "cost_threshold_factor") {
-        if (auto v = number(value, "energy.cost_threshold_factor", "a number >= 1")) {
-          if (*v < 1)
-            error(value.source(), "energy.cost_threshold_factor",
-                  fmt::format("{} is smaller than 1", float_text(*v)), "a number >= 1");
-          else
-            e.cost_threshold_factor = *v;
-        }
-      } else if (k == "history" || k == "job" || k == "profile_cache") {
-        if (auto v = text(value, fmt::format("energy.{}", k), "a non-empty string"))
-          (k == "history" ? e.history : k == "job" ? e.job : e.profile_cache) = *v;
-      } else if (k == "power_limit_watts") {
-        constexpr std::string_view allowed = R"("auto" or a number of watts from 1 to 10000)";
-        if (const auto* t = value.as_string()) {
-          if (t->get() == "auto")
-            e.auto_limit = true;
-          else
-            error(value.source(), "energy.power_limit_watts",
-                  fmt::format("unknown value {}", quote_value(t->get())), allowed);
-        } else if (auto v = number(value, "energy.power_limit_watts", allowed)) {
-          if (*v < 1 || *v > 10000)
-            error(value.source(), "energy.power_limit_watts",
-                  fmt::format("{} is out of range", float_text(*v)), allowed);
-          else
-            e.power_limit_w = static_cast<unsigned>(std::lround(*v));
-        }
-      } else if (k == "profile_warmup_steps" || k == "profile_measure_steps") {
-        const std::string name = fmt::format("energy.{}", k);
-        if (auto v = positive_int(value, name, "a positive integer"))
-          (k == "profile_warmup_steps" ? e.profile_warmup_steps : e.profile_measure_steps) = *v;
-      } else if (k == "profile_cooldown_s" || k == "profile_settle_s") {
-        const bool cool = k == "profile_cooldown_s";
-        const std::string name = fmt::format("energy.{}", k);
-        const std::string_view allowed = cool ? "a number of seconds from 0 (off) to 3600"
-                                              : "a number of seconds from 0.1 to 600";
-        const double lo = cool ? 0 : 0.1, hi = cool ? 3600 : 600;
-        if (auto v = number(value, name, allowed)) {
-          if (*v < lo || *v > hi)
-            error(value.source(), name, fmt::format("{} is out of range", float_text(*v)), allowed);
-          else
-            (cool ? e.profile_cooldown_s : e.profile_settle_s) = *v == 0 ? 0.0 : *v;
-        }
-      } else if (k == "locked_clocks_mhz") {
-        constexpr std::string_view allowed = "[min, max] or one number of MHz from 1 to 10000";
-        std::vector<const toml::node*> parts;
-        if (const auto* arr = value.as_array())
-          for (const toml::node& el : *arr) parts.push_back(&el);
-        else
-          parts = {&value, &value};
-        if (parts.size() != 2) {
-          error(value.source(), "energy.locked_clocks_mhz",
-                fmt::format("expected 2 numbers, found {}", parts.size()), allowed);
-        } else {
-          const auto lo = positive_int(*parts[0], "energy.locked_clocks_mhz", allowed);
-          const auto hi = positive_int(*parts[1], "energy.locked_clocks_mhz", allowed);
-          if (lo && hi && (*lo > *hi || *hi > 10000))
-            error(value.source(), "energy.locked_clocks_mhz",
-                  *lo > *hi
-                      ? fmt::format("the minimum {} MHz is above the maximum {} MHz", *lo, *hi)
-                      : fmt::format("{} MHz is out of range", *hi),
-                  allowed);
-          else if (lo && hi)
-            e.locked_clocks_mhz =
-                std::make_pair(static_cast<unsigned>(*lo), static_cast<unsigned>(*hi));
-        }
-      } else if (k == "scale") {
-        const auto* t = value.as_string();
-        if (t && (t->get() == "auto" || t->get() == "off"))
-          e.auto_scale = t->get() == "auto";
-        else
-          error(value.source(), "energy.scale",
-                t ? fmt::format("unknown value {}", quote_value(t->get()))
-                  : fmt::format("expected a string, found {}", found_phrase(value)),
-                R"("auto", "off")");
-      } else if (k == "allowed_gpus") {
-        if (auto ids = gpu_ids(value, "energy.allowed_gpus")) {
-          const auto* arr = value.as_array();
-          if (arr && arr->empty())
-            error(value.source(), "energy.allowed_gpus", "is empty",
-                  fmt::format("a list of ids from {}", valid_ids_text()));
-          else if (!ids->empty())  // else every id was refused, each said by gpu_ids()
-            e.allowed_gpus = std::move(*ids);
-        }
-      } else if (k == "scale_measure_epochs") {
-        if (auto v = positive_int(value, "energy.scale_measure_epochs", "a positive integer"))
-          e.scale_measure_epochs = *v;
-      } else if (k == "scale_warmup_epochs" || k == "scale_recheck_epochs") {
-        const std::string name = fmt::format("energy.{}", k);
-        const auto* n = value.as_integer();
-        if (n == nullptr || n->get() < 0)
-          error(value.source(), name,
-                n ? fmt::format("{} is negative", n->get())
-                  : fmt::format("expected an integer, found {}", found_phrase(value)),
-                "an integer >= 0");
-        else
-          (k == "scale_warmup_epochs" ? e.scale_warmup_epochs : e.scale_recheck_epochs) = n->get();
-      } else {
+      if (!energy_monitor_key(k, value, e) && !energy_profile_key(k, value, e) &&
+          !energy_scale_key(k, value, e))
         warn_unknown_nested(
             "energy", key,
             {"monitor", "period_s", "window_s", "eta_knob", "cost_threshold",
@@ -609,7 +632,6 @@ class Validator {
              "profile_measure_steps", "profile_cooldown_s", "profile_settle_s", "profile_cache",
              "scale", "allowed_gpus", "scale_warmup_epochs", "scale_measure_epochs",
              "scale_recheck_epochs"});
-      }
     }
     if (settle_at && e.profile_cooldown_s > 0 && e.profile_settle_s > e.profile_cooldown_s)
       warn(*settle_at,
