@@ -368,6 +368,45 @@ std::string set_config_key(std::string_view config, std::string_view key, std::s
   return out + fmt::format("\n[{}]\n{} = {}\n", table, name, value);
 }
 
+namespace {
+/// The TOML text `gpurun set KEY=VALUE` writes for `value`: active_gpus as an id list (from
+/// the job's `gpus`), a value as written, a bare word as a string. nullopt after saying why
+/// (exit status 2).
+std::optional<std::string> set_value_text(const std::string& key, std::string value,
+                                          const std::vector<int>& gpus) {
+  if (key == "active_gpus") {
+    if (value.empty() || value == "[]" || value == "none") {
+      value = "[]";
+    } else if (value == "all" && gpus.empty()) {
+      return command_error(
+                 "active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
+                 "give the job (--run-id, --pid, --run-dir) instead of --config"),
+             std::nullopt;
+    } else if (value.front() != '[') {
+      try {
+        value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
+      } catch (const LeaseError& e) {
+        return command_error(e.what()), std::nullopt;
+      }
+    }
+  } else if (key.find('.') == std::string::npos) {
+    return command_error(
+               fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
+                           "(docs/config.md)",
+                           key)),
+           std::nullopt;
+  } else {
+    // A TOML value as written (5, 1.5, true, "x", [..]); a bare word is taken as a string.
+    const bool literal =
+        !value.empty() &&
+        (value.front() == '"' || value.front() == '\'' || value.front() == '[' || value == "true" ||
+         value == "false" || value.find_first_not_of("0123456789.+-eE_") == std::string::npos);
+    if (!literal) value = json::serialize(json::value(value));
+  }
+  return value;
+}
+}  // namespace
+
 int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
   constexpr std::string_view kUsage =
       "usage: gpurun set KEY=VALUE... [--config PATH | --run-id ID | --pid PID | --run-dir DIR]\n"
@@ -452,36 +491,9 @@ int set_command(const std::vector<std::string>& args, const ReplaceHook& hook) {
       if (eq == std::string::npos || eq == 0)
         return command_error(fmt::format("'{}' is not KEY=VALUE ({})", kv, kUsage)), 2;
       const std::string key = kv.substr(0, eq);
-      std::string value = kv.substr(eq + 1);
-      if (key == "active_gpus") {
-        if (value.empty() || value == "[]" || value == "none") {
-          value = "[]";
-        } else if (value == "all" && gpus.empty()) {
-          return command_error(
-                     "active_gpus=all needs the running job's GPUs: name them (e.g. 0-3), or "
-                     "give the job (--run-id, --pid, --run-dir) instead of --config"),
-                 2;
-        } else if (value.front() != '[') {
-          try {
-            value = ids_text(parse_gpu_list(value, gpus, "active_gpus"));
-          } catch (const LeaseError& e) {
-            return command_error(e.what()), 2;
-          }
-        }
-      } else if (key.find('.') == std::string::npos) {
-        return command_error(
-                   fmt::format("'{}': a key under a table is written table.key, e.g. park.mode "
-                               "(docs/config.md)",
-                               key)),
-               2;
-      } else {
-        // A TOML value as written (5, 1.5, true, "x", [..]); a bare word is taken as a string.
-        const bool literal =
-            !value.empty() && (value.front() == '"' || value.front() == '\'' ||
-                               value.front() == '[' || value == "true" || value == "false" ||
-                               value.find_first_not_of("0123456789.+-eE_") == std::string::npos);
-        if (!literal) value = json::serialize(json::value(value));
-      }
+      const std::optional<std::string> toml = set_value_text(key, kv.substr(eq + 1), gpus);
+      if (!toml) return 2;
+      const std::string& value = *toml;
       try {
         text = set_config_key(text, key, value);
       } catch (const ConfigError& e) {
