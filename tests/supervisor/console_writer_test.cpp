@@ -165,6 +165,14 @@ TEST_CASE("console writer: a regular file gets every line of a burst, none dropp
 
 TEST_CASE("console writer: gpurun's own lines are kept when a worker's are dropped") {
   Pipe out;
+  // The pipe full before the writer starts: its thread blocks on its first write, so nothing
+  // queued drains until the test reads (no race with the thread).
+  ::fcntl(out.w, F_SETFL, ::fcntl(out.w, F_GETFL) | O_NONBLOCK);
+  const std::string fill(4096, 'f');
+  size_t prefilled = 0;
+  for (ssize_t n; (n = ::write(out.w, fill.data(), fill.size())) > 0;)
+    prefilled += static_cast<size_t>(n);
+  ::fcntl(out.w, F_SETFL, ::fcntl(out.w, F_GETFL) & ~O_NONBLOCK);
   ConsoleWriter::Options o;
   o.out_fd = out.w;
   o.err_fd = out.w;  // `2>&1 |`: one destination
@@ -185,6 +193,7 @@ TEST_CASE("console writer: gpurun's own lines are kept when a worker's are dropp
   }
   REQUIRE(writer.flush(std::chrono::milliseconds::max()));
   shown += out.drain();
+  CHECK(shown.substr(0, prefilled) == std::string(prefilled, 'f'));
   CHECK(shown.find("gpurun: rank 0 failed\n") != std::string::npos);
   CHECK(shown.find("not shown") != std::string::npos);
 }
