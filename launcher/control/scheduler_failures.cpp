@@ -195,6 +195,36 @@ std::string Scheduler::final_line(int exit_code) const {
       exit_code, n, n == 1 ? "" : "s", n == 1 ? "was" : "were", n == 1 ? "it" : "them", list);
 }
 
+namespace {
+/// A member ended after the program's own error: the job fails. A multi-line error (a
+/// DataLoader worker's traceback) keeps its lines, each under the slot's prefix, bounded (40
+/// lines, 4 KiB, the real error last).
+std::string program_error_text(int gpu, int rank, int64_t generation, int pid,
+                               const std::string& how, const std::string& program_error) {
+  const bool lines = program_error.find('\n') != std::string::npos;
+  std::string text = fmt::format(
+      "gpu {} (rank {} of generation {}, pid {}) ended with {} after the program's own "
+      "error{}; the job fails (gpurun.elastic(drop_on_error=True) / "
+      "Runtime(drop_on_error=True) would go on without the rank)",
+      gpu, rank, generation, pid, how, lines ? " (below)" : ": " + program_error);
+  if (lines) {
+    text += "\n" + text_block(program_error, fmt::format("gpurun:   gpu {} | ", gpu));
+    text.pop_back();  // say() ends the last line
+  }
+  return text;
+}
+
+/// The end of the line said after a rank's exit the job absorbs: whether it goes on, or only
+/// the leaving state source (`source_gpu`) still holds the training state.
+std::string goes_on_tail(bool state_held, int source_gpu) {
+  return state_held ? std::string("; the job goes on without it")
+                    : fmt::format(
+                          "; only the leaving state source (gpu {}) still holds the "
+                          "training state",
+                          source_gpu);
+}
+}  // namespace
+
 bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, bool can_restart) {
   SlotInfo& s = slot(gpu);
   const int pid = s.pid;
@@ -225,19 +255,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         // The program's own exception is the job's failure, as under torchrun (a crash or a
         // kill is a lost rank, gone on without): the supervisor stops the job (or restarts it).
         set_state(s, SlotState::kFailed, how);
-        // A multi-line error (a DataLoader worker's traceback) keeps its lines, each under
-        // the slot's prefix, bounded (40 lines, 4 KiB, the real error last).
-        const bool lines = program_error.find('\n') != std::string::npos;
-        std::string text = fmt::format(
-            "gpu {} (rank {} of generation {}, pid {}) ended with {} after the program's own "
-            "error{}; the job fails (gpurun.elastic(drop_on_error=True) / "
-            "Runtime(drop_on_error=True) would go on without the rank)",
-            gpu, s.rank, generation_, pid, how, lines ? " (below)" : ": " + program_error);
-        if (lines) {
-          text += "\n" + text_block(program_error, fmt::format("gpurun:   gpu {} | ", gpu));
-          text.pop_back();  // say() ends the last line
-        }
-        say(std::move(text));
+        say(program_error_text(gpu, s.rank, generation_, pid, how, program_error));
         absorbed = false;
       } else {
         set_state(s, SlotState::kFailed, how);
@@ -348,11 +366,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
     bool member_holds = false;
     for (int m : active_)
       member_holds = member_holds || (alive_member(slot(m)) && slot(m).holds_state);
-    say(goes_on + (member_holds || snapshot_current() || !state_exists_
-                       ? std::string("; the job goes on without it")
-                       : fmt::format("; only the leaving state source (gpu {}) still holds the "
-                                     "training state",
-                                     source_gpu_)));
+    say(goes_on + goes_on_tail(member_holds || snapshot_current() || !state_exists_, source_gpu_));
   }
   return true;
 }
