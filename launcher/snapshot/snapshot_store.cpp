@@ -169,7 +169,9 @@ void remove_others(const std::vector<std::string>& paths, const std::string& kee
 void void_others(const std::vector<std::string>& paths, const std::string& keep) noexcept {
   for (const std::string& p : paths) {
     if (p == keep) continue;
-    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO there (nobody reading) fails at once (ENXIO) and is removed, instead
+    // of blocking the pause for good; only a regular file is voided.
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno != ENOENT) ::unlink(p.c_str());
       continue;

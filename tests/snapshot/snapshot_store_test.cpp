@@ -315,3 +315,26 @@ TEST_CASE("snapshot store: a prepared file is page-locked ahead and used by the 
   CHECK(contains(unfit.error, "'" + paths.primary + "' exists and does not fit"));
   CHECK(resume(paths) == ts);
 }
+
+TEST_CASE("snapshot store: a FIFO at the other path never blocks a pause (it is removed)") {
+  gpurun::testing::TempDir dir("gpurun-snap");
+  const SnapshotPaths paths{dir.str() + "/state.snap", dir.str() + "/other.snap"};
+  REQUIRE(::mkfifo(paths.fallback.c_str(), 0600) == 0);
+  // In a child with an alarm: before the fix, voiding the other path opened the FIFO for
+  // writing and waited for a reader forever.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::alarm(5);
+    std::optional<SnapshotFile> kept;
+    SnapshotStats st;
+    const std::string at = written_at(kept, paths, state(7), "{}", st);
+    ::_exit(at == paths.primary ? 0 : 3);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK_FALSE(WIFSIGNALED(status));  // SIGALRM: the pause hung on the FIFO
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(resume(paths) == state(7));
+  CHECK(entries(dir.str()) == std::vector<std::string>{"state.snap"});
+}
