@@ -18,19 +18,18 @@ namespace {
 constexpr int kNotAStoreWindows = 3;
 }  // namespace
 
-JobStart NodeSync::join() {
-  const auto t0 = Clock::now();
-  const std::string where = fmt::format("{}:{}", opt_.host, opt_.port);
-  const auto cancelled = [&] {
-    if (const int sig = join_cancel_.load())
-      throw JoinError(
-          128 + sig, fmt::format("{} while joining node 0's store at {}", signal_name(sig), where));
-  };
+void NodeSync::throw_if_join_cancelled(const std::string& where) const {
+  if (const int sig = join_cancel_.load())
+    throw JoinError(128 + sig,
+                    fmt::format("{} while joining node 0's store at {}", signal_name(sig), where));
+}
+
+void NodeSync::connect_to_node0(Clock::time_point t0, const std::string& where) {
   int windows = 0;
   int foreign = 0;  // windows in a row that reached a listener that is not a store
   std::string last;
   while (!client_) {
-    cancelled();
+    throw_if_join_cancelled(where);
     store::ClientOptions co;
     co.host = opt_.host;
     co.port = opt_.port;
@@ -65,6 +64,13 @@ JobStart NodeSync::join() {
                                      seconds(Clock::now() - t0), windows, last));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a window can end early
   }
+}
+
+JobStart NodeSync::join() {
+  const auto t0 = Clock::now();
+  const std::string where = fmt::format("{}:{}", opt_.host, opt_.port);
+  const auto cancelled = [&] { throw_if_join_cancelled(where); };
+  connect_to_node0(t0, where);
   store::ClientOptions co;
   co.host = opt_.host;
   co.port = opt_.port;

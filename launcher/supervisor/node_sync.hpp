@@ -225,6 +225,11 @@ class NodeSync {
   bool node_hung(int r);
   void beat();  // nodes > 0: advance this node's heartbeat when heartbeat_interval passed
   std::string node_name(int node) const;
+  /// join()'s first step: connects client_ to node 0's store at `where` in short windows
+  /// (from `t0`, at most connect_timeout). Throws JoinError.
+  void connect_to_node0(std::chrono::steady_clock::time_point t0, const std::string& where);
+  /// Throws JoinError(128 + sig) once cancel_join(sig) was called.
+  void throw_if_join_cancelled(const std::string& where) const;
 
   boost::asio::io_context& io_;
   NodeSyncOptions opt_;
