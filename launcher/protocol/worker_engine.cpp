@@ -88,14 +88,9 @@ void WorkerEngine::wait_get(std::string key, Phase phase) {
 std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
   out_.clear();
   const double now = e.mono_ms;
-  const auto unexpected = [&] {
-    throw InvariantError(fmt::format("worker engine (slot {}): event '{}' in phase {} (state {})",
-                                     opt_.slot, to_string(e.kind), static_cast<int>(phase_),
-                                     to_string(state_)));
-  };
   switch (e.kind) {
     case E::kOpen:
-      if (phase_ != Phase::kNew) unexpected();
+      if (phase_ != Phase::kNew) unexpected(e);
       if (warm()) {
         phase_ = Phase::kOpened;  // in no generation until admitted
       } else {
@@ -115,7 +110,7 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       break;
 
     case E::kReady:
-      if (phase_ != Phase::kOpened || standby()) unexpected();
+      if (phase_ != Phase::kOpened || standby()) unexpected(e);
       if (warm()) {
         set(keys::ready(opt_.slot, opt_.warm), std::to_string(opt_.pid));
         wait_get(keys::admit(opt_.slot, opt_.warm), Phase::kAdmission);
@@ -125,12 +120,12 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       break;
 
     case E::kBoundary:
-      if (phase_ != Phase::kTraining) unexpected();
+      if (phase_ != Phase::kTraining) unexpected(e);
       report(e.epoch, e.step, /*has_state=*/true, {}, e.unix_ms);
       break;
 
     case E::kCollectiveFailed:
-      if (phase_ != Phase::kTraining) unexpected();
+      if (phase_ != Phase::kTraining) unexpected(e);
       log(fmt::format("{}; reporting to the supervisor to go on without the failed rank", e.text));
       emit([] {
         EngineAction a = make(A::kDropGroup);
@@ -147,101 +142,114 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
       break;
 
     case E::kValue:
-      switch (phase_) {
-        case Phase::kStartRecord:
-          seen_ms_ = now;  // a spawned joiner sees its generation's decision here
-          adopt(Decision::from_json(e.text));
-          has_generation_ = true;
-          joined();
-          phase_ = Phase::kOpened;
-          break;
-        case Phase::kGo: {
-          if (e.text != "go") {
-            const Decision exit = Decision::from_json(e.text);
-            if (exit.kind != Decision::Kind::kExit)
-              throw ProtocolError(
-                  fmt::format("slot {}: go key '{}' holds neither \"go\" nor an exit decision",
-                              opt_.slot, keys::go(opt_.slot, opt_.warm)));
-            set_state(WorkerState::kExited, "a standby told to exit before it was needed");
-            finish("a standby told to exit before it was needed", /*left=*/true, exit.reason);
-            break;
-          }
-          gone_ = true;
-          phase_ = Phase::kOpened;
-          log("standby: a config names this slot; setting up the device");
-          break;
-        }
-        case Phase::kAdmission: {
-          seen_ms_ = now;
-          std::string why;
-          std::optional<Decision> d = take_join(e.text, why);
-          if (!d) {
-            set_state(WorkerState::kExited, "a warm joiner told to exit before it was admitted");
-            finish("a warm joiner told to exit before it was admitted", /*left=*/true, why);
-            break;
-          }
-          begin_set_up(*d, /*have_state=*/false, now);
-          break;
-        }
-        case Phase::kDecision:
-          on_decision(e.text, now);
-          break;
-        case Phase::kWake: {
-          seen_ms_ = now;
-          park_generation_ = -1;
-          std::string why;
-          std::optional<Decision> d = take_join(e.text, why);
-          if (!d) {
-            set_state(WorkerState::kExited, "told to exit while parked");
-            finish("hold mode: told to exit while parked", /*left=*/true, why);
-            break;
-          }
-          set_state(WorkerState::kRejoining,
-                    "woken for generation " + std::to_string(d->generation));
-          jumped_ = true;  // its position is the state's, not where it parked
-          begin_set_up(*d, /*have_state=*/false, now);
-          break;
-        }
-        default:
-          unexpected();
-      }
+      on_value(e, now);
       break;
 
     case E::kDone:
-      switch (phase_) {
-        case Phase::kSetUp: {
-          GPURUN_CHECK(su_ && su_->next > 0, "worker engine: kDone without a set-up step");
-          const PlanStep& done = su_->plan[su_->next - 1];
-          if (e.bytes > 0) timing_bytes_ = e.bytes;
-          if (!done.mark.empty()) {
-            const bool had_comm = std::any_of(marks_.begin(), marks_.end(),
-                                              [](const auto& m) { return m.first == "comm"; });
-            mark(done.mark == "comm" && had_comm ? "train_comm" : done.mark, now);
-          }
-          if (done.action.kind == A::kMakeGroup) group_open_ = true;
-          run_plan(now);
-          break;
-        }
-        case Phase::kSnapshotWrite:
-          snapshot_end_ms_ = now;
-          report(report_epoch_, report_step_, /*has_state=*/true,
-                 e.text.empty() ? std::string("ok") : e.text, e.unix_ms);
-          break;
-        case Phase::kLeaving:
-          parked(now);
-          break;
-        default:
-          unexpected();
-      }
+      on_done(e, now);
       break;
 
     case E::kFailed:
       // Only a set-up's collective can fail so: a snapshot write's failure is its kDone text.
-      if (phase_ != Phase::kSetUp) unexpected();
+      if (phase_ != Phase::kSetUp) unexpected(e);
       set_up_failed(e);
       break;
   }
   return std::move(out_);
+}
+
+void WorkerEngine::unexpected(const EngineEvent& e) const {
+  throw InvariantError(fmt::format("worker engine (slot {}): event '{}' in phase {} (state {})",
+                                   opt_.slot, to_string(e.kind), static_cast<int>(phase_),
+                                   to_string(state_)));
+}
+
+void WorkerEngine::on_value(const EngineEvent& e, double now) {
+  switch (phase_) {
+    case Phase::kStartRecord:
+      seen_ms_ = now;  // a spawned joiner sees its generation's decision here
+      adopt(Decision::from_json(e.text));
+      has_generation_ = true;
+      joined();
+      phase_ = Phase::kOpened;
+      break;
+    case Phase::kGo: {
+      if (e.text != "go") {
+        const Decision exit = Decision::from_json(e.text);
+        if (exit.kind != Decision::Kind::kExit)
+          throw ProtocolError(
+              fmt::format("slot {}: go key '{}' holds neither \"go\" nor an exit decision",
+                          opt_.slot, keys::go(opt_.slot, opt_.warm)));
+        set_state(WorkerState::kExited, "a standby told to exit before it was needed");
+        finish("a standby told to exit before it was needed", /*left=*/true, exit.reason);
+        break;
+      }
+      gone_ = true;
+      phase_ = Phase::kOpened;
+      log("standby: a config names this slot; setting up the device");
+      break;
+    }
+    case Phase::kAdmission: {
+      seen_ms_ = now;
+      std::string why;
+      std::optional<Decision> d = take_join(e.text, why);
+      if (!d) {
+        set_state(WorkerState::kExited, "a warm joiner told to exit before it was admitted");
+        finish("a warm joiner told to exit before it was admitted", /*left=*/true, why);
+        break;
+      }
+      begin_set_up(*d, /*have_state=*/false, now);
+      break;
+    }
+    case Phase::kDecision:
+      on_decision(e.text, now);
+      break;
+    case Phase::kWake: {
+      seen_ms_ = now;
+      park_generation_ = -1;
+      std::string why;
+      std::optional<Decision> d = take_join(e.text, why);
+      if (!d) {
+        set_state(WorkerState::kExited, "told to exit while parked");
+        finish("hold mode: told to exit while parked", /*left=*/true, why);
+        break;
+      }
+      set_state(WorkerState::kRejoining, "woken for generation " + std::to_string(d->generation));
+      jumped_ = true;  // its position is the state's, not where it parked
+      begin_set_up(*d, /*have_state=*/false, now);
+      break;
+    }
+    default:
+      unexpected(e);
+  }
+}
+
+void WorkerEngine::on_done(const EngineEvent& e, double now) {
+  switch (phase_) {
+    case Phase::kSetUp: {
+      GPURUN_CHECK(su_ && su_->next > 0, "worker engine: kDone without a set-up step");
+      const PlanStep& done = su_->plan[su_->next - 1];
+      if (e.bytes > 0) timing_bytes_ = e.bytes;
+      if (!done.mark.empty()) {
+        const bool had_comm = std::any_of(marks_.begin(), marks_.end(),
+                                          [](const auto& m) { return m.first == "comm"; });
+        mark(done.mark == "comm" && had_comm ? "train_comm" : done.mark, now);
+      }
+      if (done.action.kind == A::kMakeGroup) group_open_ = true;
+      run_plan(now);
+      break;
+    }
+    case Phase::kSnapshotWrite:
+      snapshot_end_ms_ = now;
+      report(report_epoch_, report_step_, /*has_state=*/true,
+             e.text.empty() ? std::string("ok") : e.text, e.unix_ms);
+      break;
+    case Phase::kLeaving:
+      parked(now);
+      break;
+    default:
+      unexpected(e);
+  }
 }
 
 // ---- generations ---------------------------------------------------------------------------

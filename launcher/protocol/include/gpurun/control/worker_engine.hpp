@@ -195,6 +195,12 @@ class WorkerEngine {
   void set(std::string key, std::string value);
   void wait_get(std::string key, Phase phase);
 
+  /// Throws InvariantError: event `e` cannot come in this phase.
+  [[noreturn]] void unexpected(const EngineEvent& e) const;
+  /// on() for kValue: the value a wait_get asked for, by phase.
+  void on_value(const EngineEvent& e, double now);
+  /// on() for kDone: a set-up step, a snapshot write or the leaving offload has finished.
+  void on_done(const EngineEvent& e, double now);
   void report(int64_t epoch, int64_t step, bool has_state, std::string snapshot, int64_t unix_ms);
   void on_decision(const std::string& json, double now);
   void adopt(const Decision& d);
