@@ -17,7 +17,7 @@ import re
 import sys
 
 SUFFIXES = (".cpp", ".cc", ".hpp", ".h")
-CONTAINER = re.compile(r"(^|[\s:>])(namespace|class|struct|union|enum)\b|^extern\s*\"C\"")
+CONTAINER = re.compile(r"(^|[\s:>])(namespace|class|struct|union|enum)\b|^extern\b")
 
 
 def blank_out(text):
@@ -115,6 +115,7 @@ def definitions(path):
     i = 0
     head_start = None  # offset of the current declaration's first token
     first_brace = None  # offset of its first brace group
+    parens = 0  # open parentheses in the head: a brace there ("T x = {}") is an argument's
     while i < n:
         c = text[i]
         if c.isspace():
@@ -122,12 +123,22 @@ def definitions(path):
             continue
         if c == "}" or c == ";":  # a scope or a declaration ends
             head_start = first_brace = None
+            parens = 0
             i += 1
             continue
         if head_start is None:
             head_start = i
+        if c == ":" and text[head_start:i].strip() in ("public", "private", "protected"):
+            head_start = None  # an access specifier, not part of what follows
+            i += 1
+            continue
+        if c in "()":
+            parens += 1 if c == "(" else -1
         if c != "{":
             i += 1
+            continue
+        if parens > 0:
+            i = matching_brace(text, i) + 1
             continue
         head = text[head_start:i] if first_brace is None else text[head_start:first_brace]
         if first_brace is None and CONTAINER.search(head.strip()) and "(" not in head:
@@ -136,15 +147,7 @@ def definitions(path):
             continue
         if first_brace is None:
             first_brace = i
-        depth, j = 0, i
-        while j < n:
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = matching_brace(text, i)
         k = j + 1
         while k < n and text[k].isspace():
             k += 1
@@ -156,8 +159,22 @@ def definitions(path):
             last = text.count("\n", 0, j) + 1
             found.append((first, last, function_name(head)))
         head_start = first_brace = None
+        parens = 0
         i = j + 1
     return found
+
+
+def matching_brace(text, i):
+    """The offset of the "}" that closes the "{" at offset i (the end of text if none)."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(text)
 
 
 def main():
