@@ -51,7 +51,7 @@ void InMemorySupervisor::process_exited(int gpu, bool clean, const std::string& 
 
 void InMemorySupervisor::set(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(mu_);
-  kv_[key] = value;
+  store_.set(key, value);
   const std::optional<keys::WorkerWrite> write = keys::parse_worker_write(key, value);
   if (write) {
     // A scripted edit is in force before the boundary it names is decided.
@@ -59,7 +59,7 @@ void InMemorySupervisor::set(const std::string& key, const std::string& value) {
       apply_scripted(r->report.epoch, r->report.step);
     scheduler_.on(*write);
   }
-  run_effects();  // wakes the waits on `key` too
+  run_effects();
   if (const auto* ready = write ? std::get_if<keys::Ready>(&*write) : nullptr)
     ready_locked(ready->gpu, ready->warm);
 }
@@ -68,27 +68,19 @@ void InMemorySupervisor::ready_locked(int gpu, int64_t warm) {
   // Ended (killed) before it was ready: a thread cannot be killed, it is told to exit instead.
   const control::SlotInfo& s = scheduler_.slots().at(gpu);
   const std::string admit = keys::admit(gpu, warm);
-  if ((s.state != control::SlotState::kWarming || s.warm_id != warm) && !kv_.count(admit)) {
+  if ((s.state != control::SlotState::kWarming || s.warm_id != warm) && !store_.try_get(admit)) {
     Decision x;
     x.kind = Decision::Kind::kExit;
-    kv_[admit] = x.to_json();
-    cv_.notify_all();
+    store_.set(admit, x.to_json());
   }
 }
 
 std::optional<std::string> InMemorySupervisor::try_get(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return std::nullopt;
-  return it->second;
+  return store_.try_get(key);
 }
 
 std::string InMemorySupervisor::wait_get(const std::string& key) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, opt_.wait_timeout, [&] { return kv_.count(key) != 0; }))
-    throw StoreTimeout(fmt::format("in-memory store: key '{}' did not appear within {} ms", key,
-                                   opt_.wait_timeout.count()));
-  return kv_.at(key);
+  return store_.get(key, opt_.wait_timeout);
 }
 
 bool InMemorySupervisor::wait_for(const std::function<bool(const control::Scheduler&)>& pred,
@@ -113,7 +105,7 @@ std::vector<std::string> InMemorySupervisor::ignored_effects() const {
 }
 
 void InMemorySupervisor::run_effects() {
-  // The real effects loop (control::run_effects) over this fake's sink: keys in kv_, a spawn
+  // The real effects loop (control::run_effects) over this fake's sink: keys in store_, a spawn
   // starts a rank; kills and deadlines are recorded only. A local class: it sees the members.
   struct Sink final : control::EffectSink {
     InMemorySupervisor& sup;
@@ -121,9 +113,9 @@ void InMemorySupervisor::run_effects() {
     void write_key(const std::string& key, const std::string& value,
                    const Decision* decision) override {
       if (decision) sup.decisions_.push_back(*decision);
-      sup.kv_[key] = value;
+      sup.store_.set(key, value);
     }
-    void delete_key(const std::string& key) override { sup.kv_.erase(key); }
+    void delete_key(const std::string& key) override { sup.store_.remove(key); }
     void abandon_keys(const std::string&) override {}  // no rendezvous here waits on the keys
     int spawn(int gpu, int64_t generation, int64_t warm, bool standby, const Decision&) override {
       const int pid = sup.next_pid_++;
@@ -135,7 +127,7 @@ void InMemorySupervisor::run_effects() {
       // A warm joiner of that slot waiting for its admission, or a standby waiting for its go,
       // is told to exit.
       std::vector<std::string> admits;
-      for (const auto& [key, value] : sup.kv_) {
+      for (const auto& [key, value] : sup.store_.snapshot()) {
         std::optional<keys::WorkerWrite> w;
         try {
           w = keys::parse_worker_write(key, value);
@@ -149,7 +141,7 @@ void InMemorySupervisor::run_effects() {
       for (const std::string& admit : admits) {
         Decision x;
         x.kind = Decision::Kind::kExit;
-        if (!sup.kv_.count(admit)) sup.kv_[admit] = x.to_json();
+        if (!sup.store_.try_get(admit)) sup.store_.set(admit, x.to_json());
       }
     }
     void arm_deadline(int64_t generation, int64_t round, std::chrono::milliseconds) override {
@@ -159,7 +151,7 @@ void InMemorySupervisor::run_effects() {
     void say(const std::string&) override {}
   } sink(*this);
   control::run_effects(scheduler_, sink);
-  cv_.notify_all();
+  cv_.notify_all();  // wait_for: the scheduler changed
 }
 
 // ---- ThreadJob --------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 // gpurun::testing — the control seam's fake and a threads-as-ranks job:
 //   InMemorySupervisor  the decision side: the real control::Scheduler (pure: reports, joins,
-//                       exits in; effects out) over an in-memory key/value store; spawn
-//                       effects start a rank, kill and deadline effects are recorded only.
+//                       exits in; effects out) over the one in-memory store fake,
+//                       store::testing::MemoryStore, which holds every key and wakes every
+//                       wait; spawn effects start a rank, kill and deadline effects are
+//                       recorded only.
 //   InMemoryStore       one rank's store::Store over it: the rank runs the real worker
 //                       engine (control::WorkerSession); its SETs reach the scheduler as the
 //                       real store's observer hook reaches ElasticController (no key grammar
@@ -32,6 +34,7 @@
 #include "gpurun/runtime.hpp"
 #include "gpurun/store/store.hpp"
 #include "testing/fake_communicator.hpp"
+#include "testing/memory_store.hpp"
 
 namespace gpurun::testing {
 
@@ -63,7 +66,8 @@ class InMemorySupervisor {
   void process_exited(int gpu, bool clean, const std::string& how);
 
   // --- the worker side (InMemoryStore) -----------------------------------------------------
-  /// A worker's SET: stored, and handed to the scheduler as ElasticController::on_key does.
+  /// A worker's SET: stored in the MemoryStore, and handed to the scheduler as
+  /// ElasticController::on_key does.
   void set(const std::string& key, const std::string& value);
   /// The value of `key`, nullopt when absent.
   std::optional<std::string> try_get(const std::string& key);
@@ -90,17 +94,18 @@ class InMemorySupervisor {
 
   Options opt_;
   Spawner spawner_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable std::mutex mu_;              // the scheduler and the lists below; taken before store_'s
+  std::condition_variable cv_;         // the scheduler changed (wait_for)
+  store::testing::MemoryStore store_;  // every key: the workers' writes and the effects' keys
   control::Scheduler scheduler_;
-  std::map<std::string, std::string> kv_;
   std::vector<std::pair<std::pair<int64_t, int64_t>, control::Config>> script_;
   std::vector<control::Decision> decisions_;
   std::vector<std::string> ignored_;
   int next_pid_ = 1000000;  // fake pids: never a real process
 };
 
-/// One rank's store::Store: its SETs and reads go to the supervisor (set, try_get, wait_get);
+/// One rank's store::Store: its SETs go to the supervisor (set: stored, then routed), its reads
+/// to the supervisor's MemoryStore (try_get, wait_get);
 /// the supervisor's wait_timeout, not the caller's timeout, bounds every get/wait (StoreTimeout: a
 /// stuck test fails instead of hanging). The worker protocol needs nothing more: compare_set, add
 /// and remove throw StoreError.
