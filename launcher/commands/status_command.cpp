@@ -248,6 +248,20 @@ void add_gpu_memory(json::object& o) {
   }
 }
 
+/// "at the next boundary: ..." from status.json's would_decide (docs/cli.md#gpurun-status):
+/// what the next boundary would decide now, with the reasons; "—" when none can be computed.
+std::string would_decide_line(const json::object& o) {
+  const json::value* w = o.if_contains("would_decide");
+  if (!w || !w->is_object()) return "at the next boundary: \u2014\n";
+  const json::object& wo = w->as_object();
+  std::string reasons;
+  if (const json::value* r = wo.if_contains("reasons"); r && r->is_array())
+    for (const auto& rv : r->as_array())
+      if (rv.is_string()) reasons += (reasons.empty() ? "" : "; ") + std::string(rv.as_string());
+  return fmt::format("at the next boundary: {}{}\n", field_text(wo, "summary"),
+                     reasons.empty() ? "" : " (" + reasons + ")");
+}
+
 /// The lines above the slot table: the run, its generation, policy, leases and energy.
 std::string summary_text(const json::object& o) {
   std::string out;
@@ -262,6 +276,7 @@ std::string summary_text(const json::object& o) {
   out += fmt::format("active: current {}  desired {}\n", ids_text(o.if_contains("current_active")),
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
+  if (!plain) out += would_decide_line(o);  // a plain run decides nothing
   if (const json::value* l = o.if_contains("late_at_boundary"); l && l->is_object()) {
     // A round past [boundary] deadline_s that waits for running ranks (docs/config.md#boundary).
     const json::object& lo = l->as_object();

@@ -473,6 +473,43 @@ DecisionInput Scheduler::decision_input() const {
   return in;
 }
 
+std::optional<DecisionOutcome> Scheduler::would_decide() const {
+  if (finished_ || !stop_pending_.empty()) return std::nullopt;
+  DecisionInput in = decision_input();
+  const Report* ref = reports_.empty() ? nullptr : &reports_.begin()->second;
+  for (const auto& entry : reports_)
+    if (entry.second.has_state) {
+      ref = &entry.second;
+      break;
+    }
+  std::pair<int64_t, int64_t> pos = last_boundary_.value_or(std::make_pair(int64_t{0}, int64_t{0}));
+  if (ref != nullptr) pos = {ref->epoch, ref->step};
+  bool live = false;
+  for (int gpu : active_) {
+    const SlotInfo& s = slots_.at(gpu);
+    if (!alive_member(s)) continue;
+    live = true;
+    if (in.reports.count(s.rank)) continue;
+    Report r;
+    r.rank = s.rank;
+    r.gpu = gpu;
+    r.generation = generation_;
+    r.round = round_;
+    std::tie(r.epoch, r.step) = pos;
+    r.has_state = s.holds_state;
+    in.reports.emplace(s.rank, r);
+  }
+  if (!live) return std::nullopt;
+  if (reports_.empty() && !snapshot_round_) {
+    // The next round reports a boundary not reached yet: no refusal or snapshot is about it.
+    in.refused_at.reset();
+    in.snapshot_boundary.reset();
+  } else if (snapshot_round_ && in.refused_at != pos) {
+    in.snapshot_boundary = pos;  // the pause snapshot being written: as if written (the pause)
+  }
+  return compute_decision(in);
+}
+
 void Scheduler::decide() {
   const DecisionOutcome out = compute_decision(decision_input());
   for (const DecisionReason& r : out.reasons) {  // each said once per slot

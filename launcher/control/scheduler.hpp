@@ -186,6 +186,13 @@ class Scheduler {
   /// The preemption warning (docs/cli.md#preemption): the next `continue` or `resize` decision
   /// carries `checkpoint: true` (every rank sees it at that boundary).
   void request_checkpoint() { checkpoint_pending_ = true; }
+  /// What the next boundary would decide now (compute_decision over the current state), with
+  /// the reasons; nothing is published, said or changed. The open round's reports stand for
+  /// themselves, a member that has not reported yet (or every member, between rounds) as if it
+  /// reported at the last boundary; a pause snapshot being written counts as written. nullopt when
+  /// no boundary decision can come: the job is finished or stopping, or no live member trains (no
+  /// generation yet, paused).
+  std::optional<DecisionOutcome> would_decide() const;
   /// SIGTERM: the next complete boundary round is answered with `exit` (parked workers are told
   /// to exit), as for on_boundary's stop; stop_reason() keeps `why`. Returns false when no
   /// boundary will come (finished, or paused with no member).

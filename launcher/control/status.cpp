@@ -42,6 +42,47 @@ std::string process_start_time(int pid) {
   return "";
 }
 
+WouldDecideStatus would_decide_status(const DecisionOutcome& out,
+                                      const std::map<int, SlotInfo>& slots) {
+  WouldDecideStatus w;
+  w.failed = out.failed;
+  for (const DecisionReason& r : out.reasons) w.reasons.push_back(r.text);
+  if (!out.decision) {
+    w.kind = "state_lost";
+    w.summary = "the training state is lost: " + out.state_lost;
+    return w;
+  }
+  const Decision& d = *out.decision;
+  w.kind = std::string(to_string(d.kind));
+  if (d.kind == Decision::Kind::kSnapshot) {
+    w.summary = fmt::format("pause (gpu {} writes the pause snapshot first)", d.state_source.gpu);
+    return w;
+  }
+  w.active = d.active;
+  if (d.kind == Decision::Kind::kContinue) {
+    w.summary = fmt::format("continue with [{}]", join_ids(d.active, ", "));
+    return w;
+  }
+  w.joiners = d.joiners;
+  w.leavers = d.leavers;
+  w.summary = d.active.empty() ? std::string("pause")
+                               : fmt::format("resize to [{}]", join_ids(d.active, ", "));
+  std::vector<std::string> parts;
+  for (int gpu : d.joiners) {
+    const auto it = slots.find(gpu);
+    const char* how = "spawned";
+    if (it != slots.end() && it->second.state == SlotState::kWarming)
+      how = "warm joiner ready";
+    else if (it != slots.end() && it->second.pid >= 0)
+      how = "woken";
+    parts.push_back(fmt::format("[{}] joins ({})", gpu, how));
+  }
+  if (!d.leavers.empty()) parts.push_back(fmt::format("[{}] leaves", join_ids(d.leavers, ", ")));
+  if (!d.failed.empty()) parts.push_back(fmt::format("[{}] failed", join_ids(d.failed, ", ")));
+  for (size_t i = 0; i < parts.size(); ++i) w.summary += (i ? ", " : ": ") + parts[i];
+  return w;
+}
+
 RunStatus run_status(const Scheduler& sch) {
   RunStatus st;
   st.elastic = true;
@@ -56,6 +97,8 @@ RunStatus run_status(const Scheduler& sch) {
   st.state_lost = sch.state_lost();
   st.last_decision = sch.last_decision();
   st.late = sch.boundary_wait();
+  if (const std::optional<DecisionOutcome> out = sch.would_decide())
+    st.would_decide = would_decide_status(*out, sch.slots());
   for (const auto& [gpu, s] : sch.slots())
     st.slots.push_back(
         SlotStatus{gpu, s.state, s.generation, s.rank, s.pid, s.last_boundary, s.reason});
@@ -175,6 +218,23 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_raw("late_at_boundary", l.str());
   } else {
     root.add_null("late_at_boundary");
+  }
+  if (st.would_decide) {
+    const WouldDecideStatus& w = *st.would_decide;
+    std::string reasons = "[";
+    for (size_t i = 0; i < w.reasons.size(); ++i)
+      reasons += (i ? "," : "") + json::serialize(json::value(w.reasons[i]));
+    root.add_raw("would_decide", JsonObject()
+                                     .add("kind", w.kind)
+                                     .add_raw("active", ids_json(w.active))
+                                     .add_raw("joiners", ids_json(w.joiners))
+                                     .add_raw("leavers", ids_json(w.leavers))
+                                     .add_raw("failed", ids_json(w.failed))
+                                     .add_raw("reasons", reasons + "]")
+                                     .add("summary", w.summary)
+                                     .str());
+  } else {
+    root.add_null("would_decide");
   }
   if (!snap.policy.empty()) root.add_raw("policy", snap.policy);
   if (snap.last_resize.empty())

@@ -63,6 +63,24 @@ struct SlotStatus {
   std::string reason;
 };
 
+/// What the next boundary would decide now (Scheduler::would_decide()), as status.json's
+/// "would_decide" object shows it (docs/control-protocol.md#gpurun-status).
+struct WouldDecideStatus {
+  std::string kind;                  ///< "continue", "snapshot", "resize", or "state_lost"
+  std::vector<int> active;           ///< the set trained on after it (the set that pauses: empty)
+  std::vector<int> joiners;          ///< slots that join (resize)
+  std::vector<int> leavers;          ///< slots that leave (resize)
+  std::vector<int> failed;           ///< members that failed
+  std::vector<std::string> reasons;  ///< the console's reasons (warm joiner not ready, min_gpus)
+  /// One line: "continue with [0, 1]", "pause (gpu 0 writes the pause snapshot first)",
+  /// "resize to [0, 1, 2]: [2] joins (warm joiner ready)", "the training state is lost: ...".
+  std::string summary;
+};
+
+/// `outcome` as status.json shows it; `slots` tells how each joiner comes in.
+WouldDecideStatus would_decide_status(const DecisionOutcome& outcome,
+                                      const std::map<int, SlotInfo>& slots);
+
 /// What status.json says about the job, elastic or plain.
 struct RunStatus {
   bool elastic = false;
@@ -77,6 +95,9 @@ struct RunStatus {
   std::string last_decision;          ///< JSON object text; empty: none
   /// The open boundary round past its deadline, waiting for running ranks; nullopt: none.
   std::optional<BoundaryWait> late;
+  /// What the next boundary would decide now; nullopt: none can be computed (a plain run, no
+  /// generation yet, paused, finished or stopping).
+  std::optional<WouldDecideStatus> would_decide;
   std::vector<SlotStatus> slots;
 };
 

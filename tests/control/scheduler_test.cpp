@@ -1597,3 +1597,126 @@ TEST_CASE("scheduler: an exit reason of an earlier attempt is not a later exit w
   REQUIRE_FALSE(wake.empty());
   CHECK(Decision::from_json(wake).reason.empty());
 }
+
+namespace {
+
+/// What h.s.would_decide() says now, checked to change nothing: no effect (so no store key,
+/// no console line), the same generation, round, active set and slots.
+std::optional<DecisionOutcome> would(Harness& h) {
+  const auto before = h.s.slots();
+  const int64_t gen = h.s.generation();
+  const int64_t round = h.s.round();
+  const std::vector<int> active = h.s.active();
+  const std::set<std::string> store = h.store;
+  std::optional<DecisionOutcome> out = h.s.would_decide();
+  CHECK(h.s.take_effects().empty());
+  CHECK(h.store == store);
+  CHECK(h.s.generation() == gen);
+  CHECK(h.s.round() == round);
+  CHECK(h.s.active() == active);
+  for (const auto& entry : h.s.slots()) {
+    const SlotInfo& was = before.at(entry.first);
+    CHECK(entry.second.state == was.state);
+    CHECK(entry.second.reason == was.reason);
+    CHECK(entry.second.rank == was.rank);
+    CHECK(entry.second.warm_late_said == was.warm_late_said);
+    CHECK(entry.second.floor_kept_said == was.floor_kept_said);
+  }
+  return out;
+}
+
+/// The decision `predicted` equals `d`, the one made next (the boundary's position aside:
+/// between rounds the prediction takes the last one).
+void same_decision(const std::optional<DecisionOutcome>& predicted, const Decision& d) {
+  REQUIRE(predicted.has_value());
+  REQUIRE(predicted->decision.has_value());
+  Decision p = *predicted->decision;
+  p.epoch = d.epoch;
+  p.step = d.step;
+  CHECK(p.to_json() == d.to_json());
+}
+
+std::vector<std::pair<DecisionReason::Kind, int>> reasons_of(const DecisionOutcome& o) {
+  std::vector<std::pair<DecisionReason::Kind, int>> v;
+  for (const DecisionReason& r : o.reasons) v.emplace_back(r.kind, r.gpu);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: would_decide() is what the next boundary decides, and changes nothing") {
+  SUBCASE("continue, between rounds and mid-round") {
+    Harness h(cfg(std::vector<int>{0, 1}));
+    h.join_all();
+    const auto first = would(h);  // (sequenced: the boundary comes after)
+    same_decision(first, h.boundary(0));
+    const auto w = would(h);
+    REQUIRE(w.has_value());
+    CHECK(w->decision->kind == Decision::Kind::kContinue);
+    CHECK(w->reasons.empty());
+    h.report(0, 1);  // one of two reported: the other as if at the same boundary
+    const auto mid = would(h);
+    h.report(1, 1);
+    same_decision(mid, h.decisions.back());
+  }
+  SUBCASE("grow: a warm joiner not ready (continue, the reason), then ready (it joins)") {
+    Harness h(cfg(std::vector<int>{0, 1}));
+    h.auto_ready = false;
+    h.join_all();
+    h.s.config_loaded(cfg(std::vector<int>{0, 1, 2}), "c");
+    h.drain();
+    REQUIRE(h.state(2) == SlotState::kWarming);
+    const auto w = would(h);
+    REQUIRE(w.has_value());
+    CHECK(w->decision->kind == Decision::Kind::kContinue);
+    CHECK(reasons_of(*w) == std::vector{std::make_pair(DecisionReason::Kind::kWarmNotReady, 2)});
+    same_decision(w, h.boundary(0));
+    h.ready(2);
+    const auto grow = would(h);
+    REQUIRE(grow.has_value());
+    CHECK(grow->decision->joiners == std::vector<int>{2});
+    CHECK(grow->reasons.empty());
+    same_decision(grow, h.boundary(1));
+  }
+  SUBCASE("min_gpus keeps a leaving member while the joiner is not ready") {
+    Config c = cfg(std::vector<int>{0, 1});
+    c.policy.min_gpus = 2;
+    Harness h(c, /*slots=*/3);
+    h.join_all();
+    h.auto_ready = false;
+    c.active_gpus = std::vector<int>{0, 2};
+    h.s.config_loaded(c, "c");
+    h.drain();
+    const auto w = would(h);
+    REQUIRE(w.has_value());
+    CHECK(w->decision->kind == Decision::Kind::kContinue);
+    CHECK(reasons_of(*w) == std::vector{std::make_pair(DecisionReason::Kind::kWarmNotReady, 2),
+                                        std::make_pair(DecisionReason::Kind::kFloorKept, 1)});
+    same_decision(w, h.boundary(0));
+    CHECK(said(h,
+               "gpu 1 stays in the job until the joiners of [2] are ready: [policy] "
+               "min_gpus = 2"));  // said by decide(), not by would_decide()
+  }
+  SUBCASE("pause: the snapshot, then the pause at the re-report; none while paused") {
+    Harness h(cfg(std::vector<int>{0, 1}));
+    h.join_all();
+    h.s.config_loaded(cfg(std::vector<int>{}), "c");
+    h.drain();
+    const auto snap = would(h);
+    same_decision(snap, h.boundary(0, /*snapshot_outcome=*/""));
+    REQUIRE(h.decisions.back().kind == Decision::Kind::kSnapshot);
+    const auto pause = would(h);
+    const int src = h.decisions.back().state_source.gpu;
+    for (int gpu : h.s.active()) h.report(gpu, 0, gpu == src ? "ok" : "");
+    same_decision(pause, h.decisions.back());
+    CHECK(h.decisions.back().active.empty());
+    CHECK_FALSE(would(h).has_value());  // paused: no boundary comes
+  }
+  SUBCASE("none once a stop is asked for") {
+    Harness h(cfg(std::vector<int>{0, 1}));
+    h.join_all();
+    h.s.request_stop("test");
+    h.drain();
+    CHECK_FALSE(h.s.would_decide().has_value());
+  }
+}

@@ -176,5 +176,61 @@ TEST_CASE("status: a boundary round waiting past its deadline names who is late 
         std::string::npos);
 }
 
+TEST_CASE("status: what the next boundary would decide, in the JSON and as one line") {
+  Config c;
+  c.active_gpus = std::vector<int>{0, 1};
+  c.standby = false;
+  Scheduler s({0, 1, 2}, c);
+  s.config_loaded(c, "config.toml");
+  s.start_attempt(0);
+  s.take_effects();
+  s.on_spawned(0, 100);
+  s.on_spawned(1, 101);
+  s.on_joined(0, 0, 100);
+  s.on_joined(0, 1, 101);
+  s.take_effects();
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  const auto shown = [&dir](const std::string& json) {
+    std::string error;
+    REQUIRE(write_status_file(dir.str(), json, error));
+    return status_text(dir);
+  };
+  std::string json = render_status(s, StatusSnapshot{});
+  CHECK_MESSAGE(json.find(R"("would_decide": {"kind": "continue", "active": [0,1], "joiners": )"
+                          R"([], "leavers": [], "failed": [], "reasons": [], "summary": )"
+                          R"("continue with [0, 1]"})") != std::string::npos,
+                json);
+  CHECK(shown(json).find("at the next boundary: continue with [0, 1]\n") != std::string::npos);
+  Config grow = c;
+  grow.active_gpus = std::vector<int>{0, 1, 2};
+  s.config_loaded(grow, "config.toml");
+  int64_t warm = -1;
+  for (const Effect& e : s.take_effects())
+    if (e.kind == Effect::Kind::kSpawn) warm = e.warm;
+  REQUIRE(warm >= 0);
+  s.on_spawned(2, 102);
+  std::string text = shown(render_status(s, StatusSnapshot{}));
+  CHECK_MESSAGE(text.find("at the next boundary: continue with [0, 1] (the warm joiner on gpu 2 "
+                          "(pid 102) is not ready yet at the boundary ") != std::string::npos,
+                text);
+  s.on_ready(2, warm);
+  s.take_effects();
+  json = render_status(s, StatusSnapshot{});
+  CHECK_MESSAGE(json.find(R"("would_decide": {"kind": "resize", "active": [0,1,2], "joiners": )"
+                          R"([2], "leavers": [], "failed": [], "reasons": [], "summary": )"
+                          R"js("resize to [0, 1, 2]: [2] joins (warm joiner ready)"})js") !=
+                    std::string::npos,
+                json);
+  text = shown(json);
+  CHECK_MESSAGE(text.find("at the next boundary: resize to [0, 1, 2]: [2] joins (warm joiner "
+                          "ready)\n") != std::string::npos,
+                text);
+  // None to compute (a stop asked for; also no generation yet, paused): null, and a dash.
+  s.request_stop("test");
+  json = render_status(s, StatusSnapshot{});
+  CHECK(json.find(R"("would_decide": null)") != std::string::npos);
+  CHECK(shown(json).find("at the next boundary: \u2014\n") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace gpurun::control
