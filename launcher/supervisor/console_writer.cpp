@@ -79,7 +79,7 @@ struct Lane {
   bool dropping = false;                          // dropping until the queue drains to half
   uint64_t dropped_lines = 0, dropped_bytes = 0;  // since the last notice
   bool broken[2] = {false, false};                // [which]: the reader is gone
-  bool file = false;  // a regular file: never stalls for long, so write() waits, never drops
+  bool file = false;  // a regular file: no reader to wait for; written by write() itself
   std::atomic<bool> abandon{false};
   std::atomic<bool> exited{false};
   std::thread thread;
@@ -192,6 +192,14 @@ bool ConsoleWriter::write(int fd, std::string_view text, Origin origin) {
   const int which = fd == 1 ? 0 : 1;
   Lane& lane = impl_->lane_of(which);
   std::unique_lock<std::mutex> lock(lane.mu);
+  if (lane.file && !lane.stopping && lane.queue.empty() && !lane.writing) {
+    // A regular file has no reader to wait for: written here and now, in the caller's order
+    // (a line is in the file before the caller's next step, as an event log record is).
+    if (!lane.broken[which] &&
+        !write_all(which == 0 ? impl_->opt.out_fd : impl_->opt.err_fd, text, nullptr))
+      lane.broken[which] = true;
+    return true;
+  }
   if (origin == Origin::kGpurun && !lane.stopping) {
     // gpurun's own lines are few and are what the user asked for (a reload, a failure, the
     // final status): queued beyond the bound, never dropped.
@@ -203,7 +211,7 @@ bool ConsoleWriter::write(int fd, std::string_view text, Origin origin) {
   auto is_full = [&] {
     return lane.pending > 0 && lane.pending + text.size() > impl_->opt.max_pending_bytes;
   };
-  // A regular file takes every byte soon (a full disk fails the write instead): wait for room.
+  // A regular file behind a queued notice: wait for room rather than drop (it never stalls).
   if (lane.file && !lane.exited)
     lane.room.wait(lock, [&] { return !is_full() || lane.stopping || lane.exited; });
   const bool full = is_full();

@@ -15,10 +15,10 @@ namespace gpurun::supervisor {
 /// never blocks on a reader: it queues the text, up to `max_pending_bytes` per destination;
 /// beyond that, whole submissions are dropped until the queue has drained to half, and then
 /// one line on stderr says how many lines and bytes were not shown (and `drop_hint`, where
-/// they are kept). A regular file has no reader to wait for: there write() waits for room
-/// instead and nothing is dropped. Each submission is written whole and in order (a line never
-/// mixes with another); the thread writes queued lines of one stream together (one write(2)
-/// per MiB at most).
+/// they are kept). A regular file has no reader to wait for: write() writes it itself, at once
+/// and in order (a line is there before the caller's next step), and nothing is dropped. Each
+/// submission is written whole and in order (a line never mixes with another); the thread writes
+/// queued lines of one stream together (one write(2) per MiB at most).
 ///
 /// Thread safety: every member may be called from any thread.
 /// Errors: a destination whose reader is gone (EPIPE, EBADF, ...) is dropped silently, as a
