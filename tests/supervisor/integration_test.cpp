@@ -121,7 +121,12 @@ std::vector<pid_t> pids_with_arg(const std::string& needle) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = slurp(e.path() / "cmdline");
+    std::string cmd;
+    try {  // a process that exits while read: its cmdline read fails (ESRCH), skip it
+      cmd = slurp(e.path() / "cmdline");
+    } catch (const std::exception&) {
+      continue;
+    }
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
     if (cmd.find(needle) != std::string::npos && alive(std::stoi(name)))
       out.push_back(std::stoi(name));
