@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -198,4 +200,35 @@ TEST_CASE("Notifier: at its end the queue gets one timeout in all, and says so")
   for (const auto& l : w.lines) all += l + "\n";
   CHECK(all.find("notify: running the ") != std::string::npos);
   CHECK(all.find("not sent: gpurun is ending") != std::string::npos);
+}
+
+TEST_CASE("Notifier: the command starts with no signal blocked or ignored, whatever gpurun's") {
+  // gpurun ignores SIGPIPE (main.cpp) and its threads block signals: neither reaches the
+  // command, which would otherwise, e.g., never die of a closed pipe.
+  TempDir dir;
+  struct sigaction old_pipe {};
+  ::sigaction(SIGPIPE, nullptr, &old_pipe);
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &block, &old_mask);  // the notifier's thread inherits it
+  Warnings w;
+  {
+    Notifier n("grep -E '^Sig(Blk|Ign):' /proc/self/status > " + (dir.path / "signals").string(),
+               10s, w.sink());
+    n.post("shutdown", "{}");
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  CHECK(w.problems().empty());
+  const std::string text = slurp(dir.path / "signals");
+  INFO("the /proc status of a program the command runs: ", text);
+  // Without glibc's internal signals 32 and 33 (posix_spawn's child ignores them).
+  constexpr unsigned long long kGlibcInternal = (1ULL << 31) | (1ULL << 32);
+  for (const char* field : {"SigBlk:", "SigIgn:"}) {
+    const auto at = text.find(field);
+    REQUIRE(at != std::string::npos);
+    CHECK((std::stoull(text.substr(at + 7), nullptr, 16) & ~kGlibcInternal) == 0);
+  }
 }
