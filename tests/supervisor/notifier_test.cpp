@@ -17,6 +17,7 @@
 
 using gpurun::supervisor::Notifier;
 using gpurun::supervisor::notify_wants;
+using gpurun::testing::poll_until;
 using gpurun::testing::slurp;
 using gpurun::testing::TempDir;
 using namespace std::chrono_literals;
@@ -100,7 +101,7 @@ TEST_CASE("Notifier: a failing command is said once; one past its timeout is kil
     Notifier n("sleep 30 & wait", 100ms, t.sink());
     n.post("shutdown", "{}");
     n.post("lease", "{}");
-    while (n.failures().first < 2) std::this_thread::sleep_for(10ms);
+    REQUIRE(poll_until([&] { return n.failures().first >= 2; }, 20s));
     counts = n.failures();
   }
   REQUIRE(t.problems().size() == 1);
@@ -121,8 +122,8 @@ TEST_CASE("Notifier: a command that is not found is said once and not run again"
     n.post("lease", "{}");
     n.post("lease_end", "{}");
     n.post("shutdown", "{}");
-    while (n.failures().first < 1) std::this_thread::sleep_for(10ms);
-    std::this_thread::sleep_for(200ms);
+    REQUIRE(poll_until([&] { return n.failures().first >= 1; }, 20s));
+    std::this_thread::sleep_for(200ms);  // time to run (wrongly) the two later events
     counts = n.failures();
   }
   const auto p = w.problems();
@@ -178,7 +179,7 @@ TEST_CASE("Notifier: the spawner's orphan reaper never takes a notify command's 
     Notifier n("exit 4", 10s, w.sink());
     for (int i = 0; i < 30; ++i) n.post("lease", "{}");
     // A stolen exit is a command whose failure is never counted: wait 20 s at most for 30.
-    for (int i = 0; i < 2000 && n.failures().first < 30; ++i) std::this_thread::sleep_for(10ms);
+    poll_until([&] { return n.failures().first >= 30; }, 20s);
     counts = n.failures();
   }
   stop = true;
