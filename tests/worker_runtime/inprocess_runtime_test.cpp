@@ -41,6 +41,28 @@ using gpurun::testing::ThreadJob;
 
 namespace {
 
+/// Closed until open(); wait() blocks until then (another thread's action), at most `limit`
+/// so that a test that never opens it fails instead of hanging.
+class Gate {
+ public:
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [this] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
 constexpr int64_t kSamples = 64;
 constexpr int64_t kMicro = 8;
 
@@ -558,13 +580,13 @@ TEST_CASE("in-process: a slow warm joiner: the members pass boundaries while it 
   o.slots = {0, 1, 2};
   ThreadJob job(o, std::ref(t));
   job.supervisor().load_config_at(0, 0, config({0, 1, 2}));
-  std::atomic<bool> go{false};
+  Gate go;
   int64_t continues_while_warming = 0;
   t.before_build = [&](Runtime& rt) {  // the warm joiner's start-up lasts until `go`
     if (rt.generation() >= 0) return;
     CHECK(rt.gpu_id() == 2);
     CHECK(rt.active_gpus().empty());
-    while (!go) std::this_thread::sleep_for(1ms);
+    CHECK(go.wait());
   };
   t.before_epoch = [&](Runtime& rt, int64_t epoch) {
     if (rt.gpu_id() != 0 || epoch != 3) return;
@@ -574,7 +596,7 @@ TEST_CASE("in-process: a slow warm joiner: the members pass boundaries while it 
     });
     for (const Decision& d : job.supervisor().decisions())
       continues_while_warming += d.kind == Decision::Kind::kContinue;
-    go = true;  // its start-up ends now; rank 0 trains on once it is ready
+    go.open();  // its start-up ends now; rank 0 trains on once it is ready
     REQUIRE(job.supervisor().wait_for(
         [](const gpurun::control::Scheduler& s) { return s.slots().at(2).warm_ready; }, 10s));
   };
@@ -602,12 +624,12 @@ TEST_CASE("in-process: a warm joiner removed by an edit before it is ready is to
   ThreadJob job(o, std::ref(t));
   job.supervisor().load_config_at(0, 0, config({0, 1, 2}));
   job.supervisor().load_config_at(1, 0, config({0, 1}));
-  std::atomic<bool> go{false};
+  Gate go;
   t.before_build = [&](Runtime& rt) {
-    while (rt.generation() < 0 && !go) std::this_thread::sleep_for(1ms);
+    if (rt.generation() < 0) CHECK(go.wait());
   };
   t.before_epoch = [&](Runtime& rt, int64_t epoch) {
-    if (rt.gpu_id() == 0 && epoch == 2) go = true;
+    if (rt.gpu_id() == 0 && epoch == 2) go.open();
   };
   job.start();
   REQUIRE(job.wait(20s));

@@ -1,5 +1,6 @@
 #include "testing/in_memory_control.hpp"
 
+#include <algorithm>
 #include <variant>
 
 #include <fmt/format.h>
@@ -246,14 +247,22 @@ bool ThreadJob::wait(std::chrono::milliseconds timeout) {
       std::unique_lock<std::mutex> lock(mu_);
       if (!cv_.wait_until(lock, deadline, [&] { return running_ == 0; })) return false;
     }
-    bool open = false;
-    sup_.inspect([&](const control::Scheduler& s) { open = s.holds_job_open(); });
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (running_ == 0 && !open) return true;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // No rank runs. The job is over unless the scheduler holds it open (paused): then until
+    // a rank is spawned (a resume) or it lets the job end. Both change only in the
+    // supervisor's run_effects, which wakes wait_for; running_ is read under both locks (the
+    // supervisor's first, as spawn() takes them).
+    bool over = false;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(std::max(
+        deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{}));
+    const bool changed = sup_.wait_for(
+        [&](const control::Scheduler& s) {
+          std::lock_guard<std::mutex> lock(mu_);
+          over = running_ == 0 && !s.holds_job_open();
+          return over || running_ > 0;
+        },
+        left);
+    if (over) return true;
+    if (!changed) return false;
   }
 }
 
