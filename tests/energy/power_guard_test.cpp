@@ -8,10 +8,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -73,14 +77,19 @@ bool exited(pid_t pid) {
   return close_paren == std::string::npos || line.substr(close_paren + 2, 1) == "Z";
 }
 
-template <typename Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
+/// Waits until `pid` has exited (a zombie counts), at most `timeout`: the kernel says so on a
+/// pidfd (pidfd_open, Linux 5.3), whoever the parent is. True when it has.
+bool wait_exited(pid_t pid, std::chrono::milliseconds timeout) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ESRCH) return true;  // reaped already
+    FAIL("pidfd_open(" << pid << ") failed: " << std::strerror(e));
   }
-  return pred();
+  pollfd p{fd, POLLIN, 0};
+  const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  ::close(fd);
+  return n == 1 || exited(pid);
 }
 
 }  // namespace
@@ -105,6 +114,24 @@ TEST_CASE("power guard: remembered limits come back when the guard is destroyed"
         std::string::npos);
   CHECK(err.find("gpurun power guard: restored " + fake::test_uuid(1) + " to 700 W\n") !=
         std::string::npos);
+}
+
+TEST_CASE("power guard: the spawner's orphan reaper never takes the guard's exit status") {
+  // The reaper (posix_spawner.cpp) waits for every child of gpurun that is not a worker,
+  // whenever a worker exits: here as fast as it can while the guard restores and exits.
+  Gpus gpus;
+  auto guard = gpus.guard();
+  guard->remember({gpus.nvml->uuid(gpus.dev(0)), gpus.nvml->power_limit_mw(gpus.dev(0))});
+  gpus.nvml->set_power_limit_mw(gpus.dev(0), 450000);
+  std::atomic<bool> stop{false};
+  std::thread reaper([&] {
+    while (!stop) gpurun::reap_children_except({});
+  });
+  const int status = guard->finish();
+  stop = true;
+  reaper.join();
+  CHECK(status == 0);  // -1: its exit was taken by the reaper
+  CHECK(gpus.limit_w(0) == 700.0);
 }
 
 TEST_CASE("power guard: a forgotten GPU is left alone; a second remember keeps the original") {
@@ -148,11 +175,13 @@ TEST_CASE("power guard: the helper has its own session and ignores SIGINT, SIGTE
   REQUIRE(pid > 1);
   CHECK(::getsid(pid) == pid);
   CHECK(::getsid(pid) != ::getsid(0));
-  std::this_thread::sleep_for(100ms);  // past exec and power_guard_main's SIG_IGN
+  // An answer comes once power_guard_main() has set SIG_IGN (it does before it reads).
+  guard->remember({fake::test_uuid(1), 700000});
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) REQUIRE(::kill(pid, sig) == 0);
-  std::this_thread::sleep_for(100ms);
+  // A fatal signal ends the helper at its next return from the kernel, before it could read
+  // and answer another command: an answer after the kills means they were ignored.
+  CHECK_NOTHROW(guard->remember({fake::test_uuid(1), 700000}));  // still answers
   CHECK_FALSE(exited(pid));
-  guard->remember({fake::test_uuid(1), 700000});  // still answers
   gpus.nvml->set_power_limit_mw(gpus.dev(1), 600000);
   CHECK(guard->finish() == 0);
   CHECK(gpus.limit_w(1) == 700.0);
@@ -164,7 +193,7 @@ TEST_CASE("power guard: a helper that is gone makes remember() throw, not kill t
   const pid_t pid = guard->pid();
   REQUIRE(pid > 1);
   REQUIRE(::kill(pid, SIGKILL) == 0);  // our own child, started by this test just above
-  REQUIRE(wait_until([&] { return exited(pid); }, 5000ms));
+  REQUIRE(wait_exited(pid, 5000ms));
   CHECK_FALSE(guard->alive());
   CHECK_THROWS_AS(guard->remember({fake::test_uuid(0), 700000}), gpurun::Error);
   CHECK(guard->finish() == 128 + SIGKILL);
@@ -256,9 +285,10 @@ TEST_CASE("power guard: kill -9 of the process owning the guard still restores t
   REQUIRE(::waitpid(owner, &status, 0) == owner);
   CHECK(WIFSIGNALED(status));
 
-  CHECK(wait_until([&] { return gpus.limit_w(1) == 700.0; }, 5000ms));
+  // The helper restores the limits it holds, then exits.
+  CHECK(wait_exited(helper, 5000ms));
+  CHECK(gpus.limit_w(1) == 700.0);
   CHECK(gpus.limit_w(0) == 700.0);
-  CHECK(wait_until([&] { return exited(helper); }, 5000ms));
   CHECK(slurp(gpus.err_path)
             .find("gpurun power guard: restored " + fake::test_uuid(1) + " to 700 W") !=
         std::string::npos);
