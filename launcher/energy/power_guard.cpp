@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -28,8 +27,7 @@
 
 #include "energy/power_journal.hpp"
 #include "gpurun/abstract_lock.hpp"
-
-extern char** environ;
+#include "gpurun/unique_fd.hpp"
 
 namespace gpurun::energy {
 
@@ -45,16 +43,6 @@ constexpr int kIgnored[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 
 std::string errno_text(int e) {
   return std::strerror(e);
-}
-
-/// Moves `fd` above the helper's fixed descriptors (0–4), keeping it close-on-exec.
-void lift(int& fd) {
-  if (fd > kAckFd) return;
-  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
-  if (moved < 0)
-    throw Error(fmt::format("power guard: fcntl(F_DUPFD_CLOEXEC) failed: {}", errno_text(errno)));
-  ::close(fd);
-  fd = moved;
 }
 
 /// write() all of `data` with SIGPIPE blocked for this thread, so a helper that died gives
@@ -109,60 +97,28 @@ PowerGuard::PowerGuard(const std::string& exe) {
     ::close(cmd[1]);
     throw Error(fmt::format("power guard: pipe2 failed: {}", errno_text(e)));
   }
-  auto close_all = [&] {
-    for (int fd : {cmd[0], cmd[1], ack[0], ack[1]})
-      if (fd >= 0) ::close(fd);
-  };
-  try {
-    for (int* fd : {&cmd[0], &cmd[1], &ack[0], &ack[1]}) lift(*fd);
-  } catch (...) {
-    close_all();
-    throw;
-  }
+  // The helper's ends: dup'd into it as fds 3 and 4, closed here once it runs (or failed).
+  const UniqueFd cmd_read(cmd[0]), ack_write(ack[1]);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawnattr_init(&attr);
-  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  ::posix_spawn_file_actions_adddup2(&actions, cmd[0], kCommandFd);  // dup2 clears CLOEXEC
-  ::posix_spawn_file_actions_adddup2(&actions, ack[1], kAckFd);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-  // Descriptors gpurun did not mark close-on-exec (e.g. a worker's pipe) stay out of the
-  // helper, which would otherwise keep them open for as long as it lives.
-  ::posix_spawn_file_actions_addclosefrom_np(&actions, kAckFd + 1);
-#endif
+  HelperOptions o;
+  o.argv = {exe, "__power-guard"};
+  o.stdin_stream = HelperStream::null();
+  o.stdout_stream = HelperStream::null();  // stderr: gpurun's, for its "restored ..." lines
+  o.fds = {{cmd[0], kCommandFd}, {ack[1], kAckFd}};
   // Own session: not in gpurun's process group or on its terminal, so neither a group kill
   // nor Ctrl-C reaches it. The ignored signals are blocked until power_guard_main() sets
   // SIG_IGN; every other disposition is reset to the default.
-  sigset_t defaults, mask;
-  sigfillset(&defaults);
-  sigemptyset(&mask);
-  for (int sig : kIgnored) {
-    sigdelset(&defaults, sig);
-    sigaddset(&mask, sig);
-  }
-  ::posix_spawnattr_setsigdefault(&attr, &defaults);
-  ::posix_spawnattr_setsigmask(&attr, &mask);
-  ::posix_spawnattr_setflags(&attr,
-                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-
-  std::string arg0 = exe, arg1 = "__power-guard";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::posix_spawnattr_destroy(&attr);
-  ::close(cmd[0]);
-  ::close(ack[1]);
-  if (rc != 0) {
+  o.group = HelperGroup::kOwnSession;
+  o.blocked_signals.assign(std::begin(kIgnored), std::end(kIgnored));
+  try {
+    guard_.emplace(o);
+  } catch (const HelperError& e) {
     ::close(cmd[1]);
     ::close(ack[0]);
-    throw Error(
-        fmt::format("power guard: cannot start '{} __power-guard': {}", exe, errno_text(rc)));
+    throw Error(fmt::format("power guard: cannot start '{} __power-guard': {}", exe,
+                            errno_text(e.error_number())));
   }
-  pid_ = pid;
+  pid_ = guard_->pid();
   to_guard_ = cmd[1];
   from_guard_ = ack[0];
 }
@@ -269,21 +225,19 @@ int PowerGuard::finish() {
   finished_ = true;
   if (to_guard_ >= 0) ::close(to_guard_);  // EOF: the helper restores and exits
   to_guard_ = -1;
-  if (pid_ > 0) {
-    const auto deadline = std::chrono::steady_clock::now() + kExitTimeout;
-    for (;;) {
-      int status = 0;
-      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_status_ = WIFEXITED(status)     ? WEXITSTATUS(status)
-                       : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                             : -1;
-        break;
-      }
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 || std::chrono::steady_clock::now() >= deadline) break;  // ECHILD, or slow
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (guard_) {
+    std::optional<int> status;
+    try {
+      status = guard_->wait_for(kExitTimeout);
+    } catch (const HelperError&) {
+      // reaped elsewhere: its status is unknown
     }
+    if (status)
+      exit_status_ = WIFEXITED(*status)     ? WEXITSTATUS(*status)
+                     : WIFSIGNALED(*status) ? 128 + WTERMSIG(*status)
+                                            : -1;
+    else
+      guard_->release();  // still running after kExitTimeout: it goes on in its own session
   }
   if (from_guard_ >= 0) ::close(from_guard_);
   from_guard_ = -1;

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <sys/types.h>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "energy/nvml.hpp"
+#include "gpurun/helper_process.hpp"
 
 namespace gpurun::energy {
 
@@ -51,6 +53,7 @@ class PowerGuard {
   bool alive() const;
 
  private:
+  std::optional<HelperProcess> guard_;
   pid_t pid_ = -1;
   int to_guard_ = -1;    // write end
   int from_guard_ = -1;  // acks
