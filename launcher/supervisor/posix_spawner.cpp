@@ -28,18 +28,12 @@
 #include <boost/asio/readable_pipe.hpp>
 
 #include "gpurun/check.hpp"
+#include "gpurun/sanitizers.hpp"
 #include "gpurun/unique_fd.hpp"
 #include "supervisor/boost_process.hpp"
 
-// AddressSanitizer builds (GPURUN_SANITIZE=address; GCC defines __SANITIZE_ADDRESS__, clang
-// has __has_feature): the clone child's stack is ours, see CloneLauncher::launch.
-#if defined(__SANITIZE_ADDRESS__)
-#define GPURUN_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GPURUN_ASAN 1
-#endif
-#endif
+// AddressSanitizer builds (GPURUN_SANITIZE=address): the clone child's stack is ours, see
+// CloneLauncher::launch.
 #ifdef GPURUN_ASAN
 #include <sanitizer/asan_interface.h>
 #define GPURUN_ASAN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
@@ -166,8 +160,33 @@ struct CloneLauncher : bp::posix::default_launcher {
       const bp::filesystem::path* exe;
       const char* const* argv;
       std::tuple<Inits&...> inits;
-      int error;  // errno of the failed step, written by the child before it exits
-    } child{this, &exe, argv, std::tuple<Inits&...>(inits...), 0};
+      int error;     // errno of the failed step, written by the child before it exits
+      int error_fd;  // -1, or under ThreadSanitizer the pipe that carries `error`
+
+      static void set_error(Child& c, int error) {  // in the child
+        c.error = error;
+        if (c.error_fd >= 0) (void)!::write(c.error_fd, &error, sizeof error);
+      }
+    } child{this, &exe, argv, std::tuple<Inits&...>(inits...), 0, -1};
+#ifdef GPURUN_TSAN
+    // ThreadSanitizer cannot follow a child that shares gpurun's memory: its clone interceptor
+    // updates the runtime's per-thread state from both sides, and the parent then fails the
+    // runtime's CHECK "!thr->slot". Under TSan (only) the child gets its own copy of the
+    // memory, a fork on this stack, and sends the errno of a failed step through a
+    // close-on-exec pipe (closed unread when exec succeeds) instead of writing `child.error`.
+    constexpr int kCloneFlags = SIGCHLD;
+    int error_pipe[2];
+    if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
+      ec.assign(errno, bp::system_category());
+      bp::posix::detail::on_error(*this, exe, argv, ec, inits...);
+      return bp::basic_process<Executor>(exec);
+    }
+    const UniqueFd error_read(error_pipe[0]);
+    UniqueFd error_write(error_pipe[1]);
+    child.error_fd = error_write.get();
+#else
+    constexpr int kCloneFlags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+#endif
 
     constexpr size_t kStackBytes = 256 * 1024;
     void* stack = ::mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
@@ -204,18 +223,29 @@ struct CloneLauncher : bp::posix::default_launcher {
           },
           c.inits);
       if (e) {
-        c.error = e.value() != 0 ? e.value() : EINVAL;
+        Child::set_error(c, e.value() != 0 ? e.value() : EINVAL);
         ::_exit(127);
       }
-      ::syscall(SYS_close_range, 3u, ~0u, 0u);  // descriptors gpurun did not mark CLOEXEC
+      // Descriptors gpurun did not mark CLOEXEC (not the error pipe, which is above them).
+      ::syscall(SYS_close_range, 3u, c.error_fd >= 0 ? unsigned(c.error_fd) - 1 : ~0u, 0u);
+      if (c.error_fd >= 0) ::syscall(SYS_close_range, unsigned(c.error_fd) + 1, ~0u, 0u);
       ::execve(c.exe->c_str(), const_cast<char* const*>(cmd),
                const_cast<char* const*>(c.self->env));
-      c.error = errno;
+      Child::set_error(c, errno);
       ::_exit(127);
     };
-    pid = ::clone(entry, static_cast<char*>(stack) + kStackBytes, CLONE_VM | CLONE_VFORK | SIGCHLD,
-                  &child);
+    pid = ::clone(entry, static_cast<char*>(stack) + kStackBytes, kCloneFlags, &child);
     const int clone_errno = errno;
+#ifdef GPURUN_TSAN
+    error_write.reset();
+    if (pid >= 0) {
+      int error = 0;
+      ssize_t n;
+      while ((n = ::read(error_read.get(), &error, sizeof error)) < 0 && errno == EINTR) {
+      }
+      if (n == static_cast<ssize_t>(sizeof error)) child.error = error;
+    }
+#endif
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     GPURUN_ASAN_UNPOISON(stack, kStackBytes);
     ::munmap(stack, kStackBytes);
