@@ -34,6 +34,7 @@
 #include "energy/early_stop.hpp"
 #include "energy/power_journal.hpp"
 #include "energy/power_profiler.hpp"
+#include "gpurun/sanitizers.hpp"
 #include "gpurun_process.hpp"
 #include "report/event_log.hpp"
 
@@ -238,17 +239,8 @@ long resident_kib() {
   return 0;
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+// AddressSanitizer's and ThreadSanitizer's shadow memory needs terabytes of address space.
+constexpr bool kAddressSpaceCappable = !gpurun::kAddressSanitizer && !gpurun::kThreadSanitizer;
 
 }  // namespace
 
@@ -256,11 +248,11 @@ TEST_CASE(
     "every reader refuses a FIFO, /dev/zero, a directory, a loop, a huge or unreadable "
     "file within 1 s, naming the path") {
   // A reader that reads /dev/zero into memory fails here instead of taking the machine (not
-  // under AddressSanitizer, whose shadow memory needs terabytes of address space; there the
-  // resident-memory check below and the watchdog catch it).
+  // under AddressSanitizer or ThreadSanitizer, whose shadow memory needs terabytes of address
+  // space; there the resident-memory check below and the watchdog catch it).
   struct rlimit as {};
   ::getrlimit(RLIMIT_AS, &as);
-  if (!kAddressSanitizer) {
+  if (kAddressSpaceCappable) {
     const struct rlimit capped { std::min<rlim_t>(as.rlim_cur, rlim_t{4} << 30), as.rlim_max };
     ::setrlimit(RLIMIT_AS, &capped);
   }
@@ -297,7 +289,7 @@ TEST_CASE(
       ::chmod(file.c_str(), 0600);  // so that the directory can be removed
     }
   }
-  if (!kAddressSanitizer) ::setrlimit(RLIMIT_AS, &as);
+  if (kAddressSpaceCappable) ::setrlimit(RLIMIT_AS, &as);
 }
 
 TEST_CASE("read_regular_file reads a regular file whole, up to exactly the bound") {
