@@ -3,8 +3,6 @@
 #include "report/report.hpp"
 
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,9 +27,8 @@
 #include <boost/json.hpp>
 
 #include "gpurun/error.hpp"
+#include "gpurun/helper_process.hpp"
 #include "report/event_log.hpp"
-
-extern char** environ;
 
 namespace gpurun::report {
 namespace detail {
@@ -245,50 +242,34 @@ class TempDir {
 /// `log`. Blocks up to kGnuplotTimeout, then kills it. Returns the shell-style exit status.
 /// Throws Error when gnuplot is not on PATH or ran past the timeout.
 int run_gnuplot(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> argv_s{"gnuplot"};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults, none;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);  // gpurun ignores SIGPIPE; gnuplot gets the default back
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, "gnuplot", &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc == ENOENT) throw Error("gnuplot not found: install gnuplot-nox (scripts/setup.sh does)");
-  if (rc != 0 || pid <= 0) throw Error(fmt::format("cannot start gnuplot: {}", std::strerror(rc)));
-
-  const auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR)
-      throw Error(
-          fmt::format("waiting for gnuplot (pid {}) failed: {}", pid, std::strerror(errno)));
-    if (std::chrono::steady_clock::now() - start >= kGnuplotTimeout) {
-      ::kill(pid, SIGKILL);  // pid > 0: our own child
-      ::waitpid(pid, &status, 0);
-      throw Error(fmt::format("gnuplot (pid {}) did not finish within {} s; killed it", pid,
-                              kGnuplotTimeout.count()));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  HelperOptions o;
+  o.argv = {"gnuplot"};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.search_path = true;
+  o.stdin_stream = HelperStream::null();
+  o.stdout_stream = HelperStream::file(log.string());
+  o.stderr_stream = HelperStream::to_stdout();
+  std::optional<HelperProcess> gnuplot;
+  try {
+    gnuplot.emplace(o);
+  } catch (const HelperError& e) {
+    if (e.error_number() == ENOENT)
+      throw Error("gnuplot not found: install gnuplot-nox (scripts/setup.sh does)");
+    throw Error(fmt::format("cannot start gnuplot: {}", std::strerror(e.error_number())));
   }
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  std::optional<int> status;
+  try {
+    status = gnuplot->wait_for(kGnuplotTimeout);
+  } catch (const HelperError& e) {
+    throw Error(fmt::format("waiting for gnuplot (pid {}) failed: {}", gnuplot->pid(),
+                            std::strerror(e.error_number())));
+  }
+  if (!status) {
+    gnuplot->kill_and_wait();
+    throw Error(fmt::format("gnuplot (pid {}) did not finish within {} s; killed it",
+                            gnuplot->pid(), kGnuplotTimeout.count()));
+  }
+  return WIFSIGNALED(*status) ? 128 + WTERMSIG(*status) : WEXITSTATUS(*status);
 }
 
 std::string read_text(const fs::path& p) {

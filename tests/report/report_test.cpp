@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -311,6 +312,27 @@ TEST_CASE("report: gnuplot missing from PATH is exit 1 naming the package") {
   CHECK(r.err.find("gnuplot not found: install gnuplot-nox (scripts/setup.sh does)") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(png));
+}
+
+TEST_CASE("report: gnuplot starts with no signal ignored (gpurun ignores SIGPIPE, SIGXFSZ)") {
+  // A stand-in for gnuplot first on PATH writes what a program it runs sees.
+  TempDir dir("gpurun-report");
+  const fs::path gnuplot = dir.path / "gnuplot";
+  std::ofstream(gnuplot) << "#!/bin/sh\ngrep -E '^Sig(Blk|Ign):' /proc/self/status > "
+                         << (dir.path / "signals").string() << "\n";
+  fs::permissions(gnuplot, fs::perms::owner_all);
+  report(dir, {fixture("shrink_grow.jsonl"), "-o", (dir.path / "g.png").string()},
+         {{"PATH", dir.str() + ":/usr/bin:/bin"}});
+  std::ifstream in(dir.path / "signals");
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  INFO("the /proc status of a program gnuplot runs: ", text);
+  // Without glibc's internal signals 32 and 33 (posix_spawn's child ignores them).
+  constexpr unsigned long long kGlibcInternal = (1ULL << 31) | (1ULL << 32);
+  for (const char* field : {"SigBlk:", "SigIgn:"}) {
+    const auto at = text.find(field);
+    REQUIRE(at != std::string::npos);
+    CHECK((std::stoull(text.substr(at + 7), nullptr, 16) & ~kGlibcInternal) == 0);
+  }
 }
 
 TEST_CASE("report: bad command lines are exit 2") {
