@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "control/status.hpp"
+#include "supervisor/asio_clock.hpp"
 
 namespace gpurun::control {
 
@@ -65,7 +66,9 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
           io, opt_.run_dir, [this] { return render_current_status(); },
           [this](const std::string& error) {
             console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
-          }) {
+          }),
+      own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
+      clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
   scheduler_.stalled_probe = [](int pid) { return process_stopped(pid); };
   backend_.set_write_observer(std::string(keys::kPrefix),
@@ -462,15 +465,12 @@ void ElasticController::kill(int gpu) {
 
 void ElasticController::arm_deadline(int64_t generation, int64_t round,
                                      std::chrono::milliseconds after) {
-  auto timer = std::make_unique<asio::steady_timer>(io_, after);
   const auto id = std::make_pair(generation, round);
-  timer->async_wait(
-      [this, id, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
-        if (ec || alive.expired()) return;
-        scheduler_.on_deadline(id.first, id.second);
-        run_effects();
-      });
-  deadlines_[id] = std::move(timer);
+  deadlines_[id] = clock_.schedule_after(after, [this, id, alive = std::weak_ptr<int>(alive_)] {
+    if (alive.expired()) return;
+    scheduler_.on_deadline(id.first, id.second);
+    run_effects();
+  });
 }
 
 void ElasticController::event(const std::string& name, const JsonObject& fields) {

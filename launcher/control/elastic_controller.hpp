@@ -13,7 +13,6 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "control/config.hpp"
 #include "control/config_watcher.hpp"
@@ -23,6 +22,7 @@
 #include "control/resize_timeline.hpp"
 #include "control/scheduler.hpp"
 #include "control/status.hpp"
+#include "gpurun/clock.hpp"
 #include "store/backend.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/event_log.hpp"
@@ -45,6 +45,10 @@ struct ElasticOptions {
   WatcherOptions watcher;
   /// Per-slot energy columns for status.json; empty = no energy monitor.
   std::function<EnergyStatus()> energy_status;
+  /// The timers of the boundary deadlines (Scheduler::on_deadline), run on the io thread;
+  /// tests pass a FakeClock. Must outlive the controller. nullptr: a supervisor::AsioClock on
+  /// the controller's io_context (real time). Leases, yields and status.json keep real time.
+  gpurun::Clock* clock = nullptr;
 };
 
 /// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks
@@ -161,7 +165,9 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   bool in_boundary_ = false;                            // inside the energy hook of a boundary
   bool policy_pending_ = false;  // set_scale ran there: apply before the decision
   StatusWriter status_writer_;
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<boost::asio::steady_timer>> deadlines_;
+  std::unique_ptr<gpurun::Clock> own_clock_;  // when opt_.clock is nullptr
+  gpurun::Clock& clock_;
+  std::map<std::pair<int64_t, int64_t>, gpurun::Clock::Timer> deadlines_;
   ResizeTimeline timeline_;
   EnergyHooks energy_;
   std::vector<int> energy_active_;  // the set last given to energy_.active_changed

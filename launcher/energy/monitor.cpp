@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
+#include "supervisor/asio_clock.hpp"
+
 namespace gpurun::energy {
 
 namespace {
@@ -38,7 +40,9 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
       nvml_(std::move(nvml)),
       gpus_(std::move(gpus)),
       opt_(std::move(options)),
-      progress_(progress) {
+      progress_(progress),
+      own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
+      clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   std::string gpus_json = "[";
   for (const MonitoredGpu& g : gpus_) {
     series_[g.slot];
@@ -58,7 +62,7 @@ EnergyMonitor::EnergyMonitor(boost::asio::io_context& io, supervisor::EventLog& 
   emit_json("energy_monitor", fmt::format(R"({{"gpus":{},"period_s":{},"library":{}}})", gpus_json,
                                           detail::json_number(opt_.period.count() / 1000.0),
                                           detail::json_string(nvml_->library())));
-  window_t0_ = opt_.start_s > 0 ? std::min(opt_.start_s, now_s()) : now_s();
+  window_t0_ = opt_.start_s > 0 ? std::min(opt_.start_s, clock_s()) : clock_s();
   attempt_start_s_ = window_t0_;
 
   // Power limits: fixed, from the cache, or profiled. Each needs the guard first.
@@ -198,11 +202,11 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
     std::optional<unsigned> mw;
     // The counter's time is the middle of its read: a thread descheduled around the read
     // (a busy machine) then misplaces the reading by half the delay, not all of it.
-    const double before = now_s();
+    const double before = clock_s();
     double counter_t = before;
     try {
       mj = nvml_->total_energy_mj(g.device);
-      counter_t = (before + now_s()) / 2;
+      counter_t = (before + clock_s()) / 2;
     } catch (const NvmlError& e) {
       report_read_failure(g, "energy counter", e.what(),
                           "its energy is integrated from the power readings instead");
@@ -212,7 +216,7 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
     } catch (const NvmlError& e) {
       report_read_failure(g, "power", e.what(), "");
     }
-    const double t = now_s();
+    const double t = clock_s();
     Reading& r = readings_[g.slot];
     if (mj && !r.counter_failed) {
       taken.push_back(
@@ -231,7 +235,7 @@ void EnergyMonitor::sample_once(bool drive_profiler_too) {
       r.last_t = t;
     }
   }
-  double t = taken.empty() ? now_s() : taken.back().second.t_s;
+  double t = taken.empty() ? clock_s() : taken.back().second.t_s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [slot, s] : taken) {
@@ -325,7 +329,7 @@ void EnergyMonitor::set_active(std::vector<int> active, int64_t generation) {
     if (generation >= 0) generation_ = generation;
     return;
   }
-  const double t = now_s();
+  const double t = clock_s();
   // A window that just opened (at the boundary whose decision made this change, or at start)
   // takes the new set; an older one is closed first, so no window mixes two sets.
   if (have_active_ && t - window_t0_ > kFreshWindowS)
@@ -341,7 +345,7 @@ void EnergyMonitor::set_active(std::vector<int> active, int64_t generation) {
 }
 
 void EnergyMonitor::restart(int attempt) {
-  const double t = now_s();
+  const double t = clock_s();
   if (t > window_t0_) close_window(t, "restart", generation_, -1, -1);
   tracker_.abandon_epoch();
   {
@@ -361,7 +365,7 @@ void EnergyMonitor::end_startup() {
   in_startup_ = false;
   // Process start, CUDA, the model and the data up to the first step: spent (it counts in
   // the totals and the cost so far), but no epoch's, so the prediction never carries it.
-  const double t = std::min(*first, now_s());
+  const double t = std::min(*first, clock_s());
   if (t > window_t0_) close_window(t, "startup", generation_, -1, -1);
   tracker_.abandon_epoch();
   std::lock_guard<std::mutex> lock(mu_);
@@ -428,21 +432,19 @@ double EnergyMonitor::max_power_w(const std::vector<int>& slots) const {
 }
 
 void EnergyMonitor::arm_time_window() {
-  window_timer_ = std::make_unique<boost::asio::steady_timer>(io_, opt_.window);
-  window_timer_->async_wait(
-      [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
-        if (ec || alive.expired() || finished_) return;
-        // A window ends every `window` s unless a boundary ended it sooner.
-        if (now_s() - window_t0_ >= opt_.window.count() / 1000.0 - 1e-3)
-          close_window(now_s(), "time", generation_, -1, -1);
-        arm_time_window();
-      });
+  window_timer_ = clock_.schedule_after(opt_.window, [this, alive = std::weak_ptr<int>(alive_)] {
+    if (alive.expired() || finished_) return;
+    // A window ends every `window` s unless a boundary ended it sooner.
+    if (clock_s() - window_t0_ >= opt_.window.count() / 1000.0 - 1e-3)
+      close_window(clock_s(), "time", generation_, -1, -1);
+    arm_time_window();
+  });
 }
 
 void EnergyMonitor::finish(int exit_code) {
   if (finished_) return;
   finished_ = true;
-  if (window_timer_) window_timer_->cancel();
+  window_timer_.cancel();
   // One last reading, so the last window ends on a measurement, not an extrapolation.
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
@@ -466,7 +468,7 @@ void EnergyMonitor::finish(int exit_code) {
     say_(
         "warning: early stop was not possible: the workers reported no epoch boundary (it "
         "needs the worker runtime)");
-  const double t = now_s();
+  const double t = clock_s();
   if (t - window_t0_ > 1e-3) close_window(t, saw_boundary_ ? "exit" : "time", generation_, -1, -1);
   const CostSummary s = tracker_.summary();
   std::string gpu_energy = "{";
@@ -530,7 +532,7 @@ void EnergyMonitor::finish(int exit_code) {
 std::map<int, SlotEnergy> EnergyMonitor::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<int, SlotEnergy> out;
-  const double t = now_s();
+  const double t = clock_s();
   for (const MonitoredGpu& g : gpus_) {
     SlotEnergy& e = out[g.slot];
     auto p = last_power_w_.find(g.slot);

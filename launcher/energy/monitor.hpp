@@ -20,7 +20,6 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "energy/cost.hpp"
 #include "energy/early_stop.hpp"
@@ -29,6 +28,7 @@
 #include "energy/nvml.hpp"
 #include "energy/power_guard.hpp"
 #include "energy/power_profiler.hpp"
+#include "gpurun/clock.hpp"
 #include "gpurun/control/progress.hpp"
 #include "supervisor/event_log.hpp"
 
@@ -57,6 +57,10 @@ struct MonitorOptions {
   std::string summary_path;                  ///< --energy-summary FILE ("" = none)
   std::string guard_exe = "/proc/self/exe";  ///< the binary run as `__power-guard`
   double start_s = 0;  ///< Unix s the first window starts at (the job's start); 0 = now
+  /// The time of samples and windows (wall_now) and the `window` timer (run on the io
+  /// thread); tests pass a FakeClock. The sampling thread's pace stays real time. Must outlive
+  /// the monitor. nullptr: a supervisor::AsioClock on the monitor's io_context.
+  gpurun::Clock* clock = nullptr;
 };
 
 /// What `gpurun status` shows per slot.
@@ -134,11 +138,13 @@ class EnergyMonitor {
   /// ran under changing limits. Any thread.
   bool profiling() const;
 
-  /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows.
+  /// Current Unix time in seconds (CLOCK_REALTIME), the clock of samples and windows unless
+  /// MonitorOptions::clock says otherwise.
   static double now_s();
 
  private:
-  void run();  // the sampling thread
+  void run();                                               // the sampling thread
+  double clock_s() const { return clock_.unix_seconds(); }  // Unix s by clock_; any thread
   void sample_once(bool drive_profiler_too = true);
   void report_read_failure(const MonitoredGpu& g, const std::string& what, const std::string& error,
                            const std::string& then);
@@ -184,6 +190,8 @@ class EnergyMonitor {
   std::vector<MonitoredGpu> gpus_;
   MonitorOptions opt_;
   const control::ProgressFile* progress_;
+  std::unique_ptr<gpurun::Clock> own_clock_;  // when opt_.clock is nullptr
+  gpurun::Clock& clock_;
 
   mutable std::mutex mu_;  // series_, last_power_, active_for_thread_, limit_w_, profiler_
   std::map<int, EnergySeries> series_;
@@ -217,7 +225,7 @@ class EnergyMonitor {
   bool finished_ = false;
   std::map<int, double> max_limit_w_;
   EpochHook epoch_hook_;
-  std::unique_ptr<boost::asio::steady_timer> window_timer_;
+  gpurun::Clock::Timer window_timer_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 
   // Sampling thread: (slot, reading) whose failures were reported; each GPU's last power

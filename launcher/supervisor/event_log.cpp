@@ -15,7 +15,8 @@
 
 namespace gpurun::supervisor {
 
-EventLog::EventLog(const std::string& path, Clock clock) : path_(path), clock_(std::move(clock)) {
+EventLog::EventLog(const std::string& path, const gpurun::Clock* clock)
+    : path_(path), clock_(clock) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error(fmt::format("cannot open event log '{}': {}", path, std::strerror(errno)));
@@ -34,7 +35,7 @@ EventLog& EventLog::operator=(EventLog&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
     path_ = std::move(other.path_);
-    clock_ = std::move(other.clock_);
+    clock_ = other.clock_;
     observer_ = std::move(other.observer_);
     write_failed_ = other.write_failed_;
     other.fd_ = -1;
@@ -73,7 +74,7 @@ std::string EventLog::format_record(std::chrono::system_clock::time_point ts,
 
 void EventLog::emit(std::string_view event, const JsonObject& fields) {
   if (fd_ < 0 && !observer_) return;
-  const auto ts = clock_ ? clock_() : std::chrono::system_clock::now();
+  const auto ts = clock_ ? clock_->wall_now() : std::chrono::system_clock::now();
   std::string line = format_record(ts, event, fields);
   if (line.size() > kMaxRecordBytes) {
     // One line a reader can still take in: the event, that it was cut, and how big it was.

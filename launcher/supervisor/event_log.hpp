@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "gpurun/clock.hpp"
 #include "gpurun/json_writer.hpp"
 
 namespace gpurun::supervisor {
@@ -21,11 +22,11 @@ using ::gpurun::JsonObject;
 /// Not thread-safe: call from the supervisor's io thread.
 class EventLog {
  public:
-  using Clock = std::function<std::chrono::system_clock::time_point()>;
-
   EventLog() = default;
   /// Opens (creates, appends to) `path`. Throws gpurun::Error naming the path on failure.
-  explicit EventLog(const std::string& path, Clock clock = std::chrono::system_clock::now);
+  /// Records are stamped with `clock`'s wall_now() (it must outlive the log); nullptr: the
+  /// system clock.
+  explicit EventLog(const std::string& path, const gpurun::Clock* clock = nullptr);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
@@ -58,7 +59,7 @@ class EventLog {
  private:
   int fd_ = -1;
   std::string path_;
-  Clock clock_;
+  const gpurun::Clock* clock_ = nullptr;
   bool write_failed_ = false;
   Observer observer_;
 };

@@ -1,13 +1,11 @@
 // [notify] command runner. Reference: docs/sharing.md#notifications.
 #include "supervisor/notifier.hpp"
 
+#include "gpurun/helper_process.hpp"
 #include "gpurun/unique_fd.hpp"
-#include "supervisor/owned_children.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,12 +13,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <vector>
+#include <optional>
 
 #include <fmt/format.h>
 #include <boost/json.hpp>
-
-extern char** environ;
 
 namespace gpurun::supervisor {
 
@@ -152,21 +148,32 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0)
     return failed(fmt::format("cannot make a socket for '{}': {}", event, std::strerror(errno)));
   ::shutdown(in[0], SHUT_WR);
+  UniqueFd child_in(in[0]), to_command(in[1]);
+  HelperOptions o;
+  o.argv = {"/bin/sh", "-c", command_};
+  o.environment = {"GPURUN_NOTIFY_EVENT=" + event};
+  o.stdin_stream = HelperStream::from_fd(child_in.get());
+  o.stdout_stream = HelperStream::null();
   // Its stderr through a pipe of ours: forwarded bounded (kMaxStderrBytes a run), never a
   // flood on gpurun's own stderr, never a command blocked on a full pipe (read all along).
-  int err[2];
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    return failed(fmt::format("cannot make a pipe for '{}': {}", event, std::strerror(errno)));
+  o.stderr_stream = HelperStream::pipe();
+  o.group = HelperGroup::kOwnGroup;  // its own group: a timeout kills what it started too
+  std::optional<HelperProcess> command;
+  try {
+    command.emplace(o);
+  } catch (const HelperError& e) {
+    return failed(
+        fmt::format("cannot start /bin/sh for '{}': {}", event, std::strerror(e.error_number())));
   }
-  ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
+  child_in.reset();
+  const int err = command->pipe(2).get();
+  ::fcntl(err, F_SETFL, ::fcntl(err, F_GETFL) | O_NONBLOCK);
   std::string shown;
   std::size_t hidden = 0;
   const auto read_err = [&] {
     char buf[16384];
     for (;;) {
-      const ssize_t n = ::read(err[0], buf, sizeof buf);
+      const ssize_t n = ::read(err, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return;  // EAGAIN (nothing now), or EOF
       const std::size_t take =
@@ -175,43 +182,6 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
       hidden += static_cast<std::size_t>(n) - take;
     }
   };
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own group: a timeout kills what it started too
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
-  std::vector<std::string> env_text;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "GPURUN_NOTIFY_EVENT=", 20) != 0) env_text.emplace_back(*e);
-  env_text.push_back("GPURUN_NOTIFY_EVENT=" + event);
-  std::vector<char*> envp;
-  for (auto& s : env_text) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string sh = "/bin/sh", dash_c = "-c", cmd = command_;
-  char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
-  pid_t pid = -1;
-  int rc = 0;
-  // Registered as ours before any reap can see it: the spawner's orphan reaper leaves it be.
-  spawn_owned_child([&] {
-    rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp.data());
-    return rc == 0 ? static_cast<int>(pid) : -1;
-  });
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  ::close(in[0]);
-  ::close(err[1]);
-  const UniqueFd err_fd(err[0]);
-  if (rc != 0) {
-    ::close(in[1]);
-    return failed(fmt::format("cannot start /bin/sh for '{}': {}", event, std::strerror(rc)));
-  }
   // The record and a newline; a command that does not read it is fine. Non-blocking, so a
   // full socket never holds the notifier past the timeout.
   const std::string text = record + "\n";
@@ -222,45 +192,39 @@ void Notifier::run_one(const std::string& event, const std::string& record) {
   }
   size_t done = 0;
   int status = 0;
-  bool exited = false;
-  while (!exited) {
-    if (in[1] >= 0 && done < text.size()) {
-      const ssize_t n =
-          ::send(in[1], text.data() + done, text.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+  for (;;) {
+    if (to_command && done < text.size()) {
+      const ssize_t n = ::send(to_command.get(), text.data() + done, text.size() - done,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) done += static_cast<size_t>(n);
       if (n < 0 && errno != EAGAIN && errno != EINTR) done = text.size();  // EPIPE: it left
     }
-    if (in[1] >= 0 && done >= text.size()) {
-      ::close(in[1]);
-      in[1] = -1;
-    }
+    if (done >= text.size()) to_command.reset();
     read_err();
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) {
-      exited = true;
-      break;
-    }
-    if (w < 0 && errno == ECHILD) {  // reaped elsewhere after all: its status is unknown
-      release_owned_child(pid);
-      if (in[1] >= 0) ::close(in[1]);
+    std::optional<int> exit;
+    try {
+      exit = command->try_wait();
+    } catch (const HelperError&) {  // reaped elsewhere after all: its status is unknown
+      to_command.reset();
       read_err();
       return forward_stderr(event, shown, hidden);
     }
+    if (exit) {
+      status = *exit;
+      break;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(-pid, SIGKILL);       // the command's own process group (setpgroup above); still ours:
-      ::waitpid(pid, &status, 0);  // not reaped, so the pid cannot have been reused
-      release_owned_child(pid);
-      if (in[1] >= 0) ::close(in[1]);
+      command->kill_and_wait();  // the command's own process group
+      to_command.reset();
       read_err();
       forward_stderr(event, shown, hidden);
       return failed(fmt::format("the command for '{}' ran past timeout_s = {} and was killed",
                                 event, static_cast<double>(timeout_.count()) / 1000.0));
     }
-    pollfd p{err_fd.get(), POLLIN, 0};
+    pollfd p{err, POLLIN, 0};
     ::poll(&p, 1, 10);
   }
-  release_owned_child(pid);
-  if (in[1] >= 0) ::close(in[1]);
+  to_command.reset();
   read_err();  // what is there now (a process it left running may hold the pipe: not waited for)
   forward_stderr(event, shown, hidden);
   if (WIFEXITED(status) && (WEXITSTATUS(status) == 127 || WEXITSTATUS(status) == 126)) {

@@ -1,25 +1,20 @@
 #include "supervisor/preemption.hpp"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "gpurun/error.hpp"
+#include "gpurun/helper_process.hpp"
 #include "gpurun/regular_file.hpp"
 #include "supervisor/process_spawner.hpp"
 #include "supervisor/worker_command.hpp"
-
-extern char** environ;
 
 namespace gpurun::supervisor {
 
@@ -192,33 +187,35 @@ RequeueResult requeue_job(const EnvMap& env, std::chrono::milliseconds timeout) 
         *job, *job);
     return r;
   }
-  std::vector<std::string> args = {*exe, "requeue", *job};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (const int err = ::posix_spawn(&pid, exe->c_str(), nullptr, nullptr, argv.data(), environ)) {
-    r.message = fmt::format("--requeue: not requeued: cannot run {}: {}", *exe, std::strerror(err));
+  HelperOptions o;
+  o.argv = {*exe, "requeue", *job};
+  std::optional<HelperProcess> scontrol;
+  try {
+    scontrol.emplace(o);
+  } catch (const HelperError& e) {
+    r.message = fmt::format("--requeue: not requeued: cannot run {}: {}", *exe,
+                            std::strerror(e.error_number()));
     return r;
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) break;
-    if (w < 0 && errno != EINTR) {
-      r.message = fmt::format("--requeue: cannot wait for {}: {}", *exe, std::strerror(errno));
-      return r;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      r.message = fmt::format("--requeue: not requeued: `{} requeue {}` gave no answer within {} s",
-                              *exe, *job, timeout.count() / 1000);
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::optional<int> exit;
+  try {
+    exit = scontrol->wait_for(timeout);
+  } catch (const HelperError& e) {
+    r.message =
+        fmt::format("--requeue: cannot wait for {}: {}", *exe, std::strerror(e.error_number()));
+    return r;
   }
+  if (!exit) {
+    try {
+      scontrol->kill_and_wait();
+    } catch (const HelperError&) {
+      // reaped elsewhere meanwhile: it is gone all the same
+    }
+    r.message = fmt::format("--requeue: not requeued: `{} requeue {}` gave no answer within {} s",
+                            *exe, *job, timeout.count() / 1000);
+    return r;
+  }
+  const int status = *exit;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     r.requeued = true;
     r.message = fmt::format("--requeue: job {} requeued (`{} requeue {}`); exit status {}", *job,

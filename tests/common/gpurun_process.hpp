@@ -1,11 +1,13 @@
 // Test helpers shared by the integration tests that run the real gpurun binary:
-// a scratch directory and one child process with its output captured to files.
+// a scratch directory, one child process with its output captured to files, and poll_until,
+// the one polling loop of these tests (a test waits for a thing, never for a time).
 #pragma once
 
 #include <ftw.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,6 +28,36 @@
 #include <doctest/doctest.h>
 
 namespace gpurun::testing {
+
+/// Evaluates `pred` every `every` until it holds (true) or `limit` has passed (false, after a
+/// last look); `limit` 0: one look. Blocks the calling thread; the only sleep a process test
+/// needs.
+inline bool poll_until(const std::function<bool()>& pred, std::chrono::milliseconds limit,
+                       std::chrono::milliseconds every = std::chrono::milliseconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (pred()) return true;
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(every);
+  }
+}
+
+/// 0 when a TCP connection to numeric `host`:`port` is accepted (and closed at once), else the
+/// errno of connect.
+inline int connect_errno(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  REQUIRE(::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0);
+  const int s = ::socket(res->ai_family, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  const int rc = ::connect(s, res->ai_addr, res->ai_addrlen);
+  const int err = rc == 0 ? 0 : errno;
+  ::close(s);
+  ::freeaddrinfo(res);
+  return err;
+}
 
 /// A loopback TCP port that was free a moment ago (bind port 0, read it back, close), as text
 /// for --master-port.
@@ -113,17 +146,13 @@ struct ChildProcess {
 
   /// Waits up to `limit`; true when the child exited.
   bool wait(std::chrono::milliseconds limit) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (!status) {
-      int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        status = st;
-        break;
-      }
-      if (std::chrono::steady_clock::now() >= end) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return true;
+    return poll_until(
+        [this] {
+          int st = 0;
+          if (!status && ::waitpid(pid, &st, WNOHANG) == pid) status = st;
+          return status.has_value();
+        },
+        limit);
   }
   /// Shell-style exit code (128+signal for a signal death); -1 if still running.
   int code() const {

@@ -46,30 +46,11 @@ using gpurun::testing::ChildProcess;
 using gpurun::testing::free_port;
 using gpurun::testing::TempDir;
 
-/// 0 when a TCP connection to numeric `host`:`port` is accepted, else the errno of connect.
-int connect_errno(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  REQUIRE(::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0);
-  const int s = ::socket(res->ai_family, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  const int rc = ::connect(s, res->ai_addr, res->ai_addrlen);
-  const int err = rc == 0 ? 0 : errno;
-  ::close(s);
-  ::freeaddrinfo(res);
-  return err;
-}
+using gpurun::testing::connect_errno;
 
 /// Waits (up to 20 s) until `host`:`port` accepts a connection: the store is up.
 bool wait_listening(const std::string& host, const std::string& port) {
-  const auto end = Clock::now() + 20s;
-  while (Clock::now() < end) {
-    if (connect_errno(host, port) == 0) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
+  return gpurun::testing::poll_until([&] { return connect_errno(host, port) == 0; }, 20s);
 }
 
 /// A non-loopback, non-link-local address of this host of the family (AF_INET/AF_INET6).
@@ -258,7 +239,6 @@ TEST_CASE("address: three single-node jobs started at once with no port flags al
         std::vector<std::string>{kGpurun, "--nproc", "2", "--device", "cpu", "sh", "-c", worker},
         std::map<std::string, std::string>{{"OUT_DIR", dirs[j]->str()}}, dirs[j]->path / "stdout",
         dirs[j]->path / "stderr"));
-  const auto end = Clock::now() + 30s;
   const auto all_written = [&] {
     for (const auto& d : dirs)
       for (const char* r : {"0", "1"})
@@ -270,7 +250,7 @@ TEST_CASE("address: three single-node jobs started at once with no port flags al
   const auto one_ended = [&] {  // before the fix: two of them, at once
     return std::any_of(jobs.begin(), jobs.end(), [](const auto& j) { return j->wait(0ms); });
   };
-  while (!all_written() && !one_ended() && Clock::now() < end) std::this_thread::sleep_for(20ms);
+  gpurun::testing::poll_until([&] { return all_written() || one_ended(); }, 30s);
   std::set<std::string> ports;
   for (int j = 0; j < 3; ++j) {
     CAPTURE(j);

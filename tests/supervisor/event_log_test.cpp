@@ -11,6 +11,7 @@
 #include <functional>
 #include <regex>
 
+#include "gpurun/clock.hpp"
 #include "gpurun/error.hpp"
 
 using namespace gpurun::supervisor;
@@ -57,7 +58,8 @@ TEST_CASE("event log: one line per event, appended") {
                     ("gpurun-evlog-" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
   {
-    EventLog log(path.string(), [] { return system_clock::time_point(milliseconds(5)); });
+    const gpurun::FakeClock clock(system_clock::time_point(milliseconds(5)));
+    EventLog log(path.string(), &clock);
     CHECK(log.enabled());
     log.emit("start", JsonObject().add("nproc", 2));
     log.emit("worker_exited", JsonObject().add("rank", 1).add("signal", "SIGSEGV"));
@@ -123,7 +125,8 @@ TEST_CASE("event log: a record over the size limit is replaced by a short one sa
                     ("gpurun-evlog-big-" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
   {
-    EventLog log(path.string(), [] { return system_clock::time_point(milliseconds(5)); });
+    const gpurun::FakeClock clock(system_clock::time_point(milliseconds(5)));
+    EventLog log(path.string(), &clock);
     log.emit("config_rejected", JsonObject().add("error", std::string(30u << 20, 'x')));
     log.emit("shutdown", JsonObject().add("exit_code", 0));
   }

@@ -76,14 +76,7 @@ std::vector<pid_t> read_pids(const fs::path& dir, const std::string& prefix) {
   return pids;
 }
 
-bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds limit) {
-  const auto end = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() >= end) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using gpurun::testing::poll_until;
 
 bool all_dead(const std::vector<pid_t>& pids) {
   for (pid_t p : pids)
@@ -291,12 +284,12 @@ TEST_CASE("gpurun: one rank failing -> the others are gone within grace + 1 s") 
             {"FAIL_CODE", "5"},
             {"IGNORE_TERM", "1"}},  // survivors ignore SIGTERM: only SIGKILL ends them
            dir.path);
-  REQUIRE(wait_for([&] { return fs::exists(dir.path / "failed_at"); }, 20s));
+  REQUIRE(poll_until([&] { return fs::exists(dir.path / "failed_at"); }, 20s));
   const auto failed = Clock::now();
   std::vector<pid_t> survivors;
   for (int r = 0; r < 2; ++r)
     survivors.push_back(std::stoi(slurp(dir.path / ("pid." + std::to_string(r)))));
-  CHECK(wait_for([&] { return all_dead(survivors); }, 3s));  // grace 2 s + 1 s
+  CHECK(poll_until([&] { return all_dead(survivors); }, 3s));  // grace 2 s + 1 s
   const auto gone = Clock::now() - failed;
   CHECK(gone >= 1500ms);  // they ignored SIGTERM, so it took the SIGKILL after the grace period
   REQUIRE(g.wait(10s));
@@ -308,13 +301,12 @@ TEST_CASE("gpurun: SIGTERM leaves no process of the job, children included") {
   Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--grace-period", "2",
             worker("with_children.sh")},
            {{"OUT_DIR", dir.str()}}, dir.path);
-  REQUIRE(wait_for(
+  REQUIRE(poll_until(
       [&] {
         return fs::exists(dir.path / "ready.0") && fs::exists(dir.path / "ready.1") &&
                read_pids(dir.path, "pids.").size() == 8;
       },
-      20s));
-  std::this_thread::sleep_for(100ms);  // the grandchild's pid line lands right after ready
+      20s));  // the grandchild's pid line may land after ready: 8 lines, not the files, decide
   const auto pids = read_pids(dir.path, "pids.");
   REQUIRE(pids.size() == 8);  // per rank: worker, child, subshell, grandchild
   CHECK(!all_dead(pids));
@@ -322,7 +314,7 @@ TEST_CASE("gpurun: SIGTERM leaves no process of the job, children included") {
   REQUIRE(g.wait(10s));
   CHECK(g.code() == 128 + SIGTERM);
   // gpurun returns only after every group is empty; allow init a moment to reap.
-  CHECK(wait_for([&] { return all_dead(pids); }, 500ms));
+  CHECK(poll_until([&] { return all_dead(pids); }, 500ms));
   CHECK(g.stderr_text().find("received SIGTERM") != std::string::npos);
 }
 
@@ -333,12 +325,12 @@ TEST_CASE("gpurun: kill -9 of gpurun -> every worker gone within 1 s") {
   fs::create_directories(tmp);
   Gpurun g({"--nproc", "3", "--device", "cpu", "--master-port", "0", worker("loop.sh")},
            {{"OUT_DIR", dir.str()}, {"TMPDIR", tmp.string()}}, dir.path);
-  REQUIRE(wait_for([&] { return read_pids(dir.path, "pid.").size() == 3; }, 20s));
+  REQUIRE(poll_until([&] { return read_pids(dir.path, "pid.").size() == 3; }, 20s));
   const auto workers = read_pids(dir.path, "pid.");
   CHECK(!all_dead(workers));
   ::kill(g.pid, SIGKILL);
   REQUIRE(g.wait(5s));
-  CHECK(wait_for([&] { return all_dead(workers); }, 1s));
+  CHECK(poll_until([&] { return all_dead(workers); }, 1s));
 
   // The dead run's temporary dir is left behind; the next gpurun removes it.
   const fs::path runs = tmp / ("gpurun-" + std::to_string(::getuid())) / "runs";
@@ -434,8 +426,8 @@ TEST_CASE("gpurun: SIGINT during a large launch stops spawning and tears down wh
   Gpurun g({"--nproc", "1000", "--device", "cpu", "--master-port", "0", "--grace-period", "5",
             "sleep", mark},
            {{"TMPDIR", dir.str()}}, dir.path);
-  REQUIRE(wait_for([&] { return !pids_with_arg(mark).empty(); }, 20s));
-  std::this_thread::sleep_for(200ms);
+  // SIGINT mid-launch: once a few dozen of the 1000 run.
+  REQUIRE(poll_until([&] { return pids_with_arg(mark).size() >= 30; }, 20s));
   ::kill(g.pid, SIGINT);
   const auto t0 = Clock::now();
   REQUIRE(g.wait(10s));  // before the fix: only after all 1000 were spawned
@@ -530,7 +522,7 @@ TEST_CASE("gpurun: orphans of a failed worker are reaped; no wait for the grace 
   Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--grace-period", "10",
             worker("orphan_fail.sh")},
            {{"OUT_DIR", dir.str()}}, dir.path);
-  REQUIRE(wait_for([&] { return fs::exists(dir.path / "child.0"); }, 20s));
+  REQUIRE(poll_until([&] { return fs::exists(dir.path / "child.0"); }, 20s));
   const auto t0 = Clock::now();
   REQUIRE(g.wait(20s));
   const std::string err = g.stderr_text();
@@ -641,7 +633,7 @@ TEST_CASE("gpurun preemption: SIGTERM stops runtime workers at a boundary before
             "--grace-period", "30", "--event-log", (dir.path / "events.jsonl").string(),
             worker("preempt.sh")},
            {{"OUT_DIR", dir.str()}, {"MODE", "runtime"}, {"MODE_2", "plain"}}, dir.path);
-  REQUIRE(wait_for([&] { return started(dir.path, 3); }, 20s));
+  REQUIRE(poll_until([&] { return started(dir.path, 3); }, 20s));
   ::kill(g.pid, SIGTERM);
   REQUIRE(g.wait(10s));  // well inside --stop-timeout: nobody waited for it
   CHECK(g.code() == 128 + SIGTERM);
@@ -663,12 +655,12 @@ TEST_CASE("gpurun preemption: no boundary -> SIGTERM after --stop-timeout, SIGKI
   Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--stop-timeout", "1.5",
             "--grace-period", "1", worker("preempt.sh")},
            {{"OUT_DIR", dir.str()}, {"MODE", "stuck"}}, dir.path);
-  REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+  REQUIRE(poll_until([&] { return started(dir.path, 1); }, 20s));
   const pid_t wpid = std::stoi(slurp(dir.path / "pid.0"));
+  const auto t0 = Clock::now();
   ::kill(g.pid, SIGTERM);
-  std::this_thread::sleep_for(700ms);
-  CHECK(sigs_of(dir.path, 0).empty());  // still inside --stop-timeout
-  CHECK(wait_for([&] { return sigs_of(dir.path, 0) == "TERM\n"; }, 5s));
+  CHECK(poll_until([&] { return sigs_of(dir.path, 0) == "TERM\n"; }, 5s));
+  CHECK(Clock::now() - t0 >= 1500ms);  // not inside --stop-timeout
   REQUIRE(g.wait(10s));
   CHECK(g.code() == 128 + SIGTERM);
   CHECK(!alive(wpid));  // it ignored SIGTERM: SIGKILL ended it
@@ -683,11 +675,12 @@ TEST_CASE("gpurun preemption: --preempt-signal URG is forwarded; a second SIGTER
   Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--preempt-signal", "SIGURG",
             "--stop-timeout", "30", "--grace-period", "30", worker("preempt.sh")},
            {{"OUT_DIR", dir.str()}, {"MODE", "stuck"}}, dir.path);
-  REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+  REQUIRE(poll_until([&] { return started(dir.path, 1); }, 20s));
   ::kill(g.pid, SIGURG);
-  CHECK(wait_for([&] { return sigs_of(dir.path, 0) == "URG\n"; }, 5s));
+  CHECK(poll_until([&] { return sigs_of(dir.path, 0) == "URG\n"; }, 5s));
   ::kill(g.pid, SIGTERM);
-  std::this_thread::sleep_for(300ms);
+  REQUIRE(poll_until(
+      [&] { return g.stderr_text().find("received SIGTERM: asking") != std::string::npos; }, 5s));
   ::kill(g.pid, SIGTERM);
   REQUIRE(g.wait(5s));  // neither --stop-timeout nor --grace-period waited for
   CHECK(g.code() == 128 + SIGTERM);
@@ -713,7 +706,7 @@ TEST_CASE("gpurun preemption: --requeue runs scontrol requeue $SLURM_JOB_ID, exi
     Gpurun g({"--nproc", "2", "--device", "cpu", "--master-port", "0", "--requeue",
               worker("preempt.sh")},
              slurm, dir.path);
-    REQUIRE(wait_for([&] { return started(dir.path, 2); }, 20s));
+    REQUIRE(poll_until([&] { return started(dir.path, 2); }, 20s));
     ::kill(g.pid, SIGTERM);
     REQUIRE(g.wait(10s));
     CHECK(g.code() == 75);
@@ -729,7 +722,7 @@ TEST_CASE("gpurun preemption: --requeue runs scontrol requeue $SLURM_JOB_ID, exi
     Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--requeue",
               worker("preempt.sh")},
              slurm, dir.path);
-    REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+    REQUIRE(poll_until([&] { return started(dir.path, 1); }, 20s));
     ::kill(g.pid, SIGUSR2);
     REQUIRE(g.wait(10s));
     CHECK(g.code() == 75);
@@ -746,7 +739,7 @@ TEST_CASE("gpurun preemption: --requeue runs scontrol requeue $SLURM_JOB_ID, exi
     Gpurun g({"--nproc", "1", "--device", "cpu", "--master-port", "0", "--requeue",
               worker("preempt.sh")},
              env, dir.path);
-    REQUIRE(wait_for([&] { return started(dir.path, 1); }, 20s));
+    REQUIRE(poll_until([&] { return started(dir.path, 1); }, 20s));
     ::kill(g.pid, SIGTERM);
     REQUIRE(g.wait(10s));
     CHECK(g.code() == 128 + SIGTERM);

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -33,6 +34,7 @@ const std::string kWorker = std::string(GPURUN_TEST_WORKERS) + "/multinode.sh";
 
 using gpurun::testing::ChildProcess;
 using gpurun::testing::free_port;
+using gpurun::testing::poll_until;
 using gpurun::testing::TempDir;
 
 /// gpurun for node `rank` of 2 with two CPU workers running multinode.sh.
@@ -68,14 +70,11 @@ bool contains(const std::string& text, const std::string& needle) {
 
 /// Waits until every file exists (true) or `limit` passes (false).
 bool wait_for_files(const std::vector<fs::path>& files, std::chrono::milliseconds limit) {
-  const auto end = Clock::now() + limit;
-  for (;;) {
-    bool all = true;
-    for (const auto& f : files) all = all && fs::exists(f);
-    if (all) return true;
-    if (Clock::now() >= end) return false;
-    std::this_thread::sleep_for(20ms);
-  }
+  return poll_until(
+      [&] {
+        return std::all_of(files.begin(), files.end(), [](const auto& f) { return fs::exists(f); });
+      },
+      limit);
 }
 
 std::vector<fs::path> started(const fs::path& dir, int attempt) {
@@ -99,13 +98,14 @@ TEST_CASE("multinode: node 0 keeps its store up until node 1's workers are done,
   const fs::path first = dir.path / "finished.1.0";
   bool n0_exited_early = false;
   const auto end = Clock::now() + 25s;
-  while (!n1.wait(0ms) && Clock::now() < end) {
-    if (n0.wait(0ms)) {
-      n0_exited_early = !fs::exists(first) || !fs::exists(last);
-      break;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
+  poll_until(
+      [&] {
+        if (n1.wait(0ms)) return true;
+        if (!n0.wait(0ms)) return false;
+        n0_exited_early = !fs::exists(first) || !fs::exists(last);
+        return true;
+      },
+      25s);
   const bool n1_done = n1.wait(std::chrono::duration_cast<std::chrono::milliseconds>(
       std::max<Clock::duration>(0s, end - Clock::now())));
   const bool n0_done = n0.wait(5s);
@@ -365,7 +365,7 @@ TEST_CASE("multinode: a second gpurun with the same --node-rank, or another --nn
     // --nnodes 3 keeps node 0 in its rendezvous while both "node 1"s join.
     Node n0(0, port, env, dir.path, {"--nnodes", "3", "--join-timeout", "8"});
     Node a(1, port, env, dir.path, {"--nnodes", "3"});
-    std::this_thread::sleep_for(1500ms);
+    REQUIRE(poll_until([&] { return contains(a.stderr_text(), "joined node 0's store"); }, 10s));
     fs::create_directories(dir.path / "b");
     Node b(1, port, env, dir.path / "b", {"--nnodes", "3"});
     const bool b_done = b.wait(10s);
@@ -423,9 +423,7 @@ TEST_CASE("multinode: SIGTERM to node 0 while it waits in the exit barrier stops
   Node n0(0, port, env, dir.path);
   Node n1(1, port, env, dir.path, {"--grace-period", "3"});
   REQUIRE(wait_for_files(started(dir.path, 0), 20s));
-  const auto until = Clock::now() + 10s;
-  while (!contains(n0.stderr_text(), "keeping the store up") && Clock::now() < until)
-    std::this_thread::sleep_for(20ms);
+  poll_until([&] { return contains(n0.stderr_text(), "keeping the store up"); }, 10s);
   REQUIRE(::kill(n0.pid, SIGTERM) == 0);
   const bool n1_done = n1.wait(20s);
   const bool n0_done = n0.wait(10s);
@@ -446,9 +444,7 @@ TEST_CASE("multinode: signals during the start rendezvous") {
     const std::map<std::string, std::string> env{{"OUT_DIR", dir.str()}};
     Node n0(0, port, env, dir.path, {"--nnodes", "3"});
     Node n1(1, port, env, dir.path, {"--nnodes", "3"});
-    const auto until = Clock::now() + 10s;
-    while (!contains(n1.stderr_text(), "joined node 0's store") && Clock::now() < until)
-      std::this_thread::sleep_for(20ms);
+    poll_until([&] { return contains(n1.stderr_text(), "joined node 0's store"); }, 10s);
     REQUIRE(::kill(n0.pid, SIGINT) == 0);
     REQUIRE(n0.wait(10s));
     REQUIRE(n1.wait(10s));
@@ -460,9 +456,7 @@ TEST_CASE("multinode: signals during the start rendezvous") {
   SUBCASE("SIGINT on node 1 while node 0 is not there yet: it stops within a second or two") {
     TempDir dir;
     Node n1(1, free_port(), {{"OUT_DIR", dir.str()}}, dir.path);
-    const auto until = Clock::now() + 10s;
-    while (!contains(n1.stderr_text(), "waiting for node 0's store") && Clock::now() < until)
-      std::this_thread::sleep_for(20ms);
+    poll_until([&] { return contains(n1.stderr_text(), "waiting for node 0's store"); }, 10s);
     REQUIRE(::kill(n1.pid, SIGINT) == 0);
     const auto t = Clock::now();
     REQUIRE(n1.wait(10s));
@@ -481,15 +475,11 @@ TEST_CASE("multinode: a node that joined and left before the start is waited for
   {
     fs::create_directories(dir.path / "gone");
     Node gone(1, port, env, dir.path / "gone", {"--nnodes", "3"});
-    const auto until = Clock::now() + 10s;
-    while (!contains(gone.stderr_text(), "joined node 0's store") && Clock::now() < until)
-      std::this_thread::sleep_for(20ms);
+    poll_until([&] { return contains(gone.stderr_text(), "joined node 0's store"); }, 10s);
     REQUIRE(::kill(gone.pid, SIGKILL) == 0);
     REQUIRE(gone.wait(5s));
   }
-  const auto until = Clock::now() + 10s;
-  while (!contains(n0.stderr_text(), "left before the start") && Clock::now() < until)
-    std::this_thread::sleep_for(20ms);
+  poll_until([&] { return contains(n0.stderr_text(), "left before the start"); }, 10s);
   Node n1(1, port, env, dir.path, {"--nnodes", "3"});
   Node n2(2, port, env, dir.path, {"--nnodes", "3"});
   REQUIRE(n0.wait(30s));
@@ -545,10 +535,7 @@ fs::path world(const TempDir& dir, int attempt, int node_rank, int local) {
 }
 
 bool wait_line(const ChildProcess& p, const std::string& line) {
-  const auto until = Clock::now() + 10s;
-  while (!contains(p.stderr_text(), line) && Clock::now() < until)
-    std::this_thread::sleep_for(20ms);
-  return contains(p.stderr_text(), line);
+  return poll_until([&] { return contains(p.stderr_text(), line); }, 10s);
 }
 
 }  // namespace
@@ -581,7 +568,8 @@ TEST_CASE("multinode: --nnodes 2:3 losing node 1 renumbers node 2 as node 1 of t
   TempDir dir;
   const std::string port = free_port();
   auto n0 = range_node("2:3", port, dir, "node0");
-  std::this_thread::sleep_for(300ms);  // node 0 hosts (the first on the port)
+  // node 0 hosts (the first on the port)
+  REQUIRE(poll_until([&] { return gpurun::testing::connect_errno("127.0.0.1", port) == 0; }, 10s));
   auto n1 = range_node("2:3", port, dir, "node1");
   REQUIRE(wait_line(*n1, "joined as node 1 (join order)"));
   auto n2 = range_node("2:3", port, dir, "node2");

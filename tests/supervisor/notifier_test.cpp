@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -15,6 +17,7 @@
 
 using gpurun::supervisor::Notifier;
 using gpurun::supervisor::notify_wants;
+using gpurun::testing::poll_until;
 using gpurun::testing::slurp;
 using gpurun::testing::TempDir;
 using namespace std::chrono_literals;
@@ -98,7 +101,7 @@ TEST_CASE("Notifier: a failing command is said once; one past its timeout is kil
     Notifier n("sleep 30 & wait", 100ms, t.sink());
     n.post("shutdown", "{}");
     n.post("lease", "{}");
-    while (n.failures().first < 2) std::this_thread::sleep_for(10ms);
+    REQUIRE(poll_until([&] { return n.failures().first >= 2; }, 20s));
     counts = n.failures();
   }
   REQUIRE(t.problems().size() == 1);
@@ -119,8 +122,8 @@ TEST_CASE("Notifier: a command that is not found is said once and not run again"
     n.post("lease", "{}");
     n.post("lease_end", "{}");
     n.post("shutdown", "{}");
-    while (n.failures().first < 1) std::this_thread::sleep_for(10ms);
-    std::this_thread::sleep_for(200ms);
+    REQUIRE(poll_until([&] { return n.failures().first >= 1; }, 20s));
+    std::this_thread::sleep_for(200ms);  // time to run (wrongly) the two later events
     counts = n.failures();
   }
   const auto p = w.problems();
@@ -176,7 +179,7 @@ TEST_CASE("Notifier: the spawner's orphan reaper never takes a notify command's 
     Notifier n("exit 4", 10s, w.sink());
     for (int i = 0; i < 30; ++i) n.post("lease", "{}");
     // A stolen exit is a command whose failure is never counted: wait 20 s at most for 30.
-    for (int i = 0; i < 2000 && n.failures().first < 30; ++i) std::this_thread::sleep_for(10ms);
+    poll_until([&] { return n.failures().first >= 30; }, 20s);
     counts = n.failures();
   }
   stop = true;
@@ -198,4 +201,35 @@ TEST_CASE("Notifier: at its end the queue gets one timeout in all, and says so")
   for (const auto& l : w.lines) all += l + "\n";
   CHECK(all.find("notify: running the ") != std::string::npos);
   CHECK(all.find("not sent: gpurun is ending") != std::string::npos);
+}
+
+TEST_CASE("Notifier: the command starts with no signal blocked or ignored, whatever gpurun's") {
+  // gpurun ignores SIGPIPE (main.cpp) and its threads block signals: neither reaches the
+  // command, which would otherwise, e.g., never die of a closed pipe.
+  TempDir dir;
+  struct sigaction old_pipe {};
+  ::sigaction(SIGPIPE, nullptr, &old_pipe);
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &block, &old_mask);  // the notifier's thread inherits it
+  Warnings w;
+  {
+    Notifier n("grep -E '^Sig(Blk|Ign):' /proc/self/status > " + (dir.path / "signals").string(),
+               10s, w.sink());
+    n.post("shutdown", "{}");
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  CHECK(w.problems().empty());
+  const std::string text = slurp(dir.path / "signals");
+  INFO("the /proc status of a program the command runs: ", text);
+  // Without glibc's internal signals 32 and 33 (posix_spawn's child ignores them).
+  constexpr unsigned long long kGlibcInternal = (1ULL << 31) | (1ULL << 32);
+  for (const char* field : {"SigBlk:", "SigIgn:"}) {
+    const auto at = text.find(field);
+    REQUIRE(at != std::string::npos);
+    CHECK((std::stoull(text.substr(at + 7), nullptr, 16) & ~kGlibcInternal) == 0);
+  }
 }

@@ -321,8 +321,7 @@ TEST_CASE("gpurun: SIGQUIT is forwarded to every worker; gpurun exits 131 after 
              worker("trap_quit.sh")},
             {{"OUT_DIR", dir.str()}}, setup);
   REQUIRE(c.until([&] { return fs::exists(dir.path / "pid.0") && fs::exists(dir.path / "pid.1"); },
-                  10s));
-  std::this_thread::sleep_for(100ms);  // let the workers install their trap
+                  10s));  // trap_quit.sh installs its trap before it writes its pid
   REQUIRE(::kill(c.pid, SIGQUIT) == 0);
   const auto sent = Clock::now();
   REQUIRE(c.finish(20s));

@@ -28,7 +28,7 @@ GPURUN=$1 CASE=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 DUMP=$HERE/workers/dump_env.sh
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap 'for j in $(jobs -p); do kill "$j" 2> /dev/null; done; rm -rf "$TMP"' EXIT  # our gpuruns
 export OUT_DIR=$TMP
 fail() {
   echo "torchrun_cli_$CASE: FAIL: $*" >&2
@@ -38,10 +38,9 @@ fail() {
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 val() { sed -n "s/^$2=//p" "$TMP/env.$1"; }  # val RANK NAME
 run() { "$GPURUN" --device cpu "$@" > "$TMP/out.log" 2> "$TMP/err.log" || fail "gpurun exited $?"; }
-wait_line() {  # wait_line FILE PATTERN: 10 s at most
-  for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  fail "no line matching '$2' in $1 in 10 s"
-}
+. "$HERE/../common/wait_for.sh"
+wait_line() { wait_for 10 "a line matching '$2' in $1" grep -qs "$2" "$1"; }  # FILE PATTERN
+hosting() { wait_for 10 "node 0's store on port $1" port_open "$1"; }  # hosting PORT
 worlds() {  # worlds N RANK...: each rank's WORLD_SIZE is N
   local n=$1 r
   shift
@@ -63,7 +62,7 @@ case $CASE in
           --rdzv-id job8 "$DUMP")
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
     a=$!
-    sleep 0.5
+    hosting "$P"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/b.log" 2>&1 || fail "the second gpurun exited $?"
     wait "$a" || fail "the first gpurun exited $?"
     grep -q "joined as node 1 (join order)" "$TMP/b.log" || fail "the second node was not given node rank 1"
@@ -86,7 +85,7 @@ case $CASE in
     args=(--nnodes 3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
     a=$!
-    sleep 0.3
+    hosting "$P"
     "$GPURUN" --device cpu --node-rank 1 "${args[@]}" > "$TMP/b.log" 2>&1 &
     b=$!
     wait_line "$TMP/b.log" "joined node 0's store"
@@ -101,7 +100,7 @@ case $CASE in
     args=(--nnodes 3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P" "$DUMP")
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/a.log" 2>&1 &
     a=$!
-    sleep 0.3
+    hosting "$P"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/b.log" 2>&1 &
     b=$!
     wait_line "$TMP/b.log" "joined as node 1"
@@ -110,7 +109,7 @@ case $CASE in
     wait_line "$TMP/a.log" "left before the start"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/c.log" 2>&1 &
     c=$!
-    sleep 0.3
+    wait_line "$TMP/c.log" "joined node 0's store"
     "$GPURUN" --device cpu "${args[@]}" > "$TMP/d.log" 2>&1 || fail "the fourth gpurun exited $?"
     wait "$c" || fail "the third gpurun exited $?"
     wait "$a" || fail "node 0 exited $?"
@@ -122,7 +121,7 @@ case $CASE in
     "$GPURUN" --device cpu --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
       --rdzv-endpoint "127.0.0.1:$P" --rdzv-id jobA --join-timeout 20 "$DUMP" > "$TMP/a.log" 2>&1 &
     a=$!
-    sleep 0.5
+    hosting "$P"
     rc=0
     "$GPURUN" --device cpu --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
       --rdzv-endpoint "127.0.0.1:$P" --rdzv-id jobB "$DUMP" > "$TMP/b.log" 2>&1 || rc=$?
@@ -143,14 +142,18 @@ case $CASE in
     P=$(port)
     args=(--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P"
           --rdzv-conf last_call_timeout=0)
-    "$GPURUN" --device cpu "${args[@]}" sh -c 'touch "$OUT_DIR/up"; sleep 3' > "$TMP/a.log" 2>&1 &
+    mkfifo "$TMP/go"  # node 0's worker runs until the test writes a line to it
+    "$GPURUN" --device cpu "${args[@]}" sh -c 'touch "$OUT_DIR/up"; read -r _ < "$OUT_DIR/go"' \
+      > "$TMP/a.log" 2>&1 &
     a=$!
-    for _ in $(seq 1 100); do [[ -f $TMP/up ]] && break; sleep 0.1; done
+    wait_for 10 "node 0's worker to start ($TMP/up)" test -f "$TMP/up"
     rc=0
     "$GPURUN" --device cpu "${args[@]}" /bin/true > "$TMP/b.log" 2>&1 || rc=$?
     [[ $rc == 1 ]] || fail "the late node exited $rc, not 1"
     grep -q "node 0 closed the rendezvous with 1 node before this node (1) joined" "$TMP/b.log" ||
       fail "the late node does not say why it was refused"
+    exec 3<> "$TMP/go"  # read-write: never blocks, even with no reader left
+    echo go >&3
     wait "$a" || fail "node 0 exited $?"
     ;;
   module)
@@ -195,13 +198,12 @@ PY
       sh -c 'trap "sleep 2; exit 0" TERM; touch "$OUT_DIR/up.$RANK"; while :; do sleep 0.1; done' \
       > "$TMP/out.log" 2> "$TMP/err.log" &
     g=$!
-    for _ in $(seq 1 100); do [[ -f $TMP/up.0 && -f $TMP/up.1 ]] && break; sleep 0.1; done
+    wait_for 10 "both workers to start ($TMP/up.0, up.1)" test -f "$TMP/up.0" -a -f "$TMP/up.1"
     a=$(get)
     [[ $a == "200 "*'"alive": true'*'"state": "running"'*'"workers": 2'* ]] || fail "while running: $a"
     kill -TERM "$g"
-    sleep 0.5
-    b=$(get)
-    [[ $b == "503 "*'"state": "stopping"'* ]] || fail "while stopping: $b"
+    stopping() { b=$(get); [[ $b == "503 "*'"state": "stopping"'* ]]; }  # the workers take 2 s
+    wait_for 2 "503 and state stopping from $P/health after SIGTERM" stopping
     wait "$g" || true
     c=$(get)
     [[ $c == down* ]] || fail "after the exit: $c"

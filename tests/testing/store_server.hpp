@@ -25,6 +25,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
+#include "gpurun/sanitizers.hpp"
 #include "gpurun/store/client.hpp"
 #include "store/server.hpp"
 
@@ -32,20 +33,6 @@ namespace gpurun::store::testing {
 
 // Deadline used only to turn a hang into a failure, never to assert speed.
 inline constexpr auto kHangGuard = std::chrono::seconds(20);
-
-// Whether this build runs under AddressSanitizer (its quarantine keeps freed memory resident, so
-// RSS bounds are not measured there).
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kAddressSanitizer = true;
-#else
-inline constexpr bool kAddressSanitizer = false;
-#endif
-#else
-inline constexpr bool kAddressSanitizer = false;
-#endif
 
 // This process's resident set size (VmRSS of /proc/self/status), in KiB; 0 when unreadable.
 inline int64_t resident_kib() {

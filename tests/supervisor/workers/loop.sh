@@ -1,4 +1,4 @@
 #!/bin/sh
-# Writes its pid to $OUT_DIR/pid.<rank> and loops until killed.
+# Writes its pid to $OUT_DIR/pid.<rank> and runs until killed (the same pid).
 echo $$ > "$OUT_DIR/pid.$RANK"
-while :; do sleep 0.1; done
+exec sleep infinity

@@ -16,7 +16,7 @@ if [ -n "$FAIL_ONCE" ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RAN
 fi
 sleep "${NODE1_SLEEP:-3}"
 if [ -n "$NODE1_CODE" ] && [ "$LOCAL_RANK" != 0 ]; then
-  while :; do sleep 0.1; done
+  exec sleep infinity
 fi
 touch "$OUT_DIR/finished.$GROUP_RANK.$LOCAL_RANK"
 exit "${NODE1_CODE:-0}"

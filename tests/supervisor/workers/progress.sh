@@ -12,11 +12,10 @@ if [ -t 1 ]; then
   echo "size $(stty size <&3)"
   echo "flags $(stty -a <&3 | tr ' ;' '\n\n' | grep -x -e -opost -e -echo | tr '\n' ' ')"
 fi
-i=0
-while [ ! -e "$OUT_DIR/ready" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+. "$(dirname "$0")/../../common/wait_for.sh"
+wait_for 10 "$OUT_DIR/ready" test -e "$OUT_DIR/ready"
 printf '\rstep 1/3'
-i=0
-while [ ! -e "$OUT_DIR/go" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for 10 "$OUT_DIR/go" test -e "$OUT_DIR/go"
 printf '\rstep 2/3'
 sleep 0.1
 printf '\rstep 3/3\n'

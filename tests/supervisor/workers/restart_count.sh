@@ -6,10 +6,9 @@ c="$TORCHELASTIC_RESTART_COUNT"
 # the file and writing it would otherwise leave it empty.
 echo "$c" > "$OUT_DIR/.count.$RANK.$c.tmp" && mv "$OUT_DIR/.count.$RANK.$c.tmp" "$OUT_DIR/count.$RANK.$c"
 if [ "$RANK" = 0 ]; then
-  i=0
-  while [ "$(ls "$OUT_DIR" | grep -c "^count\..*\.$c\$")" -lt "$WORLD_SIZE" ] && [ $i -lt 100 ]; do
-    sleep 0.05; i=$((i + 1))
-  done
+  . "$(dirname "$0")/../../common/wait_for.sh"
+  all_counts() { [ "$(ls "$OUT_DIR" | grep -c "^count\..*\.$c\$")" -ge "$WORLD_SIZE" ]; }
+  wait_for 5 "every rank's $OUT_DIR/count.<rank>.$c" all_counts
   exit 3
 fi
-while :; do sleep 0.1; done
+exec sleep infinity

@@ -5,5 +5,5 @@
 exec 3>&1  # stdout, for stty inside $(...)
 trap 'echo "resized $(stty size <&3)"' WINCH
 echo "size $(stty size <&3)"
-i=0
-while [ ! -e "$OUT_DIR/done" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+. "$(dirname "$0")/../../common/wait_for.sh"
+wait_for 20 "$OUT_DIR/done" test -e "$OUT_DIR/done"
