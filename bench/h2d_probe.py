@@ -22,7 +22,7 @@ PATH = "/dev/shm/gpurun-h2d-probe"
 def child(method, nbytes, chunk, ring):
     import torch
     t0 = time.monotonic()
-    # as the runtime maps its snapshot file (launcher/snapshot/mapped_file.cpp): shared,
+    # as the runtime maps its snapshot file (worker_runtime/snapshot/mapped_file.cpp): shared,
     # read-write, page tables filled at once
     fd = os.open(PATH, os.O_RDWR)
     mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),

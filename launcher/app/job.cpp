@@ -14,7 +14,7 @@
 #include "energy/nvml.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
-#include "supervisor/master_address.hpp"
+#include "nodes/master_address.hpp"
 #include "supervisor/worker_env.hpp"
 
 namespace gpurun::app {

@@ -14,7 +14,7 @@
 #include "app/start_checks.hpp"
 #include "gpurun/abstract_lock.hpp"
 #include "gpurun/error.hpp"
-#include "supervisor/master_address.hpp"
+#include "nodes/master_address.hpp"
 
 namespace gpurun::app {
 

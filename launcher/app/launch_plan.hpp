@@ -9,8 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "cli/cli.hpp"
 #include "control/config.hpp"
-#include "supervisor/cli.hpp"
 #include "supervisor/fd_limit.hpp"
 #include "supervisor/worker_env.hpp"
 

@@ -6,7 +6,7 @@
 
 #include "app/energy_setup.hpp"  // print_err
 #include "gpurun/error.hpp"
-#include "supervisor/master_address.hpp"
+#include "nodes/master_address.hpp"
 #include "supervisor/worker_command.hpp"
 
 namespace gpurun::app {

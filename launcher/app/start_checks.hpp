@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "supervisor/cli.hpp"
+#include "cli/cli.hpp"
 #include "supervisor/worker_env.hpp"
 
 namespace gpurun::app {
@@ -24,7 +24,7 @@ constexpr int kExitNotFound = 127;
 /// localhost is not looked up. Sets `store_hosts` (where the store listens) and, when
 /// `host_by_address` (c10d by join order without is_host=), plan.node_rank: 0 when the address
 /// is this host's, else 1 (joins). Returns kExitUsage after printing why, or nothing. Blocks
-/// for the address lookup (bounded: supervisor/master_address.hpp).
+/// for the address lookup (bounded: launcher/nodes/master_address.hpp).
 std::optional<int> place_master(const supervisor::Options& opt, supervisor::JobPlan& plan,
                                 bool host_by_address, std::vector<std::string>& store_hosts);
 

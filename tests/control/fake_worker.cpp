@@ -31,7 +31,7 @@
 #include <thread>
 
 #include "gpurun/control/progress.hpp"
-#include "gpurun/control/worker_session.hpp"
+#include "gpurun/worker/worker_session.hpp"
 
 namespace fs = std::filesystem;
 using gpurun::control::Decision;

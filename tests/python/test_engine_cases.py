@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest python_engine_cases: the worker engine's JSON cases (tests/control/engine_cases.json,
+"""ctest python_engine_cases: the worker engine's JSON cases (tests/worker_runtime/engine/engine_cases.json,
 also run by the C++ table test "worker engine: JSON cases") give the same actions when the
 Python package drives the engine through its C interface (libgpurun_worker.so, ctypes): one
 engine for both languages. Usage: test_engine_cases.py LIBGPURUN_WORKER_SO"""
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(here, "..", "..", "worker_runtime", "python"))
 from gpurun import _native  # noqa: E402
 
 lib = _native.load(sys.argv[1])
-cases = json.load(open(os.path.join(here, "..", "control", "engine_cases.json")))
+cases = json.load(open(os.path.join(here, "..", "worker_runtime", "engine", "engine_cases.json")))
 assert len(cases) >= 5, len(cases)
 checked = 0
 for case in cases:

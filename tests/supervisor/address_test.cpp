@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "supervisor/master_address.hpp"
+#include "nodes/master_address.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

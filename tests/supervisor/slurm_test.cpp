@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli.hpp"
 #include "gpurun/error.hpp"
-#include "supervisor/cli.hpp"
 
 using namespace gpurun::supervisor;
 

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli/cli.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun_process.hpp"  // TempDir
-#include "supervisor/cli.hpp"
 #include "supervisor/gpu_inventory.hpp"
 #include "supervisor/slurm.hpp"
 

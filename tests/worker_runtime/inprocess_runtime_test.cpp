@@ -1,6 +1,6 @@
 // The worker state machine in one process: ranks are threads, the supervisor is the real
 // control::Scheduler over an in-memory store, collectives run over shared memory
-// (worker_runtime/testing/). Resize, handoff, park/wake, pause/resume, a peer dying, and the
+// (tests/testing/). Resize, handoff, park/wake, pause/resume, a peer dying, and the
 // transition table — each in milliseconds, CPU LibTorch.
 #include "testing/in_memory_control.hpp"
 
@@ -28,7 +28,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "gpurun/control/worker_state.hpp"
+#include "gpurun/worker/worker_state.hpp"
 
 using namespace std::chrono_literals;
 using gpurun::Runtime;

@@ -51,10 +51,10 @@
 
 #include <torch/torch.h>
 
-#include "gpurun/control/worker_state.hpp"
 #include "gpurun/elastic_sampler.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/state.hpp"
+#include "gpurun/worker/worker_state.hpp"
 
 namespace gpurun {
 
@@ -65,7 +65,7 @@ struct RuntimeSeams;
 std::unique_ptr<Runtime> make_runtime(RuntimeSeams seams);
 }  // namespace detail
 
-// Worker-side states, WorkerState (gpurun/control/worker_state.hpp, the worker protocol
+// Worker-side states, WorkerState (gpurun/worker/worker_state.hpp, the worker protocol
 // engine's table): an elastic process starts REJOINING (a joiner until it holds the state) and
 // is ACTIVE once epochs() started it; a static job is always ACTIVE.
 

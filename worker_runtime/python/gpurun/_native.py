@@ -1,7 +1,7 @@
 """ctypes binding of gpurun's worker protocol engine: ``libgpurun_worker.so``, built with the
 launcher and named to every worker by gpurun in ``GPURUN_WORKER_LIBRARY`` (so the package needs
 no compiler and cannot drift from the launcher's protocol). C interface:
-launcher/protocol/capi/gpurun_worker.h; the engine: docs/control-protocol.md#worker-engine.
+worker_runtime/capi/gpurun_worker.h; the engine: docs/control-protocol.md#worker-engine.
 
 Events and actions are dicts (the engine's JSON). Errors: ``ProtocolError`` (a bad value or an
 executor bug), ``StoreError`` (the store connection), ``Abandoned`` (gpurun abandoned the

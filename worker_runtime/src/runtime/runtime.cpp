@@ -5,8 +5,8 @@
 #include "runtime/runtime_impl.hpp"
 
 #include "gpurun/control/keys.hpp"
-#include "gpurun/control/library_preload.hpp"
-#include "gpurun/control/term_signal.hpp"
+#include "gpurun/worker/library_preload.hpp"
+#include "gpurun/worker/term_signal.hpp"
 #include "runtime/cuda_warmup.hpp"
 #include "state/state_checksum.hpp"
 
@@ -527,7 +527,7 @@ std::unique_ptr<Runtime> Runtime::from_env(RuntimeOptions options) {
     }
   }
   // Under Slurm a SIGTERM from slurmstepd reaches this process too: it waits for gpurun's
-  // stop at the next boundary instead of ending here (gpurun/control/term_signal.hpp).
+  // stop at the next boundary instead of ending here (gpurun/worker/term_signal.hpp).
   control::install_external_term_handler();
   if (!seams.env.preempt_dir.empty()) {
     const std::string ack =

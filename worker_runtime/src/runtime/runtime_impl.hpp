@@ -36,9 +36,9 @@
 #include "compat/torch_compat.hpp"
 #include "gpurun/check.hpp"
 #include "gpurun/control/progress.hpp"
-#include "gpurun/control/worker_session.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/snapshot/format.hpp"
+#include "gpurun/worker/worker_session.hpp"
 #include "runtime/runtime_env.hpp"
 #include "runtime/runtime_seams.hpp"
 #include "runtime/trace.hpp"
@@ -69,7 +69,7 @@ using snapshot::file_size_limit_text;
 
 struct Runtime::Impl {
   RuntimeOptions opt;
-  /// The worker engine with its store I/O (gpurun/control/worker_session.hpp); null unless
+  /// The worker engine with its store I/O (gpurun/worker/worker_session.hpp); null unless
   /// elastic. This runtime executes its actions (drive()).
   std::unique_ptr<control::WorkerSession> control;
   rt::CommFactory comm_factory;  // rt::make_communicator unless a test's fake
@@ -172,7 +172,7 @@ struct Runtime::Impl {
     global_batch = d.global_batch;
   }
 
-  // ---- the engine's actions (gpurun/control/worker_engine.hpp), executed with LibTorch ----
+  // ---- the engine's actions (gpurun/worker/worker_engine.hpp), executed with LibTorch ----
   /// The checksum of the state this rank held when it left, where that boundary computed one
   /// (a pause's snapshot source, a leaving handoff source): state_checksum() after left().
   std::optional<uint64_t> left_checksum;

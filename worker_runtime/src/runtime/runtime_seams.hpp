@@ -1,6 +1,6 @@
 // gpurun::detail::make_runtime — the Runtime's internal constructor: environment, control
 // client and communicator factory given from outside, so that the worker state machine runs
-// in one process with threads as ranks (worker_runtime/testing/, tests/worker_runtime/
+// in one process with threads as ranks (tests/testing/, tests/worker_runtime/
 // inprocess_runtime_test.cpp). Runtime::from_env() is make_runtime() with the real seams.
 // Seams table: docs/worker-runtime.md#testing-in-one-process. Internal header.
 #pragma once
@@ -11,8 +11,8 @@
 
 #include "comm/communicator.hpp"
 #include "gpurun/control/progress.hpp"
-#include "gpurun/control/worker_session.hpp"
 #include "gpurun/runtime.hpp"
+#include "gpurun/worker/worker_session.hpp"
 #include "runtime/runtime_env.hpp"
 
 namespace gpurun::rt {

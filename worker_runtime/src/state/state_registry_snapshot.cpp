@@ -1,5 +1,5 @@
 // StateRegistry's snapshot files: write, read, prepare, adopt and close (the format and the
-// file's life: launcher/snapshot); the page-locking seam they use.
+// file's life: worker_runtime/snapshot); the page-locking seam they use.
 #include <algorithm>
 #include <chrono>
 #include <exception>

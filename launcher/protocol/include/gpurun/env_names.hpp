@@ -1,7 +1,7 @@
 // Every GPURUN_* environment variable gpurun reads or sets, by name, in one place. The
 // supervisor sets the worker ones (launcher/supervisor/worker_env.cpp,
 // launcher/control/elastic_controller.cpp, launcher/app/main.cpp); the worker side reads
-// them (gpurun/control/worker_session.hpp, gpurun/control/progress.hpp, the worker runtime).
+// them (gpurun/worker/worker_session.hpp, gpurun/control/progress.hpp, the worker runtime).
 // Meaning of each: docs/cli.md#worker-environment.
 #pragma once
 

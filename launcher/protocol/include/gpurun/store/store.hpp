@@ -3,7 +3,7 @@
 // (supervisor::NodeSync) and Gloo's rendezvous (rt::GlooStore) all talk to a store through it.
 // Implementations: ClientStore (gpurun/store/client_store.hpp: over one TCPStore connection),
 // BackendStore (launcher/store/backend_store.hpp: node 0's in-process backend) and the tests'
-// MemoryStore (launcher/testing/memory_store.hpp). Semantics: docs/store-protocol.md.
+// MemoryStore (tests/testing/memory_store.hpp). Semantics: docs/store-protocol.md.
 #pragma once
 
 #include <chrono>
