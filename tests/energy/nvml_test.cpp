@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <set>
-#include <thread>
 
 #include "fake_nvml/fake_nvml_state.hpp"
 #include "gpurun_process.hpp"
@@ -122,20 +121,21 @@ TEST_CASE("nvml: the energy counter is the integral of the schedule (hand-comput
 
 TEST_CASE("nvml: the energy counter only moves every energy_period_ms (100 ms)") {
   // 250 W constant: the counter is 250 W * (a multiple of 0.1 s) = multiples of 25 J.
+  // The fake's clock is stopped 1 s after t0 and advanced 5 ms between reads.
   fake::State s = fake::h200s(1, fake::unix_now() - 1.0);
+  s.now = *s.t0 + 1.0;
   s.gpus[0].draw = {{0, 250}};
   FakeGpus gpus(s);
   auto nvml = gpus.open();
   auto d = nvml->device_by_index(0);
   std::vector<uint64_t> reads;
-  const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(450)) {
+  const double start = *s.now;
+  double now = start;
+  while (now - start < 0.450 - 1e-6) {
     reads.push_back(nvml->total_energy_mj(d));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    now = fake::advance(gpus.path, 0.005);
   }
-  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              std::chrono::steady_clock::now() - start)
-                              .count();
+  const auto elapsed_ms = static_cast<int64_t>(std::lround((now - start) * 1000));
   REQUIRE(reads.size() >= 10);
   // Unquantised, two reads 5 ms apart would differ by 1.25 J; quantised, most are equal.
   size_t equal_pairs = 0;
@@ -155,6 +155,7 @@ TEST_CASE("nvml: the energy counter only moves every energy_period_ms (100 ms)")
 
 TEST_CASE("nvml: the actual draw is capped by a limit set through NVML, and energy follows") {
   fake::State s = fake::h200s(1, fake::unix_now());
+  s.now = s.t0;  // a stopped clock, advanced below
   s.gpus[0].draw = {{0, 600}};
   FakeGpus gpus(s);
   auto nvml = gpus.open();
@@ -175,12 +176,12 @@ TEST_CASE("nvml: the actual draw is capped by a limit set through NVML, and ener
   CHECK(speed == doctest::Approx(std::sqrt(400.0 / 600.0)));
   // The energy since the change accrues at 400 W: the fake's own formula agrees with the
   // counter (same history), and the counter is below the uncapped 600 W integral.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  fake::advance(gpus.path, 0.3);
   const fake::State now = fake::read_state(gpus.path);
   REQUIRE(now.gpus[0].limits.size() == 1);
   const double t_set = now.gpus[0].limits[0].first;
   const uint64_t mj = nvml->total_energy_mj(d);
-  const double t = fake::unix_now() - *now.t0;
+  const double t = fake::now_s(now) - *now.t0;
   CHECK(mj >= static_cast<uint64_t>((600.0 * t_set + 400.0 * (t - 0.11 - t_set)) * 1000.0 - 1));
   CHECK(mj <= static_cast<uint64_t>((600.0 * t_set + 400.0 * (t - t_set)) * 1000.0 + 1));
   nvml->set_power_limit_mw(d, 700000);

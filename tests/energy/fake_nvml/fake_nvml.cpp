@@ -69,7 +69,7 @@ fake::State load() {
   fake::State s = fake::read_state(path);
   if (!s.t0) {
     fake::update_state(path, [&](fake::State& w) {
-      if (!w.t0) w.t0 = fake::unix_now();
+      if (!w.t0) w.t0 = fake::now_s(w);
       s = w;
     });
   }
@@ -77,7 +77,7 @@ fake::State load() {
 }
 
 double seconds_since_t0(const fake::State& s) {
-  return fake::unix_now() - *s.t0;
+  return fake::now_s(s) - *s.t0;
 }
 
 void report(const char* function, const std::exception& e) {
@@ -364,7 +364,7 @@ __attribute__((visibility("default"))) int nvmlDeviceSetPowerManagementLimit(voi
     // Re-read under the exclusive lock: another process may have changed it meanwhile.
     fake::update_state(state_path(), [&](fake::State& w) {
       fake::Gpu& gw = w.gpus.at(index);
-      double at = std::max(0.0, fake::unix_now() - *w.t0);
+      double at = std::max(0.0, fake::now_s(w) - *w.t0);
       if (!gw.limits.empty()) at = std::max(at, gw.limits.back().first);
       gw.limits.emplace_back(at, mw / 1000.0);
     });

@@ -6,6 +6,9 @@
 //
 //   t0=1712345678.250000            Unix seconds (CLOCK_REALTIME) the schedules start at;
 //                                   stamped by the first process that loads a file without it
+//   now=1712345679.250000           a stopped clock: the Unix seconds the fake takes as now,
+//                                   moved only by whoever writes the file (advance()); absent:
+//                                   CLOCK_REALTIME
 //   energy_period_ms=100            the energy counter changes only every this many ms (H200)
 //   cuda_order=2,0,1                CUDA ordinal k is NVML index cuda_order[k] (default:
 //                                   identity; ignored under CUDA_DEVICE_ORDER=PCI_BUS_ID)
@@ -98,7 +101,8 @@ struct Process {
 
 struct State {
   std::vector<Process> processes;
-  std::optional<double> t0;  ///< Unix seconds
+  std::optional<double> t0;   ///< Unix seconds
+  std::optional<double> now;  ///< a stopped clock (Unix seconds); nullopt: CLOCK_REALTIME
   unsigned energy_period_ms = 100;
   std::vector<unsigned> cuda_order;  ///< empty: identity
   uint64_t energy_reads = 0;
@@ -141,6 +145,11 @@ inline double unix_now() {
   timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+/// The fake's time now, Unix seconds: its stopped clock when it has one, else unix_now().
+inline double now_s(const State& s) {
+  return s.now ? *s.now : unix_now();
 }
 
 // ---- simulation ----
@@ -293,7 +302,10 @@ inline std::string from_schedule(const std::vector<std::pair<double, double>>& s
   std::string out;
   for (const auto& [t, w] : s) {
     if (!out.empty()) out += ',';
-    out += fmt_num(t) + ":" + fmt_num(w);
+    // Times round-trip exactly: a limit set at the stopped clock's `now` is in force at now.
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", t);
+    out += std::string(buf) + ":" + fmt_num(w);
   }
   return out;
 }
@@ -382,6 +394,8 @@ inline State parse(std::string_view text) {
       const std::string k = w0.substr(0, eq), v = w0.substr(eq + 1);
       if (k == "t0") {
         s.t0 = to_num(v, lineno, k);
+      } else if (k == "now") {
+        s.now = to_num(v, lineno, k);
       } else if (k == "energy_period_ms") {
         s.energy_period_ms = static_cast<unsigned>(to_num(v, lineno, k));
       } else if (k == "energy_reads") {
@@ -425,6 +439,11 @@ inline std::string serialize(const State& s) {
   if (s.t0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "t0=%.6f\n", *s.t0);
+    out += buf;
+  }
+  if (s.now) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "now=%.6f\n", *s.now);
     out += buf;
   }
   out += "energy_period_ms=" + std::to_string(s.energy_period_ms) + "\n";
@@ -549,6 +568,18 @@ void update_state(const std::string& path, F&& change) {
   State s = parse(f.read_all());
   change(s);
   f.write_all(serialize(s));
+}
+
+/// Moves the stopped clock of the file at `path` forward by `seconds` (the file must have
+/// `now`); returns the new time. What the fake reports follows at once, with no waiting.
+inline double advance(const std::string& path, double seconds) {
+  double now = 0;
+  update_state(path, [&](State& s) {
+    if (!s.now)
+      throw std::runtime_error("fake NVML state " + path + " has no stopped clock (now=)");
+    now = *s.now += seconds;
+  });
+  return now;
 }
 
 /// The current power limit of NVML index `index` in the file, W.
