@@ -106,14 +106,17 @@ struct ElasticRun {
   }
   /// Waits until `pred` holds, up to the hang guard.
   void wait_for(const std::string& what, const std::function<bool()>& pred) {
-    const auto end = std::chrono::steady_clock::now() + hang_guard;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() >= end)
-        FAIL("timed out waiting for " << what << "\n" << diag());
-      if (wait(std::chrono::milliseconds(0)))
-        FAIL("gpurun exited (" << code() << ") while waiting for " << what << "\n" << diag());
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    bool exited = false;
+    const bool held = poll_until(
+        [&] {
+          if (pred()) return true;
+          exited = wait(std::chrono::milliseconds(0));
+          return exited;
+        },
+        hang_guard, std::chrono::milliseconds(50));
+    if (!held) FAIL("timed out waiting for " << what << "\n" << diag());
+    if (exited)
+      FAIL("gpurun exited (" << code() << ") while waiting for " << what << "\n" << diag());
   }
   /// Waits for the n-th (1-based, counting the start) non-continue decision; returns it.
   json::object wait_resize(size_t n) {

@@ -179,17 +179,25 @@ struct TrainRun : gpurun::testing::ElasticRun {
   std::string active_of(size_t n) { return json::serialize(wait_resize(n).at("active")); }
 
   /// For each (config active_gpus, expected decision active set): rewrites config.toml, waits
-  /// for that resize decision, then for two boundaries of training (half a second for a pause).
+  /// for that resize decision, then for two boundaries of training (for a pause: its resize
+  /// event, every participant's timing record in).
   void resize_through(const std::vector<std::pair<std::string, std::string>>& steps,
                       const std::string& mode) {
     size_t n = resizes().size();
     for (const auto& [active, want] : steps) {
       write_file(dir / "config.toml", config(active, mode));
-      CHECK(active_of(++n) == want);
-      if (want != "[]")
+      const json::object decision = wait_resize(++n);
+      CHECK(json::serialize(decision.at("active")) == want);
+      if (want != "[]") {
         wait_continues(2);
-      else
-        std::this_thread::sleep_for(500ms);
+        continue;
+      }
+      const int64_t g = decision.at("generation").as_int64();
+      wait_for("the pause's resize event (generation " + std::to_string(g) + ")", [this, g] {
+        for (auto& e : events("resize"))
+          if (e.at("generation").as_int64() == g) return true;
+        return false;
+      });
     }
   }
 };
@@ -897,11 +905,12 @@ TEST_CASE("every resize's latency breakdown: one resize event per generation, in
   // resize event at once may still find the previous file: read until it is there (≤ 5 s).
   int rc = -1;
   std::string text;
-  for (int i = 0; i < 50; ++i) {
-    std::tie(rc, text) = gpurun_status(tmp.path, "");
-    if (text.find("last resize: generation 4 ") != std::string::npos) break;
-    std::this_thread::sleep_for(100ms);
-  }
+  gpurun::testing::poll_until(
+      [&] {
+        std::tie(rc, text) = gpurun_status(tmp.path, "");
+        return text.find("last resize: generation 4 ") != std::string::npos;
+      },
+      5s, 100ms);
   INFO(text);
   CHECK(rc == 0);
   CHECK(text.find("last resize: generation 4 resume [] -> [0]: ") != std::string::npos);
