@@ -38,8 +38,10 @@ fail() {
   echo "-- gpurun stderr" >&2; tail -30 "$TMP/err.log" >&2 || true
   [[ -n ${state:-} ]] && { echo "-- fake NVML state" >&2; cat "$state" >&2; }
   echo "-- events" >&2; grep -v '"worker_state"' "$TMP/events.jsonl" | tail -30 >&2 || true
+  [[ -f $TMP/status.out ]] && { echo "-- the last gpurun status" >&2; cat "$TMP/status.out" >&2; }
   exit 1
 }
+. "$(dirname "$0")/../common/wait_for.sh"
 start() {  # start NPROC [FLAGS...]: gpurun with config $TMP/config.toml, epochs of 200 ms
   local n=$1; shift
   "$GPURUN" --device cpu --nproc "$n" "$@" --master-port 0 --run-id share --config "$TMP/config.toml" \
@@ -47,18 +49,12 @@ start() {  # start NPROC [FLAGS...]: gpurun with config $TMP/config.toml, epochs
   pid=$!
 }
 # The active set of the N-th resize decision (counting the start as 1), waited for 30 s.
-resize() {
-  local n=$1 i
-  for i in $(seq 1 300); do
-    local got
-    got=$(grep '"event": "decision"' "$TMP/events.jsonl" 2>/dev/null |
-      grep -E '"kind": "(start|resize)"' | sed -n "${n}p" | sed -E 's/.*"active": (\[[^]]*\]).*/\1/')
-    [[ -n $got ]] && { echo "$got"; return 0; }
-    kill -0 "$pid" 2>/dev/null || fail "gpurun exited while waiting for resize $n"
-    sleep 0.1
-  done
-  fail "no resize decision #$n in 30 s"
+nth_resize() {
+  grep '"event": "decision"' "$TMP/events.jsonl" 2>/dev/null |
+    grep -E '"kind": "(start|resize)"' | sed -n "${1}p" | sed -E 's/.*"active": (\[[^]]*\]).*/\1/'
 }
+has_resize() { [[ -n $(nth_resize "$1") ]]; }
+resize() { wait_alive "$pid" 30 "resize decision #$1" has_resize "$1"; nth_resize "$1"; }
 expect_resize() { local got; got=$(resize "$1"); [[ $got == "$2" ]] || fail "resize $1: active $got, not $2"; }
 # Waits (10 s at most) until `gpurun status` shows the job training on $1 ("0, 1"): the
 # commands' messages are computed from the status file, written just after the decision.
@@ -66,17 +62,9 @@ wait_current() { wait_status "active: current \[$1\]"; }
 # Waits (10 s at most) until `gpurun status` shows PATTERN (grep), its output in $TMP/status.out:
 # gpurun rewrites the status file at most every 100 ms (StatusWriter), so it may show a decision
 # up to that much after the event log does.
-wait_status() {
-  for _ in $(seq 1 100); do
-    "$GPURUN" status > "$TMP/status.out" 2>&1 && grep -q "$1" "$TMP/status.out" && return 0
-    sleep 0.1
-  done
-  fail "status never showed '$1': $(cat "$TMP/status.out")"
-}
-wait_event() {  # wait_event PATTERN: 30 s at most
-  for _ in $(seq 1 300); do grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0; sleep 0.1; done
-  fail "no event matching '$1' in 30 s"
-}
+status_shows() { "$GPURUN" status > "$TMP/status.out" 2>&1 && grep -q "$1" "$TMP/status.out"; }
+wait_status() { wait_for 10 "gpurun status to show '$1'" status_shows "$1"; }
+wait_event() { wait_for 30 "an event matching '$1'" grep -qs "$1" "$TMP/events.jsonl"; }  # PATTERN
 finish() {  # every worker ends 3 epochs after the latest decision; gpurun must exit 0
   local e
   e=$(grep '"event": "decision"' "$TMP/events.jsonl" | tail -1 | sed -E 's/.*"epoch": ([0-9]+).*/\1/')
@@ -138,12 +126,8 @@ case $CASE in
     rundir=$(sed -n 's/.*run dir \([^ ]*\).*/\1/p' "$TMP/status.out" | head -1)
     [[ -d $rundir ]] || fail "no run dir in status: $(cat "$TMP/status.out")"
     echo 'not json' > "$rundir/leases.json"
-    for _ in $(seq 1 50); do
-      "$GPURUN" status > "$TMP/status2.out" 2>&1
-      grep -q "leases file error: $rundir/leases.json: not a leases file" "$TMP/status2.out" && break
-      sleep 0.1
-    done
-    grep -q "leases file error" "$TMP/status2.out" || fail "status: $(cat "$TMP/status2.out")"
+    wait_for 5 "gpurun status to say the leases file is broken" status_shows \
+      "leases file error: $rundir/leases.json: not a leases file"
     rc=0; "$GPURUN" lend 2 > "$TMP/bad2.out" 2>&1 || rc=$?
     [[ $rc == 1 ]] && grep -q 'not a leases file' "$TMP/bad2.out" || fail "lend on a broken file: $rc $(cat "$TMP/bad2.out")"
     finish
@@ -223,7 +207,8 @@ PY
     cfg '[policy]' 'yield_to_foreign = true' 'reclaim_after_s = 1'
     start 3 --energy on
     expect_resize 1 "[0,1,2]"
-    for _ in $(seq 1 100); do compgen -G "$TMP/w/env.2.*" > /dev/null && break; sleep 0.1; done
+    env2() { compgen -G "$TMP/w/env.2.*" > /dev/null; }
+    wait_for 10 "slot 2's worker to write $TMP/w/env.2.<pid>" env2
     own=$(compgen -G "$TMP/w/env.2.*" | head -1) || fail "slot 2's worker wrote no env file"
     own=${own##*.}  # slot 2's worker: gpurun's child
     sleep 60 & foreign=$!  # another user's program, as far as gpurun can tell: not its child
@@ -268,14 +253,14 @@ PY
     cfg '[energy]' 'power_limit_watts = "auto"' 'profile_cache = "/dev/zero"'
     start 2 --energy on
     expect_resize 1 "[0,1]"
-    for _ in $(seq 1 100); do grep -q 'profile cache /dev/zero' "$TMP/err.log" && break; sleep 0.1; done
+    wait_for 10 "a line on the profile cache /dev/zero" grep -q 'profile cache /dev/zero' "$TMP/err.log"
     grep -q 'the profile cache /dev/zero (\[energy\] profile_cache) cannot be read: it is a character device, not a regular file' "$TMP/err.log" ||
       fail "the /dev/zero cache was not said"
     wait_current "0, 1"
     rundir=$(sed -n 's/.*run dir \([^ ]*\).*/\1/p' "$TMP/status.out" | head -1)
     [[ -d $rundir ]] || fail "no run dir in status: $(cat "$TMP/status.out")"
     mkfifo "$rundir/leases.json"
-    for _ in $(seq 1 100); do grep -q 'leases.json: it is a FIFO' "$TMP/err.log" && break; sleep 0.1; done
+    wait_for 10 "a line on the FIFO leases.json" grep -q 'leases.json: it is a FIFO' "$TMP/err.log"
     grep -q "warning: cannot read the leases file $rundir/leases.json: it is a FIFO, not a regular file" "$TMP/err.log" ||
       fail "the FIFO was not said"
     rc=0; timeout 10 "$GPURUN" lend 1 > "$TMP/bad.out" 2>&1 || rc=$?
@@ -284,8 +269,8 @@ PY
     "$GPURUN" set active_gpus=0 > "$TMP/set.out" 2>&1 || fail "set: $(cat "$TMP/set.out")"
     expect_resize 2 "[0]"  # decisions go on
     kill -TERM "$pid"
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && fail "SIGTERM did not end gpurun within 10 s"
+    ended() { ! kill -0 "$pid" 2> /dev/null; }
+    wait_for 10 "SIGTERM to end gpurun (pid $pid)" ended
     rc=0; wait "$pid" || rc=$?
     pid=
     [[ $rc == 143 ]] || fail "gpurun exited $rc after SIGTERM, not 143"

@@ -2,6 +2,8 @@
 # arguments: sets GPURUN ($1), HERE (this folder), PY (a python3 with torch), TMP (a scratch
 # folder removed at exit) and LOG ($TMP/gpurun.log); defines
 #   fail MSG             prints "$TEST: FAIL: MSG" and the last 40 lines of $LOG, exits 1
+#   wait_for SECONDS WHAT COMMAND...      (tests/common/wait_for.sh) polls COMMAND until it succeeds
+#   wait_running SECONDS WHAT COMMAND...  the same while gpurun ($pid) runs (wait_alive)
 #   wait_event PATTERN   waits (90 s at most) for a line of $TMP/events.jsonl matching it
 #   wait_line PATTERN    waits (180 s at most) for a line of $LOG matching the extended regex
 #                        while gpurun ($pid) runs
@@ -23,18 +25,7 @@ fail() {
   [[ -n ${pid:-} && ${pid:-0} -gt 1 ]] && kill "$pid" 2>/dev/null
   exit 1
 }
-wait_event() {
-  for _ in $(seq 1 900); do
-    grep -q "$1" "$TMP/events.jsonl" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "no event matching $1 in 90 s"
-}
-wait_line() {
-  for _ in $(seq 1 1800); do
-    grep -Eq "$1" "$LOG" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before '$1'"
-    sleep 0.1
-  done
-  fail "no line '$1' in 180 s"
-}
+. "$HERE/../common/wait_for.sh"
+wait_running() { wait_alive "$pid" "$@"; }
+wait_event() { wait_for 90 "an event matching $1 in $TMP/events.jsonl" grep -qs "$1" "$TMP/events.jsonl"; }
+wait_line() { wait_running 180 "a line '$1' in $LOG" grep -Eqs "$1" "$LOG"; }

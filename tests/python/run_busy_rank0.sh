@@ -16,12 +16,7 @@ export XDG_RUNTIME_DIR=$TMP/xdg  # the run registers here: `gpurun status` finds
   --event-log "$TMP/events.jsonl" "$PY" "$HERE/busy_rank0.py" "$TMP/out" 3 3.5 > "$LOG" 2>&1 &
 pid=$!
 late='gpurun: gpu 0 (rank 0, pid [0-9]*) has not reached boundary round [0-9]* of generation [0-9]* after [0-9.]* s (\[boundary\] deadline_s = 1; 1 of 2 ranks reported'
-for _ in $(seq 1 600); do
-  grep -q "$late" "$LOG" && break
-  kill -0 "$pid" 2>/dev/null || fail "gpurun ended before rank 0 was late"
-  sleep 0.1
-done
-grep -q "$late" "$LOG" || fail "no console line naming the late rank 0 in 60 s"
+wait_running 60 "a console line naming the late rank 0" grep -q "$late" "$LOG"
 "$GPURUN" status > "$TMP/status.txt" 2>&1 || fail "gpurun status failed: $(cat "$TMP/status.txt")"
 grep -q 'late at boundary round [0-9]* of generation [0-9]*: gpu 0 (rank 0, pid [0-9]*) for [0-9.]* s' \
   "$TMP/status.txt" || fail "gpurun status does not name the late rank: $(cat "$TMP/status.txt")"

@@ -16,14 +16,8 @@ conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n' "$1" "${2:-$MODE}" > "
 # awk, not python: this runs every 0.1 s, and a python3 start is ~40 ms of CPU each time.
 done_epochs() { cat "$TMP"/out/log.* 2>/dev/null | awk -F'[:,]' '
 /^\{"epoch": [0-9]+, "rank": 0,/ { if ($2 + 1 > n) n = $2 + 1 } END { print n + 0 }'; }
-wait_epochs() {
-  for _ in $(seq 1 600); do
-    (( $(done_epochs) >= $1 )) && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before epoch $1"
-    sleep 0.1
-  done
-  fail "epoch $1 not reached in 60 s"
-}
+reached() { (( $(done_epochs) >= $1 )); }
+wait_epochs() { wait_running 60 "epoch $1" reached "$1"; }
 
 # Hold mode reads the batches with 2 DataLoader worker processes per rank (rt.loader's
 # num_workers), release mode in the training process.

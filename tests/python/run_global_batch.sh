@@ -14,7 +14,7 @@ printf 'active_gpus = [0, 1, 2]\n[batch]\nglobal = 48\n' > "$TMP/elastic.toml"
 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/elastic.toml" "$PY" "$HERE/global_batch.py" \
   "$TMP/elastic" 6 0.5 > "$LOG" 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do [[ -s $TMP/elastic/loss ]] && break; sleep 0.1; done
+wait_running 60 "the elastic run's first epoch ($TMP/elastic/loss)" test -s "$TMP/elastic/loss"
 printf 'active_gpus = [0, 2]\n[batch]\nglobal = 48\n' > "$TMP/elastic.toml.new"
 mv "$TMP/elastic.toml.new" "$TMP/elastic.toml"
 wait "$pid" || fail "the elastic run failed"

@@ -12,14 +12,8 @@ TEST=python_example_gpud
 source "$(dirname "$0")/common.sh"
 EX=$HERE/../../examples/python/gpud_fmnist.py
 EPOCHS=14
-wait_count() {  # PATTERN N: more than N lines match
-  for _ in $(seq 1 900); do
-    (( $(grep -Ec "$1" "$LOG" 2>/dev/null || true) > $2 )) && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before line $(($2 + 1)) matching '$1'"
-    sleep 0.1
-  done
-  fail "no line $(($2 + 1)) matching '$1' in 90 s"
-}
+more_than() { (( $(grep -Ec "$1" "$LOG" 2>/dev/null || true) > $2 )); }  # PATTERN N
+wait_count() { wait_running 90 "line $(($2 + 1)) matching '$1'" more_than "$1" "$2"; }  # PATTERN N
 conf() { printf 'active_gpus = %s\n' "$1" > "$TMP/config.toml.new"; mv "$TMP/config.toml.new" "$TMP/config.toml"; }
 
 # The torchrun form (gpud's import) differs from the example by the import line only.

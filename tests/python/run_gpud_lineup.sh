@@ -11,14 +11,8 @@ EPOCHS=24
 mkdir -p "$TMP/out"
 conf() { printf 'active_gpus = %s\n' "$1" > "$TMP/c.new"; mv "$TMP/c.new" "$TMP/config.toml"; }
 calls() { cat "$TMP"/out/calls.* 2>/dev/null | grep -vc ' None ' || true; }
-wait_calls() {
-  for _ in $(seq 1 900); do
-    (($(calls) >= $1)) && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before $1 trained calls"
-    sleep 0.1
-  done
-  fail "fewer than $1 trained calls after 90 s"
-}
+at_least() { (($(calls) >= $1)); }
+wait_calls() { wait_running 90 "$1 trained calls" at_least "$1"; }
 conf "[1]"
 timeout 150 "$GPURUN" --master-port 0 --nproc 2 --device cpu --config "$TMP/config.toml" \
   --event-log "$TMP/events.jsonl" "$PY" "$HERE/gpud_lineup.py" "$TMP/out" "$EPOCHS" > "$LOG" 2>&1 &

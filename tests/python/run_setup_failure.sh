@@ -42,25 +42,21 @@ pid=$!
 wait_event '"event": "decision", "generation": 0, "prev_generation": 0, "round": 1,'
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/c.new"; mv "$TMP/c.new" "$TMP/config.toml"
 if [[ $WHERE == member ]]; then
-  for _ in $(seq 1 900); do [[ -s $TMP/out/rendezvous.1 ]] && break; sleep 0.1; done
-  [[ -s $TMP/out/rendezvous.1 ]] || fail "slot 1 never reached the grow's init_process_group"
+  wait_for 90 "slot 1 to reach the grow's init_process_group" test -s "$TMP/out/rendezvous.1"
   victim=$(cat "$TMP/out/rendezvous.1")
 elif [[ $WHERE == wrap ]]; then
-  for _ in $(seq 1 900); do [[ -s $TMP/out/wrap.2 ]] && break; sleep 0.1; done
-  [[ -s $TMP/out/wrap.2 ]] || fail "slot 2 never reached DDP's construction"
+  wait_for 90 "slot 2 to reach DDP's construction" test -s "$TMP/out/wrap.2"
   victim=$(cat "$TMP/out/wrap.2")
   sleep 1  # the holders are in DDP's broadcast, waiting for it
 elif [[ $WHERE == load || $WHERE == source ]]; then
-  for _ in $(seq 1 900); do [[ -s $TMP/out/loading.2 ]] && break; sleep 0.1; done
-  [[ -s $TMP/out/loading.2 ]] || fail "slot 2 never loaded a state"
+  wait_for 90 "slot 2 to load a state" test -s "$TMP/out/loading.2"
   victim=$(cat "$TMP/out/loading.2")
   if [[ $WHERE == source ]]; then
     victim=$(cat "$TMP/out/pid.0")
     sleep "${SOURCE_DELAY:-1}"
   fi
 else  # stopped in its own init_process_group: the holders wait for it in the rendezvous
-  for _ in $(seq 1 900); do [[ -s $TMP/out/rendezvous.2 ]] && break; sleep 0.1; done
-  [[ -s $TMP/out/rendezvous.2 ]] || fail "slot 2 never reached the grow's init_process_group"
+  wait_for 90 "slot 2 to reach the grow's init_process_group" test -s "$TMP/out/rendezvous.2"
   victim=$(cat "$TMP/out/rendezvous.2")
   sleep 1  # the holders are in torch's rendezvous, waiting for it
 fi

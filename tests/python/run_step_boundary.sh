@@ -17,18 +17,12 @@ conf() { printf 'active_gpus = %s\n[park]\nmode = "%s"\n[boundary]\nevery = 4\n'
 steps() { cat "$TMP"/out/steps.* 2>/dev/null | wc -l; }
 # Waits until $1 steps are logged and rank 0 has just taken the first or second step of an
 # epoch: the next boundary (step 4) is then inside the epoch, not at its end.
-wait_epoch_start() {
-  for _ in $(seq 1 900); do
-    # rank 0's last step (awk, not python: a python3 start is ~40 ms of CPU every 0.05 s)
-    if (( $(steps) >= $1 )) && cat "$TMP"/out/steps.* | awk -F'[:,]' '
-/^\{"epoch": [0-9]+, "step": [0-9]+, "rank": 0,/ { seen = 1; last = $4 + 0 } END { exit !(seen && last <= 1) }'; then
-      return 0
-    fi
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before $1 steps"
-    sleep 0.05
-  done
-  fail "no epoch start after $1 steps in 45 s"
+epoch_start() {  # N
+  # rank 0's last step (awk, not python: a python3 start is ~40 ms of CPU every 0.05 s)
+  (( $(steps) >= $1 )) && cat "$TMP"/out/steps.* | awk -F'[:,]' '
+/^\{"epoch": [0-9]+, "step": [0-9]+, "rank": 0,/ { seen = 1; last = $4 + 0 } END { exit !(seen && last <= 1) }'
 }
+wait_epoch_start() { wait_running 45 "an epoch start after $1 steps" epoch_start "$1"; }
 conf "[0, 1, 2]"
 STEP_SLEEP=0.15 "$GPURUN" --master-port 0 --nproc 3 --device cpu --config "$TMP/config.toml" --event-log "$TMP/events.jsonl" \
   "$PY" "$HERE/decorated_train.py" "$TMP/out" 8 > "$LOG" 2>&1 &

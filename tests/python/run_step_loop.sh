@@ -28,21 +28,10 @@ run() {  # LOG_NAME [ARGS...]: gpurun in the background ($pid)
 last_it() {  # the last iteration logged (-1: none yet)
   local v; v=$(tail -3 "$TMP/run.jsonl" 2>/dev/null | grep -o '"it": [0-9]*' | tail -1 | cut -d' ' -f2 || true)
   echo "${v:--1}"; }
-wait_it() {  # N: iteration N logged
-  for _ in $(seq 1 900); do
-    (( $(last_it) >= $1 )) && return 0
-    kill -0 "$pid" 2>/dev/null || fail "gpurun ended before iteration $1"
-    sleep 0.1
-  done
-  fail "iteration $1 not logged in 90 s"
-}
-wait_events() {  # PATTERN N: more than N lines of events.jsonl match
-  for _ in $(seq 1 900); do
-    (( $(grep -c "$1" "$TMP/events.jsonl") > $2 )) && return 0
-    sleep 0.1
-  done
-  fail "no event $(($2 + 1)) matching $1 in 90 s"
-}
+logged() { (( $(last_it) >= $1 )); }  # N
+wait_it() { wait_running 90 "iteration $1 logged" logged "$1"; }  # N: iteration N logged
+more_events() { (( $(grep -c "$1" "$TMP/events.jsonl") > $2 )); }  # PATTERN N
+wait_events() { wait_for 90 "event $(($2 + 1)) matching $1" more_events "$1" "$2"; }  # PATTERN N
 
 conf "[0, 1]"
 run ref
