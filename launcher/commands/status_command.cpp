@@ -24,6 +24,7 @@
 #include "control/resize_timeline.hpp"
 #include "control/status.hpp"
 #include "gpurun/control/decision.hpp"
+#include "gpurun/helper_process.hpp"
 #include "gpurun/regular_file.hpp"
 
 namespace gpurun::commands {
@@ -122,19 +123,16 @@ std::vector<RunEntry> live_runs() {
 
 /// pid -> used GPU memory in MiB from nvidia-smi; nullopt when nvidia-smi is unavailable.
 std::optional<std::map<int, long>> gpu_memory_by_pid() {
-  FILE* p = ::popen(
-      "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null",
-      "r");
-  if (!p) return std::nullopt;
+  const std::optional<std::string> text = output_of(
+      {"nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"});
+  if (!text) return std::nullopt;
   std::map<int, long> out;
-  char line[256];
-  while (std::fgets(line, sizeof line, p)) {
+  std::istringstream lines(*text);
+  for (std::string line; std::getline(lines, line);) {
     int pid = 0;
     long mib = 0;
-    if (std::sscanf(line, "%d , %ld", &pid, &mib) == 2) out[pid] += mib;
+    if (std::sscanf(line.c_str(), "%d , %ld", &pid, &mib) == 2) out[pid] += mib;
   }
-  const int rc = ::pclose(p);
-  if (rc != 0) return std::nullopt;
   return out;
 }
 

@@ -305,6 +305,23 @@ void HelperProcess::release() {
   pidfd_.reset();
 }
 
+std::optional<std::string> output_of(const std::vector<std::string>& argv) {
+  HelperOptions o;
+  o.argv = argv;
+  o.search_path = true;
+  o.stdout_stream = HelperStream::pipe();
+  o.stderr_stream = HelperStream::null();
+  try {
+    HelperProcess p(o);
+    std::string out = p.read_stdout();
+    const int status = p.wait();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return out;
+  } catch (const HelperError&) {
+    // not installed, not executable, or reaped elsewhere: no answer
+  }
+  return std::nullopt;
+}
+
 void reap_children_except(const std::set<int>& keep) {
   std::vector<int> children;
   if (DIR* tasks = ::opendir("/proc/self/task")) {

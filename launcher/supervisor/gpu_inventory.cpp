@@ -1,8 +1,9 @@
 #include "supervisor/gpu_inventory.hpp"
 
-#include <cstdio>
 #include <filesystem>
-#include <memory>
+#include <string_view>
+
+#include "gpurun/helper_process.hpp"
 
 namespace gpurun::supervisor {
 
@@ -27,14 +28,16 @@ std::vector<std::string> parse_visible_devices(std::string_view value) {
 }
 
 int count_physical_gpus() {
-  // nvidia-smi is the reference; stderr is discarded, a missing binary gives 0 lines.
-  if (FILE* p = ::popen("nvidia-smi -L 2>/dev/null", "r")) {
+  // nvidia-smi is the reference; its stderr is discarded; not installed or failing: the
+  // driver's directory.
+  if (const std::optional<std::string> out = output_of({"nvidia-smi", "-L"})) {
     int n = 0;
-    char line[512];
-    while (std::fgets(line, sizeof line, p))
-      if (std::string_view(line).substr(0, 4) == "GPU ") ++n;
-    int rc = ::pclose(p);
-    if (rc == 0 && n > 0) return n;
+    for (std::string_view rest = *out; !rest.empty();) {
+      const size_t nl = rest.find('\n');
+      if (rest.substr(0, 4) == "GPU ") ++n;
+      rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    }
+    if (n > 0) return n;
   }
   std::error_code ec;
   int n = 0;

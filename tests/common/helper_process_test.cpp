@@ -292,3 +292,9 @@ TEST_CASE("helper: waiting for one reaped elsewhere is an error naming it, with 
     CHECK(e.error_number() == ECHILD);
   }
 }
+
+TEST_CASE("helper: output_of: a program's stdout when it succeeds, else nothing") {
+  CHECK(gpurun::output_of({"sh", "-c", "echo GPU 0; echo ignored >&2"}) == "GPU 0\n");
+  CHECK(gpurun::output_of({"sh", "-c", "echo partial; exit 1"}) == std::nullopt);
+  CHECK(gpurun::output_of({"no-such-helper-program-on-path", "-L"}) == std::nullopt);
+}

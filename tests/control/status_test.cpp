@@ -8,7 +8,9 @@
 #include <cstdio>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "commands/status_command.hpp"
 #include "control/scheduler.hpp"
@@ -45,8 +47,9 @@ TEST_CASE("write_status_file: a failed write leaves no .status.json.<pid> behind
 namespace gpurun::control {
 namespace {
 
-// `gpurun status --run-dir DIR`'s stdout; its exit code must be 0.
-std::string status_text(const gpurun::testing::TempDir& dir) {
+// `gpurun status --run-dir DIR`'s stdout (`extra` arguments first); its exit code must be 0.
+std::string status_text(const gpurun::testing::TempDir& dir,
+                        const std::vector<std::string>& extra = {}) {
   const fs::path out = dir.path / "out.txt";
   std::fflush(stdout);
   const int saved = ::dup(1);
@@ -54,7 +57,9 @@ std::string status_text(const gpurun::testing::TempDir& dir) {
   REQUIRE(f >= 0);
   ::dup2(f, 1);
   ::close(f);
-  const int code = gpurun::commands::status_command({"--run-dir", dir.str()});
+  std::vector<std::string> args = extra;
+  args.insert(args.end(), {"--run-dir", dir.str()});
+  const int code = gpurun::commands::status_command(args);
   std::fflush(stdout);
   ::dup2(saved, 1);
   ::close(saved);
@@ -74,6 +79,31 @@ TEST_CASE("gpurun status: LAST BOUNDARY counts epochs from 1, as the console doe
   const std::string text = status_text(dir);
   CHECK_MESSAGE(text.find("after epoch 11\n") != std::string::npos, text);
   CHECK(text.find("in epoch 3 after step 500\n") != std::string::npos);
+}
+
+TEST_CASE("gpurun status: each slot's GPU memory, summed per pid from nvidia-smi") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  // A stand-in nvidia-smi first on PATH: two processes of pid 4242 and one of another pid.
+  const fs::path smi = dir.path / "nvidia-smi";
+  std::ofstream(smi) << "#!/bin/sh\necho '4242, 1000'\necho '4242, 24'\necho '77, 5'\n";
+  fs::permissions(smi, fs::perms::owner_all);
+  const std::string old_path = ::getenv("PATH") ? ::getenv("PATH") : "";
+  ::setenv("PATH", (dir.str() + ":/usr/bin:/bin").c_str(), 1);
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"({"run_id": "r", "slots": [{"gpu": 0, "state": "ACTIVE", "pid": 4242}, )"
+      R"({"gpu": 1, "state": "ACTIVE", "pid": 99}, {"gpu": 2, "state": "IDLE", "pid": -1}]})",
+      error));
+  const std::string json = status_text(dir, {"--json"});
+  // nvidia-smi failing (no driver loaded): the memory is unknown.
+  std::ofstream(smi) << "#!/bin/sh\necho '4242, 1000'\nexit 9\n";
+  const std::string unknown = status_text(dir, {"--json"});
+  ::setenv("PATH", old_path.c_str(), 1);
+  CHECK_MESSAGE(json.find(R"("pid":4242,"gpu_memory_mib":1024})") != std::string::npos, json);
+  CHECK(json.find(R"("pid":99,"gpu_memory_mib":0})") != std::string::npos);
+  CHECK(json.find(R"("pid":-1,"gpu_memory_mib":null})") != std::string::npos);
+  CHECK_MESSAGE(unknown.find(R"("pid":4242,"gpu_memory_mib":null})") != std::string::npos, unknown);
 }
 
 TEST_CASE("gpurun status: each declared GPU the job does not train on is said with why") {

@@ -137,6 +137,11 @@ class HelperProcess {
   bool released_ = false;
 };
 
+/// The stdout of `argv` (argv[0] looked up on PATH; stdin gpurun's, stderr to /dev/null) once
+/// it exited with status 0; nullopt when it cannot start (not installed) or fails. Blocks until
+/// it exits (no timeout, like popen). For probes such as `nvidia-smi -L`.
+std::optional<std::string> output_of(const std::vector<std::string>& argv);
+
 /// Reaps (waitpid WNOHANG) every direct child of this process (/proc/self/task/*/children)
 /// that is neither in `keep` nor a HelperProcess whose owner waits for it, under the helper
 /// registry's lock, so that no helper's exit is taken from its owner. Thread-safe.
