@@ -204,6 +204,7 @@ void ThreadJob::run_rank(int gpu, int64_t generation, int64_t warm, bool standby
     so.engine = {gpu, generation < 0 ? 0 : generation, warm, pid, standby};
     s.standby_exit = [] { throw StandbyExited{}; };
     s.warm_up = opt_.warm_up;
+    s.warm_up_waited = opt_.warm_up_waited;
     if (gpu == opt_.export_env_slot) s.export_env = &rt::export_env;
     s.control = std::make_unique<control::WorkerSession>(std::move(so),
                                                          std::make_unique<InMemoryStore>(sup_));

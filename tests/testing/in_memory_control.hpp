@@ -144,6 +144,8 @@ class ThreadJob {
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
     /// RuntimeSeams::warm_up of every rank's process (empty: the real one, CUDA only).
     std::function<void(const at::Device&)> warm_up;
+    /// RuntimeSeams::warm_up_waited of every rank's process (empty: none).
+    std::function<void()> warm_up_waited;
     /// The slot whose processes set the generation's RANK, WORLD_SIZE, … in the (one, shared)
     /// process environment as a real worker does (RuntimeSeams::export_env); -1: none. Only
     /// one slot may: the ranks are threads of one process.

@@ -685,12 +685,13 @@ TEST_CASE("in-process: the first step runs beside the warm-up and joins it at it
   // Runtime::Impl::train_on does not wait for the warm-up (a standby's runs beside the
   // snapshot's copies: waiting cost a C++ ViT-H resume 374 ms); the first step's end joins it.
   // The warm-up here goes on only once the first epoch body has begun (else it gives up after
-  // 10 s: a runtime that waits for it first never lets it), then takes 300 ms more.
+  // 10 s: a runtime that waits for it first never lets it), then ends only once the rank
+  // waits for it (RuntimeSeams::warm_up_waited) or the second epoch began without waiting.
   Trainer t;
   t.epochs = 2;
   std::mutex mu;
   std::condition_variable cv;
-  bool body_began = false;
+  bool body_began = false, waited = false, second_epoch = false;
   std::atomic<bool> warm_saw_body{false};
   std::atomic<int> done{0};
   std::atomic<int> done_at_second_epoch{-1};
@@ -698,19 +699,28 @@ TEST_CASE("in-process: the first step runs beside the warm-up and joins it at it
     if (epoch == 0) {
       std::lock_guard<std::mutex> lock(mu);
       body_began = true;
-      cv.notify_all();
     } else if (epoch == 1) {
       done_at_second_epoch = done.load();
+      std::lock_guard<std::mutex> lock(mu);
+      second_epoch = true;
     }
+    cv.notify_all();
   };
   ThreadJob::Options o = job_options(config({0}), "warm-up-join");
   o.slots = {0};
   o.warm_up = [&](const at::Device&) {
     std::unique_lock<std::mutex> lock(mu);
     warm_saw_body = cv.wait_for(lock, 10s, [&] { return body_began; });
+    cv.wait_for(lock, 10s, [&] { return waited || second_epoch; });
     lock.unlock();
-    std::this_thread::sleep_for(300ms);  // far longer than this tiny model's first step
     ++done;
+  };
+  o.warm_up_waited = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      waited = true;
+    }
+    cv.notify_all();
   };
   ThreadJob job(std::move(o), std::ref(t));
   job.start();

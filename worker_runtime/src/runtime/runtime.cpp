@@ -332,6 +332,7 @@ void Runtime::Impl::start_warm_up() {
 
 void Runtime::Impl::finish_warm_up() {
   if (!warm_thread.joinable()) return;
+  if (warm_up_waited) warm_up_waited();
   warm_thread.join();
   if (!warm_error.empty())
     std::fprintf(stderr,
@@ -572,6 +573,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   m->on_state = std::move(seams.on_state);
   m->standby_exit = std::move(seams.standby_exit);
   m->warm_up = std::move(seams.warm_up);
+  m->warm_up_waited = std::move(seams.warm_up_waited);
   m->export_env = std::move(seams.export_env);
   m->progress = std::move(seams.progress);
   m->control = std::move(seams.control);

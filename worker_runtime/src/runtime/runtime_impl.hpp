@@ -121,6 +121,7 @@ struct Runtime::Impl {
   bool device_pending = false;                     // CUDA not set up yet (ensure_device)
   std::function<void()> standby_exit;              // RuntimeSeams::standby_exit
   std::function<void(const at::Device&)> warm_up;  // RuntimeSeams::warm_up
+  std::function<void()> warm_up_waited;            // RuntimeSeams::warm_up_waited
   // RuntimeSeams::export_env: the generation's RANK, WORLD_SIZE, … into the process environment
   std::function<void(const std::vector<control::EnvVar>&)> export_env;
   bool finishing = false;  // the job is finishing: loops end

@@ -44,6 +44,10 @@ struct RuntimeSeams {
   /// checksum's kernels and rt::warm_cuda_libraries on a CUDA device, nothing on a CPU one.
   /// Set (tests): run on any device, on the warm-up thread.
   std::function<void(const at::Device&)> warm_up;
+  /// Called on the rank's thread just before it waits for a warm-up thread that has not been
+  /// joined yet (Impl::finish_warm_up). Empty: nothing. Tests: a warm-up that ends only once
+  /// it is waited for, so "the first step's end joins it" is seen without a timing guess.
+  std::function<void()> warm_up_waited;
   /// Sets a generation's torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, …: the engine's
   /// kTrain `env`, control::generation_env) in the process environment, at every generation
   /// this process trains in. Runtime::from_env(): rt::export_env (::setenv). Empty: not set
