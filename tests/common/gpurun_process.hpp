@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,6 +105,31 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string str() const { return path.string(); }
+};
+
+/// A FIFO that workers wait on (sh: `read -r go < PATH`) until the test calls release(): held
+/// open read-write here (close-on-exec), so a reader never blocks in open() and released lines
+/// wait in the pipe for a reader that comes later. Replaces a worker's poll for a file.
+class GoFifo {
+ public:
+  explicit GoFifo(std::filesystem::path p) : path_(std::move(p)) {
+    REQUIRE(::mkfifo(path_.c_str(), 0600) == 0);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(fd_ >= 0);
+  }
+  ~GoFifo() { ::close(fd_); }
+  GoFifo(const GoFifo&) = delete;
+  GoFifo& operator=(const GoFifo&) = delete;
+  /// One line for each of `readers` readers (a shell's `read` takes one), now or later.
+  void release(int readers = 64) {
+    const std::string lines(static_cast<std::size_t>(readers), '\n');
+    REQUIRE(::write(fd_, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
 };
 
 /// One child process running `argv` (argv[0] is the executable path) with `env` added

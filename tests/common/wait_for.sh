@@ -2,7 +2,8 @@
 # tests/python/common.sh, tests/supervisor/torchrun_cli.sh and workers/*.sh,
 # tests/control/sharing.sh, tests/slurm/run_slurm_test.sh):
 #   wait_for SECONDS WHAT COMMAND [ARG...]
-# runs COMMAND (a program or a shell function of the caller) every 50 ms until it succeeds
+# runs COMMAND (a program or a shell function of the caller) every $WAIT_FOR_EVERY s (default
+# 0.05; a caller whose COMMAND is costly, e.g. scontrol, sets more) until it succeeds
 # (return 0). After SECONDS (whole seconds, wall clock) without success it reports "timed out
 # after SECONDS s waiting for WHAT" through the caller's fail function (which usually exits)
 # or, with none, on stderr, and returns 1. A COMMAND that finds the wait hopeless (the program
@@ -27,7 +28,7 @@ wait_for() {
       fi
       return 1
     fi
-    sleep 0.05
+    sleep "${WAIT_FOR_EVERY:-0.05}"
   done
 }
 _wait_for_clock() {  # _wait_for_ms: the wall clock in ms (bash: no process started)

@@ -654,11 +654,11 @@ TEST_CASE("the store's key count stays bounded over many boundaries and resizes"
 
 TEST_CASE("gpurun status finds a plain run (no --config)") {
   TempDir tmp;
-  const std::string stop = (tmp.path / "stop").string();
-  // Local rank 1 finishes at once; local rank 0 runs until the test creates `stop`.
-  Run run(tmp.path, 2, std::nullopt, 0, {}, "cpu", {},
-          {"/bin/sh", "-c",
-           "[ \"$LOCAL_RANK\" = 1 ] && exit 0; while [ ! -e " + stop + " ]; do sleep 0.05; done"});
+  gpurun::testing::GoFifo stop(tmp.path / "stop");
+  // Local rank 1 finishes at once; local rank 0 runs until the test releases `stop`.
+  Run run(
+      tmp.path, 2, std::nullopt, 0, {}, "cpu", {},
+      {"/bin/sh", "-c", "[ \"$LOCAL_RANK\" = 1 ] && exit 0; read -r go < " + stop.path().string()});
   json::object root;
   run.wait_for("rank 1 EXITED in gpurun status", [&] {
     auto [rc, text] = gpurun_status(tmp.path, "--json");
@@ -687,7 +687,7 @@ TEST_CASE("gpurun status finds a plain run (no --config)") {
   CHECK(table.find("not elastic") != std::string::npos);
   CHECK(table.find("EXITED") != std::string::npos);
 
-  write_file(tmp.path / "stop", "");
+  stop.release();
   REQUIRE(run.wait(kHangGuard));
   CHECK(run.code() == 0);
   CHECK(gpurun_status(tmp.path, "").first == 1);  // unregistered with the run
@@ -717,12 +717,12 @@ TEST_CASE("gpurun status ignores and removes registrations left by a kill -9 or 
 
   // A live run next to the stale entries is found on its own, not "2 running jobs".
   write_file(reg / "none.1", "none\n/nonexistent/gpurun-run-dir\n1\n");
-  const std::string stop = (tmp.path / "stop").string();
+  gpurun::testing::GoFifo stop(tmp.path / "stop");
   Run run(tmp.path, 1, std::nullopt, 0, {}, "cpu", {},
-          {"/bin/sh", "-c", "while [ ! -e " + stop + " ]; do sleep 0.05; done"});
+          {"/bin/sh", "-c", "read -r go < " + stop.path().string()});
   run.wait_for("the live run in gpurun status",
                [&] { return gpurun_status(tmp.path, "--json").first == 0; });
-  write_file(tmp.path / "stop", "");
+  stop.release();
   REQUIRE(run.wait(kHangGuard));
 }
 

@@ -37,6 +37,8 @@ munged_pid=0
 failed=0
 say() { echo "slurm-test: $*"; }
 fail() { say "FAIL: $*"; failed=1; }
+. "$here/../common/wait_for.sh"  # wait_for: on a timeout, fail (the test goes on) and return 1
+WAIT_FOR_EVERY=0.2  # scontrol and sinfo are costly on the 2-core machine
 
 cleanup() {
   if ((${#pids[@]})); then  # first Slurm (it needs munge to shut down), then munged
@@ -112,7 +114,7 @@ munged -F -f --socket="$T/munge/socket" --key-file="$T/munge/munge.key" \
   --pid-file="$T/munge/munged.pid" --log-file="$T/log/munged.log" \
   --seed-file="$T/munge/munged.seed" >"$T/log/munged.out" 2>&1 &
 munged_pid=$!
-for _ in $(seq 50); do [[ -S $T/munge/socket ]] && break; sleep 0.1; done
+wait_for 5 "munged's socket $T/munge/socket" test -S "$T/munge/socket"
 munge -S "$T/munge/socket" -n | unmunge -S "$T/munge/socket" >/dev/null ||
   { fail "munged did not start"; exit 1; }
 
@@ -172,12 +174,9 @@ for n in "$N1" "$N2"; do
   slurmd -D -N "$n" >"$T/log/slurmd.$n.out" 2>&1 &
   pids+=($!)
 done
-up=0
-for _ in $(seq 150); do
-  [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle$') == 2 ]] && { up=1; break; }
-  sleep 0.2
-done
-((up)) || { fail "slurmctld/slurmd did not come up: $(sinfo -N 2>&1)"; exit 1; }
+both_idle() { [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle$') == 2 ]]; }
+wait_for 30 "slurmctld and both slurmd to come up (idle)" both_idle ||
+  { say "sinfo: $(sinfo -N 2>&1)"; exit 1; }
 say "Slurm $(sinfo -V | awk '{print $2}') up in $((SECONDS - start_time)) s: nodes $N1,$N2" \
   "(two slurmd), job ids from $first_job, dir $T"
 
@@ -189,27 +188,25 @@ submit() {  # sbatch ARGS... -> job id
   echo "${id%%;*}"
 }
 job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+job_ended() {  # ID: its state ($s) is a final one
+  s=$(job_field "$1" JobState)
+  case $s in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;;
+  esac
+  return 1
+}
 wait_job() {  # ID TIMEOUT_S: wait for a final state; echoes "STATE EXITCODE"
   local s
-  for _ in $(seq $(($2 * 5))); do
-    s=$(job_field "$1" JobState)
-    case $s in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-        echo "$s $(job_field "$1" ExitCode)"
-        return 0
-        ;;
-    esac
-    sleep 0.2
-  done
-  echo "TIMEOUT-WAITING($s) -"
+  if wait_for "$2" "job $1 to end" job_ended "$1" >&2; then
+    echo "$s $(job_field "$1" ExitCode)"
+  else
+    echo "TIMEOUT-WAITING($s) -"
+  fi
 }
 count() { if [[ -f $1 ]]; then grep -cE -- "$2" "$1"; else echo 0; fi; }  # FILE PATTERN: matching lines
+has_lines() { (($(count "$1" "$2") >= $3)); }  # FILE PATTERN COUNT
 wait_output() {  # FILE PATTERN COUNT TIMEOUT_S: until COUNT lines match
-  for _ in $(seq $(($4 * 5))); do
-    (($(count "$1" "$2") >= $3)) && return 0
-    sleep 0.2
-  done
-  return 1
+  wait_for "$4" "$3 line(s) matching '$2' in $(basename "$1")" has_lines "$1" "$2" "$3"
 }
 expect() {  # FILE PATTERN COUNT WHAT
   local n
@@ -274,12 +271,8 @@ if [[ $mode == scripts ]]; then
   else
     fail "preempt: the workers did not start"
   fi
-  requeued=0
-  for _ in $(seq 150); do  # back in the queue: Restarts=1, PENDING
-    [[ $(job_field "$j" Restarts) == 1 && $(job_field "$j" JobState) == PENDING ]] && { requeued=1; break; }
-    sleep 0.2
-  done
-  if ((requeued)); then
+  requeued() { [[ $(job_field "$j" Restarts) == 1 && $(job_field "$j" JobState) == PENDING ]]; }
+  if wait_for 30 "job $j back in the queue (Restarts=1, PENDING)" requeued; then
     # Slurm 22.05 makes a requeued job eligible only ~2 minutes later (its credential is revoked
     # on the node until then); an admin may shorten that. Not to "now": slurmd compares the new
     # credential's creation time with the revocation time in whole seconds, and a relaunch within
@@ -319,7 +312,8 @@ elif [[ $mode == main-job ]]; then
   if wait_output "$o" "^gpurun: Slurm job $j" 1 60; then
     set_active "[0]"  # applies at the end of epoch 1
     say "main job $j running: config.toml now says active_gpus = [0]"
-    for _ in $(seq 600); do (($(resizes) >= 1)) && break; [[ $(job_field "$j" JobState) == RUNNING ]] || break; sleep 0.2; done
+    resized_or_ended() { (($(resizes) >= 1)) || [[ $(job_field "$j" JobState) != RUNNING ]]; }
+    wait_for 120 "main job $j's first resize" resized_or_ended
     set_active "[0, 1]"
     say "main job: $(resizes) resize(s); config.toml now says active_gpus = [0, 1]"
   else

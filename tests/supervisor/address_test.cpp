@@ -37,14 +37,18 @@ namespace sv = gpurun::supervisor;
 namespace {
 
 const std::string kGpurun = GPURUN_BINARY;
-// Waits until $OUT_DIR/stop exists, then exits 0.
+// Waits until the test releases the FIFO $OUT_DIR/stop (JobDir), then exits 0.
 const std::string kWaitForStop =
-    "while [ ! -e \"$OUT_DIR/stop\" ]; do sleep 0.05; done; echo \"$MASTER_ADDR\" > "
-    "\"$OUT_DIR/addr.$RANK\"";
+    "read -r go < \"$OUT_DIR/stop\"; echo \"$MASTER_ADDR\" > \"$OUT_DIR/addr.$RANK\"";
 
 using gpurun::testing::ChildProcess;
 using gpurun::testing::free_port;
 using gpurun::testing::TempDir;
+
+/// A test's directory with the FIFO its workers wait on (stop).
+struct JobDir : TempDir {
+  gpurun::testing::GoFifo stop{path / "stop"};
+};
 
 using gpurun::testing::connect_errno;
 
@@ -110,8 +114,8 @@ void no_port_in_environment() {
 }
 
 /// Lets the workers of `g` finish and waits for gpurun's exit status.
-int stop(Gpurun& g, const TempDir& dir) {
-  std::ofstream(dir.path / "stop") << "\n";
+int stop(Gpurun& g, JobDir& dir) {
+  dir.stop.release();
   if (!g.wait(30s)) return -1;
   return g.code();
 }
@@ -121,7 +125,7 @@ int stop(Gpurun& g, const TempDir& dir) {
 TEST_CASE("address: a --master-addr that does not resolve fails at start on node 0 and node 1") {
   for (const std::string rank : {"0", "1"}) {
     CAPTURE(rank);
-    TempDir dir;
+    JobDir dir;
     Gpurun g({"--nnodes", "2", "--node-rank", rank, "--master-port", free_port(), "--master-addr",
               "nosuchhost.invalid"},
              dir, "node" + rank);
@@ -144,7 +148,7 @@ TEST_CASE("address: on node 0 an address of another host fails at start, naming 
   }
   for (const std::string nnodes : {"1", "2"}) {
     CAPTURE(nnodes);
-    TempDir dir;
+    JobDir dir;
     Gpurun g({"--nnodes", nnodes, "--node-rank", "0", "--master-port", free_port(), "--master-addr",
               other},
              dir, "node0");
@@ -168,7 +172,7 @@ TEST_CASE("address: with one node the store listens on loopback only, not on oth
     MESSAGE("skipped: this host has no non-loopback IPv4 address");
     return;
   }
-  TempDir dir;
+  JobDir dir;
   const std::string port = free_port();
   Gpurun g({"--master-port", port}, dir, "single");
   REQUIRE(wait_listening("127.0.0.1", port));
@@ -191,7 +195,7 @@ TEST_CASE(
     MESSAGE("skipped: this host has no non-loopback IPv4 address");
     return;
   }
-  TempDir dir;
+  JobDir dir;
   const std::string port = free_port();
   Gpurun g({"--master-port", port, "--master-addr", *lan}, dir, "single");
   REQUIRE(wait_listening(*lan, port));
@@ -210,7 +214,7 @@ TEST_CASE("address: with --nnodes 2 node 0's store listens on every interface, I
     MESSAGE("skipped: this host has no non-loopback IPv4 address");
     return;
   }
-  TempDir dir;
+  JobDir dir;
   const std::string port = free_port();
   Gpurun n0({"--nnodes", "2", "--node-rank", "0", "--master-port", port}, dir, "node0");
   REQUIRE(wait_listening("127.0.0.1", port));
@@ -229,11 +233,10 @@ TEST_CASE("address: three single-node jobs started at once with no port flags al
   const HoldDefaultPort held;
   // Each worker writes its MASTER_PORT, then waits: the three jobs run side by side.
   const std::string worker =
-      "echo \"$MASTER_PORT\" > \"$OUT_DIR/port.$RANK\"; while [ ! -e \"$OUT_DIR/stop\" ]; do "
-      "sleep 0.05; done";
-  std::vector<std::unique_ptr<TempDir>> dirs;
+      "echo \"$MASTER_PORT\" > \"$OUT_DIR/port.$RANK\"; read -r go < \"$OUT_DIR/stop\"";
+  std::vector<std::unique_ptr<JobDir>> dirs;
   std::vector<std::unique_ptr<ChildProcess>> jobs;
-  for (int j = 0; j < 3; ++j) dirs.push_back(std::make_unique<TempDir>());
+  for (int j = 0; j < 3; ++j) dirs.push_back(std::make_unique<JobDir>());
   for (int j = 0; j < 3; ++j)
     jobs.push_back(std::make_unique<ChildProcess>(
         std::vector<std::string>{kGpurun, "--nproc", "2", "--device", "cpu", "sh", "-c", worker},
@@ -267,7 +270,7 @@ TEST_CASE("address: three single-node jobs started at once with no port flags al
       CHECK(err.substr(0, err.find('\n') + 1) ==
             "gpurun: port 29500 is busy; the store listens on 127.0.0.1:" + port +
                 " instead (give --master-port to choose)\n");
-    std::ofstream(dirs[j]->path / "stop") << "\n";
+    dirs[j]->stop.release();
   }
   CHECK(ports.size() == 3);  // before the fix: two of the three "cannot listen on ...:29500"
   for (auto& job : jobs) {
@@ -292,7 +295,7 @@ TEST_CASE("address: a busy port that was chosen (--master-port, MASTER_PORT) fai
     // Not a structured binding: clang before 16 (the sanitizer build) cannot capture one.
     const std::vector<std::string>& flags = way.first;
     const std::map<std::string, std::string>& env = way.second;
-    TempDir dir;
+    JobDir dir;
     CAPTURE(flags.size());
     CAPTURE(env.size() ? env.begin()->first : std::string());
     std::vector<std::string> argv{kGpurun};

@@ -14,6 +14,9 @@ import struct
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common"))
+from wait_for import wait_for  # noqa: E402
+
 MAGIC = 0x3C85F7CE
 ADD, PING = 0x04, 0x0D
 
@@ -40,24 +43,32 @@ def add(s, key, value):
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 prefix = b"/slurm-test/" + os.environ.get("SLURM_JOB_ID", "nojob").encode()
-deadline = time.time() + 30
-while True:  # node 0's store may come up a moment after this node's workers start
+start = time.monotonic()  # 30 s for the whole: connecting and every worker's arrival
+errors = []
+
+
+def connected():  # node 0's store may come up a moment after this node's workers start
     try:
-        s = socket.create_connection((addr.strip("[]"), port), 5)
-        break
-    except OSError:
-        if time.time() > deadline:
-            raise
-        time.sleep(0.2)
+        return socket.create_connection((addr.strip("[]"), port), 5)
+    except OSError as e:
+        errors[:] = [e]
+        return None
+
+
+try:
+    s = wait_for(f"node 0's store at {addr}:{port}", connected, 30, every=0.2)
+except TimeoutError as e:
+    sys.exit(f"sum_worker: rank {rank}: {e} (last error: {errors[-1] if errors else '-'})")
 s.sendall(b"\x00" + struct.pack("<I", MAGIC))
 s.sendall(bytes([PING]) + struct.pack("<I", 7))
 assert struct.unpack("<I", recvn(s, 4))[0] == 7, "bad PING echo"
 add(s, prefix + b"/sum", rank + 1)
 add(s, prefix + b"/count", 1)
-while add(s, prefix + b"/count", 0) < world:
-    if time.time() > deadline:
-        sys.exit(f"sum_worker: rank {rank}: not all {world} workers arrived within 30 s")
-    time.sleep(0.05)
+try:
+    wait_for(f"all {world} workers", lambda: add(s, prefix + b"/count", 0) >= world,
+             max(0.0, 30 - (time.monotonic() - start)))
+except TimeoutError:
+    sys.exit(f"sum_worker: rank {rank}: not all {world} workers arrived within 30 s")
 total = add(s, prefix + b"/sum", 0)
 slurm_vars = ",".join(sorted(k for k in os.environ if k.startswith("SLURM_"))) or "-"
 print(f"sum_worker: rank {rank} of {world} local {os.environ['LOCAL_RANK']} "

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Fails the way a torch script decorated with @record does: writes the JSON error
-report to $TORCHELASTIC_ERROR_FILE (torch's format), then exits 1 (rank 0 only)."""
+report to $TORCHELASTIC_ERROR_FILE (torch's format), then exits 1 (rank 0 only). The other
+ranks wait until gpurun stops them."""
 import json
 import os
+import signal
 import sys
-import time
 
 if os.environ["RANK"] != "0":
-    time.sleep(30)
+    signal.pause()  # until the teardown's SIGTERM
     sys.exit(0)
 with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
     json.dump({"message": {"message": "ValueError: loss is NaN at step 12",
