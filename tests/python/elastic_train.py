@@ -11,10 +11,10 @@ generation, the indices it trained, the state checksum at the start of the epoch
 seconds more in slot SLOW_LOAD_SLOT (default 2: the grow's joiner; the start's broadcast to
 slot 1 is not slowed) (the process writes OUT/loading.<slot> with its pid first). STALL_RENDEZVOUS=G:
 slot G's second process-group set-up (its first resize) writes OUT/rendezvous.<slot> (its pid)
-and sleeps 60 s inside torch's init_process_group, after gpurun's arrival wait: the other
+and stalls (until killed) inside torch's init_process_group, after gpurun's arrival wait: the other
 ranks wait in torch's own rendezvous for its address. OUT/fast, once it exists: no more sleep
 per epoch. STOP_FIRST_INIT=G: slot G's first init_process_group writes OUT/rendezvous.<slot> and
-stops itself (SIGSTOP). STALL_WRAP=G: slot G's first DDP construction writes OUT/wrap.<slot> and sleeps.
+stops itself (SIGSTOP). STALL_WRAP=G: slot G's first DDP construction writes OUT/wrap.<slot> and stalls until killed.
 """
 import hashlib
 import json
@@ -22,6 +22,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -65,7 +66,8 @@ if os.environ.get("STOP_FIRST_INIT") is not None and \
 
 if os.environ.get("STALL_WRAP") is not None:
     # STALL_WRAP=G: slot G's process, in its first DDP construction (a joiner's: inside the
-    # resize, after the new group was made), writes OUT/wrap.<slot> (its pid) and sleeps 60 s:
+    # resize, after the new group was made), writes OUT/wrap.<slot> (its pid) and stalls until
+    # killed:
     # the other ranks wait in DDP's own broadcast for it.
     real_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
 
@@ -74,7 +76,7 @@ if os.environ.get("STALL_WRAP") is not None:
             stalled_ddp_init.done = True
             with open(os.path.join(out, f"wrap.{os.environ['GPURUN_SLOT']}"), "w") as f:
                 f.write(str(os.getpid()))
-            time.sleep(60)
+            threading.Event().wait()  # until the test's SIGKILL (or gpurun's at the end)
         real_ddp_init(self, *args, **kwargs)
 
     stalled_ddp_init.done = False
@@ -91,7 +93,7 @@ if os.environ.get("STALL_RENDEZVOUS") == str(rt.slot):
         if len(inits) == 2:
             with open(os.path.join(out, f"rendezvous.{rt.slot}"), "w") as f:
                 f.write(str(os.getpid()))
-            time.sleep(60)
+            threading.Event().wait()  # until the test's SIGKILL (or gpurun's at the end)
         return real_init(*args, **kwargs)
 
     dist.init_process_group = stalled_init

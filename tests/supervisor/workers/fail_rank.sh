@@ -9,7 +9,7 @@ if [ "$RANK" = "$FAIL_RANK" ]; then
   wait_for 5 "every rank's $OUT_DIR/pid.<rank>" all_pids
   echo "rank $RANK is failing on purpose" >&2
   date +%s%N > "$OUT_DIR/failed_at"
-  if [ -n "$FAIL_SIGNAL" ]; then kill -"$FAIL_SIGNAL" $$; sleep 5; fi
+  if [ -n "$FAIL_SIGNAL" ]; then kill -"$FAIL_SIGNAL" $$; fi  # delivered before kill returns
   exit "$FAIL_CODE"
 fi
 if [ "$IGNORE_TERM" = 1 ]; then trap '' TERM; fi  # inherited by exec
