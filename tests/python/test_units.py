@@ -497,8 +497,8 @@ print("python_units: only a standby's map before its go is said to be ahead")
 
 # The state check after a boundary with one rank: nothing to compare, so no collective (with
 # NCCL the first one would set the group's communicator up before the first step) and no
-# checksum; with two ranks it all-gathers.
-import gpurun.runtime as grt  # noqa: E402
+# checksum; with two ranks it all-gathers (Runtime._verify, in gpurun._group).
+import gpurun._group as grt  # noqa: E402
 
 
 class _Dist:
