@@ -150,6 +150,7 @@ std::optional<int> Job::build_supervisor() {
   sv::SupervisorOptions so;
   so.plan = plan_;
   so.argv = wargv_;
+  so.local_rank_argument = opt_.local_rank_argument;
   so.display_name = display_name_;
   so.inherited = inherited_;
   if (progress_) so.inherited[gpurun::env::kProgressFile] = progress_->path();

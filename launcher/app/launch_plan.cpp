@@ -160,6 +160,7 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
     return kExitUsage;
   }
 
+  opt.local_rank_argument = sv::local_rank_argument_for(opt, inherited);
   std::vector<std::string> wargv = sv::worker_argv(opt, inherited);
   if (const auto code = resolve_worker_command(opt, inherited, wargv)) return *code;
 

@@ -405,8 +405,44 @@ void check_combinations(const Options& o) {
 }
 }  // namespace
 
-Options parse(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+namespace {
+/// "python", "python3", "python3.11", or a path ending in one of them.
+bool names_python(std::string_view word) {
+  if (const auto slash = word.rfind('/'); slash != std::string_view::npos)
+    word = word.substr(slash + 1);
+  if (word.substr(0, 6) != "python") return false;
+  return std::all_of(word.begin() + 6, word.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
+}
+
+/// The words `python -m torch.distributed.launch` (or `.run`) put before the launcher's own
+/// flags, as they would have been typed after `gpurun` in place of `python`: `-m
+/// torch.distributed.launch …`, or the whole `python3 -m torch.distributed.launch …`. Sets
+/// `o.launch_shape` (launch, not run: run is torchrun) and `o.python`; returns how many words
+/// they are (0: none). Running torch's own launcher as every worker's program is never what a
+/// line means, so these words cannot be a worker command.
+size_t read_launcher_prefix(const std::vector<std::string>& args, Options& o) {
+  size_t at = 0;
+  std::optional<std::string> python;
+  if (!args.empty() && names_python(args[0])) {
+    python = args[0];
+    at = 1;
+  }
+  if (args.size() < at + 2 || (args[at] != "-m" && args[at] != "--module")) return 0;
+  const std::string& module = args[at + 1];
+  if (module != "torch.distributed.launch" && module != "torch.distributed.run") return 0;
+  o.launch_shape = module == "torch.distributed.launch";
+  o.python = std::move(python);
+  return at + 2;
+}
+}  // namespace
+
+Options parse(const std::vector<std::string>& args_in,
+              const std::map<std::string, std::string>& env) {
   Options o;
+  const size_t prefix = read_launcher_prefix(args_in, o);
+  const std::vector<std::string> args(args_in.begin() + static_cast<std::ptrdiff_t>(prefix),
+                                      args_in.end());
   const cli::FlagTable flags = cli::flag_table(o);
   const CommandLine line = read_command_line(args, flags);
   apply_pet_variables(flags, line.on_line, env);

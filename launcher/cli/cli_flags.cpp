@@ -385,6 +385,8 @@ void add_program_flags(FlagTable& t, Options& o) {
        {false, [&](std::string_view, std::string_view) { o.no_python = true; }, "PET_NO_PYTHON"}},
       {"run-path",
        {false, [&](std::string_view, std::string_view) { o.run_path = true; }, "PET_RUN_PATH"}},
+      // torch.distributed.launch's: the local rank only in LOCAL_RANK, not as --local-rank=N.
+      {"use-env", {false, [&](std::string_view, std::string_view) { o.use_env = true; }, ""}},
       {"help", {false, [&](std::string_view, std::string_view) { o.help = true; }}},
       {"version", {false, [&](std::string_view, std::string_view) { o.version = true; }}},
   });

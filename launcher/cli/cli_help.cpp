@@ -50,6 +50,9 @@ torchrun's rendezvous (docs/cli.md#c10d):
   with --flag=value, and from its PET_* variable; --role, --run-path, -r, -t,
   --local-ranks-filter, --signals-to-handle, --virtual-local-rank act as in torchrun;
   --monitor-interval and --start-method have no effect (gpurun forks and execs).
+  python -m torch.distributed.launch lines run as gpurun -m torch.distributed.launch ...:
+  each worker also gets --local-rank=N (--local_rank=N for torch < 2.0) unless --use-env
+  (docs/cli.md#torchdistributedlaunch-lines).
 
 Supervision:
   --max-restarts K        restart the whole worker set at most K times (default 0)

@@ -144,6 +144,20 @@ struct Options {
   bool run_path = false;             ///< --run-path: the script runs as `python3 -u script`
   bool no_python = false;            ///< --no-python: never wrap the command with python3
   std::vector<std::string> command;  ///< worker argv as given (before python wrapping)
+  /// The interpreter the line named before `-m torch.distributed.launch` or
+  /// `-m torch.distributed.run` (`gpurun python3.11 -m torch.distributed.launch …`); it runs
+  /// the workers' Python, ahead of $PYTHON_EXEC and $PYTHON. nullopt: not named.
+  std::optional<std::string> python;
+  /// The line has `python -m torch.distributed.launch`'s shape
+  /// (docs/cli.md#torchdistributedlaunch-lines): each worker gets its local rank as an argument
+  /// too, unless `use_env`.
+  bool launch_shape = false;
+  bool use_env = false;  ///< --use-env / --use_env: the local rank only in LOCAL_RANK
+  /// The argument each worker's command ends with, its value "=<LOCAL_RANK>" appended:
+  /// "--local-rank" (torch >= 2.0) or "--local_rank" (older), as torch.distributed.launch
+  /// passes it; empty: none (torchrun's shape, or --use-env). Set by the launch plan, which
+  /// knows the workers' torch (local_rank_argument()).
+  std::string local_rank_argument;
 
   // --- actions ------------------------------------------------------------
   bool help = false;

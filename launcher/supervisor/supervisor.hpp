@@ -34,8 +34,11 @@ namespace gpurun::supervisor {
 struct SupervisorOptions {
   JobPlan plan;                   ///< slots, ranks, store endpoint, run dir
   std::vector<std::string> argv;  ///< worker command; argv[0] is the resolved executable
-  std::string display_name;       ///< command name used in the failure summary
-  EnvMap inherited;               ///< environment the workers inherit
+  /// Each worker's command ends with "<this>=<its LOCAL_RANK>" (torch.distributed.launch's
+  /// --local-rank / --local_rank, Options::local_rank_argument); empty: no argument.
+  std::string local_rank_argument;
+  std::string display_name;                        ///< command name used in the failure summary
+  EnvMap inherited;                                ///< environment the workers inherit
   std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL
   bool keep_logs = false;  ///< --log-dir given: write stdout/stderr files for every rank
   StdSpec redirects;       ///< streams kept off the console (files only)

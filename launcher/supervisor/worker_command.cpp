@@ -1,7 +1,13 @@
 #include "supervisor/worker_command.hpp"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+
+#include "gpurun/helper_process.hpp"
 
 namespace gpurun::supervisor {
 
@@ -16,12 +22,44 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
-std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {
+std::string worker_python(const Options& o, const EnvMap& env) {
+  if (o.python) return *o.python;
   // torchrun's PYTHON_EXEC first, then gpurun's PYTHON, then python3 from PATH.
-  std::string python = "python3";
-  if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) python = it->second;
-  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty())
-    python = it->second;
+  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) return it->second;
+  if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) return it->second;
+  return "python3";
+}
+
+std::string local_rank_argument(std::string_view torch_version) {
+  int major = 0;
+  const auto [end, ec] =
+      std::from_chars(torch_version.data(), torch_version.data() + torch_version.size(), major);
+  if (ec != std::errc() || end == torch_version.data()) return "--local-rank";
+  return major < 2 ? "--local_rank" : "--local-rank";
+}
+
+std::string local_rank_argument_for(const Options& o, const EnvMap& env) {
+  if (!o.launch_shape || o.use_env) return "";
+  std::string version;
+  try {
+    HelperOptions h;
+    h.argv = {worker_python(o, env), "-c",
+              "import importlib.metadata as m; print(m.version('torch'))"};
+    h.search_path = true;
+    h.stdin_stream = HelperStream::null();
+    h.stdout_stream = HelperStream::pipe();
+    h.stderr_stream = HelperStream::null();
+    h.group = HelperGroup::kOwnGroup;
+    HelperProcess probe(h);
+    const std::optional<int> status = probe.wait_for(std::chrono::seconds(10));
+    if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) version = probe.read_stdout();
+  } catch (const HelperError&) {  // no such interpreter: the workers' start says so
+  }
+  return local_rank_argument(version);
+}
+
+std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {
+  const std::string python = worker_python(o, env);
   std::vector<std::string> argv;
   if (o.run_path) {  // torchrun runs it with runpy.run_path: gpurun in a fresh interpreter
     argv = {python, "-u"};

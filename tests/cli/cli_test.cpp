@@ -594,3 +594,47 @@ TEST_CASE("cli: --rdzv-endpoint HOST[:PORT] names the store") {
     CHECK_THROWS_AS(parse_endpoint("f", bad, 1), UsageError);
   }
 }
+
+TEST_CASE("cli: python -m torch.distributed.launch lines, gpurun in place of python") {
+  // `python -m torch.distributed.launch --nproc_per_node=2 train.py --lr 1` with gpurun in
+  // place of `python`, or the whole line after gpurun.
+  for (const std::vector<std::string>& head :
+       {std::vector<std::string>{"-m", "torch.distributed.launch"},
+        std::vector<std::string>{"--module", "torch.distributed.launch"},
+        std::vector<std::string>{"python3", "-m", "torch.distributed.launch"},
+        std::vector<std::string>{"/opt/venv/bin/python3.11", "-m", "torch.distributed.launch"}}) {
+    std::vector<std::string> line = head;
+    for (const char* w : {"--nproc_per_node=2", "train.py", "--lr", "1"}) line.emplace_back(w);
+    const Options o = p(line);
+    CHECK(o.launch_shape);
+    CHECK_FALSE(o.use_env);
+    CHECK_FALSE(o.module);  // the -m was python's, not torchrun's --module
+    CHECK(o.nproc == 2);
+    CHECK(o.command == std::vector<std::string>{"train.py", "--lr", "1"});
+    CHECK(o.python == (head.size() == 3 ? std::optional<std::string>(head[0]) : std::nullopt));
+  }
+  // --use-env / --use_env: the local rank only in LOCAL_RANK; -m after it is torchrun's.
+  for (const char* flag : {"--use-env", "--use_env"}) {
+    const Options o = p({"-m", "torch.distributed.launch", flag, "-m", "pkg.train"});
+    CHECK(o.launch_shape);
+    CHECK(o.use_env);
+    CHECK(o.module);
+    CHECK(o.command == std::vector<std::string>{"pkg.train"});
+  }
+  // torch.distributed.run is torchrun: its shape, no argument added.
+  const Options run = p({"python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"});
+  CHECK_FALSE(run.launch_shape);
+  CHECK(run.python == std::optional<std::string>("python"));
+  CHECK(run.command == std::vector<std::string>{"t.py"});
+  // Anything else is a torchrun line as before: -m runs a module, python runs python.
+  const Options mod = p({"-m", "torch.distributed.launcher_of_mine"});
+  CHECK_FALSE(mod.launch_shape);
+  CHECK(mod.module);
+  const Options py = p({"python3", "-m", "http.server"});
+  CHECK_FALSE(py.launch_shape);
+  CHECK_FALSE(py.python);
+  CHECK(py.command == std::vector<std::string>{"python3", "-m", "http.server"});
+  // --use-env on a torchrun line changes nothing (torchrun passes LOCAL_RANK only anyway).
+  CHECK(p({"--use_env", "t.py"}).use_env);
+  CHECK_FALSE(p({"--use_env", "t.py"}).launch_shape);
+}

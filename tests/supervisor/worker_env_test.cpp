@@ -12,6 +12,7 @@
 #include "gpurun_process.hpp"  // TempDir
 #include "supervisor/gpu_inventory.hpp"
 #include "supervisor/slurm.hpp"
+#include "supervisor/worker_command.hpp"
 
 using namespace gpurun::supervisor;
 
@@ -354,4 +355,51 @@ TEST_CASE("env: elastic spawn — a warm joiner or standby keeps the provisional
   CHECK(env.count("LOCAL_RANK") == 0);  // the slot's, from build_worker_env
   CHECK(env.count("GPURUN_JOIN_GENERATION") == 0);
   CHECK(env.count("GPURUN_CONFIG") == 0);  // no config path given
+}
+
+TEST_CASE("launch lines: the local-rank argument follows the workers' torch, as torch's did") {
+  // torch 2.0 renamed torch.distributed.launch's --local_rank to --local-rank.
+  CHECK(local_rank_argument("1.13.0a0+gitunknown") == "--local_rank");
+  CHECK(local_rank_argument("1.9.0") == "--local_rank");
+  CHECK(local_rank_argument("2.0.0") == "--local-rank");
+  CHECK(local_rank_argument("2.11.0+cu130\n") == "--local-rank");
+  CHECK(local_rank_argument("") == "--local-rank");
+  CHECK(local_rank_argument("garbage") == "--local-rank");
+
+  // The interpreter the line names is asked, once; it prints the version importlib finds.
+  gpurun::testing::TempDir dir("gpurun-launch");
+  auto python_printing = [&](const std::string& name, const std::string& body) {
+    const std::string path = dir.str() + "/" + name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+    return path;
+  };
+  Options o = parse({"-m", "torch.distributed.launch", "train.py"});
+  o.python = python_printing("python-113", "echo 1.13.1");
+  CHECK(local_rank_argument_for(o, {}) == "--local_rank");
+  o.python = python_printing("python-25", "echo 2.5.1+cu124");
+  CHECK(local_rank_argument_for(o, {}) == "--local-rank");
+  o.python = python_printing("python-notorch", "echo 'No module named torch' >&2; exit 1");
+  CHECK(local_rank_argument_for(o, {}) == "--local-rank");
+  o.python = dir.str() + "/no-such-python";
+  CHECK(local_rank_argument_for(o, {}) == "--local-rank");
+  // $PYTHON_EXEC, as for the workers, when the line names no interpreter.
+  Options bare = parse({"-m", "torch.distributed.launch", "train.py"});
+  CHECK(local_rank_argument_for(
+            bare, {{"PYTHON_EXEC", python_printing("exec-113", "echo 1.13.0")}}) == "--local_rank");
+  // --use-env and torchrun's shape: no argument, and the interpreter is not run.
+  const std::string marker = dir.str() + "/ran";
+  o = parse({"-m", "torch.distributed.launch", "--use_env", "train.py"});
+  o.python = python_printing("python-marks", "touch " + marker + "; echo 1.13.0");
+  CHECK(local_rank_argument_for(o, {}) == "");
+  o.launch_shape = false;
+  o.use_env = false;
+  CHECK(local_rank_argument_for(o, {}) == "");
+  CHECK_FALSE(std::filesystem::exists(marker));
+  // The workers run the interpreter the line named, ahead of $PYTHON_EXEC.
+  Options named = parse({"/opt/py/python3.11", "-m", "torch.distributed.launch", "train.py"});
+  CHECK(worker_argv(named, {{"PYTHON_EXEC", "/usr/bin/python3"}}) ==
+        std::vector<std::string>{"/opt/py/python3.11", "-u", "train.py"});
+  CHECK(worker_argv(bare, {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHON", "/x/python"}}) ==
+        std::vector<std::string>{"/usr/bin/python3", "-u", "train.py"});
 }
