@@ -496,14 +496,15 @@ TEST_CASE("multinode: a node that joined and left before the start is waited for
 namespace {
 
 /// A gpurun of a --nnodes `range` c10d job at 127.0.0.1:`port` with two CPU workers that write
-/// "$WORLD_SIZE $GROUP_RANK $RANK" to world.<attempt>.<group rank>.<local rank>, then sleep
-/// 60 s in attempt 0 (exit 0 at once after a restart).
+/// "$WORLD_SIZE $GROUP_RANK $RANK" to world.<attempt>.<group rank>.<local rank>, then run
+/// until stopped in attempt 0 (the same pid: it dies with gpurun), exit 0 at once after a
+/// restart.
 std::unique_ptr<ChildProcess> range_node(const std::string& range, const std::string& port,
                                          const TempDir& dir, const std::string& name) {
   const std::string worker =
       "echo \"$WORLD_SIZE $GROUP_RANK $RANK\" > "
       "\"$OUT_DIR/world.$TORCHELASTIC_RESTART_COUNT.$GROUP_RANK.$LOCAL_RANK\"; "
-      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 60; fi";
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep infinity; fi";
   return std::make_unique<ChildProcess>(std::vector<std::string>{kGpurun,
                                                                  "--nnodes",
                                                                  range,
