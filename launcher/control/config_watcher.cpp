@@ -18,10 +18,10 @@
 #include <fmt/format.h>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "control/config.hpp"
 #include "gpurun/regular_file.hpp"
+#include "supervisor/asio_clock.hpp"
 
 namespace gpurun::control {
 
@@ -125,9 +125,9 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
         path_(absolute_path(path)),
         options_(std::move(options)),
         on_change_(std::move(on_change)),
-        inotify_(io),
-        debounce_timer_(io),
-        poll_timer_(io) {}
+        own_clock_(options_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
+        clock_(options_.clock ? *options_.clock : *own_clock_),
+        inotify_(io) {}
 
   void start() {
     snapshot_ = detail::take_snapshot(path_);
@@ -264,10 +264,9 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   void arm_poll() {
-    poll_timer_.expires_after(options_.poll_interval);
-    poll_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    poll_timer_ = clock_.schedule_after(options_.poll_interval, [weak = weak_from_this()] {
       const auto self = weak.lock();
-      if (!self || ec || self->stopped_) return;
+      if (!self || self->stopped_) return;
       self->on_poll();
     });
   }
@@ -287,7 +286,7 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
   void note_change(bool writer_done = false) {
     if (!change_pending_) {
       change_pending_ = true;
-      burst_start_ = std::chrono::steady_clock::now();
+      burst_start_ = clock_.now();
     }
     arm_debounce(writer_done && !write_open_ ? std::min(options_.settle, options_.debounce)
                                              : options_.debounce);
@@ -296,18 +295,16 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
   void arm_debounce() { arm_debounce(options_.debounce); }
   void arm_debounce(std::chrono::milliseconds quiet) {
     const uint64_t generation = ++debounce_generation_;
-    debounce_timer_.expires_after(quiet);
-    debounce_timer_.async_wait(
-        [weak = weak_from_this(), generation](const boost::system::error_code& ec) {
-          const auto self = weak.lock();
-          if (!self || ec || self->stopped_ || generation != self->debounce_generation_) return;
-          self->on_debounce();
-        });
+    debounce_timer_ = clock_.schedule_after(quiet, [weak = weak_from_this(), generation] {
+      const auto self = weak.lock();
+      if (!self || self->stopped_ || generation != self->debounce_generation_) return;
+      self->on_debounce();
+    });
   }
 
   void on_debounce() {
     const auto cap = burst_start_ + kMaxDebouncePeriods * options_.debounce;
-    if (write_open_ && std::chrono::steady_clock::now() < cap) {
+    if (write_open_ && clock_.now() < cap) {
       arm_debounce();  // modified but not closed yet: the writer is still at it
       return;
     }
@@ -329,18 +326,20 @@ class ConfigWatcher::Impl : public std::enable_shared_from_this<Impl> {
   const WatcherOptions options_;
   std::function<void()> on_change_;
   bool stopped_ = false;
+  std::unique_ptr<gpurun::Clock> own_clock_;  // when options_.clock is nullptr
+  gpurun::Clock& clock_;                      // declared before the Timers it runs
 
   boost::asio::posix::stream_descriptor inotify_;
   std::map<std::string, int> wd_by_dir_;
   std::map<int, std::set<std::string>> names_by_wd_;
   std::set<std::string> failed_dirs_;
 
-  boost::asio::steady_timer debounce_timer_;
-  boost::asio::steady_timer poll_timer_;
+  gpurun::Clock::Timer debounce_timer_;
+  gpurun::Clock::Timer poll_timer_;
   uint64_t debounce_generation_ = 0;
   bool change_pending_ = false;
   bool write_open_ = false;
-  std::chrono::steady_clock::time_point burst_start_;
+  gpurun::Clock::TimePoint burst_start_;
   detail::FileSnapshot snapshot_;
 };
 

@@ -10,6 +10,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "gpurun/clock.hpp"
+
 namespace gpurun::control {
 
 /// Tuning of ConfigWatcher. Defaults suit an interactive user editing the file.
@@ -30,6 +32,10 @@ struct WatcherOptions {
   std::chrono::milliseconds poll_interval{1000};
   /// Never use inotify (tests; filesystems known to lack it).
   bool force_polling = false;
+  /// The time of the debounce window and the poll, and their timers, which run on io's
+  /// thread; tests pass a gpurun::FakeClock and advance it on that thread. Must outlive the
+  /// watcher. nullptr: a supervisor::AsioClock on io (real time).
+  gpurun::Clock* clock = nullptr;
   /// Receives one line per notable watcher event (inotify unavailable, a watch that could not
   /// be added). Runs on io's thread. Empty = silent.
   std::function<void(const std::string&)> log;

@@ -24,10 +24,6 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-constexpr auto kHangGuard = 10s;
-
 using gpurun::testing::TempDir;
 
 /// open(O_TRUNC) + write + close: how most programs (and `echo >`) rewrite a file in place.
@@ -65,30 +61,46 @@ WatcherOptions inotify_only() {
   return options;
 }
 
-/// A watcher whose on_change counts calls and records what the file held at that moment;
-/// the io_context runs on the test thread.
+/// A watcher on a FakeClock whose on_change counts calls and records what the file held at
+/// that moment; the io_context runs on the test thread, and only when the test says. File
+/// events still come through inotify on the io_context: the kernel queues them inside the
+/// write, rename or close that causes them, so pump() (run every ready handler) handles all
+/// of what the test has done by then. The debounce and poll timers run only in advance().
 class Watch {
  public:
   Watch(fs::path path, WatcherOptions options)
       : path_(std::move(path)), debounce_(options.debounce) {
+    options.clock = &clock_;
     watcher_ = std::make_unique<ConfigWatcher>(io_, path_, std::move(options), [this] {
       ++calls_;
       seen_ = read_file(path_);
     });
   }
 
-  /// Runs io until `done` holds or the hang guard expires; returns done().
-  bool run_until(const std::function<bool()>& done) {
-    const auto deadline = Clock::now() + kHangGuard;
-    while (!done() && Clock::now() < deadline) io_.run_for(5ms);
-    return done();
+  /// Handles every file event and posted call already queued; never waits.
+  void pump() {
+    io_.restart();
+    while (io_.poll() > 0) {
+    }
   }
+  /// pump(), then moves the clock by `d`, running the timers due by then, then pump().
+  void advance(std::chrono::milliseconds d) {
+    pump();
+    clock_.advance(d);
+    pump();
+  }
+  /// Handles the queued events, then advances the clock a debounce period at a time until
+  /// `n` calls were made, for at most twice the longest hold-back (10 debounce periods while
+  /// the file is open for writing); returns whether they were.
   bool run_until_calls(int n) {
-    return run_until([&] { return calls_ >= n; });
+    pump();
+    for (int step = 0; calls_ < n && step < 22; ++step) advance(debounce_);
+    return calls_ >= n;
   }
-  /// Runs io for three debounce periods: long enough for any pending call to happen.
-  void settle() { io_.run_for(3 * debounce_); }
-  void run_for(std::chrono::milliseconds d) { io_.run_for(d); }
+  /// Moves the clock by three debounce periods: long enough for any pending call to happen.
+  void settle() { advance(3 * debounce_); }
+  void run_for(std::chrono::milliseconds d) { advance(d); }
+  gpurun::FakeClock& clock() { return clock_; }
 
   ConfigWatcher& watcher() { return *watcher_; }
   void destroy_watcher() { watcher_.reset(); }
@@ -97,6 +109,7 @@ class Watch {
 
  private:
   boost::asio::io_context io_;
+  gpurun::FakeClock clock_;  // outlives the watcher and its timers
   fs::path path_;
   std::chrono::milliseconds debounce_;
   std::unique_ptr<ConfigWatcher> watcher_;
@@ -142,16 +155,22 @@ TEST_CASE("watcher: a finished save takes effect after `settle`, not the whole d
   const fs::path file = dir.path / "config.toml";
   write_in_place(file, "active_gpus = [0, 1]\n");
   WatcherOptions options = inotify_only();
-  options.debounce = 1h;  // only the writer-done window can call within the hang guard
-  options.settle = 0ms;
+  options.debounce = 1h;  // only the writer-done window can call before the clock moves 1 h
+  options.settle = 25ms;
   Watch w(file, options);
   REQUIRE(w.watcher().using_inotify());
 
   write_via_rename(file, "active_gpus = [0]\n");  // an editor's save: renamed into place
-  REQUIRE(w.run_until_calls(1));
+  w.advance(options.settle - 1ms);
+  CHECK(w.calls() == 0);
+  w.advance(1ms);
+  REQUIRE(w.calls() == 1);
   CHECK(w.seen() == "active_gpus = [0]\n");
   write_in_place(file, "active_gpus = []\n");  // `echo >`: written, then closed
-  REQUIRE(w.run_until_calls(2));
+  w.advance(options.settle - 1ms);
+  CHECK(w.calls() == 1);
+  w.advance(1ms);
+  REQUIRE(w.calls() == 2);
   CHECK(w.seen() == "active_gpus = []\n");
 }
 
@@ -228,14 +247,14 @@ TEST_CASE("watcher: a burst of 20 writes yields exactly one call") {
   Watch w(file, options);
   REQUIRE(w.watcher().using_inotify());
 
-  const auto start = Clock::now();
+  const auto start = w.clock().now();
   std::string last;
   for (int i = 0; i < 20; ++i) {
     last = "# write " + std::to_string(i) + "\nactive_gpus = [" + std::to_string(i % 4) + "]\n";
     write_in_place(file, last);
-    w.run_for(1ms);  // the watcher sees each write as it happens
+    w.run_for(1ms);  // the watcher sees each write as it happens, 1 ms apart
   }
-  const auto burst = Clock::now() - start;
+  const auto burst = w.clock().now() - start;
   CAPTURE(std::chrono::duration_cast<std::chrono::milliseconds>(burst).count());
   REQUIRE(burst < options.debounce);  // otherwise the burst was too slow to test debouncing
 
