@@ -407,14 +407,14 @@ TEST_CASE("--device cpu: --nproc 4 with active_gpus = [0, 1] starts 2; growing s
 
   // Gpu 3's joiner is slow to get ready: gpu 2 is admitted without waiting for it, gpu 3 at a
   // later boundary once it is ready (docs/control-protocol.md#warm-joiners).
-  write_file(tmp.path / "hold_warm_gpu3", "");
+  gpurun::testing::GoFifo hold(tmp.path / "hold_warm_gpu3");
   write_file(tmp.path / "config.toml", config("[0, 1, 2, 3]"));
   auto first = run.wait_resize(2);
   CHECK(ids(first, "active") == "[0,1,2]");
   CHECK(ids(first, "joiners") == "[2]");
   run.wait_continues(2);
   CHECK(run.resizes().size() == 2);  // no boundary admits a joiner that is not ready
-  fs::remove(tmp.path / "hold_warm_gpu3");
+  hold.release(1);
   auto grow = run.wait_resize(3);
   CHECK(ids(grow, "active") == "[0,1,2,3]");
   CHECK(ids(grow, "joiners") == "[3]");

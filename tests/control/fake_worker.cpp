@@ -7,7 +7,7 @@
 //   die_gpu<N>      slot N exits 3 right after joining a generation > 0 (a dying joiner)
 //   stall_gpu<N>    slot N never reports at its next boundary (stops itself: SIGSTOP)
 //   stall_warm_gpu<N> a warm joiner of slot N never becomes ready (sleeps in its start-up)
-//   hold_warm_gpu<N> a warm joiner of slot N gets ready only once the file is removed
+//   hold_warm_gpu<N> (a FIFO) a warm joiner of slot N gets ready once it reads a line from it
 //   stall_setup_gpu<N> slot N, in a generation > 0, stops itself (SIGSTOP) in its make_group
 //   exit_code_gpu<N> contains a code C: slot N exits C instead of 0 when told to exit
 //   startup_ms      contains M: after joining, sleep M ms before the first epoch (a start-up)
@@ -17,6 +17,7 @@
 // At start it writes <dir>/env.<gpu>.<pid> ("NAME=value" lines of the gpurun variables);
 // after each boundary it appends the store's key count to <dir>/keys.<gpu>.<pid>.
 // A decision of kind "exit" (the job is finishing) makes it exit 0.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -143,8 +144,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fake_worker gpu %d: stalling in its warm start-up\n", gpu);
     while (true) ::pause();
   }
-  while (session->engine().warm() && fs::exists(dir / ("hold_warm_gpu" + std::to_string(gpu))))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (const fs::path hold = dir / ("hold_warm_gpu" + std::to_string(gpu));
+      session->engine().warm() && fs::exists(hold)) {
+    const int fd = ::open(hold.c_str(), O_RDONLY | O_CLOEXEC);  // the test holds a writer
+    char c = 0;
+    while (fd >= 0 && ::read(fd, &c, 1) == 1 && c != '\n') {
+    }
+    if (fd >= 0) ::close(fd);
+  }
   // Its device is needed now (a standby waits here for its go key, or is told to exit).
   EngineEvent device;
   device.kind = EngineEvent::Kind::kDevice;
