@@ -6,9 +6,10 @@
 # ThreadSanitizer (scripts/tsan.sh, build-tsan/) is not run here: it does not fit CI's 11 of
 # 12 minutes. Measured 2026-12-06 on the 2-core machine with other jobs beside it: its clean
 # build 242 s of CPU (323 s of wall time; the ASan build here is 151 s alone), its 130 tests
-# 84 s of wall time after it. CI took 9.1-10.4 minutes without it, and the ASan build already
-# takes the CPU the main tests leave (nothing of it left after them), so the TSan build would
-# run on after the main tests (up to ~2 min) and its tests add ~1.4: about 12-14 minutes.
+# 67-84 s of wall time after it (two runs). CI took 9.1-10.4 minutes without it, and the ASan
+# build already takes the CPU the main tests leave (nothing of it left after them), so the
+# TSan build would run on after the main tests (up to ~2 min) and its tests add 1.1-1.4:
+# about 12-14 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where the time goes (CI's budget is 15 minutes on 2 cores): one line per stage.

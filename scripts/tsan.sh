@@ -26,8 +26,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stage() { echo "tsan: $1 after $SECONDS s"; }
 
-# clang++ (setup.sh installs it), as for scripts/test.sh's ASan build (60 % of g++'s CPU time there);
-# g++ where there is no clang++ or no clang TSan runtime.
+# clang++ (setup.sh installs it), as for scripts/test.sh's ASan build (60 % of g++'s CPU time
+# there); g++ where there is no clang++ or no clang TSan runtime.
 cxx=c++
 compiler=()
 if command -v clang++ >/dev/null &&
@@ -49,7 +49,11 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${compiler[
   -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON > build-tsan/configure.log 2>&1 ||
   { cat build-tsan/configure.log; exit 1; }
 nice -n 19 cmake --build build-tsan -j"$(nproc)" > build-tsan/build.log 2>&1 ||
-  { tail -50 build-tsan/build.log; echo "tsan: the build failed (build-tsan/build.log)" >&2; exit 1; }
+  {
+    tail -50 build-tsan/build.log
+    echo "tsan: the build failed (build-tsan/build.log)" >&2
+    exit 1
+  }
 stage "build"
 
 reports=$PWD/build-tsan/tsan-reports
