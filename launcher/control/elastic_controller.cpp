@@ -78,11 +78,12 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
                                   if (!alive.expired()) on_key(k);
                                 });
                               });
-  watcher_ =
-      std::make_unique<ConfigWatcher>(io_, opt_.config_path, opt_.watcher, [this] { reload(); });
+  WatcherOptions watcher = opt_.watcher;
+  if (!watcher.clock) watcher.clock = &clock_;
+  watcher_ = std::make_unique<ConfigWatcher>(io_, opt_.config_path, watcher, [this] { reload(); });
   if (!opt_.run_dir.empty())
     leases_ = std::make_unique<LeaseKeeper>(
-        io_, opt_.run_dir, opt_.watcher,
+        io_, opt_.run_dir, watcher,
         [this](const std::vector<LeaseKeeper::Change>& c) { on_leases(c); },
         [this](const std::string& error) {
           console_.write(StreamId::kStderr,
@@ -112,7 +113,7 @@ std::vector<std::pair<int, std::string>> ElasticController::policy_out(
 
 EffectiveSet ElasticController::effective_now(const Config& declared) const {
   const std::vector<Lease> none;
-  return effective_set(declared_set(declared), leases_ ? leases_->leases() : none, unix_now_ms(),
+  return effective_set(declared_set(declared), leases_ ? leases_->leases() : none, clock_.unix_ms(),
                        declared.policy.min_gpus, &lease_time_text, policy_out(declared),
                        scheduler_.active());
 }
@@ -232,7 +233,7 @@ void ElasticController::on_gpu_processes(const ForeignGpus::Listing& listing) {
   }
   const ForeignGpus::Probe probe{&pid_owner, &pid_text};
   const auto changes =
-      foreign_.update(listing, unix_now_ms(), probe, declared_.policy.reclaim_after.count());
+      foreign_.update(listing, clock_.unix_ms(), probe, declared_.policy.reclaim_after.count());
   const EffectiveSet now = effective_now(declared_);
   for (const auto& ch : changes) {
     const std::string kept = kept_note(now, {ch.gpu}, declared_.policy.min_gpus);

@@ -16,6 +16,7 @@
 
 #include "gpurun/regular_file.hpp"
 #include "gpurun/unique_fd.hpp"
+#include "supervisor/asio_clock.hpp"
 
 namespace gpurun::control {
 
@@ -102,8 +103,10 @@ LeaseKeeper::LeaseKeeper(boost::asio::io_context& io, const std::string& run_dir
       path_(leases_path(run_dir)),
       on_change_(std::move(on_change)),
       on_error_(std::move(on_error)),
-      timer_(io) {
+      own_clock_(watcher.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
+      clock_(watcher.clock ? *watcher.clock : *own_clock_) {
   watcher.log = {};
+  watcher.clock = &clock_;
   watcher_ = std::make_unique<ConfigWatcher>(io_, path_, watcher, [this] { reload(); });
 }
 
@@ -113,7 +116,7 @@ LeaseKeeper::~LeaseKeeper() {
 
 void LeaseKeeper::reload() {
   try {
-    std::vector<Lease> now = drop_ended(read_leases(path_), unix_now_ms());
+    std::vector<Lease> now = drop_ended(read_leases(path_), clock_.unix_ms());
     set_error("");
     apply(std::move(now), "reclaimed");
   } catch (const LeaseError& e) {
@@ -130,10 +133,11 @@ void LeaseKeeper::set_error(const std::string& error) {
 void LeaseKeeper::expire() {
   std::vector<Lease> now;
   try {
-    now = update_leases(path_, [](std::vector<Lease> l) { return drop_ended(l, unix_now_ms()); });
+    const int64_t t = clock_.unix_ms();
+    now = update_leases(path_, [t](std::vector<Lease> l) { return drop_ended(l, t); });
   } catch (const LeaseError& e) {
     set_error(e.what());
-    now = drop_ended(leases_, unix_now_ms());  // the time is up whatever the file says
+    now = drop_ended(leases_, clock_.unix_ms());  // the time is up whatever the file says
   }
   apply(std::move(now), "expired");
 }
@@ -161,7 +165,7 @@ void LeaseKeeper::apply(std::vector<Lease> now, const std::string& end_why) {
       shrunk.push_back(&*n);
     }
     changes.push_back(
-        {"lease_end", back, l.until_ms && *l.until_ms <= unix_now_ms() ? "expired" : end_why});
+        {"lease_end", back, l.until_ms && *l.until_ms <= clock_.unix_ms() ? "expired" : end_why});
   }
   for (const Lease& l : now)
     if (std::find(leases_.begin(), leases_.end(), l) == leases_.end() &&
@@ -174,13 +178,14 @@ void LeaseKeeper::apply(std::vector<Lease> now, const std::string& end_why) {
 
 void LeaseKeeper::arm() {
   timer_.cancel();
-  const std::optional<int64_t> end = next_lease_end(leases_, unix_now_ms());
+  const std::optional<int64_t> end = next_lease_end(leases_, clock_.unix_ms());
   if (!end) return;
-  timer_.expires_after(std::chrono::milliseconds(std::max<int64_t>(*end - unix_now_ms(), 0)));
-  timer_.async_wait([this, alive = std::weak_ptr<int>(alive_)](boost::system::error_code ec) {
-    if (ec || alive.expired()) return;
-    expire();
-  });
+  timer_ = clock_.schedule_after(
+      std::chrono::milliseconds(std::max<int64_t>(*end - clock_.unix_ms(), 0)),
+      [this, alive = std::weak_ptr<int>(alive_)] {
+        if (alive.expired()) return;
+        expire();
+      });
 }
 
 }  // namespace gpurun::control

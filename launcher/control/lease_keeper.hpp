@@ -10,10 +10,10 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "control/config_watcher.hpp"
 #include "control/policy.hpp"
+#include "gpurun/clock.hpp"
 #include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
@@ -55,7 +55,9 @@ class LeaseKeeper {
   /// `on_change` runs after the set of running leases changed (never inside the constructor).
   /// `on_error` gets each new problem with the file (a sentence naming it: "cannot read the
   /// leases file /r/leases.json: it is a FIFO, not a regular file"), once until it changes;
-  /// the leases in force stay.
+  /// the leases in force stay. `watcher.clock` (nullptr: real time) is the keeper's clock
+  /// too: its wall_now() says which leases ended, and its timer ends them (tests advance a
+  /// gpurun::FakeClock past a lease's end instead of waiting for it).
   LeaseKeeper(boost::asio::io_context& io, const std::string& run_dir, WatcherOptions watcher,
               std::function<void(const std::vector<Change>&)> on_change,
               std::function<void(const std::string&)> on_error = {});
@@ -81,7 +83,9 @@ class LeaseKeeper {
   std::function<void(const std::string&)> on_error_;
   std::vector<Lease> leases_;
   std::string error_;
-  boost::asio::steady_timer timer_;
+  std::unique_ptr<gpurun::Clock> own_clock_;  // when the watcher options name no clock
+  gpurun::Clock& clock_;
+  gpurun::Clock::Timer timer_;
   std::unique_ptr<ConfigWatcher> watcher_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };

@@ -55,6 +55,11 @@ class Clock {
   double unix_seconds() const {
     return std::chrono::duration<double>(wall_now().time_since_epoch()).count();
   }
+  /// wall_now() as Unix milliseconds (the unit of lease ends, docs/sharing.md).
+  int64_t unix_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(wall_now().time_since_epoch())
+        .count();
+  }
 };
 
 /// A clock that moves only in advance(): it starts at steady time `start` (default: an
