@@ -112,8 +112,9 @@ struct TempDir {
 /// wait in the pipe for a reader that comes later. Replaces a worker's poll for a file.
 class GoFifo {
  public:
-  explicit GoFifo(std::filesystem::path p) : path_(std::move(p)) {
-    REQUIRE(::mkfifo(path_.c_str(), 0600) == 0);
+  /// `create` false: `p` was made with make() earlier (before the workers started).
+  explicit GoFifo(std::filesystem::path p, bool create = true) : path_(std::move(p)) {
+    if (create) make(path_);
     fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
     REQUIRE(fd_ >= 0);
   }
@@ -126,6 +127,7 @@ class GoFifo {
     REQUIRE(::write(fd_, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
   }
   const std::filesystem::path& path() const { return path_; }
+  static void make(const std::filesystem::path& p) { REQUIRE(::mkfifo(p.c_str(), 0600) == 0); }
 
  private:
   std::filesystem::path path_;

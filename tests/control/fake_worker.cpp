@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -147,8 +148,10 @@ int main(int argc, char** argv) {
   if (const fs::path hold = dir / ("hold_warm_gpu" + std::to_string(gpu));
       session->engine().warm() && fs::exists(hold)) {
     const int fd = ::open(hold.c_str(), O_RDONLY | O_CLOEXEC);  // the test holds a writer
-    char c = 0;
-    while (fd >= 0 && ::read(fd, &c, 1) == 1 && c != '\n') {
+    for (char c = 0; fd >= 0;) {
+      const ssize_t n = ::read(fd, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || c == '\n') break;
     }
     if (fd >= 0) ::close(fd);
   }

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -59,11 +60,30 @@ struct TrainRun : gpurun::testing::ElasticRun {
       : ElasticRun(kGpurun, d, nproc, cfg, command(d, trainer_args), gpurun_args, "cpu",
                    with_trace(d, env), "rt-test") {
     hang_guard = 120s;
+    for (size_t i = 0; i + 1 < trainer_args.size(); ++i)
+      if (trainer_args[i] == "--hold-at") {
+        const std::string tag = hold_tag(trainer_args[i + 1]);
+        holds_.emplace(tag, std::make_unique<gpurun::testing::GoFifo>(out() / ("go." + tag),
+                                                                      /*create=*/false));
+      }
   }
+  /// Lets every trainer held at `tag` ("E.S" of --hold-at E:S) go on.
+  void release(const std::string& tag) {
+    REQUIRE(holds_.count(tag) == 1);
+    holds_.at(tag)->release();
+  }
+  /// The go.E.S FIFO of each --hold-at E:S exists before the trainers start.
   static std::vector<std::string> command(const fs::path& d, std::vector<std::string> args) {
     fs::create_directories(d / "out");
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--hold-at")
+        gpurun::testing::GoFifo::make(d / "out" / ("go." + hold_tag(args[i + 1])));
     args.insert(args.begin(), {kTrainer, (d / "out").string()});
     return args;
+  }
+  static std::string hold_tag(std::string e_s) {  // "E:S" -> "E.S"
+    std::replace(e_s.begin(), e_s.end(), ':', '.');
+    return e_s;
   }
   static std::map<std::string, std::string> with_trace(const fs::path& d,
                                                        std::map<std::string, std::string> env) {
@@ -73,6 +93,10 @@ struct TrainRun : gpurun::testing::ElasticRun {
   }
   fs::path out() const { return dir / "out"; }
 
+ private:
+  std::map<std::string, std::unique_ptr<gpurun::testing::GoFifo>> holds_;
+
+ public:
   std::string full_diag() const {
     std::string s = diag();
     std::error_code ec;
@@ -321,7 +345,7 @@ TEST_CASE(
       if (active == "[0, 1]")
         run.wait_for("the warm joiner ready",
                      [&] { return run.events("warm_ready").size() > readies; });
-      write_file(run.out() / ("go." + tag), "");
+      run.release(tag);
       return run.wait_resize(n);
     };
     const auto shrink = change_at("1.2", "[1]", 2);
@@ -375,7 +399,7 @@ TEST_CASE("a worker killed at a boundary: the others go on without it, the event
   REQUIRE(victim > 0);
   const auto killed_at = std::chrono::steady_clock::now();
   REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
-  write_file(run.out() / "go.1.6", "");
+  run.release("1.6");
   const auto d = run.wait_resize(2);
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
@@ -451,7 +475,7 @@ int64_t admit_stopped_joiner(TrainRun& run, const std::string& tag, const std::s
   });
   const int64_t pid = latest_started(run, gpu);
   REQUIRE(::kill(static_cast<pid_t>(pid), SIGSTOP) == 0);
-  write_file(run.out() / ("go." + tag), "");
+  run.release(tag);
   return pid;
 }
 }  // namespace

@@ -12,15 +12,19 @@
 // --join-delay-ms MS: a joiner sleeps MS inside its first state handoff (after gpurun admitted
 // it: the resize's set-up), so that a test can act while the set-up is under way.
 // --hold-at E:S: after step S of epoch E (1-based count of steps done), before the boundary
-// that may follow it, create OUT_DIR/holding.<gpu> and wait for OUT_DIR/go.E.S — so a test
-// can make a config change land exactly at that boundary.
+// that may follow it, create OUT_DIR/holding.<gpu> and read a line from the FIFO OUT_DIR/go.E.S
+// (made by the test before the start) — so a test can make a config change land exactly at
+// that boundary.
 //
 // Writes into OUT_DIR:
 //   indices.<gpu>.<pid>   one line per step: "<epoch> <idx> <idx> ..." (this rank's samples)
 //   loss.<gpu>            one line per epoch on rank 0 of that epoch:
 //                         "<epoch> <mean train loss> <world> <generation> <checksum>"
 // Stops after --epochs, or at the first epoch >= the number in OUT_DIR/stop.
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -190,8 +194,14 @@ int run(int argc, char** argv) {
       if (holds.count({step.epoch, step.index + 1})) {
         const std::string tag = std::to_string(step.epoch) + "." + std::to_string(step.index + 1);
         std::ofstream(out / ("holding." + std::to_string(rt->gpu_id()))) << tag;
-        while (!fs::exists(out / ("go." + tag)))
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        // go.<tag>: a FIFO the test made before the start; one line lets this rank go.
+        const int fd = ::open((out / ("go." + tag)).c_str(), O_RDONLY | O_CLOEXEC);
+        for (char c = 0; fd >= 0;) {
+          const ssize_t n = ::read(fd, &c, 1);
+          if (n < 0 && errno == EINTR) continue;
+          if (n != 1 || c == '\n') break;
+        }
+        if (fd >= 0) ::close(fd);
       }
     }
     if (rt->left()) break;  // left at a step boundary: write nothing more
