@@ -232,17 +232,13 @@ std::optional<int> Job::build_supervisor() {
 
 void Job::wire_supervisor() {
   // status.json's energy columns change without protocol events: refresh it every second.
-  refresh_ = [&](const boost::system::error_code& ec) {
-    if (ec || supervisor_->done()) return;
+  refresh_ = [&] {
+    if (supervisor_->done()) return;
     if (elastic_) elastic_->publish_status();
     if (status_spawner_) status_spawner_->publish_status();
-    status_refresh_.expires_after(std::chrono::seconds(1));
-    status_refresh_.async_wait(refresh_);
+    status_refresh_ = clock_.schedule_after(std::chrono::seconds(1), refresh_);
   };
-  if (monitor_energy_) {
-    status_refresh_.expires_after(std::chrono::seconds(1));
-    status_refresh_.async_wait(refresh_);
-  }
+  if (monitor_energy_) status_refresh_ = clock_.schedule_after(std::chrono::seconds(1), refresh_);
   // Every run registers, so `gpurun status` finds it.
   registration_ = std::make_unique<gpurun::control::RunRegistration>(plan_.run_id, plan_.run_dir);
   if (!registration_->error().empty()) print_err("warning: " + registration_->error());

@@ -13,7 +13,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "app/auto_scale.hpp"
 #include "app/energy_setup.hpp"
@@ -27,6 +26,7 @@
 #include "nodes/node_sync.hpp"
 #include "store/backend_store.hpp"
 #include "store/server.hpp"
+#include "supervisor/asio_clock.hpp"
 #include "supervisor/console.hpp"
 #include "supervisor/console_writer.hpp"
 #include "supervisor/event_log.hpp"
@@ -118,8 +118,9 @@ class Job {
   std::unique_ptr<supervisor::Supervisor> supervisor_;
   std::unique_ptr<control::ElasticController> elastic_;
   std::unique_ptr<control::RunRegistration> registration_;
-  boost::asio::steady_timer status_refresh_{io_};
-  std::function<void(const boost::system::error_code&)> refresh_;
+  supervisor::AsioClock clock_{io_};     // the status refresh's timer
+  gpurun::Clock::Timer status_refresh_;  // destroyed before clock_ and io_
+  std::function<void()> refresh_;
   std::unique_ptr<store::BackendStore> node0_store_;
   std::unique_ptr<supervisor::HealthCheckServer> health_;
   std::string rendezvous_error_;  // node 0: the start rendezvous failed

@@ -66,7 +66,8 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
           io, opt_.run_dir, [this] { return render_current_status(); },
           [this](const std::string& error) {
             console_.write(StreamId::kStderr, "gpurun: warning: " + error + "\n");
-          }),
+          },
+          StatusWriter::kMinInterval, opt_.clock),
       own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
       clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());

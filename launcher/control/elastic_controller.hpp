@@ -45,10 +45,11 @@ struct ElasticOptions {
   WatcherOptions watcher;
   /// Per-slot energy columns for status.json; empty = no energy monitor.
   std::function<EnergyStatus()> energy_status;
-  /// The timers of the boundary deadlines (Scheduler::on_deadline), the time of lease ends
-  /// and of yields' reclaim_after, and (unless `watcher.clock` names another) the config and
-  /// leases watchers' clock; run on the io thread; tests pass a FakeClock. Must outlive the
-  /// controller. nullptr: a supervisor::AsioClock on the controller's io_context (real time).
+  /// The timers of the boundary deadlines (Scheduler::on_deadline) and of status.json's
+  /// coalesced writes, the time of lease ends and of yields' reclaim_after, and (unless
+  /// `watcher.clock` names another) the config and leases watchers' clock; run on the io thread;
+  /// tests pass a FakeClock. Must outlive the controller. nullptr: a supervisor::AsioClock on the
+  /// controller's io_context (real time).
   gpurun::Clock* clock = nullptr;
 };
 

@@ -22,6 +22,7 @@
 #include "control/resize_timeline.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/regular_file.hpp"
+#include "supervisor/asio_clock.hpp"
 #include "supervisor/event_log.hpp"
 
 namespace gpurun::control {
@@ -327,8 +328,9 @@ RunRegistration::~RunRegistration() {
 
 StatusWriter::StatusWriter(boost::asio::io_context& io, std::string dir, Render render,
                            std::function<void(const std::string&)> on_error,
-                           std::chrono::milliseconds min_interval)
-    : timer_(io),
+                           std::chrono::milliseconds min_interval, gpurun::Clock* clock)
+    : own_clock_(clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
+      clock_(clock ? *clock : *own_clock_),
       dir_(std::move(dir)),
       render_(std::move(render)),
       on_error_(std::move(on_error)),
@@ -342,14 +344,14 @@ void StatusWriter::publish() {
   dirty_ = true;
   if (armed_) return;
   const auto due = last_write_ + min_interval_;
-  if (std::chrono::steady_clock::now() >= due) {
+  const auto now = clock_.now();
+  if (now >= due) {
     write_now();
     return;
   }
   armed_ = true;
-  timer_.expires_at(due);
-  timer_.async_wait([this, alive = std::weak_ptr<int>(alive_)](boost::system::error_code ec) {
-    if (ec || alive.expired()) return;
+  timer_ = clock_.schedule_after(due - now, [this, alive = std::weak_ptr<int>(alive_)] {
+    if (alive.expired()) return;
     armed_ = false;
     if (dirty_) write_now();
   });
@@ -361,7 +363,7 @@ void StatusWriter::flush() {
 
 void StatusWriter::write_now() {
   dirty_ = false;
-  last_write_ = std::chrono::steady_clock::now();
+  last_write_ = clock_.now();
   std::string error;
   const std::string path = dir_ + "/status.json";
   if (written_ && !crossed_said_) {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "control/scheduler.hpp"
+#include "gpurun/clock.hpp"
 #include "gpurun/regular_file.hpp"
 
 namespace gpurun::control {
@@ -123,12 +123,17 @@ bool write_status_file(const std::string& dir, const std::string& json, std::str
 class StatusWriter {
  public:
   using Render = std::function<std::string()>;
+  /// The default shortest time between two writes.
+  static constexpr std::chrono::milliseconds kMinInterval{100};
   /// `render` returns the status.json text; `on_error` gets a sentence on a failed write,
   /// and once when status.json is found changed or replaced since the last write (another
   /// writer in the run directory, or a hand edit): gpurun goes on writing its status there.
+  /// `clock` times the interval and runs the delayed write (on io's thread; tests pass a
+  /// gpurun::FakeClock); it must outlive the writer. nullptr: a supervisor::AsioClock on io.
   StatusWriter(boost::asio::io_context& io, std::string dir, Render render,
                std::function<void(const std::string&)> on_error,
-               std::chrono::milliseconds min_interval = std::chrono::milliseconds(100));
+               std::chrono::milliseconds min_interval = kMinInterval,
+               gpurun::Clock* clock = nullptr);
   ~StatusWriter();
   StatusWriter(const StatusWriter&) = delete;
   StatusWriter& operator=(const StatusWriter&) = delete;
@@ -140,12 +145,14 @@ class StatusWriter {
  private:
   void write_now();
 
-  boost::asio::steady_timer timer_;
+  std::unique_ptr<gpurun::Clock> own_clock_;  // when no clock was given
+  gpurun::Clock& clock_;
+  gpurun::Clock::Timer timer_;
   std::string dir_;
   Render render_;
   std::function<void(const std::string&)> on_error_;
   std::chrono::milliseconds min_interval_;
-  std::chrono::steady_clock::time_point last_write_{};
+  gpurun::Clock::TimePoint last_write_{};
   std::optional<FileIdentity> written_;  ///< the file the last write put in place
   bool crossed_said_ = false;
   bool dirty_ = false;

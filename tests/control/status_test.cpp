@@ -2,9 +2,12 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/io_context.hpp>
+
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include <filesystem>
@@ -14,6 +17,7 @@
 
 #include "commands/status_command.hpp"
 #include "control/scheduler.hpp"
+#include "gpurun/clock.hpp"
 #include "gpurun_process.hpp"
 
 namespace gpurun::control {
@@ -39,6 +43,39 @@ TEST_CASE("write_status_file: a failed write leaves no .status.json.<pid> behind
     CHECK(gpurun::testing::slurp(dir.path / "status.json") == "{\"a\": 1}\n");
     CHECK_FALSE(fs::exists(tmp));
   }
+}
+
+TEST_CASE("StatusWriter: writes at most once per min_interval, the last state last") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  boost::asio::io_context io;  // the writer's io; its timer runs on the FakeClock
+  gpurun::FakeClock clock;
+  int renders = 0;
+  StatusWriter writer(
+      io, dir.str(), [&] { return "{\"n\": " + std::to_string(++renders) + "}"; }, {},
+      std::chrono::milliseconds(100), &clock);
+  const auto on_disk = [&] { return gpurun::testing::slurp(dir.path / "status.json"); };
+
+  writer.publish();  // nothing written yet: at once
+  CHECK(on_disk() == "{\"n\": 1}\n");
+  clock.advance(std::chrono::milliseconds(40));
+  for (int i = 0; i < 5; ++i) writer.publish();  // within 100 ms of the write: held back
+  CHECK(renders == 1);
+  clock.advance(std::chrono::milliseconds(59));
+  CHECK(renders == 1);  // 99 ms after the write
+  clock.advance(std::chrono::milliseconds(1));
+  CHECK(renders == 2);  // 100 ms: the five publishes make one write
+  CHECK(on_disk() == "{\"n\": 2}\n");
+  clock.advance(std::chrono::hours(1));
+  CHECK(renders == 2);  // nothing pending: no more writes
+
+  writer.publish();  // the last write is older than 100 ms: at once again
+  CHECK(renders == 3);
+  writer.publish();
+  writer.flush();  // writes what is pending now
+  CHECK(renders == 4);
+  clock.advance(std::chrono::hours(1));
+  CHECK(renders == 4);  // the flush left nothing for the timer
+  CHECK(on_disk() == "{\"n\": 4}\n");
 }
 
 }  // namespace
