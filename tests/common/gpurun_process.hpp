@@ -28,21 +28,9 @@
 
 #include <doctest/doctest.h>
 
+#include "poll.hpp"  // poll_until, the one polling wait
+
 namespace gpurun::testing {
-
-/// Evaluates `pred` every `every` until it holds (true) or `limit` has passed (false, after a
-/// last look); `limit` 0: one look. Blocks the calling thread; the only sleep a process test
-/// needs.
-inline bool poll_until(const std::function<bool()>& pred, std::chrono::milliseconds limit,
-                       std::chrono::milliseconds every = std::chrono::milliseconds(10)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    if (pred()) return true;
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(every);
-  }
-}
-
 /// 0 when a TCP connection to numeric `host`:`port` is accepted (and closed at once), else the
 /// errno of connect.
 inline int connect_errno(const std::string& host, const std::string& port) {

@@ -27,6 +27,7 @@
 
 #include "gpurun/sanitizers.hpp"
 #include "gpurun/store/client.hpp"
+#include "poll.hpp"  // tests/common: poll_until
 #include "store/server.hpp"
 
 namespace gpurun::store::testing {
@@ -43,13 +44,9 @@ inline int64_t resident_kib() {
   return 0;
 }
 
+/// `pred` holds within the hang guard (poll_until, every 2 ms).
 inline bool eventually(const std::function<bool()>& pred) {
-  const auto deadline = std::chrono::steady_clock::now() + kHangGuard;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return pred();
+  return gpurun::testing::poll_until(pred, kHangGuard, std::chrono::milliseconds(2));
 }
 
 // A Server running on its own io thread.
