@@ -107,7 +107,8 @@ std::vector<std::string> InMemorySupervisor::ignored_effects() const {
 
 void InMemorySupervisor::run_effects() {
   // The real effects loop (control::run_effects) over this fake's sink: keys in store_, a spawn
-  // starts a rank; kills and deadlines are recorded only. A local class: it sees the members.
+  // starts a rank; kills are recorded only, deadlines run on opt_.clock. A local class: it sees
+  // the members.
   struct Sink final : control::EffectSink {
     InMemorySupervisor& sup;
     explicit Sink(InMemorySupervisor& s) : sup(s) {}
@@ -145,8 +146,19 @@ void InMemorySupervisor::run_effects() {
         if (!sup.store_.try_get(admit)) sup.store_.set(admit, x.to_json());
       }
     }
-    void arm_deadline(int64_t generation, int64_t round, std::chrono::milliseconds) override {
-      sup.ignored_.push_back(fmt::format("deadline {}/{}", generation, round));
+    void arm_deadline(int64_t generation, int64_t round, std::chrono::milliseconds after) override {
+      if (!sup.opt_.clock) {
+        sup.ignored_.push_back(fmt::format("deadline {}/{}", generation, round));
+        return;
+      }
+      // As ElasticController::arm_deadline: a re-armed (generation, round) replaces the last.
+      const auto id = std::make_pair(generation, round);
+      InMemorySupervisor* self = &sup;
+      sup.deadlines_[id] = sup.opt_.clock->schedule_after(after, [self, id] {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->scheduler_.on_deadline(id.first, id.second);
+        self->run_effects();
+      });
     }
     void event(const std::string&, const JsonObject&) override {}
     void say(const std::string&) override {}
@@ -160,7 +172,10 @@ void InMemorySupervisor::run_effects() {
 ThreadJob::ThreadJob(Options options, Train train)
     : opt_(std::move(options)),
       train_(std::move(train)),
-      sup_({.slots = opt_.slots, .config = opt_.config, .wait_timeout = opt_.wait_timeout},
+      sup_({.slots = opt_.slots,
+            .config = opt_.config,
+            .wait_timeout = opt_.wait_timeout,
+            .clock = opt_.clock},
            [this](int gpu, int64_t generation, int64_t warm, bool standby, int pid) {
              spawn(gpu, generation, warm, standby, pid);
            }) {}

@@ -2,8 +2,9 @@
 //   InMemorySupervisor  the decision side: the real control::Scheduler (pure: reports, joins,
 //                       exits in; effects out) over the one in-memory store fake,
 //                       store::testing::MemoryStore, which holds every key and wakes every
-//                       wait; spawn effects start a rank, kill and deadline effects are
-//                       recorded only.
+//                       wait; spawn effects start a rank, kill effects are recorded only,
+//                       deadline effects run on a gpurun::FakeClock the test advances
+//                       (recorded only without one).
 //   InMemoryStore       one rank's store::Store over it: the rank runs the real worker
 //                       engine (control::WorkerSession); its SETs reach the scheduler as the
 //                       real store's observer hook reaches ElasticController (no key grammar
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "control/scheduler.hpp"
+#include "gpurun/clock.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/runtime.hpp"
@@ -46,6 +48,10 @@ class InMemorySupervisor {
     /// Longest WAIT of a rank on a key: past it wait_get throws StoreTimeout (a stuck test
     /// fails instead of hanging).
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
+    /// Runs the scheduler's boundary and set-up deadlines (kArmDeadline: on_deadline, then its
+    /// effects) on the thread that advances it; must outlive the supervisor. nullptr: they
+    /// are recorded in ignored_effects() only.
+    gpurun::Clock* clock = nullptr;
   };
   /// Starts a rank on `gpu` that joins `generation`, as process `pid` (`warm` >= 0: a warm
   /// joiner with that id, generation -1). Called with the supervisor's lock held: it must not
@@ -82,7 +88,8 @@ class InMemorySupervisor {
   void inspect(const std::function<void(const control::Scheduler&)>& f) const;
   /// Every decision written (start records, boundary decisions, wakes), in order.
   std::vector<control::Decision> decisions() const;
-  /// Effects the fake does not carry out (kKill, kArmDeadline), as "kill <gpu>" etc. A kill of
+  /// Effects the fake does not carry out (kKill; kArmDeadline without Options::clock), as
+  /// "kill <gpu>", "deadline <generation>/<round>". A kill of
   /// a slot whose warm joiner waits for its admission answers it with `exit` (a thread cannot
   /// be killed: it ends as promptly).
   std::vector<std::string> ignored_effects() const;
@@ -101,6 +108,7 @@ class InMemorySupervisor {
   std::vector<std::pair<std::pair<int64_t, int64_t>, control::Config>> script_;
   std::vector<control::Decision> decisions_;
   std::vector<std::string> ignored_;
+  std::map<std::pair<int64_t, int64_t>, gpurun::Clock::Timer> deadlines_;  // on opt_.clock
   int next_pid_ = 1000000;  // fake pids: never a real process
 };
 
@@ -142,6 +150,8 @@ class ThreadJob {
     std::string snapshot_path;  ///< the pause snapshot (one file per job)
     RuntimeOptions runtime;     ///< comm_timeout also bounds every fake collective
     std::chrono::milliseconds wait_timeout{std::chrono::seconds(20)};
+    /// InMemorySupervisor::Options::clock: the deadlines' clock (nullptr: recorded only).
+    gpurun::Clock* clock = nullptr;
     /// RuntimeSeams::warm_up of every rank's process (empty: the real one, CUDA only).
     std::function<void(const at::Device&)> warm_up;
     /// RuntimeSeams::warm_up_waited of every rank's process (empty: none).

@@ -729,3 +729,53 @@ TEST_CASE("in-process: the first step runs beside the warm-up and joins it at it
   CHECK(warm_saw_body.load());              // not waited for before the first step
   CHECK(done_at_second_epoch.load() == 1);  // joined by the end of the first step
 }
+
+TEST_CASE("in-process: a boundary deadline runs on the test's clock: the rank not there is late") {
+  gpurun::FakeClock clock;  // outlives the job: its deadlines run only in clock.advance()
+  Config c = config({0, 1});
+  c.boundary_deadline = 2s;
+  ThreadJob::Options o = job_options(c, "deadline");
+  o.clock = &clock;
+  Gate late_one;  // rank 1 spends its first epoch in the program's own code until this opens
+  ThreadJob job(o, [&](Runtime& rt) {
+    torch::nn::Linear model(1, 1);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    rt.track(*model, opt);
+    for (int64_t epoch : rt.epochs(2))
+      if (rt.gpu_id() == 1 && epoch == 0) CHECK(late_one.wait());
+  });
+  struct OpenAtEnd {  // a failed REQUIRE below lets rank 1 go on, so the job's threads end
+    Gate& gate;
+    ~OpenAtEnd() { gate.open(); }
+  } open_at_end{late_one};
+  job.start();
+  // Rank 0's report at the end of epoch 0 opens the round and arms its deadline.
+  REQUIRE(job.supervisor().wait_for(
+      [](const gpurun::control::Scheduler& s) { return s.slots().at(0).last_boundary.has_value(); },
+      10s));
+  const auto wait = [&] {
+    std::optional<gpurun::control::BoundaryWait> w;
+    job.supervisor().inspect([&](const gpurun::control::Scheduler& s) { w = s.boundary_wait(); });
+    return w;
+  };
+  clock.advance(2s - 1ms);
+  CHECK_FALSE(wait());  // before the deadline nobody is late
+  clock.advance(1ms);
+  auto w = wait();
+  REQUIRE(w);
+  CHECK(w->waited == 2s);
+  CHECK(w->reported == 1);
+  CHECK(w->of == 2);
+  REQUIRE(w->late.size() == 1);
+  CHECK(w->late[0].gpu == 1);
+  clock.advance(2s);  // the deadline repeats every deadline_s while it waits
+  w = wait();
+  REQUIRE(w);
+  CHECK(w->waited == 4s);
+  CHECK(job.supervisor().ignored_effects().empty());  // a running rank is waited for, not killed
+
+  late_one.open();
+  REQUIRE(job.wait(20s));
+  CHECK_FALSE(wait());
+  for (const auto& x : job.exits()) CHECK_MESSAGE(x.clean, x.gpu << ": " << x.how);
+}
