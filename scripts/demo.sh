@@ -8,8 +8,8 @@
 # Environment: GPURUN_BUILD_DIR (default build), DEMO_MIN_ACCURACY (e.g. 0.80: exit 1 when
 # the final test accuracy is lower, or when the two resizes did not happen; used by CI),
 # DEMO_KEEP=1 keeps the work directory (config, event log, metrics).
-# DEMO_ENERGY=PNG: the same run with the energy monitor on two simulated GPUs (the fake NVML of
-# the test build, 300 W and 250 W: docs/energy.md), then `gpurun report` draws PNG.
+# DEMO_ENERGY=PNG: the same run with the energy monitor on two simulated GPUs (--simulate-gpus,
+# 300 W and 250 W: docs/energy.md#simulated-gpus), then `gpurun report` draws PNG.
 # DEMO_SCALE=PNG: as DEMO_ENERGY, with `[energy] scale = "auto"` instead of the two scripted
 # resizes: gpurun measures 2 and 1 workers and keeps the count of least cost per epoch
 # (docs/energy.md#gpu-count-scale); the event log and PNG say what it chose and why.
@@ -33,14 +33,12 @@ wait_resizes() {  # N: wait until N resize decisions are in the event log (or gp
 energy_args=()
 [[ -n ${DEMO_SCALE:-} ]] && DEMO_ENERGY=$DEMO_SCALE
 if [[ -n ${DEMO_ENERGY:-} ]]; then
-  fake=$B/tests/energy/libgpurun_fake_nvml.so
-  [[ -f $fake ]] || { echo "demo: $fake is missing (a test build makes it)" >&2; exit 2; }
-  export GPURUN_NVML_LIBRARY=$fake GPURUN_CUDA_LIBRARY=$fake GPURUN_FAKE_NVML_STATE=$work/nvml.txt
+  # Two simulated GPUs (docs/energy.md#simulated-gpus) drawing 300 and 250 W uncapped.
   printf '%s\n' \
     'gpu 0 uuid=GPU-a0000000-1111-2222-3333-000000000000 name="Simulated H200" min_w=200 max_w=700 default_w=700 limit_w=700 full_w=300' \
     'gpu 1 uuid=GPU-a1010101-1111-2222-3333-000000000001 name="Simulated H200" min_w=200 max_w=700 default_w=700 limit_w=700 full_w=250' \
     > "$work/nvml.txt"
-  energy_args=(--energy on --energy-summary "$work/energy.json")
+  energy_args=(--simulate-gpus "$work/nvml.txt" --energy-summary "$work/energy.json")
 fi
 
 set_active "[0, 1]"
@@ -76,9 +74,9 @@ awk -F'[:,]' '{ match($0, /"gpus":\[[0-9,]*\]/); g = substr($0, RSTART + 7, RLEN
 if [[ -n ${DEMO_SCALE:-} ]]; then
   echo "demo: scale_choice: $(grep '"event": "scale_choice"' "$work/events.jsonl" | sed -n 's/.*"reason": "\([^"]*\)".*/\1/p')"
   "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" \
-    --title "main job, scale = auto, on two simulated GPUs (fake NVML)"
+    --title "main job, scale = auto, on two simulated GPUs (--simulate-gpus)"
 elif [[ -n ${DEMO_ENERGY:-} ]]; then
-  "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" --title "main job on two simulated GPUs (fake NVML)"
+  "$B/launcher/gpurun" report "$work/events.jsonl" -o "$DEMO_ENERGY" --title "main job on two simulated GPUs (--simulate-gpus)"
 fi
 if [[ -n ${DEMO_MIN_ACCURACY:-} ]]; then
   ok=$(awk -v a="${acc:-0}" -v m="$DEMO_MIN_ACCURACY" 'BEGIN{print (a >= m) ? 1 : 0}')

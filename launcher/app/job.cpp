@@ -1,8 +1,11 @@
 #include "app/job.hpp"
 
+#include "energy/simulated_gpus.hpp"
+
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <vector>
@@ -30,6 +33,7 @@ Job::~Job() = default;
 int Job::run() {
   if (const auto code = prepare_nodes()) return *code;
   if (const auto code = open_store_and_run_dir()) return *code;
+  if (const auto code = simulate_gpus()) return *code;
   announce();
   if (const auto code = build_supervisor()) return *code;
   wire_supervisor();
@@ -90,6 +94,34 @@ std::optional<int> Job::open_store_and_run_dir() {
       const auto self = std::filesystem::read_symlink("/proc/self/exe", ec_self);
       if (!ec_self) plan_.worker_library = sv::find_worker_library(self.string());
     }
+  } catch (const gpurun::Error& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitLauncherError;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Job::simulate_gpus() {
+  if (!opt_.simulate_gpus) return std::nullopt;
+  try {
+    const auto gpus = gpurun::energy::simulated_gpus(*opt_.simulate_gpus);
+    // Slot k is simulated GPU k (CUDA ordinal k): every slot the job may use needs one.
+    const std::vector<int>& slots = config_ ? slot_ids_ : launch_ids_;
+    const int needed = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
+    if (static_cast<size_t>(needed) > gpus.gpus.size())
+      throw gpurun::UsageError(fmt::format(
+          "--simulate-gpus {} gives {} GPU(s), but slot {} needs GPU {}: simulate at least {}",
+          *opt_.simulate_gpus, gpus.gpus.size(), needed - 1, needed - 1, needed));
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const std::string state = gpurun::energy::install_simulated_gpus(
+        gpus, run_dir_.path,
+        ec ? std::string() : sv::find_library_beside(self.string(), "libgpurun_simulated_nvml.so"));
+    print_err(fmt::format("energy: {} simulated GPU(s), no NVIDIA driver used (state: {})",
+                          gpus.gpus.size(), state));
+  } catch (const gpurun::UsageError& e) {
+    print_err(fmt::format("error: {}", e.what()));
+    return kExitUsage;
   } catch (const gpurun::Error& e) {
     print_err(fmt::format("error: {}", e.what()));
     return kExitLauncherError;

@@ -64,6 +64,9 @@ class Job {
 
   // job.cpp
   std::optional<int> open_store_and_run_dir();
+  /// --simulate-gpus: the simulated GPUs' state file in the run dir, this process pointed at
+  /// them (before any thread reads the environment). kExitUsage after saying why.
+  std::optional<int> simulate_gpus();
   void announce();
   std::optional<int> build_supervisor();
   void wire_supervisor();

@@ -406,6 +406,21 @@ void check_combinations(const Options& o) {
 }  // namespace
 
 namespace {
+/// --simulate-gpus: the workers on the CPU (simulated GPUs have no CUDA), energy monitoring on.
+void settle_simulated_gpus(Options& o) {
+  if (!o.simulate_gpus) return;
+  if (o.simulate_gpus->empty())
+    throw UsageError("invalid value '' for --simulate-gpus: give a GPU count or a state file");
+  if (o.device_given && o.device == Device::kCuda)
+    throw UsageError(
+        "--simulate-gpus simulates NVML, not CUDA: its workers run on the CPU; drop --device "
+        "cuda");
+  if (o.energy == EnergyMode::kOff)
+    throw UsageError("--simulate-gpus is for the energy features; drop --energy off");
+  o.device = Device::kCpu;
+  o.energy = EnergyMode::kOn;
+}
+
 /// "python", "python3", "python3.11", or a path ending in one of them.
 bool names_python(std::string_view word) {
   if (const auto slash = word.rfind('/'); slash != std::string_view::npos)
@@ -450,6 +465,7 @@ Options parse(const std::vector<std::string>& args_in,
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(line.command), args.end());
 
   if (o.help || o.version) return o;
+  settle_simulated_gpus(o);
   settle_store_address(o, env);
   if (o.run_path) o.no_python = false;  // torchrun: --run-path takes precedence
   check_combinations(o);

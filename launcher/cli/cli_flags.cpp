@@ -378,7 +378,9 @@ void add_program_flags(FlagTable& t, Options& o) {
             o.device = Device::kCpu;
           else
             detail::bad_value(f, v, "cuda or cpu");
+          o.device_given = true;
         }}},
+      {"simulate-gpus", {true, text_into(o.simulate_gpus, "a GPU count or a state file")}},
       {"module",
        {false, [&](std::string_view, std::string_view) { o.module = true; }, "PET_MODULE"}},
       {"no-python",

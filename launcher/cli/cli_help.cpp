@@ -89,6 +89,8 @@ Energy (docs/energy.md):
                           --device cuda when NVML loads; on: also --device cpu, slot i
                           standing for visible GPU i, e.g. with a fake NVML)
   --energy-summary FILE   write the run's energy/time/cost summary (JSON) at exit
+  --simulate-gpus N|FILE  try the energy features without NVIDIA GPUs: N simulated H200s
+                          (or a state file's GPUs); workers on the CPU (docs/energy.md)
 
 Identity:
   --run-id, --rdzv-id ID  TORCHELASTIC_RUN_ID (default none)

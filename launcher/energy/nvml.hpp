@@ -1,6 +1,6 @@
 // gpurun::energy::Nvml — the NVIDIA Management Library opened at run time (dlopen), never
 // linked: a machine without the driver runs gpurun with energy monitoring off.
-// Tests load the fake library built from tests/energy/fake_nvml/ (GPURUN_NVML_LIBRARY).
+// Tests load the fake library built from launcher/energy/simulated_nvml/ (GPURUN_NVML_LIBRARY).
 #pragma once
 
 #include <cstdint>

@@ -123,6 +123,11 @@ struct Options {
   bool run_id_given = false;
   std::optional<std::string> config;  ///< elastic mode: the control file (docs/config.md)
   Device device = Device::kCuda;
+  bool device_given = false;  ///< --device on the command line
+  /// --simulate-gpus N|FILE (docs/energy.md#simulated-gpus): NVML and CUDA's GPU list are
+  /// simulated (N H200s, or the GPUs of a state file); the workers run on the CPU and the
+  /// energy monitor is on. nullopt: real GPUs.
+  std::optional<std::string> simulate_gpus;
   /// auto: on with --device cuda when NVML loads; on: always (a clear message when NVML is
   /// absent); off: never.
   EnergyMode energy = EnergyMode::kAuto;

@@ -166,15 +166,18 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
 }
 
 std::string find_worker_library(const std::string& self_exe) {
+  return find_library_beside(self_exe, "libgpurun_worker.so");
+}
+
+std::string find_library_beside(const std::string& self_exe, const std::string& file_name) {
   namespace fs = std::filesystem;
   if (self_exe.empty()) return {};
   const fs::path dir = fs::path(self_exe).parent_path();
-  std::vector<fs::path> candidates = {dir / "libgpurun_worker.so",
-                                      dir / ".." / "lib" / "libgpurun_worker.so"};
+  std::vector<fs::path> candidates = {dir / file_name, dir / ".." / "lib" / file_name};
   std::error_code ec;
   if (fs::is_directory(dir / ".." / "lib", ec))
     for (const auto& e : fs::directory_iterator(dir / ".." / "lib", ec))
-      if (e.is_directory(ec)) candidates.push_back(e.path() / "libgpurun_worker.so");
+      if (e.is_directory(ec)) candidates.push_back(e.path() / file_name);
   for (const fs::path& p : candidates)
     if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
   return {};

@@ -43,6 +43,9 @@ struct JobPlan {
 /// <dir>/libgpurun_worker.so (the build tree), <dir>/../lib/libgpurun_worker.so and
 /// <dir>/../lib/<multiarch>/libgpurun_worker.so (an install) that exists; "" when none does.
 std::string find_worker_library(const std::string& self_exe);
+/// A library gpurun ships (`file_name`, e.g. "libgpurun_simulated_nvml.so") as gpurun at
+/// `self_exe` finds it: next to it, in ../lib, or in ../lib/<one level down>. "" when none.
+std::string find_library_beside(const std::string& self_exe, const std::string& file_name);
 
 /// Resolves nproc (auto/gpu/cpu), the GPU of each slot, MASTER_ADDR and the run id.
 /// `count_gpus` is called only when CUDA_VISIBLE_DEVICES is unset and a GPU count

@@ -638,3 +638,15 @@ TEST_CASE("cli: python -m torch.distributed.launch lines, gpurun in place of pyt
   CHECK(p({"--use_env", "t.py"}).use_env);
   CHECK_FALSE(p({"--use_env", "t.py"}).launch_shape);
 }
+
+TEST_CASE("cli: --simulate-gpus puts the workers on the CPU and the energy monitor on") {
+  const Options o = p({"--simulate-gpus", "2", "./train"});
+  CHECK(o.simulate_gpus == std::optional<std::string>("2"));
+  CHECK(o.device == Device::kCpu);
+  CHECK(o.energy == EnergyMode::kOn);
+  CHECK(p({"--simulate-gpus=gpus.txt", "--device", "cpu", "./train"}).device == Device::kCpu);
+  CHECK(error_of({"--simulate-gpus", "2", "--device", "cuda", "./train"}) ==
+        "--simulate-gpus simulates NVML, not CUDA: its workers run on the CPU; drop --device cuda");
+  CHECK(error_of({"--simulate-gpus", "2", "--energy", "off", "./train"}) ==
+        "--simulate-gpus is for the energy features; drop --energy off");
+}

@@ -1,5 +1,5 @@
 // The supervisor's energy monitor under the real gpurun, against the fake NVML
-// (tests/energy/fake_nvml): per-slot energy through CUDA_VISIBLE_DEVICES, windows across a
+// (launcher/energy/simulated_nvml/): per-slot energy through CUDA_VISIBLE_DEVICES, windows across a
 // shrink and a grow, Zeus' cost, early stop (threshold and history), power limits (fixed,
 // restored at exit / SIGTERM / kill -9, no privilege) and the automatic profile with its cache.
 // docs/energy.md.
@@ -20,14 +20,14 @@
 
 #include "elastic_run.hpp"
 #include "energy/power_journal.hpp"
-#include "fake_nvml_state.hpp"
+#include "energy/simulated_nvml/simulated_nvml_state.hpp"
 #include "gpurun_process.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 using gpurun::testing::ElasticRun;
 using gpurun::testing::TempDir;
 using gpurun::testing::write_file;
@@ -991,4 +991,89 @@ TEST_CASE("a power limit outside the GPUs' range is clamped, and the clamped val
             .find("power limit 200 W on 1 GPU (fixed; 100 W asked, outside the GPUs' range)") !=
         std::string::npos);
   CHECK(gpus.limit(0) == 700);
+}
+
+namespace {
+/// The state file gpurun said it simulates from ("… (state: PATH)" on its stderr), "" if none.
+std::string simulated_state_path(const fs::path& stderr_file) {
+  const std::string err = gpurun::testing::slurp(stderr_file);
+  const auto at = err.find("(state: ");
+  if (at == std::string::npos) return {};
+  return err.substr(at + 8, err.find(')', at) - at - 8);
+}
+/// (exists, last write) of a file, to see that a run left it alone.
+std::pair<bool, fs::file_time_type> stamp(const fs::path& p) {
+  std::error_code ec;
+  const auto t = fs::last_write_time(p, ec);
+  return {!ec, ec ? fs::file_time_type{} : t};
+}
+}  // namespace
+
+TEST_CASE("--simulate-gpus N: simulated GPUs, a power limit set on them, all in the run dir") {
+  TempDir dir("gpurun-energy");
+  const auto machine_journal = stamp("/var/lib/gpurun/power-journal.json");
+  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::string("[energy]\npower_limit_watts = 500\n"),
+                 {GPURUN_FAKE_WORKER, dir.str(), "300"},
+                 {"--simulate-gpus", "2", "--energy-summary", (dir.path / "summary.json").string()},
+                 "cpu", {{"HOME", dir.str()}});
+  std::string state;
+  wait_until("gpurun to say where the simulated GPUs are", [&] {
+    state = simulated_state_path(dir.path / "gpurun.stderr");
+    return !state.empty();
+  });
+  const fs::path run_dir = fs::path(state).parent_path();
+  wait_until("the limit to be set on both", [&] {
+    return fake::current_limit_w(state, 0) == 500 && fake::current_limit_w(state, 1) == 500;
+  });
+  CHECK(fs::is_regular_file(run_dir / "power-journal.json"));  // the journal: the run dir's
+  std::ofstream(dir.path / "stop") << 1;
+  REQUIRE(run.wait(60s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("gpurun: energy: 2 simulated GPU(s), no NVIDIA driver used") !=
+        std::string::npos);
+  const auto monitor = run.events("energy_monitor");
+  REQUIRE(monitor.size() == 1);
+  REQUIRE(monitor[0].at("gpus").as_array().size() == 2);
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  for (const char* slot : {"0", "1"}) CHECK(num(sum.at("gpu_energy_j").as_object().at(slot)) > 0);
+  // Nothing outside the run dir: not the machine's journal, not ~/.local/state, nor the
+  // test's XDG_STATE_HOME.
+  CHECK(stamp("/var/lib/gpurun/power-journal.json") == machine_journal);
+  CHECK_FALSE(fs::exists(dir.path / ".local" / "state" / "gpurun"));
+  CHECK_FALSE(fs::exists(dir.path / "xdg" / "state" / "gpurun" / "power-journal.json"));
+}
+
+TEST_CASE("--simulate-gpus FILE: the file's GPUs, the file left as it was; too few GPUs refused") {
+  TempDir dir("gpurun-energy");
+  const std::string file = (dir.path / "my-gpus.txt").string();
+  fake::write_state(file, gpus_drawing({100, 300}));
+  const std::string before = gpurun::testing::slurp(file);
+  ElasticRun run(
+      GPURUN_BINARY, dir.path, 2, std::nullopt, {"/bin/sleep", "2"},
+      {"--simulate-gpus", file, "--energy-summary", (dir.path / "summary.json").string()});
+  REQUIRE(run.wait(30s));
+  REQUIRE_MESSAGE(run.code() == 0, run.diag());
+  const json::object sum = read_json(dir.path / "summary.json").at("summary").as_object();
+  const double t = num(sum.at("seconds"));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("0")) == doctest::Approx(100 * t).epsilon(0.1));
+  CHECK(num(sum.at("gpu_energy_j").as_object().at("1")) == doctest::Approx(300 * t).epsilon(0.1));
+  CHECK(gpurun::testing::slurp(file) == before);  // the run worked on its copy
+
+  TempDir d2("gpurun-energy");
+  ElasticRun few(GPURUN_BINARY, d2.path, 2, std::nullopt, {"/bin/true"}, {"--simulate-gpus", "1"});
+  REQUIRE(few.wait(30s));
+  CHECK(few.code() == 2);
+  CHECK(gpurun::testing::slurp(d2.path / "gpurun.stderr")
+            .find("--simulate-gpus 1 gives 1 GPU(s), but slot 1 needs GPU 1: simulate at least "
+                  "2") != std::string::npos);
+  TempDir d3("gpurun-energy");
+  std::ofstream(d3.path / "bad.txt") << "gpu 0 min_w=abc\n";
+  ElasticRun bad(GPURUN_BINARY, d3.path, 1, std::nullopt, {"/bin/true"},
+                 {"--simulate-gpus", (d3.path / "bad.txt").string()});
+  REQUIRE(bad.wait(30s));
+  CHECK(bad.code() == 2);
+  const std::string err = gpurun::testing::slurp(d3.path / "gpurun.stderr");
+  CHECK(err.find("--simulate-gpus " + (d3.path / "bad.txt").string() + ": ") != std::string::npos);
+  CHECK(err.find("line 1") != std::string::npos);
 }

@@ -5,11 +5,11 @@
 
 #include <stdlib.h>
 
-#include "fake_nvml/fake_nvml_state.hpp"
+#include "energy/simulated_nvml/simulated_nvml_state.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun_process.hpp"
 
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 using namespace gpurun::energy;
 using gpurun::testing::TempDir;
 

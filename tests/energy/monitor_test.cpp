@@ -12,12 +12,12 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "fake_nvml/fake_nvml_state.hpp"
+#include "energy/simulated_nvml/simulated_nvml_state.hpp"
 #include "gpurun/clock.hpp"
 #include "gpurun_process.hpp"
 #include "supervisor/event_log.hpp"
 
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 using namespace std::chrono_literals;
 using gpurun::energy::EnergyMonitor;
 using gpurun::energy::MonitorOptions;

@@ -1,4 +1,4 @@
-// gpurun::energy::Nvml against the fake NVML library (tests/energy/fake_nvml).
+// gpurun::energy::Nvml against the fake NVML library (launcher/energy/simulated_nvml/).
 #include "energy/nvml.hpp"
 
 #include <doctest/doctest.h>
@@ -10,10 +10,10 @@
 #include <cmath>
 #include <set>
 
-#include "fake_nvml/fake_nvml_state.hpp"
+#include "energy/simulated_nvml/simulated_nvml_state.hpp"
 #include "gpurun_process.hpp"
 
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 using gpurun::energy::Nvml;
 using gpurun::energy::NvmlError;
 using gpurun::testing::TempDir;

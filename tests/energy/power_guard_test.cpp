@@ -20,12 +20,12 @@
 
 #include "check_text.hpp"
 #include "energy/power_journal.hpp"
-#include "fake_nvml/fake_nvml_state.hpp"
+#include "energy/simulated_nvml/simulated_nvml_state.hpp"
 #include "gpurun/abstract_lock.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun_process.hpp"
 
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 using namespace gpurun::energy;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

@@ -1,9 +1,9 @@
-// libgpurun_fake_nvml.so — a fake NVIDIA Management Library *and* CUDA driver subset for
+// libgpurun_simulated_nvml.so — a fake NVIDIA Management Library *and* CUDA driver subset for
 // tests: point both GPURUN_NVML_LIBRARY and GPURUN_CUDA_LIBRARY at it.
 //
 // Everything it simulates lives in the text file named by $GPURUN_FAKE_NVML_STATE, re-read on
 // every call, so several processes (gpurun, its power guard, the test) see the same GPUs.
-// Format and formulas: fake_nvml_state.hpp (a `gpu` line per device with its limits and an
+// Format and formulas: simulated_nvml_state.hpp (a `gpu` line per device with its limits and an
 // uncapped-draw schedule, `cuda_order=`, `error <function> <code>`, `energy_period_ms=`).
 //
 // NVML: same ABI as libnvidia-ml.so.1 (nvmlReturn_t is an int, nvmlDevice_t a pointer, strings
@@ -18,7 +18,7 @@
 //
 // Test extras: gpurunFakeNvmlRelativeSpeed (how fast a worker on that GPU runs now) and
 // gpurunFakeNvmlEnergyReads (energy-counter reads by all processes).
-#include "fake_nvml_state.hpp"
+#include "simulated_nvml_state.hpp"
 
 #include <atomic>
 #include <cstdio>
@@ -27,7 +27,7 @@
 #include <mutex>
 #include <string>
 
-namespace fake = gpurun::testing::fake_nvml;
+namespace fake = gpurun::energy::simulated_nvml;
 
 namespace {
 
@@ -81,7 +81,7 @@ double seconds_since_t0(const fake::State& s) {
 }
 
 void report(const char* function, const std::exception& e) {
-  std::fprintf(stderr, "fake NVML: %s: %s\n", function, e.what());
+  std::fprintf(stderr, "simulated NVML: %s: %s\n", function, e.what());
 }
 
 /// Runs `body(state)` for an NVML call: init check, injected errors, exceptions.
@@ -486,7 +486,8 @@ __attribute__((visibility("default"))) int cuDeviceGetUuid_v2(unsigned char* uui
       i += 2;
     }
     if (n != 16) {
-      std::fprintf(stderr, "fake NVML: cuDeviceGetUuid: gpu %u's uuid %s is not GPU-<32 hex>\n",
+      std::fprintf(stderr,
+                   "simulated NVML: cuDeviceGetUuid: gpu %u's uuid %s is not GPU-<32 hex>\n",
                    nvml_index, text.c_str());
       return kCudaUnknown;
     }

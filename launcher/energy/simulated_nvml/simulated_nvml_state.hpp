@@ -1,5 +1,5 @@
-// The fake NVML's state file (tests/energy/fake_nvml/fake_nvml.cpp reads it on every call):
-// its format, a parser and a writer shared by the fake library and the tests, and the
+// The fake NVML's state file (launcher/energy/simulated_nvml/simulated_nvml.cpp reads it on every
+// call): its format, a parser and a writer shared by the fake library and the tests, and the
 // simulation formulas (draw, energy) so a test can compute what the fake will report.
 //
 // Format: one item per line, '#' starts a comment line, blank lines are ignored.
@@ -64,7 +64,7 @@
 #include <utility>
 #include <vector>
 
-namespace gpurun::testing::fake_nvml {
+namespace gpurun::energy::simulated_nvml {
 
 /// One simulated GPU (one `gpu` line).
 struct Gpu {
@@ -258,7 +258,7 @@ inline std::vector<std::string> split_words(std::string_view line, size_t lineno
       ++i;
     }
     if (quoted)
-      throw std::runtime_error("fake NVML state line " + std::to_string(lineno) +
+      throw std::runtime_error("simulated GPUs state line " + std::to_string(lineno) +
                                ": unterminated quote");
     out.push_back(std::move(w));
   }
@@ -270,7 +270,7 @@ inline double to_num(const std::string& v, size_t lineno, std::string_view what)
   errno = 0;
   const double d = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || errno != 0)
-    throw std::runtime_error("fake NVML state line " + std::to_string(lineno) + ": " +
+    throw std::runtime_error("simulated GPUs state line " + std::to_string(lineno) + ": " +
                              std::string(what) + " '" + v + "' is not a number");
   return d;
 }
@@ -285,7 +285,7 @@ inline std::vector<std::pair<double, double>> to_schedule(const std::string& v, 
     const std::string item = v.substr(start, end - start);
     const size_t colon = item.find(':');
     if (colon == std::string::npos)
-      throw std::runtime_error("fake NVML state line " + std::to_string(lineno) + ": " +
+      throw std::runtime_error("simulated GPUs state line " + std::to_string(lineno) + ": " +
                                std::string(what) + " item '" + item + "' is not <s>:<W>");
     out.emplace_back(to_num(item.substr(0, colon), lineno, what),
                      to_num(item.substr(colon + 1), lineno, what));
@@ -293,7 +293,7 @@ inline std::vector<std::pair<double, double>> to_schedule(const std::string& v, 
   }
   for (size_t i = 1; i < out.size(); ++i)
     if (out[i].first < out[i - 1].first)
-      throw std::runtime_error("fake NVML state line " + std::to_string(lineno) + ": " +
+      throw std::runtime_error("simulated GPUs state line " + std::to_string(lineno) + ": " +
                                std::string(what) + " times must not decrease");
   return out;
 }
@@ -327,7 +327,7 @@ inline State parse(std::string_view text) {
     if (words.empty() || words[0][0] == '#') continue;
     const std::string& w0 = words[0];
     auto bad = [&](const std::string& why) {
-      return std::runtime_error("fake NVML state line " + std::to_string(lineno) + ": " + why);
+      return std::runtime_error("simulated GPUs state line " + std::to_string(lineno) + ": " + why);
     };
     if (w0 == "gpu") {
       if (words.size() < 2) throw bad("gpu needs an index");
@@ -418,7 +418,7 @@ inline State parse(std::string_view text) {
             [](const Gpu& a, const Gpu& b) { return a.index < b.index; });
   for (size_t i = 0; i < s.gpus.size(); ++i)
     if (s.gpus[i].index != i)
-      throw std::runtime_error("fake NVML state: gpu indices must be 0.." +
+      throw std::runtime_error("simulated GPUs state: gpu indices must be 0.." +
                                std::to_string(s.gpus.size() - 1) + ", " + std::to_string(i) +
                                " is missing");
   if (!s.cuda_order.empty()) {
@@ -426,7 +426,7 @@ inline State parse(std::string_view text) {
     std::sort(sorted.begin(), sorted.end());
     for (size_t i = 0; i < sorted.size(); ++i)
       if (sorted.size() != s.gpus.size() || sorted[i] != i)
-        throw std::runtime_error("fake NVML state: cuda_order must be a permutation of 0.." +
+        throw std::runtime_error("simulated GPUs state: cuda_order must be a permutation of 0.." +
                                  std::to_string(s.gpus.size() - 1));
   }
   return s;
@@ -435,7 +435,7 @@ inline State parse(std::string_view text) {
 /// The canonical text of `s` (what the fake writes back).
 inline std::string serialize(const State& s) {
   std::string out =
-      "# gpurun fake NVML state (format: tests/energy/fake_nvml/fake_nvml_state.hpp)\n";
+      "# gpurun simulated GPUs (format: launcher/energy/simulated_nvml/simulated_nvml_state.hpp)\n";
   if (s.t0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "t0=%.6f\n", *s.t0);
@@ -491,13 +491,13 @@ class LockedFile {
     fd_ = ::open(path.c_str(), (exclusive ? O_RDWR : O_RDONLY) | O_CLOEXEC | (create ? O_CREAT : 0),
                  0644);
     if (fd_ < 0)
-      throw std::runtime_error("fake NVML state file " + path +
+      throw std::runtime_error("simulated GPUs state file " + path +
                                " cannot be opened: " + std::strerror(errno));
     while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
       if (errno == EINTR) continue;
       const int e = errno;
       ::close(fd_);
-      throw std::runtime_error("fake NVML state file " + path +
+      throw std::runtime_error("simulated GPUs state file " + path +
                                " cannot be locked: " + std::strerror(e));
     }
   }
@@ -513,7 +513,7 @@ class LockedFile {
       const ssize_t n = ::pread(fd_, buf, sizeof buf, off);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
-        throw std::runtime_error(std::string("fake NVML state read: ") + std::strerror(errno));
+        throw std::runtime_error(std::string("simulated GPUs state read: ") + std::strerror(errno));
       if (n == 0) break;
       text.append(buf, static_cast<size_t>(n));
       off += n;
@@ -536,11 +536,13 @@ class LockedFile {
           ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
-        throw std::runtime_error(std::string("fake NVML state write: ") + std::strerror(errno));
+        throw std::runtime_error(std::string("simulated GPUs state write: ") +
+                                 std::strerror(errno));
       done += static_cast<size_t>(n);
     }
     if (::ftruncate(fd_, static_cast<off_t>(real)) != 0)
-      throw std::runtime_error(std::string("fake NVML state truncate: ") + std::strerror(errno));
+      throw std::runtime_error(std::string("simulated GPUs state truncate: ") +
+                               std::strerror(errno));
   }
 
  private:
@@ -576,7 +578,7 @@ inline double advance(const std::string& path, double seconds) {
   double now = 0;
   update_state(path, [&](State& s) {
     if (!s.now)
-      throw std::runtime_error("fake NVML state " + path + " has no stopped clock (now=)");
+      throw std::runtime_error("simulated GPUs state " + path + " has no stopped clock (now=)");
     now = *s.now += seconds;
   });
   return now;
@@ -586,7 +588,8 @@ inline double advance(const std::string& path, double seconds) {
 inline double current_limit_w(const std::string& path, unsigned index) {
   const State s = read_state(path);
   if (index >= s.gpus.size())
-    throw std::runtime_error("fake NVML state " + path + " has no gpu " + std::to_string(index));
+    throw std::runtime_error("simulated GPUs state " + path + " has no gpu " +
+                             std::to_string(index));
   return current_limit_w(s.gpus[index]);
 }
 
@@ -594,9 +597,10 @@ inline double current_limit_w(const std::string& path, unsigned index) {
 inline std::string current_clocks(const std::string& path, unsigned index) {
   const State s = read_state(path);
   if (index >= s.gpus.size())
-    throw std::runtime_error("fake NVML state " + path + " has no gpu " + std::to_string(index));
+    throw std::runtime_error("simulated GPUs state " + path + " has no gpu " +
+                             std::to_string(index));
   const auto& c = s.gpus[index].clocks;
   return c ? std::to_string(c->first) + ":" + std::to_string(c->second) : "";
 }
 
-}  // namespace gpurun::testing::fake_nvml
+}  // namespace gpurun::energy::simulated_nvml
