@@ -56,9 +56,14 @@ check_worker_only() {
   fi
 }
 check_worker_only launcher worker_runtime
-# every folder of launcher/ and worker_runtime/ is a known one (a new folder gets its rule here)
-for d in launcher/* worker_runtime/*; do
-  [[ -d $d ]] || continue
+# every folder of launcher/ and worker_runtime/ is a known one (a new folder gets its rule here);
+# in a git checkout the folders git tracks, so a stale copy's leftovers do not count
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  folders=$(git ls-files launcher worker_runtime | awk -F/ 'NF > 2 {print $1 "/" $2}' | sort -u)
+else
+  folders=$(for d in launcher/* worker_runtime/*; do [[ -d $d ]] && echo "$d"; done)
+fi
+for d in $folders; do
   case ${d#*/} in
   common | protocol | store | supervisor | cli | nodes | control | energy | report | commands | app) ;;
   engine | snapshot | capi | include | src | python) ;;
