@@ -183,6 +183,9 @@ std::optional<int> Job::build_supervisor() {
   so.plan = plan_;
   so.argv = wargv_;
   so.local_rank_argument = opt_.local_rank_argument;
+  // After the program (the script, module or binary: the command's first word), before its
+  // arguments: the worker command is the interpreter's words, then the command.
+  so.local_rank_argument_at = wargv_.size() - opt_.command.size() + 1;
   so.display_name = display_name_;
   so.inherited = inherited_;
   if (progress_) so.inherited[gpurun::env::kProgressFile] = progress_->path();

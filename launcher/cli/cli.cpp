@@ -430,35 +430,53 @@ bool names_python(std::string_view word) {
                      [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
 }
 
-/// The words `python -m torch.distributed.launch` (or `.run`) put before the launcher's own
-/// flags, as they would have been typed after `gpurun` in place of `python`: `-m
-/// torch.distributed.launch …`, or the whole `python3 -m torch.distributed.launch …`. Sets
-/// `o.launch_shape` (launch, not run: run is torchrun) and `o.python`; returns how many words
-/// they are (0: none). Running torch's own launcher as every worker's program is never what a
-/// line means, so these words cannot be a worker command.
-size_t read_launcher_prefix(const std::vector<std::string>& args, Options& o) {
-  size_t at = 0;
-  std::optional<std::string> python;
-  if (!args.empty() && names_python(args[0])) {
-    python = args[0];
-    at = 1;
+/// Whether `args[at]` is a flag of `flags` that takes its value in the next word ("--nproc",
+/// "-r"; not "--nproc=2", "-r3" or a switch). Unknown words are not.
+bool value_in_next_word(const std::vector<std::string>& args, size_t at,
+                        const cli::FlagTable& flags) {
+  const std::string_view arg = args[at];
+  if (arg == "-r" || arg == "-t") return true;
+  if (arg.substr(0, 2) != "--" || arg.find('=') != std::string_view::npos) return false;
+  const auto it = flags.find(detail::canonical(arg.substr(2)));
+  return it != flags.end() && it->second.takes_value;
+}
+
+/// Finds the words `python -m torch.distributed.launch` (or `.run`) put before the launcher's
+/// own flags, as typed after `gpurun` in place of `python`: `-m torch.distributed.launch`, or
+/// the whole `python3 -m torch.distributed.launch`, first or after some of gpurun's flags
+/// (`gpurun --device cpu -m torch.distributed.launch …`). Sets `o.launch_shape` (launch, not
+/// run: run is torchrun) and `o.python`, and returns `args` without those words. Running
+/// torch's own launcher as every worker's program is never what a line means, so these words
+/// are never taken as the worker command.
+std::vector<std::string> drop_launcher_words(std::vector<std::string> args,
+                                             const cli::FlagTable& flags, Options& o) {
+  const auto is_launcher = [](const std::string& m) {
+    return m == "torch.distributed.launch" || m == "torch.distributed.run";
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool python = names_python(args[i]);
+    const size_t m = python ? i + 1 : i;
+    if (m + 1 < args.size() && (args[m] == "-m" || args[m] == "--module") &&
+        is_launcher(args[m + 1])) {
+      o.launch_shape = args[m + 1] == "torch.distributed.launch";
+      if (python) o.python = args[i];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                 args.begin() + static_cast<std::ptrdiff_t>(m + 2));
+      return args;
+    }
+    // Past gpurun's flags (the worker command, or "--" before it): no launcher words.
+    if (args[i] == "--" || args[i].size() < 2 || args[i][0] != '-') return args;
+    if (value_in_next_word(args, i, flags)) ++i;
   }
-  if (args.size() < at + 2 || (args[at] != "-m" && args[at] != "--module")) return 0;
-  const std::string& module = args[at + 1];
-  if (module != "torch.distributed.launch" && module != "torch.distributed.run") return 0;
-  o.launch_shape = module == "torch.distributed.launch";
-  o.python = std::move(python);
-  return at + 2;
+  return args;
 }
 }  // namespace
 
 Options parse(const std::vector<std::string>& args_in,
               const std::map<std::string, std::string>& env) {
   Options o;
-  const size_t prefix = read_launcher_prefix(args_in, o);
-  const std::vector<std::string> args(args_in.begin() + static_cast<std::ptrdiff_t>(prefix),
-                                      args_in.end());
   const cli::FlagTable flags = cli::flag_table(o);
+  const std::vector<std::string> args = drop_launcher_words(args_in, flags, o);
   const CommandLine line = read_command_line(args, flags);
   apply_pet_variables(flags, line.on_line, env);
   for (const Given& g : line.given) g.flag->set(g.name, g.value);

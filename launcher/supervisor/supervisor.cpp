@@ -180,8 +180,11 @@ void Supervisor::launch(Worker& w, const EnvMap& overlay) {
   req.argv = opt_.argv;
   req.env = build_worker_env(opt_.plan, w.local_rank, attempt_, opt_.inherited);
   for (const auto& [k, v] : overlay) req.env[k] = v;
-  if (!opt_.local_rank_argument.empty())  // the LOCAL_RANK it has (0 with --virtual-local-rank)
-    req.argv.push_back(opt_.local_rank_argument + "=" + req.env["LOCAL_RANK"]);
+  if (!opt_.local_rank_argument.empty()) {  // its LOCAL_RANK (0 with --virtual-local-rank)
+    const std::size_t at = std::min(opt_.local_rank_argument_at, req.argv.size());
+    req.argv.insert(req.argv.begin() + static_cast<std::ptrdiff_t>(at),
+                    opt_.local_rank_argument + "=" + req.env["LOCAL_RANK"]);
+  }
   if (!preempt_dir().empty()) {  // the worker runtime's side of docs/cli.md#preemption
     req.env[env::kPreemptDir] = preempt_dir();
     req.env[env::kPreemptSignal] = std::to_string(opt_.preempt_signal);

@@ -34,9 +34,12 @@ namespace gpurun::supervisor {
 struct SupervisorOptions {
   JobPlan plan;                   ///< slots, ranks, store endpoint, run dir
   std::vector<std::string> argv;  ///< worker command; argv[0] is the resolved executable
-  /// Each worker's command ends with "<this>=<its LOCAL_RANK>" (torch.distributed.launch's
-  /// --local-rank / --local_rank, Options::local_rank_argument); empty: no argument.
+  /// Each worker's command gets "<this>=<its LOCAL_RANK>" (torch.distributed.launch's
+  /// --local-rank / --local_rank, Options::local_rank_argument) at argv index
+  /// `local_rank_argument_at`: right after the script or module, before the script's own
+  /// arguments, as torch's launcher put it. Empty: no argument.
   std::string local_rank_argument;
+  std::size_t local_rank_argument_at = 0;
   std::string display_name;                        ///< command name used in the failure summary
   EnvMap inherited;                                ///< environment the workers inherit
   std::chrono::milliseconds grace_period{30'000};  ///< SIGTERM -> SIGKILL

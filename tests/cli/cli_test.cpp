@@ -634,6 +634,25 @@ TEST_CASE("cli: python -m torch.distributed.launch lines, gpurun in place of pyt
   CHECK_FALSE(py.launch_shape);
   CHECK_FALSE(py.python);
   CHECK(py.command == std::vector<std::string>{"python3", "-m", "http.server"});
+  // The launcher words after some of gpurun's own flags (the natural place for --device cpu).
+  const Options after = p({"--device", "cpu", "--master-port", "0", "--use-env", "-m",
+                           "torch.distributed.launch", "--nproc_per_node=2", "t.py", "--lr", "1"});
+  CHECK(after.launch_shape);
+  CHECK(after.use_env);
+  CHECK_FALSE(after.module);
+  CHECK(after.nproc == 2);
+  CHECK(after.device == Device::kCpu);
+  CHECK(after.command == std::vector<std::string>{"t.py", "--lr", "1"});
+  const Options after_py = p({"-r", "3", "python3", "-m", "torch.distributed.launch", "t.py"});
+  CHECK(after_py.launch_shape);
+  CHECK(after_py.python == std::optional<std::string>("python3"));
+  CHECK(after_py.command == std::vector<std::string>{"t.py"});
+  // Past the worker command the words are the script's: a module named like torch's launcher
+  // only after the script is not a launcher line.
+  const Options late = p({"-m", "pkg.train", "-m", "torch.distributed.launch"});
+  CHECK_FALSE(late.launch_shape);
+  CHECK(late.module);
+  CHECK(late.command == std::vector<std::string>{"pkg.train", "-m", "torch.distributed.launch"});
   // --use-env on a torchrun line changes nothing (torchrun passes LOCAL_RANK only anyway).
   CHECK(p({"--use_env", "t.py"}).use_env);
   CHECK_FALSE(p({"--use_env", "t.py"}).launch_shape);

@@ -8,8 +8,8 @@ TEST=python_launch_line
 source "$(dirname "$0")/common.sh"
 want=$("$PY" -c 'import torch; print("--local_rank" if int(torch.__version__.split(".")[0]) < 2 else "--local-rank")')
 
-# check DIR ARGUMENT: both ranks ran, summed 0+1, and got ARGUMENT=<their LOCAL_RANK> last
-# (ARGUMENT "": no local-rank argument at all)
+# check DIR ARGUMENT: both ranks ran, summed 0+1, and got ARGUMENT=<their LOCAL_RANK> first,
+# before the script's own arguments, where torch's launcher put it (ARGUMENT "": none at all)
 check() {
   "$PY" - "$1" "$2" <<'PY' || fail "the checks of $1 (want '$2')"
 import json, sys
@@ -19,7 +19,7 @@ for r in (0, 1):
     assert got["world"] == 2 and got["sum"] == 1.0, got
     assert got["LOCAL_RANK"] == str(r), got
     if want:
-        assert got["argv"][-1] == f"{want}={r}", got
+        assert got["argv"][0] == f"{want}={r}", got
         assert got["local_rank_arg"] == r, got
     else:
         assert not any(a.startswith("--local") for a in got["argv"]), got
@@ -33,10 +33,11 @@ mkdir -p "$TMP/named" "$TMP/prefix" "$TMP/use_env"
 "$GPURUN" "$PY" -m torch.distributed.launch --nproc_per_node=2 --master-port 0 --device cpu \
   "$HERE/launch_line.py" --out "$TMP/named" > "$LOG" 2>&1 || fail "gpurun $PY -m torch.distributed.launch …"
 check "$TMP/named" "$want"
-# gpurun in place of python: the interpreter from PYTHON_EXEC, as for torchrun lines.
-PYTHON_EXEC=$PY "$GPURUN" -m torch.distributed.launch --nproc_per_node 2 --master-port 0 \
-  --device cpu "$HERE/launch_line.py" --out "$TMP/prefix" > "$LOG" 2>&1 ||
-  fail "gpurun -m torch.distributed.launch …"
+# gpurun in place of python, some of gpurun's flags first: the interpreter from PYTHON_EXEC,
+# as for torchrun lines.
+PYTHON_EXEC=$PY "$GPURUN" --device cpu --master-port 0 -m torch.distributed.launch \
+  --nproc_per_node 2 "$HERE/launch_line.py" --out "$TMP/prefix" > "$LOG" 2>&1 ||
+  fail "gpurun --device cpu --master-port 0 -m torch.distributed.launch …"
 check "$TMP/prefix" "$want"
 # --use_env: LOCAL_RANK only.
 "$GPURUN" "$PY" -m torch.distributed.launch --use_env --nproc_per_node=2 --master-port 0 \
