@@ -168,13 +168,6 @@ std::vector<unsigned> cuda_visible(const fake::State& s) {
   return out;
 }
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 }  // namespace
 
 extern "C" {
@@ -474,23 +467,15 @@ __attribute__((visibility("default"))) int cuDeviceGetUuid_v2(unsigned char* uui
     if (const auto* e = s.error_for("cuDeviceGetUuid", nvml_index)) return e->code;
     if (nvml_index >= s.gpus.size()) return kCudaInvalidDevice;
     const std::string& text = s.gpus[nvml_index].uuid;
-    int n = 0;
-    for (size_t i = 4; i + 1 < text.size() && n < 16;) {
-      if (text[i] == '-') {
-        ++i;
-        continue;
-      }
-      const int hi = hex_digit(text[i]), lo = hex_digit(text[i + 1]);
-      if (hi < 0 || lo < 0) break;
-      uuid[n++] = static_cast<unsigned char>(hi * 16 + lo);
-      i += 2;
-    }
-    if (n != 16) {
+    const auto bytes = fake::uuid_bytes(text);
+    if (!bytes) {
       std::fprintf(stderr,
-                   "simulated NVML: cuDeviceGetUuid: gpu %u's uuid %s is not GPU-<32 hex>\n",
+                   "simulated NVML: cuDeviceGetUuid: gpu %u's uuid %s is not "
+                   "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)\n",
                    nvml_index, text.c_str());
       return kCudaUnknown;
     }
+    std::memcpy(uuid, bytes->data(), bytes->size());
     return kCudaSuccess;
   } catch (const std::exception& e) {
     report("cuDeviceGetUuid", e);

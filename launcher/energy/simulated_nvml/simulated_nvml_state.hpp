@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -125,6 +126,34 @@ inline std::string test_uuid(unsigned index) {
   std::snprintf(buf, sizeof buf, "GPU-%08x-%04x-%04x-3333-%012x", 0xa0000000u + index * 0x01010101u,
                 (pid >> 16) & 0xffffu, pid & 0xffffu, index);
   return buf;
+}
+
+/// The 16 bytes of `uuid` when it is a GPU UUID as NVML prints it:
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower-case hex (the form gpurun builds from
+/// cuDeviceGetUuid's bytes and then asks NVML for, gpu_map.cpp); nullopt for anything else.
+/// The rule of a `gpu` line's uuid: cuDeviceGetUuid reports these bytes, --simulate-gpus
+/// refuses a file whose uuid has none.
+inline std::optional<std::array<unsigned char, 16>> uuid_bytes(std::string_view uuid) {
+  constexpr std::string_view kPrefix = "GPU-";
+  if (uuid.size() != kPrefix.size() + 36 || uuid.substr(0, kPrefix.size()) != kPrefix)
+    return std::nullopt;
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::array<unsigned char, 16> out{};
+  size_t n = 0;
+  for (size_t i = kPrefix.size(); i < uuid.size();) {
+    const size_t at = i - kPrefix.size();  // dashes at 8, 13, 18, 23 of the 36
+    if (at == 8 || at == 13 || at == 18 || at == 23) {
+      if (uuid[i++] != '-') return std::nullopt;
+      continue;
+    }
+    const int hi = hex(uuid[i]), lo = hex(uuid[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[n++] = static_cast<unsigned char>(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
 }
 
 /// `n` H200-like GPUs (200–700 W, limit 700 W, 600 W uncapped), t0 = `t0`.
