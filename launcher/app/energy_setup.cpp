@@ -34,6 +34,38 @@ std::string beside_config(const std::optional<std::string>& config, const std::s
   return (std::filesystem::absolute(*config).parent_path() / path).string();
 }
 
+EnergyFiles energy_files(const sv::Options& opt,
+                         const std::optional<gpurun::control::Config>& config,
+                         const std::string& run_dir) {
+  const gpurun::control::EnergyConfig ec =
+      config ? config->energy : gpurun::control::EnergyConfig{};
+  EnergyFiles out;
+  out.history = beside_config(opt.config, ec.history);
+  out.profile_cache = beside_config(opt.config, !ec.profile_cache.empty()
+                                                    ? ec.profile_cache
+                                                    : (config ? ".gpurun-power-cache.json" : ""));
+  if (!opt.simulate_gpus) return out;
+  // A simulated run's cost must never become the "best earlier run" of a real job's threshold,
+  // nor its chosen limits a real job's: both stay in the run dir.
+  std::vector<std::string> moved;
+  if (!out.history.empty()) {
+    moved.push_back(fmt::format("history {} is {}/history.jsonl", out.history, run_dir));
+    out.history = run_dir + "/history.jsonl";
+  }
+  if (!out.profile_cache.empty()) {
+    if (!ec.profile_cache.empty() || ec.auto_limit)
+      moved.push_back(
+          fmt::format("profile_cache {} is {}/power-cache.json", out.profile_cache, run_dir));
+    out.profile_cache = run_dir + "/power-cache.json";
+  }
+  if (!moved.empty())
+    print_err(fmt::format(
+        "energy: --simulate-gpus: for this run [energy] {}: simulated GPUs' costs and limits "
+        "never reach a real job's",
+        fmt::join(moved, ", ")));
+  return out;
+}
+
 /// Whether gpurun should monitor energy at all (cheap; says why not when the user asked).
 bool energy_wanted(const sv::Options& opt, const sv::JobPlan& plan,
                    const std::optional<gpurun::control::Config>& config) {
@@ -104,7 +136,8 @@ std::optional<DiscoveredGpus> discover_gpus(const sv::EnvMap& inherited,
 std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
     asio::io_context& io, sv::EventLog& events, const sv::Options& opt,
     const std::optional<gpurun::control::Config>& config, DiscoveredGpus found,
-    const std::string& program, const gpurun::control::ProgressFile* progress, double start_s) {
+    const std::string& program, const gpurun::control::ProgressFile* progress, double start_s,
+    const std::string& run_dir) {
   namespace en = gpurun::energy;
   const gpurun::control::EnergyConfig ec =
       config ? config->energy : gpurun::control::EnergyConfig{};
@@ -115,7 +148,8 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   mo.window = ec.window;
   mo.eta = ec.eta;
   mo.job = !ec.job.empty() ? ec.job : fmt::format("{}", fmt::join(opt.command, " "));
-  mo.history = beside_config(opt.config, ec.history);
+  const EnergyFiles files = energy_files(opt, config, run_dir);
+  mo.history = files.history;
   std::optional<double> best;
   if (!mo.history.empty()) {
     // Read even with an absolute threshold: an unusable history (not JSON lines, a device,
@@ -151,9 +185,7 @@ std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
   mo.measure_steps = ec.profile_measure_steps;
   mo.cooldown_max_s = ec.profile_cooldown_s;
   mo.settle_window_s = ec.profile_settle_s;
-  mo.profile_cache = beside_config(opt.config, !ec.profile_cache.empty()
-                                                   ? ec.profile_cache
-                                                   : (config ? ".gpurun-power-cache.json" : ""));
+  mo.profile_cache = files.profile_cache;
   mo.program = program;
   mo.summary_path = opt.energy_summary.value_or("");
   // The guard runs this binary: its real path (ps shows it), /proc/self/exe as a fallback.

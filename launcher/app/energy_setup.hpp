@@ -35,6 +35,17 @@ gpurun::control::EnergyStatus energy_status(const gpurun::energy::EnergyMonitor&
 /// Paths in [energy] are relative to the config file's directory.
 std::string beside_config(const std::optional<std::string>& config, const std::string& path);
 
+/// Where this run's [energy] history and profile cache are ("": none): the config's paths
+/// (relative to its directory; the cache defaults to .gpurun-power-cache.json with --config);
+/// under --simulate-gpus `<run_dir>/history.jsonl` and `<run_dir>/power-cache.json`, with one
+/// console line when the config named them (docs/energy.md#simulated-gpus).
+struct EnergyFiles {
+  std::string history, profile_cache;
+};
+EnergyFiles energy_files(const supervisor::Options& opt,
+                         const std::optional<gpurun::control::Config>& config,
+                         const std::string& run_dir);
+
 /// Whether gpurun should monitor energy at all (cheap; says why not when the user asked).
 bool energy_wanted(const supervisor::Options& opt, const supervisor::JobPlan& plan,
                    const std::optional<gpurun::control::Config>& config);
@@ -52,10 +63,11 @@ std::optional<DiscoveredGpus> discover_gpus(const supervisor::EnvMap& inherited,
                                             const std::vector<int>& slots);
 
 /// The monitor over `found`, with the settings of [energy] (config) and the command line.
-/// `start_s`: when the job started (its first window's start).
+/// `start_s`: when the job started (its first window's start); `run_dir`: the run's directory.
 std::unique_ptr<gpurun::energy::EnergyMonitor> make_energy_monitor(
     boost::asio::io_context& io, supervisor::EventLog& events, const supervisor::Options& opt,
     const std::optional<gpurun::control::Config>& config, DiscoveredGpus found,
-    const std::string& program, const gpurun::control::ProgressFile* progress, double start_s);
+    const std::string& program, const gpurun::control::ProgressFile* progress, double start_s,
+    const std::string& run_dir);
 
 }  // namespace gpurun::app

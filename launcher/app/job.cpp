@@ -377,7 +377,7 @@ int Job::run_to_end() {
                               *opt_.energy_summary));
       if (found && !supervisor_->done()) {
         energy_ = make_energy_monitor(io_, events_, opt_, energy_config_, std::move(*found), exe_,
-                                      progress_.get(), job_start_s_);
+                                      progress_.get(), job_start_s_, run_dir_.path);
         energy_->set_active(elastic_ ? elastic_->scheduler().active() : launch_ids_);
         // [policy] yield_to_foreign (docs/sharing.md#yield): NVML's process lists of the job's
         // GPUs, each second; the controller decides (a reload may turn the policy on or off).

@@ -1012,9 +1012,14 @@ std::pair<bool, fs::file_time_type> stamp(const fs::path& p) {
 TEST_CASE("--simulate-gpus N: simulated GPUs, a power limit set on them, all in the run dir") {
   TempDir dir("gpurun-energy");
   const auto machine_journal = stamp("/var/lib/gpurun/power-journal.json");
-  ElasticRun run(GPURUN_BINARY, dir.path, 2, std::string("[energy]\npower_limit_watts = 500\n"),
+  // The config names a history and a profile cache beside it: a simulated run's cost must
+  // never be the best earlier run of a real job's threshold, so both are the run dir's.
+  ElasticRun run(GPURUN_BINARY, dir.path, 2,
+                 std::string("[energy]\npower_limit_watts = 500\nhistory = \"history.jsonl\"\n"
+                             "profile_cache = \"cache.json\"\n"),
                  {GPURUN_FAKE_WORKER, dir.str(), "300"},
-                 {"--simulate-gpus", "2", "--energy-summary", (dir.path / "summary.json").string()},
+                 {"--simulate-gpus", "2", "--energy-summary", (dir.path / "summary.json").string(),
+                  "--log-dir", (dir.path / "logs").string()},
                  "cpu", {{"HOME", dir.str()}});
   std::string state;
   wait_until("gpurun to say where the simulated GPUs are", [&] {
@@ -1042,6 +1047,20 @@ TEST_CASE("--simulate-gpus N: simulated GPUs, a power limit set on them, all in 
   CHECK(stamp("/var/lib/gpurun/power-journal.json") == machine_journal);
   CHECK_FALSE(fs::exists(dir.path / ".local" / "state" / "gpurun"));
   CHECK_FALSE(fs::exists(dir.path / "xdg" / "state" / "gpurun" / "power-journal.json"));
+  // Nor the config's history and profile cache: the run dir's, which --log-dir keeps, with
+  // the simulated GPUs' state.
+  CHECK_FALSE(fs::exists(dir.path / "history.jsonl"));
+  CHECK_FALSE(fs::exists(dir.path / "cache.json"));
+  CHECK(fs::is_regular_file(run_dir / "history.jsonl"));
+  CHECK(fs::is_regular_file(run_dir / "simulated-gpus.txt"));
+  CHECK(gpurun::testing::slurp(dir.path / "gpurun.stderr")
+            .find("gpurun: energy: --simulate-gpus: for this run [energy] history " +
+                  (dir.path / "history.jsonl").string() + " is " +
+                  (run_dir / "history.jsonl").string() + ", profile_cache " +
+                  (dir.path / "cache.json").string() + " is " +
+                  (run_dir / "power-cache.json").string() +
+                  ": simulated GPUs' costs and limits never reach a real job's") !=
+        std::string::npos);
 }
 
 TEST_CASE("--simulate-gpus FILE: the file's GPUs, the file left as it was; too few GPUs refused") {
