@@ -305,17 +305,27 @@ void HelperProcess::release() {
   pidfd_.reset();
 }
 
-std::optional<std::string> output_of(const std::vector<std::string>& argv) {
+std::optional<std::string> output_of(const std::vector<std::string>& argv,
+                                     std::optional<std::chrono::milliseconds> timeout) {
   HelperOptions o;
   o.argv = argv;
   o.search_path = true;
   o.stdout_stream = HelperStream::pipe();
   o.stderr_stream = HelperStream::null();
+  if (timeout) {
+    o.stdin_stream = HelperStream::null();
+    o.group = HelperGroup::kOwnGroup;  // the kill reaches what it started too
+  }
   try {
     HelperProcess p(o);
+    std::optional<int> status;
+    if (timeout) {
+      status = p.wait_for(*timeout);
+      if (!status) return std::nullopt;  // the destructor kills its group and reaps it
+    }
     std::string out = p.read_stdout();
-    const int status = p.wait();
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return out;
+    if (!status) status = p.wait();
+    if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return out;
   } catch (const HelperError&) {
     // not installed, not executable, or reaped elsewhere: no answer
   }

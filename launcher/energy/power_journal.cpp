@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include "gpurun/env_names.hpp"
+
 #include "gpurun/abstract_lock.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/regular_file.hpp"
@@ -128,7 +130,7 @@ std::string host_name() {
 }
 
 fs::path journal_path() {
-  if (const char* p = std::getenv("GPURUN_POWER_JOURNAL"); p && *p) return p;
+  if (const char* p = std::getenv(gpurun::env::kPowerJournal); p && *p) return p;
   if (::geteuid() == 0 && usable_dir("/var/lib/gpurun"))
     return "/var/lib/gpurun/power-journal.json";
   fs::path state;

@@ -126,8 +126,8 @@ std::string install_simulated_gpus(const simulated_nvml::State& gpus, const std:
   }
   ::setenv(env::kNvmlLibrary, library.c_str(), 1);
   ::setenv(env::kCudaLibrary, library.c_str(), 1);
-  ::setenv("GPURUN_FAKE_NVML_STATE", state.c_str(), 1);
-  ::setenv("GPURUN_POWER_JOURNAL", (run_dir + "/power-journal.json").c_str(), 1);
+  ::setenv(env::kSimulatedGpusState, state.c_str(), 1);
+  ::setenv(env::kPowerJournal, (run_dir + "/power-journal.json").c_str(), 1);
   return state;
 }
 

@@ -1,7 +1,6 @@
 #include "supervisor/worker_command.hpp"
 
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -40,22 +39,11 @@ std::string local_rank_argument(std::string_view torch_version) {
 
 std::string local_rank_argument_for(const Options& o, const EnvMap& env) {
   if (!o.launch_shape || o.use_env) return "";
-  std::string version;
-  try {
-    HelperOptions h;
-    h.argv = {worker_python(o, env), "-c",
-              "import importlib.metadata as m; print(m.version('torch'))"};
-    h.search_path = true;
-    h.stdin_stream = HelperStream::null();
-    h.stdout_stream = HelperStream::pipe();
-    h.stderr_stream = HelperStream::null();
-    h.group = HelperGroup::kOwnGroup;
-    HelperProcess probe(h);
-    const std::optional<int> status = probe.wait_for(std::chrono::seconds(10));
-    if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) version = probe.read_stdout();
-  } catch (const HelperError&) {  // no such interpreter: the workers' start says so
-  }
-  return local_rank_argument(version);
+  // No such interpreter, no torch, too slow: "" (the workers' start says what is wrong).
+  const std::optional<std::string> version = output_of(
+      {worker_python(o, env), "-c", "import importlib.metadata as m; print(m.version('torch'))"},
+      std::chrono::seconds(10));
+  return local_rank_argument(version.value_or(""));
 }
 
 std::vector<std::string> worker_argv(const Options& o, const EnvMap& env) {

@@ -297,4 +297,10 @@ TEST_CASE("helper: output_of: a program's stdout when it succeeds, else nothing"
   CHECK(gpurun::output_of({"sh", "-c", "echo GPU 0; echo ignored >&2"}) == "GPU 0\n");
   CHECK(gpurun::output_of({"sh", "-c", "echo partial; exit 1"}) == std::nullopt);
   CHECK(gpurun::output_of({"no-such-helper-program-on-path", "-L"}) == std::nullopt);
+  // Bounded: the answer within the bound; past it, nothing, and what it started is gone too.
+  using namespace std::chrono_literals;
+  CHECK(gpurun::output_of({"sh", "-c", "echo 2.11.0"}, 10s) == "2.11.0\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(gpurun::output_of({"sh", "-c", "sleep 30 & echo $!; wait"}, 200ms) == std::nullopt);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
 }

@@ -138,9 +138,14 @@ class HelperProcess {
 };
 
 /// The stdout of `argv` (argv[0] looked up on PATH; stdin gpurun's, stderr to /dev/null) once
-/// it exited with status 0; nullopt when it cannot start (not installed) or fails. Blocks until
-/// it exits (no timeout, like popen). For probes such as `nvidia-smi -L`.
-std::optional<std::string> output_of(const std::vector<std::string>& argv);
+/// it exited with status 0; nullopt when it cannot start (not installed) or fails. Without
+/// `timeout` it blocks until it exits (like popen). With one it runs in its own process group
+/// and stdin /dev/null, and one still running after `timeout` is killed with its group (nullopt);
+/// its output must then fit the pipe (64 KiB) until it exits. For probes such as
+/// `nvidia-smi -L` or a Python interpreter's torch version.
+std::optional<std::string> output_of(
+    const std::vector<std::string>& argv,
+    std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 /// Reaps (waitpid WNOHANG) every direct child of this process (/proc/self/task/*/children)
 /// that is neither in `keep` nor a HelperProcess whose owner waits for it, under the helper

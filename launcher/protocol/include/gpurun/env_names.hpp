@@ -42,6 +42,10 @@ inline constexpr const char* kReserveAhead = "GPURUN_RESERVE_AHEAD";
 // --- read by the supervisor's energy monitor (library overrides) ----------------------------
 inline constexpr const char* kNvmlLibrary = "GPURUN_NVML_LIBRARY";  ///< path of libnvidia-ml
 inline constexpr const char* kCudaLibrary = "GPURUN_CUDA_LIBRARY";  ///< path of libcuda
+/// The power-limit journal's path (default /var/lib/gpurun as root, else ~/.local/state).
+inline constexpr const char* kPowerJournal = "GPURUN_POWER_JOURNAL";
+/// The simulated GPUs' state file that libgpurun_simulated_nvml.so reads (--simulate-gpus).
+inline constexpr const char* kSimulatedGpusState = "GPURUN_FAKE_NVML_STATE";
 // --- set by gpurun for every worker (added later) --------------------------------------------
 /// Where the pause snapshot goes when GPURUN_SNAPSHOT_PATH (in /dev/shm) cannot hold it (full):
 /// <run_dir>/state.snapshot. Set only when the primary path is not that file already.
