@@ -57,6 +57,31 @@ std::string slot_data(int64_t restart, int gpu, std::string_view name) {
   return fmt::format("gpurun/slotdata/{}/{}/{}", restart, gpu, name);
 }
 
+std::string node_job() {
+  return "gpurun/node/job";
+}
+std::string node_next() {
+  return "gpurun/node/next";
+}
+std::string node_join(int node) {
+  return fmt::format("gpurun/node/{}/join", node);
+}
+std::string node_offer(int node) {
+  return fmt::format("gpurun/node/{}/offer", node);
+}
+std::string node_command(int node, int64_t n) {
+  return fmt::format("gpurun/node/{}/cmd/{}", node, n);
+}
+std::string node_event(int node, int64_t n) {
+  return fmt::format("gpurun/node/{}/event/{}", node, n);
+}
+std::string node_live(int node) {
+  return fmt::format("gpurun/live/node{}", node);
+}
+std::string node_lost(int node) {
+  return fmt::format("gpurun/lost/node{}", node);
+}
+
 namespace {
 
 // Consumes a non-negative decimal at the front of `s`; nullopt when there is none.
@@ -129,6 +154,27 @@ std::optional<WorkerWrite> parse_worker_write(std::string_view key, std::string_
   if (auto p = slot_key(key, "parked")) return Parked{p->first, p->second};
   if (auto r = slot_key(key, "ready")) return Ready{r->first, r->second};
   if (auto e = slot_key(key, "error")) return ProgramError{e->first, e->second, std::string(value)};
+  return std::nullopt;
+}
+
+std::optional<NodeWrite> parse_node_write(std::string_view key) {
+  std::string_view s = key;
+  if (take(s, "gpurun/lost/node")) {
+    const auto k = take_int(s);
+    if (!k || *k < 1 || !s.empty()) return std::nullopt;
+    return NodeWrite{NodeWrite::Kind::kLost, static_cast<int>(*k), -1};
+  }
+  if (!take(s, "gpurun/node/")) return std::nullopt;
+  const auto k = take_int(s);
+  if (!k || *k < 1 || !take(s, "/")) return std::nullopt;
+  const int node = static_cast<int>(*k);
+  if (s == "join") return NodeWrite{NodeWrite::Kind::kJoin, node, -1};
+  if (s == "offer") return NodeWrite{NodeWrite::Kind::kOffer, node, -1};
+  if (take(s, "event/")) {
+    const auto n = take_int(s);
+    if (!n || !s.empty()) return std::nullopt;
+    return NodeWrite{NodeWrite::Kind::kEvent, node, *n};
+  }
   return std::nullopt;
 }
 

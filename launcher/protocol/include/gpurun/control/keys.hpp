@@ -58,6 +58,38 @@ std::string arrived(std::string_view comm_prefix, int rank);
 std::string slot_data(int64_t restart, int gpu, std::string_view name);
 inline constexpr std::string_view kGeneration = "gpurun/generation";
 
+// ---- one elastic job over several nodes (gpurun/control/node_messages.hpp) --------------------
+
+/// Node 0 (elastic mode) writes its run id here at its start: a gpurun joining as another node
+/// finds an elastic job (and which) by it.
+std::string node_job();
+/// The counter (store ADD) a joining node takes its node id from: 1, 2, … (never reused).
+std::string node_next();
+/// Node k's NodeJoin record, written once when it joins.
+std::string node_join(int node);
+/// The local slots node k offers now, "0,1" (control::join_ids); "" = none (it is leaving).
+/// Node k rewrites it when its config changes; node 0 reads the latest value.
+std::string node_offer(int node);
+/// Node 0's n-th NodeCommand to node k (n = 0, 1, …).
+std::string node_command(int node, int64_t n);
+/// Node k's n-th NodeEvent to node 0 (n = 0, 1, …).
+std::string node_event(int node, int64_t n);
+/// Node k's liveness key (store::kLivePrefix, bound to its gpurun's store connection) and the
+/// key the store writes when that connection closed (store::kLostPrefix).
+std::string node_live(int node);
+std::string node_lost(int node);
+
+/// A write under gpurun/ that node 0's node hub handles, typed.
+struct NodeWrite {
+  enum class Kind { kJoin, kOffer, kEvent, kLost };
+  Kind kind = Kind::kJoin;
+  int node = -1;
+  int64_t n = -1;  ///< kEvent: its sequence number
+  friend bool operator==(const NodeWrite&, const NodeWrite&) = default;
+};
+/// nullopt for any key that is not a node's join, offer, event or lost key (node ids >= 1).
+std::optional<NodeWrite> parse_node_write(std::string_view key);
+
 // ---- what a worker writes, typed ------------------------------------------------------------
 
 /// gpurun/gen/<g>/joined/<rank> = its pid (decimal; -1 when the value is not a number).
