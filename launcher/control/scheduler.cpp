@@ -31,6 +31,14 @@ Scheduler::Scheduler(std::vector<int> slots, Config config, std::optional<std::v
   launch_ = ids_intersect(launch_, slot_ids_);
 }
 
+void Scheduler::add_slots(const std::vector<int>& ids) {
+  for (int gpu : ids) {
+    if (slots_.count(gpu)) continue;
+    slots_[gpu].gpu = gpu;
+    slot_ids_.insert(std::upper_bound(slot_ids_.begin(), slot_ids_.end(), gpu), gpu);
+  }
+}
+
 std::vector<Effect> Scheduler::take_effects() {
   std::vector<Effect> out;
   out.swap(effects_);

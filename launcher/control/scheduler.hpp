@@ -105,6 +105,10 @@ class Scheduler {
   Scheduler(std::vector<int> slots, Config config,
             std::optional<std::vector<int>> launch = std::nullopt);
 
+  /// Slots of a node that joined the job (job slot ids, control/node_messages.hpp): PARKED with
+  /// no process, ids a config may name from now on. Ids already known are ignored.
+  void add_slots(const std::vector<int>& ids);
+
   /// Starts generation 0 (first attempt) or a new generation after a whole-set restart:
   /// every slot is reset, members of the desired set are spawned (STARTING).
   void start_attempt(int attempt);

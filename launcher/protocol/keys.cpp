@@ -69,6 +69,9 @@ std::string node_join(int node) {
 std::string node_offer(int node) {
   return fmt::format("gpurun/node/{}/offer", node);
 }
+std::string node_leave(int node) {
+  return fmt::format("gpurun/node/{}/leave", node);
+}
 std::string node_command(int node, int64_t n) {
   return fmt::format("gpurun/node/{}/cmd/{}", node, n);
 }
@@ -170,6 +173,7 @@ std::optional<NodeWrite> parse_node_write(std::string_view key) {
   const int node = static_cast<int>(*k);
   if (s == "join") return NodeWrite{NodeWrite::Kind::kJoin, node, -1};
   if (s == "offer") return NodeWrite{NodeWrite::Kind::kOffer, node, -1};
+  if (s == "leave") return NodeWrite{NodeWrite::Kind::kLeave, node, -1};
   if (take(s, "event/")) {
     const auto n = take_int(s);
     if (!n || !s.empty()) return std::nullopt;

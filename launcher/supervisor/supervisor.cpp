@@ -350,6 +350,12 @@ void Supervisor::record_failure(Worker& w, ExitStatus status, std::string reason
   begin_teardown(&w, "");
 }
 
+void Supervisor::controller_changed() {
+  asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+    if (!alive.expired()) check_progress();
+  });
+}
+
 void Supervisor::stop_for_peer(const std::string& reason) {
   if (holding_) {  // the peer's failure may be the real one: stop now
     begin_teardown(nullptr, reason);

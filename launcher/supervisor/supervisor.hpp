@@ -174,6 +174,10 @@ class Supervisor {
   /// Elastic mode: `controller` (outliving the supervisor's run) decides which slots start
   /// and how their exits count. Call before start().
   void set_controller(SlotController* controller) { controller_ = controller; }
+  /// Elastic mode: what the controller answers (holds_job_open) changed without a local exit
+  /// (e.g. the last process of another node ended): the supervisor checks again, on a fresh
+  /// stack, whether the job is over.
+  void controller_changed();
   /// Elastic mode: starts a process for slot `local_rank` (which must have none) with the
   /// plan's environment plus `overlay`. Returns its pid, or -1 when it could not start
   /// (reported later as an exit with code 1, on a fresh stack).

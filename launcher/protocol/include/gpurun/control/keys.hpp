@@ -70,6 +70,9 @@ std::string node_join(int node);
 /// The local slots node k offers now, "0,1" (control::join_ids); "" = none (it is leaving).
 /// Node k rewrites it when its config changes; node 0 reads the latest value.
 std::string node_offer(int node);
+/// Node k is leaving the job (its gpurun got SIGTERM): value = the reason ("SIGTERM"). Its
+/// slots leave at the next boundary; once none has a process node 0 sends it `release`.
+std::string node_leave(int node);
 /// Node 0's n-th NodeCommand to node k (n = 0, 1, …).
 std::string node_command(int node, int64_t n);
 /// Node k's n-th NodeEvent to node 0 (n = 0, 1, …).
@@ -81,13 +84,13 @@ std::string node_lost(int node);
 
 /// A write under gpurun/ that node 0's node hub handles, typed.
 struct NodeWrite {
-  enum class Kind { kJoin, kOffer, kEvent, kLost };
+  enum class Kind { kJoin, kOffer, kLeave, kEvent, kLost };
   Kind kind = Kind::kJoin;
   int node = -1;
   int64_t n = -1;  ///< kEvent: its sequence number
   friend bool operator==(const NodeWrite&, const NodeWrite&) = default;
 };
-/// nullopt for any key that is not a node's join, offer, event or lost key (node ids >= 1).
+/// nullopt for any key that is not a node's join, offer, leave, event or lost key (node ids >= 1).
 std::optional<NodeWrite> parse_node_write(std::string_view key);
 
 // ---- what a worker writes, typed ------------------------------------------------------------

@@ -1,0 +1,273 @@
+#include "control/node_hub.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "gpurun/json_writer.hpp"
+
+namespace gpurun::control {
+
+NodeHub::NodeHub(store::Backend& backend, NodeHubOptions options)
+    : backend_(backend), opt_(std::move(options)) {
+  backend_.set(keys::node_job(), opt_.run_id);
+}
+
+NodeHub::Node* NodeHub::node(int k) {
+  auto it = nodes_.find(k);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+std::vector<int> NodeHub::job_ids(int k, const std::vector<int>& local) const {
+  std::vector<int> out;
+  for (int i : local)
+    if (i >= 0 && i < kSlotsPerNode) out.push_back(job_slot(k, i));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
+  const std::optional<keys::NodeWrite> w = keys::parse_node_write(key);
+  if (!w) return std::nullopt;
+  Changes out;
+  const int k = w->node;
+  switch (w->kind) {
+    case keys::NodeWrite::Kind::kJoin: {
+      if (nodes_.count(k)) return out;  // written once; a repeat changes nothing
+      NodeJoin j;
+      try {
+        j = NodeJoin::from_json(backend_.get(key));
+      } catch (const ProtocolError& e) {
+        out.lines.push_back(fmt::format("warning: ignoring node {}'s join: {}", k, e.what()));
+        return out;
+      }
+      Node n;
+      n.join = j;
+      n.name = fmt::format("node {} ({}, gpurun pid {})", k, j.host, j.pid);
+      if (j.node != k) {
+        out.lines.push_back(
+            fmt::format("warning: ignoring the join under '{}': it names node {}", key, j.node));
+        return out;
+      }
+      if (opt_.max_nodes > 0 && live_nodes() + 1 >= opt_.max_nodes + 1) {
+        const std::string why =
+            fmt::format("the job already has {} nodes, the most --nnodes allows ({})",
+                        live_nodes() + 1, opt_.max_nodes);
+        out.lines.push_back(fmt::format("{} is refused: {}", n.name, why));
+        n.lost = true;
+        Node& kept = nodes_[k] = std::move(n);
+        NodeCommand c;
+        c.kind = NodeCommand::Kind::kExit;
+        c.code = 1;
+        c.reason = "node 0 refused this node: " + why;
+        command(kept, c);
+        return out;
+      }
+      n.offer = job_ids(k, j.offer);
+      out.new_slots = job_ids(k, j.slots);
+      out.offers_changed = true;
+      out.lines.push_back(fmt::format("{} joined the job: slots [{}], offered [{}]", n.name,
+                                      join_ids(out.new_slots, ", "), join_ids(n.offer, ", ")));
+      nodes_[k] = std::move(n);
+      return out;
+    }
+    case keys::NodeWrite::Kind::kOffer: {
+      Node* n = node(k);
+      if (!n || n->lost) return out;
+      std::vector<int> offer;
+      try {
+        offer = job_ids(k, parse_ids(backend_.get(key)));
+      } catch (const ProtocolError& e) {
+        out.lines.push_back(fmt::format("warning: ignoring {}'s offer: {}", n->name, e.what()));
+        return out;
+      }
+      const std::vector<int> slots = job_ids(k, n->join.slots);
+      std::vector<int> kept;
+      std::set_intersection(offer.begin(), offer.end(), slots.begin(), slots.end(),
+                            std::back_inserter(kept));
+      if (kept == n->offer) return out;
+      n->offer = kept;
+      out.offers_changed = true;
+      out.lines.push_back(kept.empty()
+                              ? fmt::format("{} withdrew its offer: its slots leave the job at "
+                                            "the next boundary",
+                                            n->name)
+                              : fmt::format("{} offers [{}]", n->name, join_ids(kept, ", ")));
+      return out;
+    }
+    case keys::NodeWrite::Kind::kLeave: {
+      Node* n = node(k);
+      if (!n || n->lost || n->leaving) return out;
+      n->leaving = true;
+      if (!n->offer.empty()) out.offers_changed = true;
+      n->offer.clear();
+      const std::string why = backend_.get(key);
+      out.lines.push_back(
+          fmt::format("{} is leaving the job ({}): its slots leave at the next "
+                      "boundary",
+                      n->name, why.empty() ? "asked" : why));
+      return out;
+    }
+    case keys::NodeWrite::Kind::kEvent: {
+      Node* n = node(k);
+      if (!backend_.check({key})) return out;  // handled already
+      const std::string text = backend_.get(key);
+      backend_.delete_key(key);
+      if (!n) return out;
+      NodeEvent e;
+      try {
+        e = NodeEvent::from_json(text);
+      } catch (const ProtocolError& err) {
+        out.lines.push_back(fmt::format("warning: ignoring {}'s event: {}", n->name, err.what()));
+        return out;
+      }
+      if (slot_node(e.slot) != k) {
+        out.lines.push_back(fmt::format("warning: ignoring {}'s event about slot {} of node {}",
+                                        n->name, e.slot, slot_node(e.slot)));
+        return out;
+      }
+      Remote& r = remote_[e.slot];
+      if (e.kind == NodeEvent::Kind::kSpawned) {
+        if (e.pid > 0 && r.pid >= 0) {
+          r.pid = e.pid;
+          out.started.emplace_back(e.slot, e.pid);
+        }
+        return out;
+      }
+      if (r.pid < 0) return out;  // its end was taken already (its node was lost)
+      r.pid = -1;
+      out.exits.push_back(Exit{e.slot, e.code == 0 && e.signal == 0,
+                               e.how.empty() ? fmt::format("exit code {}", e.code) : e.how});
+      return out;
+    }
+    case keys::NodeWrite::Kind::kLost: {
+      Node* n = node(k);
+      if (!n || n->lost) return out;
+      n->lost = true;
+      if (!n->offer.empty()) out.offers_changed = true;
+      n->offer.clear();
+      if (n->released || n->ended) return out;  // it left as told
+      out.lines.push_back(fmt::format(
+          "{} was lost: its gpurun's store connection closed; the job goes on without its "
+          "slots",
+          n->name));
+      for (auto& [slot, r] : remote_) {
+        if (slot_node(slot) != k || r.pid < 0) continue;
+        out.exits.push_back(
+            Exit{slot, false,
+                 fmt::format("the loss of {} (its gpurun's store connection closed)", n->name)});
+        r.pid = -1;
+      }
+      return out;
+    }
+  }
+  return out;
+}
+
+int NodeHub::spawn(int slot, int64_t generation, int64_t warm, bool standby,
+                   const Decision& decision) {
+  Node* n = node(slot_node(slot));
+  if (!n || n->lost || n->ended) return -1;
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kSpawn;
+  c.slot = slot;
+  c.generation = generation;
+  c.warm = warm;
+  c.standby = standby;
+  c.decision = decision;
+  command(*n, c);
+  const int pid = next_provisional_++;
+  remote_[slot].pid = pid;
+  return pid;
+}
+
+void NodeHub::kill(int slot) {
+  Node* n = node(slot_node(slot));
+  if (!n || n->lost || n->ended) return;
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kKill;
+  c.slot = slot;
+  command(*n, c);
+}
+
+void NodeHub::command(Node& n, const NodeCommand& c) {
+  backend_.set(keys::node_command(n.join.node, n.next_command++), c.to_json());
+}
+
+bool NodeHub::remote_pid(int pid) const {
+  if (pid >= kProvisionalBase) return true;
+  for (const auto& [slot, r] : remote_)
+    if (r.pid == pid) return true;
+  return false;
+}
+
+std::vector<int> NodeHub::offered() const {
+  std::vector<int> out;
+  for (const auto& [k, n] : nodes_)
+    if (!n.lost && !n.released) out.insert(out.end(), n.offer.begin(), n.offer.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool NodeHub::remote_processes() const {
+  return std::any_of(remote_.begin(), remote_.end(),
+                     [](const auto& r) { return r.second.pid >= 0; });
+}
+
+void NodeHub::release_idle(const std::function<bool(int slot)>& has_process) {
+  for (auto& [k, n] : nodes_) {
+    if (!n.leaving || n.lost || n.released || n.ended) continue;
+    const std::vector<int> slots = job_ids(k, n.join.slots);
+    if (std::any_of(slots.begin(), slots.end(), [&](int s) {
+          const auto r = remote_.find(s);
+          return (r != remote_.end() && r->second.pid >= 0) || has_process(s);
+        }))
+      continue;
+    n.released = true;
+    NodeCommand c;
+    c.kind = NodeCommand::Kind::kRelease;
+    c.reason = "none of its slots has a process left";
+    command(n, c);
+  }
+}
+
+void NodeHub::job_ended(int code, const std::string& reason) {
+  for (auto& [k, n] : nodes_) {
+    if (n.lost || n.released || n.ended) continue;
+    n.ended = true;
+    NodeCommand c;
+    c.kind = NodeCommand::Kind::kExit;
+    c.code = code;
+    c.reason = reason;
+    command(n, c);
+  }
+}
+
+int NodeHub::live_nodes() const {
+  int live = 0;
+  for (const auto& [k, n] : nodes_)
+    if (!n.lost && !n.released) ++live;
+  return live;
+}
+
+std::string NodeHub::status_json() const {
+  std::string out = "[";
+  for (const auto& [k, n] : nodes_) {
+    JsonObject o;
+    o.add("node", k)
+        .add("host", n.join.host)
+        .add("pid", n.join.pid)
+        .add("state", n.lost            ? "lost"
+                      : n.released      ? "released"
+                      : n.ended         ? "ended"
+                      : n.offer.empty() ? "idle"
+                                        : "live")
+        .add_raw("slots", ids_json(job_ids(k, n.join.slots)))
+        .add_raw("offer", ids_json(n.offer));
+    out += (out.size() > 1 ? "," : "") + o.str();
+  }
+  return out + "]";
+}
+
+}  // namespace gpurun::control

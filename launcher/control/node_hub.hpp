@@ -1,0 +1,111 @@
+// gpurun::control::NodeHub — node 0's side of one elastic job over several gpurun nodes
+// (docs/cli.md#elastic-nodes): the nodes that joined (their slots, what they offer, whether
+// they live), the commands node 0 sends them (spawn, kill, release, exit) and the events they
+// send back (a process started, a process ended), all through node 0's store
+// (gpurun/control/node_messages.hpp, keys::node_*). The ElasticController owns it: the
+// scheduler decides over every node's slots; the hub carries the process effects of another
+// node's slots there and brings their exits back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpurun/control/decision.hpp"
+#include "gpurun/control/keys.hpp"
+#include "gpurun/control/node_messages.hpp"
+#include "store/backend.hpp"
+
+namespace gpurun::control {
+
+/// Settings of node 0's hub.
+struct NodeHubOptions {
+  std::string run_id;  ///< node 0's: written to keys::node_job() (joining nodes check it)
+  /// --nnodes MIN:MAX's MAX: a node that would make the job larger is refused; 0 = no limit.
+  int max_nodes = 0;
+};
+
+/// One per elastic node 0 with --nnodes > 1. Io thread only (the controller's). The backend
+/// must outlive it.
+class NodeHub {
+ public:
+  NodeHub(store::Backend& backend, NodeHubOptions options);
+
+  /// A process of another node ended (or its node was lost): the controller takes it as a
+  /// local exit of that slot.
+  struct Exit {
+    int slot = -1;
+    bool clean = false;  ///< exit code 0
+    std::string how;     ///< "exit code 1", "signal SIGKILL (9)", "node 1 (host) was lost: …"
+  };
+  /// What a store write under gpurun/node/ or gpurun/lost/ changed.
+  struct Changes {
+    std::vector<int> new_slots;  ///< job slot ids of a node that joined
+    bool offers_changed = false;
+    std::vector<std::pair<int, int>> started;  ///< (slot, real pid) of a started process
+    std::vector<Exit> exits;
+    std::vector<std::string> lines;  ///< console lines (without "gpurun: ")
+    bool any() const {
+      return !new_slots.empty() || offers_changed || !started.empty() || !exits.empty() ||
+             !lines.empty();
+    }
+  };
+  /// Handles `key` if it is a node's join, offer, event or lost key (keys::parse_node_write);
+  /// nullopt for any other key.
+  std::optional<Changes> on_key(const std::string& key);
+
+  /// Whether `slot` runs on another node (its process effects go through the hub).
+  static bool remote(int slot) { return slot_node(slot) != 0; }
+  /// Sends node slot_node(slot) a spawn command; returns the provisional pid the slot has until
+  /// the node says which process started (Changes::started), or -1 when the node is gone (its
+  /// exit is then reported by the next on_key… never: the caller takes -1 as "could not start").
+  int spawn(int slot, int64_t generation, int64_t warm, bool standby, const Decision& decision);
+  /// Sends a kill command for `slot`'s process (no-op when its node is gone).
+  void kill(int slot);
+  /// Whether `pid` is a process of another node (provisional or real): /proc is not its own.
+  bool remote_pid(int pid) const;
+  /// The job slot ids every live node offers now (sorted).
+  std::vector<int> offered() const;
+  /// Whether any process runs on another node (started, not known to have ended).
+  bool remote_processes() const;
+  /// After each batch of effects: a node whose offer is withdrawn and none of whose slots has a
+  /// process (`has_process(slot)`) is told `release` (once).
+  void release_idle(const std::function<bool(int slot)>& has_process);
+  /// The job ended with `code`: every live node is told `exit` (once).
+  void job_ended(int code, const std::string& reason);
+  /// Nodes still connected (joined, not lost, store connection open).
+  int live_nodes() const;
+  /// status.json's "nodes" array: node, host, pid, state (live, leaving, released, lost),
+  /// slots, offer (job slot ids).
+  std::string status_json() const;
+
+ private:
+  struct Node {
+    NodeJoin join;
+    std::vector<int> offer;  ///< job slot ids
+    bool lost = false;
+    bool leaving = false;   ///< it said so (keys::node_leave): its offer is gone for good
+    bool released = false;  ///< told release
+    bool ended = false;     ///< told exit
+    int64_t next_command = 0;
+    std::string name;  ///< "node 1 (host)"
+  };
+  struct Remote {
+    int pid = -1;  ///< provisional or real; -1 none
+  };
+  void command(Node& n, const NodeCommand& c);
+  Node* node(int k);
+  std::vector<int> job_ids(int k, const std::vector<int>& local) const;
+
+  store::Backend& backend_;
+  NodeHubOptions opt_;
+  std::map<int, Node> nodes_;
+  std::map<int, Remote> remote_;  ///< job slot -> its process on another node
+  int next_provisional_ = kProvisionalBase;
+  static constexpr int kProvisionalBase = 1 << 30;
+};
+
+}  // namespace gpurun::control
