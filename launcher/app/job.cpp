@@ -227,6 +227,20 @@ std::optional<int> Job::build_supervisor() {
     eo.physical_gpus = plan_.gpu_ids;
     eo.run_id = plan_.run_id;
     eo.run_dir = plan_.run_dir;
+    if (plan_.nnodes > 1) {  // node 0 of an elastic job over several nodes
+      gpurun::control::NodeHubOptions nh;
+      nh.run_id = plan_.run_id;
+      nh.max_nodes = std::max(opt_.nnodes, opt_.nnodes_max);
+      eo.nodes = nh;
+      print_err(fmt::format(
+          "nodes: node 0 of an elastic job of up to {} nodes: another node's gpurun joins it "
+          "with --config FILE --nnodes {} --master-addr {} --master-port {} (its slots enter at "
+          "a boundary)",
+          nh.max_nodes,
+          opt_.nnodes == opt_.nnodes_max ? std::to_string(opt_.nnodes)
+                                         : fmt::format("{}:{}", opt_.nnodes, opt_.nnodes_max),
+          plan_.master_addr, plan_.master_port));
+    }
     if (monitor_energy_)
       eo.energy_status = [this] {
         return energy_ ? energy_status(*energy_) : gpurun::control::EnergyStatus{};
@@ -342,8 +356,30 @@ void Job::wire_done() {
       node_sync_->finish(close_store);
       return;
     }
+    if (elastic_ && elastic_->node_hub()) {  // node 0: every other node is told, then goes
+      end_nodes(exit_code, close_store);
+      return;
+    }
     close_store();
   };
+}
+
+void Job::end_nodes(int exit_code, std::function<void()> then) {
+  gpurun::control::NodeHub& hub = *elastic_->node_hub();
+  hub.job_ended(exit_code, exit_code == 0
+                               ? "the job finished"
+                               : fmt::format("the job ended with exit status {}", exit_code));
+  // Until every node disconnected (its lost key) or 5 s passed: a node reads its exit command
+  // before node 0's store closes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  nodes_end_poll_ = [this, &hub, deadline, then] {
+    if (hub.live_nodes() == 0 || std::chrono::steady_clock::now() >= deadline) {
+      asio::post(io_, then);
+      return;
+    }
+    nodes_end_timer_ = clock_.schedule_after(std::chrono::milliseconds(50), nodes_end_poll_);
+  };
+  nodes_end_poll_();
 }
 
 int Job::run_to_end() {

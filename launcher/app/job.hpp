@@ -72,6 +72,9 @@ class Job {
   void wire_supervisor();
   std::optional<int> start_health_check();
   void wire_done();
+  /// Node 0 of an elastic job over several nodes, at its end: every other node is told to exit
+  /// with `exit_code`; `then` runs once they all disconnected, at most 5 s later.
+  void end_nodes(int exit_code, std::function<void()> then);
   int run_to_end();
   int finish(int code);
 
@@ -121,8 +124,10 @@ class Job {
   std::unique_ptr<supervisor::Supervisor> supervisor_;
   std::unique_ptr<control::ElasticController> elastic_;
   std::unique_ptr<control::RunRegistration> registration_;
-  supervisor::AsioClock clock_{io_};     // the status refresh's timer
-  gpurun::Clock::Timer status_refresh_;  // destroyed before clock_ and io_
+  supervisor::AsioClock clock_{io_};      // the status refresh's timer
+  gpurun::Clock::Timer status_refresh_;   // destroyed before clock_ and io_
+  std::function<void()> nodes_end_poll_;  // end_nodes
+  gpurun::Clock::Timer nodes_end_timer_;
   std::function<void()> refresh_;
   std::unique_ptr<store::BackendStore> node0_store_;
   std::unique_ptr<supervisor::HealthCheckServer> health_;

@@ -126,7 +126,9 @@ void Job::wire_nodes() {
   // --nnodes > 1: a failure anywhere stops every node; node 0 decides each attempt's end for
   // the whole job (restart or exit, the root cause) and keeps its store up until every node
   // is done (the exit barrier). docs/cli.md#multi-node.
-  if (plan_.nnodes > 1 && store_) {
+  // An elastic job over several nodes (--config) has no start rendezvous and no restarts across
+  // nodes: node 0's controller and its NodeHub hold it together (docs/cli.md#elastic-nodes).
+  if (plan_.nnodes > 1 && store_ && !opt_.config) {
     node0_store_ = std::make_unique<gpurun::store::BackendStore>(store_->backend());
     node_sync_ = std::make_unique<sv::NodeSync>(io_, node_opts_, *node0_store_);
   }

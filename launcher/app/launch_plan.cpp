@@ -112,11 +112,8 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
   std::vector<int> slot_ids, launch_ids;
   for (int i = 0; i < plan.nproc; ++i) launch_ids.push_back(i);
   if (opt.config) {
-    if (plan.nnodes != 1) {
-      print_err("error: --config (elastic mode) supports a single node; got --nnodes " +
-                std::to_string(plan.nnodes));
-      return kExitUsage;
-    }
+    // --nnodes > 1: one elastic job over several nodes (docs/cli.md#elastic-nodes): node 0
+    // decides for every node; the others' gpurun are slot agents (launcher/nodes/node_agent).
     if (plan.device == sv::Device::kCuda) {
       const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
       plan.gpu_ids = sv::slot_gpu_ids(

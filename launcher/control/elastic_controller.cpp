@@ -71,7 +71,11 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
       clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
-  scheduler_.stalled_probe = [](int pid) { return process_stopped(pid); };
+  if (opt_.nodes) hub_ = std::make_unique<NodeHub>(backend_, *opt_.nodes);
+  // Another node's process is not in this /proc: it is never taken for stopped here.
+  scheduler_.stalled_probe = [this](int pid) {
+    return !(hub_ && hub_->remote_pid(pid)) && process_stopped(pid);
+  };
   backend_.set_write_observer(std::string(keys::kPrefix),
                               [this, alive = std::weak_ptr<int>(alive_)](const std::string& k) {
                                 // Inside a store operation: handle it on a fresh stack.
@@ -120,11 +124,20 @@ EffectiveSet ElasticController::effective_now(const Config& declared) const {
 }
 
 Config ElasticController::effective_config(const Config& declared) const {
-  if ((!leases_ || leases_->leases().empty()) && policy_out(declared).empty()) return declared;
-  const EffectiveSet e = effective_now(declared);
-  if (e.active == declared_set(declared)) return declared;
+  const std::vector<int> offered = hub_ ? hub_->offered() : std::vector<int>{};
   Config c = declared;
-  c.active_gpus = e.active;
+  if ((leases_ && !leases_->leases().empty()) || !policy_out(declared).empty()) {
+    const EffectiveSet e = effective_now(declared);
+    if (e.active != declared_set(declared)) c.active_gpus = e.active;
+  }
+  // Several nodes: node 0's own set (after its policies) and every live node's offer.
+  if (!offered.empty()) {
+    std::vector<int> all = declared_set(c);
+    all.insert(all.end(), offered.begin(), offered.end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    c.active_gpus = all;
+  }
   return c;
 }
 
@@ -278,22 +291,26 @@ void ElasticController::on_attempt_start(int attempt) {
 }
 
 bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool can_restart) {
-  if (auto s = scheduler_.slots().find(local_rank); s != scheduler_.slots().end())
-    timeline_.slot_gone(local_rank, s->second.pid);
+  return process_exited(local_rank, status.success(), status.describe(), can_restart);
+}
+
+bool ElasticController::process_exited(int gpu, bool success, const std::string& how,
+                                       bool can_restart) {
+  if (auto s = scheduler_.slots().find(gpu); s != scheduler_.slots().end())
+    timeline_.slot_gone(gpu, s->second.pid);
   const bool was_finished = scheduler_.finished();
-  const bool absorbed =
-      scheduler_.on_process_exit(local_rank, status.success(), status.describe(), can_restart);
+  const bool absorbed = scheduler_.on_process_exit(gpu, success, how, can_restart);
   // A failure once the job is finishing (a member finished training) is nothing the others
   // go on without: what it did after its loop (saving, evaluating) is lost, so the job fails.
   // The end of a process the scheduler does not count as failed is none: a warm joiner that
   // was never admitted, ended (SIGKILL) because the job is finishing, stays PARKED.
-  const auto slot = scheduler_.slots().find(local_rank);
+  const auto slot = scheduler_.slots().find(gpu);
   const bool failed = slot != scheduler_.slots().end() && slot->second.state == SlotState::kFailed;
-  if (was_finished && !status.success() && failed && failed_while_finishing_.empty())
-    failed_while_finishing_ = fmt::format("gpu {} ended with {} after the job finished training",
-                                          local_rank, status.describe());
-  if (!was_finished && scheduler_.finished() && status.success() &&
-      scheduler_.stop_reason().empty() && energy_.training_finished) {
+  if (was_finished && !success && failed && failed_while_finishing_.empty())
+    failed_while_finishing_ =
+        fmt::format("{} ended with {} after the job finished training", slot_name(gpu), how);
+  if (!was_finished && scheduler_.finished() && success && scheduler_.stop_reason().empty() &&
+      energy_.training_finished) {
     // The last epoch ended with this exit: the one after the last end-of-epoch boundary, or
     // the epoch of the last step boundary.
     const auto& b = scheduler_.last_boundary();
@@ -301,6 +318,27 @@ bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool c
   }
   run_effects();
   return absorbed;
+}
+
+void ElasticController::on_nodes(const NodeHub::Changes& ch) {
+  for (const std::string& line : ch.lines)
+    console_.write(StreamId::kStderr, "gpurun: " + line + "\n");
+  if (!ch.new_slots.empty()) scheduler_.add_slots(ch.new_slots);
+  for (const auto& [slot, pid] : ch.started) {
+    scheduler_.on_spawned(slot, pid);
+    timeline_.spawned(slot, pid);
+  }
+  for (const NodeHub::Exit& e : ch.exits) {
+    const bool absorbed = process_exited(e.slot, e.clean, e.how, /*can_restart=*/false);
+    // Another node's failure elastic mode does not absorb (the program's own error): the job
+    // fails, as for a local one.
+    if (!absorbed && !e.clean)
+      supervisor_.stop_for_peer(fmt::format("{} ended with {}", slot_name(e.slot), e.how));
+  }
+  if (ch.offers_changed) apply_policy(/*effects=*/false);
+  run_effects();
+  // The end of another node's last process, or a new one, changes holds_job_open().
+  supervisor_.controller_changed();
 }
 
 std::string ElasticController::failure_summary() const {
@@ -381,6 +419,11 @@ void ElasticController::reload() {
 }
 
 void ElasticController::on_key(const std::string& key) {
+  if (hub_)
+    if (const std::optional<NodeHub::Changes> ch = hub_->on_key(key)) {
+      if (ch->any()) on_nodes(*ch);
+      return;
+    }
   std::optional<keys::WorkerWrite> write;
   try {
     write = keys::parse_worker_write(key, backend_.get(key));
@@ -424,6 +467,11 @@ void ElasticController::run_effects() {
         (it->first.second == scheduler_.round() || it->first.second == Scheduler::kSetUpRound);
     it = current ? std::next(it) : deadlines_.erase(it);
   }
+  if (hub_)  // a leaving node none of whose slots has a process left may go
+    hub_->release_idle([this](int slot) {
+      const auto s = scheduler_.slots().find(slot);
+      return s != scheduler_.slots().end() && s->second.pid >= 0;
+    });
   write_status();
 }
 
@@ -456,12 +504,15 @@ int ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool sta
   what.warm = warm;
   what.standby = standby;
   what.config_path = opt_.config_path.string();
+  if (hub_ && NodeHub::remote(gpu))  // another node's slot: its gpurun starts it
+    return hub_->spawn(gpu, generation, warm, standby, decision);
   const int pid = supervisor_.spawn_slot(gpu, supervisor::elastic_worker_env(decision, what));
   if (pid > 0) timeline_.spawned(gpu, pid);
   return pid;
 }
 
 void ElasticController::kill(int gpu) {
+  if (hub_ && NodeHub::remote(gpu)) return hub_->kill(gpu);
   supervisor_.kill_slot(gpu);
 }
 
@@ -501,6 +552,7 @@ std::string ElasticController::render_current_status() const {
   snap.energy = opt_.energy_status;
   snap.last_resize = timeline_.last();
   snap.policy = policy_status();
+  if (hub_) snap.nodes = hub_->status_json();
   return render_status(scheduler_, snap);
 }
 

@@ -19,6 +19,7 @@
 #include "control/effects.hpp"
 #include "control/foreign_gpus.hpp"
 #include "control/lease_keeper.hpp"
+#include "control/node_hub.hpp"
 #include "control/resize_timeline.hpp"
 #include "control/scheduler.hpp"
 #include "control/status.hpp"
@@ -51,6 +52,9 @@ struct ElasticOptions {
   /// tests pass a FakeClock. Must outlive the controller. nullptr: a supervisor::AsioClock on the
   /// controller's io_context (real time).
   gpurun::Clock* clock = nullptr;
+  /// Node 0 of an elastic job over several nodes (--nnodes > 1, docs/cli.md#elastic-nodes): the
+  /// hub's settings; nullopt: one node.
+  std::optional<NodeHubOptions> nodes;
 };
 
 /// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks
@@ -79,7 +83,10 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
 
   void on_attempt_start(int attempt) override;
   bool on_worker_exit(int local_rank, supervisor::ExitStatus status, bool can_restart) override;
-  bool holds_job_open() const override { return scheduler_.holds_job_open(); }
+  /// Paused, or (several nodes) a process of another node still runs.
+  bool holds_job_open() const override {
+    return scheduler_.holds_job_open() || (hub_ && hub_->remote_processes());
+  }
   bool succeeded() const override;
   std::string failure_summary() const override;
   std::string job_failed() const override { return scheduler_.state_lost(); }
@@ -88,6 +95,8 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   bool on_stop_request(const std::string& why) override;
 
   const Scheduler& scheduler() const { return scheduler_; }
+  /// Several nodes: node 0's hub (nullptr with one node).
+  NodeHub* node_hub() { return hub_.get(); }
   /// The set config.toml declares now (active_gpus, or the launch set), before policies.
   std::vector<int> declared_gpus() const { return declared_set(declared_); }
   /// `[policy] min_gpus` of the file's last good config.
@@ -127,6 +136,12 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   /// status.json's "policy" object text.
   std::string policy_status() const;
   void on_key(const std::string& key);
+  /// A process of `gpu` ended (a local one, or another node's): the scheduler's verdict, the
+  /// energy hook of a finished training. Returns whether elastic mode absorbs the exit.
+  bool process_exited(int gpu, bool success, const std::string& how, bool can_restart);
+  /// What a node's write changed (NodeHub::on_key): new slots, offers, started and ended
+  /// processes of other nodes.
+  void on_nodes(const NodeHub::Changes& changes);
   /// control::run_effects over this sink, then what follows every batch of effects (console
   /// prefixes, resize events, energy hooks, stale timers, status.json).
   void run_effects();
@@ -174,6 +189,7 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   EnergyHooks energy_;
   std::vector<int> energy_active_;  // the set last given to energy_.active_changed
   bool sighup_pending_ = false;     // a SIGHUP waits for its reload's answer
+  std::unique_ptr<NodeHub> hub_;    // several nodes: node 0's side
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

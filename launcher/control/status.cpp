@@ -238,6 +238,7 @@ std::string render_status(const RunStatus& st, const StatusSnapshot& snap) {
     root.add_null("would_decide");
   }
   if (!snap.policy.empty()) root.add_raw("policy", snap.policy);
+  if (!snap.nodes.empty()) root.add_raw("nodes", snap.nodes);
   if (snap.last_resize.empty())
     root.add_null("last_resize");
   else

@@ -50,6 +50,9 @@ struct StatusSnapshot {
   /// The "policy" object's text (docs/sharing.md#status): the declared set, leases, and what
   /// they leave out; empty: none (plain runs).
   std::string policy;
+  /// Several nodes (node 0): the "nodes" array's text (NodeHub::status_json: node, host, pid,
+  /// state, slots, offer); empty: one node (absent).
+  std::string nodes;
 };
 
 /// One slot as status.json shows it.
