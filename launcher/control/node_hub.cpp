@@ -50,7 +50,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
             fmt::format("warning: ignoring the join under '{}': it names node {}", key, j.node));
         return out;
       }
-      if (opt_.max_nodes > 0 && live_nodes() + 1 >= opt_.max_nodes + 1) {
+      if (opt_.max_nodes > 0 && live_nodes() + 1 >= opt_.max_nodes) {
         const std::string why =
             fmt::format("the job already has {} nodes, the most --nnodes allows ({})",
                         live_nodes() + 1, opt_.max_nodes);

@@ -1,0 +1,276 @@
+// One elastic job over several nodes, node 0's side (launcher/control/node_hub.cpp): joins,
+// offers, leaving, lost nodes, commands and events through node 0's store; and the scheduler
+// over another node's slots (docs/cli.md#elastic-nodes).
+#include "control/node_hub.hpp"
+
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "gpurun/control/keys.hpp"
+#include "gpurun/control/node_messages.hpp"
+#include "scheduler_fixture.hpp"
+#include "store/backend.hpp"
+
+using namespace gpurun::control;
+using gpurun::store::Backend;
+
+namespace {
+
+NodeJoin join_record(int node, std::vector<int> offer = {0, 1}) {
+  NodeJoin j;
+  j.node = node;
+  j.host = "host" + std::to_string(node);
+  j.pid = 4000 + node;
+  j.slots = {0, 1};
+  j.offer = std::move(offer);
+  j.run_id = "job";
+  j.device = "cpu";
+  return j;
+}
+
+// Node `node` writes its join record; the hub handles it.
+NodeHub::Changes join(Backend& b, NodeHub& hub, int node, std::vector<int> offer = {0, 1}) {
+  b.set(keys::node_join(node), join_record(node, std::move(offer)).to_json());
+  const auto ch = hub.on_key(keys::node_join(node));
+  REQUIRE(ch.has_value());
+  return *ch;
+}
+
+NodeHub::Changes event(Backend& b, NodeHub& hub, int node, int64_t n, const NodeEvent& e) {
+  b.set(keys::node_event(node, n), e.to_json());
+  const auto ch = hub.on_key(keys::node_event(node, n));
+  REQUIRE(ch.has_value());
+  return *ch;
+}
+
+NodeCommand command(Backend& b, int node, int64_t n) {
+  REQUIRE(b.check({keys::node_command(node, n)}));
+  return NodeCommand::from_json(b.get(keys::node_command(node, n)));
+}
+
+Decision provisional() {
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 1;
+  d.active = {0, 1, 1000, 1001};
+  d.joiners = {1000, 1001};
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("node ids: node k's slot i is k*1000+i; names say the node") {
+  CHECK(job_slot(2, 3) == 2003);
+  CHECK(slot_node(2003) == 2);
+  CHECK(slot_local(2003) == 3);
+  CHECK(slot_node(7) == 0);
+  CHECK(slot_name(7) == "gpu 7");
+  CHECK(slot_name(1001) == "node 1 gpu 1");
+}
+
+TEST_CASE("node keys: the hub's parser takes only node writes") {
+  CHECK(keys::parse_node_write(keys::node_join(1))->kind == keys::NodeWrite::Kind::kJoin);
+  CHECK(keys::parse_node_write(keys::node_offer(2))->node == 2);
+  CHECK(keys::parse_node_write(keys::node_leave(3))->kind == keys::NodeWrite::Kind::kLeave);
+  const auto e = keys::parse_node_write(keys::node_event(1, 7));
+  REQUIRE(e);
+  CHECK(e->kind == keys::NodeWrite::Kind::kEvent);
+  CHECK(e->n == 7);
+  CHECK(keys::parse_node_write(keys::node_lost(4))->kind == keys::NodeWrite::Kind::kLost);
+  // node 0 writes its commands itself, and node 0 is never a joining node
+  CHECK_FALSE(keys::parse_node_write(keys::node_command(1, 0)));
+  CHECK_FALSE(keys::parse_node_write(keys::node_join(0)));
+  CHECK_FALSE(keys::parse_node_write("gpurun/node/1/join/x"));
+  CHECK_FALSE(keys::parse_node_write(keys::start(0)));
+  CHECK_FALSE(keys::parse_node_write("gpurun/lost/node1x"));
+}
+
+TEST_CASE("node messages: every record decodes to itself; a bad one names what is wrong") {
+  const NodeJoin j = join_record(1);
+  CHECK(NodeJoin::from_json(j.to_json()) == j);
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kSpawn;
+  c.slot = 1001;
+  c.warm = 3;
+  c.decision = provisional();
+  CHECK(NodeCommand::from_json(c.to_json()) == c);
+  NodeEvent e;
+  e.kind = NodeEvent::Kind::kExited;
+  e.slot = 1001;
+  e.pid = 77;
+  e.signal = 9;
+  e.how = "signal SIGKILL (9)";
+  CHECK(NodeEvent::from_json(e.to_json()) == e);
+  CHECK_THROWS_WITH_AS(NodeJoin::from_json("{\"v\":1,\"node\":1}"),
+                       doctest::Contains("lacks the string field 'host'"), ProtocolError);
+  CHECK_THROWS_WITH_AS(NodeEvent::from_json("{\"v\":2}"), doctest::Contains("version 1"),
+                       ProtocolError);
+  CHECK_THROWS_WITH_AS(NodeCommand::from_json("{\"v\":1,\"kind\":\"dance\"}"),
+                       doctest::Contains("unknown kind 'dance'"), ProtocolError);
+}
+
+TEST_CASE("node hub: a join adds the node's slots and its offer; spawns go to it as commands") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  CHECK(b.get(keys::node_job()) == "job");
+  const NodeHub::Changes ch = join(b, hub, 1);
+  CHECK(ch.new_slots == std::vector<int>{1000, 1001});
+  CHECK(ch.offers_changed);
+  CHECK(hub.offered() == std::vector<int>{1000, 1001});
+  REQUIRE(ch.lines.size() == 1);
+  CHECK(ch.lines[0].find("node 1 (host1, gpurun pid 4001) joined") != std::string::npos);
+
+  const int pid = hub.spawn(1001, -1, 5, false, provisional());
+  CHECK(pid > 0);
+  CHECK(hub.remote_pid(pid));
+  CHECK(hub.remote_processes());
+  const NodeCommand c = command(b, 1, 0);
+  CHECK(c.kind == NodeCommand::Kind::kSpawn);
+  CHECK(c.slot == 1001);
+  CHECK(c.warm == 5);
+  CHECK(c.decision == provisional());
+
+  NodeEvent started;
+  started.kind = NodeEvent::Kind::kSpawned;
+  started.slot = 1001;
+  started.pid = 321;
+  NodeHub::Changes s = event(b, hub, 1, 0, started);
+  CHECK(s.started == std::vector<std::pair<int, int>>{{1001, 321}});
+  CHECK_FALSE(b.check({keys::node_event(1, 0)}));  // read once
+  CHECK(hub.remote_pid(321));
+
+  hub.kill(1001);
+  CHECK(command(b, 1, 1).kind == NodeCommand::Kind::kKill);
+
+  NodeEvent ended;
+  ended.kind = NodeEvent::Kind::kExited;
+  ended.slot = 1001;
+  ended.pid = 321;
+  ended.signal = 9;
+  ended.how = "signal SIGKILL (9)";
+  s = event(b, hub, 1, 1, ended);
+  REQUIRE(s.exits.size() == 1);
+  CHECK(s.exits[0].slot == 1001);
+  CHECK_FALSE(s.exits[0].clean);
+  CHECK(s.exits[0].how == "signal SIGKILL (9)");
+  CHECK_FALSE(hub.remote_processes());
+}
+
+TEST_CASE("node hub: a leaving node loses its offer and is released once nothing of it runs") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1);
+  hub.spawn(1000, 1, -1, false, provisional());
+  b.set(keys::node_leave(1), "SIGTERM");
+  const NodeHub::Changes ch = *hub.on_key(keys::node_leave(1));
+  CHECK(ch.offers_changed);
+  CHECK(hub.offered().empty());
+  REQUIRE(ch.lines.size() == 1);
+  CHECK(ch.lines[0].find("is leaving the job (SIGTERM)") != std::string::npos);
+  hub.release_idle([](int) { return false; });
+  CHECK_FALSE(b.check({keys::node_command(1, 1)}));  // its process still runs
+  NodeEvent ended;
+  ended.kind = NodeEvent::Kind::kExited;
+  ended.slot = 1000;
+  ended.pid = 5;
+  event(b, hub, 1, 0, ended);
+  hub.release_idle([](int) { return true; });  // the scheduler still counts a process
+  CHECK_FALSE(b.check({keys::node_command(1, 1)}));
+  hub.release_idle([](int) { return false; });
+  CHECK(command(b, 1, 1).kind == NodeCommand::Kind::kRelease);
+  CHECK(hub.live_nodes() == 0);
+  // its disconnect afterwards is no loss
+  b.set(keys::node_lost(1), "1");
+  CHECK(hub.on_key(keys::node_lost(1))->lines.empty());
+}
+
+TEST_CASE("node hub: a node whose config offers nothing stays in the job (no release)") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1, {});
+  CHECK(hub.offered().empty());
+  hub.release_idle([](int) { return false; });
+  CHECK_FALSE(b.check({keys::node_command(1, 0)}));
+  b.set(keys::node_offer(1), "1");
+  CHECK(hub.on_key(keys::node_offer(1))->offers_changed);
+  CHECK(hub.offered() == std::vector<int>{1001});
+  b.set(keys::node_offer(1), "1,7");  // a slot it does not have is not offered
+  hub.on_key(keys::node_offer(1));
+  CHECK(hub.offered() == std::vector<int>{1001});
+}
+
+TEST_CASE(
+    "node hub: a lost node's live processes end with the loss named; later events are "
+    "no second end") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1);
+  join(b, hub, 2);
+  hub.spawn(1000, 1, -1, false, provisional());
+  hub.spawn(1001, 1, -1, false, provisional());
+  hub.spawn(2000, 1, -1, false, provisional());
+  b.set(keys::node_lost(1), "123");
+  const NodeHub::Changes ch = *hub.on_key(keys::node_lost(1));
+  REQUIRE(ch.exits.size() == 2);
+  CHECK(ch.exits[0].slot == 1000);
+  CHECK(ch.exits[1].slot == 1001);
+  CHECK_FALSE(ch.exits[0].clean);
+  CHECK(ch.exits[0].how.find("the loss of node 1 (host1") != std::string::npos);
+  CHECK(ch.offers_changed);
+  CHECK(hub.offered() == std::vector<int>{2000, 2001});
+  CHECK(hub.remote_processes());                              // node 2's
+  CHECK(hub.spawn(1000, 2, -1, false, provisional()) == -1);  // nobody to start it
+  NodeEvent late;
+  late.kind = NodeEvent::Kind::kExited;
+  late.slot = 1000;
+  late.pid = 9;
+  CHECK(event(b, hub, 1, 0, late).exits.empty());
+}
+
+TEST_CASE("node hub: a node beyond --nnodes MAX is refused with an exit command") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 2});  // node 0 and one more
+  CHECK_FALSE(join(b, hub, 1).new_slots.empty());
+  const NodeHub::Changes ch = join(b, hub, 2);
+  CHECK(ch.new_slots.empty());
+  REQUIRE(ch.lines.size() == 1);
+  CHECK(ch.lines[0].find("is refused: the job already has 2 nodes, the most --nnodes allows (2)") !=
+        std::string::npos);
+  const NodeCommand c = command(b, 2, 0);
+  CHECK(c.kind == NodeCommand::Kind::kExit);
+  CHECK(c.code == 1);
+}
+
+TEST_CASE("node hub: the job's end tells every live node to exit, once") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1);
+  join(b, hub, 2);
+  b.set(keys::node_lost(2), "1");
+  hub.on_key(keys::node_lost(2));
+  hub.job_ended(0, "the job finished");
+  const NodeCommand c = command(b, 1, 0);
+  CHECK(c.kind == NodeCommand::Kind::kExit);
+  CHECK(c.code == 0);
+  CHECK_FALSE(b.check({keys::node_command(2, 0)}));
+  hub.job_ended(0, "again");
+  CHECK_FALSE(b.check({keys::node_command(1, 1)}));
+}
+
+TEST_CASE("scheduler: another node's slots join as warm joiners once a config names them") {
+  gpurun::control::testing::Harness h(gpurun::control::testing::cfg(std::nullopt), 2);
+  h.join_all();
+  h.s.add_slots({1000, 1001});
+  CHECK(h.state(1000) == SlotState::kParked);
+  h.s.config_loaded(gpurun::control::testing::cfg(std::vector<int>{0, 1, 1000, 1001}), "c");
+  h.drain();
+  CHECK(h.state(1000) == SlotState::kWarming);
+  CHECK(h.state(1001) == SlotState::kWarming);
+  const Decision d = h.boundary(0);
+  CHECK(d.kind == Decision::Kind::kResize);
+  CHECK(d.active == std::vector<int>{0, 1, 1000, 1001});
+  CHECK(d.joiners == std::vector<int>{1000, 1001});
+  CHECK(d.rank_of(1000) == 2);
+}
