@@ -8,6 +8,7 @@
 #include <boost/json.hpp>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 
 namespace gpurun::control {
 
@@ -234,12 +235,29 @@ std::string position_text(int64_t epoch, int64_t step) {
 std::vector<EnvVar> generation_env(const Decision& d, int slot) {
   const int rank = d.rank_of(slot);
   if (rank < 0) return {};
+  // Nodes in their order in `active` (node-major when sorted: node ids come in join order);
+  // the slot's place among its own node's active slots.
+  const int node = slot_node(slot);
+  std::vector<int> nodes;
+  int local_rank = 0, local_world = 0;
+  for (int s : d.active) {
+    const int n = slot_node(s);
+    if (!has_id(nodes, n)) nodes.push_back(n);
+    if (n != node) continue;
+    if (s == slot) local_rank = local_world;
+    ++local_world;
+  }
+  const auto group_rank = std::find(nodes.begin(), nodes.end(), node) - nodes.begin();
   const std::string r = std::to_string(rank);
   const std::string world = std::to_string(d.active.size());
-  return {{"RANK", r},         {"WORLD_SIZE", world},
-          {"LOCAL_RANK", r},   {"LOCAL_WORLD_SIZE", world},
-          {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"},
-          {"ROLE_RANK", r},    {"ROLE_WORLD_SIZE", world}};
+  return {{"RANK", r},
+          {"WORLD_SIZE", world},
+          {"LOCAL_RANK", std::to_string(local_rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
+          {"GROUP_RANK", std::to_string(group_rank)},
+          {"GROUP_WORLD_SIZE", std::to_string(nodes.size())},
+          {"ROLE_RANK", r},
+          {"ROLE_WORLD_SIZE", world}};
 }
 
 std::string ids_json(const std::vector<int>& ids) {

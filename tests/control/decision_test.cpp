@@ -108,3 +108,44 @@ TEST_CASE("boundary_text: epochs counted from 1, as training programs print them
   CHECK(boundary_text(4, 120) == "in epoch 5 after step 120");
   CHECK(boundary_text(-1, -1) == "before the first epoch");
 }
+
+namespace {
+/// generation_env(d, slot) as a map-like list, for a decision of `active`.
+std::vector<EnvVar> env_of(std::vector<int> active, int slot) {
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 4;
+  d.active = std::move(active);
+  return generation_env(d, slot);
+}
+std::vector<EnvVar> want(int rank, int world, int local_rank, int local_world, int group_rank,
+                         int group_world) {
+  const auto s = [](int x) { return std::to_string(x); };
+  return {{"RANK", s(rank)},
+          {"WORLD_SIZE", s(world)},
+          {"LOCAL_RANK", s(local_rank)},
+          {"LOCAL_WORLD_SIZE", s(local_world)},
+          {"GROUP_RANK", s(group_rank)},
+          {"GROUP_WORLD_SIZE", s(group_world)},
+          {"ROLE_RANK", s(rank)},
+          {"ROLE_WORLD_SIZE", s(world)}};
+}
+}  // namespace
+
+TEST_CASE("generation_env: one node: LOCAL_* are the generation's rank and world, one group") {
+  CHECK(env_of({0, 2, 3}, 2) == want(1, 3, 1, 3, 0, 1));
+  CHECK(env_of({0, 2, 3}, 1).empty());  // not a member
+}
+
+TEST_CASE("generation_env: several nodes: GROUP_* over the active set's nodes, LOCAL_* per node") {
+  // Node 0's slots 0,1 and node 1's 1000,1001 (its local 0,1).
+  CHECK(env_of({0, 1, 1000, 1001}, 1) == want(1, 4, 1, 2, 0, 2));
+  CHECK(env_of({0, 1, 1000, 1001}, 1000) == want(2, 4, 0, 2, 1, 2));
+  CHECK(env_of({0, 1, 1000, 1001}, 1001) == want(3, 4, 1, 2, 1, 2));
+  // Node 1 left and node 2 joined with three slots: node 2 is the second group, not the third.
+  CHECK(env_of({1, 2000, 2001, 2002}, 1) == want(0, 4, 0, 1, 0, 2));
+  CHECK(env_of({1, 2000, 2001, 2002}, 2001) == want(2, 4, 1, 3, 1, 2));
+  // Node 0 (the decider) trains none of its own slots: node 1 is the only group.
+  CHECK(env_of({1000, 1001}, 1001) == want(1, 2, 1, 2, 0, 1));
+  CHECK(env_of({0, 1, 1000, 1001}, 1002).empty());
+}

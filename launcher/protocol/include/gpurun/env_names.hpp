@@ -8,10 +8,13 @@
 namespace gpurun::env {
 
 // --- set by gpurun for every worker -------------------------------------------------------
-inline constexpr const char* kRunId = "GPURUN_RUN_ID";                ///< TORCHELASTIC_RUN_ID
-inline constexpr const char* kStoreAddr = "GPURUN_STORE_ADDR";        ///< the supervisor's store
-inline constexpr const char* kStorePort = "GPURUN_STORE_PORT";        ///< its TCP port
-inline constexpr const char* kSlot = "GPURUN_SLOT";                   ///< slot (= LOCAL_RANK)
+inline constexpr const char* kRunId = "GPURUN_RUN_ID";          ///< TORCHELASTIC_RUN_ID
+inline constexpr const char* kStoreAddr = "GPURUN_STORE_ADDR";  ///< the supervisor's store
+inline constexpr const char* kStorePort = "GPURUN_STORE_PORT";  ///< its TCP port
+/// The job slot id (keys, reports): node k's local slot i is k*1000+i (control::job_slot)
+inline constexpr const char* kSlot = "GPURUN_SLOT";
+/// The node-local slot: the device index (cuda:<i>) and LOCAL_RANK at spawn; absent: = kSlot
+inline constexpr const char* kLocalSlot = "GPURUN_LOCAL_SLOT";
 inline constexpr const char* kDevice = "GPURUN_DEVICE";               ///< "cuda" or "cpu"
 inline constexpr const char* kGpuId = "GPURUN_GPU_ID";                ///< the slot's GPU (cuda)
 inline constexpr const char* kRunDir = "GPURUN_RUN_DIR";              ///< <run_dir> of the job

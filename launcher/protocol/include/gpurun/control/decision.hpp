@@ -146,9 +146,12 @@ using EnvVar = std::pair<std::string, std::string>;
 /// The torchrun variables that describe slot `slot`'s place in the generation `d` created
 /// (docs/cli.md#worker-environment), in this order: RANK, WORLD_SIZE, LOCAL_RANK,
 /// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE. rank = the
-/// slot's index in `d.active`, world = |active|. Elastic mode is one node: LOCAL_* equal the
-/// generation's rank and world, GROUP_RANK is 0 and GROUP_WORLD_SIZE 1 (what gpurun's spawn
-/// environment says for its single node), ROLE_* equal RANK and WORLD_SIZE. The one rule for
+/// slot's index in `d.active`, world = |active|. A slot's node is slot_node(slot)
+/// (gpurun/control/node_messages.hpp): GROUP_RANK is the index of its node among the distinct
+/// nodes of `d.active` (in their order there), GROUP_WORLD_SIZE their count; LOCAL_RANK is the
+/// slot's index among the active slots of its node, LOCAL_WORLD_SIZE their count; ROLE_* equal
+/// RANK and WORLD_SIZE. One node (every one-node job): LOCAL_* equal RANK and WORLD_SIZE,
+/// GROUP_RANK is 0 and GROUP_WORLD_SIZE 1. The one rule for
 /// both sides: the supervisor's spawn environment of a joiner and the runtimes' update of
 /// their process environment at every generation (the worker engine's kTrain action). Empty
 /// when `slot` is not a member of `d`.
