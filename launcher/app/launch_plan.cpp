@@ -114,6 +114,14 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
   if (opt.config) {
     // --nnodes > 1: one elastic job over several nodes (docs/cli.md#elastic-nodes): node 0
     // decides for every node; the others' gpurun are slot agents (launcher/nodes/node_agent).
+    if (plan.nnodes > 1 && plan.max_restarts > 0) {
+      print_err(fmt::format(
+          "error: --max-restarts {} with --config and --nnodes {}: an elastic job over several "
+          "nodes goes on without a failed rank instead of restarting every worker; drop "
+          "--max-restarts (docs/cli.md#elastic-nodes)",
+          plan.max_restarts, plan.nnodes));
+      return kExitUsage;
+    }
     if (plan.device == sv::Device::kCuda) {
       const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
       plan.gpu_ids = sv::slot_gpu_ids(
