@@ -15,6 +15,7 @@
 
 #include "app/start_checks.hpp"
 #include "energy/nvml.hpp"
+#include "gpurun/control/node_messages.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
 #include "nodes/master_address.hpp"
@@ -24,6 +25,19 @@ namespace gpurun::app {
 
 namespace asio = boost::asio;
 namespace sv = gpurun::supervisor;
+
+namespace {
+
+// This node's slots of a job-wide set: the energy monitor measures this node's GPUs only (another
+// node's slots, gpurun/control/node_messages.hpp, are not its GPUs).
+std::vector<int> own_slots(const std::vector<int>& active) {
+  std::vector<int> out;
+  for (int slot : active)
+    if (gpurun::control::slot_node(slot) == 0) out.push_back(slot);
+  return out;
+}
+
+}  // namespace
 
 Job::Job(Launch launch, sv::ConsoleWriter& console_writer)
     : launch_(std::move(launch)), console_writer_(console_writer) {}
@@ -257,7 +271,7 @@ std::optional<int> Job::build_supervisor() {
       // The monitor may not exist yet (or ever: no NVML): every hook checks.
       gpurun::control::EnergyHooks hooks;
       hooks.active_changed = [this](const std::vector<int>& active) {
-        if (energy_) energy_->set_active(active, elastic_->scheduler().generation());
+        if (energy_) energy_->set_active(own_slots(active), elastic_->scheduler().generation());
       };
       hooks.boundary =
           [this](const gpurun::control::BoundaryInfo& b) -> std::optional<std::string> {
@@ -414,7 +428,7 @@ int Job::run_to_end() {
       if (found && !supervisor_->done()) {
         energy_ = make_energy_monitor(io_, events_, opt_, energy_config_, std::move(*found), exe_,
                                       progress_.get(), job_start_s_, run_dir_.path);
-        energy_->set_active(elastic_ ? elastic_->scheduler().active() : launch_ids_);
+        energy_->set_active(elastic_ ? own_slots(elastic_->scheduler().active()) : launch_ids_);
         // [policy] yield_to_foreign (docs/sharing.md#yield): NVML's process lists of the job's
         // GPUs, each second; the controller decides (a reload may turn the policy on or off).
         if (elastic_)
