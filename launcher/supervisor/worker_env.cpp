@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 #include "gpurun/env_names.hpp"
 #include "supervisor/gpu_inventory.hpp"
 #include "supervisor/slurm.hpp"
@@ -138,7 +140,10 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
   set(env::kRunId, plan.run_id);
   set(env::kStoreAddr, plan.master_addr);
   set(env::kStorePort, std::to_string(plan.master_port));
+  // The job slot id and the node-local one: equal here; elastic_worker_env's overlay gives
+  // another node's slot its job id (node k's local slot i is k*1000+i).
   set(env::kSlot, std::to_string(local_rank));
+  set(env::kLocalSlot, std::to_string(local_rank));
   set(env::kDevice, plan.device == Device::kCuda ? "cuda" : "cpu");
   set(env::kRunDir, plan.run_dir);
   if (!plan.run_dir.empty()) {
@@ -223,14 +228,18 @@ EnvMap elastic_worker_env(const control::Decision& d, const ElasticSpawn& spawn)
     // Its generation is known only at its admission (the runtime then sets the real values).
     const std::string rank = std::to_string(d.rank_of(spawn.slot));
     const std::string world = std::to_string(d.active.size());
+    const int node = control::slot_node(spawn.slot);
+    const auto on_node = std::count_if(d.active.begin(), d.active.end(),
+                                       [node](int s) { return control::slot_node(s) == node; });
     env["RANK"] = rank;
     env["ROLE_RANK"] = rank;
     env["WORLD_SIZE"] = world;
     env["ROLE_WORLD_SIZE"] = world;
-    env["LOCAL_WORLD_SIZE"] = world;
-    env[env::kWarm] = std::to_string(spawn.warm);  // joins no generation until it is admitted
-    if (spawn.standby) env[env::kStandby] = "1";   // and touches no device until told to go
+    env["LOCAL_WORLD_SIZE"] = std::to_string(on_node);  // the slots of its node
+    env[env::kWarm] = std::to_string(spawn.warm);       // joins no generation until it is admitted
+    if (spawn.standby) env[env::kStandby] = "1";        // and touches no device until told to go
   }
+  env[env::kSlot] = std::to_string(spawn.slot);  // the job slot id: its keys, its rank
   env[env::kElastic] = "1";
   env[env::kActiveGpus] = control::join_ids(d.active);
   env[env::kParkMode] = std::string(control::to_string(d.park_mode));

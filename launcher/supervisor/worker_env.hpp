@@ -82,6 +82,8 @@ EnvMap build_worker_env(const JobPlan& plan, int local_rank, int attempt, const 
 
 /// Elastic mode (--config): what a slot's process is spawned for.
 struct ElasticSpawn {
+  /// The job slot id (GPURUN_SLOT): node k's local slot i is k*1000+i (control::job_slot). Its
+  /// device and LOCAL_RANK at spawn are build_worker_env's local index (GPURUN_LOCAL_SLOT).
   int slot = 0;
   /// The generation it joins (GPURUN_JOIN_GENERATION); ignored for a warm joiner.
   int64_t generation = 0;
@@ -96,9 +98,10 @@ struct ElasticSpawn {
 /// generation's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 /// ROLE_RANK and ROLE_WORLD_SIZE (control::generation_env, the rule the runtimes apply at every
 /// generation); a warm joiner or standby, whose generation is unknown until its admission,
-/// gets the provisional RANK, ROLE_RANK, WORLD_SIZE, ROLE_WORLD_SIZE and LOCAL_WORLD_SIZE (its
-/// LOCAL_RANK stays the slot's). Plus GPURUN_ELASTIC, GPURUN_JOIN_GENERATION or GPURUN_WARM
-/// (+ GPURUN_STANDBY), GPURUN_ACTIVE_GPUS, GPURUN_PARK_MODE and GPURUN_CONFIG.
+/// gets the provisional RANK, ROLE_RANK, WORLD_SIZE, ROLE_WORLD_SIZE and LOCAL_WORLD_SIZE (the
+/// slots of its node in `d.active`; its LOCAL_RANK stays the slot's). Plus GPURUN_SLOT (the job
+/// slot id, over build_worker_env's local index), GPURUN_ELASTIC, GPURUN_JOIN_GENERATION or
+/// GPURUN_WARM (+ GPURUN_STANDBY), GPURUN_ACTIVE_GPUS, GPURUN_PARK_MODE and GPURUN_CONFIG.
 EnvMap elastic_worker_env(const control::Decision& d, const ElasticSpawn& spawn);
 
 /// The process's own environment as a map.

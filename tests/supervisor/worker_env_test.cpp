@@ -56,6 +56,7 @@ TEST_CASE("env: torchrun's variables per rank") {
       {"GPURUN_STORE_ADDR", "127.0.0.1"},
       {"GPURUN_STORE_PORT", "41000"},
       {"GPURUN_SLOT", "3"},
+      {"GPURUN_LOCAL_SLOT", "3"},
       {"GPURUN_DEVICE", "cpu"},
       {"GPURUN_RUN_DIR", "/tmp/run"},
       // /dev/shm here (a writable directory on Linux); the run dir where there is none
@@ -317,6 +318,7 @@ TEST_CASE("env: elastic spawn — a joiner of a known generation gets that gener
                        {"GROUP_WORLD_SIZE", "1"},
                        {"ROLE_RANK", "1"},
                        {"ROLE_WORLD_SIZE", "2"},
+                       {"GPURUN_SLOT", "3"},
                        {"GPURUN_ELASTIC", "1"},
                        {"GPURUN_JOIN_GENERATION", "3"},
                        {"GPURUN_ACTIVE_GPUS", "1,3"},
@@ -355,6 +357,43 @@ TEST_CASE("env: elastic spawn — a warm joiner or standby keeps the provisional
   CHECK(env.count("LOCAL_RANK") == 0);  // the slot's, from build_worker_env
   CHECK(env.count("GPURUN_JOIN_GENERATION") == 0);
   CHECK(env.count("GPURUN_CONFIG") == 0);  // no config path given
+}
+
+TEST_CASE("env: elastic spawn — another node's slot: job slot id for keys, local one for the GPU") {
+  using gpurun::control::Decision;
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 6;
+  d.active = {0, 1, 1001};  // node 1's local slot 0 is out: 1001 is the first of its node
+  d.joiners = {1001};
+  ElasticSpawn s;
+  s.slot = 1001;  // node 1's local slot 1, spawned by node 1's gpurun as its local slot 1
+  s.generation = 6;
+  JobPlan plan = plan_for({"--nproc", "2", "--device", "cpu"}, {});
+  EnvMap env = build_worker_env(plan, 1, 0, {});
+  for (const auto& [k, v] : elastic_worker_env(d, s)) env[k] = v;
+  CHECK(env.at("GPURUN_SLOT") == "1001");     // its keys: gpurun/slot/1001/…
+  CHECK(env.at("GPURUN_LOCAL_SLOT") == "1");  // its device: cuda:1 on its node
+  CHECK(env.at("LOCAL_RANK") == "1");         // at the start, the device index
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("WORLD_SIZE") == "3");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "1");  // node 1's active slots
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("GPURUN_ACTIVE_GPUS") == "0,1,1001");
+
+  // A warm joiner of node 1: its provisional LOCAL_WORLD_SIZE counts its node's slots only.
+  d.active = {0, 1, 1000, 1001};
+  s.slot = 1000;
+  s.warm = 2;
+  env = build_worker_env(plan, 0, 0, {});
+  for (const auto& [k, v] : elastic_worker_env(d, s)) env[k] = v;
+  CHECK(env.at("GPURUN_SLOT") == "1000");
+  CHECK(env.at("GPURUN_LOCAL_SLOT") == "0");
+  CHECK(env.at("LOCAL_RANK") == "0");
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("WORLD_SIZE") == "4");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "2");
 }
 
 TEST_CASE("launch lines: the local-rank argument follows the workers' torch, as torch's did") {
