@@ -7,6 +7,7 @@
 
 #include "control/scheduler.hpp"
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 
 namespace gpurun::control {
 
@@ -61,10 +62,10 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
       const Report& r = in.reports.begin()->second;
       out.reasons.push_back(
           {DecisionReason::Kind::kWarmNotReady, gpu,
-           fmt::format("the warm joiner on gpu {} (pid {}) is not ready yet at the boundary {}: "
+           fmt::format("the warm joiner on {} (pid {}) is not ready yet at the boundary {}: "
                        "training goes on without it, it joins at the first boundary after it is "
                        "ready",
-                       gpu, s.pid, boundary_text(r.epoch, r.step))});
+                       slot_name(gpu), s.pid, boundary_text(r.epoch, r.step))});
     }
   }
   if (now.empty() && !target_wanted.empty()) now = survivors;  // e.g. a swap: train on meanwhile
@@ -83,9 +84,9 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
   for (int gpu : kept)
     out.reasons.push_back(
         {DecisionReason::Kind::kFloorKept, gpu,
-         fmt::format("gpu {} stays in the job until the joiners of [{}] are ready: [policy] "
+         fmt::format("{} stays in the job until the joiners of [{}] are ready: [policy] "
                      "min_gpus = {}",
-                     gpu, join_ids(ids_minus(target_wanted, now), ", "), in.min_gpus)});
+                     slot_name(gpu), join_ids(ids_minus(target_wanted, now), ", "), in.min_gpus)});
   out.next = now;
   std::vector<int> target = std::move(now);
 

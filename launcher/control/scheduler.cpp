@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 
 namespace gpurun::control {
 
@@ -231,7 +232,8 @@ void Scheduler::config_loaded(Config config, const std::string& path) {
   if (!out.empty() && generation_ >= 0) {
     std::string which;
     for (int gpu : out)
-      which += fmt::format("{}gpu {} ({})", which.empty() ? "" : ", ", gpu, slot(gpu).reason);
+      which +=
+          fmt::format("{}{} ({})", which.empty() ? "" : ", ", slot_name(gpu), slot(gpu).reason);
     const bool paused = active_.empty() && effective_desired().empty();
     say(
         fmt::format("the config names [{}], but {} failed in this attempt: a failed slot is not "
@@ -298,9 +300,9 @@ void Scheduler::on_report(const Report& r) {
   if (r.generation != generation_ || r.round != round_ || r.rank < 0 ||
       r.rank >= static_cast<int>(active_.size()) || active_[static_cast<size_t>(r.rank)] != r.gpu) {
     say(
-        fmt::format("ignoring a stale or foreign boundary report (gpu {}, rank {}, generation {}, "
+        fmt::format("ignoring a stale or foreign boundary report ({}, rank {}, generation {}, "
                     "round {}; current generation {}, round {})",
-                    r.gpu, r.rank, r.generation, r.round, generation_, round_));
+                    slot_name(r.gpu), r.rank, r.generation, r.round, generation_, round_));
     return;
   }
   SlotInfo& s = slot(r.gpu);
@@ -312,9 +314,9 @@ void Scheduler::on_report(const Report& r) {
     set_state(s, SlotState::kFailed,
               fmt::format("its set-up failed in {} generations in a row", s.failed_joins));
     say(
-        fmt::format("gpu {} (pid {}) could not join in {} generations in a row (the last: "
+        fmt::format("{} (pid {}) could not join in {} generations in a row (the last: "
                     "generation {}): killing it, the job goes on without it",
-                    s.gpu, s.pid, s.failed_joins, generation_));
+                    slot_name(s.gpu), s.pid, s.failed_joins, generation_));
     if (s.pid >= 0) {
       Effect e;
       e.kind = Effect::Kind::kKill;
@@ -388,7 +390,7 @@ void Scheduler::wake_all_parked_to_exit(const std::string& why) {
     d.generation = generation_;
     d.reason = exit_reason_;
     write_decision(keys::wake(gpu, s.park_generation), d);
-    say(fmt::format("telling parked gpu {} (pid {}) to exit: {}", gpu, s.pid, why));
+    say(fmt::format("telling parked {} (pid {}) to exit: {}", slot_name(gpu), s.pid, why));
   }
 }
 
@@ -455,7 +457,8 @@ void Scheduler::bring_in(SlotInfo& s, const Decision& d) {
   } else {
     const bool held = (s.state == SlotState::kParked || s.state == SlotState::kOffloading) &&
                       s.park_generation >= 0 && !s.will_exit;
-    GPURUN_CHECK(held, "joiner gpu {} in state {} (pid {})", s.gpu, to_string(s.state), s.pid);
+    GPURUN_CHECK(held, "joiner {} in state {} (pid {})", slot_name(s.gpu), to_string(s.state),
+                 s.pid);
     // A held process (or one still offloading: it reads the wake key when it parks).
     set_state(s, SlotState::kRejoining, why + " (woken)");
     write_decision(keys::wake(s.gpu, s.park_generation), d);
@@ -540,8 +543,8 @@ void Scheduler::decide() {
     // First the snapshot, while every rank still holds the state; the pause comes after.
     publish(d, key);
     if (pause_refused_.empty())
-      say(fmt::format("pausing: gpu {} writes the pause snapshot first (generation {}, {})",
-                      d.state_source.gpu, generation_, boundary_text(d.epoch, d.step)));
+      say(fmt::format("pausing: {} writes the pause snapshot first (generation {}, {})",
+                      slot_name(d.state_source.gpu), generation_, boundary_text(d.epoch, d.step)));
     ++round_;
     snapshot_round_ = true;
     collect_keys();
@@ -580,8 +583,8 @@ void Scheduler::decide() {
 
 void Scheduler::admit(SlotInfo& s, const Decision& d) {
   GPURUN_CHECK(joinable_now(s),
-               "joiner gpu {} of generation {} is not joinable (state {}, pid {}, exiting {})",
-               s.gpu, d.generation, to_string(s.state), s.pid, s.will_exit);
+               "joiner {} of generation {} is not joinable (state {}, pid {}, exiting {})",
+               slot_name(s.gpu), d.generation, to_string(s.state), s.pid, s.will_exit);
   bring_in(s, d);
 }
 
@@ -624,9 +627,9 @@ void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {
   finished_ = true;
   exit_reason_ = "finished";
   say(
-      fmt::format("gpu {} (rank {}) finished training ({}): the job is finishing; workers at "
+      fmt::format("{} (rank {}) finished training ({}): the job is finishing; workers at "
                   "boundary round {} of generation {} are told to exit",
-                  s.gpu, s.rank, how, round_, generation_));
+                  slot_name(s.gpu), s.rank, how, round_, generation_));
   wake_all_parked_to_exit("training finished");
   if (!reports_.empty()) publish_exit();
 }

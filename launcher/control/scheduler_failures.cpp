@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 #include "gpurun/text_block.hpp"
 
 namespace gpurun::control {
@@ -54,10 +55,10 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
       if (s.holds_state) {
         if (!snapshot_current() && !holder_alive(/*besides=*/gpu)) {
           say(fmt::format(
-              "gpu {} (pid {}) is stopped in the set-up of generation {} but holds the only copy "
+              "{} (pid {}) is stopped in the set-up of generation {} but holds the only copy "
               "of the training state: not killed (SIGCONT it to go on; killing it loses the "
               "state)",
-              gpu, s.pid, generation));
+              slot_name(gpu), s.pid, generation));
           continue;
         }
       }
@@ -65,13 +66,13 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
                 fmt::format("stopped in the set-up of generation {} for more than {} ms",
                             generation, config_.setup_deadline.count()));
       say(fmt::format(
-          "gpu {} (pid {}) is stopped and did not finish the set-up of generation {} within {} "
+          "{} (pid {}) is stopped and did not finish the set-up of generation {} within {} "
           "ms ([boundary] setup_deadline_s): killing it, the others go on without it",
-          gpu, s.pid, generation, config_.setup_deadline.count()));
+          slot_name(gpu), s.pid, generation, config_.setup_deadline.count()));
       deadline_kills_.push_back(
-          fmt::format("gpu {} (pid {}, stopped in the set-up of generation {} for more than {} "
+          fmt::format("{} (pid {}, stopped in the set-up of generation {} for more than {} "
                       "ms, [boundary] setup_deadline_s)",
-                      gpu, s.pid, generation, config_.setup_deadline.count()));
+                      slot_name(gpu), s.pid, generation, config_.setup_deadline.count()));
       Effect e;
       e.kind = Effect::Kind::kKill;
       e.gpu = gpu;
@@ -101,13 +102,13 @@ void Scheduler::on_deadline(int64_t generation, int64_t round) {
                           config_.boundary_deadline.count(), generation, round, reports_.size(),
                           active_.size(), deadline_waited_.count()));
     say(fmt::format(
-        "gpu {} (rank {}, pid {}) did not reach boundary round {} of generation {} within {} ms "
+        "{} (rank {}, pid {}) did not reach boundary round {} of generation {} within {} ms "
         "and is stopped (SIGSTOP or a debugger): killing it and deciding without it",
-        gpu, s.rank, s.pid, round, generation, deadline_waited_.count()));
+        slot_name(gpu), s.rank, s.pid, round, generation, deadline_waited_.count()));
     deadline_kills_.push_back(
-        fmt::format("gpu {} (rank {} of generation {}, pid {}, stopped at "
+        fmt::format("{} (rank {} of generation {}, pid {}, stopped at "
                     "boundary round {} after {} ms)",
-                    gpu, s.rank, generation, s.pid, round, deadline_waited_.count()));
+                    slot_name(gpu), s.rank, generation, s.pid, round, deadline_waited_.count()));
     Effect e;
     e.kind = Effect::Kind::kKill;
     e.gpu = gpu;
@@ -142,11 +143,11 @@ std::string Scheduler::late_line(const std::vector<int>& gpus) const {
   std::string who;
   for (size_t i = 0; i < gpus.size(); ++i) {
     const SlotInfo& s = slots_.at(gpus[i]);
-    who += fmt::format("{}gpu {} (rank {}, pid {})",
+    who += fmt::format("{}{} (rank {}, pid {})",
                        i == 0                 ? ""
                        : i + 1 == gpus.size() ? " and "
                                               : ", ",
-                       s.gpu, s.rank, s.pid >= 0 ? std::to_string(s.pid) : "unknown");
+                       slot_name(s.gpu), s.rank, s.pid >= 0 ? std::to_string(s.pid) : "unknown");
   }
   const bool one = gpus.size() == 1;
   std::string where;
@@ -203,12 +204,12 @@ std::string program_error_text(int gpu, int rank, int64_t generation, int pid,
                                const std::string& how, const std::string& program_error) {
   const bool lines = program_error.find('\n') != std::string::npos;
   std::string text = fmt::format(
-      "gpu {} (rank {} of generation {}, pid {}) ended with {} after the program's own "
+      "{} (rank {} of generation {}, pid {}) ended with {} after the program's own "
       "error{}; the job fails (gpurun.elastic(drop_on_error=True) / "
       "Runtime(drop_on_error=True) would go on without the rank)",
-      gpu, rank, generation, pid, how, lines ? " (below)" : ": " + program_error);
+      slot_name(gpu), rank, generation, pid, how, lines ? " (below)" : ": " + program_error);
   if (lines) {
-    text += "\n" + text_block(program_error, fmt::format("gpurun:   gpu {} | ", gpu));
+    text += "\n" + text_block(program_error, fmt::format("gpurun:   {} | ", slot_name(gpu)));
     text.pop_back();  // say() ends the last line
   }
   return text;
@@ -219,9 +220,9 @@ std::string program_error_text(int gpu, int rank, int64_t generation, int pid,
 std::string goes_on_tail(bool state_held, int source_gpu) {
   return state_held ? std::string("; the job goes on without it")
                     : fmt::format(
-                          "; only the leaving state source (gpu {}) still holds the "
+                          "; only the leaving state source ({}) still holds the "
                           "training state",
-                          source_gpu);
+                          slot_name(source_gpu));
 }
 }  // namespace
 
@@ -261,8 +262,8 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         set_state(s, SlotState::kFailed, how);
         absorbed = !can_restart;
         if (absorbed)
-          goes_on = fmt::format("gpu {} (rank {} of generation {}, pid {}) ended with {}", gpu,
-                                s.rank, generation_, pid, how);
+          goes_on = fmt::format("{} (rank {} of generation {}, pid {}) ended with {}",
+                                slot_name(gpu), s.rank, generation_, pid, how);
       }
       break;
     case SlotState::kRejoining:
@@ -270,7 +271,7 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
       if (clean) begin_finish(s, how);
       absorbed = clean ? false : !can_restart;
       if (!clean && absorbed)
-        goes_on = fmt::format("gpu {} (joining generation {}, pid {}) ended with {}", gpu,
+        goes_on = fmt::format("{} (joining generation {}, pid {}) ended with {}", slot_name(gpu),
                               generation_, pid, how);
       break;
     case SlotState::kOffloading:
@@ -286,9 +287,9 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         drop_park_keys(s);
         set_state(s, SlotState::kParked, "ended while leaving (nothing was lost): " + how);
         say(fmt::format(
-            "leaving gpu {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
+            "leaving {} (pid {}) ended with {} while it left: nothing is lost ({}); the slot "
             "is parked and a config that names it again starts it anew",
-            gpu, pid, how, held_by()));
+            slot_name(gpu), pid, how, held_by()));
       }
       break;
     case SlotState::kWarming:
@@ -299,26 +300,26 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
           std::all_of(slots_.begin(), slots_.end(),
                       [](const auto& kv) { return kv.second.state == SlotState::kFailed; })) {
         lose_state(fmt::format(
-            "warming gpu {} (pid {}) ended with {} before it joined, and every slot has failed: no "
+            "warming {} (pid {}) ended with {} before it joined, and every slot has failed: no "
             "slot "
             "is left to resume the paused job on (a failed slot is not started again in this "
             "attempt)",
-            gpu, pid, how));
+            slot_name(gpu), pid, how));
         break;
       }
       say(fmt::format(
-          "warming gpu {} (pid {}) ended with {} before it joined: dropped, the job goes on "
+          "warming {} (pid {}) ended with {} before it joined: dropped, the job goes on "
           "without it (it stays out of this attempt)",
-          gpu, pid, how));
+          slot_name(gpu), pid, how));
       break;
     case SlotState::kStandby:
       // Nobody waits for it and it holds nothing: the slot is parked as before, without one.
       set_state(s, SlotState::kParked, "standby ended: " + how);
       s.no_standby = true;
       say(fmt::format(
-          "standby gpu {} (pid {}) ended with {}: the slot is parked without one (a config that "
+          "standby {} (pid {}) ended with {}: the slot is parked without one (a config that "
           "names it starts it anew; no standby is started for it again in this attempt)",
-          gpu, pid, how));
+          slot_name(gpu), pid, how));
       break;
     case SlotState::kParked:
       if (s.cancelled) {
@@ -329,15 +330,15 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         // starts it anew, as after a release-mode leaver.
         drop_park_keys(s);
         say(fmt::format(
-            "parked gpu {} (pid {}) ended with {}: nothing is lost ({}); a config that names it "
+            "parked {} (pid {}) ended with {}: nothing is lost ({}); a config that names it "
             "again starts it anew",
-            gpu, pid, how, held_by()));
+            slot_name(gpu), pid, how, held_by()));
       } else if (!clean) {
         set_state(s, SlotState::kFailed, "died while parked: " + how);
         say(fmt::format(
-            "parked gpu {} (pid {}) ended with {}: it stays out of this attempt (a config that "
+            "parked {} (pid {}) ended with {}: it stays out of this attempt (a config that "
             "names it again does not bring it back)",
-            gpu, pid, how));
+            slot_name(gpu), pid, how));
       }
       break;
     case SlotState::kExited:
@@ -354,9 +355,9 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
              !snapshot_current() && state_exists_) {
     // The leaving source gave up its handoff (its joiner died) and left: nobody has the state.
     lose_state(
-        fmt::format("gpu {} (the state source of generation {}, pid {}) left before its "
+        fmt::format("{} (the state source of generation {}, pid {}) left before its "
                     "handoff completed ({})",
-                    gpu, generation_, pid, how));
+                    slot_name(gpu), generation_, pid, how));
   }
   try_decide();
   check_all_gone();
@@ -380,11 +381,10 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
   bool pending = !established_.count(s.gpu);
   for (int gpu : active_)
     pending = pending || (alive_member(slot(gpu)) && !established_.count(gpu));
-  const std::string who = is_member
-                              ? fmt::format("gpu {} (rank {} of generation {}, pid {})", s.gpu,
-                                            s.rank, generation_, pid)
-                              : fmt::format("gpu {} (the state source of generation {}, pid {})",
-                                            s.gpu, generation_, pid);
+  const std::string who = is_member ? fmt::format("{} (rank {} of generation {}, pid {})",
+                                                  slot_name(s.gpu), s.rank, generation_, pid)
+                                    : fmt::format("{} (the state source of generation {}, pid {})",
+                                                  slot_name(s.gpu), generation_, pid);
   if (pending && aborted_.insert(generation_).second) {
     Effect e;
     e.kind = Effect::Kind::kWriteKey;
@@ -436,10 +436,10 @@ void Scheduler::pause_snapshot_outcome(const Report& r) {
   ev.fields.add("gpu", r.gpu).add("generation", r.generation).add("error", r.snapshot);
   effects_.push_back(std::move(ev));
   say(
-      fmt::format("the pause is refused and training goes on with [{}]: gpu {} could not write "
+      fmt::format("the pause is refused and training goes on with [{}]: {} could not write "
                   "the pause snapshot: {} (tried again at every boundary while the config asks for "
                   "the pause: make room)",
-                  join_ids(active_, ", "), r.gpu, r.snapshot));
+                  join_ids(active_, ", "), slot_name(r.gpu), r.snapshot));
 }
 
 std::string Scheduler::held_by() const {
@@ -486,9 +486,9 @@ void Scheduler::lose_state(const std::string& why) {
   for (auto& [gpu, s] : slots_)
     if (s.pid >= 0 && alive_member(s) && !s.holds_state) {
       say(
-          fmt::format("ending gpu {} (pid {}): it holds no training state (it was joining "
+          fmt::format("ending {} (pid {}): it holds no training state (it was joining "
                       "generation {})",
-                      gpu, s.pid, generation_));
+                      slot_name(gpu), s.pid, generation_));
       Effect e;
       e.kind = Effect::Kind::kKill;
       e.gpu = gpu;

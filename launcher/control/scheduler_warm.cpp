@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 
 namespace gpurun::control {
 
@@ -106,8 +107,8 @@ void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
     return;
   }
   s.cancelled = true;  // its exit (any status) is no failure
-  say(fmt::format("ending {} gpu {} (pid {}): {}", standby ? "standby" : "warming", s.gpu, s.pid,
-                  why));
+  say(fmt::format("ending {} {} (pid {}): {}", standby ? "standby" : "warming", slot_name(s.gpu),
+                  s.pid, why));
   Effect e;
   e.kind = Effect::Kind::kKill;
   e.gpu = s.gpu;

@@ -274,3 +274,22 @@ TEST_CASE("scheduler: another node's slots join as warm joiners once a config na
   CHECK(d.joiners == std::vector<int>{1000, 1001});
   CHECK(d.rank_of(1000) == 2);
 }
+
+TEST_CASE("scheduler: messages name another node's slot by its node and GPU") {
+  gpurun::control::testing::Harness h(gpurun::control::testing::cfg(std::nullopt), 2);
+  h.join_all();
+  h.s.add_slots({1000, 1001});
+  h.s.config_loaded(gpurun::control::testing::cfg(std::vector<int>{0, 1, 1000, 1001}), "c");
+  h.drain();
+  h.boundary(0);
+  h.join_all();
+  h.log.clear();
+  CHECK(h.s.on_process_exit(1001, false, "signal SIGKILL (9)", false));
+  h.drain();
+  bool said = false;
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay &&
+        e.value.find("node 1 gpu 1 (rank 3 of generation 1, pid") != std::string::npos)
+      said = true;
+  CHECK(said);
+}
