@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "gpurun/error.hpp"
+#include "nodes/node0_store.hpp"
 #include "nodes/node_sync.hpp"
 #include "nodes/node_sync_detail.hpp"
 #include "supervisor/process_spawner.hpp"  // signal_name
@@ -24,20 +25,24 @@ void NodeSync::throw_if_join_cancelled(const std::string& where) const {
                     fmt::format("{} while joining node 0's store at {}", signal_name(sig), where));
 }
 
-void NodeSync::connect_to_node0(Clock::time_point t0, const std::string& where) {
+std::unique_ptr<store::ClientStore> connect_to_node0(const Node0StoreOptions& opt,
+                                                     Clock::time_point t0,
+                                                     const std::function<void()>& cancelled) {
+  const std::string where = fmt::format("{}:{}", opt.host, opt.port);
+  std::unique_ptr<store::ClientStore> client;
   int windows = 0;
   int foreign = 0;  // windows in a row that reached a listener that is not a store
   std::string last;
-  while (!client_) {
-    throw_if_join_cancelled(where);
+  while (!client) {
+    cancelled();
     store::ClientOptions co;
-    co.host = opt_.host;
-    co.port = opt_.port;
+    co.host = opt.host;
+    co.port = opt.port;
     // Short windows while connecting, so that a signal is seen within about a second.
-    co.timeout = std::min(opt_.op_timeout, std::chrono::milliseconds(1000));
+    co.timeout = std::min(opt.op_timeout, std::chrono::milliseconds(1000));
     ++windows;
     try {
-      client_ = std::make_unique<store::ClientStore>(co);
+      client = std::make_unique<store::ClientStore>(co);
       break;
     } catch (const store::NotAStoreError& e) {
       // Another program on the port: not waited on as a store that has yet to start (a port
@@ -52,18 +57,28 @@ void NodeSync::connect_to_node0(Clock::time_point t0, const std::string& where) 
       foreign = 0;
       last = e.what();
     }
-    if (windows == 1 && opt_.say)
-      opt_.say(fmt::format(
-          "{}: waiting for node 0's store at {} (at most {})",
-          opt_.rank_by_join ? std::string("this node") : fmt::format("node {}", opt_.node_rank),
-          where, seconds(opt_.connect_timeout)));
-    if (Clock::now() - t0 >= opt_.connect_timeout)
+    if (windows == 1 && opt.say)
+      opt.say(fmt::format("{}: waiting for node 0's store at {} (at most {})", opt.who, where,
+                          seconds(opt.connect_timeout)));
+    if (Clock::now() - t0 >= opt.connect_timeout)
       throw JoinError(1, fmt::format("node 0's store at {} did not answer within {} ({} tried in "
                                      "{} windows; last: {})",
-                                     where, seconds(opt_.connect_timeout),
+                                     where, seconds(opt.connect_timeout),
                                      seconds(Clock::now() - t0), windows, last));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a window can end early
   }
+  return client;
+}
+
+void NodeSync::connect_to_node0(Clock::time_point t0, const std::string& where) {
+  Node0StoreOptions o;
+  o.host = opt_.host;
+  o.port = opt_.port;
+  o.connect_timeout = opt_.connect_timeout;
+  o.op_timeout = opt_.op_timeout;
+  o.who = opt_.rank_by_join ? std::string("this node") : fmt::format("node {}", opt_.node_rank);
+  o.say = opt_.say;
+  client_ = supervisor::connect_to_node0(o, t0, [&] { throw_if_join_cancelled(where); });
 }
 
 JobStart NodeSync::join() {

@@ -1,0 +1,275 @@
+#include "nodes/node_agent.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+#include <boost/asio/post.hpp>
+
+#include "gpurun/control/keys.hpp"
+#include "gpurun/error.hpp"
+#include "nodes/node_sync.hpp"  // JoinError
+#include "supervisor/supervisor.hpp"
+#include "supervisor/worker_env.hpp"
+
+namespace gpurun::supervisor {
+
+namespace asio = boost::asio;
+namespace keys = control::keys;
+
+ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
+  ElasticJoin out;
+  try {
+    out.run_id = store.get(keys::node_job(), r.job_wait);
+  } catch (const StoreTimeout&) {
+    throw JoinError(1, fmt::format("node 0 at {} does not run an elastic job (no {} after {} "
+                                   "ms): start node 0 with --config FILE and --nnodes",
+                                   r.where, keys::node_job(), r.job_wait.count()));
+  }
+  if (!r.run_id.empty() && r.run_id != out.run_id)
+    throw JoinError(1, fmt::format("node 0's store at {} runs job '{}', this node was started for "
+                                   "'{}' (--rdzv-id): not joining it",
+                                   r.where, out.run_id, r.run_id));
+  out.node = static_cast<int>(store.add(keys::node_next(), 1));
+  store.set(keys::node_live(out.node), fmt::format("{} {}", r.host, r.pid));
+  control::NodeJoin join;
+  join.node = out.node;
+  join.host = r.host;
+  join.pid = r.pid;
+  join.slots = r.slots;
+  join.offer = r.offer;
+  join.run_id = r.run_id;
+  join.device = r.device;
+  store.set(keys::node_join(out.node), join.to_json());
+  return out;
+}
+
+NodeAgent::NodeAgent(boost::asio::io_context& io, Supervisor& supervisor,
+                     std::unique_ptr<store::Store> commands, std::unique_ptr<store::Store> events,
+                     NodeAgentOptions options)
+    : io_(io),
+      sup_(supervisor),
+      commands_(std::move(commands)),
+      events_(std::move(events)),
+      opt_(std::move(options)),
+      offer_(control::join_ids(opt_.joined_offer)) {}
+
+NodeAgent::~NodeAgent() {
+  close();
+}
+
+void NodeAgent::close() {
+  stop_ = true;
+  if (reader_.joinable()) reader_.join();
+  commands_.reset();
+  events_.reset();
+}
+
+std::optional<std::pair<int, std::string>> NodeAgent::final_status() const {
+  if (!end_) return std::nullopt;
+  return std::make_pair(end_->code, end_->reason);
+}
+
+std::string NodeAgent::name() const {
+  return fmt::format("node {}", opt_.node);
+}
+
+void NodeAgent::say(const std::string& line) {
+  if (opt_.say) opt_.say(line);
+}
+
+void NodeAgent::on_attempt_start(int /*attempt*/) {
+  // Every slot starts without a process: node 0's commands start them.
+  if (!reader_.joinable() && commands_) reader_ = std::thread([this] { read_commands(); });
+}
+
+void NodeAgent::read_commands() {
+  int64_t n = 0;
+  while (!stop_) {
+    const std::string key = keys::node_command(opt_.node, n);
+    std::string text;
+    try {
+      text = commands_->get(key, opt_.wait_slice);
+      commands_->remove(key);
+    } catch (const StoreTimeout&) {
+      continue;  // none yet: look at stop_, wait again
+    } catch (const gpurun::Error& e) {
+      if (stop_) return;
+      asio::post(io_, [this, alive = std::weak_ptr<int>(alive_), cause = std::string(e.what())] {
+        if (!alive.expired()) node0_gone(cause);
+      });
+      return;
+    }
+    asio::post(io_, [this, alive = std::weak_ptr<int>(alive_), n, text = std::move(text)] {
+      if (!alive.expired()) on_command(n, text);
+    });
+    ++n;
+  }
+}
+
+void NodeAgent::on_command(int64_t n, const std::string& text) {
+  if (end_) return;  // ended: what node 0 still says changes nothing
+  control::NodeCommand c;
+  try {
+    c = control::NodeCommand::from_json(text);
+  } catch (const gpurun::Error& e) {
+    say(
+        fmt::format("{}: warning: node 0's command {} ({}) is not one this gpurun reads: {}; "
+                    "ignoring it",
+                    name(), n, keys::node_command(opt_.node, n), e.what()));
+    return;
+  }
+  using Kind = control::NodeCommand::Kind;
+  switch (c.kind) {
+    case Kind::kSpawn:
+      spawn(c);
+      return;
+    case Kind::kKill:
+      if (control::slot_node(c.slot) == opt_.node) sup_.kill_slot(control::slot_local(c.slot));
+      return;
+    case Kind::kRelease:
+      ended(0, fmt::format("node 0 released {}: {}", name(), c.reason),
+            fmt::format("{}: node 0 released this node ({}); its gpurun exits 0{}", name(),
+                        c.reason, procs_.empty() ? "" : " once its workers ended"),
+            /*stop_workers=*/false);
+      return;
+    case Kind::kExit:
+      ended(c.code, fmt::format("node 0 ended the job: {}", c.reason),
+            fmt::format("{}: node 0 ended the job ({}): exit status {}", name(), c.reason, c.code),
+            /*stop_workers=*/true);
+      return;
+  }
+}
+
+void NodeAgent::spawn(const control::NodeCommand& c) {
+  const int local = control::slot_local(c.slot);
+  if (control::slot_node(c.slot) != opt_.node ||
+      std::find(opt_.slots.begin(), opt_.slots.end(), local) == opt_.slots.end()) {
+    exited(c.slot, -1,
+           fmt::format("{}: no {} on this node (its slots: gpu {})", name(),
+                       control::slot_name(c.slot), control::join_ids(opt_.slots, ", gpu ")));
+    return;
+  }
+  if (const auto p = procs_.find(local); p != procs_.end()) {
+    exited(c.slot, -1,
+           fmt::format("{}: slot busy: {}'s process {} still runs; not started again", name(),
+                       control::slot_name(c.slot), p->second));
+    return;
+  }
+  if (!c.decision) {
+    exited(c.slot, -1,
+           fmt::format("{}: the spawn command for {} carries no decision", name(),
+                       control::slot_name(c.slot)));
+    return;
+  }
+  ElasticSpawn s;
+  s.slot = c.slot;
+  s.generation = c.generation;
+  s.warm = c.warm;
+  s.standby = c.standby;
+  s.config_path = opt_.config_path;
+  const int pid = sup_.spawn_slot(local, elastic_worker_env(*c.decision, s));
+  procs_[local] = pid;  // -1: its exit (code 1) follows, through on_worker_exit
+  control::NodeEvent e;
+  e.kind = control::NodeEvent::Kind::kSpawned;
+  e.slot = c.slot;
+  e.pid = pid > 0 ? pid : -1;
+  event(e);
+}
+
+void NodeAgent::exited(int slot, int pid, const std::string& how) {
+  control::NodeEvent e;
+  e.kind = control::NodeEvent::Kind::kExited;
+  e.slot = slot;
+  e.pid = pid;
+  e.code = 1;
+  e.how = how;
+  say(how);
+  event(e);
+}
+
+bool NodeAgent::on_worker_exit(int local_rank, ExitStatus status, bool /*can_restart*/) {
+  int pid = -1;
+  if (const auto p = procs_.find(local_rank); p != procs_.end()) {
+    pid = p->second;
+    procs_.erase(p);
+  }
+  if (!end_) {
+    control::NodeEvent e;
+    e.kind = control::NodeEvent::Kind::kExited;
+    e.slot = control::job_slot(opt_.node, local_rank);
+    e.pid = pid;
+    e.code = status.code;
+    e.signal = status.signal;
+    e.how = status.describe();
+    event(e);
+  }
+  return true;  // node 0 decides what the exit means
+}
+
+void NodeAgent::event(const control::NodeEvent& e) {
+  if (write(keys::node_event(opt_.node, next_event_), e.to_json())) ++next_event_;
+}
+
+bool NodeAgent::write(const std::string& key, const std::string& value) {
+  if (!events_) return false;
+  try {
+    events_->set(key, value);
+    return true;
+  } catch (const gpurun::Error& e) {
+    node0_gone(e.what());
+    return false;
+  }
+}
+
+void NodeAgent::offer_changed() {
+  if (!opt_.offer || end_ || leaving_) return;
+  const std::string offer = control::join_ids(opt_.offer());
+  if (offer_ == offer) return;
+  if (write(keys::node_offer(opt_.node), offer)) offer_ = offer;
+}
+
+bool NodeAgent::on_signal(int sig) {
+  if (sig != SIGTERM || leaving_ || end_) {
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGQUIT) stopping_now_ = true;
+    return false;
+  }
+  leaving_ = true;
+  if (!write(keys::node_leave(opt_.node), "SIGTERM")) return true;
+  say(
+      fmt::format("{}: leaving the job at the next boundary (SIGTERM); a second SIGTERM stops "
+                  "its workers at once",
+                  name()));
+  return true;
+}
+
+bool NodeAgent::on_stop_request(const std::string& /*why*/) {
+  // The supervisor's own stop (a second stop signal, the preempt signal with --requeue): this
+  // node has no boundary of its own (node 0 holds them): its workers stop at once.
+  stopping_now_ = true;
+  return false;
+}
+
+void NodeAgent::ended(int code, std::string reason, const std::string& line, bool stop_workers) {
+  end_ = End{code, std::move(reason)};
+  if (procs_.empty() || !stop_workers) {
+    say(line);
+    sup_.controller_changed();  // no process left: the supervisor ends the job
+    return;
+  }
+  // Processes left (an exit, node 0 gone): stopped (SIGTERM, SIGKILL after the grace period).
+  sup_.stop_for_peer(line);
+}
+
+void NodeAgent::node0_gone(const std::string& cause) {
+  if (end_) return;  // node 0 closes its store after it released or ended this node
+  stop_ = true;      // the reader stops at its next wake-up
+  ended(1, fmt::format("node 0's gpurun ({}) is gone: {}", opt_.where, cause),
+        fmt::format("{}: node 0's gpurun ({}) is gone: {}{}", name(), opt_.where, cause,
+                    procs_.empty() ? "; this node's gpurun exits" : ""),
+        /*stop_workers=*/true);
+}
+
+}  // namespace gpurun::supervisor

@@ -1,0 +1,157 @@
+// gpurun::supervisor::NodeAgent — the gpurun of node k > 0 in one elastic job over several nodes
+// (--config with --nnodes, docs/cli.md#elastic-nodes): a slot agent. Node 0 decides for every
+// node; this node's supervisor starts and kills its slots' processes only on node 0's commands
+// and tells node 0 what became of them, all through node 0's store (keys::node_*,
+// gpurun/control/node_messages.hpp). It offers its slots (its config's active_gpus), leaves at
+// a boundary on SIGTERM, and stops when node 0 ends the job or is gone.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "gpurun/control/node_messages.hpp"
+#include "gpurun/store/store.hpp"
+#include "supervisor/slot_controller.hpp"
+
+namespace gpurun::supervisor {
+
+class Supervisor;
+
+/// What a node tells node 0 when it joins (join_elastic_job).
+struct ElasticJoinRequest {
+  std::string where;       ///< node 0's store, "host:port" (messages)
+  std::string run_id;      ///< --rdzv-id given to this node; "" = none given (any job is joined)
+  std::string host;        ///< this host's name
+  int pid = 0;             ///< this gpurun's pid
+  std::vector<int> slots;  ///< its local slots, 0..n-1
+  std::vector<int> offer;  ///< the local slots its config offers now
+  std::string device;      ///< "cuda" or "cpu"
+  /// How long node 0's job record (keys::node_job) may take to appear after the connect.
+  std::chrono::milliseconds job_wait{std::chrono::seconds(5)};
+};
+
+/// What the join gave.
+struct ElasticJoin {
+  int node = 0;        ///< this node's id (join order, from 1)
+  std::string run_id;  ///< node 0's (every worker's TORCHELASTIC_RUN_ID)
+};
+
+/// Joins node 0's elastic job over `store` (the connection whose close tells node 0 this node is
+/// gone: the live key is bound to it): reads node 0's run id, takes the next node id, sets this
+/// node's live key and writes its join record. Blocks (at most job_wait, then one request per
+/// step). Throws JoinError (code 1) when node 0 runs no elastic job or another run id than
+/// `run_id`; StoreError when node 0's store fails.
+ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& request);
+
+/// Settings of a slot agent.
+struct NodeAgentOptions {
+  int node = 1;                   ///< this node's id (join_elastic_job)
+  std::string where;              ///< node 0's store, "host:port" (messages)
+  std::vector<int> slots;         ///< local slot ids (0..n-1): the supervisor's slots
+  std::string config_path;        ///< GPURUN_CONFIG of its workers (absolute; "" = not set)
+  std::vector<int> joined_offer;  ///< the offer its join record carried (local slots)
+  /// How long the command reader blocks in one wait for node 0's next command: bounds how long
+  /// destroying the agent takes. Node 0's command reaches the agent at once all the same.
+  std::chrono::milliseconds wait_slice{std::chrono::milliseconds(250)};
+  /// The local slots this node's config offers now (its active_gpus, else its --nproc first
+  /// slots). Called on the io thread at a reload (SIGHUP, a config change). Empty function:
+  /// the offer never changes.
+  std::function<std::vector<int>()> offer;
+  /// One "gpurun: ..." line without the prefix, starting "node <k>: " (io thread).
+  std::function<void(const std::string& line)> say;
+};
+
+/// One per gpurun of node k > 0 in an elastic job; the supervisor's SlotController. Every
+/// member runs on the io thread (the supervisor's), except the command reader: a thread of its
+/// own doing blocking waits on `commands` for node 0's next command (keys::node_command(k, n),
+/// n = 0, 1, …, each deleted once read), posting each to io. Events and the offer are written
+/// to `events` from the io thread (a blocking request each, bounded by that connection's
+/// timeout). A request that fails on either connection means node 0's gpurun is gone: this node
+/// stops its workers and ends with status 1.
+class NodeAgent final : public SlotController {
+ public:
+  /// `events` should be the connection join_elastic_job ran on (its close is this node's
+  /// loss); `commands` another one (a blocked wait there does not delay the events). Both must
+  /// be thread-safe (ClientStore is). The supervisor must outlive the agent's io handlers.
+  NodeAgent(boost::asio::io_context& io, Supervisor& supervisor,
+            std::unique_ptr<store::Store> commands, std::unique_ptr<store::Store> events,
+            NodeAgentOptions options);
+  /// Stops the reader (within about wait_slice) and joins it.
+  ~NodeAgent() override;
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  /// How this node's gpurun ends, once node 0 said it (release: 0, exit: its code) or node 0
+  /// was lost (1): the status and the reason. nullopt while the job goes on.
+  struct End {
+    int code = 0;
+    std::string reason;
+  };
+  const std::optional<End>& end() const { return end_; }
+  /// Supervisor::final_status of this node: end()'s status and reason, else nullopt (the
+  /// supervisor's own: 128 + signal after a stop signal).
+  std::optional<std::pair<int, std::string>> final_status() const;
+
+  /// A signal gpurun received. Returns true when the agent took it: the first SIGTERM makes
+  /// this node leave the job at the next boundary (keys::node_leave; node 0 releases it once
+  /// its slots' processes are gone, then gpurun exits 0). Anything else (a second SIGTERM,
+  /// SIGINT, SIGQUIT, other signals) is the supervisor's: it stops the workers at once.
+  bool on_signal(int sig);
+  /// Rereads the offer (NodeAgentOptions::offer) and writes it when it changed
+  /// (keys::node_offer): the config watcher's call.
+  void offer_changed();
+  /// Stops the reader and closes both connections (node 0 sees this node leave now). Idempotent.
+  void close();
+
+  // SlotController
+  void on_attempt_start(int attempt) override;
+  bool on_worker_exit(int local_rank, ExitStatus status, bool can_restart) override;
+  bool holds_job_open() const override { return !end_ && !stopping_now_; }
+  /// Node 0 decides the job's outcome; this node's status is end()'s (Supervisor::final_status).
+  bool succeeded() const override { return true; }
+  void on_reload_request() override { offer_changed(); }
+  bool on_stop_request(const std::string& why) override;
+
+ private:
+  void read_commands();  // the reader thread
+  void on_command(int64_t n, const std::string& text);
+  void spawn(const control::NodeCommand& c);
+  /// The end is known: `line` said; with `stop_workers` the processes left are stopped, else
+  /// the supervisor ends once they exited.
+  void ended(int code, std::string reason, const std::string& line, bool stop_workers);
+  void node0_gone(const std::string& cause);
+  /// Writes `key` = `value` to node 0's store; false (node0_gone done) when it failed.
+  bool write(const std::string& key, const std::string& value);
+  void event(const control::NodeEvent& e);
+  void exited(int slot, int pid, const std::string& how);
+  void say(const std::string& line);
+  std::string name() const;  // "node 1"
+
+  boost::asio::io_context& io_;
+  Supervisor& sup_;
+  std::unique_ptr<store::Store> commands_;
+  std::unique_ptr<store::Store> events_;
+  NodeAgentOptions opt_;
+  std::thread reader_;
+  std::atomic<bool> stop_{false};
+  int64_t next_event_ = 0;
+  std::map<int, int> procs_;          // local slot -> pid of its process (-1: could not start)
+  std::optional<std::string> offer_;  // the offer last written ("0,1")
+  bool leaving_ = false;
+  bool stopping_now_ = false;  // a second stop signal: the supervisor stops the workers
+  std::optional<End> end_;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // io handlers check it
+};
+
+}  // namespace gpurun::supervisor

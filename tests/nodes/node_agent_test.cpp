@@ -1,0 +1,371 @@
+// The slot agent of node k > 0 in an elastic job over several nodes (docs/cli.md#elastic-nodes):
+// its join of node 0's store, and node 0's commands in, processes and events out, over the
+// in-memory store with fake processes. The real gpurun over loopback: tests/python.
+#include "nodes/node_agent.hpp"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "gpurun/control/keys.hpp"
+#include "gpurun/control/node_messages.hpp"
+#include "gpurun/error.hpp"
+#include "nodes/node_sync.hpp"
+#include "supervisor/event_log.hpp"
+#include "supervisor/supervisor.hpp"
+#include "testing/capture_console.hpp"
+#include "testing/fake_spawner.hpp"
+#include "testing/memory_store.hpp"
+
+namespace gpurun::supervisor {
+namespace {
+
+using namespace std::chrono_literals;
+using store::testing::MemoryStore;
+namespace keys = control::keys;
+using control::NodeCommand;
+using control::NodeEvent;
+
+/// One connection to node 0's store (the shared MemoryStore): every request fails with a
+/// StoreError once `gone` is set, as a client's does when node 0's gpurun died.
+struct Connection final : store::Store {
+  MemoryStore& m;
+  std::shared_ptr<std::atomic<bool>> gone;
+  Connection(MemoryStore& store, std::shared_ptr<std::atomic<bool>> flag)
+      : m(store), gone(std::move(flag)) {}
+  void check() const {
+    if (*gone) throw StoreError("node0:29500: connection reset by peer");
+  }
+  void set(const std::string& k, const std::string& v) override {
+    check();
+    m.set(k, v);
+  }
+  std::string get(const std::string& k, std::chrono::milliseconds t) override {
+    check();
+    return m.get(k, t);
+  }
+  std::optional<std::string> try_get(const std::string& k) override {
+    check();
+    return m.try_get(k);
+  }
+  void wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override {
+    check();
+    m.wait(k, t);
+  }
+  std::string compare_set(const std::string& k, const std::string& e,
+                          const std::string& d) override {
+    check();
+    return m.compare_set(k, e, d);
+  }
+  int64_t add(const std::string& k, int64_t d) override {
+    check();
+    return m.add(k, d);
+  }
+  bool remove(const std::string& k) override {
+    check();
+    return m.remove(k);
+  }
+};
+
+/// Node 1 with two slots: its supervisor on fake processes, its agent on node 0's store.
+struct Node1 {
+  boost::asio::io_context io;
+  FakeSpawner spawner{io};
+  CaptureConsole console;
+  EventLog events;
+  MemoryStore node0;  // node 0's store
+  std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
+  std::unique_ptr<Supervisor> sup;
+  std::unique_ptr<NodeAgent> agent;
+  std::vector<std::string> said;
+  std::vector<int> offer = {0, 1};
+  int64_t commands = 0;
+
+  Node1() {
+    SupervisorOptions o;
+    o.plan.nproc = 2;
+    o.plan.world_size = 2;
+    o.plan.nnodes = 2;
+    o.plan.node_rank = 1;
+    o.plan.device = Device::kCpu;
+    o.plan.run_id = "job";
+    o.plan.master_addr = "node0";
+    o.plan.master_port = 29500;
+    o.argv = {"/bin/true"};
+    o.grace_period = 100ms;
+    o.kill_timeout = 200ms;
+    o.drain_timeout = 100ms;
+    o.poll_interval = 5ms;
+    sup = std::make_unique<Supervisor>(io, o, spawner, console, events);
+    NodeAgentOptions ao;
+    ao.node = 1;
+    ao.where = "node0:29500";
+    ao.slots = {0, 1};
+    ao.config_path = "/etc/job.toml";
+    ao.joined_offer = {0, 1};
+    ao.wait_slice = 20ms;
+    ao.offer = [this] { return offer; };
+    ao.say = [this](const std::string& line) { said.push_back(line); };
+    agent = std::make_unique<NodeAgent>(io, *sup, std::make_unique<Connection>(node0, gone),
+                                        std::make_unique<Connection>(node0, gone), ao);
+    sup->set_controller(agent.get());
+    sup->final_status = [this](int) { return agent->final_status(); };
+    sup->start();
+  }
+  ~Node1() { agent->close(); }
+
+  /// Node 0 sends its next command.
+  void command(const NodeCommand& c) { node0.set(keys::node_command(1, commands++), c.to_json()); }
+  static NodeCommand spawn(int slot) {
+    NodeCommand c;
+    c.kind = NodeCommand::Kind::kSpawn;
+    c.slot = slot;
+    c.warm = 7;
+    control::Decision d;
+    d.generation = 3;
+    d.active = {0, 1, slot};
+    c.decision = d;
+    return c;
+  }
+  static NodeCommand simple(NodeCommand::Kind kind, int code = 0) {
+    NodeCommand c;
+    c.kind = kind;
+    c.code = code;
+    c.reason = kind == NodeCommand::Kind::kExit ? "the job finished" : "node 1 left";
+    return c;
+  }
+  /// Runs io until `until()` holds (a safety bound of 3 s, not a check).
+  void run_until(const std::function<bool()>& until) {
+    const auto end = std::chrono::steady_clock::now() + 3s;
+    while (!until() && std::chrono::steady_clock::now() < end) {
+      io.restart();
+      io.run_for(5ms);
+    }
+  }
+  std::optional<NodeEvent> event(int64_t n) {
+    const auto v = node0.try_get(keys::node_event(1, n));
+    if (!v) return std::nullopt;
+    return NodeEvent::from_json(*v);
+  }
+  bool has_event(int64_t n) { return node0.try_get(keys::node_event(1, n)).has_value(); }
+  bool said_line(const std::string& part) const {
+    for (const auto& l : said)
+      if (l.find(part) != std::string::npos) return true;
+    return false;
+  }
+};
+
+ElasticJoinRequest request() {
+  ElasticJoinRequest r;
+  r.where = "node0:29500";
+  r.host = "hostb";
+  r.pid = 4242;
+  r.slots = {0, 1};
+  r.offer = {1};
+  r.device = "cpu";
+  r.job_wait = 10ms;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("node agent: a node joins node 0's elastic job: node id, live key, join record") {
+  MemoryStore node0;
+  SUBCASE("node 0 runs no elastic job: refused, naming the store and what to do") {
+    try {
+      join_elastic_job(node0, request());
+      FAIL("joined a store without an elastic job");
+    } catch (const JoinError& e) {
+      CHECK(e.code == 1);
+      CHECK(std::string(e.what()).find("node 0 at node0:29500 does not run an elastic job") !=
+            std::string::npos);
+      CHECK(std::string(e.what()).find("--config") != std::string::npos);
+    }
+    CHECK_FALSE(node0.try_get(keys::node_next()));  // no node id taken
+  }
+  SUBCASE("ids in join order; the live key and the join record") {
+    node0.set(keys::node_job(), "job");
+    const ElasticJoin a = join_elastic_job(node0, request());
+    const ElasticJoin b = join_elastic_job(node0, request());
+    CHECK(a.node == 1);
+    CHECK(b.node == 2);
+    CHECK(a.run_id == "job");
+    CHECK(node0.try_get(keys::node_live(1)) == std::optional<std::string>("hostb 4242"));
+    const control::NodeJoin j = control::NodeJoin::from_json(*node0.try_get(keys::node_join(2)));
+    CHECK(j.node == 2);
+    CHECK(j.host == "hostb");
+    CHECK(j.pid == 4242);
+    CHECK(j.slots == std::vector<int>{0, 1});
+    CHECK(j.offer == std::vector<int>{1});
+    CHECK(j.device == "cpu");
+  }
+  SUBCASE("another run id than --rdzv-id: refused") {
+    node0.set(keys::node_job(), "other");
+    ElasticJoinRequest r = request();
+    r.run_id = "mine";
+    try {
+      join_elastic_job(node0, r);
+      FAIL("joined another job");
+    } catch (const JoinError& e) {
+      CHECK(std::string(e.what()).find("runs job 'other'") != std::string::npos);
+    }
+    CHECK_FALSE(node0.try_get(keys::node_join(1)));
+  }
+}
+
+TEST_CASE("node agent: spawn, exit and kill commands become processes and events") {
+  Node1 n;
+  n.command(Node1::spawn(1001));
+  n.run_until([&] { return n.has_event(0); });
+  REQUIRE(n.spawner.procs.size() == 1);
+  const auto& env = n.spawner.procs[0]->request.env;
+  CHECK(n.spawner.procs[0]->request.local_rank == 1);
+  CHECK(env.at("GPURUN_SLOT") == "1001");  // the job slot id
+  CHECK(env.at("GPURUN_WARM") == "7");     // a warm joiner
+  CHECK(env.at("GPURUN_CONFIG") == "/etc/job.toml");
+  CHECK(env.at("WORLD_SIZE") == "3");
+  const NodeEvent spawned = *n.event(0);
+  CHECK(spawned.kind == NodeEvent::Kind::kSpawned);
+  CHECK(spawned.slot == 1001);
+  CHECK(spawned.pid == n.spawner.procs[0]->pid);
+  CHECK_FALSE(n.node0.try_get(keys::node_command(1, 0)));  // read once, deleted
+
+  n.spawner.exit(0, ExitStatus{3, 0});
+  n.run_until([&] { return n.has_event(1); });
+  const NodeEvent ex = *n.event(1);
+  CHECK(ex.kind == NodeEvent::Kind::kExited);
+  CHECK(ex.slot == 1001);
+  CHECK(ex.pid == spawned.pid);
+  CHECK(ex.code == 3);
+  CHECK(ex.how == "exit code 3");
+  CHECK_FALSE(n.sup->done());  // absorbed: node 0 decides
+
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(2); });
+  REQUIRE(n.spawner.procs.size() == 2);
+  NodeCommand kill;
+  kill.kind = NodeCommand::Kind::kKill;
+  kill.slot = 1000;
+  n.command(kill);
+  n.run_until([&] { return n.has_event(3); });
+  CHECK(n.spawner.procs[1]->signals == std::vector<int>{SIGKILL});
+  CHECK(n.event(3)->signal == SIGKILL);
+  CHECK_FALSE(n.sup->done());
+}
+
+TEST_CASE("node agent: a spawn for a slot whose process still runs is refused by an event") {
+  Node1 n;
+  n.command(Node1::spawn(1000));
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(1); });
+  CHECK(n.spawner.procs.size() == 1);
+  const NodeEvent e = *n.event(1);
+  CHECK(e.kind == NodeEvent::Kind::kExited);
+  CHECK(e.slot == 1000);
+  CHECK(e.how == "node 1: slot busy: node 1 gpu 0's process " +
+                     std::to_string(n.spawner.procs[0]->pid) + " still runs; not started again");
+  // Another node's slot, or one this node does not have: refused the same way.
+  n.command(Node1::spawn(2000));
+  n.command(Node1::spawn(1005));
+  n.run_until([&] { return n.has_event(3); });
+  CHECK(n.event(2)->how.find("no ") != std::string::npos);
+  CHECK(n.event(3)->how.find("its slots: gpu 0, gpu 1") != std::string::npos);
+  CHECK(n.spawner.procs.size() == 1);
+  CHECK_FALSE(n.sup->done());
+}
+
+TEST_CASE("node agent: release ends the node with status 0; exit with node 0's status") {
+  SUBCASE("release, no process left") {
+    Node1 n;
+    n.command(Node1::simple(NodeCommand::Kind::kRelease));
+    n.run_until([&] { return n.sup->done(); });
+    REQUIRE(n.sup->done());
+    CHECK(n.sup->exit_code() == 0);
+    CHECK(n.said_line("node 1: node 0 released this node (node 1 left)"));
+  }
+  SUBCASE("exit 3 while a process runs: it is stopped, then the node exits 3") {
+    Node1 n;
+    n.command(Node1::spawn(1000));
+    n.run_until([&] { return n.has_event(0); });
+    n.command(Node1::simple(NodeCommand::Kind::kExit, 3));
+    n.run_until([&] { return n.sup->done(); });
+    REQUIRE(n.sup->done());
+    CHECK(n.spawner.procs[0]->signals.at(0) == SIGTERM);
+    CHECK(n.sup->exit_code() == 3);
+    CHECK(n.console.err.find("node 1: node 0 ended the job (the job finished): exit status 3") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("node agent: node 0 gone: the workers are stopped and the node exits 1") {
+  Node1 n;
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(0); });
+  *n.gone = true;  // node 0's gpurun died: every request fails
+  n.run_until([&] { return n.sup->done(); });
+  REQUIRE(n.sup->done());
+  CHECK(n.sup->exit_code() == 1);
+  CHECK(n.spawner.procs[0]->signals.at(0) == SIGTERM);
+  CHECK(n.console.err.find("node 1: node 0's gpurun (node0:29500) is gone: node0:29500: "
+                           "connection reset by peer; stopping this node's workers") !=
+        std::string::npos);
+}
+
+TEST_CASE("node agent: SIGTERM leaves at the next boundary; release then ends it with 0") {
+  Node1 n;
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(0); });
+  CHECK(n.agent->on_signal(SIGTERM));
+  CHECK(n.node0.try_get(keys::node_leave(1)) == std::optional<std::string>("SIGTERM"));
+  CHECK(
+      n.said_line("node 1: leaving the job at the next boundary (SIGTERM); a second SIGTERM "
+                  "stops its workers at once"));
+  CHECK(n.spawner.procs[0]->signals.empty());  // the worker leaves at its boundary
+  // Node 0 takes the slot out at the boundary; its process exits 0 and is reported.
+  n.spawner.exit(0, ExitStatus{0, 0});
+  n.run_until([&] { return n.has_event(1); });
+  CHECK(n.event(1)->code == 0);
+  CHECK_FALSE(n.sup->done());  // until node 0 releases it
+  n.command(Node1::simple(NodeCommand::Kind::kRelease));
+  n.run_until([&] { return n.sup->done(); });
+  CHECK(n.sup->exit_code() == 0);
+}
+
+TEST_CASE("node agent: a second SIGTERM is the supervisor's: the workers stop at once") {
+  Node1 n;
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(0); });
+  CHECK(n.agent->on_signal(SIGTERM));
+  CHECK_FALSE(n.agent->on_signal(SIGTERM));
+  n.sup->handle_signal(SIGTERM);
+  n.run_until([&] { return n.sup->done(); });
+  REQUIRE(n.sup->done());
+  CHECK(n.spawner.procs[0]->signals.at(0) == SIGTERM);
+  CHECK(n.sup->exit_code() == 143);
+  CHECK(n.console.err.find("stopping while paused") == std::string::npos);
+}
+
+TEST_CASE("node agent: a reload writes the offer when it changed") {
+  Node1 n;
+  n.agent->on_reload_request();  // the join record's offer: not written again
+  CHECK_FALSE(n.node0.try_get(keys::node_offer(1)));
+  n.offer = {1};
+  n.agent->on_reload_request();
+  CHECK(n.node0.try_get(keys::node_offer(1)) == std::optional<std::string>("1"));
+  n.offer = {};  // active_gpus = []: offers nothing for now, stays in the job
+  n.agent->offer_changed();
+  CHECK(n.node0.try_get(keys::node_offer(1)) == std::optional<std::string>(""));
+}
+
+}  // namespace gpurun::supervisor
