@@ -275,6 +275,20 @@ std::string summary_text(const json::object& o) {
                      ids_text(o.if_contains("desired_active")));
   out += fmt::format("last config error: {}\n", field_text(o, "last_config_error"));
   if (!plain) out += would_decide_line(o);  // a plain run decides nothing
+  if (const json::value* n = o.if_contains("nodes"); n && n->is_array()) {
+    // An elastic job over several nodes (docs/cli.md#elastic-nodes): node 0 runs this status.
+    std::string nodes;
+    for (const auto& nv : n->as_array()) {
+      if (!nv.is_object()) continue;
+      const json::object& no = nv.as_object();
+      nodes += fmt::format("\n  node {} ({}, gpurun pid {}): {}, slots {}, offers {}",
+                           field_text(no, "node"), field_text(no, "host"), field_text(no, "pid"),
+                           field_text(no, "state"), ids_text(no.if_contains("slots")),
+                           ids_text(no.if_contains("offer")));
+    }
+    out += fmt::format("other nodes ({}; slot k*1000+i is node k's GPU i):{}\n",
+                       n->as_array().size(), nodes.empty() ? " none yet" : nodes);
+  }
   if (const json::value* l = o.if_contains("late_at_boundary"); l && l->is_object()) {
     // A round past [boundary] deadline_s that waits for running ranks (docs/config.md#boundary).
     const json::object& lo = l->as_object();

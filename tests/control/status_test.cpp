@@ -301,3 +301,27 @@ TEST_CASE("status: what the next boundary would decide, in the JSON and as one l
 
 }  // namespace
 }  // namespace gpurun::control
+
+namespace gpurun::control {
+namespace {
+
+TEST_CASE("gpurun status: every other node of an elastic job, its state, slots and offer") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"({"run_id": "r", "slots": [{"gpu": 1001, "state": "ACTIVE", "generation": 2, )"
+      R"("rank": 3, "pid": 77}], "nodes": [{"node": 1, "host": "b", "pid": 4001, )"
+      R"("state": "live", "slots": [1000, 1001], "offer": [1000, 1001]}, {"node": 2, )"
+      R"("host": "c", "pid": 4002, "state": "lost", "slots": [2000], "offer": []}]})",
+      error));
+  const std::string text = status_text(dir);
+  CHECK_MESSAGE(text.find("other nodes (2; slot k*1000+i is node k's GPU i):\n  node 1 (b, "
+                          "gpurun pid 4001): live, slots [1000, 1001], offers [1000, 1001]\n"
+                          "  node 2 (c, gpurun pid 4002): lost") != std::string::npos,
+                text);
+  CHECK(text.find("1001 ") != std::string::npos);  // the slot table row
+}
+
+}  // namespace
+}  // namespace gpurun::control
