@@ -261,6 +261,7 @@ std::string NodeHub::status_json() const {
         .add("state", n.lost            ? "lost"
                       : n.released      ? "released"
                       : n.ended         ? "ended"
+                      : n.leaving       ? "leaving"
                       : n.offer.empty() ? "idle"
                                         : "live")
         .add_raw("slots", ids_json(job_ids(k, n.join.slots)))
