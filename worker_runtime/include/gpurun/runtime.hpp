@@ -105,10 +105,10 @@ class Runtime {
   /// Reads the worker environment gpurun sets (docs/cli.md, docs/control-protocol.md):
   /// elastic when GPURUN_ELASTIC=1 (joins the generation GPURUN_JOIN_GENERATION through the
   /// store), a static world from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT otherwise, and a
-  /// world of one when none is set. Device: cuda:<LOCAL_RANK-th visible GPU> when
-  /// GPURUN_DEVICE=cuda, else CPU. Blocks while connecting (store timeout). Throws
-  /// gpurun::Error naming the variable for bad environment, StoreError when the store
-  /// cannot be reached.
+  /// world of one when none is set. Device: cuda:<i> when GPURUN_DEVICE=cuda, i the slot on
+  /// this node (GPURUN_LOCAL_SLOT, else GPURUN_SLOT, else LOCAL_RANK), else CPU. Blocks while
+  /// connecting (store timeout). Throws gpurun::Error naming the variable for bad environment,
+  /// StoreError when the store cannot be reached.
   static std::unique_ptr<Runtime> from_env(RuntimeOptions options = {});
   ~Runtime();
 
@@ -121,7 +121,9 @@ class Runtime {
   int rank() const;        ///< rank in the current generation
   int world_size() const;  ///< active workers in the current generation
   int64_t generation() const;
-  int gpu_id() const;  ///< this worker's slot (GPURUN_SLOT / LOCAL_RANK)
+  /// This worker's job slot id (GPURUN_SLOT / LOCAL_RANK): node k's local slot i is k*1000+i;
+  /// its device is cuda:<GPURUN_LOCAL_SLOT> (device()).
+  int gpu_id() const;
   bool elastic() const;
   WorkerState state() const;
   /// True when the state this process tracks is overwritten before its first step, so that

@@ -267,9 +267,9 @@ void Runtime::Impl::ensure_device() {
   if (device.is_cuda()) {
     if (!torch::cuda::is_available())
       throw Error(
-          fmt::format("{}=cuda but LibTorch sees no CUDA device (a CPU-only LibTorch, or "
-                      "CUDA_VISIBLE_DEVICES is empty)",
-                      env::kDevice));
+          fmt::format("{}=cuda but LibTorch sees no CUDA device for slot {}'s {} (a CPU-only "
+                      "LibTorch, or CUDA_VISIBLE_DEVICES is empty)",
+                      env::kDevice, slot, device.str()));
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
   }
   if (control) start_warm_up();
@@ -556,7 +556,7 @@ std::unique_ptr<Runtime> detail::make_runtime(RuntimeSeams seams) {
   if (e.comm_timeout) m->opt.comm_timeout = *e.comm_timeout;
   m->slot = e.slot;
   if (e.cuda) {
-    m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(m->slot));
+    m->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(e.local_slot));
     m->backend = rt::CommBackend::kNccl;
   }
   m->store = e.store;

@@ -57,6 +57,11 @@ RuntimeEnv RuntimeEnv::from_env() {
         fmt::format("environment variable {}={:?}: expected cpu or cuda", env::kDevice, dev));
   e.cuda = dev == "cuda";
   e.slot = static_cast<int>(env_int(env::kSlot, env_int("LOCAL_RANK", 0)));
+  e.local_slot = static_cast<int>(env_int(env::kLocalSlot, e.slot));
+  if (e.local_slot < 0)
+    throw Error(fmt::format("environment variable {}={} is not a slot on this node (0 or more)",
+                            getenv_nonempty(env::kLocalSlot) ? env::kLocalSlot : env::kSlot,
+                            e.local_slot));
   e.store.host = getenv_nonempty(env::kStoreAddr)
                      .value_or(getenv_nonempty("MASTER_ADDR").value_or("127.0.0.1"));
   const int64_t port = env_int(env::kStorePort, env_int("MASTER_PORT", 29500));

@@ -16,7 +16,12 @@ namespace gpurun::rt {
 
 struct RuntimeEnv {
   bool cuda = false;  ///< GPURUN_DEVICE=cuda (else cpu)
-  int slot = 0;       ///< GPURUN_SLOT, else LOCAL_RANK; with cuda also the device index
+  /// GPURUN_SLOT, else LOCAL_RANK: the job slot id (its keys, gpu_id(); node k's local slot i
+  /// is k*1000+i).
+  int slot = 0;
+  /// GPURUN_LOCAL_SLOT, else `slot`: the slot on this node, with cuda the device index
+  /// (cuda:<local_slot>).
+  int local_slot = 0;
   /// GPURUN_STORE_ADDR/PORT, else MASTER_ADDR/MASTER_PORT (127.0.0.1:29500).
   store::ClientOptions store;
   int64_t restart_count = 0;  ///< TORCHELASTIC_RESTART_COUNT (static jobs' comm prefix)

@@ -55,7 +55,7 @@ struct RuntimeSeams {
   std::function<void(const std::vector<control::EnvVar>&)> export_env;
 };
 
-/// Builds the runtime from its seams: device (env.cuda: cuda:<env.slot>), joins the
+/// Builds the runtime from its seams: device (env.cuda: cuda:<env.local_slot>), joins the
 /// generation when elastic. Throws like Runtime::from_env().
 std::unique_ptr<Runtime> make_runtime(RuntimeSeams seams);
 
