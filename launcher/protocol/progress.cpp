@@ -53,7 +53,10 @@ std::atomic<uint64_t>* line_of(void* map, int slot) {
 
 std::unique_ptr<ProgressWriter> ProgressWriter::from_env() {
   const char* path = std::getenv(env::kProgressFile);
-  const char* slot = std::getenv(env::kSlot);
+  // The file is this node's gpurun's, one line per local slot: GPURUN_LOCAL_SLOT (another
+  // node's job slot id, k*1000+i, is not a line of it), else GPURUN_SLOT (older launches).
+  const char* slot = std::getenv(env::kLocalSlot);
+  if (!slot || !*slot) slot = std::getenv(env::kSlot);
   if (!path || !*path || !slot || !*slot) return nullptr;
   int s = -1;
   const std::string_view sv(slot);

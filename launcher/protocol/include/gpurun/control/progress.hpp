@@ -20,7 +20,8 @@ struct Progress {
 /// The worker side. Not thread-safe (one training thread calls step()).
 class ProgressWriter {
  public:
-  /// Maps $GPURUN_PROGRESS_FILE's line of slot $GPURUN_SLOT. nullptr when either is unset or
+  /// Maps $GPURUN_PROGRESS_FILE's line of the node-local slot $GPURUN_LOCAL_SLOT (else
+  /// $GPURUN_SLOT). nullptr when the file or both slot variables are unset or
   /// the file cannot be mapped (progress is optional: training never fails for it).
   static std::unique_ptr<ProgressWriter> from_env();
   ProgressWriter(const std::string& path, int slot);  ///< throws gpurun::Error naming the path
