@@ -185,7 +185,8 @@ std::optional<int> Job::build_supervisor() {
     }
   }
   // NVML and CUDA initialise on their own thread while the workers start (it can take ~1 s).
-  monitor_energy_ = energy_wanted(opt_, plan_, config_);
+  // (Not on node k > 0 of an elastic job: node 0 decides, and its monitor charges its own GPUs.)
+  monitor_energy_ = !agent_mode() && energy_wanted(opt_, plan_, config_);
   job_start_s_ = gpurun::energy::EnergyMonitor::now_s();
   if (monitor_energy_)
     discovery_ = std::async(std::launch::async, discover_gpus, std::cref(inherited_),
@@ -233,6 +234,10 @@ std::optional<int> Job::build_supervisor() {
   sv::ProcessSpawner& spawner =
       status_spawner_ ? static_cast<sv::ProcessSpawner&>(*status_spawner_) : *posix_spawner_;
   supervisor_ = std::make_unique<sv::Supervisor>(io_, so, spawner, console_, events_);
+  if (agent_mode()) {  // node k > 0 of an elastic job: its slots run on node 0's commands
+    build_agent();
+    return std::nullopt;
+  }
   if (config_) {
     gpurun::control::ElasticOptions eo;
     eo.config_path = std::filesystem::absolute(*opt_.config);
@@ -363,6 +368,7 @@ void Job::wire_done() {
     const auto close_store = [&] {
       boost::system::error_code ignored;
       signals_.cancel(ignored);
+      if (agent_) agent_->close();  // node 0 sees this node leave now
       if (store_) store_->close();
       io_.stop();
     };

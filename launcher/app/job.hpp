@@ -10,6 +10,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -17,12 +19,14 @@
 #include "app/auto_scale.hpp"
 #include "app/energy_setup.hpp"
 #include "app/launch_plan.hpp"
+#include "control/config_watcher.hpp"
 #include "control/elastic_controller.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
 #include "energy/monitor.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/unique_fd.hpp"
+#include "nodes/node_agent.hpp"
 #include "nodes/node_sync.hpp"
 #include "store/backend_store.hpp"
 #include "store/server.hpp"
@@ -61,6 +65,23 @@ class Job {
   void wire_nodes();
   /// "node R", or "this node" while a join-order rank is not given yet.
   std::string node_label() const;
+
+  // job_agent.cpp: node k > 0 of an elastic job over several nodes (docs/cli.md#elastic-nodes).
+  /// --config, --nnodes > 1 and not node 0: this gpurun is a slot agent.
+  bool agent_mode() const;
+  /// Before io runs: `work` on a thread of its own while this thread waits for a stop signal,
+  /// which calls `cancel(sig)` (work then ends within about a second).
+  void block_with_signals(const std::function<void()>& work,
+                          const std::function<void(int sig)>& cancel);
+  /// Connects to node 0's store and joins its job (node id, run id); an exit status when it
+  /// cannot.
+  std::optional<int> join_elastic();
+  /// The local slots this node's config offers (active_gpus, else the first --nproc).
+  std::vector<int> agent_offer() const;
+  /// The supervisor's controller: the slot agent on the join's connections.
+  void build_agent();
+  /// Its exit status, and its config watcher (the offer).
+  void wire_agent();
 
   // job.cpp
   std::optional<int> open_store_and_run_dir();
@@ -123,6 +144,11 @@ class Job {
   std::unique_ptr<control::StatusSpawner> status_spawner_;
   std::unique_ptr<supervisor::Supervisor> supervisor_;
   std::unique_ptr<control::ElasticController> elastic_;
+  /// Node k > 0 of an elastic job: the command and event connections to node 0's store (until
+  /// the agent takes them), the agent, and its config watcher.
+  std::pair<std::unique_ptr<store::ClientStore>, std::unique_ptr<store::ClientStore>> agent_stores_;
+  std::unique_ptr<supervisor::NodeAgent> agent_;
+  std::unique_ptr<control::ConfigWatcher> agent_watcher_;
   std::unique_ptr<control::RunRegistration> registration_;
   supervisor::AsioClock clock_{io_};      // the status refresh's timer
   gpurun::Clock::Timer status_refresh_;   // destroyed before clock_ and io_

@@ -5,11 +5,8 @@
 #include <signal.h>
 
 #include <exception>
-#include <thread>
 
 #include <fmt/format.h>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/post.hpp>
 
 #include "app/start_checks.hpp"
 #include "gpurun/abstract_lock.hpp"
@@ -67,31 +64,23 @@ std::optional<int> Job::prepare_nodes() {
           plan_.master_port));
     }
   }
+  // An elastic job (--config): node 0's slot agent, no start rendezvous (job_agent.cpp).
+  if (agent_mode()) return join_elastic();
   if (plan_.nnodes > 1 && plan_.node_rank > 0) {
     // The join blocks on its own thread; this one handles signals meanwhile (a stop signal
     // ends the join within about a second, exit 128 + signal).
     node_sync_ = std::make_unique<sv::NodeSync>(io_, node_opts_);
     std::optional<sv::JobStart> joined;
     std::exception_ptr join_error;
-    auto guard = asio::make_work_guard(io_);
-    signals_.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (!ec && (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT)) node_sync_->cancel_join(sig);
-    });
-    std::thread joiner([&] {
-      try {
-        joined = node_sync_->join();
-      } catch (...) {
-        join_error = std::current_exception();
-      }
-      asio::post(io_, [&] {
-        boost::system::error_code ignored;
-        signals_.cancel(ignored);
-        guard.reset();
-      });
-    });
-    io_.run();
-    joiner.join();
-    io_.restart();
+    block_with_signals(
+        [&] {
+          try {
+            joined = node_sync_->join();
+          } catch (...) {
+            join_error = std::current_exception();
+          }
+        },
+        [&](int sig) { node_sync_->cancel_join(sig); });
     try {
       if (join_error) std::rethrow_exception(join_error);
       const sv::JobStart& js = *joined;
@@ -123,6 +112,10 @@ std::string Job::node_label() const {  // node_rank() < 0: a join-order rank not
 }
 
 void Job::wire_nodes() {
+  if (agent_) {  // node k > 0 of an elastic job: the agent, not NodeSync (job_agent.cpp)
+    wire_agent();
+    return;
+  }
   // --nnodes > 1: a failure anywhere stops every node; node 0 decides each attempt's end for
   // the whole job (restart or exit, the root cause) and keeps its store up until every node
   // is done (the exit barrier). docs/cli.md#multi-node.

@@ -17,6 +17,11 @@ namespace sv = gpurun::supervisor;
 void Job::route_signals() {
   on_signal_ = [&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
+    // Node k > 0 of an elastic job: the first SIGTERM leaves the job at a boundary.
+    if (agent_ && !supervisor_->done() && agent_->on_signal(sig)) {
+      signals_.async_wait(on_signal_);
+      return;
+    }
     const bool stop = sig == SIGINT || sig == SIGTERM || sig == SIGQUIT;
     if (node_sync_ && node_sync_->rendezvous_pending()) {  // no worker runs yet
       if (stop) {

@@ -11,6 +11,7 @@
 #include "gpurun/control/keys.hpp"
 #include "gpurun/error.hpp"
 #include "nodes/node_sync.hpp"  // JoinError
+#include "nodes/node_sync_detail.hpp"
 #include "supervisor/supervisor.hpp"
 #include "supervisor/worker_env.hpp"
 
@@ -33,15 +34,15 @@ ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
                                    "'{}' (--rdzv-id): not joining it",
                                    r.where, out.run_id, r.run_id));
   out.node = static_cast<int>(store.add(keys::node_next(), 1));
-  store.set(keys::node_live(out.node), fmt::format("{} {}", r.host, r.pid));
   control::NodeJoin join;
   join.node = out.node;
-  join.host = r.host;
-  join.pid = r.pid;
+  join.host = r.host.empty() ? node_sync_detail::this_host() : r.host;
+  join.pid = r.pid > 0 ? r.pid : static_cast<int>(::getpid());
   join.slots = r.slots;
   join.offer = r.offer;
   join.run_id = r.run_id;
   join.device = r.device;
+  store.set(keys::node_live(out.node), fmt::format("{} {}", join.host, join.pid));
   store.set(keys::node_join(out.node), join.to_json());
   return out;
 }

@@ -32,8 +32,8 @@ class Supervisor;
 struct ElasticJoinRequest {
   std::string where;       ///< node 0's store, "host:port" (messages)
   std::string run_id;      ///< --rdzv-id given to this node; "" = none given (any job is joined)
-  std::string host;        ///< this host's name
-  int pid = 0;             ///< this gpurun's pid
+  std::string host;        ///< this host's name; "" = gethostname()
+  int pid = 0;             ///< this gpurun's pid; 0 = getpid()
   std::vector<int> slots;  ///< its local slots, 0..n-1
   std::vector<int> offer;  ///< the local slots its config offers now
   std::string device;      ///< "cuda" or "cpu"

@@ -1,5 +1,5 @@
-// Private to NodeSync's translation units (node_sync.cpp, node_rendezvous.cpp): the record
-// record helpers.
+// Private to the translation units of launcher/nodes (node_sync.cpp, node_rendezvous.cpp,
+// node_agent.cpp): the record helpers.
 #pragma once
 
 #include <unistd.h>

@@ -1,0 +1,153 @@
+// Job, node k > 0 of one elastic job over several nodes (--config with --nnodes,
+// docs/cli.md#elastic-nodes): this gpurun joins node 0's job and runs its supervisor with a
+// slot agent (launcher/nodes/node_agent.hpp) as controller: its slots start and stop on node
+// 0's commands. No start rendezvous, no store of its own, no restarts.
+#include "app/job.hpp"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
+#include "app/start_checks.hpp"
+#include "gpurun/control/decision.hpp"
+#include "gpurun/error.hpp"
+#include "nodes/node0_store.hpp"
+#include "supervisor/process_spawner.hpp"  // signal_name
+
+namespace gpurun::app {
+
+namespace asio = boost::asio;
+namespace sv = gpurun::supervisor;
+
+bool Job::agent_mode() const {
+  return opt_.config.has_value() && plan_.nnodes > 1 && plan_.node_rank > 0;
+}
+
+void Job::block_with_signals(const std::function<void()>& work,
+                             const std::function<void(int sig)>& cancel) {
+  auto guard = asio::make_work_guard(io_);
+  signals_.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (!ec && (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT)) cancel(sig);
+  });
+  std::thread worker([&] {
+    work();  // does not throw: it keeps its error
+    asio::post(io_, [&] {
+      boost::system::error_code ignored;
+      signals_.cancel(ignored);
+      guard.reset();
+    });
+  });
+  io_.run();
+  worker.join();
+  io_.restart();
+}
+
+std::vector<int> Job::agent_offer() const {
+  // The config's active_gpus, else the first --nproc slots (docs/config.md#active_gpus).
+  return config_ && config_->active_gpus ? *config_->active_gpus : launch_ids_;
+}
+
+std::optional<int> Job::join_elastic() {
+  const std::string where = fmt::format("{}:{}", plan_.master_addr, plan_.master_port);
+  std::atomic<int> cancel_sig{0};
+  const auto cancelled = [&] {
+    if (const int sig = cancel_sig.load())
+      throw sv::JoinError(128 + sig, fmt::format("{} while joining node 0's store at {}",
+                                                 sv::signal_name(sig), where));
+  };
+  std::unique_ptr<store::ClientStore> events, commands;
+  sv::ElasticJoin joined;
+  std::exception_ptr error;
+  block_with_signals(
+      [&] {
+        try {
+          sv::Node0StoreOptions o;
+          o.host = plan_.master_addr;
+          o.port = plan_.master_port;
+          o.connect_timeout = node_opts_.connect_timeout;
+          o.op_timeout = node_opts_.op_timeout;
+          o.say = [](const std::string& line) { print_err(line); };
+          events = sv::connect_to_node0(o, std::chrono::steady_clock::now(), cancelled);
+          store::ClientOptions co;
+          co.host = plan_.master_addr;
+          co.port = plan_.master_port;
+          co.timeout = node_opts_.op_timeout;
+          commands = std::make_unique<store::ClientStore>(co);
+          sv::ElasticJoinRequest r;
+          r.where = where;
+          r.run_id = opt_.run_id_given ? plan_.run_id : std::string();
+          r.slots = slot_ids_;
+          r.offer = agent_offer();
+          r.device = plan_.device == sv::Device::kCuda ? "cuda" : "cpu";
+          joined = sv::join_elastic_job(*events, r);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      },
+      [&](int sig) { cancel_sig = sig; });
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const sv::JoinError& e) {
+    print_err(fmt::format("error: this node: {}", e.what()));
+    return e.code;
+  } catch (const gpurun::Error& e) {
+    print_err(
+        fmt::format("error: this node: joining node 0's elastic job at {}: {}", where, e.what()));
+    return kExitLauncherError;
+  }
+  plan_.run_id = joined.run_id;
+  plan_.node_rank = joined.node;
+  agent_stores_ = {std::move(commands), std::move(events)};
+  print_err(fmt::format(
+      "node {}: joined node 0's elastic job '{}' at {} with {} slot(s), offering gpu {}; its "
+      "processes start on node 0's commands (at a boundary)",
+      joined.node, joined.run_id, where, slot_ids_.size(),
+      gpurun::control::join_ids(agent_offer(), ", gpu ")));
+  return std::nullopt;
+}
+
+void Job::build_agent() {
+  sv::NodeAgentOptions ao;
+  ao.node = plan_.node_rank;
+  ao.where = fmt::format("{}:{}", plan_.master_addr, plan_.master_port);
+  ao.slots = slot_ids_;
+  ao.config_path = std::filesystem::absolute(*opt_.config).string();
+  ao.joined_offer = agent_offer();
+  ao.offer = [this] {
+    // The config as it is now; a config that does not load keeps the offer as it was.
+    try {
+      config_ = gpurun::control::load_config(*opt_.config, slot_ids_);
+    } catch (const gpurun::control::ConfigError& e) {
+      print_err(fmt::format("node {}: warning: {}; this node's offer stays gpu {}", plan_.node_rank,
+                            e.what(), gpurun::control::join_ids(agent_offer(), ", gpu ")));
+    }
+    return agent_offer();
+  };
+  ao.say = [](const std::string& line) { print_err(line); };
+  agent_ = std::make_unique<sv::NodeAgent>(io_, *supervisor_, std::move(agent_stores_.first),
+                                           std::move(agent_stores_.second), std::move(ao));
+  supervisor_->set_controller(agent_.get());
+}
+
+void Job::wire_agent() {
+  // This node's status is node 0's word (release: 0, exit: the job's), 1 when node 0 is gone,
+  // 128 + signal after a stop signal of its own.
+  supervisor_->final_status = [this](int) { return agent_->final_status(); };
+  // The config file's edits change this node's offer (SIGHUP too: on_reload_request).
+  gpurun::control::WatcherOptions wo;
+  wo.log = [this](const std::string& line) {
+    print_err(fmt::format("node {}: config watcher: {}", plan_.node_rank, line));
+  };
+  agent_watcher_ = std::make_unique<gpurun::control::ConfigWatcher>(
+      io_, *opt_.config, wo, [this] { agent_->offer_changed(); });
+}
+
+}  // namespace gpurun::app
