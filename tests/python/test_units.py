@@ -981,3 +981,28 @@ with tempfile.TemporaryDirectory() as d:
             raise AssertionError(f"{path} loaded")
     assert _native._lib is None
 print("python_units: a wrong GPURUN_WORKER_LIBRARY names the path and what to do")
+
+# Issue 46: another node's slot (job slot 1001: node 1's local slot 1) trains on cuda:1 while its
+# keys and messages say 1001 (gpurun.runtime._slots_and_device; a standby's choice makes no CUDA
+# call, so it runs on a CPU-only machine too). Without GPURUN_LOCAL_SLOT the slot is the device.
+from gpurun.runtime import _slots_and_device  # noqa: E402
+
+_saved = {k: os.environ.get(k) for k in ("GPURUN_SLOT", "GPURUN_LOCAL_SLOT", "GPURUN_DEVICE")}
+try:
+    os.environ.update(GPURUN_SLOT="1001", GPURUN_LOCAL_SLOT="1", GPURUN_DEVICE="cuda")
+    got = _slots_and_device(standby=True)
+    assert got == (1001, 1, torch.device("cuda", 1)), got
+    del os.environ["GPURUN_LOCAL_SLOT"]  # an older gpurun, or node 0: the slot is the device
+    os.environ["GPURUN_SLOT"] = "2"
+    got = _slots_and_device(standby=True)
+    assert got == (2, 2, torch.device("cuda", 2)), got
+    os.environ.update(GPURUN_SLOT="1001", GPURUN_LOCAL_SLOT="1", GPURUN_DEVICE="cpu")
+    got = _slots_and_device(standby=False)
+    assert got == (1001, 1, torch.device("cpu")), got
+finally:
+    for k, v in _saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+print("python_units: another node's slot keeps its job id for keys, its local slot for the GPU")

@@ -46,6 +46,22 @@ def _env_int(name, default=None):
         raise RuntimeError(f"environment variable {name}='{v}' is not an integer") from None
 
 
+def _slots_and_device(standby):
+    """(slot, local_slot, device) of this worker from its environment: ``slot`` is the job slot
+    id that names its keys (GPURUN_SLOT, else LOCAL_RANK; node k's local slot i is k*1000+i),
+    ``local_slot`` its slot on this node (GPURUN_LOCAL_SLOT, else ``slot``), which is CUDA
+    device ``cuda:<local_slot>`` after CUDA_VISIBLE_DEVICES (docs/cli.md#worker-environment).
+    Without gpurun (torchrun, plain python) a GPU is used when there is one. A standby (gpurun's
+    [park] standby) touches no CUDA here: its device is set up at its first use."""
+    slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
+    local_slot = _env_int("GPURUN_LOCAL_SLOT", slot)
+    wanted = os.environ.get("GPURUN_DEVICE", "")
+    if (standby and wanted == "cuda") or (
+            not standby and wanted in ("cuda", "") and torch.cuda.is_available()):
+        return slot, local_slot, torch.device("cuda", local_slot)
+    return slot, local_slot, torch.device("cpu")
+
+
 class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
     ``device`` (torch.device), ``model`` (``ElasticModel``: the tracked model as the current
@@ -76,18 +92,11 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
                 "remove the program's init_process_group() call (and destroy_process_group() at "
                 "the end); the rank and world size are then rt.rank and rt.world_size, or "
                 "RANK and WORLD_SIZE in os.environ")
-        self.slot = _env_int("GPURUN_SLOT", _env_int("LOCAL_RANK", 0))
-        # gpurun's slot i is CUDA device i after CUDA_VISIBLE_DEVICES (docs/control-protocol.md
-        # "Words"); without gpurun (torchrun, plain python) a GPU is used when there is one.
-        wanted = os.environ.get("GPURUN_DEVICE", "")
         # A standby (gpurun's [park] standby) touches no CUDA until a config names its slot:
         # its device is set up by the first use of ``device`` (docs/python.md#standby).
         standby = self.elastic and os.environ.get("GPURUN_STANDBY") == "1"
-        if (standby and wanted == "cuda") or (
-                not standby and wanted in ("cuda", "") and torch.cuda.is_available()):
-            self._device = torch.device("cuda", self.slot)
-        else:
-            self._device = torch.device("cpu")
+        # slot: the job slot id (keys, messages); local_slot: this node's, the CUDA device index
+        self.slot, self.local_slot, self._device = _slots_and_device(standby)
         self._device_pending = True  # _set_up_device(): now, or at a standby's first use
         self._warm = None  # _WarmUp: the CUDA libraries set up beside the program's start
         self._standby = standby
@@ -193,7 +202,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
                   file=sys.stderr, flush=True)
             if self._device.type == "cuda" and not torch.cuda.is_available():
                 raise RuntimeError(f"GPURUN_DEVICE=cuda but torch sees no CUDA device (slot "
-                                   f"{self.slot}; CUDA_VISIBLE_DEVICES="
+                                   f"{self.slot}'s {self._device}; CUDA_VISIBLE_DEVICES="
                                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
             if self._snap.files:
                 self._start_premap()
