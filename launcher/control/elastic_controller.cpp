@@ -72,6 +72,10 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
   if (opt_.nodes) hub_ = std::make_unique<NodeHub>(backend_, *opt_.nodes);
+  if (hub_)
+    scheduler_.resume_gate = [this](const std::vector<int>& target) {
+      return snapshot_on_nodes(target);
+    };
   // Another node's process is not in this /proc: it is never taken for stopped here.
   scheduler_.stalled_probe = [this](int pid) {
     return !(hub_ && hub_->remote_pid(pid)) && process_stopped(pid);
@@ -290,6 +294,90 @@ void ElasticController::on_attempt_start(int attempt) {
   run_effects();
 }
 
+bool ElasticController::snapshot_on_nodes(const std::vector<int>& target) {
+  const int source = scheduler_.snapshot_node();
+  if (source < 0) return true;  // no pause snapshot written: as on one node
+  if (copies_serial_ != scheduler_.snapshot_serial()) {  // a new snapshot: older copies are stale
+    copies_serial_ = scheduler_.snapshot_serial();
+    copies_ = {source};
+    fetching_.clear();
+    unreachable_said_.clear();
+  }
+  std::set<int> nodes;
+  for (int slot : target) nodes.insert(slot_node(slot));
+  bool ready = true;
+  for (int k : nodes) {
+    if (copies_.count(k)) continue;
+    ready = false;
+    if (fetching_.count(k)) continue;
+    const std::string from = source == 0 ? opt_.snapshot_endpoint : hub_->snapshot_endpoint(source);
+    const bool can =
+        !from.empty() && (k == 0 ? static_cast<bool>(opt_.fetch_snapshot) : hub_->live(k));
+    if (!can) {
+      if (unreachable_said_.insert(k).second)
+        console_.write(
+            StreamId::kStderr,
+            fmt::format("gpurun: the resume onto [{}] waits: the pause snapshot is on node {}, "
+                        "which {}; a config that resumes on node {}'s slots goes on\n",
+                        join_ids(target, ", "), source,
+                        from.empty() ? "no longer serves it (gone)"
+                                     : fmt::format("cannot send it to node {}", k),
+                        source));
+      continue;
+    }
+    fetching_.insert(k);
+    console_.write(
+        StreamId::kStderr,
+        fmt::format("gpurun: copying the pause snapshot from node {} ({}) to node {} for "
+                    "the resume onto [{}]\n",
+                    source, from, k, join_ids(target, ", ")));
+    events_.emit("snapshot_copy", supervisor::JsonObject()
+                                      .add("from_node", source)
+                                      .add("to_node", k)
+                                      .add("endpoint", from)
+                                      .add("serial", copies_serial_));
+    if (k != 0) {
+      hub_->fetch_snapshot(k, from, copies_serial_);
+      continue;
+    }
+    opt_.fetch_snapshot(from, copies_serial_,
+                        [this, alive = std::weak_ptr<int>(alive_)](const NodeEvent& e) {
+                          asio::post(io_, [this, alive, e] {
+                            if (alive.expired()) return;
+                            snapshot_copied(0, e);
+                            run_effects();
+                          });
+                        });
+  }
+  return ready;
+}
+
+void ElasticController::snapshot_copied(int node, const NodeEvent& e) {
+  fetching_.erase(node);
+  if (e.serial != copies_serial_) return;  // a copy of an older snapshot
+  if (!e.how.empty()) {
+    console_.write(StreamId::kStderr,
+                   fmt::format("gpurun: copying the pause snapshot to node {} failed: {}; the "
+                               "resume waits (a config edit tries again)\n",
+                               node, e.how));
+    events_.emit("snapshot_copied", supervisor::JsonObject().add("node", node).add("error", e.how));
+    return;
+  }
+  copies_.insert(node);
+  const double mb_s =
+      e.ms > 0 ? static_cast<double>(e.bytes) / 1e6 / (static_cast<double>(e.ms) / 1e3) : 0.0;
+  console_.write(StreamId::kStderr,
+                 fmt::format("gpurun: node {} has the pause snapshot: {} bytes in {} ms ({:.0f} "
+                             "MB/s)\n",
+                             node, e.bytes, e.ms, mb_s));
+  events_.emit("snapshot_copied", supervisor::JsonObject()
+                                      .add("node", node)
+                                      .add("bytes", e.bytes)
+                                      .add("ms", e.ms)
+                                      .add("serial", e.serial));
+  scheduler_.try_resume();
+}
+
 bool ElasticController::on_worker_exit(int local_rank, ExitStatus status, bool can_restart) {
   return process_exited(local_rank, status.success(), status.describe(), can_restart);
 }
@@ -335,6 +423,7 @@ void ElasticController::on_nodes(const NodeHub::Changes& ch) {
     if (!absorbed && !e.clean)
       supervisor_.stop_for_peer(fmt::format("{} ended with {}", slot_name(e.slot), e.how));
   }
+  for (const auto& [node, e] : ch.fetched) snapshot_copied(node, e);
   if (ch.offers_changed) apply_policy(/*effects=*/false);
   run_effects();
   // The end of another node's last process, or a new one, changes holds_job_open().

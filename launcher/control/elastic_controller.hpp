@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,15 @@ struct ElasticOptions {
   /// Node 0 of an elastic job over several nodes (--nnodes > 1, docs/cli.md#elastic-nodes): the
   /// hub's settings; nullopt: one node.
   std::optional<NodeHubOptions> nodes;
+  /// Several nodes: where this gpurun serves its pause snapshot to the others ("ip:port"); ""
+  /// = it serves none.
+  std::string snapshot_endpoint;
+  /// Several nodes: copies pause snapshot `serial` from the node serving it at `endpoint` into
+  /// this node's snapshot path, off the io thread; `done` runs once, on any thread, with a
+  /// kSnapshotFetched event (`how` empty: in place). Empty: this node cannot fetch.
+  std::function<void(const std::string& endpoint, int64_t serial,
+                     std::function<void(const NodeEvent&)> done)>
+      fetch_snapshot;
 };
 
 /// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks
@@ -142,6 +152,11 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   /// What a node's write changed (NodeHub::on_key): new slots, offers, started and ended
   /// processes of other nodes.
   void on_nodes(const NodeHub::Changes& changes);
+  /// Scheduler::resume_gate: every node of `target` has the current pause snapshot; starts the
+  /// copies that are missing (docs/cli.md#elastic-nodes).
+  bool snapshot_on_nodes(const std::vector<int>& target);
+  /// A copy of the pause snapshot to node `node` ended (e.how empty: in place).
+  void snapshot_copied(int node, const NodeEvent& e);
   /// control::run_effects over this sink, then what follows every batch of effects (console
   /// prefixes, resize events, energy hooks, stale timers, status.json).
   void run_effects();
@@ -190,6 +205,10 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   std::vector<int> energy_active_;  // the set last given to energy_.active_changed
   bool sighup_pending_ = false;     // a SIGHUP waits for its reload's answer
   std::unique_ptr<NodeHub> hub_;    // several nodes: node 0's side
+  int64_t copies_serial_ = -1;      // the pause snapshot copies_ hold
+  std::set<int> copies_;            // nodes that have it
+  std::set<int> fetching_;          // nodes copying it now
+  std::set<int> unreachable_said_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

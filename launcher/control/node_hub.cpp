@@ -122,6 +122,10 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
         out.lines.push_back(fmt::format("warning: ignoring {}'s event: {}", n->name, err.what()));
         return out;
       }
+      if (e.kind == NodeEvent::Kind::kSnapshotFetched) {
+        out.fetched.emplace_back(k, e);
+        return out;
+      }
       if (slot_node(e.slot) != k) {
         out.lines.push_back(fmt::format("warning: ignoring {}'s event about slot {} of node {}",
                                         n->name, e.slot, slot_node(e.slot)));
@@ -189,6 +193,28 @@ void NodeHub::kill(int slot) {
   c.kind = NodeCommand::Kind::kKill;
   c.slot = slot;
   command(*n, c);
+}
+
+bool NodeHub::fetch_snapshot(int k, const std::string& endpoint, int64_t serial) {
+  Node* n = node(k);
+  if (!n || n->lost || n->released || n->ended) return false;
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kFetchSnapshot;
+  c.endpoint = endpoint;
+  c.serial = serial;
+  command(*n, c);
+  return true;
+}
+
+std::string NodeHub::snapshot_endpoint(int k) const {
+  const auto it = nodes_.find(k);
+  if (it == nodes_.end() || it->second.lost) return {};
+  return it->second.join.snapshot_endpoint;
+}
+
+bool NodeHub::live(int k) const {
+  const auto it = nodes_.find(k);
+  return it != nodes_.end() && !it->second.lost && !it->second.released && !it->second.ended;
 }
 
 void NodeHub::command(Node& n, const NodeCommand& c) {

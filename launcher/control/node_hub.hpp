@@ -47,10 +47,12 @@ class NodeHub {
     bool offers_changed = false;
     std::vector<std::pair<int, int>> started;  ///< (slot, real pid) of a started process
     std::vector<Exit> exits;
+    /// kSnapshotFetched events: (node, the event) — `how` empty when the copy is in place.
+    std::vector<std::pair<int, NodeEvent>> fetched;
     std::vector<std::string> lines;  ///< console lines (without "gpurun: ")
     bool any() const {
       return !new_slots.empty() || offers_changed || !started.empty() || !exits.empty() ||
-             !lines.empty();
+             !fetched.empty() || !lines.empty();
     }
   };
   /// Handles `key` if it is a node's join, offer, event or lost key (keys::parse_node_write);
@@ -65,6 +67,13 @@ class NodeHub {
   int spawn(int slot, int64_t generation, int64_t warm, bool standby, const Decision& decision);
   /// Sends a kill command for `slot`'s process (no-op when its node is gone).
   void kill(int slot);
+  /// Tells node `node` to copy pause snapshot `serial` from the node serving it at `endpoint`
+  /// (its answer: Changes::fetched). False when the node is gone.
+  bool fetch_snapshot(int node, const std::string& endpoint, int64_t serial);
+  /// Where node `node` serves its pause snapshot ("ip:port"); "" when unknown or gone.
+  std::string snapshot_endpoint(int node) const;
+  /// Whether node `node` (>= 1) is in the job and connected.
+  bool live(int node) const;
   /// Whether `pid` is a process of another node (provisional or real): /proc is not its own.
   bool remote_pid(int pid) const;
   /// The job slot ids every live node offers now (sorted).

@@ -596,6 +596,8 @@ void Scheduler::resume() {
   // processes), so only the set-up and the snapshot load are left after the decision.
   for (int gpu : target)
     if (!joinable_now(slot(gpu))) return;
+  // Several nodes: the joiners load the snapshot on their own node; a copy may be on its way.
+  if (state_exists_ && resume_gate && !resume_gate(target)) return;
   Decision d = base_decision();
   d.kind = Decision::Kind::kResize;
   d.prev_generation = generation_;

@@ -19,6 +19,7 @@
 #include "control/slot_state.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/control/keys.hpp"
+#include "gpurun/control/node_messages.hpp"
 #include "gpurun/json_writer.hpp"
 
 namespace gpurun::control {
@@ -213,6 +214,20 @@ class Scheduler {
   /// The last boundary any member reported (epoch, step); nullopt before the first.
   const std::optional<std::pair<int64_t, int64_t>>& last_boundary() const { return last_boundary_; }
 
+  /// Several nodes (docs/cli.md#elastic-nodes): whether a resume onto `target` may be decided
+  /// now — every node of `target` has the pause snapshot (snapshot_node() wrote it; the others
+  /// need a copy). False: the resume waits; call try_resume() once it may go. Empty: always.
+  std::function<bool(const std::vector<int>& target)> resume_gate;
+  /// Paused: resumes if the config wants a set and every one of it is ready (warm joiners, the
+  /// resume gate); otherwise nothing.
+  void try_resume() {
+    if (holds_job_open()) resume();
+  }
+  /// The node whose slot wrote the last verified pause snapshot (control::slot_node), -1 when
+  /// none was written; snapshot_serial() counts them (a new one makes every copy stale).
+  int snapshot_node() const { return snapshot_slot_ < 0 ? -1 : slot_node(snapshot_slot_); }
+  int64_t snapshot_serial() const { return snapshot_serial_; }
+
   /// Takes the effects produced so far (run_effects in control/effects.hpp carries them out).
   std::vector<Effect> take_effects();
 
@@ -345,6 +360,8 @@ class Scheduler {
   bool source_snapshot_ = false;  ///< the current generation's state comes from the snapshot
   /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
   std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;
+  int snapshot_slot_ = -1;       ///< the slot that wrote the last verified pause snapshot
+  int64_t snapshot_serial_ = 0;  ///< verified pause snapshots written so far
   std::vector<Effect> effects_;
   int64_t next_warm_ = 0;  ///< the next warm joiner's id (unique for the Scheduler's life)
 };

@@ -422,6 +422,8 @@ void Scheduler::participant_died(const SlotInfo& s, int pid, const std::string& 
 void Scheduler::pause_snapshot_outcome(const Report& r) {
   if (r.snapshot == "ok") {
     snapshot_boundary_ = std::make_pair(r.epoch, r.step);
+    snapshot_slot_ = r.gpu;
+    ++snapshot_serial_;
     if (!pause_refused_.empty()) say("the pause snapshot was written this time: pausing");
     pause_refused_.clear();
     return;

@@ -60,7 +60,15 @@ json::array ids_array(const std::vector<int>& ids) {
 }
 
 std::string_view event_name(NodeEvent::Kind k) {
-  return k == NodeEvent::Kind::kSpawned ? "spawned" : "exited";
+  switch (k) {
+    case NodeEvent::Kind::kSpawned:
+      return "spawned";
+    case NodeEvent::Kind::kExited:
+      return "exited";
+    case NodeEvent::Kind::kSnapshotFetched:
+      return "snapshot_fetched";
+  }
+  return "?";
 }
 
 std::string_view command_name(NodeCommand::Kind k) {
@@ -73,6 +81,8 @@ std::string_view command_name(NodeCommand::Kind k) {
       return "release";
     case NodeCommand::Kind::kExit:
       return "exit";
+    case NodeCommand::Kind::kFetchSnapshot:
+      return "fetch_snapshot";
   }
   return "?";
 }
@@ -94,6 +104,7 @@ std::string NodeJoin::to_json() const {
   o["offer"] = ids_array(offer);
   o["run_id"] = run_id;
   o["device"] = device;
+  if (!snapshot_endpoint.empty()) o["snapshot_endpoint"] = snapshot_endpoint;
   return json::serialize(o);
 }
 
@@ -108,6 +119,7 @@ NodeJoin NodeJoin::from_json(std::string_view text) {
   j.offer = ids_field(o, "offer", what, text);
   j.run_id = string_field(o, "run_id", what, text, /*optional=*/true);
   j.device = string_field(o, "device", what, text, /*optional=*/true);
+  j.snapshot_endpoint = string_field(o, "snapshot_endpoint", what, text, /*optional=*/true);
   if (j.node < 1)
     throw ProtocolError(fmt::format("{} names node {} (ids start at 1): '{}'", what, j.node, text));
   for (int s : j.slots)
@@ -128,6 +140,12 @@ std::string NodeEvent::to_json() const {
     o["signal"] = signal;
     o["how"] = how;
   }
+  if (kind == Kind::kSnapshotFetched) {
+    o["how"] = how;
+    o["serial"] = serial;
+    o["bytes"] = bytes;
+    o["ms"] = ms;
+  }
   return json::serialize(o);
 }
 
@@ -140,6 +158,8 @@ NodeEvent NodeEvent::from_json(std::string_view text) {
     e.kind = Kind::kSpawned;
   else if (kind == "exited")
     e.kind = Kind::kExited;
+  else if (kind == "snapshot_fetched")
+    e.kind = Kind::kSnapshotFetched;
   else
     throw ProtocolError(fmt::format("{} has the unknown kind '{}': '{}'", what, kind, text));
   e.slot = static_cast<int>(int_field(o, "slot", what, text));
@@ -148,6 +168,12 @@ NodeEvent NodeEvent::from_json(std::string_view text) {
     e.code = static_cast<int>(int_field(o, "code", what, text));
     e.signal = static_cast<int>(int_field(o, "signal", what, text));
     e.how = string_field(o, "how", what, text);
+  }
+  if (e.kind == Kind::kSnapshotFetched) {
+    e.how = string_field(o, "how", what, text);
+    e.serial = int_field(o, "serial", what, text);
+    e.bytes = int_field(o, "bytes", what, text);
+    e.ms = int_field(o, "ms", what, text);
   }
   return e;
 }
@@ -174,6 +200,10 @@ std::string NodeCommand::to_json() const {
     case Kind::kExit:
       o["code"] = code;
       o["reason"] = reason;
+      break;
+    case Kind::kFetchSnapshot:
+      o["endpoint"] = endpoint;
+      o["serial"] = serial;
       break;
   }
   return json::serialize(o);
@@ -202,6 +232,10 @@ NodeCommand NodeCommand::from_json(std::string_view text) {
     c.kind = Kind::kExit;
     c.code = static_cast<int>(int_field(o, "code", what, text));
     c.reason = string_field(o, "reason", what, text, /*optional=*/true);
+  } else if (kind == "fetch_snapshot") {
+    c.kind = Kind::kFetchSnapshot;
+    c.endpoint = string_field(o, "endpoint", what, text);
+    c.serial = int_field(o, "serial", what, text);
   } else {
     throw ProtocolError(fmt::format("{} has the unknown kind '{}': '{}'", what, kind, text));
   }

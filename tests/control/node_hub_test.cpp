@@ -293,3 +293,64 @@ TEST_CASE("scheduler: messages name another node's slot by its node and GPU") {
       said = true;
   CHECK(said);
 }
+
+TEST_CASE("scheduler: a resume onto another node waits for its copy of the pause snapshot") {
+  using gpurun::control::testing::cfg;
+  gpurun::control::testing::Harness h(cfg(std::nullopt), 2);
+  h.join_all();
+  h.s.add_slots({1000, 1001});
+  std::vector<std::vector<int>> asked;
+  bool copied = false;
+  h.s.resume_gate = [&](const std::vector<int>& target) {
+    asked.push_back(target);
+    return copied;
+  };
+  CHECK(h.s.snapshot_node() == -1);
+  h.s.config_loaded(cfg(std::vector<int>{}), "c");  // pause: gpu 0 writes the snapshot
+  h.drain();
+  h.boundary(0);
+  for (int gpu : {0, 1}) CHECK(h.s.on_process_exit(gpu, true, "exit code 0", false));
+  h.drain();
+  REQUIRE(h.s.holds_job_open());
+  CHECK(h.s.snapshot_node() == 0);
+  CHECK(h.s.snapshot_serial() == 1);
+  const size_t decisions = h.decisions.size();
+  h.s.config_loaded(cfg(std::vector<int>{1000, 1001}), "c");  // resume on node 1
+  h.drain();
+  REQUIRE_FALSE(asked.empty());
+  CHECK(asked.back() == std::vector<int>{1000, 1001});
+  CHECK(h.s.holds_job_open());  // no resume before the copy
+  CHECK(h.decisions.size() == decisions);
+  copied = true;
+  h.s.try_resume();
+  h.drain();
+  CHECK_FALSE(h.s.holds_job_open());
+  CHECK(h.decisions.back().active == std::vector<int>{1000, 1001});
+  CHECK(h.decisions.back().state_source.is_snapshot());
+}
+
+TEST_CASE("node hub: a snapshot copy is a command to the node; its answer comes back") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  NodeJoin j = join_record(1);
+  j.snapshot_endpoint = "10.0.0.2:4567";
+  b.set(keys::node_join(1), j.to_json());
+  hub.on_key(keys::node_join(1));
+  CHECK(hub.snapshot_endpoint(1) == "10.0.0.2:4567");
+  CHECK(hub.fetch_snapshot(1, "10.0.0.1:999", 3));
+  const NodeCommand c = command(b, 1, 0);
+  CHECK(c.kind == NodeCommand::Kind::kFetchSnapshot);
+  CHECK(c.endpoint == "10.0.0.1:999");
+  CHECK(c.serial == 3);
+  NodeEvent done;
+  done.kind = NodeEvent::Kind::kSnapshotFetched;
+  done.serial = 3;
+  done.bytes = 1000;
+  done.ms = 5;
+  const NodeHub::Changes ch = event(b, hub, 1, 0, done);
+  REQUIRE(ch.fetched.size() == 1);
+  CHECK(ch.fetched[0].first == 1);
+  CHECK(ch.fetched[0].second == done);
+  CHECK(ch.lines.empty());
+  CHECK_FALSE(hub.fetch_snapshot(2, "x", 3));  // no such node
+}

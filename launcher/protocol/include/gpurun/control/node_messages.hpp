@@ -47,6 +47,9 @@ struct NodeJoin {
   std::vector<int> offer;  ///< the local slots its config offers now (sorted)
   std::string run_id;      ///< the run id it was started with ("" = none given)
   std::string device;      ///< "cuda" or "cpu"
+  /// Where its gpurun serves its pause snapshot to other nodes ("ip:port", the address it
+  /// reaches node 0's store from); "" = it serves none.
+  std::string snapshot_endpoint;
   std::string to_json() const;
   /// Throws ProtocolError naming the field.
   static NodeJoin from_json(std::string_view text);
@@ -57,16 +60,21 @@ struct NodeJoin {
 /// in order (n = 0, 1, …). Node 0 handles each once and deletes it.
 struct NodeEvent {
   enum class Kind {
-    kSpawned,  ///< the process of `slot` started as `pid` (pid <= 0: it could not start; an
-               ///< kExited follows)
-    kExited,   ///< the process `pid` of `slot` ended: `code` (exit status) or `signal`
+    kSpawned,          ///< the process of `slot` started as `pid` (pid <= 0: it could not start; an
+                       ///< kExited follows)
+    kExited,           ///< the process `pid` of `slot` ended: `code` (exit status) or `signal`
+    kSnapshotFetched,  ///< a kFetchSnapshot is done: `how` empty = the copy is in place (its
+                       ///< `bytes`, in `ms`), else why it failed
   };
   Kind kind = Kind::kSpawned;
   int slot = -1;  ///< job slot id
   int pid = -1;
-  int code = 0;     ///< kExited: exit code (when signal == 0)
-  int signal = 0;   ///< kExited: the signal that ended it, 0 when it exited
-  std::string how;  ///< kExited: "exit code 1", "signal SIGKILL (9)" (ExitStatus::describe)
+  int code = 0;        ///< kExited: exit code (when signal == 0)
+  int signal = 0;      ///< kExited: the signal that ended it, 0 when it exited
+  std::string how;     ///< kExited: "exit code 1", "signal SIGKILL (9)" (ExitStatus::describe)
+  int64_t serial = 0;  ///< kSnapshotFetched: the command's serial
+  int64_t bytes = 0;   ///< kSnapshotFetched: bytes copied
+  int64_t ms = 0;      ///< kSnapshotFetched: how long the copy took (ms)
   std::string to_json() const;
   static NodeEvent from_json(std::string_view text);
   friend bool operator==(const NodeEvent&, const NodeEvent&) = default;
@@ -84,6 +92,8 @@ struct NodeCommand {
     kRelease,  ///< node 0 saw this node's offer withdrawn and none of its slots has a process:
                ///< it may exit 0
     kExit,     ///< the job ended: stop any process left and exit with `code` (`reason` says why)
+    kFetchSnapshot,  ///< copy the pause snapshot `serial` from the node serving it at
+                     ///< `endpoint` into this node's snapshot path, then say kSnapshotFetched
   };
   Kind kind = Kind::kSpawn;
   int slot = -1;                     ///< kSpawn, kKill: job slot id
@@ -93,6 +103,8 @@ struct NodeCommand {
   std::optional<Decision> decision;  ///< kSpawn: the decision it joins by
   int code = 0;                      ///< kExit: the job's exit status
   std::string reason;                ///< kExit, kRelease: one line
+  std::string endpoint;              ///< kFetchSnapshot: "ip:port" of the serving node
+  int64_t serial = 0;                ///< kFetchSnapshot: which pause snapshot (Scheduler's serial)
   std::string to_json() const;
   static NodeCommand from_json(std::string_view text);
   friend bool operator==(const NodeCommand&, const NodeCommand&) = default;
