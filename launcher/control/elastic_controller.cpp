@@ -185,10 +185,13 @@ void ElasticController::apply_policy(bool effects) {
   if (c.active_gpus != scheduler_.config().active_gpus) {
     const std::vector<int> set = declared_set(c);
     const bool policy = c.active_gpus != declared_.active_gpus;
+    const bool nodes = hub_ && !hub_->offered().empty();
     console_.write(StreamId::kStderr,
                    fmt::format("gpurun: the job trains on [{}] from {} boundary{}\n",
                                join_ids(set, ", "), effects ? "the next" : "this",
-                               policy ? " (policies in force; config.toml unchanged)" : ""));
+                               !policy ? ""
+                               : nodes ? " (node 0's config.toml and the other nodes' offers)"
+                                       : " (policies in force; config.toml unchanged)"));
     c.warnings.clear();  // said when the file was loaded
     scheduler_.config_loaded(std::move(c), opt_.config_path.string());
   }
@@ -424,7 +427,7 @@ void ElasticController::on_nodes(const NodeHub::Changes& ch) {
       supervisor_.stop_for_peer(fmt::format("{} ended with {}", slot_name(e.slot), e.how));
   }
   for (const auto& [node, e] : ch.fetched) snapshot_copied(node, e);
-  if (ch.offers_changed) apply_policy(/*effects=*/false);
+  if (ch.offers_changed && !scheduler_.finished()) apply_policy();
   run_effects();
   // The end of another node's last process, or a new one, changes holds_job_open().
   supervisor_.controller_changed();
