@@ -114,13 +114,15 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
   if (opt.config) {
     // --nnodes > 1: one elastic job over several nodes (docs/cli.md#elastic-nodes): node 0
     // decides for every node; the others' gpurun are slot agents (launcher/nodes/node_agent).
+    // torchrun's elastic lines carry --max-restarts (its membership changes are restarts);
+    // here a node joining, leaving or dying is a resize at a boundary, never a restart.
     if (plan.nnodes > 1 && plan.max_restarts > 0) {
       print_err(fmt::format(
-          "error: --max-restarts {} with --config and --nnodes {}: an elastic job over several "
-          "nodes goes on without a failed rank instead of restarting every worker; drop "
-          "--max-restarts (docs/cli.md#elastic-nodes)",
+          "warning: --max-restarts {} is not used: an elastic job over several nodes (--config, "
+          "--nnodes {}) takes nodes joining, leaving and dying at a boundary without restarting "
+          "any worker (docs/cli.md#elastic-nodes)",
           plan.max_restarts, plan.nnodes));
-      return kExitUsage;
+      plan.max_restarts = 0;
     }
     if (plan.device == sv::Device::kCuda) {
       const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
