@@ -22,6 +22,8 @@ PACKAGES=(
   slurm-wlm munge       # a real one-machine Slurm for tests/slurm (slurmctld, slurmd, sbatch)
   python3-torch         # torch 1.13 for Python (same LibTorch): tests/python under gpurun
   python3-torchvision python3-tqdm  # examples/python/fmnist_vit.py (ViT, progress bar)
+  python3-venv          # tests/python/run_wheel.sh: scripts/wheel.sh's wheel in a fresh venv (pip)
+  prometheus            # tests/metrics: a real Prometheus scrapes a job's /metrics
 )
 
 if [[ "${GPURUN_SKIP_APT:-0}" != 1 ]]; then

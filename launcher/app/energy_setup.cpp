@@ -19,12 +19,18 @@ namespace sv = gpurun::supervisor;
 /// The monitor's figures for status.json (io thread: the totals are the io thread's).
 gpurun::control::EnergyStatus energy_status(const gpurun::energy::EnergyMonitor& m) {
   gpurun::control::EnergyStatus out;
-  for (const auto& [slot, e] : m.status())
-    out.slots[slot] =
-        gpurun::control::SlotEnergyStatus{e.power_w, e.epoch_energy_j, e.power_limit_w};
+  for (const auto& [slot, e] : m.status()) {
+    gpurun::control::SlotEnergyStatus& s = out.slots[slot];
+    s.power_w = e.power_w;
+    s.epoch_energy_j = e.epoch_energy_j;
+    s.job_energy_j = e.job_energy_j;
+    s.power_limit_w = e.power_limit_w;
+  }
   out.epochs = m.epochs_finished();
   out.cost_total_j = m.cost_total_j();
   out.threshold_j = m.threshold_j();
+  out.predicted_next_cost_j = m.predicted_next_cost_j();
+  out.stopped_early = m.stopped_early();
   return out;
 }
 

@@ -24,6 +24,7 @@ namespace gpurun::control {
 struct SlotEnergyStatus {
   double power_w = 0;                     ///< last reading, W
   double epoch_energy_j = 0;              ///< charged energy since the current epoch began, J
+  double job_energy_j = 0;                ///< charged energy since the job began (every window), J
   std::optional<unsigned> power_limit_w;  ///< a limit gpurun set, W; nullopt: unchanged
 };
 
@@ -33,6 +34,8 @@ struct EnergyStatus {
   int64_t epochs = 0;                 ///< finished epochs
   double cost_total_j = 0;            ///< Zeus cost of the finished epochs, J
   std::optional<double> threshold_j;  ///< early-stop threshold, J
+  double predicted_next_cost_j = 0;   ///< Zeus cost the next epoch is predicted to have, J
+  bool stopped_early = false;         ///< the monitor stopped the job by its cost threshold
 };
 
 /// Facts about the run that the scheduler does not hold.

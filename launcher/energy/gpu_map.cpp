@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <tuple>
 
@@ -109,10 +110,11 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
   // Every NVML device's UUID, read once when an entry needs a prefix match.
   std::optional<std::vector<std::string>> nvml_uuids;
   auto all_uuids = [&]() -> const std::vector<std::string>& {
-    if (!nvml_uuids) {
-      nvml_uuids.emplace();
+    if (!nvml_uuids) {  // set only once complete: a failed listing is tried again
+      std::vector<std::string> found;
       const unsigned n = nvml.device_count();
-      for (unsigned i = 0; i < n; ++i) nvml_uuids->push_back(nvml.uuid(nvml.device_by_index(i)));
+      for (unsigned i = 0; i < n; ++i) found.push_back(nvml.uuid(nvml.device_by_index(i)));
+      nvml_uuids = std::move(found);
     }
     return *nvml_uuids;
   };
@@ -190,6 +192,12 @@ std::vector<MonitoredGpu> map_slots(const Nvml& nvml, const std::vector<int>& sl
     g.uuid = uuid;
     g.device = device;
     g.name = nvml.name(device);
+    try {  // its NVML index: its UUID's position among NVML's devices (/metrics' `gpu`)
+      const std::vector<std::string>& all = all_uuids();
+      const auto at = std::find(all.begin(), all.end(), uuid);
+      if (at != all.end()) g.index = static_cast<int>(at - all.begin());
+    } catch (const NvmlError&) {  // a device NVML cannot list: the index stays unknown
+    }
     try {
       std::tie(g.min_limit_mw, g.max_limit_mw) = nvml.power_limit_constraints_mw(device);
     } catch (const NvmlError& e) {

@@ -17,6 +17,7 @@ struct MonitoredGpu {
   int slot = 0;      ///< worker slot (local rank / GPU id in config.toml)
   std::string uuid;  ///< "GPU-…"
   std::string name;  ///< NVML device name, e.g. "NVIDIA H200"
+  int index = -1;    ///< NVML device index (DCGM exporter's `gpu` label); -1: unknown
   NvmlDevice device = nullptr;
   unsigned min_limit_mw = 0, max_limit_mw = 0;  ///< power-limit constraints
 };

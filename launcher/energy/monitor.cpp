@@ -389,7 +389,10 @@ WindowRecord EnergyMonitor::close_window(double t_s, const std::string& kind, in
     for (int slot : window_active_) series[slot] = &series_[slot];
     rec = account_window(kind, generation, epoch, step, window_t0_, t1, window_active_, series,
                          max_limit_w_, opt_.eta, limit_w_);
-    for (const GpuWindow& g : rec.gpus) epoch_energy_j_[g.slot] += g.energy_j;
+    for (const GpuWindow& g : rec.gpus) {
+      epoch_energy_j_[g.slot] += g.energy_j;
+      job_energy_j_[g.slot] += g.energy_j;
+    }
     window_t0_ = t1;
   }
   generation_ = generation;
@@ -539,11 +542,16 @@ std::map<int, SlotEnergy> EnergyMonitor::status() const {
     e.power_w = p != last_power_w_.end() ? p->second : 0;
     auto it = epoch_energy_j_.find(g.slot);
     e.epoch_energy_j = it != epoch_energy_j_.end() ? it->second : 0;
+    auto total = job_energy_j_.find(g.slot);
+    e.job_energy_j = total != job_energy_j_.end() ? total->second : 0;
     const bool charged =
         std::find(window_active_.begin(), window_active_.end(), g.slot) != window_active_.end();
     auto s = series_.find(g.slot);
-    if (charged && s != series_.end() && !s->second.empty())
-      e.epoch_energy_j += s->second.energy_between(window_t0_, t);
+    if (charged && s != series_.end() && !s->second.empty()) {
+      const double open_j = s->second.energy_between(window_t0_, t);
+      e.epoch_energy_j += open_j;
+      e.job_energy_j += open_j;
+    }
     e.power_limit_w = limit_w_;
   }
   return out;

@@ -67,6 +67,7 @@ struct MonitorOptions {
 struct SlotEnergy {
   double power_w = 0;         ///< last reading, W
   double epoch_energy_j = 0;  ///< since the current epoch began (charged time only), J
+  double job_energy_j = 0;    ///< since the job began (charged time only: every window), J
   std::optional<unsigned> power_limit_w;
 };
 
@@ -117,6 +118,8 @@ class EnergyMonitor {
   std::optional<double> threshold_j() const {
     return opt_.threshold ? std::optional<double>(opt_.threshold->cost_j) : std::nullopt;
   }
+  /// Zeus cost the next epoch is predicted to have, J (CostTracker). Io thread.
+  double predicted_next_cost_j() const { return tracker_.predicted_next_cost(); }
   /// Per slot, for `gpurun status`. Thread-safe.
   std::map<int, SlotEnergy> status() const;
   const std::vector<MonitoredGpu>& gpus() const { return gpus_; }
@@ -221,6 +224,7 @@ class EnergyMonitor {
   int64_t generation_ = 0;
   CostTracker tracker_;
   std::map<int, double> epoch_energy_j_;  // mirrored into status under mu_
+  std::map<int, double> job_energy_j_;    // every closed window's, per slot; under mu_
   bool stopped_early_ = false;
   bool finished_ = false;
   std::map<int, double> max_limit_w_;

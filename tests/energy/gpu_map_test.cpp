@@ -129,6 +129,9 @@ TEST_CASE("gpu map: CUDA_VISIBLE_DEVICES as reordered indices maps through CUDA'
   CHECK(m[0].slot == 0);
   CHECK(m[1].slot == 1);
   CHECK(m[1].device == gpus.nvml->device_by_index(2));
+  // The NVML index, not CUDA's: what DCGM exporter's `gpu` label and job files use.
+  CHECK(m[0].index == 1);
+  CHECK(m[1].index == 2);
   CHECK(warning.empty());
   // Only slot 1 asked for: still CUDA device 1 of the visible list.
   const auto one = gpus.map(Entries{{"2", "0"}}, {1}, warning);
