@@ -1,6 +1,7 @@
 """ctypes binding of gpurun's worker protocol engine: ``libgpurun_worker.so``, built with the
 launcher and named to every worker by gpurun in ``GPURUN_WORKER_LIBRARY`` (so the package needs
-no compiler and cannot drift from the launcher's protocol). C interface:
+no compiler and cannot drift from the launcher's protocol); without the variable, the copy an
+installed wheel holds in ``gpurun/_bin/`` (scripts/wheel.sh, docs/python.md#wheel). C interface:
 worker_runtime/capi/gpurun_worker.h; the engine: docs/control-protocol.md#worker-engine.
 
 Events and actions are dicts (the engine's JSON). Errors: ``ProtocolError`` (a bad value or an
@@ -54,20 +55,30 @@ def _not_the_library(path, why):
         "process, which sets it; unset it in your environment or name that file")
 
 
+def bundled_library():
+    """The ``libgpurun_worker.so`` an installed wheel holds beside its ``gpurun`` binary
+    (``<package>/_bin/``), or "" (a source tree, ``PYTHONPATH=worker_runtime/python``)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", "libgpurun_worker.so")
+    return path if os.path.isfile(path) else ""
+
+
 def load(path=None):
-    """The library at ``path`` (default: $GPURUN_WORKER_LIBRARY), loaded once per process.
-    Raises RuntimeError naming the path and what is wrong when it is missing, not a loadable
-    library, not gpurun's worker library (no ``gpurun_worker_abi``), of another ABI or lacking
-    one of the functions this package calls."""
+    """The library at ``path`` (default: $GPURUN_WORKER_LIBRARY, which gpurun sets to the one
+    next to its binary; unset or empty: the wheel's copy, ``bundled_library()``), loaded once
+    per process. Raises RuntimeError naming the path and what is wrong when it is missing, not
+    a loadable library, not gpurun's worker library (no ``gpurun_worker_abi``), of another ABI
+    or lacking one of the functions this package calls."""
     global _lib
     if _lib is not None:
         return _lib
-    path = path or os.environ.get("GPURUN_WORKER_LIBRARY", "")
+    path = path or os.environ.get("GPURUN_WORKER_LIBRARY", "") or bundled_library()
     if not path:
         raise RuntimeError(
             "GPURUN_WORKER_LIBRARY is not set: an elastic run (gpurun --config) needs the "
             "worker engine library of the gpurun that started it (libgpurun_worker.so, next to "
-            "the gpurun binary); this gpurun does not name one (is it older than the package?)")
+            "the gpurun binary); this gpurun does not name one (is it older than the package?), "
+            f"and this package ({os.path.dirname(os.path.abspath(__file__))}) holds no copy in "
+            "_bin/ (a source tree: only an installed wheel has one)")
     if not os.path.exists(path):
         raise _not_the_library(path, "does not exist")
     if os.path.isdir(path):
@@ -75,6 +86,11 @@ def load(path=None):
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:  # not a shared library, another architecture, a missing dependency
+        if path == bundled_library():  # the wheel's own copy: a library missing on this system
+            raise RuntimeError(
+                f"gpurun's worker library '{path}' (this wheel's copy) cannot be loaded ({e}): "
+                "install what it needs (Debian/Ubuntu: libfmt9; docs/python.md#wheel) or build "
+                "gpurun from source") from e
         raise _not_the_library(path, f"cannot be loaded ({e})") from e
     try:
         lib.gpurun_worker_abi
