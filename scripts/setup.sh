@@ -23,7 +23,6 @@ PACKAGES=(
   python3-torch         # torch 1.13 for Python (same LibTorch): tests/python under gpurun
   python3-torchvision python3-tqdm  # examples/python/fmnist_vit.py (ViT, progress bar)
   python3-venv          # tests/python/run_wheel.sh: scripts/wheel.sh's wheel in a fresh venv (pip)
-  python3-venv          # tests/python/run_wheel.sh: scripts/wheel.sh's wheel in a fresh venv (pip)
   prometheus            # tests/metrics: a real Prometheus scrapes a job's /metrics
 )
 
