@@ -8,6 +8,7 @@
 # * examples/python/step_loop.py trains on 2 CPU slots (on 2 simulated GPUs: the wheel's
 #   libgpurun_simulated_nvml.so) under the installed gpurun --config, shrunk to [0] by an edit;
 # * `pip uninstall -y gpurun` leaves the venv's files as they were before the install.
+# And scripts/wheel_pack.py refuses a stale build: a package of another version or ABI.
 # Usage: run_wheel.sh GPURUN
 TEST=python_wheel
 source "$(dirname "$0")/common.sh"
@@ -18,6 +19,18 @@ started=$SECONDS
 "$ROOT/scripts/wheel.sh" --no-build --build-dir "$BUILD" -o "$TMP/dist" >> "$LOG" 2>&1 ||
   fail "scripts/wheel.sh failed"
 WHEEL=$(ls "$TMP"/dist/gpurun-*-py3-none-linux_*.whl) || fail "no wheel in $TMP/dist"
+# A stale build is refused: a package of another version, or one that speaks another ABI.
+refused() {  # WHAT SED_SCRIPT FILE EXPECTED: wheel_pack.py on a changed copy of the package
+  rm -rf "$TMP/pkg"; cp -r "$ROOT/worker_runtime/python" "$TMP/pkg"; sed -i "$2" "$TMP/pkg/gpurun/$3"
+  if "$PY" "$ROOT/scripts/wheel_pack.py" --gpurun "$GPURUN" --worker-lib "$BUILD/launcher/libgpurun_worker.so" \
+    --simulated-nvml "$BUILD/launcher/libgpurun_simulated_nvml.so" --package "$TMP/pkg/gpurun" \
+    --out "$TMP/stale" > "$TMP/refused.txt" 2>&1; then fail "a wheel of a package with $1 was packed"; fi
+  grep -q "$4" "$TMP/refused.txt" || fail "$1: wheel_pack.py said '$(cat "$TMP/refused.txt")'"
+  [[ ! -e $TMP/stale ]] || fail "$1: wheel_pack.py wrote $(ls "$TMP/stale")"
+}
+refused "another version" 's/^__version__ = .*/__version__ = "9.9"/' __init__.py \
+  "the versions differ: .*__init__.py: 9.9"
+refused "another ABI" 's/^ABI = [0-9]*/ABI = 999/' _native.py "speaks 999: rebuild"
 # The interpreter the worker tests use (Debian's, with python3-torch), in a fresh venv.
 "$PY" -m venv --system-site-packages "$VENV" >> "$LOG" 2>&1 ||
   fail "$PY -m venv failed (Debian: python3-venv, which scripts/setup.sh installs)"
