@@ -114,6 +114,8 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
   if (opt.config) {
     // --nnodes > 1: one elastic job over several nodes (docs/cli.md#elastic-nodes): node 0
     // decides for every node; the others' gpurun are slot agents (launcher/nodes/node_agent).
+    // --nnodes MIN:MAX with a static rendezvous: as many nodes as MAX may take part.
+    if (opt.nnodes_max > plan.nnodes) plan.nnodes = opt.nnodes_max;
     // torchrun's elastic lines carry --max-restarts (its membership changes are restarts);
     // here a node joining, leaving or dying is a resize at a boundary, never a restart.
     if (plan.nnodes > 1 && plan.max_restarts > 0) {

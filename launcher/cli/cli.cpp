@@ -322,9 +322,12 @@ void apply_pet_variables(const cli::FlagTable& flags, const std::set<std::string
                          const std::map<std::string, std::string>& env) {
   for (const auto& [name, flag] : flags) {
     if (flag.pet.empty() || on_line.count(name)) continue;
-    const auto it = env.find(flag.pet);
+    auto it = env.find(flag.pet);
+    // Kubeflow's PyTorchJob (training-operator v1) names torchrun's PET_NPROC_PER_NODE
+    // PET_N_PROC_PER_NODE (its elasticPolicy.nProcPerNode): read as the same.
+    if (it == env.end() && flag.pet == "PET_NPROC_PER_NODE") it = env.find("PET_N_PROC_PER_NODE");
     if (it == env.end()) continue;
-    const std::string from = fmt::format("{} (from {})", name, flag.pet);
+    const std::string from = fmt::format("{} (from {})", name, it->first);
     if (flag.takes_value) {
       flag.set(from, it->second);
       continue;
@@ -373,10 +376,12 @@ void settle_store_address(Options& o, const std::map<std::string, std::string>& 
 
 /// The checks that span several flags, once every flag is applied.
 void check_combinations(const Options& o) {
-  if (o.nnodes != o.nnodes_max && o.rdzv_backend != RdzvBackend::kC10d)
+  // An elastic job (--config) takes nodes at any time, whatever its rendezvous: its range only
+  // bounds how many (docs/cli.md#elastic-nodes).
+  if (o.nnodes != o.nnodes_max && o.rdzv_backend != RdzvBackend::kC10d && !o.config)
     throw UsageError(fmt::format(
         "--nnodes {}:{}: a node range needs --rdzv-backend c10d (a static rendezvous has a "
-        "fixed node count)",
+        "fixed node count) or --config (an elastic job)",
         o.nnodes, o.nnodes_max));
   if (o.command.empty())
     throw UsageError("missing worker command, e.g. gpurun --nproc 2 ./train (see gpurun --help)");

@@ -172,7 +172,7 @@ TEST_CASE("cli: invalid command lines give exact messages") {
       {{"--device", "tpu", "x"}, "invalid value 'tpu' for --device: expected cuda or cpu"},
       {{"--nnodes", "1:4", "x"},
        "--nnodes 1:4: a node range needs --rdzv-backend c10d (a static rendezvous has a fixed "
-       "node count)"},
+       "node count) or --config (an elastic job)"},
       {{"--nnodes", "2:", "x"},
        "invalid value '2:' for --nnodes: expected a positive integer N or a range MIN:MAX"},
       {{"--nnodes", "3:2", "x"},
@@ -491,6 +491,13 @@ TEST_CASE("cli: torchrun's PET_* variables: the command line wins, bad values na
                        "port number 0-65535",
                        gpurun::UsageError);
   CHECK(parse({"x"}, {{"PET_NPROC_PER_NODE", "3"}}).nproc == 3);
+  // An elastic job takes a node range with a static rendezvous (--node-rank 0 hosts).
+  CHECK(p({"--nnodes", "1:4", "--config", "c.toml", "x"}).nnodes_max == 4);
+  // Kubeflow's PyTorchJob (v1) spells it PET_N_PROC_PER_NODE; torchrun's name wins over it.
+  CHECK(parse({"x"}, {{"PET_N_PROC_PER_NODE", "4"}}).nproc == 4);
+  CHECK(parse({"x"}, {{"PET_N_PROC_PER_NODE", "4"}, {"PET_NPROC_PER_NODE", "3"}}).nproc == 3);
+  CHECK_THROWS_WITH_AS(parse({"x"}, {{"PET_N_PROC_PER_NODE", "many"}}),
+                       doctest::Contains("PET_N_PROC_PER_NODE"), gpurun::UsageError);
   // A variable the command line overrides is never parsed (torchrun: only argparse's default).
   CHECK(parse({"--nproc", "2", "x"}, {{"PET_NPROC_PER_NODE", "abc"}}).nproc == 2);
   CHECK(parse({"-r3", "x"}, {{"PET_REDIRECTS", "9"}}).redirects.all == 3);
