@@ -2,7 +2,8 @@
 # A node's join, planned leave and loss in one elastic job over two gpurun processes ("nodes")
 # on loopback (issue 46 item 6; docs/results.md#elastic-nodes-on-loopback), with ~1 GB of state,
 # and the state's transfer rate against a raw TCP copy of the same bytes on the same link
-# (bench/tcp_copy.py), measured in the same run.
+# (bench/tcp_copy.py) and against Gloo's own broadcast of them (bench/gloo_copy.py,
+# torch.distributed), measured in the same run, before and after the job.
 #
 #   bench/elastic_nodes.sh BUILD_DIR OUT_DIR
 #   env: WIDTH=4096 DEPTH=6 (tests/worker_runtime/elastic_trainer's MLP: with AdamW's two moments
@@ -133,12 +134,14 @@ run_job() {
   gp0=
 }
 
-echo "elastic_nodes: raw TCP copies of $BYTES bytes over 127.0.0.1 (before the job)"
+echo "elastic_nodes: raw TCP copies and Gloo broadcasts of $BYTES bytes over 127.0.0.1 (before the job)"
 "$PY" "$HERE/tcp_copy.py" "$BYTES" "$REPEAT" > "$OUT/tcp_before.jsonl" || exit 1
+"$PY" "$HERE/gloo_copy.py" "$BYTES" "$REPEAT" > "$OUT/gloo_before.jsonl" || exit 1
 echo "elastic_nodes: the job (WIDTH=$WIDTH DEPTH=$DEPTH NPROC=$NPROC), logs in $OUT"
 run_job || { echo "elastic_nodes: the job failed; see $OUT/node*.log" >&2; stop_all; }
-echo "elastic_nodes: raw TCP copies (after the job)"
+echo "elastic_nodes: raw TCP copies and Gloo broadcasts (after the job)"
 "$PY" "$HERE/tcp_copy.py" "$BYTES" "$REPEAT" > "$OUT/tcp_after.jsonl" || exit 1
+"$PY" "$HERE/gloo_copy.py" "$BYTES" "$REPEAT" > "$OUT/gloo_after.jsonl" || exit 1
 
 "$PY" - "$OUT" "$NPROC" <<'PY'
 import datetime, json, statistics, sys
@@ -156,6 +159,8 @@ for l in open(out + "/marks.txt"):
     k, v = l.split(); marks[k] = float(v)
 tcp = lines(out + "/tcp_before.jsonl") + lines(out + "/tcp_after.jsonl")
 tcp_gbs = statistics.median(t["gb_s"] for t in tcp) if tcp else float("nan")
+gloo = lines(out + "/gloo_before.jsonl") + lines(out + "/gloo_after.jsonl")
+gloo_gbs = statistics.median(t["gb_s"] for t in gloo) if gloo else float("nan")
 bounds = [t for t in tr if t["event"] == "boundary"]
 def report_t(b): return b["t_ms"] - b["wait_ms"]
 def steady(gen):  # the median time from one step's report to the next within generation gen
@@ -216,13 +221,15 @@ for i, r in enumerate(resizes):
         lastb = [b for b in bounds if b["t_ms"] <= marks["kill"]]
         if lastb: x["since_last_report"] = marks["kill"] - report_t(lastb[-1])
     rows.append(x)
-json.dump(dict(rows=rows, tcp=tcp, marks=marks), open(out + "/summary.json", "w"), indent=1)
+json.dump(dict(rows=rows, tcp=tcp, gloo=gloo, marks=marks), open(out + "/summary.json", "w"), indent=1)
 
 f = lambda v, d=0: "-" if v is None or v != v else f"{v:,.{d}f}"
 print(f"\nelastic nodes on loopback: 2 gpurun nodes, {nproc} CPU worker(s) each (Gloo), "
       f"node 0's worker's view; ms unless said")
 print("raw TCP copy of the same bytes over 127.0.0.1 (bench/tcp_copy.py), GB/s: " +
       ", ".join(f"{t['gb_s']:.2f}" for t in tcp) + f" (median {tcp_gbs:.2f})")
+print("Gloo broadcast of the same bytes (bench/gloo_copy.py, torch.distributed), GB/s: " +
+      ", ".join(f"{t['gb_s']:.2f}" for t in gloo) + f" (median {gloo_gbs:.2f})")
 print("\n| resize | world | steady step before / after | decision → training (phases) | "
       "last report → first step done | cost to the job (that − one steady step) |")
 print("|---|---|---|---|---|---|")
@@ -233,13 +240,13 @@ for x in rows:
           f"{f(x['steady_after'])} | {f(x['dec_to_resumed'])} ({ph}) | {f(x.get('stall'))} | "
           f"{f(cost)} |")
 print("\n| join | gpurun launched → joiner ready (of it: the worker's set-up) | ready → admitted "
-      "(decision) | comm | state GB | state ms | state GB/s | raw TCP GB/s | ratio | checksum |")
+      "(decision) | comm | state GB | state ms | state GB/s | / raw TCP | / Gloo broadcast | checksum |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for x in rows:
     if "gbs" not in x: continue
     print(f"| {x['n']} (gen {x['gen']}) | {f(x.get('startup_ms'))} ({f(x.get('proc_ms'))}) | "
           f"{f(x.get('ready_to_decision'))} | {f(x['comm_ms'])} | {x['bytes'] / 1e9:.3f} | "
-          f"{f(x['state_ms'])} | {x['gbs']:.2f} | {tcp_gbs:.2f} | **{x['gbs'] / tcp_gbs:.0%}** | "
+          f"{f(x['state_ms'])} | {x['gbs']:.2f} | **{x['gbs'] / tcp_gbs:.0%}** | {x['gbs'] / gloo_gbs:.0%} | "
           f"{f(x['checksum_ms'])} |")
 for x in rows:
     if x["what"] == "leave":
