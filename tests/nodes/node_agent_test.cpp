@@ -102,6 +102,9 @@ struct Node1 {
     o.plan.run_id = "job";
     o.plan.master_addr = "node0";
     o.plan.master_port = 29500;
+    // Never created: no file is written there (fake processes), a paused job's line would say
+    // that it has no snapshot.
+    o.plan.run_dir = "/nonexistent/gpurun-node-agent-test";
     o.argv = {"/bin/true"};
     o.grace_period = 100ms;
     o.kill_timeout = 200ms;
