@@ -415,6 +415,7 @@ void ElasticController::on_nodes(const NodeHub::Changes& ch) {
   for (const std::string& line : ch.lines)
     console_.write(StreamId::kStderr, "gpurun: " + line + "\n");
   if (!ch.new_slots.empty()) scheduler_.add_slots(ch.new_slots);
+  if (!ch.withdrawn.empty()) scheduler_.withdraw_slots(ch.withdrawn);
   for (const auto& [slot, pid] : ch.started) {
     scheduler_.on_spawned(slot, pid);
     timeline_.spawned(slot, pid);

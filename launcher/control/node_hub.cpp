@@ -100,6 +100,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
       Node* n = node(k);
       if (!n || n->lost || n->leaving) return out;
       n->leaving = true;
+      out.withdrawn = job_ids(k, n->join.slots);
       if (!n->offer.empty()) out.offers_changed = true;
       n->offer.clear();
       const std::string why = backend_.get(key);
@@ -152,6 +153,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
       if (!n->offer.empty()) out.offers_changed = true;
       n->offer.clear();
       if (n->released || n->ended) return out;  // it left as told
+      out.withdrawn = job_ids(k, n->join.slots);
       out.lines.push_back(fmt::format(
           "{} was lost: its gpurun's store connection closed; the job goes on without its "
           "slots",

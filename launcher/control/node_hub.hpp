@@ -44,6 +44,7 @@ class NodeHub {
   /// What a store write under gpurun/node/ or gpurun/lost/ changed.
   struct Changes {
     std::vector<int> new_slots;  ///< job slot ids of a node that joined
+    std::vector<int> withdrawn;  ///< job slot ids of a node that is leaving or was lost
     bool offers_changed = false;
     std::vector<std::pair<int, int>> started;  ///< (slot, real pid) of a started process
     std::vector<Exit> exits;
@@ -51,8 +52,8 @@ class NodeHub {
     std::vector<std::pair<int, NodeEvent>> fetched;
     std::vector<std::string> lines;  ///< console lines (without "gpurun: ")
     bool any() const {
-      return !new_slots.empty() || offers_changed || !started.empty() || !exits.empty() ||
-             !fetched.empty() || !lines.empty();
+      return !new_slots.empty() || !withdrawn.empty() || offers_changed || !started.empty() ||
+             !exits.empty() || !fetched.empty() || !lines.empty();
     }
   };
   /// Handles `key` if it is a node's join, offer, event or lost key (keys::parse_node_write);

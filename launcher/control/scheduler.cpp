@@ -40,6 +40,12 @@ void Scheduler::add_slots(const std::vector<int>& ids) {
   }
 }
 
+void Scheduler::withdraw_slots(const std::vector<int>& ids) {
+  for (int gpu : ids)
+    if (auto it = slots_.find(gpu); it != slots_.end()) it->second.withdrawn = true;
+  warm_up();
+}
+
 std::vector<Effect> Scheduler::take_effects() {
   std::vector<Effect> out;
   out.swap(effects_);

@@ -58,6 +58,8 @@ struct SlotInfo {
   /// The program's own error its live process said it dies of (keys::program_error): its
   /// exit then fails the job (as under torchrun) instead of being gone on without.
   std::string program_error;
+  /// Its node is leaving or was lost (withdraw_slots): nothing is started for it again.
+  bool withdrawn = false;
 };
 
 /// A boundary round that every live member has reported, about to be decided.
@@ -109,6 +111,10 @@ class Scheduler {
   /// Slots of a node that joined the job (job slot ids, control/node_messages.hpp): PARKED with
   /// no process, ids a config may name from now on. Ids already known are ignored.
   void add_slots(const std::vector<int>& ids);
+  /// Slots of a node that is leaving the job or was lost: no standby or warm joiner is started
+  /// for them again, and a standby of theirs is ended (their process effects would go to a node
+  /// that is going).
+  void withdraw_slots(const std::vector<int>& ids);
 
   /// Starts generation 0 (first attempt) or a new generation after a whole-set restart:
   /// every slot is reset, members of the desired set are spawned (STARTING).

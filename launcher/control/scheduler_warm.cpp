@@ -35,9 +35,10 @@ void Scheduler::warm_up() {
     if (s.state == SlotState::kWarming && !wanted(gpu))
       cancel_warming(s, ending ? "the job is finishing" : "the config no longer names it");
     if (s.state == SlotState::kStandby &&
-        (ending || config_.park_mode != ParkMode::kRelease || !config_.standby))
-      cancel_warming(s, ending ? "the job is finishing"
-                               : "the config turned standbys off ([park] standby, mode)");
+        (ending || config_.park_mode != ParkMode::kRelease || !config_.standby || s.withdrawn))
+      cancel_warming(s, ending        ? "the job is finishing"
+                        : s.withdrawn ? "its node is leaving the job"
+                                      : "the config turned standbys off ([park] standby, mode)");
   }
   for (int gpu : want) {
     SlotInfo& s = slot(gpu);
@@ -58,7 +59,8 @@ void Scheduler::warm_up() {
   }
   if (ending || config_.park_mode != ParkMode::kRelease || !config_.standby) return;
   for (auto& [gpu, s] : slots_)
-    if (!wanted(gpu) && s.state == SlotState::kParked && s.pid < 0 && s.released && !s.no_standby)
+    if (!wanted(gpu) && s.state == SlotState::kParked && s.pid < 0 && s.released && !s.no_standby &&
+        !s.withdrawn)
       spawn_warm(s, want, /*standby=*/true);
 }
 

@@ -354,3 +354,38 @@ TEST_CASE("node hub: a snapshot copy is a command to the node; its answer comes 
   CHECK(ch.lines.empty());
   CHECK_FALSE(hub.fetch_snapshot(2, "x", 3));  // no such node
 }
+
+TEST_CASE("scheduler: a leaving node's released slots get no standby; a running one is ended") {
+  using gpurun::control::testing::standby;
+  gpurun::control::testing::Harness h(standby(std::nullopt), 2);
+  h.join_all();
+  h.s.add_slots({1000, 1001});
+  h.s.config_loaded(standby(std::vector<int>{0, 1, 1000, 1001}), "c");
+  h.drain();
+  h.boundary(0);
+  h.join_all();
+  // Node 1 is leaving: its offer is gone and its slots are withdrawn.
+  h.s.withdraw_slots({1000, 1001});
+  h.s.config_loaded(standby(std::vector<int>{0, 1}), "c");
+  h.drain();
+  const Decision d = h.boundary(1);
+  CHECK(d.leavers == std::vector<int>{1000, 1001});
+  CHECK(h.s.on_process_exit(1000, true, "exit code 0", false));
+  CHECK(h.s.on_process_exit(1001, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.standbys.empty());  // before: a standby each, on the node that is going
+  CHECK(h.s.slots().at(1000).pid == -1);
+
+  // A slot of node 0 that leaves still gets its standby (one-node behaviour unchanged).
+  h.s.config_loaded(standby(std::vector<int>{0}), "c");
+  h.drain();
+  h.boundary(2);
+  CHECK(h.s.on_process_exit(1, true, "exit code 0", false));
+  h.drain();
+  CHECK(h.standbys == std::vector<int>{1});
+  // Withdrawing a slot whose standby runs ends it.
+  h.killed.clear();
+  h.s.withdraw_slots({1});
+  h.drain();
+  CHECK(h.killed == std::vector<int>{1});
+}
