@@ -53,6 +53,7 @@ int Job::run() {
   wire_supervisor();
   wire_nodes();
   if (const auto code = start_health_check()) return *code;
+  if (const auto code = start_metrics()) return *code;
   wire_done();
   route_signals();
   return finish(run_to_end());
@@ -71,10 +72,11 @@ std::optional<int> Job::open_store_and_run_dir() {
         [](const std::string& line) { print_err("warning: " + line); });
   }
   const auto observe = [this](sv::EventLog& log) {
-    if (notifier_)
-      log.set_observer([n = notifier_.get()](std::string_view event, const std::string& record) {
-        n->post(event, record);
-      });
+    log.set_observer(
+        [this, n = notifier_.get()](std::string_view event, const std::string& record) {
+          if (n) n->post(event, record);
+          resize_metrics_.on_event(event, record);
+        });
   };
   observe(events_);
   try {
@@ -368,6 +370,7 @@ void Job::wire_done() {
     const auto close_store = [&] {
       boost::system::error_code ignored;
       signals_.cancel(ignored);
+    stop_metrics();
       if (agent_) agent_->close();  // node 0 sees this node leave now
       if (store_) store_->close();
       io_.stop();

@@ -343,6 +343,27 @@ void add_output_flags(FlagTable& t, Options& o) {
        {true, [&](std::string_view,
                   std::string_view v) { o.log_line_prefix_template = std::string(v); }}},
       {"event-log", {true, text_into(o.event_log, "a file path")}},
+      // docs/metrics.md: the job's Prometheus endpoint and DCGM exporter's job files.
+      {"metrics-port",
+       {true,
+        [&](std::string_view f, std::string_view v) {
+          // [ADDRESS:]PORT; an IPv6 address in brackets ([::]:9401)
+          const size_t colon = v.rfind(':');
+          std::string_view port = colon == std::string_view::npos ? v : v.substr(colon + 1);
+          std::string address =
+              colon == std::string_view::npos ? "127.0.0.1" : std::string(v.substr(0, colon));
+          if (address.size() >= 2 && address.front() == '[' && address.back() == ']')
+            address = address.substr(1, address.size() - 2);
+          if (address.empty())
+            throw UsageError(
+                fmt::format("invalid value '{}' for --{}: expected [ADDRESS:]PORT, e.g. 9401 or "
+                            "0.0.0.0:9401",
+                            v, f));
+          o.metrics_port = static_cast<uint16_t>(
+              detail::int_flag(f, port, 0, 65535, "[ADDRESS:]PORT with a port number 0-65535"));
+          o.metrics_address = address;
+        }}},
+      {"dcgm-job-dir", {true, text_into(o.dcgm_job_dir, "a directory path")}},
   });
 }
 

@@ -83,6 +83,11 @@ Logs:
   --log-line-prefix-template T  console prefix (default "[rank${rank}]: "),
                           with ${rank}, ${local_rank}, ${role_name}
   --event-log FILE        append JSON-lines events (start, worker_started, ...)
+  --metrics-port [ADDR:]PORT  Prometheus /metrics of the job's GPUs, resizes and steps
+                          (default address 127.0.0.1; 0.0.0.0 for another host's
+                          Prometheus; docs/metrics.md)
+  --dcgm-job-dir DIR      keep DCGM exporter's per-GPU job files (--hpc-job-mapping-dir)
+                          in DIR: the run id in the file of each GPU the job holds
 
 Energy (docs/energy.md):
   --energy auto|on|off    GPU energy monitor through NVML (default auto: on with

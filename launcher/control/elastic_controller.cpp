@@ -120,6 +120,17 @@ std::vector<std::pair<int, std::string>> ElasticController::policy_out(
   return out;
 }
 
+std::vector<int> ElasticController::lent_now() const {
+  return leases_ ? lent_gpus(leases_->leases(), clock_.unix_ms()) : std::vector<int>{};
+}
+
+std::vector<int> ElasticController::yielded_now() const {
+  std::vector<int> out;
+  if (declared_.policy.yield_to_foreign)
+    for (const auto& [gpu, why] : foreign_.yielded()) out.push_back(gpu);
+  return out;
+}
+
 EffectiveSet ElasticController::effective_now(const Config& declared) const {
   const std::vector<Lease> none;
   return effective_set(declared_set(declared), leases_ ? leases_->leases() : none, clock_.unix_ms(),

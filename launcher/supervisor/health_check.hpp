@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,13 +20,24 @@ struct Health {
   std::string json;
 };
 
+/// A page served at a path of its own (GET `/metrics`): 200 with `body` as `content_type`.
+struct Page {
+  std::string content_type;
+  std::string body;
+};
+
 class HealthCheckServer {
  public:
-  /// Listens on 127.0.0.1:`port` (0: a free port, see port()). Every GET (any path) is answered
-  /// with `probe()`'s result, called on the io thread; anything that is not a GET gets 405, a
-  /// request head over 8 KiB or not complete within 5 s is dropped. Throws gpurun::Error naming
-  /// the port when it cannot listen.
-  HealthCheckServer(boost::asio::io_context& io, uint16_t port, std::function<Health()> probe);
+  /// Listens on `address`:`port` (0: a free port, see port()). A GET (or HEAD) of a path
+  /// added with add_page() is answered with that page; every other path with `probe()`'s
+  /// result; both are called on the io thread. Anything that is not a GET gets 405, a request
+  /// head over 8 KiB or not complete within 5 s is dropped. Throws gpurun::Error naming the
+  /// address and port (`what` says which server: "the health check server
+  /// (TORCHELASTIC_HEALTH_CHECK_PORT=8080)") when it cannot listen.
+  HealthCheckServer(boost::asio::io_context& io, uint16_t port, std::function<Health()> probe,
+                    const std::string& address = "127.0.0.1", std::string what = {});
+  /// Serves `page()` at `path` (e.g. "/metrics"; the query string is ignored) from now on.
+  void add_page(const std::string& path, std::function<Page()> page);
   ~HealthCheckServer();
   HealthCheckServer(const HealthCheckServer&) = delete;
   HealthCheckServer& operator=(const HealthCheckServer&) = delete;

@@ -116,6 +116,12 @@ struct Options {
   std::optional<std::set<int>> local_ranks_filter;
   std::string log_line_prefix_template = "[rank${rank}]: ";
   std::optional<std::string> event_log;  ///< JSON-lines event file
+  /// --metrics-port [ADDRESS:]PORT (docs/metrics.md): /metrics on ADDRESS (default
+  /// 127.0.0.1):PORT (0: a free port, printed); nullopt: only on the health check's port.
+  std::optional<uint16_t> metrics_port;
+  std::string metrics_address = "127.0.0.1";
+  /// --dcgm-job-dir DIR: DCGM exporter's per-GPU job files (docs/metrics.md#dcgm-exporter).
+  std::optional<std::string> dcgm_job_dir;
 
   // --- identity / config --------------------------------------------------
   std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID (torchrun's default); no '/', not

@@ -676,3 +676,25 @@ TEST_CASE("cli: --simulate-gpus puts the workers on the CPU and the energy monit
   CHECK(error_of({"--simulate-gpus", "2", "--energy", "off", "./train"}) ==
         "--simulate-gpus is for the energy features; drop --energy off");
 }
+
+TEST_CASE("cli: --metrics-port [ADDRESS:]PORT and --dcgm-job-dir (docs/metrics.md)") {
+  const Options none = p({"./train"});
+  CHECK_FALSE(none.metrics_port.has_value());
+  CHECK_FALSE(none.dcgm_job_dir.has_value());
+  const Options o = p({"--metrics-port", "9401", "--dcgm-job-dir", "/run/dcgm", "./train"});
+  CHECK(o.metrics_port == std::optional<uint16_t>(9401));
+  CHECK(o.metrics_address == "127.0.0.1");
+  CHECK(o.dcgm_job_dir == std::optional<std::string>("/run/dcgm"));
+  const Options any = p({"--metrics-port=0.0.0.0:0", "./train"});
+  CHECK(any.metrics_port == std::optional<uint16_t>(0));
+  CHECK(any.metrics_address == "0.0.0.0");
+  CHECK(p({"--metrics-port", "[::1]:9401", "./train"}).metrics_address == "::1");
+  CHECK(error_of({"--metrics-port", "70000", "./train"}).find("--metrics-port") !=
+        std::string::npos);
+  CHECK(error_of({"--metrics-port", ":9401", "./train"}) ==
+        "invalid value ':9401' for --metrics-port: expected [ADDRESS:]PORT, e.g. 9401 or "
+        "0.0.0.0:9401");
+  const std::string h = help_text();
+  CHECK(h.find("--metrics-port [ADDR:]PORT") != std::string::npos);
+  CHECK(h.find("--dcgm-job-dir DIR") != std::string::npos);
+}
