@@ -101,6 +101,17 @@ class Job {
   int run_to_end();
   int finish(int code);
 
+  // job_metrics.cpp: /metrics and DCGM exporter's job files (docs/metrics.md).
+  /// /metrics on --metrics-port's server and on the health check's; --dcgm-job-dir's files,
+  /// kept current by a poll. An exit status when the server cannot listen.
+  std::optional<int> start_metrics();
+  /// What a scrape shows now. Io thread.
+  gpurun::control::MetricsSnapshot metrics_snapshot();
+  /// The DCGM job files of the GPUs the job holds now. Io thread.
+  void update_dcgm_files();
+  /// At the job's end: the metrics server closed, the DCGM job files removed.
+  void stop_metrics();
+
   // job_signals.cpp: which part each signal goes to (the start rendezvous, the exit barrier,
   // the supervisor, the other nodes).
   void route_signals();
@@ -113,17 +124,6 @@ class Job {
   std::optional<control::Config>& config_ = launch_.config;
   const std::vector<int>& slot_ids_ = launch_.slot_ids;
   const std::vector<int>& launch_ids_ = launch_.launch_ids;
-  // job_metrics.cpp: /metrics and DCGM exporter's job files (docs/metrics.md).
-  /// /metrics on --metrics-port's server and on the health check's; --dcgm-job-dir's files,
-  /// kept current by a poll. An exit status when the server cannot listen.
-  std::optional<int> start_metrics();
-  /// What a scrape shows now. Io thread.
-  gpurun::control::MetricsSnapshot metrics_snapshot();
-  /// The DCGM job files of the GPUs the job holds now. Io thread.
-  void update_dcgm_files();
-  /// At the job's end: the metrics server closed, the DCGM job files removed.
-  void stop_metrics();
-
   const supervisor::FdLimit& fd_limit_ = launch_.fd_limit;
   const std::vector<std::string>& wargv_ = launch_.wargv;
   const std::vector<std::string>& store_hosts_ = launch_.store_hosts;
@@ -138,6 +138,8 @@ class Job {
   boost::asio::signal_set signals_{io_};
   UniqueFd host_claim_;  // c10d: this host's claim to host the store
   supervisor::StopTiming stop_timing_;
+  /// The event log's `resize` events counted for /metrics (its observer; outlives the log).
+  gpurun::control::ResizeMetrics resize_metrics_;
   supervisor::EventLog events_;
   /// [notify] command: destroyed after the supervisor, so what is queued still runs.
   std::unique_ptr<supervisor::Notifier> notifier_;
@@ -150,8 +152,6 @@ class Job {
   bool monitor_energy_ = false;
   double job_start_s_ = 0;
   std::future<std::optional<DiscoveredGpus>> discovery_;
-  /// The event log's `resize` events counted for /metrics (its observer; outlives the log).
-  gpurun::control::ResizeMetrics resize_metrics_;
   /// [energy] settings, kept for when discovery is done (config is moved into the controller).
   std::optional<control::Config> energy_config_;
   supervisor::FdConsole console_;
@@ -172,16 +172,6 @@ class Job {
   std::function<void()> refresh_;
   std::unique_ptr<store::BackendStore> node0_store_;
   std::unique_ptr<supervisor::HealthCheckServer> health_;
-  std::string rendezvous_error_;  // node 0: the start rendezvous failed
-  int rendezvous_signal_ = 0;     // ... because of this signal
-  std::function<void(const boost::system::error_code&, int)> on_signal_;
-};
-
-}  // namespace gpurun::app
-  // Several nodes, elastic: the pause snapshot served to / fetched from the other nodes
-  // (job_agent.cpp). The fetcher joins its threads before io_ goes.
-  std::unique_ptr<supervisor::SnapshotServer> snapshot_server_;
-  std::unique_ptr<supervisor::SnapshotFetcher> snapshot_fetcher_;
   // job_metrics.cpp
   gpurun::control::StepRate step_rate_;
   std::unique_ptr<supervisor::HealthCheckServer> metrics_server_;
@@ -189,3 +179,9 @@ class Job {
   std::string dcgm_error_;  // the last failure said (said again only when it changes)
   std::function<void()> dcgm_poll_;
   gpurun::Clock::Timer dcgm_timer_;
+  std::string rendezvous_error_;  // node 0: the start rendezvous failed
+  int rendezvous_signal_ = 0;     // ... because of this signal
+  std::function<void(const boost::system::error_code&, int)> on_signal_;
+};
+
+}  // namespace gpurun::app
