@@ -19,7 +19,8 @@
 #   no_python           --no-python on a script ending in .py (run as a program)
 #   local_ranks_filter  --local-ranks-filter 1: only local rank 1 on the console
 #   redirects_tee       -r 1 -t 2 --log-dir: stdout only in files, stderr in files and console
-#   health_check        TORCHELASTIC_HEALTH_CHECK_PORT: 200 and alive while the job runs, 503
+#   health_check        TORCHELASTIC_HEALTH_CHECK_PORT: 200 and alive while the job runs (and
+#                       /metrics, Prometheus' text, on the same port), 503
 #                       once it stops (SIGTERM), nothing listening after the exit
 # Single-node cases take --master-port 0 (a free port), so that ctest -j runs them side by side.
 # Usage: torchrun_cli.sh GPURUN CASE
@@ -201,6 +202,14 @@ PY
     wait_for 10 "both workers to start ($TMP/up.0, up.1)" test -f "$TMP/up.0" -a -f "$TMP/up.1"
     a=$(get)
     [[ $a == "200 "*'"alive": true'*'"state": "running"'*'"workers": 2'* ]] || fail "while running: $a"
+    # /metrics on the same port: Prometheus' text (docs/metrics.md), a plain run's world size
+    m=$(/usr/bin/python3 -c 'import sys, urllib.request
+r = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5)
+print(r.status, r.headers["Content-Type"]); print(r.read().decode())' "$P")
+    [[ $m == "200 text/plain; version=0.0.4; charset=utf-8"* ]] || fail "/metrics: $m"
+    grep -q '^gpurun_world_size{job="none"} 2$' <<< "$m" || fail "/metrics has no world size 2: $m"
+    grep -q '^gpurun_slot_state{job="none",slot="1",node="0",Hostname="[^"]*",state="active"} 1$' \
+      <<< "$m" || fail "/metrics has no active slot 1: $m"
     kill -TERM "$g"
     stopping() { b=$(get); [[ $b == "503 "*'"state": "stopping"'* ]]; }  # the workers take 2 s
     wait_for 2 "503 and state stopping from $P/health after SIGTERM" stopping
