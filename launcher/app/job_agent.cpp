@@ -33,21 +33,25 @@ bool Job::agent_mode() const {
 
 void Job::block_with_signals(const std::function<void()>& work,
                              const std::function<void(int sig)>& cancel) {
+  // Until `work` is done and the signal wait has ended, whatever else io holds already (a
+  // listening server's accept): io runs out of work only at the job's end.
   auto guard = asio::make_work_guard(io_);
+  bool done = false, waiting = true;
   signals_.async_wait([&](const boost::system::error_code& ec, int sig) {
+    waiting = false;
     if (!ec && (sig == SIGINT || sig == SIGTERM || sig == SIGQUIT)) cancel(sig);
   });
   std::thread worker([&] {
     work();  // does not throw: it keeps its error
     asio::post(io_, [&] {
+      done = true;
       boost::system::error_code ignored;
       signals_.cancel(ignored);
-      guard.reset();
     });
   });
-  io_.run();
+  while (!done || waiting) io_.run_one();
+  guard.reset();
   worker.join();
-  io_.restart();
 }
 
 std::vector<int> Job::agent_offer() const {
@@ -141,6 +145,9 @@ void Job::wire_agent() {
   // This node's status is node 0's word (release: 0, exit: the job's), 1 when node 0 is gone,
   // 128 + signal after a stop signal of its own.
   supervisor_->final_status = [this](int) { return agent_->final_status(); };
+  // Node 0 decides the ranks and tells this node none: its workers' lines name their slot
+  // ("[gpu0]: "), not a rank of this node's own numbering.
+  supervisor_->set_generation(std::vector<int>{});
   // The config file's edits change this node's offer (SIGHUP too: on_reload_request).
   gpurun::control::WatcherOptions wo;
   wo.log = [this](const std::string& line) {
