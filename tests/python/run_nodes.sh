@@ -2,8 +2,8 @@
 # ctest python_nodes_<case>: one elastic job (--config) over several gpurun processes ("nodes")
 # on loopback (issue 46; docs/cli.md#elastic-nodes), each node 2 CPU slots (--device cpu, gloo)
 # running tests/python/decorated_train.py (Debian's torch 1.13). Node 0 starts at once
-# (`--nnodes 3 --node-rank 0 --master-port 0`, the port read from its "node 0's store listens
-# on port N" line); node k > 0 is `--nnodes 3 --node-rank k --master-addr 127.0.0.1
+# (`--nnodes 1:3 --node-rank 0 --master-port 0`, the port read from its "node 0's store listens
+# on port N" line); node k > 0 is `--nnodes 1:3 --node-rank k --master-addr 127.0.0.1
 # --master-port N` with its own config, and its local slot i is job slot k*1000+i.
 # Cases:
 #   join                 node 1 joins once node 0 trains epoch 2: its slots 1000, 1001 enter
@@ -43,6 +43,7 @@ stop_all() {  # the gpuruns this script started and that still run (their worker
   return 0
 }
 trap 'stop_all; [[ -n ${KEEP_TMP:-} ]] || rm -rf "$TMP"' EXIT
+[[ -z ${KEEP_TMP:-} ]] || echo "$TEST: its files stay in $TMP (KEEP_TMP)"
 fail() {
   echo "$TEST: FAIL: $*" >&2
   local f
@@ -68,12 +69,12 @@ wait_epoch() { wait_running 60 "a step of epoch $1" in_epoch "$1"; }
 world_since() { cat "$TMP"/out/steps.* 2> /dev/null | awk -F'[:,]' -v e="$1" -v w="\"world\": $2," '
 /^\{"epoch": [0-9]+,/ && $2 + 0 >= e && index($0, w) { found = 1 } END { exit !found }'; }
 wait_world() { wait_running 60 "world $2 from epoch $1 on" world_since "$1" "$2"; }
-note() { echo "$TEST: $* (after ${SECONDS} s)"; }
+note() { echo "$TEST: $* (after ${SECONDS} s, epoch $(epoch_now) of $EPOCHS)"; }
 decided() { grep -qs "\"event\": \"decision\".*$1" "$TMP/events.jsonl"; }
 wait_decision() { wait_running 60 "a decision with $1" decided "$1"; }
 
 printf 'active_gpus = [0, 1]\n' > "$TMP/c0.toml"
-"$GPURUN" --master-port 0 --nnodes 3 --node-rank 0 --device cpu --nproc 2 --config "$TMP/c0.toml" \
+"$GPURUN" --master-port 0 --nnodes 1:3 --node-rank 0 --device cpu --nproc 2 --config "$TMP/c0.toml" \
   --event-log "$TMP/events.jsonl" "$PY" "$HERE/decorated_train.py" "$TMP/out" "$EPOCHS" > "$LOG" 2>&1 &
 pid=$!
 wait_line "node 0's store listens on port [0-9]+"
@@ -81,7 +82,7 @@ PORT=$(sed -nE "s/.*node 0's store listens on port ([0-9]+).*/\1/p" "$LOG" | hea
 
 start_node() {  # start_node K: node K's gpurun (2 slots, both offered) into npid[K]
   printf 'active_gpus = [0, 1]\n' > "$TMP/c$1.toml"
-  "$GPURUN" --nnodes 3 --node-rank "$1" --master-addr 127.0.0.1 --master-port "$PORT" \
+  "$GPURUN" --nnodes 1:3 --node-rank "$1" --master-addr 127.0.0.1 --master-port "$PORT" \
     --device cpu --nproc 2 --config "$TMP/c$1.toml" --event-log "$TMP/events$1.jsonl" \
     "$PY" "$HERE/decorated_train.py" "$TMP/out" "$EPOCHS" > "$TMP/node$1.log" 2>&1 &
   npid[$1]=$!
