@@ -1,5 +1,7 @@
 // Job's /metrics (Prometheus) and DCGM exporter's job files: docs/metrics.md. The text is
 // control::render_metrics'; this file gathers its facts from the parts Job wires.
+#include "app/job.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "app/job.hpp"
+#include "app/start_checks.hpp"
 #include "gpurun/control/node_messages.hpp"
 #include "gpurun/error.hpp"
 

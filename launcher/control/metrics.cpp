@@ -1,6 +1,7 @@
 #include "control/metrics.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include <fmt/format.h>

@@ -63,7 +63,7 @@ Parsed parse(const std::string& text) {
       p.samples[key] = m[5] == "+Inf" ? 1e300 : std::stod(m[5]);
     }
   }
-  for (const auto& [family, n] : p.helps) CHECK_MESSAGE(n == 1, family);
+  for (const auto& help : p.helps) CHECK_MESSAGE(help.second == 1, help.first);
   CHECK(p.helps.size() == p.types.size());
   return p;
 }
@@ -182,10 +182,10 @@ TEST_CASE("metrics: another node's slot is labelled node=k and gets none of node
   snap.gpus[1001] = GpuLabels{1, "GPU-bbbb", "NVIDIA H200"};  // even if a caller mixed them up
   const Parsed p = parse(render_metrics(snap, ResizeMetrics{}));
   CHECK(p.samples.at(R"(gpurun_slot_rank{job="exp-1",slot="1001",node="1"})") == 1);
-  for (const auto& [key, value] : p.samples)
-    if (key.find(R"(slot="1001")") != std::string::npos) {
-      CHECK(key.find("UUID") == std::string::npos);
-      CHECK(key.find("Hostname") == std::string::npos);
+  for (const auto& sample : p.samples)
+    if (sample.first.find(R"(slot="1001")") != std::string::npos) {
+      CHECK(sample.first.find("UUID") == std::string::npos);
+      CHECK(sample.first.find("Hostname") == std::string::npos);
     }
 }
 
@@ -217,8 +217,9 @@ TEST_CASE("metrics: resizes by kind, their duration histogram and phases, from r
   CHECK(p.samples.at(R"(gpurun_resize_phase_seconds_total{job="exp-1",phase="decision"})") ==
         doctest::Approx(6.2121));
   // Counters never go down from one scrape to the next.
-  for (const auto& [key, v] : before.samples)
-    if (key.rfind("gpurun_resize", 0) == 0) CHECK(p.samples.at(key) >= v);
+  for (const auto& sample : before.samples)
+    if (sample.first.rfind("gpurun_resize", 0) == 0)
+      CHECK(p.samples.at(sample.first) >= sample.second);
 }
 
 TEST_CASE("metrics: label values are escaped; a job id with quotes stays one label") {
