@@ -32,9 +32,7 @@ G=$B/launcher/gpurun; T=$B/tests/worker_runtime/elastic_trainer
 PY=${PY:-/usr/bin/python3}
 WIDTH=${WIDTH:-4096}; DEPTH=${DEPTH:-6}; MICRO=${MICRO:-16}; SAMPLES=${SAMPLES:-256}
 EVERY=${EVERY:-1}; NPROC=${NPROC:-1}; REPEAT=${REPEAT:-3}
-# STANDBY=false ([park] standby): node 0 gave a leaving node's slot a standby process (so it was
-# released only at the job's end, /tmp/s46/bugs.md 13:26); true measures the default.
-STANDBY=${STANDBY:-false}
+STANDBY=${STANDBY:-}  # true|false: node 0's [park] standby (unset: gpurun's default)
 rm -rf "$OUT"; mkdir -p "$OUT/w"
 OUT=$(cd "$OUT" && pwd)
 export GPURUN_SNAPSHOT_PREPARE=0 GPURUN_TRACE_DIR=$OUT/trace
@@ -82,8 +80,9 @@ start_node1() {  # LABEL: a gpurun for node rank 1 (its node id comes from node 
   gp1=$!
 }
 run_job() {
-  printf 'active_gpus = [%s]\n[boundary]\nevery = %s\n[park]\nstandby = %s\n' \
-    "$(seq -s ', ' 0 $((NPROC - 1)))" "$EVERY" "$STANDBY" > "$OUT/c0.toml"
+  printf 'active_gpus = [%s]\n[boundary]\nevery = %s\n' "$(seq -s ', ' 0 $((NPROC - 1)))" \
+    "$EVERY" > "$OUT/c0.toml"
+  [[ -z $STANDBY ]] || printf '[park]\nstandby = %s\n' "$STANDBY" >> "$OUT/c0.toml"
   mark node0_launch
   "$G" --master-port 0 --nnodes 2 --node-rank 0 --device cpu --nproc "$NPROC" \
     --config "$OUT/c0.toml" --event-log "$OUT/events.jsonl" "$T" "${ARGS[@]}" > "$OUT/node0.log" 2>&1 &
@@ -99,12 +98,12 @@ run_job() {
 
   mark leave_term
   kill -TERM "$gp1"
-  wait_for "the leave's resize" 600 resizes_ge 2 || return 1
-  wait_for "the leaving gpurun's exit" 120 gone "$gp1" || return 1
+  wait_for "the leaving gpurun's exit" 600 gone "$gp1" || return 1  # its own time, first
   local rc=0
   wait "$gp1" || rc=$?
   mark "leaver_exit_rc$rc"
   gp1=
+  wait_for "the leave's resize" 600 resizes_ge 2 || return 1
   wait_for "a step after the leave" 600 first_step_after || return 1
   wait_steps 5 || return 1
 
