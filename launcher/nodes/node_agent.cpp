@@ -145,6 +145,12 @@ void NodeAgent::on_command(int64_t n, const std::string& text) {
 }
 
 void NodeAgent::spawn(const control::NodeCommand& c) {
+  if (stopping_now_) {  // a second stop signal: the supervisor is stopping every worker
+    exited(c.slot, -1,
+           fmt::format("{}: {} not started: this node is stopping its workers (a stop signal)",
+                       name(), control::slot_name(c.slot)));
+    return;
+  }
   const int local = control::slot_local(c.slot);
   if (control::slot_node(c.slot) != opt_.node ||
       std::find(opt_.slots.begin(), opt_.slots.end(), local) == opt_.slots.end()) {

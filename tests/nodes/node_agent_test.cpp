@@ -359,6 +359,18 @@ TEST_CASE("node agent: a second SIGTERM is the supervisor's: the workers stop at
   CHECK(n.console.err.find("stopping while paused") == std::string::npos);
 }
 
+TEST_CASE("node agent: after a second stop signal node 0's spawn starts nothing") {
+  Node1 n;
+  CHECK(n.agent->on_signal(SIGTERM));
+  CHECK_FALSE(n.agent->on_signal(SIGTERM));  // the supervisor's: it stops the workers
+  n.command(Node1::spawn(1001));
+  n.run_until([&] { return n.has_event(0); });
+  CHECK(n.spawner.procs.empty());
+  CHECK(n.event(0)->kind == NodeEvent::Kind::kExited);
+  CHECK(n.event(0)->how ==
+        "node 1: node 1 gpu 1 not started: this node is stopping its workers (a stop signal)");
+}
+
 TEST_CASE("node agent: a reload writes the offer when it changed") {
   Node1 n;
   n.agent->on_reload_request();  // the join record's offer: not written again
