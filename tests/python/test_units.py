@@ -1006,3 +1006,43 @@ finally:
         else:
             os.environ[k] = v
 print("python_units: another node's slot keeps its job id for keys, its local slot for the GPU")
+
+# A Gloo group listens on the interface of this host's address towards gpurun's store, not on
+# what the host name resolves to (a loopback address on many hosts: the other nodes cannot
+# reach it); the user's GLOO_SOCKET_IFNAME wins; a store on loopback leaves torch's choice.
+import fcntl  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+from gpurun import _gloo_iface  # noqa: E402
+
+_saved_ifname = os.environ.pop("GLOO_SOCKET_IFNAME", None)
+try:
+    for host in ("127.0.0.1", "localhost", "::1", "", None):
+        assert _gloo_iface.gloo_interface(host) is None, host
+        with _gloo_iface.listening_towards(host):
+            assert "GLOO_SOCKET_IFNAME" not in os.environ, host
+    assert _gloo_iface.interface_of("127.0.0.1") == "lo"
+    assert _gloo_iface.interface_of("not an address") is None
+    # Each IPv4 address of this host's other interfaces: the store there -> its interface.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as _s:
+        for _, _name in socket.if_nameindex():
+            try:
+                _a = socket.inet_ntoa(fcntl.ioctl(_s.fileno(), 0x8915,
+                                                  struct.pack("256s", _name.encode()))[20:24])
+            except OSError:
+                continue
+            if _a.startswith("127."):
+                continue
+            assert _gloo_iface.gloo_interface(_a) == _name, (_a, _name)
+            with _gloo_iface.listening_towards(_a):
+                assert os.environ["GLOO_SOCKET_IFNAME"] == _name
+            assert "GLOO_SOCKET_IFNAME" not in os.environ  # as it was, afterwards
+            os.environ["GLOO_SOCKET_IFNAME"] = "mine0"
+            with _gloo_iface.listening_towards(_a):
+                assert os.environ["GLOO_SOCKET_IFNAME"] == "mine0"  # the user's, kept
+            del os.environ["GLOO_SOCKET_IFNAME"]
+finally:
+    if _saved_ifname is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = _saved_ifname
+print("python_units: a Gloo group listens on the interface towards gpurun's store")

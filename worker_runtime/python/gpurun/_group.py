@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _snapshot
+from . import _gloo_iface, _snapshot
 from ._checksum import StateMismatch
 from ._comm import NcclWake
 
@@ -31,9 +31,12 @@ class _ProcessGroup:
             self._links.before()
         _destroy_group_at_exit()
         try:
-            dist.init_process_group(self.backend,
-                                    store=dist.PrefixStore(prefix + "/pg", self._pg_store),
-                                    rank=rank, world_size=len(group), timeout=self.comm_timeout)
+            # Gloo: listen where the other nodes reach this one (_gloo_iface).
+            with _gloo_iface.listening_towards(_gloo_iface.store_host() if gloo else None):
+                dist.init_process_group(self.backend,
+                                        store=dist.PrefixStore(prefix + "/pg", self._pg_store),
+                                        rank=rank, world_size=len(group),
+                                        timeout=self.comm_timeout)
         except RuntimeError:
             # When gpurun abandons the generation (a rank died in its set-up) it closes this
             # connection to end torch's wait for the dead rank's address: the next group

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _exit, _native, _snapshot
+from . import _exit, _gloo_iface, _native, _snapshot
 from ._checksum import StateMismatch, _state_digest, _word_sums_many
 from ._comm import GroupLinks, is_comm_failure
 from ._group import _ProcessGroup, _destroy_group_at_exit
@@ -426,7 +426,10 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
             self.rank, self.world_size = dist.get_rank(), world
         elif world > 1:
             _destroy_group_at_exit()
-            dist.init_process_group(self.backend, timeout=self.comm_timeout)
+            # Gloo: listen where the other nodes reach this one (_gloo_iface).
+            with _gloo_iface.listening_towards(
+                    _gloo_iface.store_host() if self.backend == "gloo" else None):
+                dist.init_process_group(self.backend, timeout=self.comm_timeout)
         if world > 1:
             self.rank, self.world_size = dist.get_rank(), world
             self._broadcast_state(0)
