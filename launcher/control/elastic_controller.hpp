@@ -93,6 +93,8 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
 
   void on_attempt_start(int attempt) override;
   bool on_worker_exit(int local_rank, supervisor::ExitStatus status, bool can_restart) override;
+  /// Several nodes: another node's processes may run while none of this node's does.
+  bool paused() const override { return scheduler_.holds_job_open(); }
   /// Paused, or (several nodes) a process of another node still runs.
   bool holds_job_open() const override {
     return scheduler_.holds_job_open() || (hub_ && hub_->remote_processes());

@@ -118,6 +118,8 @@ class NodeAgent final : public SlotController {
   void on_attempt_start(int attempt) override;
   bool on_worker_exit(int local_rank, ExitStatus status, bool can_restart) override;
   bool holds_job_open() const override { return !end_ && !stopping_now_; }
+  /// Node 0 knows whether the job is paused; a stop signal here forwards as it is.
+  bool paused() const override { return false; }
   /// Node 0 decides the job's outcome; this node's status is end()'s (Supervisor::final_status).
   bool succeeded() const override { return true; }
   void on_reload_request() override { offer_changed(); }

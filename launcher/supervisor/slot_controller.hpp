@@ -23,6 +23,10 @@ class SlotController {
   virtual bool on_worker_exit(int local_rank, ExitStatus status, bool can_restart) = 0;
   /// True while the job must stay up although no process runs (paused).
   virtual bool holds_job_open() const = 0;
+  /// True while the job is paused (no member trains; it waits for a resume): a stop signal then
+  /// ends the waiting processes at once instead of at a boundary. Default: holds_job_open()
+  /// (one node: the job is held open only while paused).
+  virtual bool paused() const { return holds_job_open(); }
   /// True when a member finished training and no worker failed after that (decides the exit
   /// status after absorbed failures).
   virtual bool succeeded() const = 0;

@@ -241,7 +241,7 @@ void Supervisor::handle_signal(int sig) {
         return;
       }
       if (sig == SIGTERM && phase_ == Phase::kRunning && opt_.stop_timeout.count() > 0 &&
-          !(controller_ && controller_->holds_job_open())) {
+          !(controller_ && controller_->paused())) {
         stop_at_boundary(sig, /*signal_others_now=*/true);
         return;
       }
@@ -250,7 +250,7 @@ void Supervisor::handle_signal(int sig) {
       {
         // A paused job's processes (parked, standbys) wait inside the runtime, where a Python
         // program's SIGINT handler never runs: nothing trains, so SIGTERM ends them at once.
-        const bool paused = controller_ && controller_->holds_job_open();
+        const bool paused = controller_ && controller_->paused();
         const int forward = paused ? SIGTERM : sig;
         say(paused && forward != sig
                 ? fmt::format("received {}: the job is paused: ending its waiting processes with "

@@ -499,6 +499,34 @@ TEST_CASE("supervisor: SIGTERM while paused says the snapshot (path, size) is de
 }
 
 namespace {
+/// Node 0 of an elastic job over several nodes while only other nodes train: held open, not
+/// paused; SIGTERM asks for a stop at the next boundary.
+struct OthersTrainController : PausedController {
+  bool paused() const override { return false; }
+  bool on_stop_request(const std::string&) override {
+    ++stop_requests;
+    return true;
+  }
+  int stop_requests = 0;
+};
+}  // namespace
+
+TEST_CASE("supervisor: SIGTERM while other nodes train is a stop at the boundary, not a pause's") {
+  Harness h(1);
+  std::filesystem::create_directories(h.run_dir);
+  OthersTrainController others;
+  h.sup->set_controller(&others);
+  h.sup->start();
+  h.settle();
+  CHECK_FALSE(h.sup->done());  // held open: the other nodes' processes run
+  h.sup->handle_signal(SIGTERM);
+  h.settle();
+  CHECK(others.stop_requests == 1);  // before: taken for paused, stopped at once
+  CHECK(h.console.err.find("stopping while paused") == std::string::npos);
+  CHECK(h.console.err.find("the job is paused") == std::string::npos);
+}
+
+namespace {
 /// Elastic mode whose training state was lost: its one worker is told to exit and exits 0.
 struct LostStateController : SlotController {
   Supervisor* sup = nullptr;
