@@ -253,6 +253,9 @@ std::optional<int> Job::build_supervisor() {
       nh.run_id = plan_.run_id;
       nh.max_nodes = std::max(opt_.nnodes, opt_.nnodes_max);
       eo.nodes = nh;
+      // Its pause snapshot goes to the other nodes from where its store listens.
+      eo.snapshot_endpoint = serve_snapshots(store_hosts_.front(), plan_.master_addr, plan_.run_id);
+      if (snapshot_fetcher_) eo.fetch_snapshot = snapshot_fetch();
       print_err(fmt::format(
           "nodes: node 0 of an elastic job of up to {} nodes: another node's gpurun joins it "
           "with --config FILE --nnodes {} --master-addr {} --master-port {} (its slots enter at "

@@ -29,6 +29,7 @@
 #include "gpurun/control/progress.hpp"
 #include "gpurun/unique_fd.hpp"
 #include "nodes/node_agent.hpp"
+#include "nodes/snapshot_transfer.hpp"
 #include "nodes/node_sync.hpp"
 #include "store/backend_store.hpp"
 #include "store/server.hpp"
@@ -84,6 +85,17 @@ class Job {
   void build_agent();
   /// Its exit status, and its config watcher (the offer).
   void wire_agent();
+  /// Several nodes, elastic (docs/cli.md#elastic-nodes, "Pause and resume across nodes"): this
+  /// gpurun's SnapshotServer on `address` and its SnapshotFetcher for `run_id`. Returns the
+  /// endpoint the other nodes fetch from (`advertise`:port), "" (after a warning) when it
+  /// cannot listen.
+  std::string serve_snapshots(const std::string& address, const std::string& advertise,
+                              const std::string& run_id);
+  /// ElasticOptions::fetch_snapshot / NodeAgentOptions::fetch_snapshot: through
+  /// snapshot_fetcher_.
+  std::function<void(const std::string&, int64_t,
+                     std::function<void(const gpurun::control::NodeEvent&)>)>
+  snapshot_fetch();
 
   // job.cpp
   std::optional<int> open_store_and_run_dir();
@@ -172,6 +184,10 @@ class Job {
   std::function<void()> refresh_;
   std::unique_ptr<store::BackendStore> node0_store_;
   std::unique_ptr<supervisor::HealthCheckServer> health_;
+  // Several nodes, elastic: the pause snapshot served to / fetched from the other nodes
+  // (job_agent.cpp). The fetcher joins its threads before io_ goes.
+  std::unique_ptr<supervisor::SnapshotServer> snapshot_server_;
+  std::unique_ptr<supervisor::SnapshotFetcher> snapshot_fetcher_;
   // job_metrics.cpp
   gpurun::control::StepRate step_rate_;
   std::unique_ptr<supervisor::HealthCheckServer> metrics_server_;

@@ -68,6 +68,14 @@ std::optional<int> Job::join_elastic() {
                                                  sv::signal_name(sig), where));
   };
   std::unique_ptr<store::ClientStore> events, commands;
+  // Where this node serves its pause snapshot: the address it reaches node 0's store from.
+  std::string snapshot_endpoint;
+  try {
+    const std::string here = sv::local_address_towards(plan_.master_addr, plan_.master_port);
+    snapshot_endpoint = serve_snapshots(here, here, plan_.run_id);
+  } catch (const gpurun::Error& e) {
+    print_err(fmt::format("warning: this node serves no pause snapshot: {}", e.what()));
+  }
   sv::ElasticJoin joined;
   std::exception_ptr error;
   block_with_signals(
@@ -91,6 +99,7 @@ std::optional<int> Job::join_elastic() {
           r.slots = slot_ids_;
           r.offer = agent_offer();
           r.device = plan_.device == sv::Device::kCuda ? "cuda" : "cpu";
+          r.snapshot_endpoint = snapshot_endpoint;
           joined = sv::join_elastic_job(*events, r);
         } catch (...) {
           error = std::current_exception();
@@ -109,6 +118,11 @@ std::optional<int> Job::join_elastic() {
   }
   plan_.run_id = joined.run_id;
   plan_.node_rank = joined.node;
+  if (snapshot_server_) {  // requests present node 0's run id
+    snapshot_server_->set_run_id(joined.run_id);
+    snapshot_fetcher_ = std::make_unique<sv::SnapshotFetcher>(
+        joined.run_id, [this] { return sv::snapshot_files(plan_.run_dir); });
+  }
   agent_stores_ = {std::move(commands), std::move(events)};
   print_err(fmt::format(
       "node {}: joined node 0's elastic job '{}' at {} with {} slot(s), offering gpu {}; its "
@@ -136,9 +150,39 @@ void Job::build_agent() {
     return agent_offer();
   };
   ao.say = [](const std::string& line) { print_err(line); };
+  if (snapshot_fetcher_) ao.fetch_snapshot = snapshot_fetch();
   agent_ = std::make_unique<sv::NodeAgent>(io_, *supervisor_, std::move(agent_stores_.first),
                                            std::move(agent_stores_.second), std::move(ao));
   supervisor_->set_controller(agent_.get());
+}
+
+std::string Job::serve_snapshots(const std::string& address, const std::string& advertise,
+                                 const std::string& run_id) {
+  sv::SnapshotServerOptions so;
+  so.address = address;
+  so.run_id = run_id;
+  so.files = [this] { return sv::snapshot_files(plan_.run_dir); };
+  so.log = [](const std::string& line) { print_err(line); };
+  try {
+    snapshot_server_ = std::make_unique<sv::SnapshotServer>(io_, std::move(so));
+  } catch (const gpurun::Error& e) {
+    print_err(fmt::format(
+        "warning: {}: a pause snapshot written on this node cannot reach another node's slots",
+        e.what()));
+    return {};
+  }
+  snapshot_fetcher_ = std::make_unique<sv::SnapshotFetcher>(
+      run_id, [this] { return sv::snapshot_files(plan_.run_dir); });
+  return snapshot_server_->endpoint(advertise);
+}
+
+std::function<void(const std::string&, int64_t,
+                   std::function<void(const gpurun::control::NodeEvent&)>)>
+Job::snapshot_fetch() {
+  return [this](const std::string& endpoint, int64_t serial,
+                std::function<void(const gpurun::control::NodeEvent&)> done) {
+    snapshot_fetcher_->start(endpoint, serial, std::move(done));
+  };
 }
 
 void Job::wire_agent() {

@@ -42,6 +42,7 @@ ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
   join.offer = r.offer;
   join.run_id = r.run_id;
   join.device = r.device;
+  join.snapshot_endpoint = r.snapshot_endpoint;
   store.set(keys::node_live(out.node), fmt::format("{} {}", join.host, join.pid));
   store.set(keys::node_join(out.node), join.to_json());
   return out;
@@ -141,7 +142,36 @@ void NodeAgent::on_command(int64_t n, const std::string& text) {
             fmt::format("{}: node 0 ended the job ({}): exit status {}", name(), c.reason, c.code),
             /*stop_workers=*/true);
       return;
+    case Kind::kFetchSnapshot:
+      fetch_snapshot(c);
+      return;
   }
+}
+
+void NodeAgent::fetch_snapshot(const control::NodeCommand& c) {
+  control::NodeEvent e;
+  e.kind = control::NodeEvent::Kind::kSnapshotFetched;
+  e.serial = c.serial;
+  if (!opt_.fetch_snapshot) {
+    e.how = fmt::format("{} cannot copy a pause snapshot (it serves none)", name());
+    event(e);
+    return;
+  }
+  say(fmt::format("{}: copying the pause snapshot from {} for a resume onto this node's slots",
+                  name(), c.endpoint));
+  opt_.fetch_snapshot(
+      c.endpoint, c.serial,
+      [&io = io_, this, alive = std::weak_ptr<int>(alive_)](const control::NodeEvent& done) {
+        asio::post(io, [this, alive, done] {
+          if (alive.expired() || end_) return;
+          if (done.how.empty())
+            say(fmt::format("{}: the pause snapshot is here: {} bytes in {} ms", name(), done.bytes,
+                            done.ms));
+          else
+            say(fmt::format("{}: {}", name(), done.how));
+          event(done);
+        });
+      });
 }
 
 void NodeAgent::spawn(const control::NodeCommand& c) {

@@ -37,6 +37,8 @@ struct ElasticJoinRequest {
   std::vector<int> slots;  ///< its local slots, 0..n-1
   std::vector<int> offer;  ///< the local slots its config offers now
   std::string device;      ///< "cuda" or "cpu"
+  /// Where this gpurun serves its pause snapshot (SnapshotServer, "ip:port"); "" = none.
+  std::string snapshot_endpoint;
   /// How long node 0's job record (keys::node_job) may take to appear after the connect.
   std::chrono::milliseconds job_wait{std::chrono::seconds(5)};
 };
@@ -70,6 +72,12 @@ struct NodeAgentOptions {
   std::function<std::vector<int>()> offer;
   /// One "gpurun: ..." line without the prefix, starting "node <k>: " (io thread).
   std::function<void(const std::string& line)> say;
+  /// Node 0's kFetchSnapshot: copies pause snapshot `serial` from `endpoint` into this node's
+  /// snapshot path off the io thread (SnapshotFetcher::start); `done` runs once, on any thread.
+  /// Empty: this node cannot fetch (its answer says so).
+  std::function<void(const std::string& endpoint, int64_t serial,
+                     std::function<void(const control::NodeEvent&)> done)>
+      fetch_snapshot;
 };
 
 /// One per gpurun of node k > 0 in an elastic job; the supervisor's SlotController. Every
@@ -129,6 +137,8 @@ class NodeAgent final : public SlotController {
   void read_commands();  // the reader thread
   void on_command(int64_t n, const std::string& text);
   void spawn(const control::NodeCommand& c);
+  /// kFetchSnapshot: the copy, then a kSnapshotFetched event to node 0.
+  void fetch_snapshot(const control::NodeCommand& c);
   /// The end is known: `line` said; with `stop_workers` the processes left are stopped, else
   /// the supervisor ends once they exited.
   void ended(int code, std::string reason, const std::string& line, bool stop_workers);

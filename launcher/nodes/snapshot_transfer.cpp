@@ -27,6 +27,7 @@
 
 #include "gpurun/error.hpp"
 #include "gpurun/unique_fd.hpp"
+#include "supervisor/worker_env.hpp"
 
 namespace gpurun::supervisor {
 
@@ -323,6 +324,10 @@ std::string SnapshotServer::endpoint(const std::string& host) const {
                                              : fmt::format("{}:{}", host, port());
 }
 
+void SnapshotServer::set_run_id(std::string run_id) {
+  impl_->shared->opt.run_id = std::move(run_id);
+}
+
 void SnapshotServer::close() {
   boost::system::error_code ignored;
   impl_->acceptor.close(ignored);
@@ -424,6 +429,14 @@ SnapshotFetched fetch_snapshot(const std::string& endpoint, const std::string& r
   r.bytes = got;
   r.ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   return r;
+}
+
+std::vector<std::string> snapshot_files(const std::string& run_dir) {
+  if (run_dir.empty()) return {};
+  std::vector<std::string> out{snapshot_path(run_dir)};
+  if (std::string fallback = snapshot_fallback_path(run_dir); !fallback.empty())
+    out.push_back(std::move(fallback));
+  return out;
 }
 
 std::string local_address_towards(const std::string& host, uint16_t port) {

@@ -63,6 +63,9 @@ class SnapshotServer {
   uint16_t port() const;
   /// "host:port" ("[v6]:port") for `host`, the address other nodes reach this one at.
   std::string endpoint(const std::string& host) const;
+  /// The run id requests must present, from now on (node k learns it at its join). Call it on
+  /// the io thread, or while the io thread does not run.
+  void set_run_id(std::string run_id);
   /// Stops accepting (transfers in progress finish). Idempotent.
   void close();
 
@@ -87,6 +90,11 @@ struct SnapshotFetched {
 SnapshotFetched fetch_snapshot(const std::string& endpoint, const std::string& run_id,
                                const std::string& dest, std::chrono::milliseconds timeout,
                                const std::atomic<bool>* cancel = nullptr);
+
+/// The paths a gpurun with run dir `run_dir` keeps its pause snapshot at, in order
+/// (supervisor::snapshot_path, then snapshot_fallback_path when it differs): what its
+/// SnapshotServer serves and where its SnapshotFetcher puts a copy.
+std::vector<std::string> snapshot_files(const std::string& run_dir);
 
 /// The address this host reaches `host`:`port` from (its routing decision: a UDP socket
 /// connected there; no packet is sent). Throws gpurun::Error when `host` does not resolve.
