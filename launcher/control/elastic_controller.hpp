@@ -163,6 +163,18 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   bool snapshot_on_nodes(const std::vector<int>& target);
   /// A copy of the pause snapshot to node `node` ended (e.how empty: in place).
   void snapshot_copied(int node, const NodeEvent& e);
+  /// Whether a pause snapshot was written; copies_ made current (a new one: no copies yet).
+  bool current_copies();
+  /// Where node `node` serves its pause snapshot ("" when it is gone or serves none).
+  std::string snapshot_endpoint(int node) const;
+  /// A node with a copy of the current pause snapshot that serves it, -1 when none.
+  int serving_node() const;
+  /// Starts the copy of the current pause snapshot from node `from` to node `to` (`why`: the
+  /// end of the console line).
+  void copy_snapshot(int from, int to, const std::string& why);
+  /// NodeHub::release_idle's `keep`: a leaving node that holds the paused job's only pause
+  /// snapshot stays until node 0 has a copy (started here); once, then it goes.
+  bool keep_for_snapshot(int node);
   /// control::run_effects over this sink, then what follows every batch of effects (console
   /// prefixes, resize events, energy hooks, stale timers, status.json).
   void run_effects();
@@ -215,6 +227,7 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   std::set<int> copies_;            // nodes that have it
   std::set<int> fetching_;          // nodes copying it now
   std::set<int> unreachable_said_;
+  std::set<int> handed_over_;  // leaving nodes whose snapshot node 0 copied (or tried to)
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

@@ -243,7 +243,8 @@ bool NodeHub::remote_processes() const {
                      [](const auto& r) { return r.second.pid >= 0; });
 }
 
-void NodeHub::release_idle(const std::function<bool(int slot)>& has_process) {
+void NodeHub::release_idle(const std::function<bool(int slot)>& has_process,
+                           const std::function<bool(int node)>& keep) {
   for (auto& [k, n] : nodes_) {
     if (!n.leaving || n.lost || n.released || n.ended) continue;
     const std::vector<int> slots = job_ids(k, n.join.slots);
@@ -252,6 +253,7 @@ void NodeHub::release_idle(const std::function<bool(int slot)>& has_process) {
           return (r != remote_.end() && r->second.pid >= 0) || has_process(s);
         }))
       continue;
+    if (keep && keep(k)) continue;
     n.released = true;
     NodeCommand c;
     c.kind = NodeCommand::Kind::kRelease;

@@ -82,8 +82,10 @@ class NodeHub {
   /// Whether any process runs on another node (started, not known to have ended).
   bool remote_processes() const;
   /// After each batch of effects: a node whose offer is withdrawn and none of whose slots has a
-  /// process (`has_process(slot)`) is told `release` (once).
-  void release_idle(const std::function<bool(int slot)>& has_process);
+  /// process (`has_process(slot)`) is told `release` (once), unless `keep(node)` holds it a
+  /// while longer (the paused job's only pause snapshot is on it, being copied away).
+  void release_idle(const std::function<bool(int slot)>& has_process,
+                    const std::function<bool(int node)>& keep = {});
   /// The job ended with `code`: every live node is told `exit` (once).
   void job_ended(int code, const std::string& reason);
   /// Nodes still connected (joined, not lost, store connection open).

@@ -186,6 +186,28 @@ TEST_CASE("node hub: a leaving node loses its offer and is released once nothing
   CHECK(hub.on_key(keys::node_lost(1))->lines.empty());
 }
 
+TEST_CASE("node hub: a leaving node the controller keeps (its pause snapshot) is released later") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1);
+  b.set(keys::node_leave(1), "SIGTERM");
+  hub.on_key(keys::node_leave(1));
+  std::vector<int> asked;
+  bool keep = true;
+  const auto keeps = [&](int node) {
+    asked.push_back(node);
+    return keep;
+  };
+  hub.release_idle([](int) { return false; }, keeps);
+  CHECK(asked == std::vector<int>{1});
+  CHECK_FALSE(b.check({keys::node_command(1, 0)}));  // kept: no release yet
+  CHECK(hub.live(1));
+  keep = false;  // node 0 has its copy now
+  hub.release_idle([](int) { return false; }, keeps);
+  CHECK(command(b, 1, 0).kind == NodeCommand::Kind::kRelease);
+  CHECK_FALSE(hub.live(1));
+}
+
 TEST_CASE("node hub: a node whose config offers nothing stays in the job (no release)") {
   Backend b;
   NodeHub hub(b, NodeHubOptions{"job", 0});
