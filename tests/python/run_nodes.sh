@@ -10,8 +10,9 @@
 #                        at a boundary (decision active [0,1,1000,1001], world 4, status.json
 #                        "nodes" lists node 1 live), training goes on to the end; both exit 0.
 #   leave                2 nodes (world 4), then SIGTERM to node 1's gpurun: its slots leave
-#                        at the next boundary (leavers [1000,1001], world 2), node 1 exits 0
-#                        soon after, node 0 goes on and exits 0.
+#                        at the next boundary (leavers [1000,1001], world 2), node 0 releases
+#                        node 1 while it still trains and node 1 exits 0 (within 15 s of the
+#                        SIGTERM), node 0 goes on and exits 0.
 #   kill                 2 nodes (world 4), then kill -9 of node 1's gpurun: its workers die
 #                        with it (parent-death signal), node 0's survivors go on without them
 #                        (decision failed [1000,1001], world 2; the step where the collective
@@ -22,8 +23,10 @@
 # Every case asserts: each epoch trains each of the 240 samples exactly once over all ranks
 # (steps a rank completed before its death included), every rank of an epoch starts it from
 # the same state checksum (a joiner's state came from a peer), the worlds follow the case's
-# sequence, every gpurun that was not killed exits 0.
-# Usage: run_nodes.sh GPURUN join|leave|kill|two_to_three_to_two
+# sequence, every gpurun that was not killed exits 0. (kill: a rank killed after its step's
+# all-reduce but before it wrote the step's line would show as samples missing from that epoch;
+# the window is well under 1 ms of each ~30 ms step, not seen in 10+ runs.)
+# Usage: run_nodes.sh GPURUN join|leave|kill|two_to_three_to_two (KEEP_TMP=1 keeps the logs)
 CASE=${2:?usage: run_nodes.sh GPURUN join|leave|kill|two_to_three_to_two}
 TEST=python_nodes_$CASE
 source "$(dirname "$0")/common.sh"
