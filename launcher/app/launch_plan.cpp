@@ -29,6 +29,34 @@ std::string random_uuid() {
                      b >> 48, b & 0xFFFFFFFFFFFFull);
 }
 
+// Elastic mode (--config): the plan's nodes, restarts and slots. --nnodes > 1 is one elastic job
+// over several nodes (docs/cli.md#elastic-nodes): node 0 decides for every node; the others'
+// gpurun are slot agents (launcher/nodes/node_agent). With --device cuda every visible GPU is a
+// slot.
+void elastic_plan(const sv::Options& opt, const sv::EnvMap& inherited,
+                  const std::function<int()>& count_gpus, sv::JobPlan& plan) {
+  // --nnodes MIN:MAX with a static rendezvous: as many nodes as MAX may take part.
+  if (opt.nnodes_max > plan.nnodes) plan.nnodes = opt.nnodes_max;
+  // torchrun's elastic lines carry --max-restarts (its membership changes are restarts);
+  // here a node joining, leaving or dying is a resize at a boundary, never a restart.
+  if (plan.nnodes > 1 && plan.max_restarts > 0) {
+    print_err(fmt::format(
+        "warning: --max-restarts {} is not used: an elastic job over several nodes (--config, "
+        "--nnodes {}) takes nodes joining, leaving and dying at a boundary without restarting "
+        "any worker (docs/cli.md#elastic-nodes)",
+        plan.max_restarts, plan.nnodes));
+    plan.max_restarts = 0;
+  }
+  if (plan.device == sv::Device::kCuda) {
+    const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
+    plan.gpu_ids = sv::slot_gpu_ids(
+        cvd != inherited.end() ? std::optional<std::string>(cvd->second) : std::nullopt,
+        count_gpus);
+    plan.nproc = static_cast<int>(plan.gpu_ids.size());
+    plan.world_size = plan.nproc;
+  }
+}
+
 }  // namespace
 
 std::variant<Launch, int> prepare_launch(int argc, char** argv) {
@@ -111,30 +139,7 @@ std::variant<Launch, int> prepare_launch(int argc, char** argv) {
   std::optional<gpurun::control::Config> config;
   std::vector<int> slot_ids, launch_ids;
   for (int i = 0; i < plan.nproc; ++i) launch_ids.push_back(i);
-  if (opt.config) {
-    // --nnodes > 1: one elastic job over several nodes (docs/cli.md#elastic-nodes): node 0
-    // decides for every node; the others' gpurun are slot agents (launcher/nodes/node_agent).
-    // --nnodes MIN:MAX with a static rendezvous: as many nodes as MAX may take part.
-    if (opt.nnodes_max > plan.nnodes) plan.nnodes = opt.nnodes_max;
-    // torchrun's elastic lines carry --max-restarts (its membership changes are restarts);
-    // here a node joining, leaving or dying is a resize at a boundary, never a restart.
-    if (plan.nnodes > 1 && plan.max_restarts > 0) {
-      print_err(fmt::format(
-          "warning: --max-restarts {} is not used: an elastic job over several nodes (--config, "
-          "--nnodes {}) takes nodes joining, leaving and dying at a boundary without restarting "
-          "any worker (docs/cli.md#elastic-nodes)",
-          plan.max_restarts, plan.nnodes));
-      plan.max_restarts = 0;
-    }
-    if (plan.device == sv::Device::kCuda) {
-      const auto cvd = inherited.find("CUDA_VISIBLE_DEVICES");
-      plan.gpu_ids = sv::slot_gpu_ids(
-          cvd != inherited.end() ? std::optional<std::string>(cvd->second) : std::nullopt,
-          count_gpus);
-      plan.nproc = static_cast<int>(plan.gpu_ids.size());
-      plan.world_size = plan.nproc;
-    }
-  }
+  if (opt.config) elastic_plan(opt, inherited, count_gpus, plan);
   for (int i = 0; i < plan.nproc; ++i) slot_ids.push_back(i);
   try {  // per-local-rank --redirects/--tee entries name existing slots
     std::string slots_from = fmt::format("--nproc {}", plan.nproc);
