@@ -277,9 +277,13 @@ std::optional<int> Job::build_supervisor() {
       return kExitLauncherError;
     }
     supervisor_->set_controller(elastic_.get());
+    start_energy_answers();
+    gpurun::control::EnergyHooks hooks;
+    hooks.store_write = [this](const std::string& key) {
+      return energy_answers_ && energy_answers_->on_key(key);
+    };
     if (monitor_energy_) {
       // The monitor may not exist yet (or ever: no NVML): every hook checks.
-      gpurun::control::EnergyHooks hooks;
       hooks.active_changed = [this](const std::vector<int>& active) {
         if (energy_) energy_->set_active(own_slots(active), elastic_->scheduler().generation());
       };
@@ -290,15 +294,17 @@ std::optional<int> Job::build_supervisor() {
                                        : gpurun::energy::EnergyMonitor::now_s();
         energy_->close_window(t, b.step == 0 ? "epoch" : "steps", b.generation, b.epoch, b.step);
         if (b.step != 0) return std::nullopt;
-        return energy_->end_epoch(b.epoch);
+        std::optional<std::string> why = energy_->end_epoch(b.epoch);
+        if (why) early_stop_text_ = *why;  // rt.stop_reason's text
+        return why;
       };
       hooks.training_finished = [this](int64_t final_epoch) {
         if (!energy_) return;
         energy_->close_window(gpurun::energy::EnergyMonitor::now_s(), "epoch", -1, final_epoch, 0);
         energy_->end_epoch(final_epoch, /*may_stop=*/false);  // training is over: no stop
       };
-      elastic_->set_energy_hooks(std::move(hooks));
     }
+    elastic_->set_energy_hooks(std::move(hooks));
   }
   return std::nullopt;
 }
@@ -441,6 +447,7 @@ int Job::run_to_end() {
         energy_ = make_energy_monitor(io_, events_, opt_, energy_config_, std::move(*found), exe_,
                                       progress_.get(), job_start_s_, run_dir_.path);
         energy_->set_active(elastic_ ? own_slots(elastic_->scheduler().active()) : launch_ids_);
+        if (energy_answers_) energy_answers_->set_reader(gpurun::energy::monitor_reader(*energy_));
         // [policy] yield_to_foreign (docs/sharing.md#yield): NVML's process lists of the job's
         // GPUs, each second; the controller decides (a reload may turn the policy on or off).
         if (elastic_)
@@ -509,7 +516,8 @@ int Job::finish(int code) {
   const std::string final_line = elastic_ ? elastic_->scheduler().final_line(code) : std::string();
   registration_.reset();
   elastic_.reset();
-  energy_.reset();  // restores any power limit it changed
+  energy_answers_.reset();  // it reads the monitor
+  energy_.reset();          // restores any power limit it changed
   if (!plan_.run_dir.empty()) sv::remove_snapshot(plan_.run_dir);
   sv::release_run_dir(run_dir_, files_in_temp_);
   if (files_in_temp_) print_err(fmt::format("log files kept in {}", run_dir_.path));

@@ -25,6 +25,7 @@
 #include "control/metrics.hpp"
 #include "control/status.hpp"
 #include "control/status_spawner.hpp"
+#include "energy/energy_answers.hpp"
 #include "energy/monitor.hpp"
 #include "gpurun/control/progress.hpp"
 #include "gpurun/unique_fd.hpp"
@@ -198,6 +199,13 @@ class Job {
   std::string rendezvous_error_;  // node 0: the start rendezvous failed
   int rendezvous_signal_ = 0;     // ... because of this signal
   std::function<void(const boost::system::error_code&, int)> on_signal_;
+  // job_energy.cpp: the program's energy questions (rt.energy(), its windows, stop_reason's
+  // detail), answered from the monitor; made with the controller, destroyed first.
+  void start_energy_answers();
+  std::string stop_fields() const;
+  std::string early_stop_text_;  // the monitor's early-stop sentence
+  std::unique_ptr<store::BackendStore> answers_store_;
+  std::unique_ptr<energy::EnergyAnswers> energy_answers_;
 };
 
 }  // namespace gpurun::app

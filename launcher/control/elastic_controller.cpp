@@ -575,6 +575,7 @@ void ElasticController::on_key(const std::string& key) {
       if (ch->any()) on_nodes(*ch);
       return;
     }
+  if (energy_.store_write && energy_.store_write(key)) return;
   std::optional<keys::WorkerWrite> write;
   try {
     write = keys::parse_worker_write(key, backend_.get(key));

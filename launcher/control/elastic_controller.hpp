@@ -77,6 +77,9 @@ struct EnergyHooks {
   std::function<std::optional<std::string>(const BoundaryInfo&)> boundary;
   /// A member finished training (exit 0) after its last epoch `final_epoch`.
   std::function<void(int64_t final_epoch)> training_finished;
+  /// A write under gpurun/ (on the io thread), before the controller reads it: true when the
+  /// hook took it (the program's energy questions, energy/energy_answers.hpp).
+  std::function<bool(const std::string& key)> store_write;
 };
 
 /// Runs on the supervisor's io thread (every method and callback). The backend, supervisor,

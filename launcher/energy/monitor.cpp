@@ -532,6 +532,17 @@ void EnergyMonitor::finish(int exit_code) {
   }
 }
 
+std::optional<std::map<int, double>> EnergyMonitor::counters_at(double t_s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<int, double> out;
+  for (const auto& [slot, series] : series_) {
+    if (series.empty()) continue;  // never read: it has no counter to give
+    if (series.last_t() < t_s) return std::nullopt;
+    out[slot] = series.energy_at(t_s);
+  }
+  return out;
+}
+
 std::map<int, SlotEnergy> EnergyMonitor::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<int, SlotEnergy> out;

@@ -122,6 +122,14 @@ class EnergyMonitor {
   double predicted_next_cost_j() const { return tracker_.predicted_next_cost(); }
   /// Per slot, for `gpurun status`. Thread-safe.
   std::map<int, SlotEnergy> status() const;
+  /// Each GPU's continuous energy counter at Unix time t_s (J; only differences mean
+  /// anything), interpolated between readings; nullopt while a GPU that has readings has none
+  /// at or after t_s yet. The program's energy windows (energy_answers.hpp). Thread-safe.
+  std::optional<std::map<int, double>> counters_at(double t_s) const;
+  /// The slots charged now, ascending. Io thread.
+  const std::vector<int>& active_slots() const { return window_active_; }
+  /// The finished epochs' records (the `energy_epoch` events). Io thread.
+  const std::vector<EpochRecord>& epoch_records() const { return tracker_.epochs(); }
   const std::vector<MonitoredGpu>& gpus() const { return gpus_; }
   /// Samples taken so far over all GPUs (tests, the benchmark).
   uint64_t samples() const { return samples_.load(); }

@@ -57,6 +57,13 @@ std::string slot_data(int64_t restart, int gpu, std::string_view name) {
   return fmt::format("gpurun/slotdata/{}/{}/{}", restart, gpu, name);
 }
 
+std::string energy_ask(int gpu, int64_t pid, int64_t n) {
+  return fmt::format("gpurun/energy/{}/{}/{}", gpu, pid, n);
+}
+std::string energy_answer(int gpu, int64_t pid, int64_t n) {
+  return fmt::format("gpurun/energy/{}/{}/{}/answer", gpu, pid, n);
+}
+
 std::string node_job() {
   return "gpurun/node/job";
 }
@@ -180,6 +187,18 @@ std::optional<NodeWrite> parse_node_write(std::string_view key) {
     return NodeWrite{NodeWrite::Kind::kEvent, node, *n};
   }
   return std::nullopt;
+}
+
+std::optional<EnergyAsk> parse_energy_ask(std::string_view key) {
+  std::string_view s = key;
+  if (!take(s, "gpurun/energy/")) return std::nullopt;
+  const auto gpu = take_int(s);
+  if (!gpu || !take(s, "/")) return std::nullopt;
+  const auto pid = take_int(s);
+  if (!pid || !take(s, "/")) return std::nullopt;
+  const auto n = take_int(s);
+  if (!n || !s.empty()) return std::nullopt;
+  return EnergyAsk{static_cast<int>(*gpu), *pid, *n};
 }
 
 std::string key_of(const WorkerWrite& w) {

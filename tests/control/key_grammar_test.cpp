@@ -19,7 +19,7 @@ namespace {
 // parsers the module absorbed.
 constexpr std::string_view kForbidden[] = {
     R"("gpurun/gen)",        R"("gpurun/slot)", R"("gpurun/static)",
-    R"("gpurun/generation)", R"("/joined/)",    R"("/report/)",
+    R"("gpurun/generation)", R"("gpurun/energy)", R"("/joined/)",    R"("/report/)",
     R"("/decision)",         R"("/start")",     R"("/timing/)",
     R"("/parked/)",          R"("/wake/)",      R"("/ready/)",
     R"("/admit/)",           R"("/go/)",        R"("/error/)",

@@ -68,3 +68,15 @@ TEST_CASE("a bad boundary report is refused with its key") {
       "report under 'gpurun/gen/3/round/1/report/2' names generation 3, round 1, rank 1",
       ProtocolError);
 }
+
+TEST_CASE("an energy question's key names the slot, the pid and the question's number") {
+  CHECK(keys::energy_ask(1, 4242, 7) == "gpurun/energy/1/4242/7");
+  CHECK(keys::energy_answer(1, 4242, 7) == "gpurun/energy/1/4242/7/answer");
+  CHECK(keys::parse_energy_ask(keys::energy_ask(1, 4242, 7)) == keys::EnergyAsk{1, 4242, 7});
+  // Its answer, gpurun's own write, is not a question (the observer sees it too).
+  CHECK_FALSE(keys::parse_energy_ask(keys::energy_answer(1, 4242, 7)));
+  CHECK_FALSE(keys::parse_energy_ask("gpurun/energy/1/4242"));
+  CHECK_FALSE(keys::parse_energy_ask("gpurun/energy/-1/4242/0"));
+  CHECK_FALSE(keys::parse_energy_ask("gpurun/energy/1/x/0"));
+  CHECK_FALSE(keys::parse_worker_write(keys::energy_ask(1, 4242, 7), "{}"));
+}

@@ -148,6 +148,15 @@ void* gpurun_worker_get_slot_data(gpurun_worker* w, const char* name, size_t* n)
       static_cast<void*>(nullptr));
 }
 
+char* gpurun_worker_energy_ask(gpurun_worker* w, const char* question_json, int64_t timeout_ms) {
+  return guarded(
+      [&] {
+        return dup(w->session->energy_ask(gpurun::control::EnergyQuestion::from_json(question_json),
+                                          std::chrono::milliseconds(timeout_ms)));
+      },
+      static_cast<char*>(nullptr));
+}
+
 gpurun_progress* gpurun_progress_open(void) {
   return guarded(
       []() -> gpurun_progress* {

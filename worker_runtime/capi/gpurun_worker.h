@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define GPURUN_WORKER_ABI 6  /* 6: the snapshot's device-memory hint */
+#define GPURUN_WORKER_ABI 7  /* 7: energy questions (gpurun_worker_energy_ask) */
 
 typedef struct gpurun_worker gpurun_worker;
 typedef struct gpurun_engine gpurun_engine;
@@ -67,6 +67,13 @@ GPURUN_API int gpurun_worker_install_term_handler(void);
 GPURUN_API int gpurun_worker_put_slot_data(gpurun_worker* w, const char* name, const void* data, size_t n);
 /** The bytes (malloc'd, *n set), or NULL with *n = 0 when absent (kind 0) or on error. */
 GPURUN_API void* gpurun_worker_get_slot_data(gpurun_worker* w, const char* name, size_t* n);
+
+/** An energy question to node 0's gpurun (WorkerSession::energy_ask; docs/python.md#energy):
+ * `question_json` is a control::EnergyQuestion ({"op","name","rank","t"}); returns gpurun's
+ * answer (JSON, malloc'd; "" for "begin"), or NULL with the error (kind 1: a bad question,
+ * kind 2: no answer within timeout_ms or the store is gone). Blocks up to timeout_ms. */
+GPURUN_API char* gpurun_worker_energy_ask(gpurun_worker* w, const char* question_json,
+                                          int64_t timeout_ms);
 
 /** The step-progress line of this slot (GPURUN_PROGRESS_FILE, GPURUN_SLOT) that gpurun's
  * power-limit profiler reads (docs/energy.md#progress-file); NULL when not given. Never blocks. */

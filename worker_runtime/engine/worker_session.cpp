@@ -156,4 +156,14 @@ std::optional<std::string> WorkerSession::get_slot_data(const std::string& name)
   return store_->try_get(keys::slot_data(opt_.restart_count, opt_.engine.slot, name));
 }
 
+std::string WorkerSession::energy_ask(const EnergyQuestion& q, std::chrono::milliseconds timeout) {
+  const int64_t pid = ::getpid(), n = energy_n_++;
+  store_->set(keys::energy_ask(opt_.engine.slot, pid, n), q.to_json());
+  if (q.op == EnergyQuestion::Op::kBegin) return {};
+  const std::string key = keys::energy_answer(opt_.engine.slot, pid, n);
+  std::string answer = store_->get(key, timeout);
+  store_->remove(key);
+  return answer;
+}
+
 }  // namespace gpurun::control

@@ -5,6 +5,8 @@ import hashlib
 
 import torch
 
+from ._energy import StopReason
+
 
 class Micro:
     """One micro-step of an iteration on this rank (``Runtime.micro_steps``).
@@ -119,7 +121,7 @@ class _Iterations:
                     return
                 self._jumped = False  # the loop goes on from the position the boundary left
         if not self._finishing:
-            self.stop_reason = "completed"
+            self.stop_reason = StopReason("completed")
 
     @property
     def accum_steps(self):

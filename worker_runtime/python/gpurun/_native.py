@@ -14,7 +14,7 @@ import ctypes
 import json
 import os
 
-ABI = 6  # gpurun_worker.h GPURUN_WORKER_ABI (6: the snapshot's device-memory hint)
+ABI = 7  # gpurun_worker.h GPURUN_WORKER_ABI (7: energy questions)
 
 
 class ProtocolError(RuntimeError):
@@ -114,6 +114,7 @@ def load(path=None):
                                                   c.c_size_t]),
         "gpurun_worker_get_slot_data": (c.c_void_p, [c.c_void_p, c.c_char_p,
                                                      c.POINTER(c.c_size_t)]),
+        "gpurun_worker_energy_ask": (c.c_void_p, [c.c_void_p, c.c_char_p, c.c_int64]),
         "gpurun_progress_open": (c.c_void_p, []),
         "gpurun_progress_step": (None, [c.c_void_p, c.c_uint64]),
         "gpurun_progress_close": (None, [c.c_void_p]),
@@ -208,6 +209,13 @@ class Session:
     def put_slot_data(self, name, data):
         if self._lib.gpurun_worker_put_slot_data(self._h, name.encode(), data, len(data)):
             _raise(self._lib)
+
+    def energy_ask(self, question, timeout_s):
+        """An energy question to gpurun (WorkerSession::energy_ask): its answer (dict; {} for
+        a "begin"). Blocks up to ``timeout_s``; raises StoreError without an answer."""
+        text = _take(self._lib, self._lib.gpurun_worker_energy_ask(
+            self._h, json.dumps(question).encode(), int(timeout_s * 1000)))
+        return json.loads(text) if text else {}
 
     def get_slot_data(self, name):
         n = ctypes.c_size_t(0)

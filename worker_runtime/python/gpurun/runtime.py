@@ -23,6 +23,7 @@ import torch.distributed as dist
 from . import _exit, _gloo_iface, _native, _snapshot
 from ._checksum import StateMismatch, _state_digest, _word_sums_many
 from ._comm import GroupLinks, is_comm_failure
+from ._energy import StopReason, _Energy
 from ._group import _ProcessGroup, _destroy_group_at_exit
 from ._iterations import _Iterations
 from ._loader import _Loader
@@ -62,13 +63,18 @@ def _slots_and_device(standby):
     return slot, local_slot, torch.device("cpu")
 
 
-class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
+class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
     ``device`` (torch.device), ``model`` (``ElasticModel``: the tracked model as the current
     generation trains it, in DDP when the world has more than one rank; one object for the
-    whole job), ``epoch`` (int, the epoch being trained), ``stop_reason`` (str: None while
-    the job runs, then why the loops ended: "completed", "stopped" (this rank's ``stop()``) or
-    gpurun's exit reason: "finished", "stop", "early_stop", ...).
+    whole job), ``epoch`` (int, the epoch being trained), ``stop_reason`` (``StopReason``, a
+    str: None while the job runs, then why the loops ended: "completed", "stopped" (this rank's
+    ``stop()``) or gpurun's exit reason: "finished", "stop", "early_stop", ...; with gpurun's
+    sentence and an early stop's predicted cost: docs/python.md#energy).
+
+    Energy (docs/python.md#energy): ``energy()``, ``begin_window(name)`` /
+    ``end_window(name)`` and ``with energy_window(name) as m:`` (Zeus' shape), answered by
+    gpurun's energy monitor.
 
     At every generation (the start and each resize) the process's ``os.environ`` says the
     generation's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
@@ -391,7 +397,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
                 return
             self._jumped = False  # the loop goes on from the position this boundary left
         if not self._finishing:
-            self.stop_reason = "completed"
+            self.stop_reason = StopReason("completed")
 
     def stop(self):
         """Ends this rank's loop at its next boundary — the end of the epoch in ``epochs()``
@@ -405,7 +411,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
     def _stop_here(self):
         """At a boundary after stop(): the loop ends here, this rank reports nothing."""
         self._finishing = True
-        self.stop_reason = "stopped"
+        self.stop_reason = StopReason("stopped")
         print(f"gpurun (python, slot {self.slot}): the program asked to stop (Runtime.stop()): "
               "its loop ends at this boundary; the other ranks end at their next one",
               file=sys.stderr, flush=True)
@@ -459,7 +465,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked):
             self._finishing = True
             self.checkpoint_requested = False
             self.stop_requested = bool(last.get("stop"))
-            self.stop_reason = _stop_reason(last)
+            self.stop_reason = self._stop_detail(_stop_reason(last))
         return last
 
     def _failed(self, err):

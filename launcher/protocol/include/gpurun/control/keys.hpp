@@ -58,6 +58,25 @@ std::string arrived(std::string_view comm_prefix, int rank);
 std::string slot_data(int64_t restart, int gpu, std::string_view name);
 inline constexpr std::string_view kGeneration = "gpurun/generation";
 
+// ---- the program's energy questions (docs/control-protocol.md#energy-questions) -----------
+
+/// The n-th energy question (n = 0, 1, …) of the worker of slot `gpu` with pid `pid`: a
+/// control::EnergyQuestion's JSON (gpurun/control/energy_question.hpp). Node 0's gpurun reads
+/// and deletes it; it answers (all but `begin`) under energy_answer.
+std::string energy_ask(int gpu, int64_t pid, int64_t n);
+/// gpurun's answer to that question (JSON, docs/control-protocol.md#energy-questions); the
+/// worker reads and deletes it.
+std::string energy_answer(int gpu, int64_t pid, int64_t n);
+/// An energy question's key, typed.
+struct EnergyAsk {
+  int gpu = -1;
+  int64_t pid = -1;
+  int64_t n = -1;
+  friend bool operator==(const EnergyAsk&, const EnergyAsk&) = default;
+};
+/// nullopt for any key that is not an energy question (answers included).
+std::optional<EnergyAsk> parse_energy_ask(std::string_view key);
+
 // ---- one elastic job over several nodes (gpurun/control/node_messages.hpp) --------------------
 
 /// Node 0 (elastic mode) writes its run id here at its start: a gpurun joining as another node
