@@ -82,7 +82,10 @@ if os.environ.get("STALL_WRAP") is not None:
     stalled_ddp_init.done = False
     torch.nn.parallel.DistributedDataParallel.__init__ = stalled_ddp_init
 
-rt = gpurun.Runtime()
+# BACKEND=gloo: the process group's backend (a CUDA node beside CPU nodes trains over gloo);
+# DEVICE_MODEL=1: the model and batches on rt.device (cuda:<local slot> under --device cuda).
+rt = gpurun.Runtime(backend=os.environ.get("BACKEND") or None)
+DEV = rt.device if os.environ.get("DEVICE_MODEL") == "1" else torch.device("cpu")
 with open(os.path.join(out, f"pid.{rt.slot}"), "w") as f:  # this slot's latest process
     f.write(str(os.getpid()))
 if os.environ.get("STALL_RENDEZVOUS") == str(rt.slot):
@@ -98,7 +101,7 @@ if os.environ.get("STALL_RENDEZVOUS") == str(rt.slot):
 
     dist.init_process_group = stalled_init
 torch.manual_seed(100 + rt.slot)  # a different init per slot: the start broadcast equalises it
-net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(DEV)
 opt = torch.optim.AdamW(net.parameters(), lr=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
 rt.track(model=net, optimizer=opt, scheduler=sched)
@@ -133,6 +136,7 @@ for epoch in rt.epochs(epochs):
     for xb, yb, ib, pb in loader:
         readers |= set(pb.tolist())
         opt.zero_grad()
+        xb, yb = xb.to(DEV), yb.to(DEV)
         loss = nn.functional.mse_loss(rt.model(xb).squeeze(1), yb)
         loss.backward()
         opt.step()
