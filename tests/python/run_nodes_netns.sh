@@ -9,7 +9,10 @@
 # reached there); node k > 0 with --master-addr 10.77.0.1 in place of run_nodes.sh's 127.0.0.1.
 # Where the machine does not allow it (no user namespaces, no veth, no nsenter), the test is
 # skipped (exit 77, ctest SKIP_RETURN_CODE) with the reason.
-# Usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two
+# Usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave
+#   pause_<c>: run_nodes_pause.sh's case <c> (NETNS_PAUSE_SCRIPT: another script of this folder):
+#   the pause snapshot written in node 1's /dev/shm must reach nodes 0 and 2 over TCP.
+# KEEP_TMP=1 keeps the scratch folders (the line "kept DIR" names them).
 # The recipe by hand (docs/cli.md#elastic-nodes, "Tested across network namespaces"):
 #   unshare -Urnm -p --fork --mount-proc; ip link add br0 type bridge; ip link set br0 up
 #   per node k: unshare -nm sh -c 'mount -t tmpfs none /dev/shm; exec sleep inf' & (pid H)
@@ -45,7 +48,7 @@ if [[ -n ${NETNS_REAL_GPURUN:-} ]]; then
 fi
 
 GPURUN=${1:?usage: run_nodes_netns.sh GPURUN CASE}
-CASE=${2:?usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two}
+CASE=${2:?usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave}
 TEST=python_nodes_netns_$CASE
 skip() {
   echo "$TEST: SKIP: $* (this machine does not allow a network namespace per node)"
@@ -100,8 +103,11 @@ export NETNS_REAL_GPURUN=$GPURUN NETNS_HOLDERS="${holders[*]}"
 TMPDIR=$(mktemp -d)
 export TMPDIR
 rc=0
-"$(dirname "$0")/run_nodes.sh" "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$CASE" || rc=$?
-rm -rf "$TMPDIR"
-((rc == 0)) && echo "$TEST: OK (run_nodes.sh $CASE, each node in its own namespaces)" \
-  || echo "$TEST: FAIL (run_nodes.sh $CASE above, each node in its own namespaces)" >&2
+# pause_<c>: run_nodes_pause.sh's case <c>; any other: run_nodes.sh's
+script=run_nodes.sh arg=$CASE
+[[ $CASE == pause_* ]] && script=${NETNS_PAUSE_SCRIPT:-run_nodes_pause.sh} arg=${CASE#pause_}
+"$(dirname "$0")/$script" "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$arg" || rc=$?
+[[ -n ${KEEP_TMP:-} ]] && echo "$TEST: kept $TMPDIR" || rm -rf "$TMPDIR"
+((rc == 0)) && echo "$TEST: OK ($script $arg, each node in its own namespaces)" \
+  || echo "$TEST: FAIL ($script $arg above, each node in its own namespaces)" >&2
 exit $rc
