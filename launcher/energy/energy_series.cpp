@@ -59,6 +59,11 @@ double EnergySeries::energy_between(double t0_s, double t1_s) const {
   return energy_at(t1_s) - energy_at(t0_s);
 }
 
+double EnergySeries::energy_so_far(double t0_s, double t1_s) const {
+  if (samples_.empty()) return 0;
+  return std::max(0.0, energy_between(t0_s, std::min(t1_s, last_t())));
+}
+
 double EnergySeries::integral_to(double t_s) const {
   const Point& first = samples_.front();
   const Point& last = samples_.back();

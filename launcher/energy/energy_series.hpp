@@ -46,6 +46,12 @@ class EnergySeries {
   /// energy_at(t1) − energy_at(t0), J; ≥ 0 when t1 ≥ t0 (negative when t1 < t0).
   double energy_between(double t0_s, double t1_s) const;
 
+  /// energy_between(t0, min(t1, last_t())), at least 0, J: a window's energy so far, never
+  /// extrapolated past the last sample. A counter of closed windows plus this one never
+  /// goes down, whatever the power does after the last sample (/metrics'
+  /// gpurun_gpu_energy_joules_total: Prometheus takes a drop for a reset). 0 when empty.
+  double energy_so_far(double t0_s, double t1_s) const;
+
   /// ∫ power dt over [t0, t1] by the trapezoid rule over the power readings, J; power is
   /// linear between readings and constant (first / last reading) outside them. 0 for an empty
   /// series; negative when t1 < t0.

@@ -559,9 +559,8 @@ std::map<int, SlotEnergy> EnergyMonitor::status() const {
         std::find(window_active_.begin(), window_active_.end(), g.slot) != window_active_.end();
     auto s = series_.find(g.slot);
     if (charged && s != series_.end() && !s->second.empty()) {
-      const double open_j = s->second.energy_between(window_t0_, t);
-      e.epoch_energy_j += open_j;
-      e.job_energy_j += open_j;
+      e.epoch_energy_j += s->second.energy_between(window_t0_, t);
+      e.job_energy_j += s->second.energy_so_far(window_t0_, t);  // a counter: never goes down
     }
     e.power_limit_w = limit_w_;
   }

@@ -104,3 +104,32 @@ TEST_CASE("out-of-order samples are ignored; negative power counts as 0 W; empty
   // The counter itself still counts: 100 → 150 J between 10 and 11.
   CHECK(s.energy_between(10.0, 11.0) == doctest::Approx(50.0));
 }
+
+TEST_CASE("energy_so_far: closed windows plus the open one never go down when power drops") {
+  // The monitor's job counter (/metrics' gpurun_gpu_energy_joules_total): the closed windows'
+  // energy plus energy_so_far(open window's start, now). 600 W until 0.1 s, then 100 W.
+  EnergySeries s;
+  s.add({0.0, 0.0, 600.0});
+  s.add({0.1, 60.0, 600.0});
+  double closed = 0, t0 = 0, last = 0;
+  const auto counter = [&](double now) {
+    const double c = closed + s.energy_so_far(t0, now);
+    CHECK(c >= last);  // a scrape never shows less than the one before
+    last = c;
+    return c;
+  };
+  // At 0.15 s, before the next sample: up to the last sample only (60 J), where energy_between
+  // would extrapolate at 600 W (90 J) and take it back once the 100 W sample comes.
+  CHECK(counter(0.15) == doctest::Approx(60.0));
+  CHECK(s.energy_between(0.0, 0.15) == doctest::Approx(90.0));
+  // A boundary closes the window at 0.15 s (extrapolated: 90 J) before the next sample.
+  closed += s.energy_between(t0, 0.15);
+  t0 = 0.15;
+  CHECK(counter(0.15) == doctest::Approx(90.0));
+  CHECK(counter(0.18) == doctest::Approx(90.0));  // 0: the last sample is before the window
+  s.add({0.2, 70.0, 100.0});                      // the power dropped: 10 J in 0.1 s
+  CHECK(counter(0.2) == doctest::Approx(95.0));   // 90 + (70 − 65): 65 J interpolated at 0.15 s
+  s.add({0.3, 80.0, 100.0});
+  CHECK(counter(0.3) == doctest::Approx(105.0));
+  CHECK(EnergySeries().energy_so_far(0, 1) == 0);
+}
