@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -92,7 +93,8 @@ struct Node1 {
   std::vector<int> offer = {0, 1};
   int64_t commands = 0;
 
-  Node1() {
+  /// `fetch`: NodeAgentOptions::fetch_snapshot (empty: this node cannot fetch).
+  explicit Node1(decltype(NodeAgentOptions::fetch_snapshot) fetch = {}) {
     SupervisorOptions o;
     o.plan.nproc = 2;
     o.plan.world_size = 2;
@@ -120,6 +122,7 @@ struct Node1 {
     ao.wait_slice = 20ms;
     ao.offer = [this] { return offer; };
     ao.say = [this](const std::string& line) { said.push_back(line); };
+    ao.fetch_snapshot = std::move(fetch);
     agent = std::make_unique<NodeAgent>(io, *sup, std::make_unique<Connection>(node0, gone),
                                         std::make_unique<Connection>(node0, gone), ao);
     sup->set_controller(agent.get());
@@ -381,6 +384,70 @@ TEST_CASE("node agent: a reload writes the offer when it changed") {
   n.offer = {};  // active_gpus = []: offers nothing for now, stays in the job
   n.agent->offer_changed();
   CHECK(n.node0.try_get(keys::node_offer(1)) == std::optional<std::string>(""));
+}
+
+TEST_CASE("node agent: fetch_snapshot copies off the io thread and answers snapshot_fetched") {
+  std::string asked;
+  int64_t asked_serial = -1;
+  std::thread copier;
+  {
+    Node1 n([&](const std::string& endpoint, int64_t serial,
+                std::function<void(const NodeEvent&)> done) {
+      asked = endpoint;
+      asked_serial = serial;
+      copier = std::thread([serial, done = std::move(done)] {  // done: on another thread
+        NodeEvent e;
+        e.kind = NodeEvent::Kind::kSnapshotFetched;
+        e.serial = serial;
+        e.bytes = 73728;
+        e.ms = 5;
+        done(e);
+      });
+    });
+    NodeCommand c;
+    c.kind = NodeCommand::Kind::kFetchSnapshot;
+    c.endpoint = "127.0.0.1:4567";
+    c.serial = 2;
+    n.command(c);
+    n.run_until([&] { return n.has_event(0); });
+    CHECK(asked == "127.0.0.1:4567");
+    CHECK(asked_serial == 2);
+    const std::optional<NodeEvent> e = n.event(0);
+    REQUIRE(e);
+    CHECK(e->kind == NodeEvent::Kind::kSnapshotFetched);
+    CHECK(e->serial == 2);
+    CHECK(e->bytes == 73728);
+    CHECK(e->how == "");
+    CHECK(n.said_line("node 1: copying the pause snapshot from 127.0.0.1:4567"));
+    CHECK(n.said_line("node 1: the pause snapshot is here: 73728 bytes in 5 ms"));
+  }
+  copier.join();
+}
+
+TEST_CASE("node agent: a node that cannot fetch answers snapshot_fetched with why") {
+  Node1 n;  // no fetch_snapshot
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kFetchSnapshot;
+  c.endpoint = "127.0.0.1:4567";
+  c.serial = 1;
+  n.command(c);
+  n.run_until([&] { return n.has_event(0); });
+  const std::optional<NodeEvent> e = n.event(0);
+  REQUIRE(e);
+  CHECK(e->kind == NodeEvent::Kind::kSnapshotFetched);
+  CHECK(e->serial == 1);
+  CHECK(e->how == "node 1 cannot copy a pause snapshot (it serves none)");
+}
+
+TEST_CASE("node agent: the join record says where the node serves its pause snapshot") {
+  MemoryStore node0;
+  node0.set(keys::node_job(), "job");
+  ElasticJoinRequest r = request();
+  r.snapshot_endpoint = "10.0.0.2:4567";
+  const ElasticJoin j = join_elastic_job(node0, r);
+  const control::NodeJoin rec =
+      control::NodeJoin::from_json(*node0.try_get(keys::node_join(j.node)));
+  CHECK(rec.snapshot_endpoint == "10.0.0.2:4567");
 }
 
 }  // namespace gpurun::supervisor
