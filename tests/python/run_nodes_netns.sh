@@ -10,7 +10,7 @@
 # Where the machine does not allow it (no user namespaces, no veth, no nsenter), the test is
 # skipped (exit 77, ctest SKIP_RETURN_CODE) with the reason.
 # Usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave
-#   pause_<c>: run_nodes_pause.sh's case <c> (NETNS_PAUSE_SCRIPT: another script of this folder):
+#   pause_<c>: run_nodes_pause.sh's case <c>:
 #   the pause snapshot written in node 1's /dev/shm must reach nodes 0 and 2 over TCP.
 # KEEP_TMP=1 keeps the scratch folders (the line "kept DIR" names them).
 # The recipe by hand (docs/cli.md#elastic-nodes, "Tested across network namespaces"):
@@ -104,9 +104,14 @@ TMPDIR=$(mktemp -d)
 export TMPDIR
 rc=0
 # pause_<c>: run_nodes_pause.sh's case <c>; any other: run_nodes.sh's
+here=$(cd "$(dirname "$0")" && pwd)
 script=run_nodes.sh arg=$CASE
-[[ $CASE == pause_* ]] && script=${NETNS_PAUSE_SCRIPT:-run_nodes_pause.sh} arg=${CASE#pause_}
-"$(dirname "$0")/$script" "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$arg" || rc=$?
+[[ $CASE == pause_* ]] && script=run_nodes_pause.sh arg=${CASE#pause_}
+# The script as it is, but for the patterns it greps node 0's lines with: a node's endpoint
+# there is 10.77.0.<k+1>:PORT, not 127.0.0.1:PORT (the regex `127\.0\.0\.1` -> `[0-9.]+`; its
+# own --master-addr 127.0.0.1 is role 3's to replace). bash -c: $0 is still the script's path.
+bash -c "$(sed 's/127\\\.0\\\.0\\\.1/[0-9.]+/g' "$here/$script")" "$here/$script" \
+  "$here/$(basename "$0")" "$arg" || rc=$?
 [[ -n ${KEEP_TMP:-} ]] && echo "$TEST: kept $TMPDIR" || rm -rf "$TMPDIR"
 ((rc == 0)) && echo "$TEST: OK ($script $arg, each node in its own namespaces)" \
   || echo "$TEST: FAIL ($script $arg above, each node in its own namespaces)" >&2
