@@ -258,8 +258,8 @@ std::optional<int> Job::build_supervisor() {
       if (snapshot_fetcher_) eo.fetch_snapshot = snapshot_fetch();
       print_err(fmt::format(
           "nodes: node 0 of an elastic job of up to {} nodes: another node's gpurun joins it "
-          "with --config FILE --nnodes {} --master-addr {} --master-port {} (its slots enter at "
-          "a boundary)",
+          "with --config FILE --nnodes {} --node-rank 1 --master-addr {} --master-port {} (any "
+          "--node-rank above 0; its slots enter at a boundary)",
           nh.max_nodes,
           opt_.nnodes == opt_.nnodes_max ? std::to_string(opt_.nnodes)
                                          : fmt::format("{}:{}", opt_.nnodes, opt_.nnodes_max),
