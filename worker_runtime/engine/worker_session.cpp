@@ -11,6 +11,7 @@
 
 #include "gpurun/env_names.hpp"
 #include "gpurun/store/client_store.hpp"
+#include "gpurun/worker/energy_client.hpp"
 
 namespace gpurun::control {
 
@@ -157,13 +158,7 @@ std::optional<std::string> WorkerSession::get_slot_data(const std::string& name)
 }
 
 std::string WorkerSession::energy_ask(const EnergyQuestion& q, std::chrono::milliseconds timeout) {
-  const int64_t pid = ::getpid(), n = energy_n_++;
-  store_->set(keys::energy_ask(opt_.engine.slot, pid, n), q.to_json());
-  if (q.op == EnergyQuestion::Op::kBegin) return {};
-  const std::string key = keys::energy_answer(opt_.engine.slot, pid, n);
-  std::string answer = store_->get(key, timeout);
-  store_->remove(key);
-  return answer;
+  return ask_energy(*store_, opt_.engine.slot, q, timeout);
 }
 
 }  // namespace gpurun::control

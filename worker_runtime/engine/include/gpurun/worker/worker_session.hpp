@@ -70,7 +70,8 @@ class WorkerSession {
   /// Asks node 0's gpurun an energy question (docs/control-protocol.md#energy-questions):
   /// writes it under keys::energy_ask (this slot, this pid, the next number); a kBegin returns
   /// "" at once, any other waits up to `timeout` for gpurun's answer (JSON), reads and deletes
-  /// it. Throws StoreTimeout when no answer came in time, StoreError when the store is gone.
+  /// it (control::ask_energy). Throws StoreTimeout when no answer came in time, StoreError
+  /// when the store is gone.
   std::string energy_ask(const EnergyQuestion& q, std::chrono::milliseconds timeout);
 
   /// The host's monotonic clock (CLOCK_MONOTONIC) in ms: every resize timing's clock.
@@ -80,7 +81,6 @@ class WorkerSession {
   SessionOptions opt_;
   std::unique_ptr<store::Store> store_;
   WorkerEngine engine_;
-  int64_t energy_n_ = 0;  // the next energy question's number
 };
 
 /// gpurun abandoned a generation's set-up (its abort key appeared).
