@@ -155,6 +155,8 @@ for epoch in rt.epochs(epochs):
     # without their sleep. Only the pace changes, so every rank still trains every epoch.
     time.sleep(0.02 if os.path.exists(os.path.join(out, "fast")) else sleep_s)
 if rt.stop_requested:  # gpurun asked for a stop (SIGTERM): the loop ended at a boundary
-    log.write(json.dumps({"stop": True, "epoch": rt.epoch, "pid": os.getpid()}) + "\n")
+    r = rt.stop_reason  # gpurun.StopReason: the code, and gpurun's detail of the stop
+    log.write(json.dumps({"stop": True, "epoch": rt.epoch, "pid": os.getpid(), "reason": str(r),
+                          "signal": r.signal, "cause": r.cause, "text": r.text}) + "\n")
     log.flush()
 print(f"elastic_train slot {rt.slot}: done", flush=True)

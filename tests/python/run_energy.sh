@@ -6,7 +6,8 @@
 # record to the digit, on both ranks; each window's joules equal its energy_window event and
 # are its seconds × the simulated GPUs' draw (600 W each); the cost threshold stops the job
 # early (gpurun exits 3) and rt.stop_reason is "early_stop" with the predicted cost over the
-# threshold and gpurun's sentence, the same on both ranks.
+# threshold and gpurun's sentence, the same on both ranks. Without a monitor (--device cpu
+# alone) rt.energy() is None and rt.energy_unavailable gives gpurun's reason.
 # Usage: run_energy.sh GPURUN
 TEST=python_energy
 source "$(dirname "$0")/common.sh"
@@ -61,4 +62,13 @@ assert stop[0]["predicted_cost_j"] == stop[1]["predicted_cost_j"], stop
 print(f"{len(seen)} epoch records equal energy_epoch, {len(wins)} windows equal energy_window, "
       f"early stop on both ranks: {stop[0]['text'][:80]}...")
 PY
+
+# No monitor (--device cpu, no --simulate-gpus): rt.energy() is None and says why.
+"$GPURUN" --device cpu --nproc 1 --master-port 0 --config "$TMP/config.toml" "$PY" -c '
+import json, gpurun
+rt = gpurun.Runtime()
+print(json.dumps({"none": rt.energy() is None, "why": rt.energy_unavailable}))' > "$LOG" 2>&1 ||
+  fail "the run without a monitor failed"
+grep -q '{"none": true, "why": "gpurun.s GPU energy monitor is off for this job' "$LOG" ||
+  fail "rt.energy() without a monitor did not return None with gpurun's reason"
 echo "python_energy: OK"

@@ -5,7 +5,8 @@
 # checkpoint_requested true on every rank at the same boundary, for that one epoch; SIGTERM
 # (to gpurun and, as slurmstepd does, to every worker) then makes every rank leave its loop at
 # the next boundary with stop_requested true (they
-# write a "stop" line, the processes exit 0) and gpurun exits 143. The step-progress file the
+# write a "stop" line with rt.stop_reason "stop" and gpurun's detail, SIGTERM; the processes
+# exit 0) and gpurun exits 143. The step-progress file the
 # power-limit profiler reads advanced (the package publishes its steps through the library).
 # Usage: run_preempt.sh GPURUN
 TEST=python_preempt
@@ -52,6 +53,10 @@ assert sorted(l["rank"] for l in epochs if l["epoch"] == marked[0] and l["checkp
     "not every rank saw the checkpoint request at the same boundary"
 stops = [l for l in lines if l.get("stop")]
 assert len(stops) == 2 and len({s["epoch"] for s in stops}) == 1, f"stops: {stops}"
+# rt.stop_reason: "stop", with gpurun's detail (its SIGTERM), the same on both ranks.
+for s in stops:
+    assert (s["reason"], s["signal"], s["cause"]) == ("stop", "SIGTERM", "signal"), s
+    assert s["text"].startswith("gpurun received SIGTERM"), s
 print(f"checkpoint at the boundary before epoch {marked[0]} on both ranks; "
       f"both stopped at epoch {stops[0]['epoch']}")
 PY
