@@ -340,7 +340,16 @@ void apply_slurm(Options& o, const SlurmEnv& s) {
   if (s.ntasks && *s.ntasks != s.nnodes)
     detail::not_one_per_node(
         fmt::format("SLURM_NTASKS={} tasks run on {}={} nodes", *s.ntasks, s.nnodes_var, s.nnodes));
-  if (o.nnodes_given && o.nnodes != s.nnodes)
+  // An elastic job (--config) with --nnodes MIN:MAX: Slurm's count is where it starts, MAX the
+  // most nodes it may have; later allocations' gpurun join it
+  // (docs/cli.md#an-elastic-job-over-several-nodes-under-slurm).
+  const bool elastic_range = o.config && o.nnodes_given && o.nnodes != o.nnodes_max;
+  if (elastic_range && (s.nnodes < o.nnodes || s.nnodes > o.nnodes_max))
+    throw UsageError(fmt::format(
+        "--nnodes {}:{} does not hold Slurm's {}={}; ask Slurm for {} to {} nodes or give a "
+        "range that holds {}",
+        o.nnodes, o.nnodes_max, s.nnodes_var, s.nnodes, o.nnodes, o.nnodes_max, s.nnodes));
+  if (o.nnodes_given && o.nnodes != s.nnodes && !elastic_range)
     throw UsageError(fmt::format(
         "--nnodes {} disagrees with Slurm's {}={}; drop --nnodes (Slurm sets it) or pass "
         "--no-slurm",
@@ -351,6 +360,7 @@ void apply_slurm(Options& o, const SlurmEnv& s) {
         "or pass --no-slurm",
         o.node_rank, s.node_id));
   o.nnodes = s.nnodes;
+  if (!o.nnodes_given) o.nnodes_max = s.nnodes;  // no range given: Slurm's count is the most
   o.node_rank = s.node_id;
   if (!o.master_addr_given) o.master_addr = s.nodes.front();
   if (!o.master_port_given) o.master_port = slurm_master_port(s.job_number);
@@ -358,7 +368,7 @@ void apply_slurm(Options& o, const SlurmEnv& s) {
     throw UsageError(fmt::format(
         "--master-port 0 cannot be used with Slurm's {} nodes: node {} cannot learn the port "
         "node 0 bound; drop --master-port (gpurun derives one from the job id) or give a number",
-        o.nnodes, o.node_rank));
+        s.nnodes, o.node_rank));
   if (!o.nproc_given && o.device == Device::kCuda && s.gpus && *s.gpus > 0) {
     o.nproc_mode = NprocMode::kCount;
     o.nproc = *s.gpus;
@@ -367,7 +377,9 @@ void apply_slurm(Options& o, const SlurmEnv& s) {
 
 std::string slurm_banner(const Options& o, const SlurmEnv& s) {
   std::string line = fmt::format("Slurm job {} step {}: node {} of {}, master {}:{}", s.job_id,
-                                 s.step_id, o.node_rank, o.nnodes, o.master_addr, o.master_port);
+                                 s.step_id, o.node_rank, s.nnodes, o.master_addr, o.master_port);
+  if (o.config && o.nnodes_max > s.nnodes)
+    line += fmt::format("; an elastic job of up to {} nodes (--nnodes)", o.nnodes_max);
   if (!o.nproc_given && o.device == Device::kCuda && s.gpus && *s.gpus > 0)
     line += fmt::format("; --nproc {} from {}", o.nproc, s.gpus_var);
   return line;

@@ -78,6 +78,8 @@ uint16_t slurm_master_port(uint64_t job_number);
 /// one task per node (SLURM_NTASKS != nnodes, SLURM_NTASKS_PER_NODE or
 /// SLURM_STEP_TASKS_PER_NODE != 1, SLURM_LOCALID != 0), when --nnodes or --node-rank was given
 /// and disagrees with Slurm, with --standalone, or for --master-port 0 on a node other than 0.
+/// With --config (an elastic job) --nnodes MIN:MAX must hold Slurm's count: nnodes becomes
+/// Slurm's, nnodes_max stays MAX, the most nodes the job may have (later allocations join it).
 void apply_slurm(Options& options, const SlurmEnv& slurm);
 
 /// The console line for a Slurm run: "Slurm job J step S: node N of M, master HOST:PORT"

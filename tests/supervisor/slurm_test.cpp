@@ -307,6 +307,30 @@ TEST_CASE("slurm: conflicts with flags and more than one task per node are usage
   CHECK(apply_error({}, with("SLURM_STEP_TASKS_PER_NODE", "1,1(x1)")) == "<no error>");
 }
 
+TEST_CASE("slurm: an elastic job's --nnodes MIN:MAX holds Slurm's count and bounds later joins") {
+  const SlurmEnv s = SlurmEnv::parse(step_env());  // node 1 of 2
+  Options o = options({"--slurm", "--config", "c.toml", "--nnodes", "1:4"});
+  apply_slurm(o, s);
+  CHECK(o.nnodes == 2);
+  CHECK(o.nnodes_max == 4);  // node 0's hub accepts up to 4 nodes: later allocations join
+  CHECK(o.node_rank == 1);
+  CHECK(o.master_addr == "gpu07");
+  CHECK(slurm_banner(o, s) ==
+        "Slurm job 123456 step 0: node 1 of 2, master gpu07:23456; an elastic job of up to 4 "
+        "nodes (--nnodes); --nproc 4 from SLURM_GPUS_ON_NODE");
+  CHECK(apply_error({"--slurm", "--config", "c.toml", "--nnodes", "3:4"}, step_env()) ==
+        "--nnodes 3:4 does not hold Slurm's SLURM_NNODES=2; ask Slurm for 3 to 4 nodes or give a "
+        "range that holds 2");
+  CHECK(apply_error({"--slurm", "--config", "c.toml", "--nnodes", "4"}, step_env()) ==
+        "--nnodes 4 disagrees with Slurm's SLURM_NNODES=2; drop --nnodes (Slurm sets it) or pass "
+        "--no-slurm");
+  // Without --nnodes the most is Slurm's count: node 0 says "joins it with --nnodes 2", not 2:1.
+  Options plain = options({"--config", "c.toml"});
+  apply_slurm(plain, s);
+  CHECK(plain.nnodes == 2);
+  CHECK(plain.nnodes_max == 2);
+}
+
 TEST_CASE("slurm: use_slurm decides between auto, --slurm and --no-slurm") {
   SUBCASE("auto inside a step: applied, with the banner") {
     Options o = options({});
