@@ -17,7 +17,8 @@
 #   unshare -Urnm -p --fork --mount-proc; ip link add br0 type bridge; ip link set br0 up
 #   per node k: unshare -nm sh -c 'mount -t tmpfs none /dev/shm; exec sleep inf' & (pid H)
 #     ip link add vk type veth peer name eth0 netns H; ip link set vk master br0 up
-#     nsenter -t H -n -m: ip link set lo up; ip addr add 10.77.0.<k+1>/24 dev eth0; ip link set eth0 up
+#     nsenter -t H -n -m: ip link set lo up; ip addr add 10.77.0.<k+1>/24 dev eth0;
+#                         ip link set eth0 up
 #   then gpurun for node k: nsenter -t H -n -m gpurun --master-addr 10.77.0.1 ...
 set -euo pipefail
 NODES=3  # node 0, 1, 2 (run_nodes.sh's two_to_three_to_two needs three)
@@ -43,12 +44,14 @@ if [[ -n ${NETNS_REAL_GPURUN:-} ]]; then
     exit 2
   }
   # node 0 (`--node-rank 0`, not `gpurun status`): its store and workers at its own address
-  if [[ ${args[0]:-} == --* && -z $has_addr ]]; then args=(--master-addr "$(addr 0)" "${args[@]}"); fi
+  if [[ ${args[0]:-} == --* && -z $has_addr ]]; then
+    args=(--master-addr "$(addr 0)" "${args[@]}")
+  fi
   exec nsenter -t "${holders[k]}" -n -m -- "$NETNS_REAL_GPURUN" "${args[@]}"
 fi
 
 GPURUN=${1:?usage: run_nodes_netns.sh GPURUN CASE}
-CASE=${2:?usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave}
+CASE=${2:?usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_<case>}
 TEST=python_nodes_netns_$CASE
 skip() {
   echo "$TEST: SKIP: $* (this machine does not allow a network namespace per node)"
