@@ -63,8 +63,19 @@ if [[ ${3:-} != --inside ]]; then
   for tool in unshare nsenter ip; do
     command -v "$tool" > /dev/null || skip "'$tool' is not installed"
   done
-  why=$(unshare -Urnm --propagation private sh -c 'ip link add probe0 type veth peer name probe1 &&
-    ip link add probebr type bridge && mount -t tmpfs none /dev/shm' 2>&1) \
+  # What role 2 does, once: a bridge, a nested network + mount namespace with its own tmpfs
+  # /dev/shm, a veth end moved into it and given an address there.
+  probe='ip link add probebr type bridge || exit
+    unshare -nm --propagation private sh -c "mount -t tmpfs none /dev/shm && exec sleep 20" &
+    h=$!
+    for i in $(seq 100); do case $(readlink /proc/$h/exe) in */sleep) break ;; esac; sleep 0.05; done
+    ip link add probe0 type veth peer name eth0 netns $h && ip link set probe0 master probebr up &&
+      nsenter -t $h -n -m sh -c "ip addr add 10.77.0.9/24 dev eth0 && ip link set eth0 up" &&
+      nsenter -t $h -m test -w /dev/shm
+    rc=$?
+    kill $h
+    exit $rc'
+  why=$(timeout 20 unshare -Urnm --propagation private sh -c "$probe" 2>&1) \
     || skip "an unprivileged user namespace with a veth, a bridge and a tmpfs failed: $why"
   # --kill-child: when ctest ends this script, the PID namespace's init and so all in it go
   exec unshare -Urnm -p --fork --kill-child --mount-proc --propagation private \
