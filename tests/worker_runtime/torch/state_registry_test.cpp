@@ -293,48 +293,6 @@ TEST_CASE("state registry: canonical order is modules by name, then optimizer st
   CHECK(s.reg.nbytes() == total);
 }
 
-TEST_CASE("state checksum: the chunked prefix-sum form gives the direct sums of every tensor") {
-  // Words that make the int64 sums wrap, signed words, dtypes whose bytes are no whole number
-  // of words, an empty and a non-contiguous tensor; chunk sizes that split tensors across
-  // chunks (1, 3, 7 words), pack several into one (1000) and the default.
-  torch::manual_seed(3);
-  std::vector<at::Tensor> ts = {
-      torch::randint(INT32_MIN, INT32_MAX, {1000}, torch::kInt),
-      torch::full({17}, INT32_MAX, torch::kInt),
-      torch::full({23}, INT32_MIN, torch::kInt),
-      torch::randn({5, 7}),
-      torch::randn({3}, torch::kHalf),  // 6 bytes: the last word zero-padded
-      torch::randint(0, 2, {5}, torch::kBool),
-      torch::randint(-128, 127, {9}, torch::kChar),
-      torch::randint(-(int64_t{1} << 62), int64_t{1} << 62, {13}, torch::kLong),
-      torch::empty({0}),
-      torch::randn({6, 4}).t(),  // non-contiguous
-      torch::randn({1}),
-      torch::randn({2048}),
-  };
-  std::vector<std::pair<uint64_t, uint64_t>> want;
-  for (const auto& t : ts) want.push_back(rt::reference_sums(t));
-  CHECK(want[1].first != 0);  // the wrapping cases are not trivially zero
-  for (int64_t chunk :
-       {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{1000}, rt::StateChecksum::kDefaultChunkWords}) {
-    CAPTURE(chunk);
-    rt::StateChecksum sum(chunk);
-    for (const auto& t : ts) sum.add_tensor(t);
-    const auto got = sum.tensor_sums();
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      CAPTURE(i);
-      CHECK(got[i] == want[i]);
-    }
-  }
-  // The folded value depends on the sums only, not on the chunking.
-  rt::StateChecksum a(3), b;
-  for (const auto& t : ts) a.add_tensor(t), b.add_tensor(t);
-  CHECK(a.finish() == b.finish());
-  CHECK_THROWS_WITH_AS(rt::StateChecksum(0), doctest::Contains("chunk_words must be > 0"),
-                       gpurun::InvariantError);
-}
-
 TEST_CASE("state registry: checksum is bitwise sensitive") {
   Side s(Kind::kAdam, 1);
   for (int i = 0; i < 2; ++i) s.step(i);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
+
+#include <ATen/Parallel.h>
 
 #include "gpurun/check.hpp"
 
@@ -22,7 +25,71 @@ at::Tensor words_of(const at::Tensor& t) {
   return bytes.view(at::kInt);
 }
 
+// Words per piece of the CPU loop: the unit of work of one thread (16 MiB of state).
+constexpr int64_t kPieceWords = int64_t{1} << 22;
+
+// S and Σ (j+1)·w_j (j from 0 within the piece) of the `nbytes` bytes at `p` read as native
+// int32 words, sign-extended, the last one zero-padded; modulo 2^64. `p` need not be aligned.
+std::pair<uint64_t, uint64_t> loop_sums(const unsigned char* p, int64_t nbytes) {
+  const int64_t n = nbytes / 4;
+  uint64_t s = 0, w = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t x;
+    std::memcpy(&x, p + 4 * i, 4);
+    const auto v = static_cast<uint64_t>(static_cast<int64_t>(x));
+    s += v;
+    w += static_cast<uint64_t>(i + 1) * v;
+  }
+  if (const int64_t rest = nbytes - 4 * n; rest > 0) {  // the zero-padded last word
+    unsigned char last[4] = {0, 0, 0, 0};
+    std::memcpy(last, p + 4 * n, static_cast<size_t>(rest));
+    int32_t x;
+    std::memcpy(&x, last, 4);
+    const auto v = static_cast<uint64_t>(static_cast<int64_t>(x));
+    s += v;
+    w += static_cast<uint64_t>(n + 1) * v;
+  }
+  return {s, w};
+}
+
 }  // namespace
+
+std::vector<std::pair<uint64_t, uint64_t>> cpu_word_sums(const std::vector<at::Tensor>& ts) {
+  struct Piece {
+    size_t tensor;
+    int64_t first_word;  // in its tensor
+    int64_t nbytes;      // > 0
+  };
+  std::vector<at::Tensor> host(ts.size());
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& t = ts[i];
+    GPURUN_CHECK(t.device().is_cpu(), "cpu_word_sums: tensor {} is on {}, not the CPU", i,
+                 t.device().str());
+    if (t.numel() == 0) continue;
+    host[i] = t.contiguous();  // a copy only where t is not contiguous
+    const auto nbytes = static_cast<int64_t>(host[i].nbytes());
+    for (int64_t off = 0; off < nbytes; off += 4 * kPieceWords)
+      pieces.push_back({i, off / 4, std::min(4 * kPieceWords, nbytes - off)});
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> part(pieces.size());
+  // Each piece writes its own entry; the combine below is in piece order (and exact anyway).
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const Piece& pc = pieces[static_cast<size_t>(k)];
+      const auto* base = static_cast<const unsigned char*>(host[pc.tensor].data_ptr());
+      part[static_cast<size_t>(k)] = loop_sums(base + 4 * pc.first_word, pc.nbytes);
+    }
+  });
+  std::vector<std::pair<uint64_t, uint64_t>> sums(ts.size(), {0, 0});
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto& [s, p] = sums[pieces[k].tensor];
+    const auto [ps, pw] = part[k];
+    s += ps;
+    p += pw + static_cast<uint64_t>(pieces[k].first_word) * ps;  // Σ (k+j+1)·w = Σ (j+1)·w + k·S
+  }
+  return sums;
+}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -31,7 +98,8 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-StateChecksum::StateChecksum(int64_t chunk_words) : chunk_words_(chunk_words) {
+StateChecksum::StateChecksum(int64_t chunk_words, CpuSums cpu)
+    : chunk_words_(chunk_words), cpu_(cpu) {
   GPURUN_CHECK(chunk_words > 0, "StateChecksum: chunk_words must be > 0, got {}", chunk_words);
 }
 
@@ -40,7 +108,13 @@ void StateChecksum::add_tensor(const at::Tensor& t) {
   entry.meta.push_back(static_cast<uint64_t>(t.dim()));
   for (int64_t s : t.sizes()) entry.meta.push_back(static_cast<uint64_t>(s));
   entry.meta.push_back(fnv1a64(c10::toString(t.scalar_type())));
-  if (t.numel() > 0) entry.words = words_of(t);
+  if (t.numel() > 0) {
+    if (t.device().is_cpu() && cpu_ == CpuSums::kLoop) {
+      entry.host = t;
+    } else {
+      entry.words = words_of(t);
+    }
+  }
   tensors_.push_back(std::move(entry));
 }
 
@@ -72,6 +146,20 @@ std::vector<std::pair<uint64_t, uint64_t>> StateChecksum::tensor_sums() const {
   const size_t n = tensors_.size();
   std::vector<std::pair<uint64_t, uint64_t>> sums(n, {0, 0});
   std::vector<bool> done(n, false);
+  {  // CPU tensors: one plain pass over their bytes
+    std::vector<at::Tensor> host;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < n; ++i) {
+      if (!tensors_[i].host.defined()) continue;
+      host.push_back(tensors_[i].host);
+      index.push_back(i);
+      done[i] = true;
+    }
+    if (!host.empty()) {
+      const auto got = cpu_word_sums(host);
+      for (size_t j = 0; j < index.size(); ++j) sums[index[j]] = got[j];
+    }
+  }
   struct Piece {
     size_t tensor;   // index into tensors_
     int64_t offset;  // first word of the piece in its tensor

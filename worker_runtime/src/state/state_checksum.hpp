@@ -31,11 +31,19 @@ namespace gpurun::rt {
 /// (L−1)·C1[b-1] (Abel summation; C[−1] = 0); a piece that starts at word k of its tensor adds
 /// k·S to the tensor's P. About ten tensor operations per chunk instead of about ten per tensor
 /// (a ViT-H state has ~1,200 tensors: the per-tensor form was launch-bound, ~0.15 s on an H200).
+/// CPU tensors take cpu_word_sums() instead (CpuSums::kLoop): one plain pass over their bytes,
+/// no temporary memory; the same S and P (tested equal on every dtype and odd sizes).
 class StateChecksum {
  public:
-  /// `chunk_words`: words (4 bytes) per chunk, > 0; temporary device memory per chunk is
-  /// about 20 bytes per word (the packed words and two int64 prefix sums).
-  explicit StateChecksum(int64_t chunk_words = kDefaultChunkWords);
+  /// How CPU tensors' sums are taken: kLoop, cpu_word_sums() (0.13-0.16 s per GB and thread
+  /// on the 2-core CI machine, against 3.8-18 s per GB for the prefix sums there,
+  /// docs/results.md#elastic-nodes-on-loopback-2026-12-06); kPrefixSums, the device path
+  /// above on the CPU too (for tests: the two must agree).
+  enum class CpuSums { kLoop, kPrefixSums };
+
+  /// `chunk_words`: words (4 bytes) per chunk of the prefix-sum path, > 0; temporary device
+  /// memory per chunk is about 20 bytes per word (the packed words and two int64 prefix sums).
+  explicit StateChecksum(int64_t chunk_words = kDefaultChunkWords, CpuSums cpu = CpuSums::kLoop);
   static constexpr int64_t kDefaultChunkWords = int64_t{32} << 20;  // 128 MiB of state
 
   /// Records `t` (a reference: it must not change before finish()). No device work yet.
@@ -56,12 +64,23 @@ class StateChecksum {
  private:
   struct TensorEntry {
     std::vector<uint64_t> meta;  ///< shape and dtype name hash
-    at::Tensor words;            ///< int32 [n] view of the bytes (padded), empty when n = 0
-  };
+    at::Tensor words;            ///< int32 [n] view of the bytes (padded): the prefix-sum path
+    at::Tensor host;             ///< the tensor itself: a CPU tensor for cpu_word_sums()
+  };                             // neither when n = 0
   int64_t chunk_words_;
+  CpuSums cpu_;
   std::vector<TensorEntry> tensors_;
   std::vector<uint64_t> values_;
 };
+
+/// The per-tensor sums (S, P) of StateChecksum's definition of CPU tensors (any dtype, shape,
+/// strides), in order: one plain pass over each tensor's bytes (a contiguous copy only of a
+/// non-contiguous tensor), in pieces of 16 MiB spread over ATen's intra-op threads
+/// (at::parallel_for: OMP_NUM_THREADS / at::set_num_threads; one thread inside a parallel
+/// region). A piece starting at word k of its tensor adds its S and Σ (j+1)·w_j + k·S: exact
+/// modulo 2^64, so the value does not depend on the number of threads. Blocks; throws
+/// InvariantError for a tensor not on the CPU.
+std::vector<std::pair<uint64_t, uint64_t>> cpu_word_sums(const std::vector<at::Tensor>& ts);
 
 /// The per-tensor sums (S, P) of StateChecksum's definition computed the direct way (one
 /// int64 copy of the words and an arange per tensor). The reference for tests.
