@@ -71,7 +71,7 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
       clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
-  if (opt_.nodes) hub_ = std::make_unique<NodeHub>(backend_, *opt_.nodes);
+  if (opt_.nodes) hub_ = std::make_unique<NodeHub>(backend_, *opt_.nodes, &monotonic_ms);
   if (hub_)
     scheduler_.resume_gate = [this](const std::vector<int>& target) {
       return snapshot_on_nodes(target);
@@ -588,7 +588,9 @@ void ElasticController::on_key(const std::string& key) {
   }
   if (!write) return;  // our own writes, and keys we do not know
   const auto* timing = std::get_if<keys::Timing>(&*write);
-  if (timing) timeline_.on_record(timing->generation, timing->gpu, timing->record);
+  if (timing)
+    timeline_.on_record(timing->generation, timing->gpu, timing->record,
+                        hub_ ? hub_->clock_offset_ms(slot_node(timing->gpu)) : 0.0);
   scheduler_.on(*write);
   if (timing) {
     emit_resize_events();

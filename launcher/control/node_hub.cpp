@@ -8,8 +8,8 @@
 
 namespace gpurun::control {
 
-NodeHub::NodeHub(store::Backend& backend, NodeHubOptions options)
-    : backend_(backend), opt_(std::move(options)) {
+NodeHub::NodeHub(store::Backend& backend, NodeHubOptions options, std::function<double()> now_ms)
+    : backend_(backend), opt_(std::move(options)), now_ms_(std::move(now_ms)) {
   backend_.set(keys::node_job(), opt_.run_id);
 }
 
@@ -65,6 +65,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
         return out;
       }
       n.offer = job_ids(k, j.offer);
+      if (j.monotonic_ms > 0 && now_ms_) n.clock_offset_ms = now_ms_() - j.monotonic_ms;
       out.new_slots = job_ids(k, j.slots);
       out.offers_changed = true;
       out.lines.push_back(fmt::format("{} joined the job: slots [{}], offered [{}]", n.name,
@@ -212,6 +213,11 @@ std::string NodeHub::snapshot_endpoint(int k) const {
   const auto it = nodes_.find(k);
   if (it == nodes_.end() || it->second.lost) return {};
   return it->second.join.snapshot_endpoint;
+}
+
+double NodeHub::clock_offset_ms(int k) const {
+  const auto it = nodes_.find(k);
+  return it == nodes_.end() ? 0.0 : it->second.clock_offset_ms;
 }
 
 bool NodeHub::live(int k) const {

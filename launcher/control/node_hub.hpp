@@ -32,7 +32,9 @@ struct NodeHubOptions {
 /// must outlive it.
 class NodeHub {
  public:
-  NodeHub(store::Backend& backend, NodeHubOptions options);
+  /// `now_ms`: node 0's monotonic clock (ms), as the resize timings read it (tests: a fake).
+  NodeHub(store::Backend& backend, NodeHubOptions options,
+          std::function<double()> now_ms = nullptr);
 
   /// A process of another node ended (or its node was lost): the controller takes it as a
   /// local exit of that slot.
@@ -73,6 +75,9 @@ class NodeHub {
   bool fetch_snapshot(int node, const std::string& endpoint, int64_t serial);
   /// Where node `node` serves its pause snapshot ("ip:port"); "" when unknown or gone.
   std::string snapshot_endpoint(int node) const;
+  /// What to add to node `node`'s monotonic clock readings (ms) to get node 0's: from its join
+  /// record, to one store latency; 0 for node 0, an unknown node or one that gave none.
+  double clock_offset_ms(int node) const;
   /// Whether node `node` (>= 1) is in the job and connected.
   bool live(int node) const;
   /// Whether `pid` is a process of another node (provisional or real): /proc is not its own.
@@ -103,7 +108,8 @@ class NodeHub {
     bool released = false;  ///< told release
     bool ended = false;     ///< told exit
     int64_t next_command = 0;
-    std::string name;  ///< "node 1 (host)"
+    std::string name;            ///< "node 1 (host)"
+    double clock_offset_ms = 0;  ///< node 0's monotonic ms minus its own, when it joined
   };
   struct Remote {
     int pid = -1;  ///< provisional or real; -1 none
@@ -114,6 +120,7 @@ class NodeHub {
 
   store::Backend& backend_;
   NodeHubOptions opt_;
+  std::function<double()> now_ms_;
   std::map<int, Node> nodes_;
   std::map<int, Remote> remote_;  ///< job slot -> its process on another node
   int next_provisional_ = kProvisionalBase;

@@ -93,7 +93,8 @@ void ResizeTimeline::spawned(int gpu, int pid) {
   o.spawned_pid[gpu] = pid;
 }
 
-bool ResizeTimeline::on_record(int64_t generation, int gpu, std::string_view text) {
+bool ResizeTimeline::on_record(int64_t generation, int gpu, std::string_view text,
+                               double clock_offset_ms) {
   auto it = open_.find(generation);
   if (it == open_.end()) return false;
   boost::system::error_code ec;
@@ -109,7 +110,7 @@ bool ResizeTimeline::on_record(int64_t generation, int gpu, std::string_view tex
   if (!marks || !marks->is_object()) return false;
   for (const auto& [k, mv] : marks->as_object()) {
     if (!mv.is_number()) return false;
-    r.marks.emplace_back(std::string(k), mv.to_number<double>());
+    r.marks.emplace_back(std::string(k), mv.to_number<double>() + clock_offset_ms);
   }
   std::stable_sort(r.marks.begin(), r.marks.end(),
                    [](const auto& a, const auto& b) { return a.second < b.second; });

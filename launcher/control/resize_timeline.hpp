@@ -21,7 +21,7 @@ namespace gpurun::control {
 
 /// Milliseconds on the host's monotonic clock (std::chrono::steady_clock, CLOCK_MONOTONIC on
 /// Linux: one clock for every process of the host, never stepped). The clock base of the
-/// workers' records too; elastic mode is single-node, so they compare.
+/// workers' records too; another node's records are shifted by its clock offset (on_record).
 double monotonic_ms();
 
 /// Not thread-safe: the supervisor's io thread.
@@ -43,7 +43,9 @@ class ResizeTimeline {
   void spawned(int gpu, int pid);
   /// A participant's record: the value of gpurun/gen/<generation>/timing/<gpu>. A bad record
   /// or one of no open generation is dropped; returns false then (the caller warns).
-  bool on_record(int64_t generation, int gpu, std::string_view json);
+  /// `clock_offset_ms` is added to its marks: another node's process reads its own host's
+  /// monotonic clock (NodeHub::clock_offset_ms); 0 on this host.
+  bool on_record(int64_t generation, int gpu, std::string_view json, double clock_offset_ms = 0);
   /// Process `pid` of `gpu` ended: a participant that has not sent its record will not
   /// (unless another process was spawned for the slot since: that one is awaited).
   void slot_gone(int gpu, int pid);

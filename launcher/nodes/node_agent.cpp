@@ -43,6 +43,10 @@ ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
   join.run_id = r.run_id;
   join.device = r.device;
   join.snapshot_endpoint = r.snapshot_endpoint;
+  // This host's clock when written: node 0 aligns this node's resize timings with it.
+  join.monotonic_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
   store.set(keys::node_live(out.node), fmt::format("{} {}", join.host, join.pid));
   store.set(keys::node_join(out.node), join.to_json());
   return out;

@@ -105,6 +105,7 @@ std::string NodeJoin::to_json() const {
   o["run_id"] = run_id;
   o["device"] = device;
   if (!snapshot_endpoint.empty()) o["snapshot_endpoint"] = snapshot_endpoint;
+  if (monotonic_ms > 0) o["monotonic_ms"] = monotonic_ms;
   return json::serialize(o);
 }
 
@@ -120,6 +121,8 @@ NodeJoin NodeJoin::from_json(std::string_view text) {
   j.run_id = string_field(o, "run_id", what, text, /*optional=*/true);
   j.device = string_field(o, "device", what, text, /*optional=*/true);
   j.snapshot_endpoint = string_field(o, "snapshot_endpoint", what, text, /*optional=*/true);
+  if (const json::value* m = o.if_contains("monotonic_ms"); m && m->is_number())
+    j.monotonic_ms = m->to_number<double>();
   if (j.node < 1)
     throw ProtocolError(fmt::format("{} names node {} (ids start at 1): '{}'", what, j.node, text));
   for (int s : j.slots)

@@ -411,3 +411,16 @@ TEST_CASE("scheduler: a leaving node's released slots get no standby; a running 
   h.drain();
   CHECK(h.killed == std::vector<int>{1});
 }
+
+TEST_CASE("node hub: a node's clock offset from its join record, for its resize timings") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0}, [] { return 5000.0; });
+  NodeJoin j = join_record(1);
+  j.monotonic_ms = 1200.5;
+  b.set(keys::node_join(1), j.to_json());
+  hub.on_key(keys::node_join(1));
+  CHECK(hub.clock_offset_ms(1) == doctest::Approx(3799.5));
+  CHECK(hub.clock_offset_ms(0) == 0);
+  CHECK(hub.clock_offset_ms(7) == 0);
+  CHECK(NodeJoin::from_json(j.to_json()).monotonic_ms == doctest::Approx(1200.5));
+}

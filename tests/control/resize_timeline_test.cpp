@@ -145,3 +145,21 @@ TEST_CASE(
   CHECK(lines[0].find("E3") == std::string::npos);
   CHECK(lines[1] == "  gpu 0 leaver: seen 1630.4, left 3918.7");
 }
+
+TEST_CASE("another node's record is moved onto node 0's clock by its offset") {
+  // Node 1's host clock reads 1,000,000 ms less than node 0's (NodeHub::clock_offset_ms).
+  double now = 1000;
+  ResizeTimeline t([&] { return now; });
+  t.config_seen();
+  now = 1500;
+  t.decision_written(grow());
+  CHECK(t.on_record(1, 0, R"({"role":"source","marks":{"comm":1900,"resumed":1907}})"));
+  CHECK(t.on_record(1, 1, R"({"role":"joiner","marks":{"ready":890,"comm":900,"resumed":908}})",
+                    1000.0));
+  const json::object e = event_of(t);
+  CHECK(e.at("total_ms").to_number<double>() == doctest::Approx(908));  // not -92
+  const json::object& p = e.at("phases_ms").as_object();
+  CHECK(p.at("ready").to_number<double>() == doctest::Approx(390));
+  CHECK(e.at("ranks").as_array()[1].at("ms").at("ready").to_number<double>() ==
+        doctest::Approx(890));
+}

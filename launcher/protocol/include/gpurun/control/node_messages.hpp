@@ -50,6 +50,10 @@ struct NodeJoin {
   /// Where its gpurun serves its pause snapshot to other nodes ("ip:port", the address it
   /// reaches node 0's store from); "" = it serves none.
   std::string snapshot_endpoint;
+  /// Its host's monotonic clock (CLOCK_MONOTONIC, ms) when it wrote this record: node 0 takes
+  /// the difference to its own clock at reading it as that host's clock offset (to one store
+  /// latency), so the resize timings of its processes compare with node 0's. 0 = not given.
+  double monotonic_ms = 0;
   std::string to_json() const;
   /// Throws ProtocolError naming the field.
   static NodeJoin from_json(std::string_view text);
