@@ -497,11 +497,12 @@ class Validator {
         else
           e.cost_threshold_j = *v;
       }
-    } else if (k == "cost_threshold_factor") {
-      if (auto v = number(value, "energy.cost_threshold_factor", "a number >= 1")) {
+    } else if (k == "cost_threshold_factor" || k == "beta_knob") {  // beta_knob: Zeus' name
+      const std::string name = fmt::format("energy.{}", k);
+      if (auto v = number(value, name, "a number >= 1")) {
         if (*v < 1)
-          error(value.source(), "energy.cost_threshold_factor",
-                fmt::format("{} is smaller than 1", float_text(*v)), "a number >= 1");
+          error(value.source(), name, fmt::format("{} is smaller than 1", float_text(*v)),
+                "a number >= 1");
         else
           e.cost_threshold_factor = *v;
       }
@@ -633,6 +634,11 @@ class Validator {
              "scale", "allowed_gpus", "scale_warmup_epochs", "scale_measure_epochs",
              "scale_recheck_epochs"});
     }
+    if (const toml::node* beta = table->get("beta_knob");
+        beta && table->contains("cost_threshold_factor"))
+      error(beta->source(), "energy.beta_knob",
+            "is given beside cost_threshold_factor, its other name (Zeus' β)",
+            "one of beta_knob and cost_threshold_factor");
     if (settle_at && e.profile_cooldown_s > 0 && e.profile_settle_s > e.profile_cooldown_s)
       warn(*settle_at,
            fmt::format("energy.profile_settle_s = {} s is longer than profile_cooldown_s = {} s: "

@@ -122,6 +122,11 @@ global = 512
          c.warnings = {"config.toml:2:1: unknown key 'energy.cost' (ignored)",
                        "config.toml:3:2: [restart] is not yet used (ignored)"};
        })},
+      {"energy: beta_knob is Zeus' name of cost_threshold_factor", "[energy]\nbeta_knob = 3",
+       with([](Config& c) {
+         c.energy.present = true;
+         c.energy.cost_threshold_factor = 3;
+       })},
       {"energy: every key", R"([energy]
 monitor = true
 period_s = 0.2
@@ -367,6 +372,11 @@ TEST_CASE("parse_config: invalid files give exact, actionable errors") {
       {"factor below 1", "[energy]\ncost_threshold_factor = 0.5",
        "config.toml:2:25: energy.cost_threshold_factor: 0.5 is smaller than 1; allowed: a number "
        ">= 1"},
+      {"beta_knob below 1", "[energy]\nbeta_knob = 0.5",
+       "config.toml:2:13: energy.beta_knob: 0.5 is smaller than 1; allowed: a number >= 1"},
+      {"beta_knob beside its other name", "[energy]\ncost_threshold_factor = 2\nbeta_knob = 3",
+       "config.toml:3:13: energy.beta_knob: is given beside cost_threshold_factor, its other name "
+       "(Zeus' β); allowed: one of beta_knob and cost_threshold_factor"},
       {"period too short", "[energy]\nperiod_s = 0.001",
        "config.toml:2:12: energy.period_s: 0.001 is out of range; allowed: a number of seconds "
        "from 0.01 to 5"},
