@@ -39,6 +39,13 @@ std::string start_time(long pid) {
   return field;
 }
 
+/// This process's pid namespace ("pid:[4026531836]"); empty when /proc does not say.
+std::string pid_namespace() {
+  std::error_code ec;
+  const fs::path ns = fs::read_symlink("/proc/self/ns/pid", ec);
+  return ec ? std::string() : ns.string();
+}
+
 std::string make_temp(const std::string& tmpl_in) {
   std::string tmpl = tmpl_in;
   if (!::mkdtemp(tmpl.data()))
@@ -85,7 +92,9 @@ RunDir make_run_dir(const std::optional<std::string>& log_dir, const std::string
       fs::absolute(make_temp(fmt::format("{}/gpurun-{}-XXXXXX", dir, safe.substr(0, 64)))).string();
   out.temporary = true;
   std::ofstream owner(out.path + "/" + kOwnerFile);
-  owner << ::getpid() << " " << start_time(::getpid()) << "\n";
+  // Its pid namespace too: a pid means nothing in another one (a container, `unshare -p`
+  // sharing /tmp), whose gpurun must not take this run dir for a dead owner's.
+  owner << ::getpid() << " " << start_time(::getpid()) << " " << pid_namespace() << "\n";
   return out;
 }
 
@@ -104,8 +113,9 @@ int remove_stale_run_dirs(const std::string& base) {
       continue;
     }
     long pid = 0;
-    std::string started;
-    if (!(in >> pid >> started) || pid <= 0) continue;              // kept logs, or being created
+    std::string started, ns;
+    if (!(in >> pid >> started) || pid <= 0) continue;  // kept logs, or being created
+    if (in >> ns && ns != pid_namespace()) continue;    // its pid is not ours to look up
     if (pid == ::getpid() || start_time(pid) == started) continue;  // owner still runs
     remove_snapshot(e.path().string());  // a pause's state in /dev/shm, if the owner left one
     std::error_code rm;

@@ -69,6 +69,12 @@ TEST_CASE("run dir: temporary dirs live under $TMPDIR/gpurun-<uid>/runs and stal
   CHECK(fs::path(mine.path).parent_path() == base);
   CHECK(fs::path(mine.path).filename().string().rfind("gpurun-a_b_c-", 0) == 0);
   CHECK(fs::exists(fs::path(mine.path) / "owner"));
+  {  // the owner file names our pid namespace
+    std::ifstream owner(fs::path(mine.path) / "owner");
+    std::string pid, started, ns;
+    owner >> pid >> started >> ns;
+    CHECK(ns == fs::read_symlink("/proc/self/ns/pid").string());
+  }
 
   // A dir whose owner died (kill -9 of gpurun), one without owner (kept logs), and ours.
   const fs::path stale = fs::path(base) / "gpurun-none-dead00";
@@ -79,13 +85,26 @@ TEST_CASE("run dir: temporary dirs live under $TMPDIR/gpurun-<uid>/runs and stal
   std::ofstream(reused / "owner") << 1 << " 999999999999\n";
   const fs::path kept = fs::path(base) / "gpurun-none-kept00";
   fs::create_directories(kept);
+  // A gpurun of another pid namespace (a container or `unshare -p` sharing /tmp): its pid
+  // cannot be looked up here, so its run dir is never taken for a dead owner's. Before, a
+  // node of the network-namespace tests deleted the run dirs of every gpurun beside it.
+  const fs::path other_ns = fs::path(base) / "gpurun-none-otherns";
+  fs::create_directories(other_ns);
+  std::ofstream(other_ns / "owner") << dead_pid() << " 12345 pid:[1]\n";
+  // Ours names our namespace: a dead owner of ours is still found.
+  const fs::path dead_ns = fs::path(base) / "gpurun-none-deadns";
+  fs::create_directories(dead_ns);
+  std::ofstream(dead_ns / "owner")
+      << dead_pid() << " 12345 " << fs::read_symlink("/proc/self/ns/pid").string() << "\n";
   // The dead owner had paused an elastic job: its state snapshot (in /dev/shm) goes too;
   // the live run's stays.
   const std::string stale_snapshot = snapshot_path(stale.string());
   const std::string live_snapshot = snapshot_path(mine.path);
   std::ofstream(stale_snapshot) << "state";
   std::ofstream(live_snapshot) << "state";
-  CHECK(remove_stale_run_dirs(base) == 2);
+  CHECK(remove_stale_run_dirs(base) == 3);
+  CHECK(fs::exists(other_ns));
+  CHECK_FALSE(fs::exists(dead_ns));
   CHECK_FALSE(fs::exists(stale_snapshot));
   CHECK(fs::exists(live_snapshot));
   remove_snapshot(mine.path);
