@@ -50,7 +50,7 @@ if [[ $case == shrink ]]; then
   touch "$W/out/fast"
   expect_state "$j" "COMPLETED 0:0" "shrink"
   expect "$o" "^srun: error: $N2: task 1: Killed" 1 "shrink: Slurm killed node 1's gpurun"
-  expect "$o" "^gpurun: node 1 \($N2, gpurun pid [0-9]+\) was lost" 1 "shrink: node 0 saw node 1 lost"
+  expect "$o" "^gpurun: node 1 \([^,]+, gpurun pid [0-9]+\) was lost" 1 "shrink: node 0 saw node 1 lost"
   expect "$o" "node 0's gpurun exited 0" 1 "shrink: the job's status is node 0's"
   grep -q "Killing JobId=$j StepId=0 on failed node $N2" "$T/log/slurmctld.log" ||
     fail "shrink: slurmctld did not kill step $j.0 on $N2"
@@ -74,7 +74,7 @@ elif [[ $case == join ]]; then
     "join: the second allocation's gpurun joined"
   expect "$ok" "^gpurun: node 1: node 0 ended the job \(the job finished\): exit status 0" 1 \
     "join: node 0 ended node 1"
-  expect "$o" "^gpurun: node 1 \($N2, gpurun pid [0-9]+\) joined the job" 1 "join: node 0 took node 1"
+  expect "$o" "^gpurun: node 1 \([^,]+, gpurun pid [0-9]+\) joined the job" 1 "join: node 0 took node 1"
   WORLDS="2 4"
 else
   fail "unknown case '$case' (shrink, join)"
