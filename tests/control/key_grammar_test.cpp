@@ -18,12 +18,25 @@ namespace {
 // share (docs/control-protocol.md#keys), the path pieces a parser of them would match, and the
 // parsers the module absorbed.
 constexpr std::string_view kForbidden[] = {
-    R"("gpurun/gen)",        R"("gpurun/slot)", R"("gpurun/static)",
-    R"("gpurun/generation)", R"("gpurun/energy)", R"("/joined/)",    R"("/report/)",
-    R"("/decision)",         R"("/start")",     R"("/timing/)",
-    R"("/parked/)",          R"("/wake/)",      R"("/ready/)",
-    R"("/admit/)",           R"("/go/)",        R"("/error/)",
-    "parse_gen_key(",        "parse_slot_key(", "ResizeTimeline::parse_key(",
+    R"("gpurun/gen)",
+    R"("gpurun/slot)",
+    R"("gpurun/static)",
+    R"("gpurun/generation)",
+    R"("gpurun/energy)",
+    R"("/joined/)",
+    R"("/report/)",
+    R"("/decision)",
+    R"("/start")",
+    R"("/timing/)",
+    R"("/parked/)",
+    R"("/wake/)",
+    R"("/ready/)",
+    R"("/admit/)",
+    R"("/go/)",
+    R"("/error/)",
+    "parse_gen_key(",
+    "parse_slot_key(",
+    "ResizeTimeline::parse_key(",
 };
 
 bool keys_module(const fs::path& p) {
