@@ -114,12 +114,15 @@ def rand_of(dtype, shape):
 
 
 def check_many(tensors, chunk_words, refs=None):
+    # Both ways of taking CPU tensors' sums: the plain loop (the default) and the chunked
+    # prefix sums a GPU takes (a CPU joiner compares its checksum with a GPU source's).
     refs = refs if refs is not None else [_word_sums(t).tolist() for t in tensors]
-    got = _word_sums_many(tensors, chunk_words)  # None: the default
-    assert len(got) == len(tensors), (len(got), len(tensors))
-    for j, (t, g, r) in enumerate(zip(tensors, got, refs)):
-        assert g == r, (chunk_words, j, t.dtype, tuple(t.shape), t.stride(), g, r)
-        assert all(type(x) is int and -2**63 <= x < 2**63 for x in g), g
+    for cpu_loop in (True, False):
+        got = _word_sums_many(tensors, chunk_words, cpu_loop=cpu_loop)  # None: the default
+        assert len(got) == len(tensors), (len(got), len(tensors))
+        for j, (t, g, r) in enumerate(zip(tensors, got, refs)):
+            assert g == r, (chunk_words, cpu_loop, j, t.dtype, tuple(t.shape), t.stride(), g, r)
+            assert all(type(x) is int and -2**63 <= x < 2**63 for x in g), g
 
 
 dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -174,7 +177,20 @@ except ValueError as e:
 else:
     raise AssertionError("chunk_words=0 was accepted")
 assert _CHUNK_WORDS == 32 << 20  # the C++ StateChecksum::kDefaultChunkWords
-print("python_units: chunked word sums equal the per-tensor ones")
+# CPU tensors take no prefix sums (they wrote 4-5 bytes of fresh memory per byte of state, on
+# one thread: 5.6 s per GB of a resize's checksum on the CI machine); a requires-grad tensor
+# is read as it is.
+big = [rand_of(torch.int32, (3 * _CPU_CHUNK_WORDS + 7,)), rand_of(torch.float16, (5,)),
+       torch.randn(9, requires_grad=True)]
+want_big = [_word_sums(t.detach()).tolist() for t in big]
+real_cumsum = torch.cumsum
+torch.cumsum = None  # any call fails
+try:
+    got_big = _word_sums_many(big)
+finally:
+    torch.cumsum = real_cumsum
+assert got_big == want_big, (got_big, want_big)
+print("python_units: chunked word sums equal the per-tensor ones; the CPU's take no prefix sums")
 
 # checksum() hashes exactly what it hashed with one _word_sums per tensor (old_checksum: its
 # code before the chunked sums), for a state with AdamW moments, 0-d, odd-sized, bool, empty

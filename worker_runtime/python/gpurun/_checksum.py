@@ -5,6 +5,7 @@ structure. Exact integers: CPU and CUDA agree. Not cryptographic.
 """
 import hashlib
 
+import numpy as np
 import torch
 
 
@@ -37,6 +38,36 @@ _CHUNK_WORDS = 32 << 20
 # (400 tensors) ~9x slower than one _word_sums per tensor; at 1 Mi words it is about as fast.
 _CPU_CHUNK_WORDS = 1 << 20
 _MASK64 = (1 << 64) - 1
+# Words per block of _cpu_word_sums (4 MiB of state; an 8 MiB uint64 buffer).
+_CPU_LOOP_WORDS = 1 << 20
+
+
+def _cpu_word_sums(t):
+    """[S, P] (Python ints modulo 2^64) of a CPU tensor: _word_sums(t)'s definition, in one pass
+    over t's bytes (a numpy view; a contiguous copy only where t is not contiguous), per block
+    of _CPU_LOOP_WORDS words: the words cast into one reused uint64 buffer (sign-extended:
+    C's conversion modulo 2^64), S_b = its sum and P_b = its dot with 1..L, both wrapping in
+    uint64; a block at word k adds S_b and P_b + k*S_b. The C++ runtime's cpu_word_sums()
+    (worker_runtime/src/state/state_checksum.hpp). 0.68 s for 1.07 GB on the 2-core CI machine
+    against 5.6 s for the chunked prefix sums there."""
+    if t.numel() == 0:
+        return [0, 0]
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    n, rest = divmod(b.size, 4)
+    w = b[:4 * n].view(np.int32)  # numpy reads a view that starts inside a word
+    if rest:
+        w = np.concatenate([w, np.frombuffer(bytes(b[4 * n:]) + bytes(4 - rest), np.int32)])
+    ones = np.arange(1, min(len(w), _CPU_LOOP_WORDS) + 1, dtype=np.uint64)
+    buf = np.empty(len(ones), dtype=np.uint64)
+    s_all = p_all = 0
+    for k in range(0, len(w), _CPU_LOOP_WORDS):
+        block = w[k:k + _CPU_LOOP_WORDS]
+        u = buf[:len(block)]
+        np.copyto(u, block, casting="unsafe")
+        s = int(u.sum(dtype=np.uint64))
+        s_all += s
+        p_all += int(u @ ones[:len(block)]) + k * s
+    return [s_all & _MASK64, p_all & _MASK64]
 
 
 def _words(t):
@@ -51,7 +82,7 @@ def _words(t):
     return b.view(torch.int32)
 
 
-def _word_sums_many(tensors, chunk_words=None):
+def _word_sums_many(tensors, chunk_words=None, cpu_loop=True):
     """[S, P] (Python ints, signed int64 values) per tensor of `tensors`, in order: the sums of
     _word_sums(t), computed as the C++ runtime's StateChecksum::tensor_sums() does. Per device,
     the tensors' words are packed in order into chunks of at most `chunk_words` words (a tensor
@@ -62,13 +93,16 @@ def _word_sums_many(tensors, chunk_words=None):
     per tensor. Blocks: one device->host copy per device (all devices' work is queued first).
     Device memory: per chunk the copy of its words (torch.cat, unless one piece fills it) and
     the two int64 prefix sums, 16 bytes per word. `chunk_words`: words per chunk, > 0; None:
-    _CHUNK_WORDS, on the CPU _CPU_CHUNK_WORDS."""
+    _CHUNK_WORDS, on the CPU _CPU_CHUNK_WORDS. `cpu_loop`: CPU tensors take _cpu_word_sums
+    instead (the same values; False: the chunks on the CPU too, for tests)."""
     if chunk_words is not None and chunk_words <= 0:
         raise ValueError(f"_word_sums_many: chunk_words must be > 0, got {chunk_words}")
     sums = [[0, 0] for _ in tensors]
     by_device = {}  # device -> [(tensor index, words)]
     for i, t in enumerate(tensors):
-        if t.numel() > 0:
+        if cpu_loop and t.device.type == "cpu":
+            sums[i] = _cpu_word_sums(t)
+        elif t.numel() > 0:
             by_device.setdefault(t.device, []).append((i, _words(t)))
     pending = []  # per device: (chunks of pieces (tensor index, offset, len, begin), tensor)
     for device, items in by_device.items():

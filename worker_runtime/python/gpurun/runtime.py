@@ -321,7 +321,8 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
         tensors' words in chunks of _CHUNK_WORDS words (128 MiB of state; _CPU_CHUNK_WORDS on
         the CPU), about ten operations per chunk instead of per tensor. Temporary device memory:
         one chunk's two int64 prefix sums (16 bytes per word, 512 MiB) plus the copy of its
-        words that packs it (4 bytes per word)."""
+        words that packs it (4 bytes per word). CPU tensors: one pass over their bytes in
+        blocks of 1 Mi words (_cpu_word_sums; 8 MiB of temporary memory), the same sums."""
         with torch.no_grad():
             return _state_digest(self._state(), _word_sums_many)
 
