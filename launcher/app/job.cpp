@@ -325,6 +325,7 @@ void Job::wire_supervisor() {
     // Multi-node: node 0's NodeSync reset the store before it told the nodes to restart.
     if (store_ && !node_sync_) store_->reset_keyspace("gpurun/");
     if (energy_) energy_->restart(attempt);
+    if (energy_answers_) energy_answers_->restart();  // the old processes' windows go
   };
   // An early stop by the energy monitor: every worker exited 0, gpurun exits 3.
   supervisor_->final_status = [&](int exit_code) -> std::optional<std::pair<int, std::string>> {

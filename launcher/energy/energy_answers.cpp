@@ -64,6 +64,12 @@ void EnergyAnswers::set_reader(std::unique_ptr<EnergyReader> reader, std::string
   if (!reader_) retry();  // what waits for readings is answered now: none will come
 }
 
+void EnergyAnswers::restart() {
+  timer_.cancel();
+  open_.clear();
+  pending_.clear();
+}
+
 void EnergyAnswers::answer(const keys::EnergyAsk& ask, const std::string& json) {
   store_.set(keys::energy_answer(ask.gpu, ask.pid, ask.n), json);
 }

@@ -77,6 +77,10 @@ class EnergyAnswers {
   /// held until readings cover it), false for any other key.
   bool on_key(const std::string& key);
 
+  /// A restart attempt begins (its processes are new, the store's keys reset): the open
+  /// windows and the ends waiting for a reading are dropped, unanswered.
+  void restart();
+
   /// Windows whose end waits for a reading (tests).
   std::size_t pending() const { return pending_.size(); }
 

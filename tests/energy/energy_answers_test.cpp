@@ -216,3 +216,21 @@ TEST_CASE("the stop question gets the job's stop fields; other keys are not take
   CHECK(std::string(f.answer(0, 1)->at("error").as_string()).find("unknown op 'watts'") !=
         std::string::npos);
 }
+
+TEST_CASE("a restart drops the old processes' windows and the ends still waiting") {
+  Fixture f;
+  f.ask(0, 0, Fixture::window(EnergyQuestion::Op::kBegin, f.clock.unix_seconds()));
+  f.clock.advance(1s);
+  f.ask(0, 1, Fixture::window(EnergyQuestion::Op::kEnd, f.clock.unix_seconds()));
+  f.ask(1, 0, Fixture::window(EnergyQuestion::Op::kBegin, f.clock.unix_seconds()));
+  REQUIRE(f.answers->pending() == 1);
+  f.answers->restart();
+  CHECK(f.answers->pending() == 0);
+  f.monitor->read_until = f.clock.unix_seconds() + 60;
+  f.clock.advance(20s);
+  CHECK_FALSE(f.answer(0, 1));  // no answer into the new attempt's keyspace
+  // The old window is gone: its end is refused.
+  f.ask(1, 1, Fixture::window(EnergyQuestion::Op::kEnd, f.clock.unix_seconds()));
+  REQUIRE(f.answer(1, 1));
+  CHECK(f.answer(1, 1)->contains("error"));
+}
