@@ -112,8 +112,8 @@ fi
 nsenter -t "${holders[0]}" -m rm /dev/shm/node0-only
 echo "$TEST: nodes 0..$((NODES - 1)) at $(addr 0)..$(addr $((NODES - 1))), each its own /dev/shm"
 export NETNS_REAL_GPURUN=$GPURUN NETNS_HOLDERS="${holders[*]}"
-# A temp folder of its own: these gpuruns' PIDs are of this PID namespace, so another gpurun on
-# the machine would take their run folders in /tmp/gpurun-<uid>/runs for stale and remove them.
+# A temp folder of its own: the run folders of gpuruns of this PID namespace stay out of the
+# machine's /tmp/gpurun-<uid>/runs (before 585eb97 each side took the other's for stale).
 TMPDIR=$(mktemp -d)
 export TMPDIR
 rc=0
