@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """[batch] global under resizes, for tests/python/run_global_batch.sh: Runtime.steps() with a
 fixed global batch; rank 0 appends "epoch loss world" lines to OUT/loss (the epoch's mean loss
-over all its samples, all ranks).
+over all its samples, all ranks). Between epochs (after the epoch's loss all-reduce, before
+its boundary) each rank writes the epoch to OUT/reduced.<job slot>, sleeps SLEEP_S (none once
+OUT/fast exists) and waits while OUT/hold exists (rank 0 then writes the epoch to OUT/held):
+tests/python/run_nodes_global_batch.sh kills a node there, where no step is cut in half.
 
     gpurun --config config.toml --nproc N --device cpu python3 global_batch.py OUT EPOCHS SLEEP_S
 """
@@ -38,7 +41,16 @@ for epoch in rt.epochs(epochs):
         opt.step()
     if dist.is_initialized():
         dist.all_reduce(total)
+    with open(os.path.join(out, f"reduced.{os.environ.get('GPURUN_SLOT', '0')}"), "w") as f:
+        f.write(f"{epoch}\n")
     if rt.rank == 0:
         with open(os.path.join(out, "loss"), "a") as f:
             f.write(f"{epoch} {total[0].item() / total[1].item():.12g} {rt.world_size}\n")
-    time.sleep(sleep_s)
+    while os.path.exists(os.path.join(out, "hold")):
+        if rt.rank == 0 and not os.path.exists(os.path.join(out, "held")):
+            with open(os.path.join(out, "held.new"), "w") as f:
+                f.write(f"{epoch}\n")
+            os.rename(os.path.join(out, "held.new"), os.path.join(out, "held"))
+        time.sleep(0.05)
+    if not os.path.exists(os.path.join(out, "fast")):
+        time.sleep(sleep_s)
