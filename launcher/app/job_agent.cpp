@@ -52,6 +52,9 @@ void Job::block_with_signals(const std::function<void()>& work,
   while (!done || waiting) io_.run_one();
   guard.reset();
   worker.join();
+  // A run_one() that found io out of work (between the join's handlers) leaves it stopped: the
+  // job's own io_.run() would then return at once and end it (exit 1, no word).
+  if (io_.stopped()) io_.restart();
 }
 
 std::vector<int> Job::agent_offer() const {
