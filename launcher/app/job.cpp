@@ -375,12 +375,12 @@ void Job::wire_done() {
   supervisor_->on_done = [&](int exit_code) {
     status_refresh_.cancel();
     if (health_) health_->close();
+    stop_metrics();
     if (energy_) energy_->finish(exit_code);
     if (auto_scale_) auto_scale_->finish();
     const auto close_store = [&] {
       boost::system::error_code ignored;
       signals_.cancel(ignored);
-    stop_metrics();
       if (agent_) agent_->close();  // node 0 sees this node leave now
       if (store_) store_->close();
       io_.stop();
