@@ -104,6 +104,7 @@ note "node 2 joined"
 kill -TERM "${npid[1]}"
 wait_decision '"active": \[0,1,2000,2001\]'
 wait_world 4
+wait_for 30 "node 1's gpurun (pid ${npid[1]}) to exit after its SIGTERM" eval "! kill -0 ${npid[1]} 2> /dev/null"
 rc=0
 wait "${npid[1]}" || rc=$?
 unset "npid[1]"
@@ -113,7 +114,7 @@ note "node 1 left"
 touch "$TMP/out/hold"
 wait_running 60 "rank 0 holding between epochs ($TMP/out/held)" test -s "$TMP/out/held"
 # every rank of [0,1,2000,2001] is past its all-reduce of the epoch rank 0 holds after
-reduced() { local s; for s in 0 1 2000 2001; do [[ $(cat "$TMP/out/reduced.$s") == "$1" ]] || return 1; done; }
+reduced() { local s; for s in 0 1 2000 2001; do [[ $(cat "$TMP/out/reduced.$s" 2> /dev/null) == "$1" ]] || return 1; done; }
 wait_running 30 "every rank's loss all-reduce of epoch $(cat "$TMP/out/held")" reduced "$(cat "$TMP/out/held")"
 kids=$(cat /proc/"${npid[2]}"/task/*/children 2> /dev/null)
 [[ -n $kids ]] || fail "node 2's gpurun (pid ${npid[2]}) has no worker process"
