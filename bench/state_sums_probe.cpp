@@ -1,9 +1,10 @@
 // What the state checksum's arithmetic costs on a CPU when done in one plain pass: the two sums
 // per tensor that StateChecksum stands for (S = sum of the int32 words, P = sum of (i+1) * word,
 // both mod 2^64; reference_sums in worker_runtime/src/state/state_checksum.cpp) over BYTES of
-// state, single-threaded, three times. StateChecksum computes them with two int64 cumsums per
-// 128 MiB chunk (built for GPUs); on the CPU that path is the `checksum` phase of a resize
+// state, single-threaded, three times. StateChecksum computed them with two int64 cumsums per
+// 128 MiB chunk (built for GPUs); on the CPU that path was the `checksum` phase of a resize
 // (docs/results.md#elastic-nodes-on-loopback: 3.8-18 s for 1.008 GB on the 2-core machine).
+// CPU tensors now take this loop (cpu_word_sums, worker_runtime/src/state/state_checksum.hpp).
 //
 //   state_sums_probe [BYTES, default 1007910960]
 #include <chrono>
