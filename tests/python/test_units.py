@@ -1062,3 +1062,34 @@ finally:
     if _saved_ifname is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = _saved_ifname
 print("python_units: a Gloo group listens on the interface towards gpurun's store")
+
+# The handoff's skeleton is a pickle with gpurun's _Ref placeholders: torch >= 2.6 loads only
+# plain tensors unless told otherwise (weights_only=True by default), which refused every
+# handoff of a CUDA or big tensor on the GPU machine's torch 2.11. Checked here against a
+# torch.load that behaves as 2.6's does (this machine's torch 1.13 defaults to False).
+import io  # noqa: E402
+import pickle  # noqa: E402
+from gpurun import _snapshot  # noqa: E402
+
+_state = {"model": {"w": torch.zeros(40_000), "b": torch.ones(3)}, "step": 7}
+_skeleton, _tensors = _snapshot.flatten(_state, keep=lambda t: t.numel() * t.element_size() > 65536)
+assert len(_tensors) == 1  # the big one is sent apart: a _Ref stands for it
+_buf = io.BytesIO()
+torch.save((_skeleton, [[str(t.dtype), list(t.shape), t.device.type] for t in _tensors]), _buf)
+_real_load = torch.load
+
+
+def _load_as_torch_26(f, *args, weights_only=None, **kwargs):
+    if weights_only is None or weights_only:
+        raise pickle.UnpicklingError("Weights only load failed: Unsupported global: "
+                                     "GLOBAL gpurun._snapshot._Ref")
+    return _real_load(f, *args, **kwargs)
+
+
+torch.load = _load_as_torch_26
+try:
+    _got, _metas = _snapshot.load_skeleton(_buf.getvalue())
+finally:
+    torch.load = _real_load
+assert _metas == [["torch.float32", [40000], "cpu"]], _metas
+print("python_units: the handoff's skeleton loads under torch >= 2.6's weights_only default")

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstring>
 #include <climits>
 #include <cstdint>
 #include <vector>
@@ -33,11 +34,18 @@ uint64_t finish_of(const std::vector<at::Tensor>& ts, rt::StateChecksum::CpuSums
 }
 
 // Every CPU allocation of tensor memory (c10's CPU allocator), counted, while it is installed.
+// c10::Allocator differs between the LibTorch versions gpurun builds with: allocate() is const
+// in 1.13 and not in 2.x, and 2.x adds copy_data(). Both forms are defined, without
+// `override`, so that each LibTorch takes the ones it declares.
 struct CountingAllocator final : c10::Allocator {
   explicit CountingAllocator(c10::Allocator* base) : base(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) const {
     bytes += n;
     return base->allocate(n);
+  }
+  c10::DataPtr allocate(size_t n) { return static_cast<const CountingAllocator*>(this)->allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
   }
   c10::DeleterFnPtr raw_deleter() const override { return base->raw_deleter(); }
   c10::Allocator* base;

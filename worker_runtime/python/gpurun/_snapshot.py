@@ -270,6 +270,15 @@ class SnapshotIo:
         self.files.leave_to_exit()
 
 
+def load_skeleton(data):
+    """The (skeleton, metas) pair broadcast_state's root pickled (``data``: bytes). It holds
+    gpurun's ``_Ref`` placeholders for the tensors sent apart: torch >= 2.6 loads only plain
+    tensors by default (``weights_only=True``), which refused every handoff of a CUDA or big
+    tensor; the blob is the job's own root rank's, as torch.distributed's object collectives
+    unpickle theirs. Raises what torch.load raises."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
 def broadcast_state(state, root, device, load):
     """Sends the root's ``state`` to every rank of the current process group, tensor by tensor
     on ``device`` (the backend's device: CUDA for NCCL); the skeleton and small host tensors
@@ -296,7 +305,7 @@ def broadcast_state(state, root, device, load):
     dist.broadcast(blob, root)
     total = int(n.item())
     if not is_root:
-        skeleton, metas = torch.load(io.BytesIO(blob.cpu().numpy().tobytes()), map_location="cpu")
+        skeleton, metas = load_skeleton(blob.cpu().numpy().tobytes())
         tensors = None
     received = []
     for i, (dtype, shape, dev) in enumerate(metas):
