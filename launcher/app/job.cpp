@@ -71,6 +71,7 @@ std::optional<int> Job::open_store_and_run_dir() {
         config_->notify.command, config_->notify.timeout,
         [](const std::string& line) { print_err("warning: " + line); });
   }
+  // /metrics counts the resize events (docs/metrics.md).
   const auto observe = [this](sv::EventLog& log) {
     log.set_observer(
         [this, n = notifier_.get()](std::string_view event, const std::string& record) {

@@ -3,9 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <cstring>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -43,7 +43,9 @@ struct CountingAllocator final : c10::Allocator {
     bytes += n;
     return base->allocate(n);
   }
-  c10::DataPtr allocate(size_t n) { return static_cast<const CountingAllocator*>(this)->allocate(n); }
+  c10::DataPtr allocate(size_t n) {
+    return static_cast<const CountingAllocator*>(this)->allocate(n);
+  }
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::memcpy(dest, src, count);
   }
