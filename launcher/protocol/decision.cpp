@@ -9,53 +9,16 @@
 
 #include "gpurun/check.hpp"
 #include "gpurun/control/node_messages.hpp"
+#include "json_fields.hpp"
 
 namespace gpurun::control {
 
 namespace json = boost::json;
 
-namespace {
-
-json::value parse_object(std::string_view text, std::string_view what) {
-  boost::system::error_code ec;
-  json::value root = json::parse(text, ec);
-  if (ec || !root.is_object())
-    throw ProtocolError(fmt::format("{} is not a JSON object: '{}'", what, text));
-  return root;
-}
-
-int64_t get_int(const json::object& o, std::string_view field, std::string_view what,
-                std::string_view text) {
-  const json::value* v = o.if_contains(field);
-  if (!v || !v->is_int64())
-    throw ProtocolError(fmt::format("{} lacks the integer field '{}': '{}'", what, field, text));
-  return v->as_int64();
-}
-
-std::string get_string(const json::object& o, std::string_view field, std::string_view what,
-                       std::string_view text) {
-  const json::value* v = o.if_contains(field);
-  if (!v || !v->is_string())
-    throw ProtocolError(fmt::format("{} lacks the string field '{}': '{}'", what, field, text));
-  return std::string(v->as_string());
-}
-
-std::vector<int> get_ids(const json::object& o, std::string_view field, std::string_view what,
-                         std::string_view text) {
-  const json::value* v = o.if_contains(field);
-  if (!v || !v->is_array())
-    throw ProtocolError(fmt::format("{} lacks the array field '{}': '{}'", what, field, text));
-  std::vector<int> out;
-  for (const auto& e : v->as_array()) {
-    if (!e.is_int64())
-      throw ProtocolError(
-          fmt::format("{} field '{}' holds a non-integer: '{}'", what, field, text));
-    out.push_back(static_cast<int>(e.as_int64()));
-  }
-  return out;
-}
-
-}  // namespace
+using detail::get_ids;
+using detail::get_int;
+using detail::get_string;
+using detail::parse_object;
 
 std::string_view to_string(Decision::Kind kind) {
   switch (kind) {

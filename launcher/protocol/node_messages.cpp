@@ -3,54 +3,21 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include "json_fields.hpp"
+
 namespace gpurun::control {
 
 namespace json = boost::json;
 
 namespace {
 
+// A node message: a JSON object of version 1 ("v":1).
 json::object node_object(std::string_view text, std::string_view what) {
-  boost::system::error_code ec;
-  json::value root = json::parse(text, ec);
-  if (ec || !root.is_object())
-    throw ProtocolError(fmt::format("{} is not a JSON object: '{}'", what, text));
-  const json::object& o = root.as_object();
+  const json::object o = detail::parse_object(text, what).as_object();
   const json::value* v = o.if_contains("v");
   if (!v || !v->is_int64() || v->as_int64() != 1)
     throw ProtocolError(fmt::format("{} is not version 1 (\"v\":1): '{}'", what, text));
   return o;
-}
-
-int64_t int_field(const json::object& o, std::string_view field, std::string_view what,
-                  std::string_view text, std::optional<int64_t> fallback = std::nullopt) {
-  const json::value* v = o.if_contains(field);
-  if (!v && fallback) return *fallback;
-  if (!v || !v->is_int64())
-    throw ProtocolError(fmt::format("{} lacks the integer field '{}': '{}'", what, field, text));
-  return v->as_int64();
-}
-
-std::string string_field(const json::object& o, std::string_view field, std::string_view what,
-                         std::string_view text, bool optional = false) {
-  const json::value* v = o.if_contains(field);
-  if (!v && optional) return {};
-  if (!v || !v->is_string())
-    throw ProtocolError(fmt::format("{} lacks the string field '{}': '{}'", what, field, text));
-  return std::string(v->as_string());
-}
-
-std::vector<int> ids_field(const json::object& o, std::string_view field, std::string_view what,
-                           std::string_view text) {
-  const json::value* v = o.if_contains(field);
-  if (!v || !v->is_array())
-    throw ProtocolError(fmt::format("{} lacks the array field '{}': '{}'", what, field, text));
-  std::vector<int> out;
-  for (const auto& e : v->as_array()) {
-    if (!e.is_int64() || e.as_int64() < 0)
-      throw ProtocolError(fmt::format("{} field '{}' holds a non-id: '{}'", what, field, text));
-    out.push_back(static_cast<int>(e.as_int64()));
-  }
-  return out;
 }
 
 json::array ids_array(const std::vector<int>& ids) {
@@ -113,22 +80,23 @@ NodeJoin NodeJoin::from_json(std::string_view text) {
   constexpr std::string_view what = "a node's join record";
   const json::object o = node_object(text, what);
   NodeJoin j;
-  j.node = static_cast<int>(int_field(o, "node", what, text));
-  j.host = string_field(o, "host", what, text);
-  j.pid = static_cast<int>(int_field(o, "pid", what, text));
-  j.slots = ids_field(o, "slots", what, text);
-  j.offer = ids_field(o, "offer", what, text);
-  j.run_id = string_field(o, "run_id", what, text, /*optional=*/true);
-  j.device = string_field(o, "device", what, text, /*optional=*/true);
-  j.snapshot_endpoint = string_field(o, "snapshot_endpoint", what, text, /*optional=*/true);
+  j.node = static_cast<int>(detail::get_int(o, "node", what, text));
+  j.host = detail::get_string(o, "host", what, text);
+  j.pid = static_cast<int>(detail::get_int(o, "pid", what, text));
+  j.slots = detail::get_ids(o, "slots", what, text);
+  j.offer = detail::get_ids(o, "offer", what, text);
+  j.run_id = detail::get_optional_string(o, "run_id", what, text);
+  j.device = detail::get_optional_string(o, "device", what, text);
+  j.snapshot_endpoint = detail::get_optional_string(o, "snapshot_endpoint", what, text);
   if (const json::value* m = o.if_contains("monotonic_ms"); m && m->is_number())
     j.monotonic_ms = m->to_number<double>();
   if (j.node < 1)
     throw ProtocolError(fmt::format("{} names node {} (ids start at 1): '{}'", what, j.node, text));
-  for (int s : j.slots)
-    if (s >= kSlotsPerNode)
-      throw ProtocolError(fmt::format("{} names local slot {} (at most {} per node): '{}'", what, s,
-                                      kSlotsPerNode, text));
+  for (const std::vector<int>* ids : {&j.slots, &j.offer})
+    for (int s : *ids)
+      if (s < 0 || s >= kSlotsPerNode)
+        throw ProtocolError(fmt::format("{} names local slot {} (local slots are 0 to {}): '{}'",
+                                        what, s, kSlotsPerNode - 1, text));
   return j;
 }
 
@@ -156,7 +124,7 @@ NodeEvent NodeEvent::from_json(std::string_view text) {
   constexpr std::string_view what = "a node's event";
   const json::object o = node_object(text, what);
   NodeEvent e;
-  const std::string kind = string_field(o, "kind", what, text);
+  const std::string kind = detail::get_string(o, "kind", what, text);
   if (kind == "spawned")
     e.kind = Kind::kSpawned;
   else if (kind == "exited")
@@ -165,18 +133,18 @@ NodeEvent NodeEvent::from_json(std::string_view text) {
     e.kind = Kind::kSnapshotFetched;
   else
     throw ProtocolError(fmt::format("{} has the unknown kind '{}': '{}'", what, kind, text));
-  e.slot = static_cast<int>(int_field(o, "slot", what, text));
-  e.pid = static_cast<int>(int_field(o, "pid", what, text));
+  e.slot = static_cast<int>(detail::get_int(o, "slot", what, text));
+  e.pid = static_cast<int>(detail::get_int(o, "pid", what, text));
   if (e.kind == Kind::kExited) {
-    e.code = static_cast<int>(int_field(o, "code", what, text));
-    e.signal = static_cast<int>(int_field(o, "signal", what, text));
-    e.how = string_field(o, "how", what, text);
+    e.code = static_cast<int>(detail::get_int(o, "code", what, text));
+    e.signal = static_cast<int>(detail::get_int(o, "signal", what, text));
+    e.how = detail::get_string(o, "how", what, text);
   }
   if (e.kind == Kind::kSnapshotFetched) {
-    e.how = string_field(o, "how", what, text);
-    e.serial = int_field(o, "serial", what, text);
-    e.bytes = int_field(o, "bytes", what, text);
-    e.ms = int_field(o, "ms", what, text);
+    e.how = detail::get_string(o, "how", what, text);
+    e.serial = detail::get_int(o, "serial", what, text);
+    e.bytes = detail::get_int(o, "bytes", what, text);
+    e.ms = detail::get_int(o, "ms", what, text);
   }
   return e;
 }
@@ -216,29 +184,29 @@ NodeCommand NodeCommand::from_json(std::string_view text) {
   constexpr std::string_view what = "node 0's command";
   const json::object o = node_object(text, what);
   NodeCommand c;
-  const std::string kind = string_field(o, "kind", what, text);
+  const std::string kind = detail::get_string(o, "kind", what, text);
   if (kind == "spawn") {
     c.kind = Kind::kSpawn;
-    c.slot = static_cast<int>(int_field(o, "slot", what, text));
-    c.generation = int_field(o, "generation", what, text);
-    c.warm = int_field(o, "warm", what, text);
+    c.slot = static_cast<int>(detail::get_int(o, "slot", what, text));
+    c.generation = detail::get_int(o, "generation", what, text);
+    c.warm = detail::get_int(o, "warm", what, text);
     const json::value* sb = o.if_contains("standby");
     c.standby = sb && sb->is_bool() && sb->as_bool();
-    c.decision = Decision::from_json(string_field(o, "decision", what, text));
+    c.decision = Decision::from_json(detail::get_string(o, "decision", what, text));
   } else if (kind == "kill") {
     c.kind = Kind::kKill;
-    c.slot = static_cast<int>(int_field(o, "slot", what, text));
+    c.slot = static_cast<int>(detail::get_int(o, "slot", what, text));
   } else if (kind == "release") {
     c.kind = Kind::kRelease;
-    c.reason = string_field(o, "reason", what, text, /*optional=*/true);
+    c.reason = detail::get_optional_string(o, "reason", what, text);
   } else if (kind == "exit") {
     c.kind = Kind::kExit;
-    c.code = static_cast<int>(int_field(o, "code", what, text));
-    c.reason = string_field(o, "reason", what, text, /*optional=*/true);
+    c.code = static_cast<int>(detail::get_int(o, "code", what, text));
+    c.reason = detail::get_optional_string(o, "reason", what, text);
   } else if (kind == "fetch_snapshot") {
     c.kind = Kind::kFetchSnapshot;
-    c.endpoint = string_field(o, "endpoint", what, text);
-    c.serial = int_field(o, "serial", what, text);
+    c.endpoint = detail::get_string(o, "endpoint", what, text);
+    c.serial = detail::get_int(o, "serial", what, text);
   } else {
     throw ProtocolError(fmt::format("{} has the unknown kind '{}': '{}'", what, kind, text));
   }

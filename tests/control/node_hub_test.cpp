@@ -107,6 +107,11 @@ TEST_CASE("node messages: every record decodes to itself; a bad one names what i
                        doctest::Contains("lacks the string field 'host'"), ProtocolError);
   CHECK_THROWS_WITH_AS(NodeEvent::from_json("{\"v\":2}"), doctest::Contains("version 1"),
                        ProtocolError);
+  NodeJoin bad = join_record(1);
+  bad.offer = {-1};
+  CHECK_THROWS_WITH_AS(NodeJoin::from_json(bad.to_json()),
+                       doctest::Contains("names local slot -1 (local slots are 0 to 999)"),
+                       ProtocolError);
   CHECK_THROWS_WITH_AS(NodeCommand::from_json("{\"v\":1,\"kind\":\"dance\"}"),
                        doctest::Contains("unknown kind 'dance'"), ProtocolError);
 }
