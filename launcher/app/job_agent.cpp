@@ -27,6 +27,16 @@ namespace gpurun::app {
 namespace asio = boost::asio;
 namespace sv = gpurun::supervisor;
 
+namespace {
+
+// "gpu 0, gpu 1", or what an empty offer means.
+std::string offer_text(const std::vector<int>& offer) {
+  if (offer.empty()) return "none of them yet (its config's active_gpus is empty)";
+  return "gpu " + gpurun::control::join_ids(offer, ", gpu ");
+}
+
+}  // namespace
+
 bool Job::agent_mode() const {
   return opt_.config.has_value() && plan_.nnodes > 1 && plan_.node_rank > 0;
 }
@@ -128,10 +138,9 @@ std::optional<int> Job::join_elastic() {
   }
   agent_stores_ = {std::move(commands), std::move(events)};
   print_err(fmt::format(
-      "node {}: joined node 0's elastic job '{}' at {} with {} slot(s), offering gpu {}; its "
+      "node {}: joined node 0's elastic job '{}' at {} with {} slot(s), offering {}; its "
       "processes start on node 0's commands (at a boundary)",
-      joined.node, joined.run_id, where, slot_ids_.size(),
-      gpurun::control::join_ids(agent_offer(), ", gpu ")));
+      joined.node, joined.run_id, where, slot_ids_.size(), offer_text(agent_offer())));
   return std::nullopt;
 }
 
@@ -147,8 +156,8 @@ void Job::build_agent() {
     try {
       config_ = gpurun::control::load_config(*opt_.config, slot_ids_);
     } catch (const gpurun::control::ConfigError& e) {
-      print_err(fmt::format("node {}: warning: {}; this node's offer stays gpu {}", plan_.node_rank,
-                            e.what(), gpurun::control::join_ids(agent_offer(), ", gpu ")));
+      print_err(fmt::format("node {}: warning: {}; this node's offer stays {}", plan_.node_rank,
+                            e.what(), offer_text(agent_offer())));
     }
     return agent_offer();
   };
