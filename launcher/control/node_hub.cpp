@@ -56,6 +56,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
                         live_nodes() + 1, opt_.max_nodes);
         out.lines.push_back(fmt::format("{} is refused: {}", n.name, why));
         n.lost = true;
+        n.refused = true;
         Node& kept = nodes_[k] = std::move(n);
         NodeCommand c;
         c.kind = NodeCommand::Kind::kExit;
@@ -294,9 +295,11 @@ std::string NodeHub::status_json() const {
     o.add("node", k)
         .add("host", n.join.host)
         .add("pid", n.join.pid)
-        .add("state", n.lost            ? "lost"
+        // A node told to go (released, refused, the job's end) that then disconnects is not lost.
+        .add("state", n.refused         ? "refused"
                       : n.released      ? "released"
                       : n.ended         ? "ended"
+                      : n.lost          ? "lost"
                       : n.leaving       ? "leaving"
                       : n.offer.empty() ? "idle"
                                         : "live")

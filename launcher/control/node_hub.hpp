@@ -106,6 +106,7 @@ class NodeHub {
     bool lost = false;
     bool leaving = false;   ///< it said so (keys::node_leave): its offer is gone for good
     bool released = false;  ///< told release
+    bool refused = false;   ///< beyond --nnodes MAX: told exit at its join
     bool ended = false;     ///< told exit
     int64_t next_command = 0;
     std::string name;            ///< "node 1 (host)"

@@ -186,9 +186,10 @@ TEST_CASE("node hub: a leaving node loses its offer and is released once nothing
   hub.release_idle([](int) { return false; });
   CHECK(command(b, 1, 1).kind == NodeCommand::Kind::kRelease);
   CHECK(hub.live_nodes() == 0);
-  // its disconnect afterwards is no loss
+  // its disconnect afterwards is no loss: status.json keeps it released
   b.set(keys::node_lost(1), "1");
   CHECK(hub.on_key(keys::node_lost(1))->lines.empty());
+  CHECK(hub.status_json().find("\"state\": \"released\"") != std::string::npos);
 }
 
 TEST_CASE("node hub: a leaving node the controller keeps (its pause snapshot) is released later") {
@@ -268,6 +269,8 @@ TEST_CASE("node hub: a node beyond --nnodes MAX is refused with an exit command"
   const NodeCommand c = command(b, 2, 0);
   CHECK(c.kind == NodeCommand::Kind::kExit);
   CHECK(c.code == 1);
+  CHECK(hub.status_json().find("\"node\": 2, \"host\": \"host2\", \"pid\": 4002, "
+                               "\"state\": \"refused\"") != std::string::npos);
 }
 
 TEST_CASE("node hub: the job's end tells every live node to exit, once") {
