@@ -215,6 +215,11 @@ std::string program_error_text(int gpu, int rank, int64_t generation, int pid,
   return text;
 }
 
+/// Whether a program's error is a KeyboardInterrupt (its process got SIGINT).
+bool interrupted(const std::string& program_error) {
+  return program_error.rfind("KeyboardInterrupt", 0) == 0;
+}
+
 /// The end of the line said after a rank's exit the job absorbs: whether it goes on, or only
 /// the leaving state source (`source_gpu`) still holds the training state.
 std::string goes_on_tail(bool state_held, int source_gpu) {
@@ -252,9 +257,11 @@ bool Scheduler::on_process_exit(int gpu, bool clean, const std::string& how, boo
         set_state(s, SlotState::kExited, "finished: " + how);
         begin_finish(s, how);
         absorbed = false;
-      } else if (!program_error.empty()) {
+      } else if (!program_error.empty() && !(s.withdrawn && interrupted(program_error))) {
         // The program's own exception is the job's failure, as under torchrun (a crash or a
         // kill is a lost rank, gone on without): the supervisor stops the job (or restarts it).
+        // A KeyboardInterrupt of a leaving node's rank (Ctrl-C twice there) is that node's
+        // stop, not the program's error: a lost rank.
         set_state(s, SlotState::kFailed, how);
         say(program_error_text(gpu, s.rank, generation_, pid, how, program_error));
         absorbed = false;

@@ -136,9 +136,9 @@ void NodeAgent::on_command(int64_t n, const std::string& text) {
       if (control::slot_node(c.slot) == opt_.node) sup_.kill_slot(control::slot_local(c.slot));
       return;
     case Kind::kRelease:
-      ended(0, fmt::format("node 0 released {}: {}", name(), c.reason),
-            fmt::format("{}: node 0 released this node ({}); its gpurun exits 0{}", name(),
-                        c.reason, procs_.empty() ? "" : " once its workers ended"),
+      ended(leave_code(), fmt::format("node 0 released {}: {}", name(), c.reason),
+            fmt::format("{}: node 0 released this node ({}); its gpurun exits {}{}", name(),
+                        c.reason, leave_code(), procs_.empty() ? "" : " once its workers ended"),
             /*stop_workers=*/false);
       return;
     case Kind::kExit:
@@ -273,17 +273,26 @@ void NodeAgent::offer_changed() {
 }
 
 bool NodeAgent::on_signal(int sig) {
-  if (sig != SIGTERM || leaving_ || end_) {
-    if (sig == SIGTERM || sig == SIGINT || sig == SIGQUIT) stopping_now_ = true;
+  // SIGINT (Ctrl-C) leaves as SIGTERM does: the job goes on over the other nodes, where a
+  // forwarded SIGINT would end this node's ranks with KeyboardInterrupt mid-step.
+  const bool leave = sig == SIGTERM || sig == SIGINT;
+  if (!leave || leaving_ || end_) {
+    if (leave || sig == SIGQUIT) stopping_now_ = true;
     return false;
   }
   leaving_ = true;
-  if (!write(keys::node_leave(opt_.node), "SIGTERM")) return true;
+  leave_signal_ = sig;
+  const std::string s = signal_name(sig);
+  if (!write(keys::node_leave(opt_.node), s)) return true;
   say(
-      fmt::format("{}: leaving the job at the next boundary (SIGTERM); a second SIGTERM stops "
-                  "its workers at once",
-                  name()));
+      fmt::format("{}: leaving the job at the next boundary ({}); its gpurun then exits {}; a "
+                  "second SIGINT or SIGTERM stops its workers at once",
+                  name(), s, leave_code()));
   return true;
+}
+
+int NodeAgent::leave_code() const {
+  return leave_signal_ == SIGINT ? 128 + SIGINT : 0;
 }
 
 bool NodeAgent::on_stop_request(const std::string& /*why*/) {

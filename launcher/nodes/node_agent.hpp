@@ -3,7 +3,7 @@
 // node; this node's supervisor starts and kills its slots' processes only on node 0's commands
 // and tells node 0 what became of them, all through node 0's store (keys::node_*,
 // gpurun/control/node_messages.hpp). It offers its slots (its config's active_gpus), leaves at
-// a boundary on SIGTERM, and stops when node 0 ends the job or is gone.
+// a boundary on SIGTERM or SIGINT, and stops when node 0 ends the job or is gone.
 #pragma once
 
 #include <atomic>
@@ -111,10 +111,11 @@ class NodeAgent final : public SlotController {
   /// supervisor's own: 128 + signal after a stop signal).
   std::optional<std::pair<int, std::string>> final_status() const;
 
-  /// A signal gpurun received. Returns true when the agent took it: the first SIGTERM makes
-  /// this node leave the job at the next boundary (keys::node_leave; node 0 releases it once
-  /// its slots' processes are gone, then gpurun exits 0). Anything else (a second SIGTERM,
-  /// SIGINT, SIGQUIT, other signals) is the supervisor's: it stops the workers at once.
+  /// A signal gpurun received. Returns true when the agent took it: the first SIGTERM or SIGINT
+  /// makes this node leave the job at the next boundary (keys::node_leave; node 0 releases it
+  /// once its slots' processes are gone, then gpurun exits 0 after SIGTERM, 130 after SIGINT).
+  /// Anything else (a second SIGTERM or SIGINT, SIGQUIT, other signals) is the supervisor's: it
+  /// stops the workers at once.
   bool on_signal(int sig);
   /// Rereads the offer (NodeAgentOptions::offer) and writes it when it changed
   /// (keys::node_offer): the config watcher's call.
@@ -149,6 +150,8 @@ class NodeAgent final : public SlotController {
   void exited(int slot, int pid, const std::string& how);
   void say(const std::string& line);
   std::string name() const;  // "node 1"
+  /// Its status once node 0 released it: 0, 130 when it left on SIGINT (Ctrl-C).
+  int leave_code() const;
 
   boost::asio::io_context& io_;
   Supervisor& sup_;
@@ -161,6 +164,7 @@ class NodeAgent final : public SlotController {
   std::map<int, int> procs_;          // local slot -> pid of its process (-1: could not start)
   std::optional<std::string> offer_;  // the offer last written ("0,1")
   bool leaving_ = false;
+  int leave_signal_ = 0;       // the signal that made it leave (SIGTERM, SIGINT)
   bool stopping_now_ = false;  // a second stop signal: the supervisor stops the workers
   std::optional<End> end_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // io handlers check it

@@ -420,6 +420,32 @@ TEST_CASE("scheduler: a leaving node's released slots get no standby; a running 
   CHECK(h.killed == std::vector<int>{1});
 }
 
+TEST_CASE("scheduler: a leaving node's rank ended by KeyboardInterrupt is a lost rank") {
+  using gpurun::control::testing::cfg;
+  gpurun::control::testing::Harness h(cfg(std::nullopt), 2);
+  h.join_all();
+  h.s.add_slots({1000, 1001});
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 1000, 1001}), "c");
+  h.drain();
+  h.boundary(0);
+  h.join_all();
+  // Ctrl-C twice on node 1: it left (withdrawn), then its ranks were stopped at once.
+  h.s.withdraw_slots({1000, 1001});
+  h.s.on_program_error(1000, h.s.slots().at(1000).pid, "KeyboardInterrupt");
+  h.log.clear();
+  CHECK(h.s.on_process_exit(1000, false, "signal SIGINT (2)", false));  // absorbed
+  h.drain();
+  std::string said;
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay) said += e.value + "\n";
+  INFO(said);
+  CHECK(said.find("the job fails") == std::string::npos);
+  CHECK(said.find("node 1 gpu 0 (rank 2 of generation 1, pid") != std::string::npos);
+  // Another error of such a rank is still the program's.
+  h.s.on_program_error(1001, h.s.slots().at(1001).pid, "ValueError: bad batch");
+  CHECK_FALSE(h.s.on_process_exit(1001, false, "exit code 1", false));
+}
+
 TEST_CASE("node hub: a node's clock offset from its join record, for its resize timings") {
   Backend b;
   NodeHub hub(b, NodeHubOptions{"job", 0}, [] { return 5000.0; });

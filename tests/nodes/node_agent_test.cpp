@@ -335,8 +335,8 @@ TEST_CASE("node agent: SIGTERM leaves at the next boundary; release then ends it
   CHECK(n.agent->on_signal(SIGTERM));
   CHECK(n.node0.try_get(keys::node_leave(1)) == std::optional<std::string>("SIGTERM"));
   CHECK(
-      n.said_line("node 1: leaving the job at the next boundary (SIGTERM); a second SIGTERM "
-                  "stops its workers at once"));
+      n.said_line("node 1: leaving the job at the next boundary (SIGTERM); its gpurun then "
+                  "exits 0; a second SIGINT or SIGTERM stops its workers at once"));
   CHECK(n.spawner.procs[0]->signals.empty());  // the worker leaves at its boundary
   // Node 0 takes the slot out at the boundary; its process exits 0 and is reported.
   n.spawner.exit(0, ExitStatus{0, 0});
@@ -346,6 +346,28 @@ TEST_CASE("node agent: SIGTERM leaves at the next boundary; release then ends it
   n.command(Node1::simple(NodeCommand::Kind::kRelease));
   n.run_until([&] { return n.sup->done(); });
   CHECK(n.sup->exit_code() == 0);
+}
+
+TEST_CASE("node agent: SIGINT (Ctrl-C) leaves as SIGTERM does; release then ends it with 130") {
+  Node1 n;
+  n.command(Node1::spawn(1000));
+  n.run_until([&] { return n.has_event(0); });
+  CHECK(n.agent->on_signal(SIGINT));
+  CHECK(n.node0.try_get(keys::node_leave(1)) == std::optional<std::string>("SIGINT"));
+  CHECK(
+      n.said_line("node 1: leaving the job at the next boundary (SIGINT); its gpurun then exits "
+                  "130; a second SIGINT or SIGTERM stops its workers at once"));
+  CHECK(n.spawner.procs[0]->signals.empty());  // no KeyboardInterrupt in its rank
+  n.spawner.exit(0, ExitStatus{0, 0});
+  n.run_until([&] { return n.has_event(1); });
+  n.command(Node1::simple(NodeCommand::Kind::kRelease));
+  n.run_until([&] { return n.sup->done(); });
+  CHECK(n.sup->exit_code() == 130);
+  CHECK(n.said_line("node 0 released this node (node 1 left); its gpurun exits 130"));
+  // A second Ctrl-C is the supervisor's: it stops the workers at once.
+  Node1 m;
+  CHECK(m.agent->on_signal(SIGINT));
+  CHECK_FALSE(m.agent->on_signal(SIGINT));
 }
 
 TEST_CASE("node agent: a second SIGTERM is the supervisor's: the workers stop at once") {
