@@ -29,6 +29,7 @@
 # Usage: run_nodes_global_batch.sh GPURUN (KEEP_TMP=1 keeps the logs)
 TEST=python_nodes_global_batch
 source "$(dirname "$0")/common.sh"
+source "$HERE/nodes_lib.sh"
 EPOCHS=60
 SLEEP=0.4 # between epochs, until OUT/fast: room for the joins and the leave
 GLOBAL=${GLOBAL_BATCH-48}
@@ -36,79 +37,36 @@ export GPURUN_COMM_TIMEOUT_MS=20000
 export WAIT_FOR_EVERY=0.2
 mkdir -p "$TMP/fixed" "$TMP/out"
 touch "$TMP/fixed/fast"
-declare -A npid # node k's gpurun (k > 0), started by this script
-pid=            # node 0's gpurun of the elastic run (common.sh's wait_running watches it)
-fixed=          # the unresized run's gpurun
-
-stop_all() { # the gpuruns this script started and that still run (their workers go with them)
-  local p
-  for p in ${pid:-} ${fixed:-} "${npid[@]}"; do
-    [[ -n $p && $p -gt 1 ]] && kill -9 "$p" 2> /dev/null
-  done
-  return 0
-}
-trap 'stop_all; [[ -n ${KEEP_TMP:-} ]] || rm -rf "$TMP"' EXIT
-[[ -z ${KEEP_TMP:-} ]] || echo "$TEST: its files stay in $TMP (KEEP_TMP)"
-fail() {
-  echo "$TEST: FAIL: $*" >&2
-  local f
-  for f in "$LOG" "$TMP"/node*.log "$TMP/fixed.log"; do
-    [[ -f $f ]] || continue
-    echo "-- the last 20 lines of $(basename "$f"):" >&2
-    tr '\r' '\n' < "$f" | tail -20 >&2
-  done
-  [[ -f $TMP/events.jsonl ]] && grep '"event": "decision"' "$TMP/events.jsonl" | tail -6 >&2
-  stop_all
-  exit 1
-}
-config() { # config FILE [GLOBAL]: slots 0, 1 offered, [batch] global = GLOBAL when not empty
-  printf 'active_gpus = [0, 1]\n' > "$1"
-  [[ -z ${2:-} ]] || printf '[batch]\nglobal = %s\n' "$2" >> "$1"
-}
-node0() { # node0 OUTDIR CONFIG LOG [EVENTS]: node 0's gpurun, 2 slots, in the background
-  "$GPURUN" --master-port 0 --nnodes 1:3 --node-rank 0 --device cpu --nproc 2 --config "$2" \
-    --event-log "${4:-/dev/null}" "$PY" "$HERE/global_batch.py" "$1" "$EPOCHS" "$SLEEP" > "$3" 2>&1 &
-}
-start_node() { # start_node K: node K's gpurun (2 slots, offered) into npid[K]
-  config "$TMP/c$1.toml" "$GLOBAL"
-  "$GPURUN" --nnodes 1:3 --node-rank "$1" --master-addr 127.0.0.1 --master-port "$PORT" \
-    --device cpu --nproc 2 --config "$TMP/c$1.toml" \
-    "$PY" "$HERE/global_batch.py" "$TMP/out" "$EPOCHS" "$SLEEP" > "$TMP/node$1.log" 2>&1 &
-  npid[$1]=$!
-}
+TRAIN=("$PY" "$HERE/global_batch.py" "$TMP/out" "$EPOCHS" "$SLEEP")
+# every node's config: slots 0, 1 offered, [batch] global = GLOBAL when not empty
+NODE_CONFIG='active_gpus = [0, 1]'
+[[ -z $GLOBAL ]] || NODE_CONFIG+=$'\n[batch]\nglobal = '"$GLOBAL"
 epochs_done() { wc -l < "$TMP/out/loss" 2> /dev/null || echo 0; }
-note() { echo "$TEST: $* (after ${SECONDS} s, $(epochs_done) of $EPOCHS epochs done)"; }
-decided() { grep -qs "\"event\": \"decision\".*$1" "$TMP/events.jsonl"; }
-wait_decision() { wait_running 60 "a decision with $1" decided "$1"; }
+progress() { echo "$(epochs_done) of $EPOCHS epochs done"; }
 # The last epoch done was at world $1 (rank 0's loss line "epoch loss world").
 at_world() { [[ $(tail -1 "$TMP/out/loss" 2> /dev/null | cut -d' ' -f3) == "$1" ]]; }
-wait_world() { wait_running 60 "an epoch done at world $1" at_world "$1"; }
+wait_loss_world() { wait_running 60 "an epoch done at world $1" at_world "$1"; }
 
-config "$TMP/fixed.toml" "$GLOBAL"
-node0 "$TMP/fixed" "$TMP/fixed.toml" "$TMP/fixed.log"
-fixed=$!
-config "$TMP/c0.toml" "$GLOBAL"
-node0 "$TMP/out" "$TMP/c0.toml" "$LOG" "$TMP/events.jsonl"
+printf '%s\n' "$NODE_CONFIG" > "$TMP/fixed.toml"
+node0 "$TMP/fixed.toml" "$TMP/fixed.log" /dev/null "$PY" "$HERE/global_batch.py" "$TMP/fixed" "$EPOCHS" "$SLEEP"
+also_stop=($!) # the unresized run's gpurun
+printf '%s\n' "$NODE_CONFIG" > "$TMP/c0.toml"
+node0 "$TMP/c0.toml" "$LOG" "$TMP/events.jsonl"
 pid=$!
-wait_line "node 0's store listens on port [0-9]+"
-PORT=$(sed -nE "s/.*node 0's store listens on port ([0-9]+).*/\1/p" "$LOG" | head -1)
+node0_port
 
 start_node 1
 wait_decision '"active": \[0,1,1000,1001\]'
-wait_world 4
+wait_loss_world 4
 note "node 1 joined"
 start_node 2
 wait_decision '"active": \[0,1,1000,1001,2000,2001\]'
-wait_world 6
+wait_loss_world 6
 note "node 2 joined"
 kill -TERM "${npid[1]}"
 wait_decision '"active": \[0,1,2000,2001\]'
-wait_world 4
-wait_for 30 "node 1's gpurun (pid ${npid[1]}) to exit after its SIGTERM" eval "! kill -0 ${npid[1]} 2> /dev/null"
-rc=0
-wait "${npid[1]}" || rc=$?
-unset "npid[1]"
-((rc == 0)) || fail "node 1's gpurun exited $rc after its SIGTERM"
+wait_loss_world 4
+wait_node_exit 1 30
 note "node 1 left"
 # kill -9 of node 2 between an epoch's loss all-reduce and its boundary
 touch "$TMP/out/hold"
@@ -116,30 +74,20 @@ wait_running 60 "rank 0 holding between epochs ($TMP/out/held)" test -s "$TMP/ou
 # every rank of [0,1,2000,2001] is past its all-reduce of the epoch rank 0 holds after
 reduced() { local s; for s in 0 1 2000 2001; do [[ $(cat "$TMP/out/reduced.$s" 2> /dev/null) == "$1" ]] || return 1; done; }
 wait_running 30 "every rank's loss all-reduce of epoch $(cat "$TMP/out/held")" reduced "$(cat "$TMP/out/held")"
-kids=$(cat /proc/"${npid[2]}"/task/*/children 2> /dev/null)
-[[ -n $kids ]] || fail "node 2's gpurun (pid ${npid[2]}) has no worker process"
-kill -9 "${npid[2]}"
-wait "${npid[2]}" 2> /dev/null || true
-unset "npid[2]"
-for w in $kids; do
-  wait_for 10 "node 2's worker pid $w to end after its gpurun's SIGKILL" eval "! kill -0 $w 2> /dev/null"
-done
+kill_node 2
 note "node 2 killed after epoch $(cat "$TMP/out/held")"
 rm "$TMP/out/hold"
 wait_decision '"failed": \[2000,2001\]'
 touch "$TMP/out/fast"
+wait_nodes_end
 rc=0
-wait "$pid" || rc=$?
-pid=
-((rc == 0)) || fail "node 0's gpurun (elastic run) exited $rc"
-rc=0
-wait "$fixed" || rc=$?
-fixed=
+wait "${also_stop[0]}" || rc=$?
+also_stop=()
 ((rc == 0)) || fail "the unresized run's gpurun exited $rc"
 
 echo "epoch, loss, world: unresized | elastic"
 paste "$TMP/fixed/loss" "$TMP/out/loss"
-"$PY" - "$TMP/fixed/loss" "$TMP/out/loss" "$EPOCHS" "$(cat "$TMP/out/held")" <<'PY' || fail "the curves differ"
+check_nodes "$TMP/fixed/loss" "$TMP/out/loss" "$EPOCHS" "$(cat "$TMP/out/held")" <<'PY'
 import sys
 f = [l.split() for l in open(sys.argv[1])]
 e = [l.split() for l in open(sys.argv[2])]

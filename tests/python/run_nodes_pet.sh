@@ -9,6 +9,7 @@
 # both exit 0.
 TEST=python_nodes_pet
 source "$(dirname "$0")/common.sh"
+source "$HERE/nodes_lib.sh"
 mkdir -p "$TMP/out"
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export PET_NNODES=1:3 PET_RDZV_BACKEND=c10d PET_RDZV_ENDPOINT=127.0.0.1:$PORT PET_RDZV_ID=pet-job
@@ -29,35 +30,19 @@ done_epochs() { cat "$TMP"/out/log.* 2> /dev/null | awk -F'[:,]' '
 reached() { (($(done_epochs) >= $1)); }
 wait_running 60 "epoch 1" reached 1
 pod 1
-pod1=$!
+npid[1]=$!
 wait_event '"event": "decision".*"active": \[0,1,1000,1001\]'
 grep -q "node 1 (.*) joined the job: slots \[1000, 1001\]" "$LOG" || fail "node 0 did not say node 1 joined"
 grep -q "node 1: joined node 0's elastic job 'pet-job'" "$TMP/pod1.log" \
   || fail "the second pod did not join as node 1: $(tail -5 "$TMP/pod1.log")"
 wait_running 60 "an epoch at world 4" grep -qs '"world": 4' $TMP/out/log.*
 touch "$TMP/out/fast"
-rc=0
-wait "$pid" || rc=$?
-pid=
-((rc == 0)) || fail "pod 0's gpurun exited $rc"
-rc=0
-wait "$pod1" || rc=$?
-((rc == 0)) || fail "pod 1's gpurun exited $rc: $(tail -5 "$TMP/pod1.log")"
-"$PY" - "$TMP/out" <<'PY' || fail "the checks above"
-import collections, glob, json, sys
-by = collections.defaultdict(list)
-for f in glob.glob(sys.argv[1] + "/log.*"):
-    for l in open(f):
-        j = json.loads(l)
-        if "seen" in j:
-            by[j["epoch"]].append(j)
-assert sorted(by) == list(range(40)), f"epochs trained: {sorted(by)}"
-worlds = []
-for e in range(40):
-    ls = by[e]
-    assert sorted(i for l in ls for i in l["seen"]) == list(range(240)), f"epoch {e}: samples"
-    assert len({l["start_checksum"] for l in ls}) == 1, f"epoch {e}: different start states"
-    worlds.append(ls[0]["world"])
+wait_nodes_end  # pod 0 is node 0; pod 1 is npid[1]
+check_nodes "$TMP/out" <<'PY'
+import sys
+import nodes_check as nc
+logs = [l for l in nc.read(sys.argv[1], "log") if "seen" in l]
+worlds = nc.exactly_once(logs, logs, 40, checksum="start_checksum")
 assert 4 in worlds and worlds[0] == 2, f"worlds {worlds}"
 print("worlds:", worlds)
 PY

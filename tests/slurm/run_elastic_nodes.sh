@@ -81,27 +81,17 @@ else
   exit 1
 fi
 
-"$PY" - "$W/out" "$EPOCHS" "$WORLDS" <<'PY' || fail "$case: the training checks above"
-import glob, json, sys
+PYTHONPATH=$repo/tests/python "$PY" - "$W/out" "$EPOCHS" "$WORLDS" <<'PY' || fail "$case: the training checks above"
+import sys
+import nodes_check as nc
 out, epochs, want = sys.argv[1], int(sys.argv[2]), [int(w) for w in sys.argv[3].split()]
-steps = [json.loads(l) for f in glob.glob(out + "/steps.*") for l in open(f)]
-starts = [json.loads(l) for f in glob.glob(out + "/epochs.*") for l in open(f)]
-worlds = []  # the worlds in the order the job went through them (collapsed)
-for e in range(epochs):
-    mine = [s for s in steps if s["epoch"] == e]
-    seen = sorted(i for s in mine for i in s["seen"])
-    assert seen == list(range(240)), f"epoch {e}: {len(seen)} samples, {len(set(seen))} distinct"
-    sums = {s["checksum"] for s in starts if s["epoch"] == e}
-    assert len(sums) == 1, f"epoch {e}: ranks start from different states {sums}"
-    for s in sorted(mine, key=lambda s: s["step"]):
-        if not worlds or worlds[-1] != s["world"]:
-            worlds.append(s["world"])
+worlds = nc.exactly_once(nc.read(out, "steps"), nc.read(out, "epochs"), epochs)
 print("worlds in order:", worlds)
 # WANT in order (a warm joiner not ready in time enters a boundary later: world 3 between)
 it = iter(worlds)
 assert all(w in it for w in want), f"worlds {worlds}, want {want} in this order"
 assert worlds[-1] == want[-1], f"the job ended at world {worlds[-1]}, want {want[-1]}"
-slots = {int(f.rsplit("/", 1)[1].split(".")[1]) for f in glob.glob(out + "/steps.*")}
+slots = nc.slots(out)
 print("job slots that trained:", sorted(slots))
 assert slots == {0, 1, 1000, 1001}, sorted(slots)
 PY
