@@ -40,6 +40,8 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
         j = NodeJoin::from_json(backend_.get(key));
       } catch (const ProtocolError& e) {
         out.lines.push_back(fmt::format("warning: ignoring node {}'s join: {}", k, e.what()));
+        backend_.set(keys::node_answer(k),
+                     fmt::format("refused: node 0 cannot read its join record: {}", e.what()));
         return out;
       }
       Node n;
@@ -63,8 +65,10 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
         c.code = 1;
         c.reason = "node 0 refused this node: " + why;
         command(kept, c);
+        backend_.set(keys::node_answer(k), "refused: " + why);
         return out;
       }
+      backend_.set(keys::node_answer(k), "admitted");
       n.offer = job_ids(k, j.offer);
       if (j.monotonic_ms > 0 && now_ms_) n.clock_offset_ms = now_ms_() - j.monotonic_ms;
       out.new_slots = job_ids(k, j.slots);

@@ -49,6 +49,20 @@ ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
           .count();
   store.set(keys::node_live(out.node), fmt::format("{} {}", join.host, join.pid));
   store.set(keys::node_join(out.node), join.to_json());
+  // Node 0's answer: the node says it joined only once admitted (a refused one only why).
+  std::string answer;
+  try {
+    answer = store.get(keys::node_answer(out.node), r.answer_wait);
+  } catch (const StoreTimeout&) {
+    throw JoinError(
+        1, fmt::format("node 0 at {} did not answer this node's join (node {}, {}) "
+                       "within {} ms: is node 0's gpurun busy or stopped?",
+                       r.where, out.node, keys::node_answer(out.node), r.answer_wait.count()));
+  }
+  if (answer != "admitted")
+    throw JoinError(1,
+                    fmt::format("node 0 at {} refused this node (node {}): {}", r.where, out.node,
+                                answer.rfind("refused: ", 0) == 0 ? answer.substr(9) : answer));
   return out;
 }
 

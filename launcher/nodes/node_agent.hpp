@@ -41,6 +41,8 @@ struct ElasticJoinRequest {
   std::string snapshot_endpoint;
   /// How long node 0's job record (keys::node_job) may take to appear after the connect.
   std::chrono::milliseconds job_wait{std::chrono::seconds(5)};
+  /// How long node 0's answer to the join (keys::node_answer) may take.
+  std::chrono::milliseconds answer_wait{std::chrono::seconds(30)};
 };
 
 /// What the join gave.
@@ -52,8 +54,9 @@ struct ElasticJoin {
 /// Joins node 0's elastic job over `store` (the connection whose close tells node 0 this node is
 /// gone: the live key is bound to it): reads node 0's run id, takes the next node id, sets this
 /// node's live key and writes its join record. Blocks (at most job_wait, then one request per
-/// step). Throws JoinError (code 1) when node 0 runs no elastic job or another run id than
-/// `run_id`; StoreError when node 0's store fails.
+/// step), then waits for node 0's answer (at most answer_wait). Throws JoinError (code 1) when
+/// node 0 runs no elastic job or another run id than `run_id`, refuses the node (beyond
+/// --nnodes MAX: the message says why) or does not answer; StoreError when node 0's store fails.
 ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& request);
 
 /// Settings of a slot agent.

@@ -73,6 +73,9 @@ std::string node_next() {
 std::string node_join(int node) {
   return fmt::format("gpurun/node/{}/join", node);
 }
+std::string node_answer(int node) {
+  return fmt::format("gpurun/node/{}/answer", node);
+}
 std::string node_offer(int node) {
   return fmt::format("gpurun/node/{}/offer", node);
 }

@@ -269,6 +269,10 @@ TEST_CASE("node hub: a node beyond --nnodes MAX is refused with an exit command"
   const NodeCommand c = command(b, 2, 0);
   CHECK(c.kind == NodeCommand::Kind::kExit);
   CHECK(c.code == 1);
+  // The joining node waits for this answer before it says anything (join_elastic_job).
+  CHECK(b.get(keys::node_answer(1)) == "admitted");
+  CHECK(b.get(keys::node_answer(2)) ==
+        "refused: the job already has 2 nodes, the most --nnodes allows (2)");
   CHECK(hub.status_json().find("\"node\": 2, \"host\": \"host2\", \"pid\": 4002, "
                                "\"state\": \"refused\"") != std::string::npos);
 }

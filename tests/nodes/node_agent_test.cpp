@@ -181,6 +181,7 @@ ElasticJoinRequest request() {
   r.offer = {1};
   r.device = "cpu";
   r.job_wait = 10ms;
+  r.answer_wait = 10ms;
   return r;
 }
 
@@ -202,6 +203,8 @@ TEST_CASE("node agent: a node joins node 0's elastic job: node id, live key, joi
   }
   SUBCASE("ids in join order; the live key and the join record") {
     node0.set(keys::node_job(), "job");
+    node0.set(keys::node_answer(1), "admitted");  // node 0's hub admits them
+    node0.set(keys::node_answer(2), "admitted");
     const ElasticJoin a = join_elastic_job(node0, request());
     const ElasticJoin b = join_elastic_job(node0, request());
     CHECK(a.node == 1);
@@ -227,6 +230,30 @@ TEST_CASE("node agent: a node joins node 0's elastic job: node id, live key, joi
       CHECK(std::string(e.what()).find("runs job 'other'") != std::string::npos);
     }
     CHECK_FALSE(node0.try_get(keys::node_join(1)));
+  }
+  SUBCASE("node 0 refuses it (beyond --nnodes MAX): the join fails with why, never 'joined'") {
+    node0.set(keys::node_job(), "job");
+    node0.set(keys::node_answer(1),
+              "refused: the job already has 3 nodes, the most --nnodes allows (3)");
+    try {
+      join_elastic_job(node0, request());
+      FAIL("a refused node joined");
+    } catch (const JoinError& e) {
+      CHECK(e.code == 1);
+      CHECK(std::string(e.what()) ==
+            "node 0 at node0:29500 refused this node (node 1): the job already has 3 nodes, the "
+            "most --nnodes allows (3)");
+    }
+  }
+  SUBCASE("node 0 does not answer: the join fails, naming the key and the wait") {
+    node0.set(keys::node_job(), "job");
+    try {
+      join_elastic_job(node0, request());
+      FAIL("joined without node 0's answer");
+    } catch (const JoinError& e) {
+      CHECK(std::string(e.what()).find("did not answer this node's join (node 1, "
+                                       "gpurun/node/1/answer) within 10 ms") != std::string::npos);
+    }
   }
 }
 
@@ -466,6 +493,7 @@ TEST_CASE("node agent: the join record says where the node serves its pause snap
   node0.set(keys::node_job(), "job");
   ElasticJoinRequest r = request();
   r.snapshot_endpoint = "10.0.0.2:4567";
+  node0.set(keys::node_answer(1), "admitted");
   const ElasticJoin j = join_elastic_job(node0, r);
   const control::NodeJoin rec =
       control::NodeJoin::from_json(*node0.try_get(keys::node_join(j.node)));

@@ -86,6 +86,9 @@ std::string node_job();
 std::string node_next();
 /// Node k's NodeJoin record, written once when it joins.
 std::string node_join(int node);
+/// Node 0's answer to node k's join, written once: "admitted", or "refused: <why>" (beyond
+/// --nnodes MAX). The joining node waits for it before it says that it joined.
+std::string node_answer(int node);
 /// The local slots node k offers now, "0,1" (control::join_ids); "" = none (it is leaving).
 /// Node k rewrites it when its config changes; node 0 reads the latest value.
 std::string node_offer(int node);
