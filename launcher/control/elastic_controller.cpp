@@ -654,15 +654,13 @@ void ElasticController::abandon_keys(const std::string& prefix) {
 
 int ElasticController::spawn(int gpu, int64_t generation, int64_t warm, bool standby,
                              const Decision& decision) {
-  supervisor::ElasticSpawn what;
-  what.slot = gpu;
-  what.generation = generation;
-  what.warm = warm;
-  what.standby = standby;
-  what.config_path = opt_.config_path.string();
   if (hub_ && NodeHub::remote(gpu))  // another node's slot: its gpurun starts it
     return hub_->spawn(gpu, generation, warm, standby, decision);
-  const int pid = supervisor_.spawn_slot(gpu, supervisor::elastic_worker_env(decision, what));
+  const int pid = supervisor_.spawn_elastic(decision, {.slot = gpu,
+                                                       .generation = generation,
+                                                       .warm = warm,
+                                                       .standby = standby,
+                                                       .config_path = opt_.config_path.string()});
   if (pid > 0) timeline_.spawned(gpu, pid);
   return pid;
 }

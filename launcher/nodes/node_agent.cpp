@@ -219,13 +219,11 @@ void NodeAgent::spawn(const control::NodeCommand& c) {
                        control::slot_name(c.slot)));
     return;
   }
-  ElasticSpawn s;
-  s.slot = c.slot;
-  s.generation = c.generation;
-  s.warm = c.warm;
-  s.standby = c.standby;
-  s.config_path = opt_.config_path;
-  const int pid = sup_.spawn_slot(local, elastic_worker_env(*c.decision, s));
+  const int pid = sup_.spawn_elastic(*c.decision, {.slot = c.slot,
+                                                   .generation = c.generation,
+                                                   .warm = c.warm,
+                                                   .standby = c.standby,
+                                                   .config_path = opt_.config_path});
   procs_[local] = pid;  // -1: its exit (code 1) follows, through on_worker_exit
   control::NodeEvent e;
   e.kind = control::NodeEvent::Kind::kSpawned;

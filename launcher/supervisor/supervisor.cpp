@@ -17,6 +17,7 @@
 #include <boost/asio/post.hpp>
 
 #include "gpurun/check.hpp"
+#include "gpurun/control/node_messages.hpp"
 #include "gpurun/env_names.hpp"
 #include "gpurun/text_block.hpp"
 #include "supervisor/error_file.hpp"
@@ -246,6 +247,10 @@ void Supervisor::spawn_from(size_t first) {
     w.out.open = w.err.open = false;
   }
   check_progress();
+}
+
+int Supervisor::spawn_elastic(const control::Decision& d, const ElasticSpawn& spawn) {
+  return spawn_slot(control::slot_local(spawn.slot), elastic_worker_env(d, spawn));
 }
 
 int Supervisor::spawn_slot(int local_rank, const EnvMap& overlay) {

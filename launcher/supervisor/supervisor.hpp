@@ -182,6 +182,10 @@ class Supervisor {
   /// plan's environment plus `overlay`. Returns its pid, or -1 when it could not start
   /// (reported later as an exit with code 1, on a fresh stack).
   int spawn_slot(int local_rank, const EnvMap& overlay);
+  /// Elastic mode, on every node: starts job slot `spawn.slot`'s process here (its local slot
+  /// control::slot_local(spawn.slot)) with elastic_worker_env(d, spawn) over the plan's
+  /// environment. Returns spawn_slot's pid or -1.
+  int spawn_elastic(const control::Decision& d, const ElasticSpawn& spawn);
   /// Sends SIGKILL to the process group of slot `local_rank` (no-op without a process).
   void kill_slot(int local_rank);
   /// Elastic mode: the generation in force is `active` (sorted slots; rank = index), or none

@@ -93,7 +93,7 @@ struct ElasticSpawn {
 };
 
 /// Elastic mode: the variables a slot's process gets on top of build_worker_env (the overlay
-/// of Supervisor::spawn_slot). `d` is the decision it joins by (a warm joiner's: the
+/// of Supervisor::spawn_elastic). `d` is the decision it joins by (a warm joiner's: the
 /// provisional world gpurun expects it to join). A joiner of a known generation gets that
 /// generation's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 /// ROLE_RANK and ROLE_WORLD_SIZE (control::generation_env, the rule the runtimes apply at every

@@ -617,6 +617,45 @@ TEST_CASE("supervisor: after active_gpus = [1] the survivor's lines say rank 0 (
   CHECK(h.sup->done());
 }
 
+namespace {
+/// Elastic mode on node 1: the controller starts job slot 1001 as a warm joiner.
+struct NodeSlotController : SlotController {
+  Supervisor* sup = nullptr;
+  gpurun::control::Decision d;
+  void on_attempt_start(int) override {
+    sup->spawn_elastic(d, {.slot = 1001, .warm = 3, .config_path = "/job/c1.toml"});
+  }
+  bool on_worker_exit(int, ExitStatus, bool) override { return true; }
+  bool holds_job_open() const override { return false; }
+  bool succeeded() const override { return true; }
+  void on_reload_request() override {}
+};
+}  // namespace
+
+TEST_CASE("supervisor: spawn_elastic starts job slot 1001 on local slot 1 with its job's ranks") {
+  // The one spawn of node 0's controller and of a node agent (nodes > 0): the job slot id
+  // picks the local slot (its device and LOCAL_RANK), the decision the provisional ranks.
+  Harness h(2);
+  NodeSlotController c;
+  c.sup = h.sup.get();
+  c.d.active = {0, 1, 1000, 1001};
+  h.sup->set_controller(&c);
+  h.sup->start();
+  h.settle();
+  REQUIRE(h.spawner.procs.size() == 1);
+  CHECK(h.env(0, "LOCAL_RANK") == "1");
+  CHECK(h.env(0, "GPURUN_LOCAL_SLOT") == "1");
+  CHECK(h.env(0, "GPURUN_SLOT") == "1001");
+  CHECK(h.env(0, "RANK") == "3");
+  CHECK(h.env(0, "WORLD_SIZE") == "4");
+  CHECK(h.env(0, "LOCAL_WORLD_SIZE") == "2");
+  CHECK(h.env(0, "GPURUN_WARM") == "3");
+  CHECK(h.env(0, "GPURUN_CONFIG") == "/job/c1.toml");
+  h.spawner.exit(0, {0, 0});
+  h.drive();
+  CHECK(h.sup->done());
+}
+
 TEST_CASE("supervisor: an error file that holds no report says why on its own line") {
   Harness h(2);
   h.sup->start();
