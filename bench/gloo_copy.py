@@ -1,8 +1,8 @@
 """Gloo's own rate on the link, a second anchor of bench/elastic_nodes.sh: torch.distributed's
 gloo broadcast of BYTES bytes (one uint8 tensor) from rank 0 to rank 1, two processes on HOST
 (default 127.0.0.1), as the worker runtime's state handoff broadcasts each state tensor. Rank 1
-receives into a fresh torch.empty tensor (pages faulted in as they arrive, as a joiner's state
-tensors are). The time runs from a barrier to rank 1's return from the broadcast. One JSON line
+receives into a tensor written before the clock starts (torch.zeros: its pages are in, as a warm
+joiner's receive buffers are, StateRegistry::reserve_receive, and as tcp_copy.py's are). The time runs from a barrier to rank 1's return from the broadcast. One JSON line
 per repetition on stdout: {"bytes":…, "ms":…, "gb_s":…} (GB = 1e9 bytes).
 
 python3 bench/gloo_copy.py BYTES [REPEAT=3] [HOST=127.0.0.1]
@@ -21,7 +21,7 @@ def rank_main(rank, port, host, n, repeat, q):
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=2)
     src = torch.full((n,), 0x5A, dtype=torch.uint8) if rank == 0 else None
     for _ in range(repeat):
-        t = src if rank == 0 else torch.empty(n, dtype=torch.uint8)
+        t = src if rank == 0 else torch.zeros(n, dtype=torch.uint8)
         dist.barrier()
         t0 = time.monotonic()
         dist.broadcast(t, 0)

@@ -1,8 +1,9 @@
 """The raw TCP anchor of bench/elastic_nodes.sh: BYTES bytes from one process to another over one
 TCP connection to HOST (default 127.0.0.1), nothing else on the wire. The sender sends from a
-buffer it filled before the connect, the receiver receives into a fresh buffer of BYTES (its
-pages faulted in as they arrive, as a joiner's new state tensors are). The time runs from the
-receiver's accept to its last byte. One JSON line per repetition on stdout:
+buffer it filled before the connect, the receiver receives into a buffer of BYTES that exists
+before the clock starts (bytearray(n) writes its zeros: its pages are faulted in, as a warm
+joiner's receive buffers are, StateRegistry::reserve_receive). The time runs from the receiver's
+accept to its last byte. One JSON line per repetition on stdout:
 {"bytes":…, "ms":…, "gb_s":…} (GB = 1e9 bytes).
 
 python3 bench/tcp_copy.py BYTES [REPEAT=3] [HOST=127.0.0.1] [CHUNK_BYTES=4194304]
@@ -38,7 +39,7 @@ def main():
         ready = mp.Event()
         p = mp.Process(target=send, args=(ls.getsockname()[1], host, n, chunk, ready))
         p.start()
-        buf = bytearray(n)  # fresh: zero pages until written
+        buf = bytearray(n)  # zero-filled: its pages are in before the clock starts
         view = memoryview(buf)
         ready.set()
         c, _ = ls.accept()

@@ -201,6 +201,77 @@ TEST_CASE("gloo: broadcast copies the root's bytes; all_gather_int64 is ordered 
   CHECK_FALSE(at::equal(floats[0], at::zeros({4, 5})));
 }
 
+TEST_CASE("gloo: a large broadcast moves in pieces over several TCP streams, bytes intact") {
+  store::testing::TestServer server;
+  store::ClientOptions co;
+  co.port = server.port();
+  store::Client observer(co);
+  const int64_t before = observer.num_keys();
+  constexpr int kSize = 3;
+  constexpr int kRoot = 1;
+  // An odd size: the last lane's piece is shorter than the others.
+  constexpr int64_t kBytes = (int64_t{40} << 20) + 12345;
+  for (const char* lanes : {"1", "3"}) {
+    CAPTURE(lanes);
+    ::setenv("GPURUN_GLOO_LANES", lanes, 1);
+    std::vector<at::Tensor> got(kSize);
+    with_group(server.port(), fmt::format("t/lanes/{}", lanes), kSize,
+               [&](int r, Communicator& comm) {
+                 at::Tensor t = at::randint(0, 255, {kBytes}, at::kByte);
+                 comm.broadcast(t, kRoot);
+                 at::Tensor again = at::full({kBytes / 4}, r, at::kInt);  // lanes reused
+                 comm.broadcast(again, kRoot);
+                 CHECK(at::equal(again, at::full({kBytes / 4}, kRoot, at::kInt)));
+                 got[static_cast<size_t>(r)] = t;
+               });
+    for (int r = 0; r < kSize; ++r) CHECK(at::equal(got[static_cast<size_t>(r)], got[kRoot]));
+    CHECK(observer.num_keys() == before);  // the extra lanes' rendezvous keys are gone too
+  }
+  ::setenv("GPURUN_GLOO_LANES", "many", 1);
+  const auto bad = run_ranks(2, [&](int r) {
+    (void)make_communicator(CommBackend::kGloo, group_options(server.port(), "t/lanes/bad", r, 2));
+  });
+  ::unsetenv("GPURUN_GLOO_LANES");
+  for (const auto& e : bad) {
+    REQUIRE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      CHECK_MESSAGE(contains(err.what(), "GPURUN_GLOO_LANES='many'"), err.what());
+    }
+  }
+}
+
+TEST_CASE("gloo: a rank gone during a broadcast over several lanes fails the others") {
+  const auto timeout = milliseconds(2000);
+  store::testing::TestServer server;
+  ::setenv("GPURUN_GLOO_LANES", "2", 1);
+  std::vector<milliseconds> took(3);
+  auto errors = run_ranks(3, [&](int r) {
+    auto comm = make_communicator(CommBackend::kGloo,
+                                  group_options(server.port(), "t/lanes/gone", r, 3, timeout));
+    at::Tensor t = at::ones({int64_t{32} << 20}, at::kByte);
+    comm->broadcast(t, 0);  // every lane connected
+    if (r == 2) {
+      std::this_thread::sleep_for(milliseconds(200));
+      comm.reset();  // like a process exiting: every lane's connections closed
+      return;
+    }
+    const auto t0 = Clock::now();
+    try {
+      for (int i = 0; i < 50; ++i) comm->broadcast(t, 0);
+    } catch (...) {
+      took[static_cast<size_t>(r)] = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+      throw;
+    }
+  });
+  ::unsetenv("GPURUN_GLOO_LANES");
+  const std::string msg = comm_error_message(errors[0]);
+  CHECK_MESSAGE(contains(msg, "broadcast"), msg);
+  CHECK(took[0] < timeout);
+  CHECK_FALSE(errors[2]);
+}
+
 TEST_CASE("gloo: barrier waits for the last rank") {
   store::testing::TestServer server;
   constexpr int kSize = 3;

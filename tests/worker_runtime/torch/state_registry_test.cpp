@@ -252,6 +252,36 @@ TEST_CASE("state registry: a receiver gets the source's exact training state, pe
   }
 }
 
+TEST_CASE("state registry: a warm joiner's receive reserve is exactly the state it will get") {
+  for (Kind kind : kAllKinds) {
+    CAPTURE(kind_name(kind));
+    Side source(kind, 1);
+    for (int i = 0; i < 2; ++i) source.step(i);
+    int64_t module_bytes = 0;
+    for (const auto& t : source.module_tensors()) module_bytes += static_cast<int64_t>(t.nbytes());
+    const int64_t optimizer_bytes = source.reg.nbytes() - module_bytes;
+    REQUIRE(optimizer_bytes > 0);
+
+    Side receiver(kind, 2);
+    // Adagrad makes its state in its constructor: nothing is missing, nothing is reserved.
+    const int64_t reserved = receiver.reg.reserve_receive(torch::kCPU);
+    CHECK(reserved == (kind == Kind::kAdagrad ? 0 : optimizer_bytes));
+    CHECK(receiver.opt->state().size() ==
+          (kind == Kind::kAdagrad ? source.opt->state().size() : 0));
+    receive(source, receiver);
+    CHECK(receiver.reg.checksum() == source.reg.checksum());
+    source.step(2);
+    receiver.step(2);
+    CHECK(same_module_state(source, receiver));
+    CHECK(receiver.reg.checksum() == source.reg.checksum());
+  }
+  // SGD without momentum keeps no state: nothing to reserve.
+  Side plain(Kind::kSgd, 3);
+  for (auto& g : plain.opt->param_groups())
+    static_cast<optim::SGDOptions&>(g.options()).momentum(0);
+  CHECK(plain.reg.reserve_receive(torch::kCPU) == 0);
+}
+
 TEST_CASE("state registry: the manifest is deterministic and does not depend on values") {
   Side a(Kind::kAdam, 1);
   Side b(Kind::kAdam, 2);

@@ -193,6 +193,7 @@ std::optional<control::EngineEvent> Runtime::Impl::execute(const control::Engine
       park_state(a.role);
       return outcome(Ev::kDone);
     case K::kTrain:
+      registry.drop_receive_reserve();  // a warm joiner that received no state
       train_on(a);
       return std::nullopt;
     case K::kExit:
@@ -351,6 +352,14 @@ void Runtime::Impl::ensure_started() {
     // An elastic process starts REJOINING (make_runtime): a joiner until it holds the
     // state. A warm joiner is ready here (model built and tracked, data loaded): the engine
     // says so and waits, without a deadline, for gpurun to admit it (or to say exit).
+    if (control->engine().warm() && !control->engine().standby()) {
+      // The handoff's receive buffers, written once now rather than faulted in by the receive
+      // with every peer waiting (CPU only: see StateRegistry::reserve_receive).
+      const auto t_reserve = Clock::now();
+      if (const int64_t reserved = registry.reserve_receive(device); reserved > 0)
+        trace.write("receive_reserve",
+                    {{"bytes", Trace::num(reserved)}, {"ms", Trace::num(ms_since(t_reserve))}});
+    }
     if (control->engine().warm()) trace.write("warm_ready", {{"gpu", Trace::num(int64_t{slot})}});
     control::EngineEvent ready;
     ready.kind = control::EngineEvent::Kind::kReady;

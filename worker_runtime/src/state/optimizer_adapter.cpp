@@ -48,6 +48,7 @@ struct AdamLikeTraits {
   static std::vector<std::string> field_names() {
     return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   }
+  static size_t fields_after_step(const Options& o) { return o.amsgrad() ? 3 : 2; }
   static at::Tensor get_field(const State& s, size_t i) {
     switch (i) {
       case 0:
@@ -102,6 +103,7 @@ struct SgdTraits {
     o.nesterov(as_bool(v[4]));
   }
   static std::vector<std::string> field_names() { return {"momentum_buffer"}; }
+  static size_t fields_after_step(const Options& o) { return o.momentum() != 0 ? 1 : 0; }
   static at::Tensor get_field(const ParamState& s, size_t) { return s.momentum_buffer(); }
   static void set_field(ParamState& s, size_t, at::Tensor t) { s.momentum_buffer(std::move(t)); }
   static int64_t get_step(const ParamState&) { return 0; }
@@ -130,6 +132,9 @@ struct RmspropTraits {
   }
   static std::vector<std::string> field_names() {
     return {"square_avg", "momentum_buffer", "grad_avg"};
+  }
+  static size_t fields_after_step(const Options& o) {
+    return 1 + (o.momentum() > 0 ? 1 : 0) + (o.centered() ? 1 : 0);
   }
   static at::Tensor get_field(const ParamState& s, size_t i) {
     switch (i) {
@@ -178,6 +183,7 @@ struct AdagradTraits {
     o.eps(v[4]);
   }
   static std::vector<std::string> field_names() { return {"sum"}; }
+  static size_t fields_after_step(const Options&) { return 1; }
   static at::Tensor get_field(const ParamState& s, size_t) { return s.sum(); }
   static void set_field(ParamState& s, size_t, at::Tensor t) { s.sum(std::move(t)); }
   static int64_t get_step(const ParamState& s) { return s.step(); }
@@ -204,6 +210,9 @@ class TypedAdapter final : public OptimizerAdapter {
   }
 
   const std::vector<std::string>& field_names() const override { return field_names_; }
+  size_t fields_after_step(const optim::OptimizerOptions& options) const override {
+    return Traits::fields_after_step(typed(options));
+  }
   bool has_step() const override { return Traits::kHasStep; }
 
   bool owns(const optim::OptimizerParamState& state) const override {

@@ -43,6 +43,12 @@ class OptimizerAdapter {
   ///   RMSprop:     square_avg, momentum_buffer, grad_avg
   ///   Adagrad:     sum
   virtual const std::vector<std::string>& field_names() const = 0;
+  /// How many tensor fields, each of its parameter's shape and dtype, one parameter's state
+  /// holds after a step under param-group `options` (this type's options class), as LibTorch's
+  /// step() creates them (torch/csrc/api/src/optim/{adam,adamw,sgd,rmsprop,adagrad}.cpp):
+  ///   Adam, AdamW: 2, 3 with amsgrad;  SGD: 1 with momentum != 0, else 0;
+  ///   RMSprop: 1, +1 with momentum > 0, +1 centered;  Adagrad: 1.
+  virtual size_t fields_after_step(const torch::optim::OptimizerOptions& options) const = 0;
   /// Whether the state has a step count (all but SGD).
   virtual bool has_step() const = 0;
 

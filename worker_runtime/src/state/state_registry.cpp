@@ -638,8 +638,7 @@ void StateRegistry::apply_manifest(const std::string& manifest, const at::Device
                           current.sizes() == c10::IntArrayRef(fs.shape) &&
                           current.scalar_type() == fs.dtype && current.is_contiguous();
         if (!fits) {
-          a.set_field(*entry, f,
-                      at::empty(fs.shape, at::TensorOptions().dtype(fs.dtype).device(device)));
+          a.set_field(*entry, f, m.take_reserved(fs.shape, fs.dtype, device));
         }
       }
     }
@@ -653,6 +652,7 @@ void StateRegistry::apply_manifest(const std::string& manifest, const at::Device
     }
   }
   for (auto& [ext, bytes] : extension_bytes) ext->load(bytes);
+  m.receive_reserve.clear();  // what the source's state did not need
 }
 
 // ---- tensors, checksum ---------------------------------------------------------------------

@@ -73,6 +73,20 @@ class StateRegistry {
   /// as the source's.
   void apply_manifest(const std::string& manifest, const at::Device& device);
 
+  /// A warm joiner's receive buffers, made before its admission (off the job's path): for each
+  /// parameter of each tracked optimizer, the state tensors that optimizer's step would create
+  /// (OptimizerAdapter::fields_after_step: the parameter's shape and dtype) and that it lacks,
+  /// allocated on `device` and written once (zeros). apply_manifest() takes the ones that match
+  /// (shape, dtype, device) instead of fresh memory, which the handoff's receive would otherwise
+  /// fault in page by page (0.4-0.5 s per GB on the CPU machine, about half a 1 GB handoff:
+  /// docs/results.md#elastic-nodes-on-loopback-2026-12-06), and frees the rest. Only for a
+  /// CPU `device` (CUDA memory comes from the caching allocator: nothing to fault); 0 otherwise
+  /// and after release(). Returns the bytes reserved. Blocks while it writes them (the
+  /// memory bandwidth's time: ~0.4 s per GB here). The optimizer's own state is not touched.
+  int64_t reserve_receive(const at::Device& device);
+  /// Frees reserve_receive()'s buffers (a joiner that received no state). Idempotent.
+  void drop_receive_reserve();
+
   /// Every tracked tensor in canonical order: module parameters and buffers (tracking
   /// order, then name order), then optimizer state tensors per parameter in parameter
   /// order (fixed field order per optimizer type). References, not copies: writing into

@@ -88,8 +88,14 @@ struct StateRegistry::Impl {
   std::map<std::string, Scalar> scalars;  ///< name order = manifest order
   std::map<std::string, std::shared_ptr<StateExtension>> extensions;
   bool released = false;
-  std::optional<SnapshotFile> snapshot;  ///< the mapped snapshot file, kept across snapshots
-  SnapshotStats stats;                   ///< of the last snapshot call
+  std::optional<SnapshotFile> snapshot;     ///< the mapped snapshot file, kept across snapshots
+  SnapshotStats stats;                      ///< of the last snapshot call
+  std::vector<at::Tensor> receive_reserve;  ///< reserve_receive()'s buffers, until used
+
+  /// One of receive_reserve of this shape, dtype and device (removed from it), else a new
+  /// uninitialised tensor (state_registry_receive.cpp).
+  at::Tensor take_reserved(const std::vector<int64_t>& shape, at::ScalarType dtype,
+                           const at::Device& device);
 
   void check_name_free(const std::string& name) const {
     if (scalars.count(name) != 0 || extensions.count(name) != 0) {

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <future>
 #include <string>
 #include <utility>
 
@@ -36,6 +39,44 @@ bool is_loopback_host(const std::string& host) {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// A Gloo context of `options`' rank and size on a transport device of its own (its listening
+// socket and its thread), connected to every peer through `store`; every rank has read every
+// address when it returns (a barrier). Throws what Gloo and the store throw.
+std::shared_ptr<::gloo::Context> connect_mesh(const CommOptions& options,
+                                              ::gloo::rendezvous::Store& store) {
+  auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
+  context->setTimeout(options.timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const GlooListenAddress where = gloo_listen_address(options.store.host, ifname ? ifname : "");
+  ::gloo::transport::tcp::attr attr;
+  attr.iface = where.iface;
+  attr.hostname = where.hostname;
+  auto device = ::gloo::transport::tcp::CreateDevice(attr);
+  context->connectFullMesh(store, device);
+  if (options.size > 1) {
+    ::gloo::BarrierOptions opts(context);
+    opts.setTag(0xFFFFFFFFu);
+    opts.setTimeout(options.timeout);
+    ::gloo::barrier(opts);
+  }
+  return context;
+}
+
+// GPURUN_GLOO_LANES: how many TCP streams a large broadcast uses (GlooCommunicator::broadcast).
+int lanes_from_env() {
+  const char* v = std::getenv("GPURUN_GLOO_LANES");
+  if (v == nullptr || *v == '\0') return 2;
+  int n = 0;
+  const char* end = v + std::strlen(v);
+  const auto [ptr, ec] = std::from_chars(v, end, n);
+  if (ec != std::errc() || ptr != end || n < 1 || n > 8)
+    throw Error(
+        fmt::format("GPURUN_GLOO_LANES='{}': expected a whole number from 1 to 8 (TCP "
+                    "streams per large broadcast; default 2)",
+                    v));
+  return n;
+}
 
 std::string describe_current_exception() {
   try {
@@ -118,7 +159,7 @@ GlooListenAddress gloo_listen_address(const std::string& store_host,
 }
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<::gloo::Context> context, CommOptions options)
-    : context_(std::move(context)), options_(std::move(options)) {}
+    : context_(std::move(context)), options_(std::move(options)), lane_count_(lanes_from_env()) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
 
@@ -149,11 +190,47 @@ void GlooCommunicator::fail(const char* op, const std::string& what) {
   }
   // Peers blocked in the same collective see the closed connections and fail now instead of
   // at their timeout.
-  try {
-    context_->closeConnections();
-  } catch (...) {
-  }
+  close_all();
   throw CommError(msg);
+}
+
+void GlooCommunicator::close_all() noexcept {
+  std::vector<std::shared_ptr<::gloo::Context>> lanes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lanes = lanes_;
+  }
+  lanes.push_back(context_);
+  for (const auto& c : lanes) {
+    try {
+      c->closeConnections();
+    } catch (...) {
+    }
+  }
+}
+
+void GlooCommunicator::ensure_lanes() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lanes_.empty() || lane_count_ <= 1) return;
+  }
+  std::vector<std::shared_ptr<::gloo::Context>> made;
+  for (int i = 1; i < lane_count_; ++i) {
+    store::ClientOptions store_options = options_.store;
+    store_options.timeout = options_.timeout;
+    GlooStore store(std::make_unique<store::ClientStore>(store_options),
+                    fmt::format("{}/lane/{}", options_.prefix, i), store_options.timeout,
+                    options_.abort);
+    try {
+      made.push_back(connect_mesh(options_, store));
+    } catch (...) {
+      store.delete_own_keys();
+      throw;
+    }
+    store.delete_own_keys();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  lanes_ = std::move(made);
 }
 
 template <class Fn>
@@ -248,12 +325,48 @@ void GlooCommunicator::broadcast(at::Tensor& t, int root) {
   auto* bytes = static_cast<uint8_t*>(t.data_ptr());
   const size_t n = t.nbytes();
   run(kOp, [&](uint32_t tag) {
-    ::gloo::BroadcastOptions opts(context_);
-    opts.setOutput<uint8_t>(bytes, n);
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout);
-    ::gloo::broadcast(opts);
+    const auto one = [&](const std::shared_ptr<::gloo::Context>& c, uint8_t* at, size_t len) {
+      ::gloo::BroadcastOptions opts(c);
+      opts.setOutput<uint8_t>(at, len);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      ::gloo::broadcast(opts);
+    };
+    if (n < kLaneMinBytes || lane_count_ <= 1) {
+      one(context_, bytes, n);
+      return;
+    }
+    ensure_lanes();
+    std::vector<std::shared_ptr<::gloo::Context>> contexts{context_};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      contexts.insert(contexts.end(), lanes_.begin(), lanes_.end());
+    }
+    // Equal pieces on 4 KiB boundaries, one per lane; lane 0 on this thread.
+    const size_t piece = (n / contexts.size() + 4095) & ~size_t{4095};
+    std::vector<std::future<void>> others;
+    for (size_t i = 1; i < contexts.size() && i * piece < n; ++i)
+      others.push_back(std::async(std::launch::async, one, contexts[i], bytes + i * piece,
+                                  std::min(piece, n - i * piece)));
+    std::exception_ptr first;
+    try {
+      one(context_, bytes, std::min(piece, n));
+    } catch (...) {
+      first = std::current_exception();
+      close_all();  // the other lanes' pieces fail now instead of at their timeout
+    }
+    for (auto& f : others) {
+      try {
+        f.get();
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+          close_all();
+        }
+      }
+    }
+    if (first) std::rethrow_exception(first);
   });
 }
 
@@ -294,12 +407,9 @@ void GlooCommunicator::synchronize() {
 
 void GlooCommunicator::abort() noexcept {
   if (aborted_.exchange(true)) return;
-  // Hard-closes every pair (peers see a reset); the context itself is freed by the destructor,
-  // which another thread's collective cannot race with.
-  try {
-    context_->closeConnections();
-  } catch (...) {
-  }
+  // Hard-closes every pair of every lane (peers see a reset); the contexts themselves are freed
+  // by the destructor, which another thread's collective cannot race with.
+  close_all();
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options) {
@@ -371,23 +481,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options)
   }
   if (!missing.empty()) throw rendezvous_error("timed out waiting for the other ranks");
 
-  auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
-  context->setTimeout(options.timeout);
+  std::shared_ptr<::gloo::Context> context;
   try {
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    const GlooListenAddress where = gloo_listen_address(options.store.host, ifname ? ifname : "");
-    ::gloo::transport::tcp::attr attr;
-    attr.iface = where.iface;
-    attr.hostname = where.hostname;
-    auto device = ::gloo::transport::tcp::CreateDevice(attr);
-    context->connectFullMesh(*store, device);
-    if (options.size > 1) {
-      // Every rank has read every address once all are past this point.
-      ::gloo::BarrierOptions opts(context);
-      opts.setTag(0xFFFFFFFFu);
-      opts.setTimeout(options.timeout);
-      ::gloo::barrier(opts);
-    }
+    context = connect_mesh(options, *store);
   } catch (...) {
     throw rendezvous_error(describe_current_exception());
   }

@@ -30,7 +30,9 @@ struct GlooListenAddress {
 GlooListenAddress gloo_listen_address(const std::string& store_host,
                                       const std::string& gloo_socket_ifname);
 
-/// Rendezvous (see make_gloo_communicator), then blocking collectives on CPU tensors.
+/// Rendezvous (see make_gloo_communicator), then blocking collectives on CPU tensors. A
+/// broadcast of 16 MiB or more moves over GPURUN_GLOO_LANES TCP streams at once (default 2;
+/// the first such broadcast connects the extra ones: a full mesh each, every rank in it).
 /// Every collective blocks the calling thread until it completed on this rank or failed.
 /// One thread at a time may run collectives; abort() may be called from any thread.
 /// Any Gloo failure (I/O error, peer closed, timeout) throws CommError and closes this
@@ -62,12 +64,24 @@ class GlooCommunicator final : public Communicator {
   void check_tensor(const char* op, const at::Tensor& t) const;
   void ensure_usable(const char* op) const;
   [[noreturn]] void fail(const char* op, const std::string& what);
+  // Closes every lane's connections (any thread; never throws).
+  void close_all() noexcept;
+
+  // A broadcast of at least kLaneMinBytes is cut into one piece per lane, all moving at once:
+  // lane 0 on context_, the others on contexts of their own (own sockets and transport
+  // thread), made by the first such broadcast (every rank is in it) through the store under
+  // "<prefix>/lane/<i>". One TCP stream is bound by one core's copy; NCCL opens several
+  // sockets per peer for the same reason (NCCL_NSOCKS_PERTHREAD).
+  void ensure_lanes();
+  static constexpr size_t kLaneMinBytes = size_t{16} << 20;
 
   std::shared_ptr<::gloo::Context> context_;
   CommOptions options_;
+  int lane_count_ = 1;                                   ///< GPURUN_GLOO_LANES (default 2), 1..8
+  std::vector<std::shared_ptr<::gloo::Context>> lanes_;  ///< lanes 1.., guarded by mu_
   uint32_t next_tag_ = 0;
   std::atomic<bool> aborted_{false};
-  mutable std::mutex mu_;  // guards failure_
+  mutable std::mutex mu_;  // guards failure_ and lanes_
   std::string failure_;    // first failure; non-empty = unusable
 };
 
