@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""The decorator form (gpurun.elastic) for tests/python/run_failure.sh. Slot DIE_SLOT ends
+"""The decorator form (gpurun.elastic) for tests/python/run_failure.sh and run_nodes.sh; FORM=loop:
+the same epoch body in the loop form (``for epoch in rt.epochs(n)``, a plain backward and
+optimizer step; docs/python.md#use), whose peer failures the runtime recovers from at the
+loader's next step (docs/python.md#failures). Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
 must go on without it. DIE_HOW=raise: it raises ValueError instead (the program's own error:
 the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (until OUT/fast exists).
@@ -35,9 +38,10 @@ steps_log = open(os.path.join(out, f"steps.{slot}.{os.getpid()}"), "a")
 epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
 
 
-@gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2,
-                drop_on_error=os.environ.get("DROP_ON_ERROR") == "1",
-                loader_kwargs={"num_workers": int(os.environ.get("WORKERS", "0"))})
+drop_on_error = os.environ.get("DROP_ON_ERROR") == "1"
+loader_kwargs = {"num_workers": int(os.environ.get("WORKERS", "0"))}
+
+
 def train_one_epoch(loader, epoch, rt):
     if rt.step == 0:
         epochs_log.write(json.dumps({"epoch": epoch, "checksum": rt.checksum()}) + "\n")
@@ -52,6 +56,8 @@ def train_one_epoch(loader, epoch, rt):
         opt.zero_grad()
         nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()
         opt.step()
+        if rt.step_failed:  # the loop form: a peer died in this step; it runs again
+            continue
         steps_log.write(json.dumps({"epoch": epoch, "step": rt.step, "rank": rt.rank,
                                     "world": rt.world_size, "seen": ib.tolist()}) + "\n")
         steps_log.flush()
@@ -61,5 +67,14 @@ def train_one_epoch(loader, epoch, rt):
             time.sleep(step_sleep)
 
 
-rt = train_one_epoch(epochs=epochs)
+if os.environ.get("FORM", "decorator") == "loop":
+    rt = gpurun.Runtime(drop_on_error=drop_on_error)
+    rt.track(model=net, optimizer=opt)
+    loader = rt.loader(data, batch_size=8, seed=2, **loader_kwargs)
+    for epoch in rt.epochs(epochs):
+        train_one_epoch(loader, epoch, rt)
+else:
+    rt = gpurun.elastic(model=net, optimizer=opt, dataset=data, batch_size=8, seed=2,
+                        drop_on_error=drop_on_error,
+                        loader_kwargs=loader_kwargs)(train_one_epoch)(epochs=epochs)
 print(f"decorated_train slot {slot}: done, world {rt.world_size}", flush=True)

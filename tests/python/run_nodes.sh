@@ -17,6 +17,11 @@
 #                        with it (parent-death signal), node 0's survivors go on without them
 #                        (decision failed [1000,1001], world 2; the step where the collective
 #                        failed runs again over 2 ranks), node 0 exits 0.
+#   kill_loop            kill, with decorated_train.py's loop form (FORM=loop: `for epoch in
+#                        rt.epochs(n)`, a plain backward and optimizer step): the survivors'
+#                        gradient all-reduce fails inside the program's own backward(); the
+#                        runtime marks the step failed (no update; the program skips its step
+#                        line) and recovers at the loader's next step (docs/python.md#failures).
 #   two_to_three_to_two  2 nodes -> node 2 joins (world 6) -> node 1 leaves by SIGTERM (world
 #                        4: [0,1,2000,2001]) -> node 2 killed (-9) -> node 0 ends alone
 #                        (world 2); node 1 exits 0, node 0 exits 0.
@@ -26,8 +31,9 @@
 # sequence, every gpurun that was not killed exits 0. (kill: a rank killed after its step's
 # all-reduce but before it wrote the step's line would show as samples missing from that epoch;
 # the window is well under 1 ms of each ~30 ms step, not seen in 10+ runs.)
-# Usage: run_nodes.sh GPURUN join|leave|kill|two_to_three_to_two (KEEP_TMP=1 keeps the logs)
-CASE=${2:?usage: run_nodes.sh GPURUN join|leave|kill|two_to_three_to_two}
+# Usage: run_nodes.sh GPURUN join|leave|kill|kill_loop|two_to_three_to_two (KEEP_TMP=1 keeps
+# the logs)
+CASE=${2:?usage: run_nodes.sh GPURUN join|leave|kill|kill_loop|two_to_three_to_two}
 TEST=python_nodes_$CASE
 source "$(dirname "$0")/common.sh"
 source "$HERE/nodes_lib.sh"
@@ -37,6 +43,7 @@ export STEP_SLEEP=0.03   # per optimizer step (15 steps an epoch at world 2) unt
 export GPURUN_COMM_TIMEOUT_MS=20000
 export WAIT_FOR_EVERY=0.2  # the waits below read every step log: not every 50 ms on 2 cores
 TRAIN=("$PY" "$HERE/decorated_train.py" "$TMP/out" "$EPOCHS")
+[[ $CASE != kill_loop ]] || export FORM=loop  # every node's workers (gpurun passes it on)
 
 printf 'active_gpus = [0, 1]\n' > "$TMP/c0.toml"
 node0 "$TMP/c0.toml" "$LOG" "$TMP/events.jsonl"
@@ -79,7 +86,7 @@ case $CASE in
     touch "$TMP/out/fast"
     WORLDS="2? 4 2"
     ;;
-  kill)
+  kill | kill_loop)
     start_node 1
     wait_joined "[0,1,1000,1001]" 4
     wait_epoch $(($(epoch_now) + 1))
@@ -109,7 +116,7 @@ case $CASE in
     touch "$TMP/out/fast"
     WORLDS="2? 4 6 4 2"
     ;;
-  *) fail "unknown case '$CASE' (join, leave, kill, two_to_three_to_two)" ;;
+  *) fail "unknown case '$CASE' (join, leave, kill, kill_loop, two_to_three_to_two)" ;;
 esac
 
 note "the last event happened; the remaining epochs go fast"

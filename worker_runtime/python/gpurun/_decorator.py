@@ -62,6 +62,7 @@ def _call_elastic(rt, fn, call, drop_on_error):
     gpurun ends the job instead. ``sys.exit(N != 0)`` inside fails the job, as under torchrun
     (the excepthook passes SystemExit by), unless ``drop_on_error``."""
     while True:
+        rt._failures_raise = True  # a failed collective raises here (_failed_step.py)
         try:
             return call()
         except SystemExit as e:
@@ -74,6 +75,8 @@ def _call_elastic(rt, fn, call, drop_on_error):
                 raise
             if not rt._recover(e):
                 return _JOB_ENDED
+        finally:
+            rt._failures_raise = False
 
 
 # Parameter names the gpud form recognises (gpud's own, and the usual spellings).

@@ -62,6 +62,8 @@ class _ProcessGroup:
         if dist.is_initialized() and dist.get_world_size() > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self._ddp = torch.nn.parallel.DistributedDataParallel(self._module, device_ids=ids)
+            if self.elastic:
+                self._register_hook(self._ddp)  # a peer's death in backward (_failed_step.py)
         else:
             self._ddp = None
 

@@ -106,6 +106,16 @@ class _Iterations:
             yield self._steps_done
             if self._finishing:
                 return
+            if self._step_failure is not None:
+                # A collective of the runtime's failed in this iteration (a peer died,
+                # _failed_step.py): it counts only when the optimizer's update came before the
+                # failure; after gpurun's decision the loop goes on from the state's position.
+                if self._stepped:
+                    self._steps_done += 1
+                if not self._recover_step():
+                    return
+                self._jumped = False
+                continue
             if self._jumped:  # a hold-mode rank woken at the state's position (a boundary)
                 self._jumped = False
                 continue

@@ -6,6 +6,9 @@ import contextlib
 import torch
 
 
+_NEXT, _AGAIN, _END = "next", "again", "end"  # _Loader._step_ended: what follows a step
+
+
 class _Loader:
     """One epoch's batches of this rank (see Runtime.loader)."""
 
@@ -75,13 +78,31 @@ class _Loader:
             it = self._workers([mine for _, mine in plan]) if workers else None
             for j, (count, mine) in enumerate(plan):
                 yield next(it) if workers else self._collate(mine)
-                s.advance(count)  # after the step: a step whose collective failed is run again
-                rt._steps_done += 1
                 if j == len(plan) - 1:
                     it = None  # the segment's DataLoader and its workers end before a boundary
-                if not rt._after_step():
+                after = self._step_ended(count)
+                if after is _END:
                     return
+                if after is _AGAIN:
+                    it = None
+                    break
         s.advance(s.remaining())
+
+    def _step_ended(self, count):
+        """After the program's body of one step of ``count`` samples: the cursor moves past
+        them when the step's update happened (a step whose collective failed before the update
+        runs again); a failed step is recovered from here (_failed_step.py), else a step
+        boundary may follow. Returns _NEXT (the plan's next step), _AGAIN (recovered: plan the
+        rest of the epoch anew, over the new world, from the cursor) or _END (this epoch's
+        iteration ends: the job is finishing, or this rank rejoined at another position)."""
+        rt, s = self.rt, self.rt._sampler
+        failed = rt._step_failure is not None
+        if not failed or rt._stepped:
+            s.advance(count)
+            rt._steps_done += 1
+        if failed:
+            return _AGAIN if rt._recover_step() and not rt._jumped else _END
+        return _NEXT if rt._after_step() else _END
 
     def _steps(self):
         self._check_inside_epochs()
@@ -101,12 +122,13 @@ class _Loader:
                     st.fetch = lambda _mb, box=box: next(box[0])
             for j, ((count, _), st) in enumerate(zip(plan, steps)):
                 yield st
-                s.advance(count)
-                rt._steps_done += 1
                 if j == len(plan) - 1 and box:
                     box[0] = None  # the DataLoader and its workers end before a boundary
-                if not rt._after_step():
+                after = self._step_ended(count)
+                if after is _END:
                     return
+                if after is _AGAIN:
+                    break
         s.advance(s.remaining())
 
 

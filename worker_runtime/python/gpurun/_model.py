@@ -46,7 +46,9 @@ class ElasticModel:
         return contextlib.nullcontext()
 
     def __call__(self, *args, **kwargs):
-        return self._current()(*args, **kwargs)
+        # a peer's death in DDP's forward collectives fails the step, not the program
+        rt = object.__getattribute__(self, "_rt")
+        return rt._forward(self._current(), args, kwargs)
 
     def state_dict(self, *args, **kwargs):
         """The plain module's ``state_dict()``: the same keys in every generation (no DDP

@@ -24,6 +24,7 @@ from . import _exit, _gloo_iface, _native, _snapshot
 from ._checksum import StateMismatch, _state_digest, _word_sums_many
 from ._comm import GroupLinks, is_comm_failure
 from ._energy import StopReason, _Energy
+from ._failed_step import _FailedStep
 from ._group import _ProcessGroup, _destroy_group_at_exit
 from ._iterations import _Iterations
 from ._loader import _Loader
@@ -63,7 +64,7 @@ def _slots_and_device(standby):
     return slot, local_slot, torch.device("cpu")
 
 
-class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
+class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _FailedStep):
     """One per process. Attributes: ``rank``, ``world_size``, ``generation`` (int),
     ``device`` (torch.device), ``model`` (``ElasticModel``: the tracked model as the current
     generation trains it, in DDP when the world has more than one rank; one object for the
@@ -126,6 +127,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
         self._links = GroupLinks()  # the current gloo group's TCP connections (_comm)
         self._warned = set()
         self._steps_done = 0  # steps of the current epoch done (the position of a report)
+        self._init_failed_step()  # a peer's death inside a step (_failed_step.py)
         self.global_batch = 0  # [batch] global in force (0: batch_size x world_size)
         self.every_steps = 0   # [boundary] every: 0 = at epoch ends, N = every N steps
         self._finishing = False
@@ -253,6 +255,8 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
             self._module = model.to(self.device)
         if optimizer is not None:  # a later call adds to what is tracked, it replaces nothing
             self._optimizer = optimizer
+            if self.elastic:
+                self._guard_step(optimizer)  # nothing in a failed step
         if scheduler is not None:
             others["scheduler"] = scheduler
         for k, v in list(others.items()):
@@ -384,6 +388,13 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
             yield self.epoch
             if self._finishing:  # a step boundary's decision: the job is finishing
                 return
+            if self._step_failure is not None:
+                # A collective of the runtime's failed outside the loader's steps (which recover
+                # their own): after gpurun's decision the epoch goes on from the state's position.
+                if not self._recover_step():
+                    return
+                self._jumped = False
+                continue
             if self._jumped:  # rejoined (hold mode) at another position: go on from there
                 self._jumped = False
                 continue
@@ -607,6 +618,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy):
         """One optimizer step done: published for gpurun's power-limit profiler; after the
         first, the pause snapshot's file is prepared in the background."""
         self._global_step += 1
+        self._stepped = False  # the next step's optimizer update is still to come
         if self._progress is not None:
             self._progress.step(self._global_step)  # gpurun's power-limit profiler reads it
         if self._global_step == 1 and self.elastic:
@@ -715,6 +727,13 @@ def _report_program_errors(session):
             except Exception:  # noqa: BLE001 - the exit itself still ends the process
                 pass
         previous(kind, value, tb)
+        if is_comm_failure(value):
+            print(f"gpurun (python, slot {os.environ.get('GPURUN_SLOT', '?')}): a collective "
+                  "the program called itself failed because a peer died or hung (the error "
+                  "above): the runtime recovers from the collectives it makes (rt.model's "
+                  "forward and backward, its boundaries) and from any inside a gpurun.elastic "
+                  "function, not from one in a loop body; this process ends and gpurun goes on "
+                  "without it (docs/python.md#failures)", file=sys.stderr, flush=True)
 
     hook._gpurun = True
     sys.excepthook = hook
