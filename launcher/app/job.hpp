@@ -177,6 +177,7 @@ class Job {
   std::pair<std::unique_ptr<store::ClientStore>, std::unique_ptr<store::ClientStore>> agent_stores_;
   std::unique_ptr<supervisor::NodeAgent> agent_;
   std::unique_ptr<control::ConfigWatcher> agent_watcher_;
+  std::unique_ptr<control::StatusWriter> agent_status_;  // a node > 0's own status.json
   std::unique_ptr<control::RunRegistration> registration_;
   supervisor::AsioClock clock_{io_};      // the status refresh's timer
   gpurun::Clock::Timer status_refresh_;   // destroyed before clock_ and io_

@@ -5,6 +5,7 @@
 #include "app/job.hpp"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include "app/start_checks.hpp"
 #include "gpurun/control/decision.hpp"
 #include "gpurun/error.hpp"
+#include "gpurun/json_writer.hpp"
 #include "nodes/node0_store.hpp"
 #include "supervisor/process_spawner.hpp"  // signal_name
 
@@ -162,10 +164,31 @@ void Job::build_agent() {
     return agent_offer();
   };
   ao.say = [](const std::string& line) { print_err(line); };
+  ao.status_changed = [this] {
+    if (agent_status_) agent_status_->publish();
+  };
   if (snapshot_fetcher_) ao.fetch_snapshot = snapshot_fetch();
   agent_ = std::make_unique<sv::NodeAgent>(io_, *supervisor_, std::move(agent_stores_.first),
                                            std::move(agent_stores_.second), std::move(ao));
   supervisor_->set_controller(agent_.get());
+  // Its own status.json (gpurun status on this host): this node's slots, node 0's endpoint.
+  agent_status_ = std::make_unique<gpurun::control::StatusWriter>(
+      io_, plan_.run_dir,
+      [this] {
+        std::string text =
+            JsonObject()
+                .add("run_id", plan_.run_id)
+                .add("run_dir", plan_.run_dir)
+                .add("supervisor_pid", static_cast<int>(::getpid()))
+                .add("updated", sv::EventLog::format_timestamp(std::chrono::system_clock::now()))
+                .add("elastic", true)
+                .add("config", std::filesystem::absolute(*opt_.config).string())
+                .str();
+        text.pop_back();  // the closing brace: this node's members follow
+        return text + ", " + agent_->status_members(plan_.gpu_ids) + "}";
+      },
+      [](const std::string& why) { print_err("warning: " + why); });
+  agent_status_->publish();
 }
 
 std::string Job::serve_snapshots(const std::string& address, const std::string& advertise,

@@ -260,8 +260,27 @@ std::string would_decide_line(const json::object& o) {
                      reasons.empty() ? "" : " (" + reasons + ")");
 }
 
+/// A node > 0 of an elastic job over several nodes (its status.json has "node"): this node's
+/// part; node 0 holds the job's generation, decisions and every node's slots.
+std::string node_summary_text(const json::object& o, const json::object& node) {
+  std::string out = fmt::format("run {}  supervisor pid {}  run dir {}\n", field_text(o, "run_id"),
+                                field_text(o, "supervisor_pid"), field_text(o, "run_dir"));
+  out += fmt::format("config {}  updated {}\n", field_text(o, "config"), field_text(o, "updated"));
+  const std::string why = field_text(node, "why");
+  out += fmt::format(
+      "node {} of an elastic job over several nodes: {}{}; node 0's gpurun (store at {}) decides "
+      "for the job: `gpurun status` on node 0's host shows every node's slots and the decisions\n",
+      field_text(node, "node"), field_text(node, "state"),
+      why.empty() || why == "-" ? "" : " (" + why + ")", field_text(node, "node0"));
+  out += fmt::format("generation {} as node 0 last told this node: active {}\n",
+                     field_text(node, "generation"), ids_text(node.if_contains("active")));
+  return out;
+}
+
 /// The lines above the slot table: the run, its generation, policy, leases and energy.
 std::string summary_text(const json::object& o) {
+  if (const json::value* n = o.if_contains("node"); n && n->is_object())
+    return node_summary_text(o, n->as_object());
   std::string out;
   const json::value* elastic = o.if_contains("elastic");
   const bool plain = elastic && elastic->is_bool() && !elastic->as_bool();

@@ -10,6 +10,7 @@
 
 #include "gpurun/control/keys.hpp"
 #include "gpurun/error.hpp"
+#include "gpurun/json_writer.hpp"
 #include "nodes/node_sync.hpp"  // JoinError
 #include "nodes/node_sync_detail.hpp"
 #include "supervisor/supervisor.hpp"
@@ -98,6 +99,61 @@ std::string NodeAgent::name() const {
 
 void NodeAgent::say(const std::string& line) {
   if (opt_.say) opt_.say(line);
+}
+
+void NodeAgent::status_changed() {
+  if (opt_.status_changed) opt_.status_changed();
+}
+
+std::string NodeAgent::status_members(const std::vector<std::string>& physical) const {
+  const bool released = end_ && end_->reason.rfind("node 0 released", 0) == 0;
+  JsonObject node;
+  node.add("node", opt_.node)
+      .add("node0", opt_.where)
+      .add("state", !end_      ? (leaving_ ? "leaving" : "live")
+                    : released ? "released"
+                               : "ended")
+      .add("why", end_ ? end_->reason : std::string())
+      .add("generation", generation_)
+      .add_raw("active", control::ids_json(active_));
+  std::string slots = "[";
+  for (const int local : opt_.slots) {
+    const int slot = control::job_slot(opt_.node, local);
+    const auto v = views_.find(local);
+    const auto p = procs_.find(local);
+    const bool runs = p != procs_.end() && p->second > 0;
+    const auto member = std::find(active_.begin(), active_.end(), slot);
+    const int rank =
+        runs && member != active_.end() ? static_cast<int>(member - active_.begin()) : -1;
+    std::string state = "IDLE", reason;
+    int64_t generation = -1;
+    if (runs && v != views_.end()) {
+      state = rank >= 0           ? "ACTIVE"
+              : v->second.standby ? "STANDBY"
+              : v->second.warm    ? "WARMING"
+                                  : "RUNNING";
+      generation = rank >= 0 ? generation_ : v->second.generation;
+      if (rank < 0 && v->second.warm) reason = "a warm joiner: enters at a boundary";
+    } else if (v != views_.end() && !v->second.ended.empty()) {
+      state = v->second.clean ? "EXITED" : "FAILED";
+      reason = v->second.ended;
+    } else {
+      reason = "no process: node 0 starts one at a boundary";
+    }
+    JsonObject o;
+    o.add("gpu", slot).add("local_gpu", local);
+    if (static_cast<size_t>(local) < physical.size() && !physical[local].empty())
+      o.add("physical_gpu", physical[local]);
+    else
+      o.add_null("physical_gpu");
+    o.add("state", state)
+        .add("generation", generation)
+        .add("rank", rank)
+        .add("pid", runs ? p->second : -1)
+        .add("reason", reason);
+    slots += (slots.size() > 1 ? "," : "") + o.str();
+  }
+  return fmt::format("\"node\": {}, \"slots\": {}]", node.str(), slots);
 }
 
 void NodeAgent::on_attempt_start(int /*attempt*/) {
@@ -225,6 +281,15 @@ void NodeAgent::spawn(const control::NodeCommand& c) {
                                                    .standby = c.standby,
                                                    .config_path = opt_.config_path});
   procs_[local] = pid;  // -1: its exit (code 1) follows, through on_worker_exit
+  SlotView& v = views_[local] = SlotView{};
+  v.warm = c.warm >= 0;
+  v.standby = c.standby;
+  v.generation = v.warm ? -1 : c.generation;
+  if (!v.warm && c.decision->generation >= generation_) {
+    generation_ = c.decision->generation;
+    active_ = c.decision->active;
+  }
+  status_changed();
   control::NodeEvent e;
   e.kind = control::NodeEvent::Kind::kSpawned;
   e.slot = c.slot;
@@ -249,6 +314,9 @@ bool NodeAgent::on_worker_exit(int local_rank, ExitStatus status, bool /*can_res
     pid = p->second;
     procs_.erase(p);
   }
+  views_[local_rank].ended = status.describe();
+  views_[local_rank].clean = status.success();
+  status_changed();
   if (!end_) {
     control::NodeEvent e;
     e.kind = control::NodeEvent::Kind::kExited;
@@ -294,6 +362,7 @@ bool NodeAgent::on_signal(int sig) {
   }
   leaving_ = true;
   leave_signal_ = sig;
+  status_changed();
   const std::string s = signal_name(sig);
   if (!write(keys::node_leave(opt_.node), s)) return true;
   say(
@@ -316,6 +385,7 @@ bool NodeAgent::on_stop_request(const std::string& /*why*/) {
 
 void NodeAgent::ended(int code, std::string reason, const std::string& line, bool stop_workers) {
   end_ = End{code, std::move(reason)};
+  status_changed();
   if (procs_.empty() || !stop_workers) {
     say(line);
     sup_.controller_changed();  // no process left: the supervisor ends the job

@@ -75,6 +75,9 @@ struct NodeAgentOptions {
   std::function<std::vector<int>()> offer;
   /// One "gpurun: ..." line without the prefix, starting "node <k>: " (io thread).
   std::function<void(const std::string& line)> say;
+  /// Something status_members() shows changed (io thread): the app rewrites this node's
+  /// status.json. Empty: nothing is told.
+  std::function<void()> status_changed;
   /// Node 0's kFetchSnapshot: copies pause snapshot `serial` from `endpoint` into this node's
   /// snapshot path off the io thread (SnapshotFetcher::start); `done` runs once, on any thread.
   /// Empty: this node cannot fetch (its answer says so).
@@ -120,6 +123,11 @@ class NodeAgent final : public SlotController {
   /// Anything else (a second SIGTERM or SIGINT, SIGQUIT, other signals) is the supervisor's: it
   /// stops the workers at once.
   bool on_signal(int sig);
+  /// This node's part of its own status.json (docs/cli.md#elastic-nodes): `"node"` (its id,
+  /// node 0's store, its state, the generation node 0 last told it) and `"slots"` (one object a
+  /// local slot under its job slot id: state, generation, rank, pid, reason), as JSON members
+  /// without braces. `physical` names each local slot's GPU ("" = none).
+  std::string status_members(const std::vector<std::string>& physical) const;
   /// Rereads the offer (NodeAgentOptions::offer) and writes it when it changed
   /// (keys::node_offer): the config watcher's call.
   void offer_changed();
@@ -152,6 +160,7 @@ class NodeAgent final : public SlotController {
   void event(const control::NodeEvent& e);
   void exited(int slot, int pid, const std::string& how);
   void say(const std::string& line);
+  void status_changed();
   std::string name() const;  // "node 1"
   /// Its status once node 0 released it: 0, 130 when it left on SIGINT (Ctrl-C).
   int leave_code() const;
@@ -164,7 +173,19 @@ class NodeAgent final : public SlotController {
   std::thread reader_;
   std::atomic<bool> stop_{false};
   int64_t next_event_ = 0;
-  std::map<int, int> procs_;          // local slot -> pid of its process (-1: could not start)
+  std::map<int, int> procs_;  // local slot -> pid of its process (-1: could not start)
+
+  /// What status.json shows of a local slot: its last process's kind and end.
+  struct SlotView {
+    bool warm = false, standby = false;
+    int64_t generation = -1;  // the generation its process joined by (-1: a warm joiner)
+    std::string ended;        // how its last process ended; "" = runs, or never ran
+    bool clean = false;       // that end was exit code 0
+  };
+  std::map<int, SlotView> views_;
+  int64_t generation_ = -1;  // the latest generation node 0 told this node (its decision)
+  std::vector<int> active_;  // that generation's members, job slot ids (rank = index)
+
   std::optional<std::string> offer_;  // the offer last written ("0,1")
   bool leaving_ = false;
   int leave_signal_ = 0;       // the signal that made it leave (SIGTERM, SIGINT)

@@ -323,5 +323,27 @@ TEST_CASE("gpurun status: every other node of an elastic job, its state, slots a
   CHECK(text.find("1001 ") != std::string::npos);  // the slot table row
 }
 
+TEST_CASE("gpurun status on a node > 0: this node, node 0's store, its slots and ranks") {
+  gpurun::testing::TempDir dir("gpurun-status-test");
+  std::string error;
+  REQUIRE(write_status_file(
+      dir.str(),
+      R"({"run_id": "r", "supervisor_pid": 4001, "run_dir": "/tmp/r", "elastic": true, )"
+      R"("config": "/etc/c.toml", "node": {"node": 1, "node0": "hosta:29500", )"
+      R"("state": "leaving", "why": "", "generation": 2, "active": [0, 1000, 1001]}, )"
+      R"("slots": [{"gpu": 1000, "local_gpu": 0, "physical_gpu": null, "state": "ACTIVE", )"
+      R"("generation": 2, "rank": 1, "pid": 77, "reason": ""}]})",
+      error));
+  const std::string text = status_text(dir);
+  CHECK_MESSAGE(text.find("node 1 of an elastic job over several nodes: leaving; node 0's gpurun "
+                          "(store at hosta:29500) decides for the job: `gpurun status` on node "
+                          "0's host shows every node's slots and the decisions\n"
+                          "generation 2 as node 0 last told this node: active [0, 1000, 1001]\n") !=
+                    std::string::npos,
+                text);
+  CHECK(text.find("park mode") == std::string::npos);  // node 0's, not this node's
+  CHECK(text.find("1000 ") != std::string::npos);      // the slot table row
+}
+
 }  // namespace
 }  // namespace gpurun::control

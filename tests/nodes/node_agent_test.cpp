@@ -397,6 +397,42 @@ TEST_CASE("node agent: SIGINT (Ctrl-C) leaves as SIGTERM does; release then ends
   CHECK_FALSE(m.agent->on_signal(SIGINT));
 }
 
+TEST_CASE("node agent: its status.json members: node 0's store, its slots, states and ranks") {
+  Node1 n;
+  int changes = 0;
+  n.agent->close();
+  NodeAgentOptions ao;
+  ao.node = 1;
+  ao.where = "node0:29500";
+  ao.slots = {0, 1};
+  ao.wait_slice = 20ms;
+  ao.status_changed = [&] { ++changes; };
+  n.agent = std::make_unique<NodeAgent>(n.io, *n.sup, std::make_unique<Connection>(n.node0, n.gone),
+                                        std::make_unique<Connection>(n.node0, n.gone), ao);
+  n.sup->set_controller(n.agent.get());
+  n.agent->on_attempt_start(0);
+  NodeCommand member = Node1::spawn(1000);  // a joiner of generation 3: rank 2
+  member.warm = -1;
+  member.generation = 3;
+  n.command(member);
+  n.command(Node1::spawn(1001));  // a warm joiner
+  n.run_until([&] { return n.has_event(1); });
+  CHECK(changes >= 2);
+  const std::string m = n.agent->status_members({"GPU-a", "GPU-b"});
+  INFO(m);
+  CHECK(m.find("\"node\": {\"node\": 1, \"node0\": \"node0:29500\", \"state\": \"live\", "
+               "\"why\": \"\", \"generation\": 3, \"active\": [0,1,1000]}") != std::string::npos);
+  CHECK(m.find("{\"gpu\": 1000, \"local_gpu\": 0, \"physical_gpu\": \"GPU-a\", \"state\": "
+               "\"ACTIVE\", \"generation\": 3, \"rank\": 2, \"pid\": ") != std::string::npos);
+  CHECK(m.find("{\"gpu\": 1001, \"local_gpu\": 1, \"physical_gpu\": \"GPU-b\", \"state\": "
+               "\"WARMING\", \"generation\": -1, \"rank\": -1, \"pid\": ") != std::string::npos);
+  n.spawner.exit(0, ExitStatus{1, 0});
+  n.run_until([&] { return n.has_event(2); });
+  CHECK(n.agent->status_members({}).find("\"state\": \"FAILED\", \"generation\": -1, \"rank\": "
+                                         "-1, \"pid\": -1, \"reason\": \"exit code 1\"") !=
+        std::string::npos);
+}
+
 TEST_CASE("node agent: a second SIGTERM is the supervisor's: the workers stop at once") {
   Node1 n;
   n.command(Node1::spawn(1000));
