@@ -108,6 +108,8 @@ def main():
                 loss = nn.functional.cross_entropy(out, y)
             loss.backward()
             opt.step()
+            if rt.step_failed:  # a peer died in this step: no update, its batch comes again
+                continue
             total += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)])
             if "first_step_unix" not in line:  # .item() waited for the step's loss
                 line["first_step_unix"] = time.time()

@@ -180,6 +180,8 @@ def main():
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), a.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if rt.step_failed:  # a peer died in this iteration: no update, it runs again (the
+            continue        # program's own all-reduce below would raise on the broken group)
         if rt.world_size > 1:
             dist.all_reduce(loss_sum)  # the mean over the iteration's micro-batches, all ranks
         if rt.rank == 0:
