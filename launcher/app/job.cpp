@@ -19,6 +19,7 @@
 #include "gpurun/env_names.hpp"
 #include "gpurun/error.hpp"
 #include "nodes/master_address.hpp"
+#include "supervisor/process_spawner.hpp"  // signal_name
 #include "supervisor/worker_env.hpp"
 
 namespace gpurun::app {
@@ -400,8 +401,11 @@ void Job::wire_done() {
 
 void Job::end_nodes(int exit_code, std::function<void()> then) {
   gpurun::control::NodeHub& hub = *elastic_->node_hub();
-  hub.job_ended(exit_code, exit_code == 0
-                               ? "the job finished"
+  // A stop signal to node 0 (SIGTERM: at a boundary) ends every node with 128 + it, saying so.
+  const int sig = supervisor_->shutdown_signal();
+  hub.job_ended(exit_code, exit_code == 0 ? std::string("the job finished")
+                           : sig != 0
+                               ? fmt::format("node 0's gpurun received {}", sv::signal_name(sig))
                                : fmt::format("the job ended with exit status {}", exit_code));
   // Until every node disconnected (its lost key) or 5 s passed: a node reads its exit command
   // before node 0's store closes.

@@ -168,6 +168,8 @@ void Job::build_agent() {
     if (agent_status_) agent_status_->publish();
   };
   if (snapshot_fetcher_) ao.fetch_snapshot = snapshot_fetch();
+  // Said when node 0 is gone: whether this node holds the paused job's state.
+  ao.snapshot_files = [this] { return sv::snapshot_files(plan_.run_dir); };
   agent_ = std::make_unique<sv::NodeAgent>(io_, *supervisor_, std::move(agent_stores_.first),
                                            std::move(agent_stores_.second), std::move(ao));
   supervisor_->set_controller(agent_.get());

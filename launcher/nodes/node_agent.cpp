@@ -1,8 +1,10 @@
 #include "nodes/node_agent.hpp"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <ctime>
 #include <utility>
 
 #include <fmt/format.h>
@@ -20,6 +22,27 @@ namespace gpurun::supervisor {
 
 namespace asio = boost::asio;
 namespace keys = control::keys;
+
+namespace {
+
+// The first of `files` that exists: "PATH (N bytes, written HH:MM:SS UTC<note>)"; "" when none
+// does.
+std::string snapshot_text(const std::vector<std::string>& files, const std::string& note) {
+  for (const std::string& path : files) {
+    struct stat st {};
+    if (path.empty() || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    std::tm tm{};
+    const std::time_t t = st.st_mtime;
+    ::gmtime_r(&t, &tm);
+    char when[16];
+    std::strftime(when, sizeof when, "%H:%M:%S", &tm);
+    return fmt::format("{} ({} bytes, written {} UTC{})", path, static_cast<int64_t>(st.st_size),
+                       when, note);
+  }
+  return {};
+}
+
+}  // namespace
 
 ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
   ElasticJoin out;
@@ -238,11 +261,13 @@ void NodeAgent::fetch_snapshot(const control::NodeCommand& c) {
       [&io = io_, this, alive = std::weak_ptr<int>(alive_)](const control::NodeEvent& done) {
         asio::post(io, [this, alive, done] {
           if (alive.expired() || end_) return;
-          if (done.how.empty())
+          if (done.how.empty()) {
+            fetched_serial_ = done.serial;
             say(fmt::format("{}: the pause snapshot is here: {} bytes in {} ms", name(), done.bytes,
                             done.ms));
-          else
+          } else {
             say(fmt::format("{}: {}", name(), done.how));
+          }
           event(done);
         });
       });
@@ -398,9 +423,37 @@ void NodeAgent::ended(int code, std::string reason, const std::string& line, boo
 void NodeAgent::node0_gone(const std::string& cause) {
   if (end_) return;  // node 0 closes its store after it released or ended this node
   stop_ = true;      // the reader stops at its next wake-up
+  // What is left of the training state: the ranks hold it in memory (node 0's died with it,
+  // this node's stop now); a paused job's is in the pause snapshot of the node that has it.
+  std::vector<int> pids;
+  for (const auto& slot_pid : procs_)
+    if (slot_pid.second > 0) pids.push_back(slot_pid.second);
+  std::string left;
+  if (!pids.empty()) {
+    left = fmt::format(
+        "the training state is only in the memory of the job's ranks (node 0's ended with it; "
+        "this node's, pid {}, are stopped now: a program that saves a checkpoint on SIGTERM "
+        "has until the SIGKILL)",
+        control::join_ids(pids, ", "));
+  } else if (const std::string snap = snapshot_text(
+                 opt_.snapshot_files ? opt_.snapshot_files() : std::vector<std::string>{},
+                 fetched_serial_ >= 0
+                     ? fmt::format(", pause snapshot {} copied here", fetched_serial_)
+                     : std::string());
+             !snap.empty()) {
+    left = fmt::format(
+        "this node runs no worker and holds the pause snapshot {}: the paused training state, "
+        "deleted when this gpurun exits (no new job resumes from a pause snapshot)",
+        snap);
+  } else {
+    left = "this node runs no worker and holds no pause snapshot: no training state is left here";
+  }
   ended(1, fmt::format("node 0's gpurun ({}) is gone: {}", opt_.where, cause),
-        fmt::format("{}: node 0's gpurun ({}) is gone: {}{}", name(), opt_.where, cause,
-                    procs_.empty() ? "; this node's gpurun exits" : ""),
+        fmt::format("{}: node 0's gpurun ({}) is gone ({}): the job cannot go on without it "
+                    "(node 0 holds the job's store and makes every decision); {}; to go on, "
+                    "start a new job (node 0 first) from the program's own checkpoint, if it "
+                    "writes one; this node's gpurun exits 1",
+                    name(), opt_.where, cause, left),
         /*stop_workers=*/true);
 }
 

@@ -84,6 +84,9 @@ struct NodeAgentOptions {
   std::function<void(const std::string& endpoint, int64_t serial,
                      std::function<void(const control::NodeEvent&)> done)>
       fetch_snapshot;
+  /// The paths this node keeps its pause snapshot at (snapshot_files of its run dir), read
+  /// when node 0 is gone to say whether this node holds one. Empty function: none.
+  std::function<std::vector<std::string>()> snapshot_files;
 };
 
 /// One per gpurun of node k > 0 in an elastic job; the supervisor's SlotController. Every
@@ -92,7 +95,8 @@ struct NodeAgentOptions {
 /// n = 0, 1, …, each deleted once read), posting each to io. Events and the offer are written
 /// to `events` from the io thread (a blocking request each, bounded by that connection's
 /// timeout). A request that fails on either connection means node 0's gpurun is gone: this node
-/// stops its workers and ends with status 1.
+/// stops its workers (SIGTERM, SIGKILL after the grace period) and ends with status 1, saying
+/// in one line that the job cannot go on and what is left of its state (node0_gone).
 class NodeAgent final : public SlotController {
  public:
   /// `events` should be the connection join_elastic_job ran on (its close is this node's
@@ -154,6 +158,9 @@ class NodeAgent final : public SlotController {
   /// The end is known: `line` said; with `stop_workers` the processes left are stopped, else
   /// the supervisor ends once they exited.
   void ended(int code, std::string reason, const std::string& line, bool stop_workers);
+  /// Node 0's gpurun is gone (`cause`: why this node knows): the job cannot go on. The one
+  /// path that ends this node then: it says so in one line (what is left of the training
+  /// state and where, how to go on), stops its workers (ended) and ends with status 1.
   void node0_gone(const std::string& cause);
   /// Writes `key` = `value` to node 0's store; false (node0_gone done) when it failed.
   bool write(const std::string& key, const std::string& value);
@@ -191,6 +198,7 @@ class NodeAgent final : public SlotController {
   int leave_signal_ = 0;       // the signal that made it leave (SIGTERM, SIGINT)
   bool stopping_now_ = false;  // a second stop signal: the supervisor stops the workers
   std::optional<End> end_;
+  int64_t fetched_serial_ = -1;  // the pause snapshot node 0 last had copied here (-1: none)
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // io handlers check it
 };
 

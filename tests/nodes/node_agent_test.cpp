@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 
 #include "gpurun/control/keys.hpp"
@@ -91,6 +94,7 @@ struct Node1 {
   std::unique_ptr<NodeAgent> agent;
   std::vector<std::string> said;
   std::vector<int> offer = {0, 1};
+  std::vector<std::string> snapshot_paths;  // NodeAgentOptions::snapshot_files
   int64_t commands = 0;
 
   /// `fetch`: NodeAgentOptions::fetch_snapshot (empty: this node cannot fetch).
@@ -123,6 +127,7 @@ struct Node1 {
     ao.offer = [this] { return offer; };
     ao.say = [this](const std::string& line) { said.push_back(line); };
     ao.fetch_snapshot = std::move(fetch);
+    ao.snapshot_files = [this] { return snapshot_paths; };
     agent = std::make_unique<NodeAgent>(io, *sup, std::make_unique<Connection>(node0, gone),
                                         std::make_unique<Connection>(node0, gone), ao);
     sup->set_controller(agent.get());
@@ -345,14 +350,86 @@ TEST_CASE("node agent: node 0 gone: the workers are stopped and the node exits 1
   Node1 n;
   n.command(Node1::spawn(1000));
   n.run_until([&] { return n.has_event(0); });
+  const int pid = n.spawner.procs[0]->pid;
   *n.gone = true;  // node 0's gpurun died: every request fails
   n.run_until([&] { return n.sup->done(); });
   REQUIRE(n.sup->done());
   CHECK(n.sup->exit_code() == 1);
   CHECK(n.spawner.procs[0]->signals.at(0) == SIGTERM);
-  CHECK(n.console.err.find("node 1: node 0's gpurun (node0:29500) is gone: node0:29500: "
-                           "connection reset by peer; stopping this node's workers") !=
-        std::string::npos);
+  // One line: who is gone, that the job cannot go on, what is left of the state, how to go on.
+  const std::string line = fmt::format(
+      "node 1: node 0's gpurun (node0:29500) is gone (node0:29500: connection reset by peer): "
+      "the job cannot go on without it (node 0 holds the job's store and makes every "
+      "decision); the training state is only in the memory of the job's ranks (node 0's ended "
+      "with it; this node's, pid {}, are stopped now: a program that saves a checkpoint on "
+      "SIGTERM has until the SIGKILL); to go on, start a new job (node 0 first) from the "
+      "program's own checkpoint, if it writes one; this node's gpurun exits 1; stopping this "
+      "node's workers (SIGTERM, SIGKILL after 100 ms)",
+      pid);
+  CHECK(n.console.err.find(line) != std::string::npos);
+  CHECK(n.console.err.find("is gone") == n.console.err.rfind("is gone"));  // said once
+}
+
+TEST_CASE("node agent: node 0 gone while this node runs no worker: its pause snapshot is said") {
+  SUBCASE("a pause snapshot node 0 had copied here") {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      fmt::format("gpurun-node-agent-test-{}", ::getpid());
+    std::filesystem::create_directories(dir);
+    const std::string snap = (dir / "state.snapshot").string();
+    std::thread copier;
+    {
+      Node1 n([&](const std::string&, int64_t serial, std::function<void(const NodeEvent&)> done) {
+        copier = std::thread([serial, snap, done = std::move(done)] {
+          if (std::FILE* f = std::fopen(snap.c_str(), "w")) {  // checked by the line below
+            std::fputs("12345", f);
+            std::fclose(f);
+          }
+          NodeEvent e;
+          e.kind = NodeEvent::Kind::kSnapshotFetched;
+          e.serial = serial;
+          e.bytes = 5;
+          done(e);
+        });
+      });
+      n.snapshot_paths = {(dir / "none.snapshot").string(), snap};
+      NodeCommand c;
+      c.kind = NodeCommand::Kind::kFetchSnapshot;
+      c.endpoint = "127.0.0.1:4567";
+      c.serial = 4;
+      n.command(c);
+      n.run_until([&] { return n.has_event(0); });
+      *n.gone = true;
+      n.run_until([&] { return n.sup->done(); });
+      REQUIRE(n.sup->done());
+      CHECK(n.sup->exit_code() == 1);
+      CHECK(
+          n.said_line("node 1: node 0's gpurun (node0:29500) is gone (node0:29500: "
+                      "connection reset by peer): the job cannot go on without it"));
+      CHECK(
+          n.said_line(fmt::format("; this node runs no worker and holds the pause snapshot {} "
+                                  "(5 bytes, written ",
+                                  snap)));
+      CHECK(
+          n.said_line(" UTC, pause snapshot 4 copied here): the paused training state, "
+                      "deleted when this gpurun exits (no new job resumes from a pause "
+                      "snapshot); to go on, start a new job (node 0 first) from the "
+                      "program's own checkpoint, if it writes one; this node's gpurun exits 1"));
+    }
+    copier.join();
+    std::filesystem::remove_all(dir);
+  }
+  SUBCASE("none") {
+    Node1 n;
+    n.snapshot_paths = {"/nonexistent/gpurun-node-agent-test/state.snapshot"};
+    *n.gone = true;
+    n.run_until([&] { return n.sup->done(); });
+    REQUIRE(n.sup->done());
+    CHECK(n.sup->exit_code() == 1);
+    CHECK(
+        n.said_line("the job cannot go on without it (node 0 holds the job's store and makes "
+                    "every decision); this node runs no worker and holds no pause snapshot: "
+                    "no training state is left here; to go on, start a new job"));
+  }
 }
 
 TEST_CASE("node agent: SIGTERM leaves at the next boundary; release then ends it with 0") {
