@@ -6,12 +6,16 @@ loader's next step (docs/python.md#failures). Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
 must go on without it. DIE_HOW=raise: it raises ValueError instead (the program's own error:
 the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (until OUT/fast exists).
+HOLD_AT_WORLD=W: slot 0, at step 2 of the first epoch it trains at world W, writes OUT/held
+before that step's forward and waits (30 s at most) for OUT/go: the others wait for it in the
+step's all-reduce, so a node killed meanwhile fails that all-reduce (not a boundary).
 
     gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
 
 Each process appends to OUT/steps.<slot>.<pid> one JSON line per optimizer step taken
-(epoch, rank, world, indices) and to OUT/epochs.<slot>.<pid> the state checksum at the start
-of each epoch.
+(epoch, rank, world, indices), to OUT/epochs.<slot>.<pid> the state checksum at the start
+of each epoch and (the loop form) to OUT/failed.<slot>.<pid> a line per step it saw fail
+(``rt.step_failed``: no update; the step runs again).
 """
 import json
 import os
@@ -36,6 +40,20 @@ opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 slot = int(os.environ.get("GPURUN_SLOT", "0"))
 steps_log = open(os.path.join(out, f"steps.{slot}.{os.getpid()}"), "a")
 epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
+hold_world = int(os.environ.get("HOLD_AT_WORLD", "0"))
+
+
+def hold(rt):
+    """HOLD_AT_WORLD: slot 0 waits before a step's forward until the test killed a node."""
+    global hold_world
+    if not (hold_world and slot == 0 and rt.world_size == hold_world and rt.step == 2):
+        return
+    hold_world = 0
+    open(os.path.join(out, "held"), "w").close()
+    for _ in range(300):
+        if os.path.exists(os.path.join(out, "go")):
+            break
+        time.sleep(0.1)
 
 
 drop_on_error = os.environ.get("DROP_ON_ERROR") == "1"
@@ -53,10 +71,14 @@ def train_one_epoch(loader, epoch, rt):
             if os.environ.get("DIE_HOW") == "exit2":  # the program ends itself with status 2
                 sys.exit(2)
             os._exit(1)
+        hold(rt)
         opt.zero_grad()
         nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()
         opt.step()
         if rt.step_failed:  # the loop form: a peer died in this step; it runs again
+            with open(os.path.join(out, f"failed.{slot}.{os.getpid()}"), "a") as f:
+                f.write(json.dumps({"epoch": epoch, "step": rt.step, "world": rt.world_size,
+                                    "seen": ib.tolist()}) + "\n")
             continue
         steps_log.write(json.dumps({"epoch": epoch, "step": rt.step, "rank": rt.rank,
                                     "world": rt.world_size, "seen": ib.tolist()}) + "\n")

@@ -18,10 +18,13 @@
 #                        (decision failed [1000,1001], world 2; the step where the collective
 #                        failed runs again over 2 ranks), node 0 exits 0.
 #   kill_loop            kill, with decorated_train.py's loop form (FORM=loop: `for epoch in
-#                        rt.epochs(n)`, a plain backward and optimizer step): the survivors'
-#                        gradient all-reduce fails inside the program's own backward(); the
-#                        runtime marks the step failed (no update; the program skips its step
-#                        line) and recovers at the loader's next step (docs/python.md#failures).
+#                        rt.epochs(n)`, a plain backward and optimizer step), node 1 killed
+#                        while the others wait in a step's all-reduce for slot 0 (held there:
+#                        HOLD_AT_WORLD=4): the survivors' all-reduce fails inside the program's
+#                        own backward(); the runtime marks the step failed (no update; the
+#                        program skips its step line, writes a failed line) and recovers at the
+#                        loader's next step (docs/python.md#failures). Asserts a survivor saw
+#                        that failed step.
 #   two_to_three_to_two  2 nodes -> node 2 joins (world 6) -> node 1 leaves by SIGTERM (world
 #                        4: [0,1,2000,2001]) -> node 2 killed (-9) -> node 0 ends alone
 #                        (world 2); node 1 exits 0, node 0 exits 0.
@@ -43,7 +46,7 @@ export STEP_SLEEP=0.03   # per optimizer step (15 steps an epoch at world 2) unt
 export GPURUN_COMM_TIMEOUT_MS=20000
 export WAIT_FOR_EVERY=0.2  # the waits below read every step log: not every 50 ms on 2 cores
 TRAIN=("$PY" "$HERE/decorated_train.py" "$TMP/out" "$EPOCHS")
-[[ $CASE != kill_loop ]] || export FORM=loop  # every node's workers (gpurun passes it on)
+[[ $CASE != kill_loop ]] || export FORM=loop HOLD_AT_WORLD=4  # gpurun passes them on
 
 printf 'active_gpus = [0, 1]\n' > "$TMP/c0.toml"
 node0 "$TMP/c0.toml" "$LOG" "$TMP/events.jsonl"
@@ -89,8 +92,13 @@ case $CASE in
   kill | kill_loop)
     start_node 1
     wait_joined "[0,1,1000,1001]" 4
-    wait_epoch $(($(epoch_now) + 1))
+    if [[ $CASE == kill ]]; then
+      wait_epoch $(($(epoch_now) + 1))
+    else
+      wait_running 60 "slot 0 held before a step at world 4" test -e "$TMP/out/held"
+    fi
     kill_node 1
+    touch "$TMP/out/go"
     note "node 1 killed"
     wait_decision '"failed": \[1000,1001\]'
     grep -q "node 1 (.*) was lost" "$LOG" || fail "node 0 did not say node 1 was lost"
@@ -135,4 +143,9 @@ print("job slots that trained:", sorted(slots))
 assert slots <= {0, 1, 1000, 1001, 2000, 2001}, slots
 assert {1000, 1001} <= slots, f"node 1's slots 1000, 1001 never trained: {sorted(slots)}"
 PY
+if [[ $CASE == kill_loop ]]; then  # the failure hit a step's all-reduce, not a boundary
+  n=$(cat "$TMP"/out/failed.0.* "$TMP"/out/failed.1.* 2> /dev/null | wc -l)
+  ((n >= 1)) || fail "neither survivor saw its step fail (rt.step_failed)"
+  note "the survivors saw $n failed step(s), each trained again"
+fi
 echo "$TEST: OK"
