@@ -292,6 +292,8 @@ void ElasticController::follow_generation() {
   if (console_active_ == scheduler_.active()) return;
   console_active_ = scheduler_.active();
   supervisor_.set_generation(console_active_);
+  // The other nodes' workers are named the same way (their console prefixes, status.json).
+  if (hub_) hub_->generation(scheduler_.generation(), *console_active_);
 }
 
 void ElasticController::run_effects() {

@@ -273,6 +273,17 @@ void NodeHub::release_idle(const std::function<bool(int slot)>& has_process,
   }
 }
 
+void NodeHub::generation(int64_t generation, const std::vector<int>& active) {
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kGeneration;
+  c.generation = generation;
+  c.decision = Decision{};
+  c.decision->generation = generation;
+  c.decision->active = active;
+  for (auto& [k, n] : nodes_)
+    if (!n.lost && !n.released && !n.ended) command(n, c);
+}
+
 void NodeHub::job_ended(int code, const std::string& reason) {
   for (auto& [k, n] : nodes_) {
     if (n.lost || n.released || n.ended) continue;

@@ -91,6 +91,9 @@ class NodeHub {
   /// while longer (the paused job's only pause snapshot is on it, being copied away).
   void release_idle(const std::function<bool(int slot)>& has_process,
                     const std::function<bool(int node)>& keep = {});
+  /// Generation `generation` is in force with members `active` (job slot ids, rank = index):
+  /// every live node is told (kGeneration), for its console prefixes and status.json.
+  void generation(int64_t generation, const std::vector<int>& active);
   /// The job ended with `code`: every live node is told `exit` (once).
   void job_ended(int code, const std::string& reason);
   /// Nodes still connected (joined, not lost, store connection open).

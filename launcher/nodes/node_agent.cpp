@@ -124,6 +124,14 @@ void NodeAgent::say(const std::string& line) {
   if (opt_.say) opt_.say(line);
 }
 
+void NodeAgent::follow(int64_t generation, const std::vector<int>& active) {
+  if (generation < generation_) return;  // an older one (a spawn's, after a newer command)
+  generation_ = generation;
+  active_ = active;
+  sup_.set_generation(active_);  // console prefixes: "[rank2 gpu1000]: ", as node 0 names it
+  status_changed();
+}
+
 void NodeAgent::status_changed() {
   if (opt_.status_changed) opt_.status_changed();
 }
@@ -242,6 +250,9 @@ void NodeAgent::on_command(int64_t n, const std::string& text) {
     case Kind::kFetchSnapshot:
       fetch_snapshot(c);
       return;
+    case Kind::kGeneration:
+      if (c.decision) follow(c.generation, c.decision->active);
+      return;
   }
 }
 
@@ -300,6 +311,8 @@ void NodeAgent::spawn(const control::NodeCommand& c) {
                        control::slot_name(c.slot)));
     return;
   }
+  // A joiner of a known generation: its prefix names its rank there from its first line.
+  if (c.warm < 0) follow(c.decision->generation, c.decision->active);
   const int pid = sup_.spawn_elastic(*c.decision, {.slot = c.slot,
                                                    .generation = c.generation,
                                                    .warm = c.warm,
@@ -310,10 +323,6 @@ void NodeAgent::spawn(const control::NodeCommand& c) {
   v.warm = c.warm >= 0;
   v.standby = c.standby;
   v.generation = v.warm ? -1 : c.generation;
-  if (!v.warm && c.decision->generation >= generation_) {
-    generation_ = c.decision->generation;
-    active_ = c.decision->active;
-  }
   status_changed();
   control::NodeEvent e;
   e.kind = control::NodeEvent::Kind::kSpawned;

@@ -168,6 +168,9 @@ class NodeAgent final : public SlotController {
   void exited(int slot, int pid, const std::string& how);
   void say(const std::string& line);
   void status_changed();
+  /// Generation `generation` with members `active` (job slot ids) is in force: the console
+  /// prefixes (Supervisor::set_generation) and status.json follow it; an older one is ignored.
+  void follow(int64_t generation, const std::vector<int>& active);
   std::string name() const;  // "node 1"
   /// Its status once node 0 released it: 0, 130 when it left on SIGINT (Ctrl-C).
   int leave_code() const;

@@ -50,6 +50,8 @@ std::string_view command_name(NodeCommand::Kind k) {
       return "exit";
     case NodeCommand::Kind::kFetchSnapshot:
       return "fetch_snapshot";
+    case NodeCommand::Kind::kGeneration:
+      return "generation";
   }
   return "?";
 }
@@ -176,6 +178,10 @@ std::string NodeCommand::to_json() const {
       o["endpoint"] = endpoint;
       o["serial"] = serial;
       break;
+    case Kind::kGeneration:
+      o["generation"] = generation;
+      o["decision"] = decision ? decision->to_json() : std::string();
+      break;
   }
   return json::serialize(o);
 }
@@ -207,6 +213,10 @@ NodeCommand NodeCommand::from_json(std::string_view text) {
     c.kind = Kind::kFetchSnapshot;
     c.endpoint = detail::get_string(o, "endpoint", what, text);
     c.serial = detail::get_int(o, "serial", what, text);
+  } else if (kind == "generation") {
+    c.kind = Kind::kGeneration;
+    c.generation = detail::get_int(o, "generation", what, text);
+    c.decision = Decision::from_json(detail::get_string(o, "decision", what, text));
   } else {
     throw ProtocolError(fmt::format("{} has the unknown kind '{}': '{}'", what, kind, text));
   }

@@ -75,10 +75,12 @@ std::string expand_elastic_prefix(const std::string& tmpl, int slot, int rank,
 std::string Supervisor::prefix_of(int local_rank) const {
   const int rank = opt_.plan.node_rank * opt_.plan.nproc + local_rank;
   if (!generation_) return expand_prefix(opt_.prefix_template, rank, local_rank, opt_.plan.role);
-  const auto it = std::find(generation_->begin(), generation_->end(), local_rank);
+  // Elastic: the job slot id (node k's local slot i is k*1000+i), as node 0 names it.
+  const int slot = control::job_slot(opt_.plan.node_rank, local_rank);
+  const auto it = std::find(generation_->begin(), generation_->end(), slot);
   const int in_generation =
       it == generation_->end() ? -1 : static_cast<int>(it - generation_->begin());
-  return expand_elastic_prefix(opt_.prefix_template, local_rank, in_generation, opt_.plan.role);
+  return expand_elastic_prefix(opt_.prefix_template, slot, in_generation, opt_.plan.role);
 }
 
 void Supervisor::set_generation(std::optional<std::vector<int>> active) {

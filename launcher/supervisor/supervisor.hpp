@@ -188,8 +188,9 @@ class Supervisor {
   int spawn_elastic(const control::Decision& d, const ElasticSpawn& spawn);
   /// Sends SIGKILL to the process group of slot `local_rank` (no-op without a process).
   void kill_slot(int local_rank);
-  /// Elastic mode: the generation in force is `active` (sorted slots; rank = index), or none
-  /// (nullopt: before the first decision, the slots' own ranks). Each slot's console prefix
+  /// Elastic mode: the generation in force is `active` (sorted job slot ids, node k's local
+  /// slot i being k*1000+i with k = plan.node_rank; rank = index), or none (nullopt: before the
+  /// first decision, the slots' own ranks). Each slot's console prefix, named by its job slot id
   /// follows it from the next line on (expand_elastic_prefix); a process spawned later gets
   /// its slot's. Call on the io thread, before the spawns the generation causes (so the
   /// prefix width the pty leaves is the one its lines get).

@@ -277,6 +277,23 @@ TEST_CASE("node hub: a node beyond --nnodes MAX is refused with an exit command"
                                "\"state\": \"refused\"") != std::string::npos);
 }
 
+TEST_CASE("node hub: every live node is told each generation (its workers' console names)") {
+  Backend b;
+  NodeHub hub(b, NodeHubOptions{"job", 0});
+  join(b, hub, 1);
+  join(b, hub, 2);
+  b.set(keys::node_lost(2), "1");
+  hub.on_key(keys::node_lost(2));
+  hub.generation(4, {0, 1, 1000, 1001});
+  const NodeCommand c = command(b, 1, 0);
+  CHECK(c.kind == NodeCommand::Kind::kGeneration);
+  CHECK(c.generation == 4);
+  REQUIRE(c.decision);
+  CHECK(c.decision->active == std::vector<int>{0, 1, 1000, 1001});
+  CHECK(NodeCommand::from_json(c.to_json()) == c);
+  CHECK_FALSE(b.check({keys::node_command(2, 0)}));  // lost: told nothing
+}
+
 TEST_CASE("node hub: the job's end tells every live node to exit, once") {
   Backend b;
   NodeHub hub(b, NodeHubOptions{"job", 0});

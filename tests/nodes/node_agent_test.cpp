@@ -510,6 +510,38 @@ TEST_CASE("node agent: its status.json members: node 0's store, its slots, state
         std::string::npos);
 }
 
+TEST_CASE("node agent: its workers' lines are named as node 0 names the slot, by generation") {
+  Node1 n;
+  NodeCommand member = Node1::spawn(1000);  // a joiner of generation 3, active {0, 1, 1000}
+  member.warm = -1;
+  member.generation = 3;
+  n.command(member);
+  n.command(Node1::spawn(1001));  // a warm joiner: no rank yet
+  n.run_until([&] { return n.has_event(1); });
+  n.spawner.output(0, StreamId::kStdout, "loss 0.5\n");
+  n.spawner.output(1, StreamId::kStdout, "warming\n");
+  CHECK_MESSAGE(n.console.out.find("[rank2 gpu1000]: loss 0.5\n") != std::string::npos,
+                n.console.out);
+  CHECK(n.console.out.find("[gpu1001]: warming\n") != std::string::npos);
+  // Node 0's next generation admits 1001 and drops gpu 1: the ranks follow.
+  NodeCommand g;
+  g.kind = NodeCommand::Kind::kGeneration;
+  g.generation = 4;
+  g.decision = control::Decision{};
+  g.decision->generation = 4;
+  g.decision->active = {0, 1000, 1001};
+  n.command(g);
+  n.run_until(
+      [&] { return n.agent->status_members({}).find("\"generation\": 4") != std::string::npos; });
+  n.spawner.output(0, StreamId::kStdout, "loss 0.4\n");
+  n.spawner.output(1, StreamId::kStdout, "trains\n");
+  CHECK(n.console.out.find("[rank1 gpu1000]: loss 0.4\n") != std::string::npos);
+  CHECK(n.console.out.find("[rank2 gpu1001]: trains\n") != std::string::npos);
+  CHECK(n.agent->status_members({}).find("\"gpu\": 1001, \"local_gpu\": 1, \"physical_gpu\": "
+                                         "null, \"state\": \"ACTIVE\", \"generation\": 4, "
+                                         "\"rank\": 2") != std::string::npos);
+}
+
 TEST_CASE("node agent: a second SIGTERM is the supervisor's: the workers stop at once") {
   Node1 n;
   n.command(Node1::spawn(1000));

@@ -98,13 +98,15 @@ struct NodeCommand {
     kExit,     ///< the job ended: stop any process left and exit with `code` (`reason` says why)
     kFetchSnapshot,  ///< copy the pause snapshot `serial` from the node serving it at
                      ///< `endpoint` into this node's snapshot path, then say kSnapshotFetched
+    kGeneration,     ///< generation `generation` is in force: `decision->active` its members
+                     ///< (rank = index): the node's console prefixes and status follow it
   };
   Kind kind = Kind::kSpawn;
   int slot = -1;                     ///< kSpawn, kKill: job slot id
-  int64_t generation = -1;           ///< kSpawn of a joiner of a known generation
+  int64_t generation = -1;           ///< kSpawn of a joiner of a known generation; kGeneration
   int64_t warm = -1;                 ///< kSpawn of a warm joiner: its id
   bool standby = false;              ///< kSpawn of a standby
-  std::optional<Decision> decision;  ///< kSpawn: the decision it joins by
+  std::optional<Decision> decision;  ///< kSpawn: the decision it joins by; kGeneration: active
   int code = 0;                      ///< kExit: the job's exit status
   std::string reason;                ///< kExit, kRelease: one line
   std::string endpoint;              ///< kFetchSnapshot: "ip:port" of the serving node
