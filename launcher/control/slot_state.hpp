@@ -40,7 +40,8 @@ SlotState transition(SlotState from, SlotState to);
 
 /// Every state, in declaration order (for tests and tables).
 inline constexpr SlotState kAllSlotStates[] = {
-    SlotState::kStarting,  SlotState::kActive,  SlotState::kOffloading, SlotState::kParked,
-    SlotState::kRejoining, SlotState::kWarming, SlotState::kExited,     SlotState::kFailed};
+    SlotState::kStarting, SlotState::kActive,    SlotState::kOffloading,
+    SlotState::kParked,   SlotState::kRejoining, SlotState::kWarming,
+    SlotState::kStandby,  SlotState::kExited,    SlotState::kFailed};
 
 }  // namespace gpurun::control

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "control/dcgm_job_files.hpp"
+#include "control/slot_state.hpp"
 #include "gpurun_process.hpp"
 #include "supervisor/event_log.hpp"
 
@@ -173,6 +175,34 @@ TEST_CASE("metrics: every slot has exactly one state at 1, lent/yielded/paused a
     snap.run.slots[0] = slot(0, SlotState::kParked, -1);
     CHECK(metrics_slot_state(snap.run.slots[0], snap) == "paused");
     CHECK(metrics_slot_state(snap.run.slots[1], snap) == "lent");  // lent wins
+  }
+}
+
+TEST_CASE("metrics: every slot state has a gpurun_slot_state gauge at 1, standby included") {
+  // A slot in any state (kAllSlotStates), in a job that trains, lends, yields or is paused, shows
+  // one of the states /metrics lists, and that state's gauge is 1.
+  const std::vector<std::string>& states = metrics_slot_states();
+  for (const SlotState st : kAllSlotStates) {
+    for (const char* how : {"training", "lent", "yielded", "paused"}) {
+      CAPTURE(to_string(st));
+      CAPTURE(how);
+      MetricsSnapshot snap = two_gpus();
+      snap.run.slots = {slot(0, st, -1)};
+      snap.gpus.clear();
+      if (std::string(how) == "lent") snap.lent = {0};
+      if (std::string(how) == "yielded") snap.yielded = {0};
+      if (std::string(how) == "paused") {
+        snap.run.current_active.clear();
+        snap.run.desired_active.clear();
+      }
+      const std::string name = metrics_slot_state(snap.run.slots[0], snap);
+      CHECK(std::find(states.begin(), states.end(), name) != states.end());
+      const Parsed p = parse(render_metrics(snap, ResizeMetrics{}));
+      CHECK(
+          p.samples.at(fmt::format(
+              R"(gpurun_slot_state{{job="exp-1",slot="0",node="0",Hostname="node-a",state="{}"}})",
+              name)) == 1);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <string>
+#include <string_view>
 #include <utility>
 
 using gpurun::control::IllegalTransition;
@@ -36,6 +38,9 @@ TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal one
       {S::kWarming, S::kRejoining},     // ready, admitted
       {S::kWarming, S::kParked},        // cancelled
       {S::kWarming, S::kFailed},        // died before it was admitted
+      {S::kParked, S::kStandby},        // a release leaver exited: its slot's standby starts
+      {S::kStandby, S::kWarming},       // a config names the slot: told to go
+      {S::kStandby, S::kParked},        // ended (died, or killed as the job finishes)
   };
   int walked = 0, allowed = 0;
   for (S from : kAllSlotStates) {
@@ -55,8 +60,20 @@ TEST_CASE("slot state table: every pair walked, legal moves succeed, illegal one
       }
     }
   }
-  CHECK(walked == 64);
-  CHECK(allowed == 20);
+  CHECK(walked == 81);
+  CHECK(allowed == 23);
+}
+
+TEST_CASE("slot states: kAllSlotStates lists every SlotState, once, in declaration order") {
+  // Its users (the table walk above, the /metrics gauge test) see only what it lists:
+  // kStandby was missing, so its three moves were never walked. to_string() names every
+  // enumerator (-Wswitch) and says UNKNOWN for any other value.
+  std::string named, listed;  // the names, in order
+  for (int i = 0; i < 64; ++i)
+    if (const std::string_view n = to_string(static_cast<SlotState>(i)); n != "UNKNOWN")
+      named += std::string(n) + " ";
+  for (const SlotState st : kAllSlotStates) listed += std::string(to_string(st)) + " ";
+  CHECK(listed == named);
 }
 
 TEST_CASE("slot state names") {
@@ -66,6 +83,7 @@ TEST_CASE("slot state names") {
   CHECK(to_string(SlotState::kOffloading) == "OFFLOADING");
   CHECK(to_string(SlotState::kParked) == "PARKED");
   CHECK(to_string(SlotState::kRejoining) == "REJOINING");
+  CHECK(to_string(SlotState::kStandby) == "STANDBY");
   CHECK(to_string(SlotState::kExited) == "EXITED");
   CHECK(to_string(SlotState::kFailed) == "FAILED");
 }
