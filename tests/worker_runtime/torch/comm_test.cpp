@@ -210,7 +210,7 @@ TEST_CASE("gloo: a large broadcast moves in pieces over several TCP streams, byt
   constexpr int kSize = 3;
   constexpr int kRoot = 1;
   // An odd size: the last lane's piece is shorter than the others.
-  constexpr int64_t kBytes = (int64_t{40} << 20) + 12345;
+  constexpr int64_t kBytes = (int64_t{16} << 20) + 12345;
   for (const char* lanes : {"1", "3"}) {
     CAPTURE(lanes);
     ::setenv("GPURUN_GLOO_LANES", lanes, 1);
@@ -250,7 +250,7 @@ TEST_CASE("gloo: a rank gone during a broadcast over several lanes fails the oth
   auto errors = run_ranks(3, [&](int r) {
     auto comm = make_communicator(CommBackend::kGloo,
                                   group_options(server.port(), "t/lanes/gone", r, 3, timeout));
-    at::Tensor t = at::ones({int64_t{32} << 20}, at::kByte);
+    at::Tensor t = at::ones({int64_t{16} << 20}, at::kByte);
     comm->broadcast(t, 0);  // every lane connected
     if (r == 2) {
       std::this_thread::sleep_for(milliseconds(200));
