@@ -20,7 +20,8 @@
 #   node0_port            waits for node 0's store line in $LOG, sets PORT
 #   start_node K          node K's gpurun (config NODE_CONFIG, log $TMP/nodeK.log, event log
 #                         $TMP/eventsK.jsonl) into npid[K]
-#   wait_node_exit K SECONDS [training]   node K's gpurun ends within SECONDS with status 0;
+#   wait_node_exit K SECONDS [training]   node K's gpurun ends within SECONDS with status 0
+#                         (WANT_RC=N: N);
 #                         with "training", while node 0 still runs and after node 0's release
 #   kill_node K           SIGKILL to node K's gpurun; its workers must be gone within 10 s
 #   wait_nodes_end        node 0's gpurun exits 0, then every node still started within 30 s
@@ -87,7 +88,7 @@ wait_node_exit() {
   kill -0 "$p" 2> /dev/null && fail "node $1's gpurun (pid $p) still runs after $2 s"
   wait "$p" || rc=$?
   unset "npid[$1]"
-  ((rc == 0)) || fail "node $1's gpurun exited $rc"
+  ((rc == ${WANT_RC:-0})) || fail "node $1's gpurun exited $rc (expected ${WANT_RC:-0})"
   if [[ ${3:-} == training ]]; then
     kill -0 "$pid" 2> /dev/null || fail "node $1's gpurun exited only once node 0's job ended"
     grep -q "node $1: node 0 released this node" "$TMP/node$1.log" \

@@ -9,10 +9,10 @@
 #   join                 node 1 joins once node 0 trains epoch 2: its slots 1000, 1001 enter
 #                        at a boundary (decision active [0,1,1000,1001], world 4, status.json
 #                        "nodes" lists node 1 live), training goes on to the end; both exit 0.
-#   leave                2 nodes (world 4), then SIGTERM to node 1's gpurun: its slots leave
-#                        at the next boundary (leavers [1000,1001], world 2), node 0 releases
-#                        node 1 while it still trains and node 1 exits 0 (within 15 s of the
-#                        SIGTERM), node 0 goes on and exits 0.
+#   leave                2 nodes (world 4), then SIGINT (Ctrl-C) to node 1's gpurun: its slots
+#                        leave at the next boundary (leavers [1000,1001], world 2; no
+#                        KeyboardInterrupt), node 0 releases node 1 while it still trains and
+#                        node 1 exits 130 (within 15 s of the SIGINT), node 0 goes on and exits 0.
 #   kill                 2 nodes (world 4), then kill -9 of node 1's gpurun: its workers die
 #                        with it (parent-death signal), node 0's survivors go on without them
 #                        (decision failed [1000,1001], world 2; the step where the collective
@@ -79,11 +79,11 @@ case $CASE in
     start_node 1
     wait_joined "[0,1,1000,1001]" 4
     wait_epoch $(($(epoch_now) + 1))
-    kill -TERM "${npid[1]}"
-    note "SIGTERM to node 1"
+    kill -INT "${npid[1]}"  # Ctrl-C: leaves as SIGTERM does (two_to_three_to_two: SIGTERM)
+    note "SIGINT to node 1"
     wait_decision '"leavers": \[1000,1001\]'
-    grep -q "node 1 (.*) is leaving the job (SIGTERM)" "$LOG" || fail "node 0 did not say node 1 leaves"
-    wait_node_exit 1 15 training
+    grep -q "node 1 (.*) is leaving the job (SIGINT)" "$LOG" || fail "node 0 did not say node 1 leaves"
+    WANT_RC=130 wait_node_exit 1 15 training
     note "node 1 left"
     wait_world "$(epoch_now)" 2
     touch "$TMP/out/fast"
