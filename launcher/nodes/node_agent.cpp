@@ -437,23 +437,26 @@ void NodeAgent::node0_gone(const std::string& cause) {
   std::vector<int> pids;
   for (const auto& slot_pid : procs_)
     if (slot_pid.second > 0) pids.push_back(slot_pid.second);
+  // A pause snapshot file here: written by this node's rank at a pause, copied here for a
+  // resume, or only prepared ahead while training (the agent cannot tell which).
+  const std::string snap = snapshot_text(
+      opt_.snapshot_files ? opt_.snapshot_files() : std::vector<std::string>{},
+      fetched_serial_ >= 0 ? fmt::format(", pause snapshot {} copied here", fetched_serial_)
+                           : std::string());
+  const std::string kept = fmt::format(
+      "this node's pause snapshot {}, deleted when this gpurun exits (no new job "
+      "resumes from a pause snapshot)",
+      snap);
   std::string left;
   if (!pids.empty()) {
     left = fmt::format(
-        "the training state is only in the memory of the job's ranks (node 0's ended with it; "
-        "this node's, pid {}, are stopped now: a program that saves a checkpoint on SIGTERM "
-        "has until the SIGKILL)",
-        control::join_ids(pids, ", "));
-  } else if (const std::string snap = snapshot_text(
-                 opt_.snapshot_files ? opt_.snapshot_files() : std::vector<std::string>{},
-                 fetched_serial_ >= 0
-                     ? fmt::format(", pause snapshot {} copied here", fetched_serial_)
-                     : std::string());
-             !snap.empty()) {
-    left = fmt::format(
-        "this node runs no worker and holds the pause snapshot {}: the paused training state, "
-        "deleted when this gpurun exits (no new job resumes from a pause snapshot)",
-        snap);
+        "the training state is {}in the memory of the job's ranks (node 0's ended with it; this "
+        "node's, pid {}, are stopped now: a program that saves a checkpoint on SIGTERM has until "
+        "the SIGKILL){}",
+        snap.empty() ? "only " : "", control::join_ids(pids, ", "),
+        snap.empty() ? std::string() : "; if the job is paused, also in " + kept);
+  } else if (!snap.empty()) {
+    left = "this node runs no worker; if the job is paused, its training state is in " + kept;
   } else {
     left = "this node runs no worker and holds no pause snapshot: no training state is left here";
   }

@@ -370,6 +370,39 @@ TEST_CASE("node agent: node 0 gone: the workers are stopped and the node exits 1
   CHECK(n.console.err.find("is gone") == n.console.err.rfind("is gone"));  // said once
 }
 
+TEST_CASE(
+    "node agent: node 0 gone while workers run (a paused job's parked ones) and a pause "
+    "snapshot file is here: both are said") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("gpurun-node-agent-test-parked-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string snap = (dir / "state.snapshot").string();
+  if (std::FILE* f = std::fopen(snap.c_str(), "w")) {
+    std::fputs("123", f);
+    std::fclose(f);
+  }
+  {
+    Node1 n;
+    n.snapshot_paths = {snap};
+    n.command(Node1::spawn(1000));
+    n.run_until([&] { return n.has_event(0); });
+    const int pid = n.spawner.procs[0]->pid;
+    *n.gone = true;
+    n.run_until([&] { return n.sup->done(); });
+    REQUIRE(n.sup->done());
+    CHECK(n.sup->exit_code() == 1);
+    CHECK(n.console.err.find(fmt::format(
+              "the training state is in the memory of the job's ranks (node 0's ended with it; "
+              "this node's, pid {}, are stopped now: a program that saves a checkpoint on "
+              "SIGTERM has until the SIGKILL); if the job is paused, also in this node's pause "
+              "snapshot {} (3 bytes, written ",
+              pid, snap)) != std::string::npos);
+    CHECK(n.console.err.find(" UTC), deleted when this gpurun exits (no new job resumes from a "
+                             "pause snapshot); to go on, start a new job") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("node agent: node 0 gone while this node runs no worker: its pause snapshot is said") {
   SUBCASE("a pause snapshot node 0 had copied here") {
     const std::filesystem::path dir = std::filesystem::temp_directory_path() /
@@ -406,14 +439,15 @@ TEST_CASE("node agent: node 0 gone while this node runs no worker: its pause sna
           n.said_line("node 1: node 0's gpurun (node0:29500) is gone (node0:29500: "
                       "connection reset by peer): the job cannot go on without it"));
       CHECK(
-          n.said_line(fmt::format("; this node runs no worker and holds the pause snapshot {} "
-                                  "(5 bytes, written ",
+          n.said_line(fmt::format("; this node runs no worker; if the job is paused, its "
+                                  "training state is in this node's pause snapshot {} (5 "
+                                  "bytes, written ",
                                   snap)));
       CHECK(
-          n.said_line(" UTC, pause snapshot 4 copied here): the paused training state, "
-                      "deleted when this gpurun exits (no new job resumes from a pause "
-                      "snapshot); to go on, start a new job (node 0 first) from the "
-                      "program's own checkpoint, if it writes one; this node's gpurun exits 1"));
+          n.said_line(" UTC, pause snapshot 4 copied here), deleted when this gpurun exits (no "
+                      "new job resumes from a pause snapshot); to go on, start a new job (node "
+                      "0 first) from the program's own checkpoint, if it writes one; this "
+                      "node's gpurun exits 1"));
     }
     copier.join();
     std::filesystem::remove_all(dir);

@@ -7,8 +7,8 @@
 #   kill (node0_dies)  SIGKILL. Node 1's gpurun must exit within 20 s (a hang check, not a
 #                      timing: it takes well under 1 s) with status 1, its console must carry the
 #                      line "node 1: node 0's gpurun (127.0.0.1:PORT) is gone (…): the job cannot
-#                      go on without it (…); the training state is only in the memory of the
-#                      job's ranks (…, pid P, Q, …); to go on, start a new job (node 0 first) from
+#                      go on without it (…); the training state is [only] in the memory of the
+#                      job's ranks (…, pid P, Q, …)[; if the job is paused, also in …]; to go on, start a new job (node 0 first) from
 #                      the program's own checkpoint …; this node's gpurun exits 1; stopping this
 #                      node's workers (…)" once, and no line of gpurun's after it nor one that
 #                      says the job goes on or ended otherwise.
@@ -79,7 +79,7 @@ if [[ $CASE == term ]]; then
   exit 0
 fi
 ((rc == 1)) || fail "node 1's gpurun exited $rc, not 1 (node 0 gone)"
-gone="node 1: node 0's gpurun \(127\.0\.0\.1:$PORT\) is gone \(.*\): the job cannot go on without it \(node 0 holds the job's store and makes every decision\); the training state is only in the memory of the job's ranks \(node 0's ended with it; this node's, pid [0-9]+, [0-9]+, are stopped now: .*\); to go on, start a new job \(node 0 first\) from the program's own checkpoint, if it writes one; this node's gpurun exits 1; stopping this node's workers \(SIGTERM, SIGKILL after [0-9]+ ms\)"
+gone="node 1: node 0's gpurun \(127\.0\.0\.1:$PORT\) is gone \(.*\): the job cannot go on without it \(node 0 holds the job's store and makes every decision\); the training state is (only )?in the memory of the job's ranks \(node 0's ended with it; this node's, pid [0-9]+, [0-9]+, are stopped now: [^;]*\)(; if the job is paused, also in this node's pause snapshot [^;]*)?; to go on, start a new job \(node 0 first\) from the program's own checkpoint, if it writes one; this node's gpurun exits 1; stopping this node's workers \(SIGTERM, SIGKILL after [0-9]+ ms\)"
 n=$(tr '\r' '\n' < "$console" | grep -cE "$gone" || true)
 ((n == 1)) || fail "node 1's console has $n lines saying node 0 is gone (want 1): $(tr '\r' '\n' < "$console")"
 # gpurun's own lines after it (workers' lines, "[gpu0]: …", may still drain): none.
