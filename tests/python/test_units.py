@@ -8,6 +8,10 @@ import os
 import random
 import sys
 
+# These are CPU checks: pin the runtime's device as `gpurun --device cpu` does for its workers
+# (on a machine with a GPU, Runtime() outside gpurun would otherwise pick cuda:0 and move the
+# tracked models there, away from the CPU tensors the checks feed them).
+os.environ["GPURUN_DEVICE"] = "cpu"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "worker_runtime", "python"))
 from gpurun._sampler import ElasticSampler  # noqa: E402
 
