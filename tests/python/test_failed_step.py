@@ -66,13 +66,19 @@ dist.get_world_size = lambda *a, **k: 2
 try:
     # A peer died in the all-reduce: the hook's future holds this rank's own gradient (divided
     # by the world as DDP's is), the step is failed, and the next bucket starts no all-reduce.
+    # The group's connections are closed at once (a live peer blocked on this rank fails now,
+    # not after the rest of the program's body), once.
     rt = elastic_runtime()
+    severed = []
+    rt._links.sever = lambda: severed.append(1) or 0
     dist.all_reduce = AllReduce(RuntimeError(PEER_DIED))
     got = _failed_step._allreduce_hook(rt, Bucket([2.0, 4.0])).wait()
     assert got.tolist() == [1.0, 2.0], got
-    assert rt.step_failed and str(rt._step_failure) == PEER_DIED
+    assert rt.step_failed and str(rt._step_failure) == PEER_DIED and severed == [1], severed
     got = _failed_step._allreduce_hook(rt, Bucket([6.0])).wait()
     assert got.tolist() == [6.0] and dist.all_reduce.calls == 1, (got, dist.all_reduce.calls)
+    rt._fail_step(RuntimeError(PEER_DIED))
+    assert severed == [1], severed
 
     # Without a failure: the mean over the ranks (what DDP's own all-reduce gives).
     rt = elastic_runtime()

@@ -49,10 +49,13 @@ class _FailedStep:
 
     def _fail_step(self, err):
         """A collective of the runtime's failed inside the program's step: the step goes on
-        without collectives and is recovered from when the program hands control back. Called
-        from torch's communication thread (the gradient hook) or the training thread."""
+        without collectives and is recovered from when the program hands control back. The
+        group's connections are closed now (``GroupLinks.sever``), not after the rest of the
+        program's body: a live peer blocked on this rank fails at once too. Called from torch's
+        communication thread (the gradient hook) or the training thread."""
         if self._step_failure is None:
             self._step_failure = err
+            self._links.sever()
 
     def _recover_step(self):
         """After the program's body of a step in which a collective of the runtime's failed:
