@@ -84,9 +84,10 @@ std::optional<int> Job::join_elastic() {
   };
   std::unique_ptr<store::ClientStore> events, commands;
   // Where this node serves its pause snapshot: the address it reaches node 0's store from.
-  std::string snapshot_endpoint;
+  std::string snapshot_endpoint, address;
   try {
     const std::string here = sv::local_address_towards(plan_.master_addr, plan_.master_port);
+    address = here;  // node 0 severs it when it gives this node up (keys::sever)
     snapshot_endpoint = serve_snapshots(here, here, plan_.run_id);
   } catch (const gpurun::Error& e) {
     print_err(fmt::format("warning: this node serves no pause snapshot: {}", e.what()));
@@ -107,6 +108,12 @@ std::optional<int> Job::join_elastic() {
           co.host = plan_.master_addr;
           co.port = plan_.master_port;
           co.timeout = node_opts_.op_timeout;
+          if (opt_.node_timeout.count() > 0) {
+            // A request node 0's store leaves unanswered for --node-timeout cuts this node off
+            // (NodeAgentOptions::node_timeout): both connections wait that long for an answer.
+            co.timeout = opt_.node_timeout;
+            events = std::make_unique<store::ClientStore>(co);  // the probe above closes
+          }
           commands = std::make_unique<store::ClientStore>(co);
           sv::ElasticJoinRequest r;
           r.where = where;
@@ -115,6 +122,7 @@ std::optional<int> Job::join_elastic() {
           r.offer = agent_offer();
           r.device = plan_.device == sv::Device::kCuda ? "cuda" : "cpu";
           r.snapshot_endpoint = snapshot_endpoint;
+          r.address = address;
           joined = sv::join_elastic_job(*events, r);
         } catch (...) {
           error = std::current_exception();
@@ -153,6 +161,7 @@ void Job::build_agent() {
   ao.slots = slot_ids_;
   ao.config_path = std::filesystem::absolute(*opt_.config).string();
   ao.joined_offer = agent_offer();
+  ao.node_timeout = opt_.node_timeout;  // heartbeats; cut off after that long unanswered
   ao.offer = [this] {
     // The config as it is now; a config that does not load keeps the offer as it was.
     try {

@@ -10,6 +10,7 @@
 
 #include "app/start_checks.hpp"
 #include "gpurun/abstract_lock.hpp"
+#include "gpurun/control/heartbeat.hpp"
 #include "gpurun/error.hpp"
 #include "nodes/master_address.hpp"
 
@@ -33,6 +34,7 @@ std::optional<int> Job::prepare_nodes() {
     node_opts_.barrier_timeout = opt_.exit_barrier_timeout;
     node_opts_.join_timeout = opt_.join_timeout;
     node_opts_.heartbeat_timeout = opt_.node_timeout;
+    node_opts_.heartbeat_interval = gpurun::control::heartbeat_interval(opt_.node_timeout);
     node_opts_.say = [](const std::string& line) { print_err(line); };
     if (rank_by_join_) {
       node_opts_.nnodes = opt_.nnodes;

@@ -72,7 +72,12 @@ ElasticController::ElasticController(asio::io_context& io, store::Backend& backe
       own_clock_(opt_.clock ? nullptr : std::make_unique<supervisor::AsioClock>(io)),
       clock_(opt_.clock ? *opt_.clock : *own_clock_) {
   scheduler_.config_loaded(std::move(initial), opt_.config_path.string());
-  if (opt_.nodes) hub_ = std::make_unique<NodeHub>(backend_, *opt_.nodes, &monotonic_ms);
+  if (opt_.nodes) {
+    NodeHubOptions nodes = *opt_.nodes;
+    nodes.generation = [this] { return scheduler_.generation(); };
+    hub_ = std::make_unique<NodeHub>(backend_, std::move(nodes), &monotonic_ms);
+    if (opt_.nodes->node_timeout.count() > 0) check_node_heartbeats();
+  }
   if (hub_)
     scheduler_.resume_gate = [this](const std::vector<int>& target) {
       return snapshot_on_nodes(target);
@@ -179,6 +184,15 @@ void ElasticController::on_nodes(const NodeHub::Changes& ch) {
   run_effects();
   // The end of another node's last process, or a new one, changes holds_job_open().
   supervisor_.controller_changed();
+}
+
+void ElasticController::check_node_heartbeats() {
+  const NodeHub::Changes ch = hub_->check_heartbeats();
+  if (ch.any()) on_nodes(ch);
+  heartbeat_timer_ = clock_.schedule_after(heartbeat_interval(opt_.nodes->node_timeout),
+                                           [this, alive = std::weak_ptr<int>(alive_)] {
+                                             if (!alive.expired()) check_node_heartbeats();
+                                           });
 }
 
 std::string ElasticController::failure_summary() const {

@@ -161,6 +161,8 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   /// What a node's write changed (NodeHub::on_key): new slots, offers, started and ended
   /// processes of other nodes.
   void on_nodes(const NodeHub::Changes& changes);
+  /// Every heartbeat_interval(--node-timeout): NodeHub::check_heartbeats, then again.
+  void check_node_heartbeats();
   /// Scheduler::resume_gate: every node of `target` has the current pause snapshot; starts the
   /// copies that are missing (docs/cli.md#elastic-nodes).
   bool snapshot_on_nodes(const std::vector<int>& target);
@@ -223,12 +225,13 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   std::map<std::pair<int64_t, int64_t>, gpurun::Clock::Timer> deadlines_;
   ResizeTimeline timeline_;
   EnergyHooks energy_;
-  std::vector<int> energy_active_;  // the set last given to energy_.active_changed
-  bool sighup_pending_ = false;     // a SIGHUP waits for its reload's answer
-  std::unique_ptr<NodeHub> hub_;    // several nodes: node 0's side
-  int64_t copies_serial_ = -1;      // the pause snapshot copies_ hold
-  std::set<int> copies_;            // nodes that have it
-  std::set<int> fetching_;          // nodes copying it now
+  std::vector<int> energy_active_;        // the set last given to energy_.active_changed
+  bool sighup_pending_ = false;           // a SIGHUP waits for its reload's answer
+  std::unique_ptr<NodeHub> hub_;          // several nodes: node 0's side
+  gpurun::Clock::Timer heartbeat_timer_;  // check_node_heartbeats
+  int64_t copies_serial_ = -1;            // the pause snapshot copies_ hold
+  std::set<int> copies_;                  // nodes that have it
+  std::set<int> fetching_;                // nodes copying it now
   std::set<int> unreachable_said_;
   std::set<int> handed_over_;  // leaving nodes whose snapshot node 0 copied (or tried to)
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);

@@ -8,9 +8,29 @@
 
 namespace gpurun::control {
 
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  return fmt::format("{:g} s", static_cast<double>(d.count()) / 1000.0);
+}
+
+// 127.0.0.0/8, ::1, ::ffff:127.x: every node on one host shares it.
+bool loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address.rfind("::ffff:127.", 0) == 0;
+}
+
+}  // namespace
+
 NodeHub::NodeHub(store::Backend& backend, NodeHubOptions options, std::function<double()> now_ms)
-    : backend_(backend), opt_(std::move(options)), now_ms_(std::move(now_ms)) {
+    : backend_(backend),
+      opt_(std::move(options)),
+      now_ms_(std::move(now_ms)),
+      beats_(now_ms_ ? opt_.node_timeout : std::chrono::milliseconds(0)) {
   backend_.set(keys::node_job(), opt_.run_id);
+}
+
+std::chrono::milliseconds NodeHub::now() const {
+  return std::chrono::milliseconds(now_ms_ ? static_cast<int64_t>(now_ms_()) : 0);
 }
 
 NodeHub::Node* NodeHub::node(int k) {
@@ -76,6 +96,7 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
       out.lines.push_back(fmt::format("{} joined the job: slots [{}], offered [{}]", n.name,
                                       join_ids(out.new_slots, ", "), join_ids(n.offer, ", ")));
       nodes_[k] = std::move(n);
+      beats_.watch(k, now());  // a whole --node-timeout from its join for its first heartbeat
       return out;
     }
     case keys::NodeWrite::Kind::kOffer: {
@@ -155,24 +176,67 @@ std::optional<NodeHub::Changes> NodeHub::on_key(const std::string& key) {
     case keys::NodeWrite::Kind::kLost: {
       Node* n = node(k);
       if (!n || n->lost) return out;
-      n->lost = true;
-      if (!n->offer.empty()) out.offers_changed = true;
-      n->offer.clear();
-      if (n->released || n->ended) return out;  // it left as told
-      out.withdrawn = job_ids(k, n->join.slots);
-      out.lines.push_back(fmt::format(
-          "{} was lost: its gpurun's store connection closed; the job goes on without its "
-          "slots",
-          n->name));
-      for (auto& [slot, r] : remote_) {
-        if (slot_node(slot) != k || r.pid < 0) continue;
-        out.exits.push_back(
-            Exit{slot, false,
-                 fmt::format("the loss of {} (its gpurun's store connection closed)", n->name)});
-        r.pid = -1;
-      }
+      lose(k, *n, "its gpurun's store connection closed", out);
       return out;
     }
+    case keys::NodeWrite::Kind::kBeat: {
+      const Node* n = node(k);
+      if (n && !n->lost) beats_.seen(k, backend_.get(key), now());
+      return out;
+    }
+  }
+  return out;
+}
+
+void NodeHub::lose(int k, Node& n, const std::string& why, Changes& out) {
+  n.lost = true;
+  beats_.forget(k);
+  if (!n.offer.empty()) out.offers_changed = true;
+  n.offer.clear();
+  if (n.released || n.ended) return;  // it left as told
+  n.lost_why = why;
+  for (int slot : job_ids(k, n.join.slots)) out.withdrawn.push_back(slot);  // maybe several nodes
+  out.lines.push_back(
+      fmt::format("{} was lost: {}; the job goes on without its slots", n.name, why));
+  for (auto& [slot, r] : remote_) {
+    if (slot_node(slot) != k || r.pid < 0) continue;
+    out.exits.push_back(Exit{slot, false, fmt::format("the loss of {} ({})", n.name, why)});
+    r.pid = -1;
+  }
+  sever(k, n, out);
+}
+
+void NodeHub::sever(int k, const Node& n, Changes& out) {
+  const std::string& a = n.join.address;
+  if (!opt_.generation || a.empty() || loopback(a) || a == opt_.address) return;
+  for (const auto& [other, o] : nodes_)
+    if (other != k && !o.lost && !o.released && !o.ended && o.join.address == a) return;
+  const int64_t g = opt_.generation();
+  backend_.set(keys::sever(next_sever_++), keys::sever_value({g, a}));
+  out.lines.push_back(fmt::format(
+      "the workers of generation {} shut down their connections to {} ({}'s address): a "
+      "collective waiting on its workers fails now",
+      g, a, n.name));
+}
+
+NodeHub::Changes NodeHub::check_heartbeats() {
+  Changes out;
+  const std::chrono::milliseconds t = now();
+  for (auto& [k, n] : nodes_) {
+    if (n.lost || n.released || n.ended) continue;
+    const std::optional<std::chrono::milliseconds> silent = beats_.overdue(k, t);
+    if (!silent) continue;
+    const std::string why = fmt::format(
+        "its gpurun sent no heartbeat for {} (--node-timeout {}): its link to node 0 is cut, or "
+        "its host stopped or hung",
+        seconds_text(*silent), seconds_text(beats_.timeout()));
+    lose(k, n, why, out);
+    // Should its link come back, it stops its workers and exits rather than train on alone.
+    NodeCommand c;
+    c.kind = NodeCommand::Kind::kExit;
+    c.code = 1;
+    c.reason = fmt::format("node 0 gave this node up: {}", why);
+    command(n, c);
   }
   return out;
 }
@@ -320,6 +384,7 @@ std::string NodeHub::status_json() const {
                                         : "live")
         .add_raw("slots", ids_json(job_ids(k, n.join.slots)))
         .add_raw("offer", ids_json(n.offer));
+    if (!n.lost_why.empty()) o.add("lost", n.lost_why);
     out += (out.size() > 1 ? "," : "") + o.str();
   }
   return out + "]";

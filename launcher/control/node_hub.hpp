@@ -7,6 +7,7 @@
 // node's slots there and brings their exits back.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "gpurun/control/decision.hpp"
+#include "gpurun/control/heartbeat.hpp"
 #include "gpurun/control/keys.hpp"
 #include "gpurun/control/node_messages.hpp"
 #include "store/backend.hpp"
@@ -26,6 +28,16 @@ struct NodeHubOptions {
   std::string run_id;  ///< node 0's: written to keys::node_job() (joining nodes check it)
   /// --nnodes MIN:MAX's MAX: a node that would make the job larger is refused; 0 = no limit.
   int max_nodes = 0;
+  /// --node-timeout: a node whose heartbeat (keys::node_beat) has not advanced for this long on
+  /// node 0's clock (`now_ms`) is lost, as if its store connection closed (check_heartbeats;
+  /// the rule: control::HeartbeatWatch). 0 = never.
+  std::chrono::milliseconds node_timeout{0};
+  /// Node 0's own address (--master-addr when it is an IP address; "" = unknown): never
+  /// severed (keys::sever).
+  std::string address;
+  /// The generation in force (the scheduler's): a lost node's address is severed for it.
+  /// Empty: no address is ever severed.
+  std::function<int64_t()> generation;
 };
 
 /// One per elastic node 0 with --nnodes > 1. Io thread only (the controller's). The backend
@@ -58,9 +70,14 @@ class NodeHub {
              !exits.empty() || !fetched.empty() || !lines.empty();
     }
   };
-  /// Handles `key` if it is a node's join, offer, event or lost key (keys::parse_node_write);
-  /// nullopt for any other key.
+  /// Handles `key` if it is a node's join, offer, leave, event, lost or heartbeat key
+  /// (keys::parse_node_write); nullopt for any other key.
   std::optional<Changes> on_key(const std::string& key);
+  /// Every live node whose heartbeat has not advanced for --node-timeout (NodeHubOptions) is
+  /// lost now: the same Changes as its store connection's close (its slots withdrawn, its
+  /// processes' exits), with a line naming the node, how long it was silent and the timeout.
+  /// Call it every heartbeat_interval(node_timeout). Nothing when node_timeout is 0.
+  Changes check_heartbeats();
 
   /// Whether `slot` runs on another node (its process effects go through the hub).
   static bool remote(int slot) { return slot_node(slot) != 0; }
@@ -99,7 +116,8 @@ class NodeHub {
   /// Nodes still connected (joined, not lost, store connection open).
   int live_nodes() const;
   /// status.json's "nodes" array: node, host, pid, state (live, leaving, released, lost),
-  /// slots, offer (job slot ids).
+  /// slots, offer (job slot ids); a lost node's "lost" says why (its store connection closed,
+  /// or no heartbeat for how long).
   std::string status_json() const;
 
  private:
@@ -114,11 +132,18 @@ class NodeHub {
     int64_t next_command = 0;
     std::string name;            ///< "node 1 (host)"
     double clock_offset_ms = 0;  ///< node 0's monotonic ms minus its own, when it joined
+    std::string lost_why;        ///< lost: why ("its gpurun's store connection closed")
   };
   struct Remote {
     int pid = -1;  ///< provisional or real; -1 none
   };
   void command(Node& n, const NodeCommand& c);
+  /// Node `k` is lost (`why`: "its gpurun's store connection closed"): its slots withdrawn,
+  /// its processes' exits, the console line, its address severed.
+  void lose(int k, Node& n, const std::string& why, Changes& out);
+  /// Writes keys::sever for `n`'s address unless it is loopback or another node's (or node 0's).
+  void sever(int k, const Node& n, Changes& out);
+  std::chrono::milliseconds now() const;
   Node* node(int k);
   std::vector<int> job_ids(int k, const std::vector<int>& local) const;
 
@@ -128,6 +153,8 @@ class NodeHub {
   std::map<int, Node> nodes_;
   std::map<int, Remote> remote_;  ///< job slot -> its process on another node
   int next_provisional_ = kProvisionalBase;
+  HeartbeatWatch beats_;
+  int64_t next_sever_ = 0;
   static constexpr int kProvisionalBase = 1 << 30;
 };
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
+#include "gpurun/control/heartbeat.hpp"
 #include "gpurun/control/keys.hpp"
 #include "gpurun/error.hpp"
 #include "gpurun/json_writer.hpp"
@@ -67,6 +68,7 @@ ElasticJoin join_elastic_job(store::Store& store, const ElasticJoinRequest& r) {
   join.run_id = r.run_id;
   join.device = r.device;
   join.snapshot_endpoint = r.snapshot_endpoint;
+  join.address = r.address;
   // This host's clock when written: node 0 aligns this node's resize timings with it.
   join.monotonic_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
@@ -193,15 +195,39 @@ void NodeAgent::on_attempt_start(int /*attempt*/) {
 }
 
 void NodeAgent::read_commands() {
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  const bool beats = opt_.node_timeout.count() > 0;
+  const milliseconds interval = control::heartbeat_interval(opt_.node_timeout);
+  const milliseconds slice = beats ? std::min(opt_.wait_slice, interval) : opt_.wait_slice;
+  Clock::time_point answered = Clock::now(), beat_sent{};
+  int64_t beat = 0;
   int64_t n = 0;
   while (!stop_) {
     const std::string key = keys::node_command(opt_.node, n);
     std::string text;
+    const Clock::time_point asked = Clock::now();
     try {
-      text = commands_->get(key, opt_.wait_slice);
+      if (beats && asked - beat_sent >= interval) {  // this node is alive (NodeHub watches it)
+        commands_->set(keys::node_beat(opt_.node), std::to_string(++beat));
+        beat_sent = asked;
+      }
+      text = commands_->get(key, slice);
       commands_->remove(key);
+      answered = Clock::now();
     } catch (const StoreTimeout&) {
-      continue;  // none yet: look at stop_, wait again
+      const Clock::time_point now = Clock::now();
+      // A request unanswered for node_timeout (the connection's own timeout): cut off.
+      if (beats && now - asked >= opt_.node_timeout) {
+        if (stop_) return;
+        const auto silent = std::chrono::duration_cast<milliseconds>(now - answered);
+        asio::post(io_, [this, alive = std::weak_ptr<int>(alive_), silent] {
+          if (!alive.expired()) cut_off(silent);
+        });
+        return;
+      }
+      answered = now;
+      continue;  // none yet (the wait's own timeout: node 0 answered): look at stop_, again
     } catch (const gpurun::Error& e) {
       if (stop_) return;
       asio::post(io_, [this, alive = std::weak_ptr<int>(alive_), cause = std::string(e.what())] {
@@ -370,9 +396,18 @@ void NodeAgent::event(const control::NodeEvent& e) {
 
 bool NodeAgent::write(const std::string& key, const std::string& value) {
   if (!events_) return false;
+  const auto asked = std::chrono::steady_clock::now();
   try {
     events_->set(key, value);
     return true;
+  } catch (const StoreTimeout& e) {  // no answer within the connection's timeout
+    if (opt_.node_timeout.count() <= 0) {
+      node0_gone(e.what());
+      return false;
+    }
+    cut_off(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                  asked));
+    return false;
   } catch (const gpurun::Error& e) {
     node0_gone(e.what());
     return false;
@@ -417,7 +452,8 @@ bool NodeAgent::on_stop_request(const std::string& /*why*/) {
   return false;
 }
 
-void NodeAgent::ended(int code, std::string reason, const std::string& line, bool stop_workers) {
+void NodeAgent::ended(int code, std::string reason, const std::string& line, bool stop_workers,
+                      std::optional<std::chrono::milliseconds> grace) {
   end_ = End{code, std::move(reason)};
   status_changed();
   if (procs_.empty() || !stop_workers) {
@@ -426,7 +462,18 @@ void NodeAgent::ended(int code, std::string reason, const std::string& line, boo
     return;
   }
   // Processes left (an exit, node 0 gone): stopped (SIGTERM, SIGKILL after the grace period).
-  sup_.stop_for_peer(line);
+  sup_.stop_for_peer(line, grace);
+}
+
+void NodeAgent::cut_off(std::chrono::milliseconds silent) {
+  if (end_) return;
+  stop_ = true;  // the reader stops at its next wake-up
+  const std::string what = fmt::format(
+      "cut off from node 0: its store at {} has not answered for {} (--node-timeout {}); the "
+      "job goes on without this node",
+      opt_.where, node_sync_detail::seconds(silent), node_sync_detail::seconds(opt_.node_timeout));
+  ended(1, what, fmt::format("{}: {}{}", name(), what, procs_.empty() ? "; its gpurun exits" : ""),
+        /*stop_workers=*/true, opt_.cut_off_grace);
 }
 
 void NodeAgent::node0_gone(const std::string& cause) {

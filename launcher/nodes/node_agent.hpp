@@ -39,6 +39,8 @@ struct ElasticJoinRequest {
   std::string device;      ///< "cuda" or "cpu"
   /// Where this gpurun serves its pause snapshot (SnapshotServer, "ip:port"); "" = none.
   std::string snapshot_endpoint;
+  /// The IP address it reaches node 0's store from (NodeJoin::address); "" = unknown.
+  std::string address;
   /// How long node 0's job record (keys::node_job) may take to appear after the connect.
   std::chrono::milliseconds job_wait{std::chrono::seconds(5)};
   /// How long node 0's answer to the join (keys::node_answer) may take.
@@ -68,7 +70,17 @@ struct NodeAgentOptions {
   std::vector<int> joined_offer;  ///< the offer its join record carried (local slots)
   /// How long the command reader blocks in one wait for node 0's next command: bounds how long
   /// destroying the agent takes. Node 0's command reaches the agent at once all the same.
+  /// With a node_timeout, at most control::heartbeat_interval(node_timeout).
   std::chrono::milliseconds wait_slice{std::chrono::milliseconds(250)};
+  /// --node-timeout: the command reader advances this node's heartbeat (keys::node_beat) every
+  /// control::heartbeat_interval(node_timeout); a request node 0's store has not answered for
+  /// node_timeout (the connections' own request timeout: set both to it) cuts this node off:
+  /// its workers are stopped (SIGTERM, SIGKILL after cut_off_grace) and it ends with status 1.
+  /// 0 = no heartbeat (node 0 then never gives this node up for silence).
+  std::chrono::milliseconds node_timeout{0};
+  /// Cut off: how long its workers have after SIGTERM (they hold nothing the job needs: the
+  /// job goes on from the survivors' state).
+  std::chrono::milliseconds cut_off_grace{std::chrono::seconds(2)};
   /// The local slots this node's config offers now (its active_gpus, else its --nproc first
   /// slots). Called on the io thread at a reload (SIGHUP, a config change). Empty function:
   /// the offer never changes.
@@ -157,11 +169,15 @@ class NodeAgent final : public SlotController {
   void fetch_snapshot(const control::NodeCommand& c);
   /// The end is known: `line` said; with `stop_workers` the processes left are stopped, else
   /// the supervisor ends once they exited.
-  void ended(int code, std::string reason, const std::string& line, bool stop_workers);
+  void ended(int code, std::string reason, const std::string& line, bool stop_workers,
+             std::optional<std::chrono::milliseconds> grace = std::nullopt);
   /// Node 0's gpurun is gone (`cause`: why this node knows): the job cannot go on. The one
   /// path that ends this node then: it says so in one line (what is left of the training
   /// state and where, how to go on), stops its workers (ended) and ends with status 1.
   void node0_gone(const std::string& cause);
+  /// Node 0's store has not answered for `silent` (a cut link, node 0's host stopped): this
+  /// node's workers stop (cut_off_grace), its gpurun ends with status 1.
+  void cut_off(std::chrono::milliseconds silent);
   /// Writes `key` = `value` to node 0's store; false (node0_gone done) when it failed.
   bool write(const std::string& key, const std::string& value);
   void event(const control::NodeEvent& e);

@@ -151,8 +151,9 @@ void NodeSync::attempt_started(int attempt) {
   peer_stopped_ = false;
   announced_ = false;
   const auto n = static_cast<std::size_t>(std::max(max_nodes(), opt_.nnodes));  // by first rank
-  beat_seen_.assign(n, "");
-  beat_changed_.assign(n, Clock::now());  // every node gets a whole timeout from the start
+  // Every node gets a whole timeout from the start.
+  beat_watch_ = control::HeartbeatWatch(opt_.heartbeat_timeout);
+  for (std::size_t r = 0; r < n; ++r) beat_watch_.watch(static_cast<int>(r), steady_ms());
   hung_.assign(n, false);
   beat_sent_ = {};
   arm([this] { watch_tick(); });
@@ -168,14 +169,9 @@ bool NodeSync::node_hung(int r) {
   const auto i = static_cast<std::size_t>(r);
   if (opt_.heartbeat_timeout.count() <= 0 || i >= hung_.size()) return false;
   if (hung_[i]) return true;
-  const std::string v = store().try_get(job_keys::beat(r)).value_or("");
-  const auto now = Clock::now();
-  if (v != beat_seen_[i]) {
-    beat_seen_[i] = v;
-    beat_changed_[i] = now;
-    return false;
-  }
-  if (now - beat_changed_[i] < opt_.heartbeat_timeout) return false;
+  const auto now = steady_ms();
+  beat_watch_.seen(r, store().try_get(job_keys::beat(r)).value_or(""), now);
+  if (!beat_watch_.overdue(r, now)) return false;
   hung_[i] = true;
   const int a = attempt_;
   if (!store().try_get(job_keys::fail(a, r))) {

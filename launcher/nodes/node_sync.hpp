@@ -18,6 +18,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "gpurun/control/heartbeat.hpp"
 #include "gpurun/error.hpp"
 
 #include "gpurun/store/client_store.hpp"
@@ -129,7 +130,8 @@ struct NodeSyncOptions {
   /// How often the keys are read.
   std::chrono::milliseconds poll_interval{100};
   /// Nodes > 0: how often this node's gpurun tells node 0 it is alive (a counter in
-  /// job_keys::beat) while an attempt runs.
+  /// job_keys::beat) while an attempt runs (gpurun sets control::heartbeat_interval of
+  /// heartbeat_timeout).
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
   /// Node 0: --node-timeout: a node whose heartbeat has not advanced for this long (node 0's
   /// own clock) while its workers run is given up like a lost node: its gpurun hangs (stopped,
@@ -267,9 +269,9 @@ class NodeSync {
   std::function<void()> closed_;
   std::atomic<int> join_cancel_{0};
   std::chrono::steady_clock::time_point disconnect_deadline_;
-  // heartbeats: node 0, per node, the last value seen and when it changed; nodes > 0, theirs
-  std::vector<std::string> beat_seen_;
-  std::vector<std::chrono::steady_clock::time_point> beat_changed_;
+  // heartbeats: node 0, per node, the last value seen and when it changed (the one rule of
+  // --node-timeout, gpurun/control/heartbeat.hpp); nodes > 0, theirs
+  control::HeartbeatWatch beat_watch_{std::chrono::milliseconds(0)};
   std::vector<bool> hung_;
   int64_t beats_ = 0;
   std::chrono::steady_clock::time_point beat_sent_{};

@@ -34,6 +34,11 @@ inline int64_t now_ms() {
       .count();
 }
 
+/// The steady clock in ms: what control::HeartbeatWatch reads.
+inline std::chrono::milliseconds steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch());
+}
+
 inline std::string this_host() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "?";

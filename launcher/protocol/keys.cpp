@@ -88,6 +88,15 @@ std::string node_command(int node, int64_t n) {
 std::string node_event(int node, int64_t n) {
   return fmt::format("gpurun/node/{}/event/{}", node, n);
 }
+std::string node_beat(int node) {
+  return fmt::format("gpurun/node/{}/beat", node);
+}
+std::string sever(int64_t n) {
+  return fmt::format("gpurun/sever/{}", n);
+}
+std::string sever_value(const Sever& s) {
+  return fmt::format("{} {}", s.generation, s.address);
+}
 std::string node_live(int node) {
   return fmt::format("gpurun/live/node{}", node);
 }
@@ -184,12 +193,21 @@ std::optional<NodeWrite> parse_node_write(std::string_view key) {
   if (s == "join") return NodeWrite{NodeWrite::Kind::kJoin, node, -1};
   if (s == "offer") return NodeWrite{NodeWrite::Kind::kOffer, node, -1};
   if (s == "leave") return NodeWrite{NodeWrite::Kind::kLeave, node, -1};
+  if (s == "beat") return NodeWrite{NodeWrite::Kind::kBeat, node, -1};
   if (take(s, "event/")) {
     const auto n = take_int(s);
     if (!n || !s.empty()) return std::nullopt;
     return NodeWrite{NodeWrite::Kind::kEvent, node, *n};
   }
   return std::nullopt;
+}
+
+std::optional<Sever> parse_sever(std::string_view value) {
+  std::string_view s = value;
+  const auto g = take_int(s);
+  if (!g || !take(s, " ") || s.empty() || s.find(' ') != std::string_view::npos)
+    return std::nullopt;
+  return Sever{*g, std::string(s)};
 }
 
 std::optional<EnergyAsk> parse_energy_ask(std::string_view key) {

@@ -74,6 +74,7 @@ std::string NodeJoin::to_json() const {
   o["run_id"] = run_id;
   o["device"] = device;
   if (!snapshot_endpoint.empty()) o["snapshot_endpoint"] = snapshot_endpoint;
+  if (!address.empty()) o["address"] = address;
   if (monotonic_ms > 0) o["monotonic_ms"] = monotonic_ms;
   return json::serialize(o);
 }
@@ -90,6 +91,7 @@ NodeJoin NodeJoin::from_json(std::string_view text) {
   j.run_id = detail::get_optional_string(o, "run_id", what, text);
   j.device = detail::get_optional_string(o, "device", what, text);
   j.snapshot_endpoint = detail::get_optional_string(o, "snapshot_endpoint", what, text);
+  j.address = detail::get_optional_string(o, "address", what, text);
   if (const json::value* m = o.if_contains("monotonic_ms"); m && m->is_number())
     j.monotonic_ms = m->to_number<double>();
   if (j.node < 1)

@@ -363,7 +363,9 @@ void Supervisor::controller_changed() {
   });
 }
 
-void Supervisor::stop_for_peer(const std::string& reason) {
+void Supervisor::stop_for_peer(const std::string& reason,
+                               std::optional<std::chrono::milliseconds> grace) {
+  if (grace && !grace_armed_) grace_ = grace;
   if (holding_) {  // the peer's failure may be the real one: stop now
     begin_teardown(nullptr, reason);
     check_progress();
@@ -378,7 +380,7 @@ void Supervisor::stop_for_peer(const std::string& reason) {
   failure_->peer = true;
   events_.emit("peer_failure", JsonObject().add("attempt", attempt_).add("reason", reason));
   say(fmt::format("{}; stopping this node's workers (SIGTERM, SIGKILL after {} ms)", reason,
-                  opt_.grace_period.count()));
+                  grace_.value_or(opt_.grace_period).count()));
   stop_workers(SIGTERM);
   check_progress();
 }
@@ -401,7 +403,7 @@ void Supervisor::stop_workers(int sig) {
   signal_all(sig);
   if (!grace_armed_) {
     grace_armed_ = true;
-    grace_timer_.expires_after(opt_.grace_period);
+    grace_timer_.expires_after(grace_.value_or(opt_.grace_period));
     grace_timer_.async_wait(
         [this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
           if (ec || alive.expired() || phase_ == Phase::kDone || killed_) return;
@@ -412,7 +414,7 @@ void Supervisor::stop_workers(int sig) {
             say(
                 fmt::format("grace period of {} ms over: sending SIGKILL to the remaining "
                             "worker process groups",
-                            opt_.grace_period.count()));
+                            grace_.value_or(opt_.grace_period).count()));
           killed_ = true;
           signal_all(SIGKILL);
           kill_timer_.expires_after(opt_.kill_timeout);

@@ -164,8 +164,10 @@ class Supervisor {
   /// Multi-node: another node failed. Stops this node's workers as a local failure would
   /// (SIGTERM, SIGKILL after the grace period), saying `reason`; the attempt counts as failed
   /// (result 1) without a local failure summary. No-op unless the attempt is running and has
-  /// no failure or shutdown yet.
-  void stop_for_peer(const std::string& reason);
+  /// no failure or shutdown yet. `grace`: SIGKILL after this instead of the grace period (a
+  /// node cut off from the job: its workers hold nothing the job needs).
+  void stop_for_peer(const std::string& reason,
+                     std::optional<std::chrono::milliseconds> grace = std::nullopt);
   /// Multi-node: another node's gpurun got the shutdown signal `sig`: says `reason`, then
   /// reacts as handle_signal(sig) would (SIGTERM: stop at the next boundary). No-op unless the
   /// attempt is running with no failure or shutdown yet.
@@ -299,6 +301,7 @@ class Supervisor {
   int attempt_ = 0;
   int shutdown_signal_ = 0;  // SIGINT/SIGTERM/SIGQUIT received
   bool grace_armed_ = false;
+  std::optional<std::chrono::milliseconds> grace_;  // stop_for_peer's, else opt_.grace_period
   bool holding_ = false;  // the teardown hold is on: failure_ is set, no SIGTERM sent yet
   bool killed_ = false;
   bool drain_expired_ = false;

@@ -3,10 +3,14 @@
 // over another node's slots (docs/cli.md#elastic-nodes).
 #include "control/node_hub.hpp"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+
+#include "gpurun/clock.hpp"
+#include "gpurun/control/heartbeat.hpp"
 
 #include "gpurun/control/keys.hpp"
 #include "gpurun/control/node_messages.hpp"
@@ -478,4 +482,158 @@ TEST_CASE("node hub: a node's clock offset from its join record, for its resize 
   CHECK(hub.clock_offset_ms(0) == 0);
   CHECK(hub.clock_offset_ms(7) == 0);
   CHECK(NodeJoin::from_json(j.to_json()).monotonic_ms == doctest::Approx(1200.5));
+}
+
+namespace {
+
+// Node 0's hub with --node-timeout 3 s on a fake clock (ms since its start), generation 5, node
+// 0 at 10.0.0.1; node k joins from 10.0.0.<k+1> unless `address` says otherwise.
+struct BeatingHub {
+  Backend b;
+  gpurun::FakeClock clock;
+  const gpurun::Clock::TimePoint t0 = clock.now();
+  NodeHub hub{b, options(), [this] {
+                return std::chrono::duration<double, std::milli>(clock.now() - t0).count();
+              }};
+  static NodeHubOptions options() {
+    NodeHubOptions o{"job", 0};
+    o.node_timeout = std::chrono::seconds(3);
+    o.address = "10.0.0.1";
+    o.generation = [] { return int64_t{5}; };
+    return o;
+  }
+  void join_from(int node, const std::string& address) {
+    NodeJoin j = join_record(node);
+    j.address = address;
+    b.set(keys::node_join(node), j.to_json());
+    REQUIRE(hub.on_key(keys::node_join(node)).has_value());
+  }
+  // Node `node` writes heartbeat `value`.
+  void beat(int node, int value) {
+    b.set(keys::node_beat(node), std::to_string(value));
+    REQUIRE(hub.on_key(keys::node_beat(node)).has_value());
+  }
+  void advance(int ms) { clock.advance(std::chrono::milliseconds(ms)); }
+};
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("heartbeat: a node beats every min(1 s, --node-timeout / 5)") {
+  using std::chrono::milliseconds;
+  CHECK(heartbeat_interval(std::chrono::seconds(30)) == milliseconds(1000));
+  CHECK(heartbeat_interval(std::chrono::seconds(3)) == milliseconds(600));
+  CHECK(heartbeat_interval(milliseconds(20)) == milliseconds(10));
+  CHECK(heartbeat_interval(milliseconds(0)) == milliseconds(1000));
+  CHECK(keys::parse_node_write(keys::node_beat(2))->kind == keys::NodeWrite::Kind::kBeat);
+  CHECK(keys::parse_sever(keys::sever_value({7, "10.0.0.2"})) == keys::Sever{7, "10.0.0.2"});
+  CHECK(keys::parse_sever("7 fe80::1") == keys::Sever{7, "fe80::1"});
+  CHECK_FALSE(keys::parse_sever("7"));
+  CHECK_FALSE(keys::parse_sever("x 10.0.0.2"));
+  CHECK_FALSE(keys::parse_sever("7 10.0.0.2 more"));
+}
+
+TEST_CASE("node hub: a node whose heartbeat stops is lost after --node-timeout, as if it closed") {
+  BeatingHub h;
+  h.join_from(1, "10.0.0.2");
+  h.join_from(2, "10.0.0.3");
+  h.hub.spawn(1000, 5, -1, false, provisional());
+  h.hub.spawn(1001, 5, -1, false, provisional());
+  // Both beat every second for 10 s: nobody is lost.
+  for (int i = 1; i <= 10; ++i) {
+    h.advance(1000);
+    h.beat(1, i);
+    h.beat(2, i);
+    CHECK_FALSE(h.hub.check_heartbeats().any());
+  }
+  // Node 1's link is cut at 10 s: its counter stops (a repeat of the same value is no beat).
+  for (int i = 1; i <= 2; ++i) {
+    h.advance(1000);
+    h.beat(1, 10);
+    h.beat(2, 10 + i);
+    CHECK_FALSE(h.hub.check_heartbeats().any());
+  }
+  h.advance(999);  // 2.999 s silent
+  CHECK_FALSE(h.hub.check_heartbeats().any());
+  h.advance(1);  // 3 s: lost, as a closed connection is (the same changes)
+  const NodeHub::Changes ch = h.hub.check_heartbeats();
+  CHECK(ch.withdrawn == std::vector<int>{1000, 1001});
+  CHECK(ch.offers_changed);
+  REQUIRE(ch.exits.size() == 2);
+  CHECK(ch.exits[0].slot == 1000);
+  CHECK_FALSE(ch.exits[0].clean);
+  CHECK(has(ch.exits[0].how,
+            "the loss of node 1 (host1, gpurun pid 4001) (its gpurun sent no "
+            "heartbeat for 3 s (--node-timeout 3 s)"));
+  REQUIRE_FALSE(ch.lines.empty());
+  CHECK(has(ch.lines[0],
+            "node 1 (host1, gpurun pid 4001) was lost: its gpurun sent no heartbeat for 3 s "
+            "(--node-timeout 3 s): its link to node 0 is cut, or its host stopped or hung; the "
+            "job goes on without its slots"));
+  CHECK_FALSE(h.hub.live(1));
+  CHECK(h.hub.live(2));
+  CHECK(h.hub.offered() == std::vector<int>{2000, 2001});
+  CHECK(has(h.hub.status_json(),
+            "\"state\": \"lost\", \"slots\": [1000,1001], \"offer\": [], \"lost\": \"its gpurun "
+            "sent no heartbeat for 3 s"));
+  // Its address is severed for the generation in force; should its link come back, it exits.
+  CHECK(h.b.get(keys::sever(0)) == "5 10.0.0.2");
+  CHECK(has(ch.lines.back(), "shut down their connections to 10.0.0.2"));
+  const NodeCommand c = command(h.b, 1, 2);  // after its two spawns
+  CHECK(c.kind == NodeCommand::Kind::kExit);
+  CHECK(c.code == 1);
+  CHECK(has(c.reason, "node 0 gave this node up: its gpurun sent no heartbeat for 3 s"));
+  // Its connection closing later, a late heartbeat, another check: nothing more.
+  h.b.set(keys::node_lost(1), "1");
+  CHECK_FALSE(h.hub.on_key(keys::node_lost(1))->any());
+  h.beat(1, 11);
+  h.advance(5000);
+  h.beat(2, 20);
+  CHECK_FALSE(h.hub.check_heartbeats().any());
+  CHECK_FALSE(h.b.check({keys::sever(1)}));
+}
+
+TEST_CASE("node hub: a node that never beats has one --node-timeout from its join") {
+  BeatingHub h;
+  h.advance(60000);
+  h.join_from(1, "10.0.0.2");
+  h.advance(2999);
+  CHECK_FALSE(h.hub.check_heartbeats().any());
+  h.advance(1);
+  CHECK(h.hub.check_heartbeats().withdrawn == std::vector<int>{1000, 1001});
+}
+
+TEST_CASE("node hub: no address is severed that another live node, node 0 or loopback shares") {
+  BeatingHub h;
+  h.join_from(1, "10.0.0.2");
+  h.join_from(2, "10.0.0.2");  // the same host as node 1
+  h.join_from(3, "10.0.0.1");  // node 0's host
+  h.join_from(4, "127.0.0.1");
+  h.join_from(5, "");  // it did not say
+  h.advance(1000);
+  h.beat(2, 1);
+  h.advance(2500);  // nodes 1, 3, 4, 5 silent for 3.5 s, node 2 for 2.5 s
+  const NodeHub::Changes ch = h.hub.check_heartbeats();
+  CHECK(ch.withdrawn.size() == 8);
+  CHECK_FALSE(h.b.check({keys::sever(0)}));
+  h.advance(1000);  // node 2 too: now nobody live has 10.0.0.2
+  CHECK(h.hub.check_heartbeats().withdrawn == std::vector<int>{2000, 2001});
+  CHECK(h.b.get(keys::sever(0)) == "5 10.0.0.2");
+  CHECK_FALSE(h.b.check({keys::sever(1)}));
+}
+
+TEST_CASE("node hub: --node-timeout 0 never gives a silent node up") {
+  Backend b;
+  gpurun::FakeClock clock;
+  NodeHubOptions o{"job", 0};
+  NodeHub hub(b, o, [&clock] {
+    return std::chrono::duration<double, std::milli>(clock.now().time_since_epoch()).count();
+  });
+  join(b, hub, 1);
+  clock.advance(std::chrono::hours(1));
+  CHECK_FALSE(hub.check_heartbeats().any());
+  CHECK(hub.live(1));
 }

@@ -64,8 +64,23 @@ std::unique_ptr<WorkerSession> WorkerSession::from_env(SessionOptions o) {
   if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT"); r && *r)
     o.restart_count = std::strtoll(r, nullptr, 10);
   if (const char* p = std::getenv(env::kPreemptDir); p && *p) o.preempt_dir = p;
-  return std::make_unique<WorkerSession>(
+  auto session = std::make_unique<WorkerSession>(
       std::move(o), std::make_unique<store::ClientStore>(store_options_from_env()));
+  // keys::sever: a lost node's connections shut down off the main thread (a cut link). Its own
+  // connection, with a short request timeout: a cut-off node's watch gives up quietly.
+  try {
+    store::ClientOptions so = store_options_from_env();
+    so.timeout = std::chrono::seconds(5);
+    SeverWatchOptions wo;
+    WorkerSession* s = session.get();
+    wo.generation = [s] { return s->generation_.load(); };
+    wo.log = s->opt_.log;
+    s->sever_ =
+        std::make_unique<SeverWatch>(std::make_unique<store::ClientStore>(so), std::move(wo));
+  } catch (const Error& e) {
+    session->opt_.log(fmt::format("warning: no watch for severed addresses: {}", e.what()));
+  }
+  return session;
 }
 
 WorkerSession::WorkerSession(SessionOptions options, std::unique_ptr<store::Store> store)
@@ -88,6 +103,7 @@ std::vector<EngineAction> WorkerSession::on(EngineEvent e) {
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
     std::vector<EngineAction> actions = engine_.on(e);
+    generation_ = engine_.has_generation() ? engine_.generation() : -1;
     std::optional<EngineEvent> next;
     for (EngineAction& a : actions) {
       switch (a.kind) {

@@ -99,6 +99,25 @@ std::string node_leave(int node);
 std::string node_command(int node, int64_t n);
 /// Node k's n-th NodeEvent to node 0 (n = 0, 1, …).
 std::string node_event(int node, int64_t n);
+/// Node k's heartbeat: a counter its gpurun advances every heartbeat_interval(--node-timeout)
+/// (gpurun/control/heartbeat.hpp); node 0 gives node k up when it has not changed for
+/// --node-timeout (a cut link, a stopped or hung host: its store connection stays open).
+std::string node_beat(int node);
+/// The n-th severed address of the job (n = 0, 1, …), written by node 0 when it gave up a node
+/// whose address no live node shares: every worker of that generation (or an earlier one) shuts
+/// down its TCP connections to that address (worker_runtime/engine: SeverWatch), which fails a
+/// collective blocked on the lost node's workers at once (a cut link delivers no reset). Value:
+/// sever_value(); parse_sever() reads it.
+std::string sever(int64_t n);
+/// A severed address: "<generation> <ip>".
+struct Sever {
+  int64_t generation = -1;
+  std::string address;  ///< an IPv4 or IPv6 address, as inet_pton reads it
+  friend bool operator==(const Sever&, const Sever&) = default;
+};
+std::string sever_value(const Sever& s);
+/// nullopt when `value` is not sever_value()'s form.
+std::optional<Sever> parse_sever(std::string_view value);
 /// Node k's liveness key (store::kLivePrefix, bound to its gpurun's store connection) and the
 /// key the store writes when that connection closed (store::kLostPrefix).
 std::string node_live(int node);
@@ -106,13 +125,14 @@ std::string node_lost(int node);
 
 /// A write under gpurun/ that node 0's node hub handles, typed.
 struct NodeWrite {
-  enum class Kind { kJoin, kOffer, kLeave, kEvent, kLost };
+  enum class Kind { kJoin, kOffer, kLeave, kEvent, kLost, kBeat };
   Kind kind = Kind::kJoin;
   int node = -1;
   int64_t n = -1;  ///< kEvent: its sequence number
   friend bool operator==(const NodeWrite&, const NodeWrite&) = default;
 };
-/// nullopt for any key that is not a node's join, offer, leave, event or lost key (node ids >= 1).
+/// nullopt for any key that is not a node's join, offer, leave, event, lost or heartbeat key (node
+/// ids >= 1).
 std::optional<NodeWrite> parse_node_write(std::string_view key);
 
 // ---- what a worker writes, typed ------------------------------------------------------------

@@ -50,6 +50,9 @@ struct NodeJoin {
   /// Where its gpurun serves its pause snapshot to other nodes ("ip:port", the address it
   /// reaches node 0's store from); "" = it serves none.
   std::string snapshot_endpoint;
+  /// The IP address it reaches node 0's store from (its workers' too): the address node 0
+  /// severs (keys::sever) when it gives this node up; "" = unknown.
+  std::string address;
   /// Its host's monotonic clock (CLOCK_MONOTONIC, ms) when it wrote this record: node 0 takes
   /// the difference to its own clock at reading it as that host's clock offset (to one store
   /// latency), so the resize timings of its processes compare with node 0's. 0 = not given.

@@ -5,6 +5,7 @@
 // interface (worker_runtime/capi/gpurun_worker.h). Blocking; not thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "gpurun/control/energy_question.hpp"
 #include "gpurun/store/client.hpp"
 #include "gpurun/store/store.hpp"
+#include "gpurun/worker/sever_watch.hpp"
 #include "gpurun/worker/worker_engine.hpp"
 
 namespace gpurun::control {
@@ -37,8 +39,9 @@ class WorkerSession {
  public:
   /// nullptr unless GPURUN_ELASTIC=1 (gpurun runs with --config). Otherwise connects to the
   /// supervisor's store (GPURUN_STORE_ADDR/PORT) as slot GPURUN_SLOT of GPURUN_JOIN_GENERATION
-  /// or warm joiner GPURUN_WARM. Throws ProtocolError for a missing/bad variable, StoreError
-  /// when the store cannot be reached.
+  /// or warm joiner GPURUN_WARM, and starts this process's SeverWatch (sever_watch.hpp: a
+  /// thread and a store connection of its own; it ends at once in a job of one node). Throws
+  /// ProtocolError for a missing/bad variable, StoreError when the store cannot be reached.
   static std::unique_ptr<WorkerSession> from_env(SessionOptions extra = {});
   /// The store options from GPURUN_STORE_ADDR/GPURUN_STORE_PORT (ProtocolError when unset).
   static store::ClientOptions store_options_from_env();
@@ -81,6 +84,9 @@ class WorkerSession {
   SessionOptions opt_;
   std::unique_ptr<store::Store> store_;
   WorkerEngine engine_;
+  /// The engine's generation after the last on() (-1: none yet): what the SeverWatch reads.
+  std::atomic<int64_t> generation_{-1};
+  std::unique_ptr<SeverWatch> sever_;  // from_env only; last: it reads generation_
 };
 
 /// gpurun abandoned a generation's set-up (its abort key appeared).
