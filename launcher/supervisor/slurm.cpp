@@ -359,6 +359,10 @@ void apply_slurm(Options& o, const SlurmEnv& s) {
         "--node-rank {} disagrees with Slurm's SLURM_NODEID={}; drop --node-rank (Slurm sets it) "
         "or pass --no-slurm",
         o.node_rank, s.node_id));
+  // No --rdzv-id: the job id, as torchrun users pass it (--rdzv-id $SLURM_JOB_ID), never
+  // torchrun's "none". Not "given": a node joining from another allocation still joins the
+  // job of the allocation it names and takes that job's id (elastic-join.sbatch).
+  if (!o.run_id_given) o.run_id = s.job_id;
   o.nnodes = s.nnodes;
   if (!o.nnodes_given) o.nnodes_max = s.nnodes;  // no range given: Slurm's count is the most
   o.node_rank = s.node_id;

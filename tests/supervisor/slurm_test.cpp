@@ -247,6 +247,10 @@ TEST_CASE("slurm: apply_slurm sets the topology, the port from the job id and --
   CHECK(slurm_banner(o, s) ==
         "Slurm job 123456 step 0: node 1 of 2, master gpu07:23456; --nproc 4 from "
         "SLURM_GPUS_ON_NODE");
+  // No --rdzv-id: the job id is the run id (torchrun users pass --rdzv-id $SLURM_JOB_ID), never
+  // "none"; still not "given", so a node from another allocation joins whatever job it names.
+  CHECK(o.run_id == "123456");
+  CHECK_FALSE(o.run_id_given);
 
   SUBCASE("explicit flags win") {
     Options e = options({"--master-addr", "gpu07-ib", "--master-port", "31000", "--nproc", "2",
@@ -256,6 +260,9 @@ TEST_CASE("slurm: apply_slurm sets the topology, the port from the job id and --
     CHECK(e.master_port == 31000);
     CHECK(e.nproc == 2);
     CHECK(slurm_banner(e, s) == "Slurm job 123456 step 0: node 1 of 2, master gpu07-ib:31000");
+    Options r = options({"--rdzv-id", "mine"});
+    apply_slurm(r, s);
+    CHECK(r.run_id == "mine");
     Options g = options({"--nproc", "gpu"});
     apply_slurm(g, s);
     CHECK(g.nproc_mode == NprocMode::kGpu);
