@@ -9,9 +9,10 @@
 # reached there); node k > 0 with --master-addr 10.77.0.1 in place of run_nodes.sh's 127.0.0.1.
 # Where the machine does not allow it (no user namespaces, no veth, no nsenter), the test is
 # skipped (exit 77, ctest SKIP_RETURN_CODE) with the reason.
-# Usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave
+# Usage: run_nodes_netns.sh GPURUN join|leave|kill|two_to_three_to_two|pause_copy|pause_leave|cut
 #   pause_<c>: run_nodes_pause.sh's case <c>:
 #   the pause snapshot written in node 1's /dev/shm must reach nodes 0 and 2 over TCP.
+#   cut: run_nodes_cut.sh: node 1's veth taken off the bridge while the job trains.
 # KEEP_TMP=1 keeps the scratch folders (the line "kept DIR" names them).
 # The recipe by hand (docs/cli.md#elastic-nodes, "Tested across network namespaces"):
 #   unshare -Urnm -p --fork --mount-proc; ip link add br0 type bridge; ip link set br0 up
@@ -121,6 +122,7 @@ rc=0
 here=$(cd "$(dirname "$0")" && pwd)
 script=run_nodes.sh arg=$CASE
 [[ $CASE == pause_* ]] && script=run_nodes_pause.sh arg=${CASE#pause_}
+[[ $CASE == cut ]] && script=run_nodes_cut.sh arg=cut  # node 1's link cut (it needs the bridge)
 # The script as it is, but for the patterns it greps node 0's lines with: a node's endpoint
 # there is 10.77.0.<k+1>:PORT, not 127.0.0.1:PORT (the regex `127\.0\.0\.1` -> `[0-9.]+`; its
 # own --master-addr 127.0.0.1 is role 3's to replace). bash -c: $0 is still the script's path.
