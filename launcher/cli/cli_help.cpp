@@ -62,7 +62,7 @@ Supervision:
   --join-timeout SECONDS  with --nnodes > 1: how long the start rendezvous waits for every
                           node to join before any worker starts (default 600)
   --node-timeout SECONDS  with --nnodes > 1: node 0 gives up a node whose gpurun sent no
-                          heartbeat (every second) for this long (default 30; 0: never)
+                          heartbeat for this long, a cut-off node stops (default 30; 0: never)
 
 Preemption (docs/cli.md#preemption):
   --preempt-signal SIG    warning signal turned into a checkpoint request at the workers'
