@@ -155,7 +155,10 @@ bool SeverWatch::pause(std::chrono::milliseconds d) {
 
 void SeverWatch::run() {
   try {
-    if (!store_->try_get(keys::node_job())) return;  // one node: nobody to sever
+    if (!store_->try_get(keys::node_job())) {  // one node: nobody to sever
+      store_.reset();                          // nor a connection to hold
+      return;
+    }
     while (pause(opt_.poll)) {
       const int64_t mine = opt_.generation ? opt_.generation() : -1;
       if (mine < 0) continue;  // no generation yet: its entries wait
@@ -173,6 +176,7 @@ void SeverWatch::run() {
     }
   } catch (const gpurun::Error&) {
     // The store is gone or unreachable: the session's own requests report it.
+    store_.reset();
   }
 }
 
