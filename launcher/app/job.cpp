@@ -408,7 +408,10 @@ void Job::end_nodes(int exit_code, std::function<void()> then) {
   gpurun::control::NodeHub& hub = *elastic_->node_hub();
   // A stop signal to node 0 (SIGTERM: at a boundary) ends every node with 128 + it, saying so.
   const int sig = supervisor_->shutdown_signal();
-  hub.job_ended(exit_code, exit_code == 0 ? std::string("the job finished")
+  // Programs of different lengths: the node whose program wanted more is told why it ended.
+  const std::string& disagree = elastic_->scheduler().disagreement();
+  hub.job_ended(exit_code, exit_code == 0 ? (disagree.empty() ? std::string("the job finished")
+                                                              : "the job finished: " + disagree)
                            : sig != 0
                                ? fmt::format("node 0's gpurun received {}", sv::signal_name(sig))
                                : fmt::format("the job ended with exit status {}", exit_code));

@@ -171,6 +171,8 @@ void Scheduler::start_attempt(int attempt) {
   finished_ = false;
   exit_published_ = false;
   exit_reason_.clear();  // a later exit wake of this attempt says its own reason, or none
+  finisher_.clear();
+  disagreement_.clear();
   // A new attempt: no process of the previous one is left to read its keys.
   for (const DecidedRound& r : decided_) {
     delete_key(keys::decision(r.generation, r.round));
@@ -355,6 +357,7 @@ void Scheduler::on_report(const Report& r) {
   }
   if (finished_) {
     publish_exit();
+    check_disagreement();
     return;
   }
   try_decide();
@@ -634,12 +637,31 @@ void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {
   if (finished_) return;
   finished_ = true;
   exit_reason_ = "finished";
+  finisher_ = fmt::format("{} (rank {})", slot_name(s.gpu), s.rank);
   say(
       fmt::format("{} (rank {}) finished training ({}): the job is finishing; workers at "
                   "boundary round {} of generation {} are told to exit",
                   slot_name(s.gpu), s.rank, how, round_, generation_));
   wake_all_parked_to_exit("training finished");
   if (!reports_.empty()) publish_exit();
+  check_disagreement();
+}
+
+void Scheduler::check_disagreement() {
+  // One program ends training where another reaches a boundary to go on: with the same
+  // program every rank passes the same boundaries, and none follows the last one.
+  if (exit_reason_ != "finished" || reports_.empty() || !disagreement_.empty()) return;
+  std::string others;
+  for (const auto& [rank, r] : reports_)
+    others += fmt::format("{}{} (rank {})", others.empty() ? "" : ", ", slot_name(r.gpu), rank);
+  const Report& r = reports_.begin()->second;
+  disagreement_ = fmt::format(
+      "the ranks' programs disagree on how long to train: {} finished training where {} "
+      "reached the boundary {} to go on (their program has more epochs or steps: compare the "
+      "program's arguments, e.g. --epochs, on every node); the job ended at the first "
+      "program's end, not at the others'",
+      finisher_, others, boundary_text(r.epoch, r.step));
+  say(disagreement_);
 }
 
 void Scheduler::publish_exit() {

@@ -210,6 +210,10 @@ class Scheduler {
   bool request_stop(const std::string& why);
   /// Why the job was stopped through on_boundary or request_stop; empty when it was not.
   const std::string& stop_reason() const { return stop_reason_; }
+  /// Set when a member finished training (exited 0) while other members reached a boundary to
+  /// go on: the ranks' programs disagree on how long to train (e.g. another --epochs on one
+  /// node). The sentence names both sides; empty otherwise.
+  const std::string& disagreement() const { return disagreement_; }
   /// Set when every process that held the training state died before handing it on and no
   /// pause snapshot of the current position exists: the job stops (non-zero exit status)
   /// with this sentence; empty otherwise.
@@ -291,6 +295,8 @@ class Scheduler {
   // A kWriteKey effect whose value is `d` (encoded where the effects are run).
   void write_decision(std::string key, const Decision& d);
   void begin_finish(const SlotInfo& s, const std::string& how);
+  // After a member finished training: reports of the open round mean that the others go on.
+  void check_disagreement();
   void publish_exit();
   void remember_round();
   void moved_on(int gpu);
@@ -352,6 +358,8 @@ class Scheduler {
   std::string stop_pending_;         ///< request_stop's reason until a round is complete
   bool checkpoint_pending_ = false;  ///< request_checkpoint() until a decision carries it
   std::string state_lost_;
+  std::string finisher_;       ///< "gpu 1 (rank 1)": the member whose exit 0 finished the job
+  std::string disagreement_;   ///< disagreement()
   std::string pause_refused_;  ///< why the last pause's snapshot failed ("" once one succeeds)
   /// Boundary at which the pause snapshot failed: training goes on from it; the next boundary
   /// tries again.

@@ -471,6 +471,58 @@ TEST_CASE("scheduler: a leaving node's rank ended by KeyboardInterrupt is a lost
   CHECK_FALSE(h.s.on_process_exit(1001, false, "exit code 1", false));
 }
 
+TEST_CASE("scheduler: programs of different lengths: the end names both sides, once") {
+  using gpurun::control::testing::cfg;
+  using gpurun::control::testing::said;
+  for (const bool report_first : {false, true}) {
+    CAPTURE(report_first);
+    gpurun::control::testing::Harness h(cfg(std::nullopt), 2);
+    h.join_all();
+    h.s.add_slots({1000, 1001});
+    h.s.config_loaded(cfg(std::vector<int>{0, 1, 1000, 1001}), "c");
+    h.drain();
+    h.boundary(0);
+    h.join_all();
+    h.boundary(1);
+    // Node 1's program ends after epoch 3 (--epochs 3); node 0's reaches the boundary after
+    // epoch 3 to go on (--epochs 8), before or after node 1's exits.
+    if (report_first) {
+      h.report(0, 2);
+      h.report(1, 2);
+    }
+    h.s.on_process_exit(1000, true, "exit code 0", false);
+    h.s.on_process_exit(1001, true, "exit code 0", false);
+    if (!report_first) {
+      h.report(0, 2);
+      h.report(1, 2);
+    }
+    h.drain();
+    // Said at the first report after the exit (the others' may never come).
+    const std::string want =
+        std::string(
+            "the ranks' programs disagree on how long to train: node 1 gpu 0 (rank 2) "
+            "finished training where gpu 0 (rank 0)") +
+        (report_first ? ", gpu 1 (rank 1)" : "") +
+        " reached the boundary after epoch 3 to go on (their program has more epochs or steps: "
+        "compare the program's arguments, e.g. --epochs, on every node)";
+    CHECK(said(h, want));
+    CHECK(h.s.disagreement().find(want) == 0);
+    size_t n = 0;
+    for (const Effect& e : h.log)
+      n += e.kind == Effect::Kind::kSay && e.value.find("disagree") != std::string::npos;
+    CHECK(n == 1);
+  }
+  // The same program everywhere: nobody reports after the last epoch, nothing is said.
+  gpurun::control::testing::Harness h(cfg(std::nullopt), 2);
+  h.join_all();
+  h.boundary(0);
+  h.s.on_process_exit(0, true, "exit code 0", false);
+  h.s.on_process_exit(1, true, "exit code 0", false);
+  h.drain();
+  CHECK(h.s.disagreement().empty());
+  CHECK_FALSE(said(h, "disagree"));
+}
+
 TEST_CASE("node hub: a node's clock offset from its join record, for its resize timings") {
   Backend b;
   NodeHub hub(b, NodeHubOptions{"job", 0}, [] { return 5000.0; });
