@@ -8,7 +8,9 @@
 # Cases:
 #   join                 node 1 joins once node 0 trains epoch 2: its slots 1000, 1001 enter
 #                        at a boundary (decision active [0,1,1000,1001], world 4, status.json
-#                        "nodes" lists node 1 live), training goes on to the end; both exit 0.
+#                        "nodes" lists node 1 live; node 1's own gpurun status shows slot 1000
+#                        ACTIVE at rank 2, its worker lines read [rank3 gpu1001]: ), training
+#                        goes on to the end; both exit 0.
 #   leave                2 nodes (world 4), then SIGINT (Ctrl-C) to node 1's gpurun: its slots
 #                        leave at the next boundary (leavers [1000,1001], world 2; no
 #                        KeyboardInterrupt), node 0 releases node 1 while it still trains and
@@ -71,6 +73,11 @@ case $CASE in
     "$GPURUN" status --json --pid "$pid" > "$TMP/status.json" || fail "gpurun status --json failed"
     grep -q '"nodes":\[{"node":1,[^]]*"state":"live","slots":\[1000,1001\]' "$TMP/status.json" \
       || fail "status.json does not list node 1 live with slots [1000,1001]: $(cat "$TMP/status.json")"
+    # node 1's own status (gpurun status on its host): its part, node 0's store, its ranks
+    "$GPURUN" status --pid "${npid[1]}" > "$TMP/status1.txt" || fail "gpurun status on node 1 failed"
+    grep -q "^node 1 of an elastic job over several nodes: live; node 0's gpurun (store at 127.0.0.1:$PORT)" \
+      "$TMP/status1.txt" && grep -qE "^1000 +- +ACTIVE +[0-9]+ +2 " "$TMP/status1.txt" \
+      || fail "node 1's gpurun status: $(cat "$TMP/status1.txt")"
     wait_epoch $(($(epoch_now) + 1))
     touch "$TMP/out/fast"
     WORLDS="2 4"
@@ -129,6 +136,9 @@ esac
 
 note "the last event happened; the remaining epochs go fast"
 wait_nodes_end
+# node 1's workers' lines are named as node 0 names their slots: job slot id and rank
+[[ $CASE != join ]] || grep -q "^\[rank3 gpu1001\]: decorated_train slot 1001: done, world 4" "$TMP/node1.log" \
+  || fail "node 1's worker lines lack node 0's names ([rank3 gpu1001]: )"
 
 check_nodes "$TMP/out" "$EPOCHS" "$WORLDS" <<'PY'
 import sys
