@@ -300,9 +300,11 @@ std::string summary_text(const json::object& o) {
     for (const auto& nv : n->as_array()) {
       if (!nv.is_object()) continue;
       const json::object& no = nv.as_object();
-      nodes += fmt::format("\n  node {} ({}, gpurun pid {}): {}, slots {}, offers {}",
+      // A lost node says why (its store connection closed, or no heartbeat for how long).
+      const std::string why = no.contains("lost") ? " (" + field_text(no, "lost") + ")" : "";
+      nodes += fmt::format("\n  node {} ({}, gpurun pid {}): {}{}, slots {}, offers {}",
                            field_text(no, "node"), field_text(no, "host"), field_text(no, "pid"),
-                           field_text(no, "state"), ids_text(no.if_contains("slots")),
+                           field_text(no, "state"), why, ids_text(no.if_contains("slots")),
                            ids_text(no.if_contains("offer")));
     }
     out += fmt::format("other nodes ({}; slot k*1000+i is node k's GPU i):{}\n",

@@ -313,12 +313,14 @@ TEST_CASE("gpurun status: every other node of an elastic job, its state, slots a
       R"({"run_id": "r", "slots": [{"gpu": 1001, "state": "ACTIVE", "generation": 2, )"
       R"("rank": 3, "pid": 77}], "nodes": [{"node": 1, "host": "b", "pid": 4001, )"
       R"("state": "live", "slots": [1000, 1001], "offer": [1000, 1001]}, {"node": 2, )"
-      R"("host": "c", "pid": 4002, "state": "lost", "slots": [2000], "offer": []}]})",
+      R"("host": "c", "pid": 4002, "state": "lost", "slots": [2000], "offer": [], )"
+      R"("lost": "its gpurun sent no heartbeat for 3 s (--node-timeout 3 s): …"}]})",
       error));
   const std::string text = status_text(dir);
   CHECK_MESSAGE(text.find("other nodes (2; slot k*1000+i is node k's GPU i):\n  node 1 (b, "
                           "gpurun pid 4001): live, slots [1000, 1001], offers [1000, 1001]\n"
-                          "  node 2 (c, gpurun pid 4002): lost") != std::string::npos,
+                          "  node 2 (c, gpurun pid 4002): lost (its gpurun sent no heartbeat "
+                          "for 3 s (--node-timeout 3 s): …), slots [2000]") != std::string::npos,
                 text);
   CHECK(text.find("1001 ") != std::string::npos);  // the slot table row
 }
