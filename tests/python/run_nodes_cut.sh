@@ -9,7 +9,7 @@
 # node 1's workers, fail it at once (node 0 severs 10.77.0.2: GPURUN_COMM_TIMEOUT_MS is 60 s
 # here) and train on at world 2; node 1's gpurun says it was cut off from node 0 and exits
 # non-zero; node 0's exits 0; every epoch trains each sample exactly once, checksums equal
-# (nodes_check.py).
+# (nodes_check.py); `gpurun status --json` shows node 1 lost with the reason.
 # Usage (run_nodes_netns.sh's role 2 calls it): run_nodes_cut.sh GPURUN cut
 TEST=python_nodes_netns_cut
 source "$(dirname "$0")/common.sh"
@@ -42,6 +42,13 @@ ms=$((($(date +%s%N) - cut) / 1000000))
 note "node 0 gave node 1 up ${ms} ms after the cut"
 ((ms <= TIMEOUT * 1000 + 2000)) || fail "node 0 gave node 1 up only ${ms} ms after the cut"
 grep -q "shut down their connections to 10.77.0.2" "$LOG" || fail "node 0 did not sever 10.77.0.2"
+# gpurun status (node 0's status.json, rewritten within its coalescing interval): node 1 lost,
+# and why
+status_lost() {
+  "$GPURUN" status --json --pid "$pid" > "$TMP/status.json" 2>&1 &&
+    grep -q '"node":1,[^}]*"state":"lost"[^}]*"lost":"its gpurun sent no heartbeat' "$TMP/status.json"
+}
+wait_running 10 "gpurun status showing node 1 lost for no heartbeat" status_lost
 wait_decision '"failed": \[1000,1001\]'
 wait_world $((cut_epoch + 1)) 2  # a later epoch: world 2 before the join does not count
 ms=$((($(date +%s%N) - cut) / 1000000))
