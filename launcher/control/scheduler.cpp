@@ -385,11 +385,19 @@ void Scheduler::on_spawned(int gpu, int pid) {
   slot(gpu).failed_joins = 0;
 }
 
-void Scheduler::wake_all_parked_to_exit(const std::string& why) {
+std::string Scheduler::wake_all_parked_to_exit(const std::string& why, bool say_it) {
+  std::string ended, told;  // one line names them all (none a line of its own)
   for (auto& [gpu, s] : slots_)
-    if (s.state == SlotState::kWarming || s.state == SlotState::kStandby) cancel_warming(s, why);
+    if (s.state == SlotState::kWarming || s.state == SlotState::kStandby) {
+      const std::string what =
+          fmt::format("{} {} (pid {})", s.state == SlotState::kStandby ? "standby" : "warming",
+                      slot_name(gpu), s.pid);
+      const bool has_process = s.pid >= 0;
+      cancel_warming(s, why, /*quiet=*/true);
+      if (has_process) ended += (ended.empty() ? "" : ", ") + what;
+    }
   for (auto& [gpu, s] : slots_) {
-    // (a standby or warm joiner just cancelled above is being ended: one line says so)
+    // (a standby or warm joiner just cancelled above is being ended, and named there)
     if ((s.state != SlotState::kParked && s.state != SlotState::kOffloading) || s.pid < 0 ||
         s.park_generation < 0 || s.will_exit || s.cancelled)
       continue;
@@ -399,8 +407,12 @@ void Scheduler::wake_all_parked_to_exit(const std::string& why) {
     d.generation = generation_;
     d.reason = exit_reason_;
     write_decision(keys::wake(gpu, s.park_generation), d);
-    say(fmt::format("telling parked {} (pid {}) to exit: {}", slot_name(gpu), s.pid, why));
+    told += fmt::format("{}parked {} (pid {})", told.empty() ? "" : ", ", slot_name(gpu), s.pid);
   }
+  std::string line = ended.empty() ? std::string() : "ending " + ended;
+  if (!told.empty()) line += (line.empty() ? "telling " : "; telling ") + told + " to exit";
+  if (say_it && !line.empty()) say(line + ": " + why);
+  return line;
 }
 
 void Scheduler::try_decide() {
@@ -638,11 +650,12 @@ void Scheduler::begin_finish(const SlotInfo& s, const std::string& how) {
   finished_ = true;
   exit_reason_ = "finished";
   finisher_ = fmt::format("{} (rank {})", slot_name(s.gpu), s.rank);
-  say(
-      fmt::format("{} (rank {}) finished training ({}): the job is finishing; workers at "
-                  "boundary round {} of generation {} are told to exit",
-                  slot_name(s.gpu), s.rank, how, round_, generation_));
-  wake_all_parked_to_exit("training finished");
+  // One line says it, with the processes waiting outside the job that end with it.
+  const std::string waiting = wake_all_parked_to_exit("training finished", /*say_it=*/false);
+  say(fmt::format(
+      "{} (rank {}) finished training ({}): the job is finishing; workers at "
+      "boundary round {} of generation {} are told to exit{}",
+      slot_name(s.gpu), s.rank, how, round_, generation_, waiting.empty() ? "" : "; " + waiting));
   if (!reports_.empty()) publish_exit();
   check_disagreement();
 }

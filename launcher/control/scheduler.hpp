@@ -275,7 +275,7 @@ class Scheduler {
   // no config wants, told to go (WARMING) once one does, ended when the job finishes.
   void warm_up();
   void spawn_warm(SlotInfo& s, const std::vector<int>& want, bool standby);
-  void cancel_warming(SlotInfo& s, const std::string& why);
+  void cancel_warming(SlotInfo& s, const std::string& why, bool quiet = false);
   void drop_warm_keys(SlotInfo& s);
   /// A parked slot's process is gone: its parked and wake keys go (nobody will read them).
   void drop_park_keys(SlotInfo& s);
@@ -302,7 +302,10 @@ class Scheduler {
   void moved_on(int gpu);
   void collect_keys();
   void delete_key(std::string key);
-  void wake_all_parked_to_exit(const std::string& why);
+  /// Ends every warm joiner and standby and tells every parked process to exit; says one line
+  /// naming them ("ending warming node 1 gpu 0 (pid 7); telling parked gpu 2 (pid 8) to exit:
+  /// WHY") unless `say_it` is false, and returns it without the reason ("" when none).
+  std::string wake_all_parked_to_exit(const std::string& why, bool say_it = true);
   void check_all_gone();
   // A participant of the current generation died: tell everyone still in its set-up to stop
   // waiting (the abort key), and stop the job when nobody holds the state any more.

@@ -99,7 +99,7 @@ void Scheduler::spawn_warm(SlotInfo& s, const std::vector<int>& want, bool stand
   effects_.push_back(std::move(e));
 }
 
-void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
+void Scheduler::cancel_warming(SlotInfo& s, const std::string& why, bool quiet) {
   const bool standby = s.state == SlotState::kStandby;
   set_state(s, SlotState::kParked,
             std::string(standby ? "standby" : "warm joiner") + " cancelled: " + why);
@@ -109,8 +109,9 @@ void Scheduler::cancel_warming(SlotInfo& s, const std::string& why) {
     return;
   }
   s.cancelled = true;  // its exit (any status) is no failure
-  say(fmt::format("ending {} {} (pid {}): {}", standby ? "standby" : "warming", slot_name(s.gpu),
-                  s.pid, why));
+  if (!quiet)
+    say(fmt::format("ending {} {} (pid {}): {}", standby ? "standby" : "warming", slot_name(s.gpu),
+                    s.pid, why));
   Effect e;
   e.kind = Effect::Kind::kKill;
   e.gpu = s.gpu;

@@ -523,6 +523,30 @@ TEST_CASE("scheduler: programs of different lengths: the end names both sides, o
   CHECK_FALSE(said(h, "disagree"));
 }
 
+TEST_CASE("scheduler: the job's end is said once, with the warm joiners it ends") {
+  using gpurun::control::testing::cfg;
+  gpurun::control::testing::Harness h(cfg(std::nullopt), 2);
+  h.join_all();
+  h.boundary(0);
+  // Node 1 joined late: its slots are still warming when gpu 0's program ends.
+  h.s.add_slots({1000, 1001});
+  h.s.config_loaded(cfg(std::vector<int>{0, 1, 1000, 1001}), "c");
+  h.drain();
+  REQUIRE(h.state(1000) == SlotState::kWarming);
+  h.log.clear();
+  h.s.on_process_exit(0, true, "exit code 0", false);
+  h.drain();
+  std::vector<std::string> lines;
+  for (const Effect& e : h.log)
+    if (e.kind == Effect::Kind::kSay) lines.push_back(e.value);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("gpu 0 (rank 0) finished training (exit code 0): the job is finishing; "
+                      "workers at boundary round 1 of generation 0 are told to exit; ending "
+                      "warming node 1 gpu 0 (pid ") == 0);
+  CHECK(lines[0].find("), warming node 1 gpu 1 (pid ") != std::string::npos);
+  CHECK(h.killed == std::vector<int>{1000, 1001});
+}
+
 TEST_CASE("node hub: a node's clock offset from its join record, for its resize timings") {
   Backend b;
   NodeHub hub(b, NodeHubOptions{"job", 0}, [] { return 5000.0; });
@@ -550,7 +574,7 @@ struct BeatingHub {
   static NodeHubOptions options() {
     NodeHubOptions o{"job", 0};
     o.node_timeout = std::chrono::seconds(3);
-    o.address = "10.0.0.1";
+    o.own_addresses = {"10.0.0.1", "fe80::1"};
     o.generation = [] { return int64_t{5}; };
     return o;
   }
