@@ -2,7 +2,6 @@
 
 #include "energy/simulated_gpus.hpp"
 
-#include <arpa/inet.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -256,9 +255,13 @@ std::optional<int> Job::build_supervisor() {
       nh.run_id = plan_.run_id;
       nh.max_nodes = std::max(opt_.nnodes, opt_.nnodes_max);
       nh.node_timeout = opt_.node_timeout;  // a node silent that long is lost (a cut link)
-      if (in6_addr a{}; ::inet_pton(AF_INET, plan_.master_addr.c_str(), &a) == 1 ||
-                        ::inet_pton(AF_INET6, plan_.master_addr.c_str(), &a) == 1)
-        nh.address = plan_.master_addr;  // never severed: node 0's own
+      try {                                 // never severed: node 0's host's own
+        for (const sv::InterfaceAddress& a : sv::interface_addresses())
+          nh.own_addresses.push_back(a.address);
+      } catch (const gpurun::Error& e) {
+        print_err(fmt::format("warning: {}: a lost node's address is never severed", e.what()));
+        nh.sever = false;
+      }
       eo.nodes = nh;
       // Its pause snapshot goes to the other nodes from where its store listens.
       eo.snapshot_endpoint = serve_snapshots(store_hosts_.front(), plan_.master_addr, plan_.run_id);

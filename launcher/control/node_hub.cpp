@@ -208,7 +208,10 @@ void NodeHub::lose(int k, Node& n, const std::string& why, Changes& out) {
 
 void NodeHub::sever(int k, const Node& n, Changes& out) {
   const std::string& a = n.join.address;
-  if (!opt_.generation || a.empty() || loopback(a) || a == opt_.address) return;
+  if (!opt_.sever || !opt_.generation || a.empty() || loopback(a)) return;
+  if (std::find(opt_.own_addresses.begin(), opt_.own_addresses.end(), a) !=
+      opt_.own_addresses.end())
+    return;
   for (const auto& [other, o] : nodes_)
     if (other != k && !o.lost && !o.released && !o.ended && o.join.address == a) return;
   const int64_t g = opt_.generation();

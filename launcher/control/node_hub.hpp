@@ -32,9 +32,11 @@ struct NodeHubOptions {
   /// node 0's clock (`now_ms`) is lost, as if its store connection closed (check_heartbeats;
   /// the rule: control::HeartbeatWatch). 0 = never.
   std::chrono::milliseconds node_timeout{0};
-  /// Node 0's own address (--master-addr when it is an IP address; "" = unknown): never
-  /// severed (keys::sever).
-  std::string address;
+  /// Node 0's host's own addresses (every interface's): never severed (keys::sever): a lost
+  /// node on node 0's host shares them with node 0's workers and store.
+  std::vector<std::string> own_addresses;
+  /// False: no address is ever severed (node 0's own addresses are unknown).
+  bool sever = true;
   /// The generation in force (the scheduler's): a lost node's address is severed for it.
   /// Empty: no address is ever severed.
   std::function<int64_t()> generation;

@@ -574,7 +574,7 @@ struct BeatingHub {
   static NodeHubOptions options() {
     NodeHubOptions o{"job", 0};
     o.node_timeout = std::chrono::seconds(3);
-    o.address = "10.0.0.1";
+    o.own_addresses = {"10.0.0.1", "fe80::1"};
     o.generation = [] { return int64_t{5}; };
     return o;
   }

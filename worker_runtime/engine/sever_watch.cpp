@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -134,6 +135,33 @@ bool local_address(const std::string& address) {
   return found;
 }
 
+bool same_address(const std::string& address, const std::string& host) {
+  const std::optional<in6_addr> target = parse_address(address);
+  if (!target || host.empty()) return false;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  // "[::1]" (the URL form of --master-addr) is the address ::1.
+  const std::string name = host.size() > 2 && host.front() == '[' && host.back() == ']'
+                               ? host.substr(1, host.size() - 2)
+                               : host;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &list) != 0) return false;
+  bool found = false;
+  for (const addrinfo* i = list; i && !found; i = i->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* a =
+        i->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ai_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(i->ai_addr)->sin6_addr);
+    if (::inet_ntop(i->ai_family, a, text, sizeof text) == nullptr) continue;
+    const std::optional<in6_addr> r = parse_address(text);
+    found = r && std::memcmp(r->s6_addr, target->s6_addr, 16) == 0;
+  }
+  ::freeaddrinfo(list);
+  return found;
+}
+
 SeverWatch::SeverWatch(std::unique_ptr<store::Store> store, SeverWatchOptions options)
     : store_(std::move(store)), opt_(std::move(options)) {
   thread_ = std::thread([this] { run(); });
@@ -165,7 +193,9 @@ void SeverWatch::run() {
       while (const std::optional<std::string> v = store_->try_get(keys::sever(next_.load()))) {
         ++next_;
         const std::optional<keys::Sever> s = keys::parse_sever(*v);
-        if (!s || s->generation < mine || opt_.local(s->address)) continue;
+        if (!s || s->generation < mine || opt_.local(s->address) ||
+            same_address(s->address, opt_.store_host))
+          continue;
         const int n = opt_.sever(s->address);
         if (opt_.log)
           opt_.log(fmt::format(

@@ -75,6 +75,7 @@ std::unique_ptr<WorkerSession> WorkerSession::from_env(SessionOptions o) {
     WorkerSession* s = session.get();
     wo.generation = [s] { return s->generation_.load(); };
     wo.log = s->opt_.log;
+    wo.store_host = so.host;
     s->sever_ =
         std::make_unique<SeverWatch>(std::make_unique<store::ClientStore>(so), std::move(wo));
   } catch (const Error& e) {

@@ -94,10 +94,15 @@ TEST_CASE("sever: this process's connections to an address shut down; a listener
   CHECK(accepted.get() >= 0);
 }
 
-TEST_CASE("sever: this host's own addresses are local, another host's are not") {
+TEST_CASE("sever: this host's own addresses are local, another host's are not; the store's") {
   CHECK(local_address("127.0.0.1"));
   CHECK_FALSE(local_address("203.0.113.7"));  // TEST-NET-3: never configured
   CHECK_FALSE(local_address("x"));
+  CHECK(same_address("127.0.0.1", "127.0.0.1"));
+  CHECK(same_address("::1", "[::1]"));
+  CHECK(same_address("127.0.0.1", "localhost"));
+  CHECK_FALSE(same_address("10.0.0.2", "127.0.0.1"));
+  CHECK_FALSE(same_address("10.0.0.2", ""));
 }
 
 TEST_CASE("sever watch: entries of this generation or a later one, not this host's, are severed") {
@@ -117,6 +122,7 @@ TEST_CASE("sever watch: entries of this generation or a later one, not this host
     return 3;
   };
   o.local = [](const std::string& a) { return a == "10.0.0.1"; };
+  o.store_host = "10.0.0.9";  // the store's: never, whatever node 0 writes
   o.log = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(log_mu);
     logged.push_back(line);
@@ -131,8 +137,9 @@ TEST_CASE("sever watch: entries of this generation or a later one, not this host
   CHECK(calls.copy() == std::vector<std::string>{"10.0.0.2"});
   m.set(keys::sever(2), keys::sever_value({5, "10.0.0.1"}));  // this host: never
   m.set(keys::sever(3), "garbage");
+  m.set(keys::sever(5), keys::sever_value({6, "10.0.0.9"}));
   m.set(keys::sever(4), keys::sever_value({6, "fe80::2"}));
-  wait_handled(watch, 5);
+  wait_handled(watch, 6);
   CHECK(calls.copy() == std::vector<std::string>{"10.0.0.2", "fe80::2"});
   std::lock_guard<std::mutex> lock(log_mu);
   REQUIRE(logged.size() == 2);

@@ -30,11 +30,17 @@ int sever_connections(const std::string& address);
 /// Whether `address` is one of this host's (getifaddrs; loopback included).
 bool local_address(const std::string& address);
 
+/// Whether `address` is one of those `host` resolves to (getaddrinfo; blocks on a name lookup).
+bool same_address(const std::string& address, const std::string& host);
+
 struct SeverWatchOptions {
   /// The generation this worker is in; -1 while it has none (entries wait until it has one).
   std::function<int64_t()> generation;
   /// One line for the worker's log (any thread: the watch's).
   std::function<void(const std::string&)> log;
+  /// The store's host (GPURUN_STORE_ADDR: a name or an address): the addresses it resolves to
+  /// are never severed, whatever node 0 writes (the store connection stays). "" = none.
+  std::string store_host;
   /// How often keys::sever(n) is looked for.
   std::chrono::milliseconds poll{250};
   /// The two OS calls (tests replace them).
