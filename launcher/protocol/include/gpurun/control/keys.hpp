@@ -92,7 +92,7 @@ std::string node_answer(int node);
 /// The local slots node k offers now, "0,1" (control::join_ids); "" = none (it is leaving).
 /// Node k rewrites it when its config changes; node 0 reads the latest value.
 std::string node_offer(int node);
-/// Node k is leaving the job (its gpurun got SIGTERM): value = the reason ("SIGTERM"). Its
+/// Node k is leaving the job (its gpurun got SIGTERM or SIGINT): value = the signal. Its
 /// slots leave at the next boundary; once none has a process node 0 sends it `release`.
 std::string node_leave(int node);
 /// Node 0's n-th NodeCommand to node k (n = 0, 1, …).
