@@ -201,15 +201,19 @@ void NodeAgent::read_commands() {
   const milliseconds interval = control::heartbeat_interval(opt_.node_timeout);
   const milliseconds slice = beats ? std::min(opt_.wait_slice, interval) : opt_.wait_slice;
   Clock::time_point answered = Clock::now(), beat_sent{};
-  int64_t beat = 0;
   int64_t n = 0;
   while (!stop_) {
     const std::string key = keys::node_command(opt_.node, n);
     std::string text;
     const Clock::time_point asked = Clock::now();
     try {
-      if (beats && asked - beat_sent >= interval) {  // this node is alive (NodeHub watches it)
-        commands_->set(keys::node_beat(opt_.node), std::to_string(++beat));
+      if (beats && asked - beat_sent >= interval) {
+        // This gpurun is alive (NodeHub watches it): the value is how many of these markers its
+        // io thread has run, so that a stuck io thread (a deadlock) stops the heartbeat too.
+        commands_->set(keys::node_beat(opt_.node), std::to_string(io_ticks_.load()));
+        asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+          if (!alive.expired()) ++io_ticks_;
+        });
         beat_sent = asked;
       }
       text = commands_->get(key, slice);

@@ -72,11 +72,12 @@ struct NodeAgentOptions {
   /// destroying the agent takes. Node 0's command reaches the agent at once all the same.
   /// With a node_timeout, at most control::heartbeat_interval(node_timeout).
   std::chrono::milliseconds wait_slice{std::chrono::milliseconds(250)};
-  /// --node-timeout: the command reader advances this node's heartbeat (keys::node_beat) every
-  /// control::heartbeat_interval(node_timeout); a request node 0's store has not answered for
-  /// node_timeout (the connections' own request timeout: set both to it) cuts this node off:
-  /// its workers are stopped (SIGTERM, SIGKILL after cut_off_grace) and it ends with status 1.
-  /// 0 = no heartbeat (node 0 then never gives this node up for silence).
+  /// --node-timeout: the command reader writes this node's heartbeat (keys::node_beat) every
+  /// control::heartbeat_interval(node_timeout), the count of markers the io thread ran (a stuck
+  /// io thread stops it from advancing, and node 0 gives the node up); a request node 0's store has
+  /// not answered for node_timeout (the connections' own request timeout: set both to it) cuts this
+  /// node off: its workers are stopped (SIGTERM, SIGKILL after cut_off_grace) and it ends with
+  /// status 1. 0 = no heartbeat (node 0 then never gives this node up for silence).
   std::chrono::milliseconds node_timeout{0};
   /// Cut off: how long its workers have after SIGTERM (they hold nothing the job needs: the
   /// job goes on from the survivors' state).
@@ -198,6 +199,7 @@ class NodeAgent final : public SlotController {
   NodeAgentOptions opt_;
   std::thread reader_;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> io_ticks_{0};  // heartbeat markers the io thread has run
   int64_t next_event_ = 0;
   std::map<int, int> procs_;  // local slot -> pid of its process (-1: could not start)
 

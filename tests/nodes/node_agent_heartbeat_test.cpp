@@ -19,6 +19,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "gpurun/control/heartbeat.hpp"
 #include "gpurun/control/keys.hpp"
 #include "gpurun/control/node_messages.hpp"
 #include "gpurun/error.hpp"
@@ -161,6 +162,18 @@ TEST_CASE("node agent: with --node-timeout the node advances its heartbeat in no
   n.run_until([&] { return n.beat() >= 3; });  // every heartbeat_interval(200 ms) = 40 ms
   CHECK(n.beat() >= 3);
   CHECK_FALSE(n.agent->end());
+}
+
+TEST_CASE("node agent: a stuck io thread stops the heartbeat from advancing") {
+  BeatingNode1 n;
+  n.run_until([&] { return n.beat() >= 2; });
+  const int64_t before = n.beat();
+  // The io thread runs nothing for 10 heartbeat intervals: the reader still writes, the value
+  // stays (at most the marker posted last runs when io runs again).
+  std::this_thread::sleep_for(10 * control::heartbeat_interval(BeatingNode1::kTimeout));
+  CHECK(n.beat() <= before + 1);
+  n.run_until([&] { return n.beat() >= before + 3; });
+  CHECK(n.beat() >= before + 3);
 }
 
 TEST_CASE("node agent: cut off from node 0 for --node-timeout: workers stopped, exit 1") {
