@@ -9,6 +9,8 @@ the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (u
 HOLD_AT_WORLD=W: slot 0, at step 2 of the first epoch it trains at world W, writes OUT/held
 before that step's forward and waits (30 s at most) for OUT/go: the others wait for it in the
 step's all-reduce, so a node killed meanwhile fails that all-reduce (not a boundary).
+HOLD_AT_WORLD=W1,W2,...: the same at the last world of the list, once slot 0 has trained at the
+ones before it in that order (6,4: world 4 after world 6).
 
     gpurun --config config.toml --nproc 3 --device cpu python3 decorated_train.py OUT EPOCHS
 
@@ -40,15 +42,19 @@ opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 slot = int(os.environ.get("GPURUN_SLOT", "0"))
 steps_log = open(os.path.join(out, f"steps.{slot}.{os.getpid()}"), "a")
 epochs_log = open(os.path.join(out, f"epochs.{slot}.{os.getpid()}"), "a")
-hold_world = int(os.environ.get("HOLD_AT_WORLD", "0"))
+hold_worlds = [int(w) for w in os.environ.get("HOLD_AT_WORLD", "").split(",") if w]
 
 
 def hold(rt):
     """HOLD_AT_WORLD: slot 0 waits before a step's forward until the test killed a node."""
-    global hold_world
-    if not (hold_world and slot == 0 and rt.world_size == hold_world and rt.step == 2):
+    if not hold_worlds or slot != 0 or rt.world_size != hold_worlds[0]:
         return
-    hold_world = 0
+    if len(hold_worlds) > 1:  # a world on the way to the one to hold at
+        hold_worlds.pop(0)
+        return
+    if rt.step != 2:
+        return
+    hold_worlds.clear()
     open(os.path.join(out, "held"), "w").close()
     for _ in range(300):
         if os.path.exists(os.path.join(out, "go")):

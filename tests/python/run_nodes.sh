@@ -49,6 +49,7 @@ export GPURUN_COMM_TIMEOUT_MS=20000
 export WAIT_FOR_EVERY=0.2  # the waits below read every step log: not every 50 ms on 2 cores
 TRAIN=("$PY" "$HERE/decorated_train.py" "$TMP/out" "$EPOCHS")
 [[ $CASE != kill_loop ]] || export FORM=loop HOLD_AT_WORLD=4  # gpurun passes them on
+[[ $CASE != two_to_three_to_two ]] || export HOLD_AT_WORLD=6,4
 
 printf 'active_gpus = [0, 1]\n' > "$TMP/c0.toml"
 node0 "$TMP/c0.toml" "$LOG" "$TMP/events.jsonl"
@@ -125,7 +126,12 @@ case $CASE in
     wait_node_exit 1 15 training
     wait_world "$(epoch_now)" 4
     note "node 1 left"
+    # Killed while its ranks wait in a step's all-reduce for slot 0 (held): the step fails
+    # everywhere and runs again. (A kill between a completed all-reduce and the killed rank's
+    # step line would lose that step's line, not its training: the checker could not tell.)
+    wait_running 60 "slot 0 held before a step at world 4" test -e "$TMP/out/held"
     kill_node 2
+    touch "$TMP/out/go"
     wait_decision '"failed": \[2000,2001\]'
     wait_world "$(epoch_now)" 2
     touch "$TMP/out/fast"
