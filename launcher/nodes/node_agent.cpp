@@ -472,19 +472,20 @@ void NodeAgent::ended(int code, std::string reason, const std::string& line, boo
 void NodeAgent::cut_off(std::chrono::milliseconds silent) {
   if (end_) return;
   stop_ = true;  // the reader stops at its next wake-up
+  // Node 0 may still run (then it gave this node up after the same --node-timeout and trains
+  // on without it) or be gone with its host (then the job has ended): this node cannot tell.
   const std::string what = fmt::format(
-      "cut off from node 0: its store at {} has not answered for {} (--node-timeout {}); the "
-      "job goes on without this node",
+      "cut off from node 0: its store at {} has not answered for {} (--node-timeout {})",
       opt_.where, node_sync_detail::seconds(silent), node_sync_detail::seconds(opt_.node_timeout));
-  ended(1, what, fmt::format("{}: {}{}", name(), what, procs_.empty() ? "; its gpurun exits" : ""),
+  ended(1, what,
+        fmt::format("{}: {}: if node 0 still runs, it has given this node up by now and the job "
+                    "goes on without this node's slots; if node 0 is gone, the job has ended; {}; "
+                    "this node's gpurun exits 1",
+                    name(), what, state_left_here(/*node0_dead=*/false)),
         /*stop_workers=*/true, opt_.cut_off_grace);
 }
 
-void NodeAgent::node0_gone(const std::string& cause) {
-  if (end_) return;  // node 0 closes its store after it released or ended this node
-  stop_ = true;      // the reader stops at its next wake-up
-  // What is left of the training state: the ranks hold it in memory (node 0's died with it,
-  // this node's stop now); a paused job's is in the pause snapshot of the node that has it.
+std::string NodeAgent::state_left_here(bool node0_dead) const {
   std::vector<int> pids;
   for (const auto& slot_pid : procs_)
     if (slot_pid.second > 0) pids.push_back(slot_pid.second);
@@ -498,25 +499,28 @@ void NodeAgent::node0_gone(const std::string& cause) {
       "this node's pause snapshot {}, deleted when this gpurun exits (no new job "
       "resumes from a pause snapshot)",
       snap);
-  std::string left;
-  if (!pids.empty()) {
-    left = fmt::format(
-        "the training state is {}in the memory of the job's ranks (node 0's ended with it; this "
-        "node's, pid {}, are stopped now: a program that saves a checkpoint on SIGTERM has until "
-        "the SIGKILL){}",
-        snap.empty() ? "only " : "", control::join_ids(pids, ", "),
+  if (!pids.empty())
+    return fmt::format(
+        "the training state is {}in the memory of the job's ranks ({}; this node's, pid {}, are "
+        "stopped now: a program that saves a checkpoint on SIGTERM has until the SIGKILL){}",
+        snap.empty() ? "only " : "",
+        node0_dead ? "node 0's ended with it" : "node 0's, if it still runs, keep theirs",
+        control::join_ids(pids, ", "),
         snap.empty() ? std::string() : "; if the job is paused, also in " + kept);
-  } else if (!snap.empty()) {
-    left = "this node runs no worker; if the job is paused, its training state is in " + kept;
-  } else {
-    left = "this node runs no worker and holds no pause snapshot: no training state is left here";
-  }
+  if (!snap.empty())
+    return "this node runs no worker; if the job is paused, its training state is in " + kept;
+  return "this node runs no worker and holds no pause snapshot: no training state is left here";
+}
+
+void NodeAgent::node0_gone(const std::string& cause) {
+  if (end_) return;  // node 0 closes its store after it released or ended this node
+  stop_ = true;      // the reader stops at its next wake-up
   ended(1, fmt::format("node 0's gpurun ({}) is gone: {}", opt_.where, cause),
         fmt::format("{}: node 0's gpurun ({}) is gone ({}): the job cannot go on without it "
                     "(node 0 holds the job's store and makes every decision); {}; to go on, "
                     "start a new job (node 0 first) from the program's own checkpoint, if it "
                     "writes one; this node's gpurun exits 1",
-                    name(), opt_.where, cause, left),
+                    name(), opt_.where, cause, state_left_here(/*node0_dead=*/true)),
         /*stop_workers=*/true);
 }
 

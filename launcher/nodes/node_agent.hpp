@@ -179,6 +179,10 @@ class NodeAgent final : public SlotController {
   /// Node 0's store has not answered for `silent` (a cut link, node 0's host stopped): this
   /// node's workers stop (cut_off_grace), its gpurun ends with status 1.
   void cut_off(std::chrono::milliseconds silent);
+  /// What is left of the training state on this node as it ends (its workers stop now, a pause
+  /// snapshot file here is deleted at exit), for node0_gone and cut_off: `node0_dead` says node
+  /// 0's ranks ended with it (else they may still run).
+  std::string state_left_here(bool node0_dead) const;
   /// Writes `key` = `value` to node 0's store; false (node0_gone done) when it failed.
   bool write(const std::string& key, const std::string& value);
   void event(const control::NodeEvent& e);
