@@ -30,6 +30,39 @@ bool joinable_now(const SlotInfo& s) {
   return true;  // a held process (woken), or no process (spawned by the decision)
 }
 
+namespace {
+
+/// A report's position in boundary order: (e, 0) is the end of epoch e, so it comes after
+/// every (e, k) and before (e + 1, k > 0).
+std::pair<int64_t, int64_t> position_key(const Report& r) {
+  return r.step <= 0 ? std::make_pair(r.epoch + 1, int64_t{0}) : std::make_pair(r.epoch, r.step);
+}
+
+bool same_position(const Report& a, const Report& b) {
+  return position_key(a) == position_key(b);
+}
+
+/// The survivor whose report is furthest ahead when the survivors' reports differ (the lowest
+/// slot among equals); -1 when they all reported the same position.
+int ahead_survivor(const DecisionInput& in, const std::vector<int>& survivors) {
+  int ahead = -1;
+  bool differ = false;
+  const Report* best = nullptr;
+  for (int gpu : survivors) {
+    const auto s = in.slots->find(gpu);
+    const auto r = in.reports.find(s->second.rank);
+    if (r == in.reports.end() || !r->second.has_state) continue;
+    if (best && !same_position(*best, r->second)) differ = true;
+    if (!best || position_key(r->second) > position_key(*best)) {
+      best = &r->second;
+      ahead = gpu;
+    }
+  }
+  return differ ? ahead : -1;
+}
+
+}  // namespace
+
 DecisionOutcome compute_decision(const DecisionInput& in) {
   GPURUN_CHECK(in.slots != nullptr && !in.reports.empty(),
                "compute_decision of generation {} round {} without slots or reports", in.generation,
@@ -106,6 +139,11 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
       first = &entry.second;
       break;
     }
+  // A peer that died inside an all-reduce can leave it completed on some survivors and failed
+  // on others: their positions differ by one step. The furthest ahead took a complete step
+  // (every rank's gradient): its state and position are the generation's, the others receive it.
+  const int ahead = ahead_survivor(in, survivors);
+  if (ahead >= 0) first = &in.reports.at(slot(ahead).rank);
   d.epoch = first->epoch;
   d.step = first->step;
   if (target.empty() && !survivors.empty()) {
@@ -113,7 +151,7 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
       target = survivors;  // the snapshot could not be written here: train on, retry later
     } else if (in.snapshot_boundary != std::make_pair(d.epoch, d.step)) {
       // First the snapshot, while every rank still holds the state; the pause comes after.
-      const int src = survivors.front();
+      const int src = ahead >= 0 ? ahead : survivors.front();
       d.kind = Decision::Kind::kSnapshot;
       d.generation = in.generation;
       d.active = old;
@@ -123,7 +161,7 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
     }
   }
   d.checkpoint = in.checkpoint;
-  if (out.failed.empty() && target == old && survivors == old) {
+  if (out.failed.empty() && target == old && survivors == old && ahead < 0) {
     d.kind = Decision::Kind::kContinue;
     d.generation = in.generation;
     d.active = old;
@@ -139,7 +177,15 @@ DecisionOutcome compute_decision(const DecisionInput& in) {
     d.leavers.insert(std::upper_bound(d.leavers.begin(), d.leavers.end(), gpu), gpu);
   d.failed = out.failed;
   const std::vector<int> stay = ids_intersect(survivors, target);
-  const int src_gpu = !stay.empty() ? stay.front() : !survivors.empty() ? survivors.front() : -1;
+  const int src_gpu = ahead >= 0           ? ahead
+                      : !stay.empty()      ? stay.front()
+                      : !survivors.empty() ? survivors.front()
+                                           : -1;
+  if (ahead >= 0)
+    for (int gpu : stay)
+      if (const auto r = in.reports.find(slot(gpu).rank);
+          r != in.reports.end() && !same_position(r->second, *first))
+        d.behind.push_back(gpu);
   // A pause keeps the state in the verified snapshot written in the round before.
   d.state_source = src_gpu < 0 || target.empty() ? StateSource::snapshot()
                                                  : StateSource::peer(slot(src_gpu).rank, src_gpu);

@@ -91,11 +91,12 @@ std::string Decision::to_json() const {
   return fmt::format(
       R"({{"v":1,"kind":"{}","generation":{},"prev_generation":{},"round":{},"epoch":{},"step":{},)"
       R"("active":{},"joiners":{},"leavers":{},"failed":{},"state_source":{},"state_source_gpu":{},)"
-      R"("park_mode":"{}","every_steps":{},"global_batch":{}{}}})",
+      R"("park_mode":"{}","every_steps":{},"global_batch":{}{}{}}})",
       to_string(kind), generation, prev_generation, round, epoch, step, ids_json(active),
       ids_json(joiners), ids_json(leavers), ids_json(failed), state_source.wire_code(),
       state_source.gpu, to_string(park_mode), every_steps, global_batch,
-      checkpoint ? R"(,"checkpoint":true)" : "");
+      checkpoint ? R"(,"checkpoint":true)" : "",
+      behind.empty() ? std::string() : ",\"behind\":" + ids_json(behind));
 }
 
 Decision Decision::from_json(std::string_view text) {
@@ -146,6 +147,8 @@ Decision Decision::from_json(std::string_view text) {
       throw ProtocolError(fmt::format("decision has a non-boolean 'checkpoint': '{}'", text));
     d.checkpoint = c->as_bool();
   }
+  // Optional: absent (no member behind, or a supervisor built before it existed) = none.
+  if (o.contains("behind")) d.behind = get_ids(o, "behind", what, text);
   return d;
 }
 

@@ -172,3 +172,44 @@ TEST_CASE("decision rule: the boundary is a holder's, not a stateless joiner's")
   CHECK(out.decision->joiners == std::vector<int>{0});
   CHECK(out.decision->state_source == StateSource::peer(1, 1));
 }
+
+TEST_CASE("decision rule: survivors a step apart go on from the one ahead; the others receive") {
+  // gpu 3 died inside an all-reduce that completed on gpu 1 only: gpu 1 took step 18 (with every
+  // rank's gradient), gpus 0 and 2 are still after step 17.
+  Round r({0, 1, 2, 3}, {0, 1, 2});
+  r.slots[3].state = SlotState::kFailed;
+  r.in.reports.erase(3);
+  for (auto& [rank, rep] : r.in.reports) rep.step = rank == 1 ? 18 : 17;
+  DecisionOutcome out = r.decide();
+  REQUIRE(out.decision);
+  CHECK(out.decision->kind == Decision::Kind::kResize);
+  CHECK(out.decision->step == 18);
+  CHECK(out.decision->state_source == StateSource::peer(1, 1));
+  CHECK(out.decision->behind == std::vector<int>{0, 2});
+  CHECK(out.decision->joiners.empty());
+
+  // Across an epoch's end: gpu 0's all-reduce of epoch 4's last step failed (after step 17),
+  // gpu 1's completed and it reported the end of epoch 4 — (4, 0), which comes after (4, 17).
+  r.in.reports[1].step = 0;
+  out = r.decide();
+  REQUIRE(out.decision);
+  CHECK(out.decision->epoch == 4);
+  CHECK(out.decision->step == 0);
+  CHECK(out.decision->state_source == StateSource::peer(1, 1));
+  CHECK(out.decision->behind == std::vector<int>{0, 2});
+
+  // The one ahead leaves (the target drops it): it is still the source, a leaving one.
+  r.in.desired = {0, 2};
+  out = r.decide();
+  REQUIRE(out.decision);
+  CHECK(out.decision->state_source == StateSource::peer(1, 1));
+  CHECK(out.decision->leavers == std::vector<int>{1});
+  CHECK(out.decision->behind == std::vector<int>{0, 2});
+
+  // Equal positions: nobody is behind, the lowest staying survivor is the source (as before).
+  for (auto& entry : r.in.reports) entry.second.step = 17;
+  out = r.decide();
+  REQUIRE(out.decision);
+  CHECK(out.decision->behind.empty());
+  CHECK(out.decision->state_source == StateSource::peer(0, 0));
+}

@@ -33,6 +33,31 @@ TEST_CASE("decision: canonical JSON, documented example, round trip") {
   CHECK(Decision::from_json(e.to_json()).reason.empty());  // absent: unknown
 }
 
+TEST_CASE("decision: members behind the state source are on the wire only when there are any") {
+  Decision d;
+  d.kind = Decision::Kind::kResize;
+  d.generation = 1;
+  d.prev_generation = 0;
+  d.epoch = 2;
+  d.step = 18;
+  d.active = {0, 1};
+  d.failed = {2};
+  d.state_source = StateSource::peer(1, 1);
+  d.behind = {0};
+  const std::string json = d.to_json();
+  CHECK(json.size() > 13);
+  CHECK(json.substr(json.size() - 14) == R"(,"behind":[0]})");
+  CHECK(Decision::from_json(json) == d);
+  // A decision without the field (none behind, or an older supervisor's): nobody is behind.
+  d.behind.clear();
+  CHECK(d.to_json().find("behind") == std::string::npos);
+  CHECK(Decision::from_json(d.to_json()).behind.empty());
+  std::string bad = json;
+  bad.replace(bad.find("[0]}"), 4, "3}");
+  CHECK_THROWS_WITH_AS(Decision::from_json(bad), doctest::Contains("array field 'behind'"),
+                       ProtocolError);
+}
+
 TEST_CASE("decision: an exit carries its reason code, absent when unknown") {
   for (const char* code : {"stop", "early_stop", "finished", "state_lost", "failed"}) {
     CAPTURE(code);

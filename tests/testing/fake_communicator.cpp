@@ -81,9 +81,11 @@ class FakeCommunicator final : public rt::Communicator {
     at::Tensor t = at::zeros({1});
     exchange("barrier", t, [](const std::vector<at::Tensor>&) { return at::Tensor(); });
   }
+  // Every collective here has finished when it returns: a group broken after that fails the
+  // next collective, not this wait (a peer's death after a completed all-reduce leaves it done).
   void synchronize() override {
     std::lock_guard<std::mutex> lock(g_->mu);
-    if (aborted_ || g_->broken) throw_broken("synchronize");
+    if (aborted_) throw_broken("synchronize");
   }
   void abort() noexcept override {
     if (aborted_) return;
@@ -99,7 +101,10 @@ class FakeCommunicator final : public rt::Communicator {
 
   template <class Reduce>
   void exchange(const char* op, at::Tensor& t, Reduce reduce) {
-    if (auto fault = owner_.on_collective(slot_)) {
+    std::optional<InProcessComms::Fault> fault = owner_.on_collective(slot_);
+    const bool fail_after = fault == InProcessComms::Fault::kFailAfter;
+    if (fail_after) fault.reset();
+    if (fault) {
       const std::string why =
           fmt::format("rank {} (slot {}) {} at its {}", rank_, slot_,
                       *fault == InProcessComms::Fault::kDie ? "died" : "failed", op);
@@ -129,6 +134,13 @@ class FakeCommunicator final : public rt::Communicator {
     const at::Tensor out = reduce(ex.in);
     if (++ex.taken == size_) g_->exchanges.erase(k);
     lock.unlock();
+    if (fail_after) {  // the peers have their result; this rank does not
+      const std::string why =
+          fmt::format("rank {} (slot {}) failed at the end of its {}", rank_, slot_, op);
+      aborted_ = true;
+      g_->breakdown(why);
+      throw rt::CommError(fmt::format("fake {} in group '{}': {}", op, g_->prefix, why));
+    }
     if (out.defined()) t.copy_(out.to(t.device()));
   }
 

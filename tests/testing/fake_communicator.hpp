@@ -2,9 +2,10 @@
 // threads of this process, collectives (all-reduce sum, broadcast, all-gather, barrier) run
 // over shared memory, on CPU tensors. A group is named by CommOptions::prefix, as the real
 // rendezvous is. Faults: the n-th collective of a slot can fail (CommError in that rank) or
-// "die" (SimulatedDeath escapes the runtime, as a process crash would); either breaks the
-// group, so its peers get CommError at their pending or next collective — what Gloo reports
-// when a peer's connection closes. Test-only (target gpurun_worker_runtime_testing).
+// "die" (SimulatedDeath escapes the runtime, as a process crash would), or fail after the
+// exchange (the peers' collective completes, this rank's does not); each breaks the group, so its
+// peers get CommError at their pending or next collective — what Gloo reports when a peer's
+// connection closes. Test-only (target gpurun_worker_runtime_testing).
 #pragma once
 
 #include <condition_variable>
@@ -31,7 +32,10 @@ class SimulatedDeath : public std::runtime_error {
 
 class InProcessComms {
  public:
-  enum class Fault { kCommError, kDie };
+  /// kCommError: the collective fails in this rank before it exchanges anything; kDie: as a
+  /// crash there; kFailAfter: every rank's part was exchanged (the peers' collective completes)
+  /// but this rank's fails, as when a peer dies before a ring's last chunk reached this rank.
+  enum class Fault { kCommError, kDie, kFailAfter };
 
   /// A factory for the runtime of slot `slot` (detail::RuntimeSeams::make_comm). The
   /// factory keeps `this` alive only by reference: outlive every runtime.

@@ -25,6 +25,14 @@ EngineAction make(A kind) {
   return a;
 }
 
+/// The boundary a program's position (the epoch in progress, its steps done) is at, in the
+/// form boundary reports use: step 0 of epoch e is the end of epoch e - 1, (e - 1, 0). A rank
+/// whose collective failed and one that reached the boundary then report the same position the
+/// same way, so gpurun can tell which survivor is ahead (docs/worker-runtime.md#failures).
+std::pair<int64_t, int64_t> boundary_of(int64_t epoch, int64_t step) {
+  return step <= 0 ? std::make_pair(epoch - 1, int64_t{0}) : std::make_pair(epoch, step);
+}
+
 }  // namespace
 
 bool EngineAction::needs_outcome() const {
@@ -133,7 +141,10 @@ std::vector<EngineAction> WorkerEngine::on(const EngineEvent& e) {
         return a;
       }());
       group_open_ = false;
-      report(e.epoch, e.step, /*has_state=*/true, {}, e.unix_ms);
+      {
+        const auto [epoch, step] = boundary_of(e.epoch, e.step);
+        report(epoch, step, /*has_state=*/true, {}, e.unix_ms);
+      }
       break;
 
     case E::kProgramError:
@@ -371,10 +382,10 @@ void WorkerEngine::on_decision(const std::string& json, double now) {
 }
 
 /// enter(): the set-up of the generation `d` created, from this slot's point of view. A
-/// handoff group (active ∪ {source}) when a peer hands the state to joiners; the pause
-/// snapshot's read when the generation resumes a pause; then a member makes the generation's
-/// communicator (unless the handoff group is it), broadcasts rank 0's state at a fresh start,
-/// verifies the checksum (unless the handoff did) and trains; a non-member leaves.
+/// handoff group (active ∪ {source}) when a peer hands the state to joiners (or to members a step
+/// behind it); the pause snapshot's read when the generation resumes a pause; then a member makes
+/// the generation's communicator (unless the handoff group is it), broadcasts rank 0's state at a
+/// fresh start, verifies the checksum (unless the handoff did) and trains; a non-member leaves.
 void WorkerEngine::begin_set_up(const Decision& d, bool have_state, double now) {
   SetUp su;
   su.d = d;
@@ -415,7 +426,9 @@ void WorkerEngine::begin_set_up(const Decision& d, bool have_state, double now) 
   };
   bool verified = false, have_train_group = false;
   if (!d.active.empty()) {
-    if (src >= 0 && !d.joiners.empty()) {
+    // Joiners, and members a step behind the source (docs/worker-runtime.md#failures),
+    // receive the state; the others take part.
+    if (src >= 0 && (!d.joiners.empty() || !d.behind.empty())) {
       std::vector<int> group = d.active;
       if (!has_id(group, src)) group.insert(std::upper_bound(group.begin(), group.end(), src), src);
       if (has_id(group, opt_.slot)) {
@@ -424,7 +437,7 @@ void WorkerEngine::begin_set_up(const Decision& d, bool have_state, double now) 
         const int root = index_of(group, src);
         EngineAction b = make(A::kBroadcastState);
         b.root = root;
-        b.receive = !have_state;
+        b.receive = !have_state || has_id(d.behind, opt_.slot);
         su.plan.push_back({std::move(b), "state"});
         EngineAction v = make(A::kVerifyState);
         v.root = root;
@@ -526,7 +539,8 @@ void WorkerEngine::set_up_failed(const EngineEvent& e) {
     // failed rank.
     timing_generation_ = -1;
     log(fmt::format("{}; reporting to the supervisor to go on without the failed rank", e.text));
-    report(e.epoch, e.step, /*has_state=*/true, {}, e.unix_ms);
+    const auto [epoch, step] = boundary_of(e.epoch, e.step);
+    report(epoch, step, /*has_state=*/true, {}, e.unix_ms);
     return;
   }
   // A joiner without the state holds nothing to lose: it reports without it and follows

@@ -373,7 +373,8 @@ TEST_CASE("worker engine: failure points — holder, joiner, leaving source, tra
   std::vector<EngineAction> out = m.eng.on(failed("abandoned by gpurun: gpu 1 died", 4, 0));
   CHECK(words(out) == "drop(abort) log set(gen/1/round/0/report/0) wait(gen/1/round/0/decision)");
   CHECK(Report::from_json(out[2].value).has_state);
-  CHECK(Report::from_json(out[2].value).epoch == 4);  // the program's position
+  // The program's position, as a boundary report says it: step 0 of epoch 4 is after epoch 3.
+  CHECK(Report::from_json(out[2].value).epoch == 3);
   // (its communicator is gone already: dropped at the failure)
   CHECK(m.value(resize(2, {0, 1}, {0}, ParkMode::kRelease, {1})) == "group(train,[0],0)");
 
@@ -423,6 +424,46 @@ TEST_CASE("worker engine: failure points — holder, joiner, leaving source, tra
   out = t.eng.on(cf);
   CHECK(words(out) == "log drop(abort) set(gen/0/round/0/report/0) wait(gen/0/round/0/decision)");
   CHECK(Report::from_json(out[2].value).step == 17);
+  // At an epoch's first step the position is the end of the epoch before, as at that boundary.
+  Slot t2(0);
+  t2.started({0, 1});
+  cf.step = 0;
+  out = t2.eng.on(cf);
+  CHECK(Report::from_json(out[2].value).epoch == 1);
+  CHECK(Report::from_json(out[2].value).step == 0);
+}
+
+TEST_CASE("worker engine: a member a step behind the source receives its state") {
+  // Generation 0 of [0, 1, 2]; gpu 2 died inside an all-reduce that completed on gpu 1 only:
+  // gpu 1 reports after step 18, gpu 0 after step 17. gpurun's decision takes gpu 1's state and
+  // position; gpu 0 receives it (as a joiner would) before the checksum, gpu 1 sends it.
+  Decision d = resize(1, {0, 1, 2}, {0, 1}, ParkMode::kRelease, {2});
+  d.step = 18;
+  d.state_source = StateSource::peer(1, 1);
+  d.behind = {0};
+  Slot behind(0), ahead(1);
+  behind.started({0, 1, 2});
+  ahead.started({0, 1, 2});
+  EngineEvent cf = ev(E::kCollectiveFailed, "Connection closed by peer");
+  cf.epoch = 2;
+  cf.step = 17;
+  behind.on(cf);
+  cf.step = 18;
+  ahead.on(cf);
+  CHECK(behind.value(d) == "group(train,[0,1],0)");
+  CHECK(behind.done() == "bcast(1,recv)");
+  CHECK(behind.done(4096) == "verify(1)");
+  CHECK(behind.done() == "set(gen/1/timing/0) train(g1,r0)");
+  CHECK(ahead.value(d) == "group(train,[0,1],1)");
+  CHECK(ahead.done() == "bcast(1,send)");
+  CHECK(ahead.done() == "verify(1)");
+  // Without a member behind, the survivors only verify (no state moves).
+  d.behind.clear();
+  Slot plain(0);
+  plain.started({0, 1, 2});
+  plain.on(cf);
+  CHECK(plain.value(d) == "group(train,[0,1],0)");
+  CHECK(plain.done() == "verify(1)");
 }
 
 TEST_CASE("worker engine: joining — whose random initialisation the handoff overwrites") {

@@ -581,8 +581,13 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
         epoch and its step), follow gpurun's decision (a resize without the failed rank).
         Returns False when the job is finishing. (gpurun's engine prints why.)"""
         self._links.sever()  # peers blocked on this rank fail now, not at the comm timeout
+        before = self.epoch
         self._drive({"event": "collective_failed", "text": str(err).strip()[:300],
                      "epoch": self.epoch, "step": self._steps_done})
+        if self.epoch != before:
+            # A survivor a step ahead handed this rank its state (docs/python.md#failures):
+            # the position is the state's, in the next epoch (C++: after_join).
+            self._jumped = True
         return not self._finishing
 
     def _warn_direct_iteration(self):

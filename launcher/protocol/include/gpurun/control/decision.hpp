@@ -80,6 +80,11 @@ struct Decision {
   /// gpurun received the preemption-warning signal (docs/cli.md#preemption): every rank sees
   /// Runtime::checkpoint_requested() from this boundary on. On the wire only when true.
   bool checkpoint = false;
+  /// kResize only: members that stay (sorted slots of `active`, never joiners) whose state is
+  /// a step behind the state source's: a peer died inside an all-reduce that completed on the
+  /// source and failed on them. They receive the source's state, as joiners do, before the
+  /// checksum (docs/worker-runtime.md#failures). On the wire only when not empty.
+  std::vector<int> behind;
   /// kExit only: why the job ends, a short code (docs/control-protocol.md#decision-encoding):
   /// "stop" (gpurun was asked to stop: SIGTERM/SIGINT, or the preemption signal with
   /// --requeue), "early_stop" (the energy monitor's cost threshold), "finished" (a rank ended its

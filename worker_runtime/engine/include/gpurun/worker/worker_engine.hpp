@@ -54,7 +54,9 @@ struct EngineEvent {
                 ///< `text` ("ok" or the error sentence: the pause is then refused)
     kFailed,    ///< the last action failed because a peer died or gpurun abandoned the
                 ///< generation (a comm error, `text`); (epoch, step): the program's position
-    kCollectiveFailed,  ///< a collective of training failed (peer died) at (epoch, step)
+                ///< (a holder reports it as kCollectiveFailed does)
+    kCollectiveFailed,  ///< a collective of training failed (peer died) at (epoch, step);
+                        ///< reported as a boundary is: step 0 of epoch E as (E - 1, 0)
     kDevice,            ///< the program needs its device now (before any CUDA call): a standby
                         ///< waits for its go key here; for any other worker a no-op. Any
                         ///< phase; once per process is enough.
