@@ -364,15 +364,22 @@ struct Runtime::Impl {
     int64_t count = 0;  // samples of the whole world: the global batch, less at the end
     std::vector<std::vector<int64_t>> micro_batches;  // this rank's, at most `micro` each
   };
+  /// Samples of the world in the step at the sampler's cursor for a world of `w` ranks; 0 at
+  /// the end of the epoch (with drop_last: also before a last window smaller than the global
+  /// batch). Global batch: `[batch] global`, else micro × w.
+  int64_t window_count(const ElasticSampler& s, int64_t micro, int w) const {
+    const int64_t g = global_batch > 0 ? global_batch : micro * w;
+    const int64_t remaining = s.remaining();
+    if (remaining == 0 || (remaining < g && s.options().drop_last)) return 0;
+    return std::min(g, remaining);
+  }
   /// The next step's window, nullopt at the end of the epoch (with drop_last: also before a
   /// last window smaller than the global batch). Global batch: `[batch] global`, else
   /// micro × world.
   std::optional<Window> next_window(const ElasticSampler& s, int64_t micro) const {
-    const int64_t g = global_batch > 0 ? global_batch : micro * world;
-    const int64_t remaining = s.remaining();
-    if (remaining == 0 || (remaining < g && s.options().drop_last)) return std::nullopt;
     Window w;
-    w.count = std::min(g, remaining);
+    w.count = window_count(s, micro, world);
+    if (w.count == 0) return std::nullopt;
     const std::vector<int64_t> mine = s.window_indices(w.count, rank, world);
     const auto at = [&](size_t i) {
       return mine.begin() + static_cast<std::ptrdiff_t>(std::min(i, mine.size()));
@@ -393,7 +400,14 @@ struct Runtime::Impl {
       return true;
     } catch (const rt::CommError& err) {
       if (!control) throw;
+      const int64_t step_before = global_step;
+      const int world_before = world;
       if (!recover(err.what()) || !comm || world == 1 || jumped) return false;
+      // A survivor a step ahead handed this rank its state (docs/worker-runtime.md#failures):
+      // the step in flight is now the ahead rank's (built over the old world), and its end
+      // moves the sampler past that step's samples, as on the ahead rank.
+      if (global_step != step_before && step_valid && sampler)
+        step_count = window_count(*sampler, range_micro, world_before);
     }
     op();
     return true;
