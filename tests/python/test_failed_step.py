@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ctest python_failed_step: a peer's death inside a step of the loop form
-(worker_runtime/python/gpurun/_failed_step.py, docs/python.md#failures), in-process with fakes:
+"""ctest python_failed_step: a peer's death inside a step of the loop form and of the decorator
+form (worker_runtime/python/gpurun/_failed_step.py, docs/python.md#failures), in-process with fakes:
 the gradient hook gives the rank's own gradient back instead of raising in backward(), the
 tracked optimizer's and scheduler's step() then do nothing, DDP's forward falls back to the
 module, and the loader gives the failed step's batch again after the recovery, so that every
@@ -193,6 +193,90 @@ for after_update in (False, True):
     assert rt.recovered == [(PEER_DIED, 0, 3 if after_update else 2)], rt.recovered
     assert rt._step_failure is None and rt.stop_reason == "completed"
 print("python_failed_step: the loader gives a failed step's batch again after the recovery")
+
+# The decorator form (gpurun.elastic; _decorator._call_elastic catches the error around the
+# program's function, which the hook lets through): the same rule as the loop form's. A failure
+# after the optimizer's update (the program's own all_reduce after opt.step()) counts the step
+# once, and the function's next call starts at the next batch; a failure inside backward (the
+# gradient all-reduce, before step()) gives the same batch again. Each sample is trained once.
+from gpurun import _decorator  # noqa: E402
+
+for after_update in (False, True):
+    rt = elastic_runtime(elastic=False)  # epochs() starts static here (no engine)
+    rt._start_prepare = lambda: None  # the pause snapshot's file: not in this test
+    net = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    rt.track(model=net)
+    rt._guard_step(opt)
+    data = torch.utils.data.TensorDataset(torch.arange(12.0).unsqueeze(1))
+    loader = rt.loader(data, batch_size=2, seed=5)
+    trained, firsts, failed = [], [], []
+
+    def train_one_epoch():
+        for (xb,) in loader:
+            batch = xb.squeeze(1).int().tolist()
+            if len(firsts) == len(failed):
+                firsts.append(batch)  # the first batch of each call
+            net(xb).sum().backward()
+            if rt.step == 2 and not failed:
+                failed.append(batch)
+                if not after_update:
+                    raise RuntimeError(PEER_DIED)  # backward's all-reduce: no update
+                opt.step()
+                trained.extend(batch)
+                raise RuntimeError(PEER_DIED)  # dist.all_reduce(loss) after the update
+            opt.step()
+            trained.extend(batch)
+            opt.zero_grad()
+        return "done"
+
+    for epoch in rt.epochs(1):
+        rt.elastic = True  # under gpurun --config: _call_elastic follows a peer's failure
+        try:
+            got = _decorator._call_elastic(rt, train_one_epoch, train_one_epoch, False)
+        finally:
+            rt.elastic = False
+        assert got == "done" and rt.step == 6, (got, rt.step)
+    assert sorted(trained) == list(range(12)), (after_update, trained)
+    assert len(firsts) == 2 and (firsts[1] != failed[0]) == after_update, (firsts, failed)
+    assert rt.recovered == [(PEER_DIED, 0, 3 if after_update else 2)], rt.recovered
+    assert rt._global_step == 6, rt._global_step
+    assert rt._step_failure is None and not rt._stepped and rt._in_step is None
+print("python_failed_step: the decorator form counts a step whose update happened, once")
+
+# A function that leaves the loader with `break` after a step's update leaves no step in flight
+# for the next epoch: a failure there before any step (elastic_scheduler's _line_up) moves no
+# cursor, and the next epoch is trained whole.
+rt = elastic_runtime(elastic=False)
+rt._start_prepare = lambda: None
+net = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+rt.track(model=net)
+rt._guard_step(opt)
+loader = rt.loader(torch.utils.data.TensorDataset(torch.arange(8.0).unsqueeze(1)), batch_size=2)
+seen = {}
+
+
+def one_epoch(epoch, calls=[]):
+    calls.append(epoch)
+    if epoch == 1 and calls.count(1) == 1:
+        raise RuntimeError(PEER_DIED)  # before the loader's first step
+    for (xb,) in loader:
+        net(xb).sum().backward()
+        opt.step()
+        seen.setdefault(epoch, []).extend(xb.squeeze(1).int().tolist())
+        if epoch == 0:
+            break  # the step's update happened; its _step_ended does not run
+
+
+for epoch in rt.epochs(2):
+    rt.elastic = True
+    try:
+        _decorator._call_elastic(rt, one_epoch, lambda: one_epoch(epoch), False)
+    finally:
+        rt.elastic = False
+assert len(seen[0]) == 2 and sorted(seen[1]) == list(range(8)), seen
+print("python_failed_step: a loader left by break leaves no step in flight")
 
 # iterations(): a failed iteration runs again with the same number; epochs(): a failure outside
 # the loader (after its last step) is recovered at the epoch's end and the epoch goes on.

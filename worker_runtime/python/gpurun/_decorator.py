@@ -58,7 +58,8 @@ def _call_elastic(rt, fn, call, drop_on_error):
     """Runs ``call()`` (one epoch of the decorated ``fn``) to its end and returns its value. A
     collective that fails because a peer died (``is_comm_failure``) is followed at once: the
     rank reports at its position, gpurun goes on without the dead rank, and ``call()`` runs
-    again (the loader goes on from the step that failed, over the survivors); _JOB_ENDED when
+    again over the survivors: the loader goes on from the step that failed, or from the next
+    one when the tracked optimizer's ``step()`` ran in it (``_recover_step``); _JOB_ENDED when
     gpurun ends the job instead. ``sys.exit(N != 0)`` inside fails the job, as under torchrun
     (the excepthook passes SystemExit by), unless ``drop_on_error``."""
     while True:
@@ -73,7 +74,9 @@ def _call_elastic(rt, fn, call, drop_on_error):
         except RuntimeError as e:
             if not is_comm_failure(e) or not rt.elastic:
                 raise
-            if not rt._recover(e):
+            # the step counts when the optimizer's update came before the failure, as in the
+            # loop forms (_failed_step.py): the loader goes on from the next step, else this one
+            if not rt._recover_step(e):
                 return _JOB_ENDED
         finally:
             rt._failures_raise = False

@@ -19,7 +19,10 @@ the runtime cannot catch it, and end the program with the job's state. Instead:
 
 The decorator forms (``gpurun.elastic``, ``elastic_scheduler``) catch the error around the
 program's function themselves (_decorator._call_elastic): there the hook lets it through
-(``_failures_raise``), and what follows the failed backward in the function does not run.
+(``_failures_raise``), and what follows the failed collective in the function does not run; the
+recovery is the same (``_recover_step``): a step whose optimizer update happened before the
+failure (the program's own collective after ``opt.step()``) counts, and the function's next
+call starts at the next step.
 """
 import functools
 import types
@@ -37,6 +40,7 @@ class _FailedStep:
     def _init_failed_step(self):
         self._step_failure = None  # the error of a collective of the runtime's in this step
         self._stepped = False  # the tracked optimizer's step() ran in this step
+        self._in_step = None  # samples of the loader's step in flight (None: no step of its)
         self._failures_raise = False  # a decorator catches failures around the program's call
 
     @property
@@ -57,14 +61,22 @@ class _FailedStep:
             self._step_failure = err
             self._links.sever()
 
-    def _recover_step(self):
-        """After the program's body of a step in which a collective of the runtime's failed:
-        the step counts when the optimizer's update happened before the failure; then the rank
-        reports at its position and follows gpurun's decision (``_recover``). Returns False
-        when the job is finishing."""
-        err, applied = self._step_failure, self._stepped
-        self._step_failure = None
+    def _recover_step(self, err=None):
+        """After a step in which a collective failed (a peer died): the loop forms' runtime
+        collective (``_fail_step``), or ``err``, the error a decorator form caught around the
+        program's function (_decorator._call_elastic; there the step's body did not end). One
+        rule for every form: the step counts when the tracked optimizer's ``step()`` ran in it
+        before the failure (its update happened) — the loader's cursor moves past the step's
+        samples, and the loader goes on from the next step; else the step runs again (the same
+        batch). Then the gradients of the step are dropped, the rank reports at its position
+        and follows gpurun's decision (``_recover``). Returns False when the job is finishing."""
+        err = self._step_failure if err is None else err
+        applied, samples = self._stepped, self._in_step
+        self._step_failure, self._in_step = None, None
         if applied:
+            if samples is not None:  # a step of the loader's (its _step_ended did not count it)
+                self._sampler.advance(samples)
+                self._steps_done += 1
             self._count_step()
         self._stepped = False
         if self._module is not None:

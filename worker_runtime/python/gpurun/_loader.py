@@ -77,7 +77,9 @@ class _Loader:
             plan = self._segment(self.batch_size * rt.world_size)
             it = self._workers([mine for _, mine in plan]) if workers else None
             for j, (count, mine) in enumerate(plan):
-                yield next(it) if workers else self._collate(mine)
+                batch = next(it) if workers else self._collate(mine)
+                rt._in_step = count  # a failure before _step_ended: _recover_step counts it
+                yield batch
                 if j == len(plan) - 1:
                     it = None  # the segment's DataLoader and its workers end before a boundary
                 after = self._step_ended(count)
@@ -95,13 +97,12 @@ class _Loader:
         boundary may follow. Returns _NEXT (the plan's next step), _AGAIN (recovered: plan the
         rest of the epoch anew, over the new world, from the cursor) or _END (this epoch's
         iteration ends: the job is finishing, or this rank rejoined at another position)."""
-        rt, s = self.rt, self.rt._sampler
-        failed = rt._step_failure is not None
-        if not failed or rt._stepped:
-            s.advance(count)
-            rt._steps_done += 1
-        if failed:
+        rt = self.rt
+        if rt._step_failure is not None:  # counted there when its update happened
             return _AGAIN if rt._recover_step() and not rt._jumped else _END
+        rt._in_step = None
+        rt._sampler.advance(count)
+        rt._steps_done += 1
         return _NEXT if rt._after_step() else _END
 
     def _steps(self):
@@ -121,6 +122,7 @@ class _Loader:
                 for st in steps:
                     st.fetch = lambda _mb, box=box: next(box[0])
             for j, ((count, _), st) in enumerate(zip(plan, steps)):
+                rt._in_step = count  # a failure before _step_ended: _recover_step counts it
                 yield st
                 if j == len(plan) - 1 and box:
                     box[0] = None  # the DataLoader and its workers end before a boundary

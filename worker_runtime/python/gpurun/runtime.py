@@ -385,6 +385,8 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
                 self._sampler.set_epoch(self.epoch)
             if not self._sampler or self._sampler.cursor == 0:
                 self._steps_done = 0
+            # no step in flight yet (a loop left by `break` leaves its last step's marks)
+            self._stepped, self._in_step = False, None
             yield self.epoch
             if self._finishing:  # a step boundary's decision: the job is finishing
                 return
