@@ -4,8 +4,11 @@ the same epoch body in the loop form (``for epoch in rt.epochs(n)``, a plain bac
 optimizer step; docs/python.md#use), whose peer failures the runtime recovers from at the
 loader's next step (docs/python.md#failures). Slot DIE_SLOT ends
 itself (os._exit(1), as a crash would) before step DIE_STEP of epoch DIE_EPOCH; the others
-must go on without it. DIE_HOW=raise: it raises ValueError instead (the program's own error:
-the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (until OUT/fast exists).
+must go on without it. DIE_AFTER_UPDATE=1 (decorator form): every rank all-reduces its loss
+after each optimizer step (the program's own collective), and slot DIE_SLOT dies after that
+step's update, before the all-reduce: the survivors' all-reduce fails after their update, and
+the step must count once (docs/python.md#failures). DIE_HOW=raise: it raises ValueError
+instead (the program's own error: the job fails, unless DROP_ON_ERROR=1). STEP_SLEEP (s) sleeps after each step (until OUT/fast exists).
 HOLD_AT_WORLD=W: slot 0, at step 2 of the first epoch it trains at world W, writes OUT/held
 before that step's forward and waits (30 s at most) for OUT/go: the others wait for it in the
 step's all-reduce, so a node killed meanwhile fails that all-reduce (not a boundary).
@@ -63,6 +66,7 @@ def hold(rt):
 
 
 drop_on_error = os.environ.get("DROP_ON_ERROR") == "1"
+after_update = os.environ.get("DIE_AFTER_UPDATE") == "1"
 loader_kwargs = {"num_workers": int(os.environ.get("WORKERS", "0"))}
 
 
@@ -71,7 +75,7 @@ def train_one_epoch(loader, epoch, rt):
         epochs_log.write(json.dumps({"epoch": epoch, "checksum": rt.checksum()}) + "\n")
         epochs_log.flush()
     for xb, yb, ib in loader:
-        if (slot, epoch, rt.step) == die:
+        if (slot, epoch, rt.step) == die and not after_update:
             if os.environ.get("DIE_HOW") == "raise":  # the program's own error
                 raise ValueError(f"slot {slot} found a bad batch at epoch {epoch}")
             if os.environ.get("DIE_HOW") == "exit2":  # the program ends itself with status 2
@@ -79,7 +83,8 @@ def train_one_epoch(loader, epoch, rt):
             os._exit(1)
         hold(rt)
         opt.zero_grad()
-        nn.functional.mse_loss(rt.model(xb).squeeze(1), yb).backward()
+        loss = nn.functional.mse_loss(rt.model(xb).squeeze(1), yb)
+        loss.backward()
         opt.step()
         if rt.step_failed:  # the loop form: a peer died in this step; it runs again
             with open(os.path.join(out, f"failed.{slot}.{os.getpid()}"), "a") as f:
@@ -89,6 +94,10 @@ def train_one_epoch(loader, epoch, rt):
         steps_log.write(json.dumps({"epoch": epoch, "step": rt.step, "rank": rt.rank,
                                     "world": rt.world_size, "seen": ib.tolist()}) + "\n")
         steps_log.flush()
+        if after_update:  # the program's own collective after the update (decorator form)
+            if (slot, epoch, rt.step) == die:
+                os._exit(1)  # the step's update happened on every rank, and it is logged
+            torch.distributed.all_reduce(loss.detach())
         # OUT/fast (written by a test once its last resize happened): no more sleep per step;
         # only the pace changes, every rank still trains every step.
         if not os.path.exists(os.path.join(out, "fast")):

@@ -7,9 +7,14 @@
 # ctest python_elastic_failure_loop (ARGS loop): the same with decorated_train.py's loop form
 # (FORM=loop): the survivors' all-reduce fails inside the program's own backward(); the runtime
 # recovers at the loader's next step (docs/python.md#failures).
-# Usage: run_failure.sh GPURUN [loop]
+# ctest python_elastic_failure_after_update (ARGS after_update): the decorator form whose function
+# all-reduces its loss after opt.step() (DIE_AFTER_UPDATE=1); slot 1 dies after step 3's update,
+# before that all-reduce: the survivors' all-reduce fails after their update, so step 3 counts
+# once and the function's next call starts at step 4 (a step trained twice: 264 samples).
+# Usage: run_failure.sh GPURUN [loop|after_update]
 TEST=python_elastic_failure${2:+_$2}
 [[ ${2:-} != loop ]] || export FORM=loop
+[[ ${2:-} != after_update ]] || export DIE_AFTER_UPDATE=1
 source "$(dirname "$0")/common.sh"
 mkdir -p "$TMP/out"
 printf 'active_gpus = [0, 1, 2]\n' > "$TMP/config.toml"
