@@ -311,6 +311,7 @@ void ElasticController::follow_generation() {
 }
 
 void ElasticController::run_effects() {
+  lose_unreachable_snapshot();  // a node lost with the paused job's only snapshot
   control::run_effects(scheduler_, *this);
   follow_generation();
   emit_resize_events();

@@ -67,6 +67,15 @@ struct ElasticOptions {
       fetch_snapshot;
 };
 
+/// Several nodes (docs/cli.md#elastic-nodes, "Pause and resume across nodes"): why no copy of
+/// the current pause snapshot can be read again — node 0 has none (not in `copies`), every node
+/// in `copies` is lost (`lost(k)`: NodeHub::lost, non-empty) and no copy is on its way to node 0
+/// or to a node not lost (`fetching`). The sentence starts "is on node 1 (…), which was lost:
+/// …" and says that node ids are not reused. "" while a copy may still be read (on node 0, or
+/// on a live, leaving or released node) or may still land, and when `copies` is empty.
+std::string snapshot_unreachable(const std::set<int>& copies, const std::set<int>& fetching,
+                                 const std::function<std::string(int node)>& lost);
+
 /// What the controller tells the supervisor's energy monitor (docs/energy.md), as callbacks
 /// so that control does not depend on energy. Every callback runs on the io thread.
 struct EnergyHooks {
@@ -180,6 +189,10 @@ class ElasticController : public supervisor::SlotController, private EffectSink 
   /// NodeHub::release_idle's `keep`: a leaving node that holds the paused job's only pause
   /// snapshot stays until node 0 has a copy (started here); once, then it goes.
   bool keep_for_snapshot(int node);
+  /// Before each batch of effects: the paused job's only pause snapshot is on nodes that were
+  /// lost (snapshot_unreachable): the training state is lost (Scheduler::snapshot_unreachable)
+  /// and the supervisor ends the job.
+  void lose_unreachable_snapshot();
   /// control::run_effects over this sink, then what follows every batch of effects (console
   /// prefixes, resize events, energy hooks, stale timers, status.json).
   void run_effects();

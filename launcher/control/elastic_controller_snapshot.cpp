@@ -1,9 +1,11 @@
 // ElasticController, the pause snapshot across nodes (docs/cli.md#elastic-nodes, "Pause and
 // resume across nodes"): which nodes hold a copy of the current pause snapshot, the copies a
 // resume onto other nodes needs (node to node over TCP, not through the store), and a leaving
-// node that holds the paused job's only copy. The rest of the controller: elastic_controller.cpp.
+// node that holds the paused job's only copy, and the loss of the nodes that held the only copies.
+// The rest of the controller: elastic_controller.cpp.
 #include "control/elastic_controller.hpp"
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +17,33 @@ namespace gpurun::control {
 
 namespace asio = boost::asio;
 using supervisor::StreamId;
+
+std::string snapshot_unreachable(const std::set<int>& copies, const std::set<int>& fetching,
+                                 const std::function<std::string(int node)>& lost) {
+  if (copies.empty() || copies.count(0)) return {};  // node 0's copy is always there
+  for (int k : fetching)
+    if (k == 0 || lost(k).empty()) return {};  // a copy may still land: its answer decides
+  std::vector<std::string> gone;
+  for (int k : copies) {
+    std::string why = lost(k);
+    if (why.empty()) return {};  // live, leaving or released: a resume waits for it (or not)
+    gone.push_back(std::move(why));
+  }
+  std::string on;
+  for (const std::string& g : gone) on += (on.empty() ? "" : ", and on ") + g;
+  return fmt::format(
+      "is on {}; node ids are not reused (a restarted gpurun joins as a new "
+      "node), so no node can serve that snapshot again",
+      on);
+}
+
+void ElasticController::lose_unreachable_snapshot() {
+  if (!hub_ || !scheduler_.holds_job_open() || !current_copies()) return;
+  const std::string where =
+      snapshot_unreachable(copies_, fetching_, [this](int k) { return hub_->lost(k); });
+  if (where.empty() || !scheduler_.snapshot_unreachable(where)) return;
+  supervisor_.controller_changed();  // no process may be left to end: the job ends now
+}
 
 bool ElasticController::current_copies() {
   const int source = scheduler_.snapshot_node();

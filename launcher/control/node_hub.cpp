@@ -297,6 +297,12 @@ bool NodeHub::live(int k) const {
   return it != nodes_.end() && !it->second.lost && !it->second.released && !it->second.ended;
 }
 
+std::string NodeHub::lost(int k) const {
+  const auto it = nodes_.find(k);
+  if (it == nodes_.end() || !it->second.lost || it->second.lost_why.empty()) return {};
+  return fmt::format("{}, which was lost: {}", it->second.name, it->second.lost_why);
+}
+
 void NodeHub::command(Node& n, const NodeCommand& c) {
   backend_.set(keys::node_command(n.join.node, n.next_command++), c.to_json());
 }

@@ -99,6 +99,10 @@ class NodeHub {
   double clock_offset_ms(int node) const;
   /// Whether node `node` (>= 1) is in the job and connected.
   bool live(int node) const;
+  /// Node `node` was lost (its gpurun died, or was given up for no heartbeat), not released
+  /// or told exit first: "node 1 (host, gpurun pid 4001), which was lost: <why>"; "" otherwise
+  /// (live, released, ended, unknown). Node ids are not reused: it never comes back.
+  std::string lost(int node) const;
   /// Whether `pid` is a process of another node (provisional or real): /proc is not its own.
   bool remote_pid(int pid) const;
   /// The job slot ids every live node offers now (sorted).

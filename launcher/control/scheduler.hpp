@@ -237,6 +237,11 @@ class Scheduler {
   /// none was written; snapshot_serial() counts them (a new one makes every copy stale).
   int snapshot_node() const { return snapshot_slot_ < 0 ? -1 : slot_node(snapshot_slot_); }
   int64_t snapshot_serial() const { return snapshot_serial_; }
+  /// Several nodes: no copy of the pause snapshot can be read again (`where`: on which lost
+  /// node it was and why it cannot come back, from "is on …"). While the job is paused and that
+  /// snapshot is the only holder of the training state (no process holds it), the state is lost
+  /// now, as state_lost() says; returns whether it was. Otherwise nothing.
+  bool snapshot_unreachable(const std::string& where);
 
   /// Takes the effects produced so far (run_effects in control/effects.hpp carries them out).
   std::vector<Effect> take_effects();
@@ -377,8 +382,9 @@ class Scheduler {
   bool source_snapshot_ = false;  ///< the current generation's state comes from the snapshot
   /// Boundary (epoch, step) at which the pause snapshot was taken; nullopt when none.
   std::optional<std::pair<int64_t, int64_t>> snapshot_boundary_;
-  int snapshot_slot_ = -1;       ///< the slot that wrote the last verified pause snapshot
-  int64_t snapshot_serial_ = 0;  ///< verified pause snapshots written so far
+  int snapshot_slot_ = -1;            ///< the slot that wrote the last verified pause snapshot
+  int64_t snapshot_serial_ = 0;       ///< verified pause snapshots written so far
+  int64_t snapshot_generation_ = -1;  ///< the generation that wrote the last one
   std::vector<Effect> effects_;
   int64_t next_warm_ = 0;  ///< the next warm joiner's id (unique for the Scheduler's life)
 };

@@ -430,6 +430,7 @@ void Scheduler::pause_snapshot_outcome(const Report& r) {
   if (r.snapshot == "ok") {
     snapshot_boundary_ = std::make_pair(r.epoch, r.step);
     snapshot_slot_ = r.gpu;
+    snapshot_generation_ = r.generation;
     ++snapshot_serial_;
     if (!pause_refused_.empty()) say("the pause snapshot was written this time: pausing");
     pause_refused_.clear();
@@ -475,6 +476,16 @@ bool Scheduler::holder_alive(int besides) const {
 
 bool Scheduler::snapshot_current() const {
   return state_exists_ && snapshot_boundary_ && last_boundary_ == snapshot_boundary_;
+}
+
+bool Scheduler::snapshot_unreachable(const std::string& where) {
+  if (!holds_job_open() || !snapshot_current() || holder_alive()) return false;
+  lose_state(
+      fmt::format("the job is paused and its only pause snapshot ({}, serial {}, written by "
+                  "{} in generation {}) {}",
+                  boundary_text(snapshot_boundary_->first, snapshot_boundary_->second),
+                  snapshot_serial_, slot_name(snapshot_slot_), snapshot_generation_, where));
+  return true;
 }
 
 void Scheduler::lose_state(const std::string& why) {

@@ -13,12 +13,15 @@
 #   leave  node 1 is sent SIGTERM while the job is paused: it holds the only pause snapshot, so
 #          node 0 copies it first and releases node 1 after (node 1 exits 0); node 2 then copies
 #          it from node 0.
+#   lost   node 1's gpurun is killed (-9) while the job is paused: it held the only pause
+#          snapshot and node ids are not reused, so the training state is lost: node 0 ends the
+#          job at once, exit status 1, saying so (no resume is asked for).
 # Asserts: the resume's decision takes its state from the pause snapshot and reaches world 3;
 # every epoch trains each of the 240 samples exactly once over all ranks; every rank of an epoch
 # starts it from the same state checksum, and the first epoch after the resume does not start
 # from the initial state; the copies are said on node 0's console; every gpurun exits 0.
-# Usage: run_nodes_pause.sh GPURUN copy|leave
-CASE=${2:?usage: run_nodes_pause.sh GPURUN copy|leave}
+# Usage: run_nodes_pause.sh GPURUN copy|leave|lost
+CASE=${2:?usage: run_nodes_pause.sh GPURUN copy|leave|lost}
 TEST=python_nodes_pause_$CASE
 source "$(dirname "$0")/common.sh"
 source "$HERE/nodes_lib.sh"
@@ -43,6 +46,22 @@ conf 1 "[]"  # the pause: node 1's slots write the snapshot on node 1
 wait_decision '"active": \[\]'
 wait_event '"gpu": 1000, "from": "OFFLOADING", "to": "PARKED"' # its snapshot is written
 PAUSED_AT=$(epoch_now)
+if [[ $CASE == lost ]]; then
+  kill -9 "${npid[1]}"
+  wait "${npid[1]}" 2> /dev/null || true
+  unset "npid[1]"
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2> /dev/null || break; sleep 0.2; done
+  kill -0 "$pid" 2> /dev/null && fail "node 0 still runs 20 s after the loss of the only snapshot"
+  rc=0
+  wait "$pid" || rc=$?
+  pid=
+  ((rc == 1)) || fail "node 0's gpurun exited $rc (expected 1: the training state is lost)"
+  grep -Eq "the training state is lost: the job is paused and its only pause snapshot \(.*serial 1, written by node 1 gpu [01] in generation [0-9]+\) is on node 1 \(.*\), which was lost: .*node ids are not reused" "$LOG" \
+    || fail "node 0 did not say that the state is lost with node 1"
+  note "node 0 ended the job (exit 1) at the loss of node 1"
+  echo "$TEST: OK"
+  exit 0
+fi
 if [[ $CASE == leave ]]; then
   kill -TERM "${npid[1]}"
   wait_line "copying the pause snapshot from node 1 \(127\.0\.0\.1:[0-9]+\) to node 0 before node 1 leaves"
