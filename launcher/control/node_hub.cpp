@@ -208,12 +208,23 @@ void NodeHub::lose(int k, Node& n, const std::string& why, Changes& out) {
 
 void NodeHub::sever(int k, const Node& n, Changes& out) {
   const std::string& a = n.join.address;
-  if (!opt_.sever || !opt_.generation || a.empty() || loopback(a)) return;
-  if (std::find(opt_.own_addresses.begin(), opt_.own_addresses.end(), a) !=
-      opt_.own_addresses.end())
-    return;
+  if (!opt_.sever || !opt_.generation || a.empty()) return;
+  // Its address is this host's or a live node's: cutting it would cut live ranks too. Its
+  // workers live on (silent, not dead) and nothing closes their connections.
+  const auto unseverable = [&] {
+    if (!n.silent) return;  // its gpurun died: its workers with it, their connections closed
+    out.lines.push_back(fmt::format(
+        "{}'s workers share the address {} with this host or another node: their connections "
+        "cannot be cut from here, so survivors waiting on them inside a collective go on only "
+        "when it fails (GPURUN_COMM_TIMEOUT_MS, default 300 s) or those processes end",
+        n.name, a));
+  };
+  if (loopback(a) || std::find(opt_.own_addresses.begin(), opt_.own_addresses.end(), a) !=
+                         opt_.own_addresses.end())
+    return unseverable();
   for (const auto& [other, o] : nodes_)
-    if (other != k && !o.lost && !o.released && !o.ended && o.join.address == a) return;
+    if (other != k && !o.lost && !o.released && !o.ended && o.join.address == a)
+      return unseverable();
   const int64_t g = opt_.generation();
   backend_.set(keys::sever(next_sever_++), keys::sever_value({g, a}));
   out.lines.push_back(fmt::format(
@@ -225,6 +236,13 @@ void NodeHub::sever(int k, const Node& n, Changes& out) {
 NodeHub::Changes NodeHub::check_heartbeats() {
   Changes out;
   const std::chrono::milliseconds t = now();
+  if (const auto away = beats_.checked(t)) {  // node 0 itself was stopped: no node is blamed
+    out.lines.push_back(fmt::format(
+        "node 0's gpurun did not run for {} (stopped, or its host stalled): no node is given up "
+        "for that; every node's heartbeat gets a whole --node-timeout ({}) from now",
+        seconds_text(*away), seconds_text(beats_.timeout())));
+    return out;
+  }
   for (auto& [k, n] : nodes_) {
     if (n.lost || n.released || n.ended) continue;
     const std::optional<std::chrono::milliseconds> silent = beats_.overdue(k, t);
@@ -233,12 +251,12 @@ NodeHub::Changes NodeHub::check_heartbeats() {
         "its gpurun sent no heartbeat for {} (--node-timeout {}): its link to node 0 is cut, or "
         "its host stopped or hung",
         seconds_text(*silent), seconds_text(beats_.timeout()));
+    n.silent = true;
     lose(k, n, why, out);
     // Should its link come back, it stops its workers and exits rather than train on alone.
     NodeCommand c;
-    c.kind = NodeCommand::Kind::kExit;
-    c.code = 1;
-    c.reason = fmt::format("node 0 gave this node up: {}", why);
+    c.kind = NodeCommand::Kind::kGivenUp;
+    c.reason = why;
     command(n, c);
   }
   return out;

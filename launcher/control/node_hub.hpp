@@ -139,6 +139,7 @@ class NodeHub {
     std::string name;            ///< "node 1 (host)"
     double clock_offset_ms = 0;  ///< node 0's monotonic ms minus its own, when it joined
     std::string lost_why;        ///< lost: why ("its gpurun's store connection closed")
+    bool silent = false;         ///< lost for no heartbeat (its processes may live on)
   };
   struct Remote {
     int pid = -1;  ///< provisional or real; -1 none

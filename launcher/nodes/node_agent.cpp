@@ -277,6 +277,13 @@ void NodeAgent::on_command(int64_t n, const std::string& text) {
             fmt::format("{}: node 0 ended the job ({}): exit status {}", name(), c.reason, c.code),
             /*stop_workers=*/true);
       return;
+    case Kind::kGivenUp:  // its link came back after node 0 went on without it
+      ended(1, fmt::format("node 0 gave this node up: {}", c.reason),
+            fmt::format("{}: node 0 gave this node up ({}) and trains on without its slots; "
+                        "this node's gpurun exits 1",
+                        name(), c.reason),
+            /*stop_workers=*/true, opt_.cut_off_grace);
+      return;
     case Kind::kFetchSnapshot:
       fetch_snapshot(c);
       return;

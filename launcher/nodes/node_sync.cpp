@@ -193,6 +193,8 @@ void NodeSync::watch_tick() {
   const int a = attempt_;
   try {
     beat();
+    // Node 0 itself did not run for a while (stopped): no node is blamed for that silence.
+    if (host_) (void)beat_watch_.checked(steady_ms());
     if (host_) {  // node 0: a node whose gpurun vanished mid-attempt is a failure
       for (const int r : members_) {
         if (r == 0 || store().try_get(job_keys::end(a, r))) continue;

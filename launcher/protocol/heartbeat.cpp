@@ -1,6 +1,7 @@
 #include "gpurun/control/heartbeat.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace gpurun::control {
 
@@ -32,6 +33,13 @@ std::optional<HeartbeatWatch::Ms> HeartbeatWatch::overdue(int node, Ms now) cons
   const Ms silent = now - it->second.changed;
   if (silent < timeout_) return std::nullopt;
   return silent;
+}
+
+std::optional<HeartbeatWatch::Ms> HeartbeatWatch::checked(Ms now) {
+  const std::optional<Ms> last = std::exchange(last_check_, now);
+  if (!last || timeout_.count() <= 0 || now - *last <= timeout_ / 2) return std::nullopt;
+  for (auto& node_beat : nodes_) node_beat.second.changed = now;
+  return now - *last;
 }
 
 }  // namespace gpurun::control

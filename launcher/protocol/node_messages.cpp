@@ -52,6 +52,8 @@ std::string_view command_name(NodeCommand::Kind k) {
       return "fetch_snapshot";
     case NodeCommand::Kind::kGeneration:
       return "generation";
+    case NodeCommand::Kind::kGivenUp:
+      return "given_up";
   }
   return "?";
 }
@@ -170,6 +172,7 @@ std::string NodeCommand::to_json() const {
       o["slot"] = slot;
       break;
     case Kind::kRelease:
+    case Kind::kGivenUp:
       o["reason"] = reason;
       break;
     case Kind::kExit:
@@ -206,6 +209,9 @@ NodeCommand NodeCommand::from_json(std::string_view text) {
     c.slot = static_cast<int>(detail::get_int(o, "slot", what, text));
   } else if (kind == "release") {
     c.kind = Kind::kRelease;
+    c.reason = detail::get_optional_string(o, "reason", what, text);
+  } else if (kind == "given_up") {
+    c.kind = Kind::kGivenUp;
     c.reason = detail::get_optional_string(o, "reason", what, text);
   } else if (kind == "exit") {
     c.kind = Kind::kExit;

@@ -658,15 +658,15 @@ TEST_CASE("node hub: a node whose heartbeat stops is lost after --node-timeout, 
   // Its address is severed for the generation in force; should its link come back, it exits.
   CHECK(h.b.get(keys::sever(0)) == "5 10.0.0.2");
   CHECK(has(ch.lines.back(), "shut down their connections to 10.0.0.2"));
-  const NodeCommand c = command(h.b, 1, 2);  // after its two spawns
-  CHECK(c.kind == NodeCommand::Kind::kExit);
-  CHECK(c.code == 1);
-  CHECK(has(c.reason, "node 0 gave this node up: its gpurun sent no heartbeat for 3 s"));
+  const NodeCommand c = command(h.b, 1, 2);      // after its two spawns
+  CHECK(c.kind == NodeCommand::Kind::kGivenUp);  // not "the job ended": it goes on
+  CHECK(has(c.reason, "its gpurun sent no heartbeat for 3 s"));
+  CHECK(NodeCommand::from_json(c.to_json()) == c);
   // Its connection closing later, a late heartbeat, another check: nothing more.
   h.b.set(keys::node_lost(1), "1");
   CHECK_FALSE(h.hub.on_key(keys::node_lost(1))->any());
   h.beat(1, 11);
-  h.advance(5000);
+  h.advance(1000);
   h.beat(2, 20);
   CHECK_FALSE(h.hub.check_heartbeats().any());
   CHECK_FALSE(h.b.check({keys::sever(1)}));
@@ -695,10 +695,47 @@ TEST_CASE("node hub: no address is severed that another live node, node 0 or loo
   const NodeHub::Changes ch = h.hub.check_heartbeats();
   CHECK(ch.withdrawn.size() == 8);
   CHECK_FALSE(h.b.check({keys::sever(0)}));
+  // Silent, not dead: their workers' connections stay open, and node 0 says what that costs.
+  std::string said;
+  for (const std::string& l : ch.lines) said += l + "\n";
+  CHECK(has(said,
+            "node 1 (host1, gpurun pid 4001)'s workers share the address 10.0.0.2 with "
+            "this host or another node: their connections cannot be cut from here"));
+  CHECK(has(said, "share the address 127.0.0.1"));
+  CHECK(has(said, "share the address 10.0.0.1"));
   h.advance(1000);  // node 2 too: now nobody live has 10.0.0.2
   CHECK(h.hub.check_heartbeats().withdrawn == std::vector<int>{2000, 2001});
   CHECK(h.b.get(keys::sever(0)) == "5 10.0.0.2");
   CHECK_FALSE(h.b.check({keys::sever(1)}));
+}
+
+TEST_CASE("node hub: node 0 itself stopped gives no node up for the silence it missed") {
+  BeatingHub h;
+  h.join_from(1, "10.0.0.2");
+  for (int i = 1; i <= 3; ++i) {
+    h.advance(600);
+    h.beat(1, i);
+    CHECK_FALSE(h.hub.check_heartbeats().any());
+  }
+  // Node 0's gpurun is stopped for 5 s (SIGSTOP): no check, and node 1's beats wait unread.
+  h.advance(5000);
+  const NodeHub::Changes away = h.hub.check_heartbeats();
+  CHECK(away.withdrawn.empty());
+  REQUIRE(away.lines.size() == 1);
+  CHECK(has(away.lines[0],
+            "node 0's gpurun did not run for 5 s (stopped, or its host stalled): "
+            "no node is given up for that"));
+  CHECK(h.hub.live(1));
+  // Node 1 beats again: it is watched as before; silent for a whole timeout after, it is lost.
+  h.beat(1, 4);
+  h.advance(600);
+  CHECK_FALSE(h.hub.check_heartbeats().any());
+  for (int i = 0; i < 3; ++i) {  // 2.4 s silent
+    h.advance(600);
+    CHECK_FALSE(h.hub.check_heartbeats().any());
+  }
+  h.advance(600);  // 3 s
+  CHECK(h.hub.check_heartbeats().withdrawn == std::vector<int>{1000, 1001});
 }
 
 TEST_CASE("node hub: --node-timeout 0 never gives a silent node up") {

@@ -202,4 +202,26 @@ TEST_CASE("node agent: cut off from node 0 for --node-timeout: workers stopped, 
   CHECK(n.agent->end()->reason.rfind("cut off from node 0", 0) == 0);
 }
 
+TEST_CASE("node agent: given up by node 0 (its link came back): workers stopped, exit 1") {
+  BeatingNode1 n;
+  n.spawn(1000);
+  n.run_until([&] { return n.node0.try_get(keys::node_event(1, 0)).has_value(); });
+  REQUIRE(n.spawner.procs.size() == 1);
+  NodeCommand c;
+  c.kind = NodeCommand::Kind::kGivenUp;
+  c.reason = "its gpurun sent no heartbeat for 3.087 s (--node-timeout 3 s)";
+  n.node0.set(keys::node_command(1, n.commands++), c.to_json());
+  n.run_until([&] { return n.sup->done(); });
+  REQUIRE(n.sup->done());
+  CHECK(n.sup->exit_code() == 1);
+  CHECK(n.spawner.procs[0]->signals.at(0) == SIGTERM);
+  const std::string& err = n.console.err;
+  // Node 0 went on: not "node 0 ended the job", and the cut-off grace, not --grace-period.
+  CHECK(err.find("node 1: node 0 gave this node up (its gpurun sent no heartbeat for 3.087 s "
+                 "(--node-timeout 3 s)) and trains on without its slots; this node's gpurun "
+                 "exits 1; stopping this node's workers (SIGTERM, SIGKILL after 50 ms)") !=
+        std::string::npos);
+  CHECK(err.find("ended the job") == std::string::npos);
+}
+
 }  // namespace gpurun::supervisor

@@ -38,6 +38,12 @@ class HeartbeatWatch {
   /// while it is within the timeout, when the timeout is 0 or the node is not watched.
   std::optional<Ms> overdue(int node, Ms now) const;
   Ms timeout() const { return timeout_; }
+  /// Node 0's own check at `now` (it checks every heartbeat_interval()). When more than half
+  /// the timeout passed since its previous check, node 0 itself did not run meanwhile (its
+  /// gpurun stopped, its host stalled): the silence it saw is its own, so every watched node's
+  /// timeout restarts from `now`, and that gap is returned; nullopt otherwise (and at the first
+  /// check).
+  std::optional<Ms> checked(Ms now);
 
  private:
   struct Beat {
@@ -46,6 +52,7 @@ class HeartbeatWatch {
   };
   Ms timeout_;
   std::map<int, Beat> nodes_;
+  std::optional<Ms> last_check_;
 };
 
 }  // namespace gpurun::control

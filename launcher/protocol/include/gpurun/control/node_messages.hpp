@@ -103,6 +103,8 @@ struct NodeCommand {
                      ///< `endpoint` into this node's snapshot path, then say kSnapshotFetched
     kGeneration,     ///< generation `generation` is in force: `decision->active` its members
                      ///< (rank = index): the node's console prefixes and status follow it
+    kGivenUp,        ///< node 0 gave this node up (`reason`: no heartbeat for --node-timeout)
+                     ///< and trains on without it: stop any process left now and exit 1
   };
   Kind kind = Kind::kSpawn;
   int slot = -1;                     ///< kSpawn, kKill: job slot id
@@ -111,7 +113,7 @@ struct NodeCommand {
   bool standby = false;              ///< kSpawn of a standby
   std::optional<Decision> decision;  ///< kSpawn: the decision it joins by; kGeneration: active
   int code = 0;                      ///< kExit: the job's exit status
-  std::string reason;                ///< kExit, kRelease: one line
+  std::string reason;                ///< kExit, kRelease, kGivenUp: one line
   std::string endpoint;              ///< kFetchSnapshot: "ip:port" of the serving node
   int64_t serial = 0;                ///< kFetchSnapshot: which pause snapshot (Scheduler's serial)
   std::string to_json() const;
