@@ -27,6 +27,7 @@
 #include "supervisor/supervisor.hpp"
 #include "testing/capture_console.hpp"
 #include "testing/fake_spawner.hpp"
+#include "testing/faulty_store.hpp"
 #include "testing/memory_store.hpp"
 
 namespace gpurun::supervisor {
@@ -39,47 +40,14 @@ using control::NodeCommand;
 
 /// One connection to node 0's store: once `cut` is set, every request waits out the
 /// connection's request timeout and throws StoreTimeout, as a client's does on a cut link.
-struct CutLink final : store::Store {
-  MemoryStore& m;
-  std::shared_ptr<std::atomic<bool>> cut;
-  std::chrono::milliseconds timeout;
-  CutLink(MemoryStore& store, std::shared_ptr<std::atomic<bool>> flag, std::chrono::milliseconds t)
-      : m(store), cut(std::move(flag)), timeout(t) {}
-  void check() const {
+std::unique_ptr<store::Store> cut_link(MemoryStore& store, std::shared_ptr<std::atomic<bool>> cut,
+                                       std::chrono::milliseconds timeout) {
+  return std::make_unique<store::testing::FaultyStore>(store, [cut, timeout] {
     if (!*cut) return;
     std::this_thread::sleep_for(timeout);
     throw StoreTimeout("no reply from store at node0:29500 within the request timeout");
-  }
-  void set(const std::string& k, const std::string& v) override {
-    check();
-    m.set(k, v);
-  }
-  std::string get(const std::string& k, std::chrono::milliseconds t) override {
-    check();
-    return m.get(k, t);
-  }
-  std::optional<std::string> try_get(const std::string& k) override {
-    check();
-    return m.try_get(k);
-  }
-  void wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override {
-    check();
-    m.wait(k, t);
-  }
-  std::string compare_set(const std::string& k, const std::string& e,
-                          const std::string& d) override {
-    check();
-    return m.compare_set(k, e, d);
-  }
-  int64_t add(const std::string& k, int64_t d) override {
-    check();
-    return m.add(k, d);
-  }
-  bool remove(const std::string& k) override {
-    check();
-    return m.remove(k);
-  }
-};
+  });
+}
 
 /// Node 1 with two slots and --node-timeout 200 ms: its supervisor on fake processes, its agent
 /// on node 0's store through two links (commands, events) that `cut` cuts.
@@ -122,8 +90,8 @@ struct BeatingNode1 {
     ao.node_timeout = kTimeout;
     ao.cut_off_grace = 50ms;
     ao.say = [this](const std::string& line) { said.push_back(line); };
-    agent = std::make_unique<NodeAgent>(io, *sup, std::make_unique<CutLink>(node0, cut, kTimeout),
-                                        std::make_unique<CutLink>(node0, cut, kTimeout), ao);
+    agent = std::make_unique<NodeAgent>(io, *sup, cut_link(node0, cut, kTimeout),
+                                        cut_link(node0, cut, kTimeout), ao);
     sup->set_controller(agent.get());
     sup->final_status = [this](int) { return agent->final_status(); };
     sup->start();

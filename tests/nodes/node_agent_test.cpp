@@ -30,6 +30,7 @@
 #include "supervisor/supervisor.hpp"
 #include "testing/capture_console.hpp"
 #include "testing/fake_spawner.hpp"
+#include "testing/faulty_store.hpp"
 #include "testing/memory_store.hpp"
 
 namespace gpurun::supervisor {
@@ -43,44 +44,12 @@ using control::NodeEvent;
 
 /// One connection to node 0's store (the shared MemoryStore): every request fails with a
 /// StoreError once `gone` is set, as a client's does when node 0's gpurun died.
-struct Connection final : store::Store {
-  MemoryStore& m;
-  std::shared_ptr<std::atomic<bool>> gone;
-  Connection(MemoryStore& store, std::shared_ptr<std::atomic<bool>> flag)
-      : m(store), gone(std::move(flag)) {}
-  void check() const {
+std::unique_ptr<store::Store> connection(MemoryStore& store,
+                                         std::shared_ptr<std::atomic<bool>> gone) {
+  return std::make_unique<store::testing::FaultyStore>(store, [gone] {
     if (*gone) throw StoreError("node0:29500: connection reset by peer");
-  }
-  void set(const std::string& k, const std::string& v) override {
-    check();
-    m.set(k, v);
-  }
-  std::string get(const std::string& k, std::chrono::milliseconds t) override {
-    check();
-    return m.get(k, t);
-  }
-  std::optional<std::string> try_get(const std::string& k) override {
-    check();
-    return m.try_get(k);
-  }
-  void wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override {
-    check();
-    m.wait(k, t);
-  }
-  std::string compare_set(const std::string& k, const std::string& e,
-                          const std::string& d) override {
-    check();
-    return m.compare_set(k, e, d);
-  }
-  int64_t add(const std::string& k, int64_t d) override {
-    check();
-    return m.add(k, d);
-  }
-  bool remove(const std::string& k) override {
-    check();
-    return m.remove(k);
-  }
-};
+  });
+}
 
 /// Node 1 with two slots: its supervisor on fake processes, its agent on node 0's store.
 struct Node1 {
@@ -128,8 +97,8 @@ struct Node1 {
     ao.say = [this](const std::string& line) { said.push_back(line); };
     ao.fetch_snapshot = std::move(fetch);
     ao.snapshot_files = [this] { return snapshot_paths; };
-    agent = std::make_unique<NodeAgent>(io, *sup, std::make_unique<Connection>(node0, gone),
-                                        std::make_unique<Connection>(node0, gone), ao);
+    agent =
+        std::make_unique<NodeAgent>(io, *sup, connection(node0, gone), connection(node0, gone), ao);
     sup->set_controller(agent.get());
     sup->final_status = [this](int) { return agent->final_status(); };
     sup->start();
@@ -518,8 +487,8 @@ TEST_CASE("node agent: its status.json members: node 0's store, its slots, state
   ao.slots = {0, 1};
   ao.wait_slice = 20ms;
   ao.status_changed = [&] { ++changes; };
-  n.agent = std::make_unique<NodeAgent>(n.io, *n.sup, std::make_unique<Connection>(n.node0, n.gone),
-                                        std::make_unique<Connection>(n.node0, n.gone), ao);
+  n.agent = std::make_unique<NodeAgent>(n.io, *n.sup, connection(n.node0, n.gone),
+                                        connection(n.node0, n.gone), ao);
   n.sup->set_controller(n.agent.get());
   n.agent->on_attempt_start(0);
   NodeCommand member = Node1::spawn(1000);  // a joiner of generation 3: rank 2
