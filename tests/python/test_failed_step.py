@@ -126,7 +126,10 @@ for scheduler_first in (True, False):
         net(torch.ones(1, 2)).sum().backward()
         opt.step()
         sched.step()
-        assert rt._stepped and opt._step_count == 1, opt._step_count
+        # The scheduler saw the step: torch 1.13 counts it in _step_count, 2.x flags _opt_called
+        # (and its warning for a step() it did not see is an error here).
+        assert rt._stepped and getattr(opt, "_step_count", 1) == 1
+        assert getattr(opt, "_opt_called", True)
         assert opt.param_groups[0]["lr"] == 0.05
         assert "step" not in opt.state_dict() and "step" not in sched.state_dict()
         before = rt.checksum()

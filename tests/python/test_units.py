@@ -1087,7 +1087,7 @@ def _load_as_torch_26(f, *args, weights_only=None, **kwargs):
     if weights_only is None or weights_only:
         raise pickle.UnpicklingError("Weights only load failed: Unsupported global: "
                                      "GLOBAL gpurun._snapshot._Ref")
-    return _real_load(f, *args, **kwargs)
+    return _real_load(f, *args, weights_only=weights_only, **kwargs)
 
 
 torch.load = _load_as_torch_26
