@@ -8,7 +8,11 @@
 #   bench/elastic_nodes.sh BUILD_DIR OUT_DIR
 #   env: WIDTH=4096 DEPTH=6 (tests/worker_runtime/elastic_trainer's MLP: with AdamW's two moments
 #        1.008 GB of state), MICRO=16, SAMPLES=256 (an epoch), EVERY=1 (a boundary every step),
-#        NPROC=1 (CPU workers per node), REPEAT=3 (raw TCP copies before and after the job).
+#        NPROC=1 (CPU workers per node), REPEAT=3 (raw TCP copies before and after the job),
+#        TRAINER=cpp (tests/worker_runtime/elastic_trainer, the C++ runtime) or python
+#        (bench/elastic_py_trainer.py under PY: the same MLP and AdamW on the gpurun Python
+#        package; it writes the trace lines read here itself, without the joiner's warm_ready:
+#        no start-up columns).
 #
 # Node 0: `gpurun --nnodes 2 --node-rank 0 --master-port 0 --device cpu --nproc NPROC --config`;
 # the script then, waiting on events (the workers' traces, node 0's event log), never on sleeps:
@@ -28,8 +32,14 @@
 set -uo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}
 HERE=$(cd "$(dirname "$0")" && pwd)
-G=$B/launcher/gpurun; T=$B/tests/worker_runtime/elastic_trainer
+G=$B/launcher/gpurun
 PY=${PY:-/usr/bin/python3}
+TRAINER=${TRAINER:-cpp}
+case $TRAINER in
+  cpp) T=("$B/tests/worker_runtime/elastic_trainer") ;;
+  python) T=("$PY" "$HERE/elastic_py_trainer.py") ;;
+  *) echo "elastic_nodes: TRAINER=$TRAINER: cpp or python" >&2; exit 2 ;;
+esac
 WIDTH=${WIDTH:-4096}; DEPTH=${DEPTH:-6}; MICRO=${MICRO:-16}; SAMPLES=${SAMPLES:-256}
 EVERY=${EVERY:-1}; NPROC=${NPROC:-1}; REPEAT=${REPEAT:-3}
 STANDBY=${STANDBY:-}  # true|false: node 0's [park] standby (unset: gpurun's default)
@@ -76,7 +86,7 @@ start_node1() {  # LABEL: a gpurun for node rank 1 (its node id comes from node 
   mark "$1_launch"
   "$G" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port "$PORT" --device cpu \
     --nproc "$NPROC" --config "$OUT/c1.toml" --event-log "$OUT/events_$1.jsonl" \
-    "$T" "${ARGS[@]}" > "$OUT/node_$1.log" 2>&1 &
+    "${T[@]}" "${ARGS[@]}" > "$OUT/node_$1.log" 2>&1 &
   gp1=$!
 }
 run_job() {
@@ -85,7 +95,7 @@ run_job() {
   [[ -z $STANDBY ]] || printf '[park]\nstandby = %s\n' "$STANDBY" >> "$OUT/c0.toml"
   mark node0_launch
   "$G" --master-port 0 --nnodes 2 --node-rank 0 --device cpu --nproc "$NPROC" \
-    --config "$OUT/c0.toml" --event-log "$OUT/events.jsonl" "$T" "${ARGS[@]}" > "$OUT/node0.log" 2>&1 &
+    --config "$OUT/c0.toml" --event-log "$OUT/events.jsonl" "${T[@]}" "${ARGS[@]}" > "$OUT/node0.log" 2>&1 &
   gp0=$!
   wait_for "node 0's store port" 60 port_known || return 1
   PORT=$(sed -nE "s/.*node 0's store listens on port ([0-9]+).*/\1/p" "$OUT/node0.log" | head -1)
@@ -136,15 +146,15 @@ run_job() {
 echo "elastic_nodes: raw TCP copies and Gloo broadcasts of $BYTES bytes over 127.0.0.1 (before the job)"
 "$PY" "$HERE/tcp_copy.py" "$BYTES" "$REPEAT" > "$OUT/tcp_before.jsonl" || exit 1
 "$PY" "$HERE/gloo_copy.py" "$BYTES" "$REPEAT" > "$OUT/gloo_before.jsonl" || exit 1
-echo "elastic_nodes: the job (WIDTH=$WIDTH DEPTH=$DEPTH NPROC=$NPROC), logs in $OUT"
+echo "elastic_nodes: the job (TRAINER=$TRAINER WIDTH=$WIDTH DEPTH=$DEPTH NPROC=$NPROC), logs in $OUT"
 run_job || { echo "elastic_nodes: the job failed; see $OUT/node*.log" >&2; stop_all; }
 echo "elastic_nodes: raw TCP copies and Gloo broadcasts (after the job)"
 "$PY" "$HERE/tcp_copy.py" "$BYTES" "$REPEAT" > "$OUT/tcp_after.jsonl" || exit 1
 "$PY" "$HERE/gloo_copy.py" "$BYTES" "$REPEAT" > "$OUT/gloo_after.jsonl" || exit 1
 
-"$PY" - "$OUT" "$NPROC" <<'PY'
+"$PY" - "$OUT" "$NPROC" "$TRAINER" <<'PY'
 import datetime, json, statistics, sys
-out, nproc = sys.argv[1], int(sys.argv[2])
+out, nproc, trainer = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def lines(p):
     try: return [json.loads(l) for l in open(p) if l.strip()]
     except OSError: return []
@@ -224,7 +234,7 @@ json.dump(dict(rows=rows, tcp=tcp, gloo=gloo, marks=marks), open(out + "/summary
 
 f = lambda v, d=0: "-" if v is None or v != v else f"{v:,.{d}f}"
 print(f"\nelastic nodes on loopback: 2 gpurun nodes, {nproc} CPU worker(s) each (Gloo), "
-      f"node 0's worker's view; ms unless said")
+      f"trainer {trainer}, node 0's worker's view; ms unless said")
 print("raw TCP copy of the same bytes over 127.0.0.1 (bench/tcp_copy.py), GB/s: " +
       ", ".join(f"{t['gb_s']:.2f}" for t in tcp) + f" (median {tcp_gbs:.2f})")
 print("Gloo broadcast of the same bytes (bench/gloo_copy.py, torch.distributed), GB/s: " +
