@@ -75,7 +75,7 @@ class _ProcessGroup:
         state = self._state() if dist.get_rank() == root else None
         got, total = _snapshot.broadcast_state(state, root, dev, load)
         if got is not None:
-            self._load(got)
+            self._load(got, owned=True)  # the received tensors are this rank's alone
         return total
 
     def _verify(self, root, what):

@@ -11,11 +11,13 @@ Manifest (UTF-8 JSON, ASCII): ``{"format": "gpurun-python-state", "version": 1, 
 (``_native.plan``). docs/python.md#snapshots.
 """
 import base64
+import copy
 import ctypes
 import io
 import json
 import os
 import pickle
+import sys
 import time
 
 import torch
@@ -322,6 +324,40 @@ def broadcast_state(state, root, device, load):
     if load and not is_root:
         return unflatten(skeleton, received), total
     return None, total
+
+
+def load_optimizer_owned(optimizer, state_dict):
+    """``optimizer.load_state_dict(state_dict)`` for a state whose tensors belong to nobody else
+    (a handoff's, just received): the optimizer keeps them instead of copying them. torch 1.13's
+    ``Optimizer.load_state_dict`` deep-copies its argument (AdamW's two moments of a 1 GB state:
+    0.3-2.2 s on the CPU machine, docs/results.md#the-python-packages-handoff-2026-12-06-evening);
+    torch >= 2.0 copies the dict only, and is called as is. Raises what load_state_dict raises."""
+    module = sys.modules.get(type(optimizer).load_state_dict.__module__)
+    real = getattr(module, "deepcopy", None)
+    if real is not copy.deepcopy:  # torch >= 2.0 (a shallow copy), or an optimizer of its own
+        return optimizer.load_state_dict(state_dict)
+    keep = {}
+
+    def collect(x):
+        if isinstance(x, torch.Tensor):
+            keep[id(x)] = x
+        elif isinstance(x, dict):
+            for v in x.values():
+                collect(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                collect(v)
+
+    collect(state_dict)
+
+    def deepcopy_keeping_tensors(x, memo=None):
+        return real(x, dict(keep) if memo is None else memo)
+
+    module.deepcopy = deepcopy_keeping_tensors
+    try:
+        return optimizer.load_state_dict(state_dict)
+    finally:
+        module.deepcopy = real
 
 
 _pinner_installed = False

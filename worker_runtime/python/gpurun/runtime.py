@@ -298,7 +298,9 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
             s["other." + k] = v.state_dict()
         return s
 
-    def _load(self, s):
+    def _load(self, s, owned=False):
+        """Takes state ``s`` (``_state()``'s layout). ``owned``: its tensors are this rank's alone
+        (a handoff's, just received): the optimizer keeps them rather than copying them."""
         self.epoch = int(s["position"]["epoch"])
         self._steps_done = int(s["position"].get("step", 0))
         if self._sampler and s["position"]["sampler"]:
@@ -306,7 +308,10 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
         if self._module is not None:
             self._module.load_state_dict(s["model"])
         if self._optimizer is not None:
-            self._optimizer.load_state_dict(s["optimizer"])
+            if owned:
+                _snapshot.load_optimizer_owned(self._optimizer, s["optimizer"])
+            else:
+                self._optimizer.load_state_dict(s["optimizer"])
         for k, v in self._others.items():
             v.load_state_dict(s["other." + k])
 
