@@ -1123,3 +1123,17 @@ assert torch.equal(_nets[1].weight, _nets[2].weight)
 assert torch.equal(_opts[1].state[_nets[1].weight]["exp_avg_sq"],
                    _opts[2].state[_nets[2].weight]["exp_avg_sq"])
 print("python_units: a handoff's optimizer state is kept, not copied; it steps the same")
+
+# A CPU warm joiner's receive reserve: one buffer per big model tensor the source sends, plus
+# AdamW's two moments per big parameter; a handoff takes them by shape and dtype.
+_big = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+_bopt = torch.optim.AdamW(_big.parameters())
+_res = _snapshot.reserve_receive({"model": _big.state_dict()}, _bopt)
+assert [list(t.shape) for t in _res] == [[256, 256]] * 3, [list(t.shape) for t in _res]
+_first = _res[0]
+_t = _snapshot._take_reserved(_res, [256, 256], torch.float32, torch.device("cpu"))
+assert _t is _first and len(_res) == 2
+assert _snapshot._take_reserved(_res, [8, 256], torch.float32, torch.device("cpu")).shape == \
+    (8, 256) and len(_res) == 2  # none of that shape: a new one
+assert _snapshot.reserve_receive({}, torch.optim.SGD(_big.parameters(), lr=0.1)) == []
+print("python_units: a warm joiner reserves the handoff's buffers; a handoff takes them")

@@ -73,7 +73,8 @@ class _ProcessGroup:
         holds the current state already only takes part). Returns the bytes sent."""
         dev = self.device if self.backend == "nccl" else torch.device("cpu")
         state = self._state() if dist.get_rank() == root else None
-        got, total = _snapshot.broadcast_state(state, root, dev, load)
+        reserve, self._receive_reserve = self._receive_reserve, None
+        got, total = _snapshot.broadcast_state(state, root, dev, load, reserve)
         if got is not None:
             self._load(got, owned=True)  # the received tensors are this rank's alone
         return total

@@ -281,13 +281,61 @@ def load_skeleton(data):
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
-def broadcast_state(state, root, device, load):
+def _fields_after_step(optimizer, group):
+    """How many tensors of its parameter's shape one parameter's state holds after a step of
+    torch's ``optimizer`` (its step() in torch/optim/{adam,adamw,sgd,rmsprop}.py; Adagrad makes
+    its state in its constructor); 0 for any other optimizer (nothing is reserved for it)."""
+    name = type(optimizer).__name__
+    if name in ("Adam", "AdamW"):
+        return 3 if group.get("amsgrad") else 2
+    if name == "SGD":
+        return 1 if group.get("momentum", 0) else 0
+    if name == "RMSprop":
+        return 1 + (group.get("momentum", 0) > 0) + bool(group.get("centered"))
+    return 0
+
+
+def reserve_receive(state, optimizer):
+    """A CPU warm joiner's receive buffers, written before it is ready (off the job's path), so
+    that a handoff receives into memory already there instead of faulting fresh pages in with
+    every peer waiting (0.4-0.5 s per GB on the CPU machine; StateRegistry::reserve_receive is
+    the C++ runtime's): one zero tensor like each tensor broadcast_state would send of
+    ``state`` (this rank's ``_state()``: its model's), plus, per parameter of ``optimizer``
+    without state, the ones its step would create (_fields_after_step). Returns the list
+    (broadcast_state takes matching ones; the rest are freed with it)."""
+    _, tensors = flatten(state, keep=lambda t: t.device.type == "cpu" and
+                         _nbytes(t) > _INLINE_BYTES)
+    out = [torch.zeros_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            k = _fields_after_step(optimizer, group)
+            for p in group["params"]:
+                if k and not optimizer.state.get(p) and p.device.type == "cpu" and \
+                        _nbytes(p) > _INLINE_BYTES:
+                    out.extend(torch.zeros_like(p, memory_format=torch.contiguous_format)
+                               for _ in range(k))
+    return out
+
+
+def _take_reserved(reserve, shape, dtype, device):
+    """One tensor of ``reserve`` of this shape and dtype on the CPU (removed from it), else a new
+    uninitialised one on ``device``."""
+    if reserve and device.type == "cpu":
+        for i, t in enumerate(reserve):
+            if t.dtype == dtype and list(t.shape) == list(shape):
+                return reserve.pop(i)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def broadcast_state(state, root, device, load, reserve=None):
     """Sends the root's ``state`` to every rank of the current process group, tensor by tensor
     on ``device`` (the backend's device: CUDA for NCCL); the skeleton and small host tensors
     (<= 64 KiB) as one pickled blob first. Every rank calls it; ``state`` matters only on the
     root. Returns ``(state or None, bytes)``: the received state on a rank with ``load`` (its
     tensors on their device of the root: CUDA ones on ``device`` when it is CUDA), None
-    elsewhere. Blocks; raises what the collectives raise."""
+    elsewhere. ``reserve``: reserve_receive()'s buffers: a receiver takes matching ones instead
+    of new tensors (they are removed from the list). Blocks; raises what the collectives
+    raise."""
     is_root = dist.get_rank() == root
     if is_root:
         skeleton, tensors = flatten(
@@ -314,7 +362,7 @@ def broadcast_state(state, root, device, load):
         if is_root:
             t = tensors[i].contiguous().to(device)
         else:
-            t = torch.empty(shape, dtype=_dtype(dtype), device=device)
+            t = _take_reserved(reserve, shape, _dtype(dtype), device)
         if t.numel():
             dist.broadcast(t, root)
         total += _nbytes(t)

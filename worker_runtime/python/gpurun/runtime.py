@@ -125,6 +125,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
         self._started = False
         self._pg_store = None
         self._links = GroupLinks()  # the current gloo group's TCP connections (_comm)
+        self._receive_reserve = None  # a CPU warm joiner's handoff buffers (_snapshot)
         self._warned = set()
         self._steps_done = 0  # steps of the current epoch done (the position of a report)
         self._init_failed_step()  # a peer's death inside a step (_failed_step.py)
@@ -442,6 +443,10 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
         self.device  # a standby that never asked for its device waits for its go here
         if not self.elastic:
             return self._start_static()
+        if os.environ.get("GPURUN_WARM") and self.device.type == "cpu":
+            # A warm joiner's handoff buffers, written now rather than faulted in by the
+            # receive with every peer waiting (_snapshot.reserve_receive).
+            self._receive_reserve = _snapshot.reserve_receive(self._state(), self._optimizer)
         self._drive({"event": "ready"})
 
     def _start_static(self):
@@ -504,6 +509,7 @@ class Runtime(_ProcessGroup, _PauseSnapshot, _Iterations, _Tracked, _Energy, _Fa
             return None
         if kind in ("log", "train", "exit"):
             if kind == "train":
+                self._receive_reserve = None  # a warm joiner that received no state
                 self._train(a)
             return None
         if kind == "drop_group":
