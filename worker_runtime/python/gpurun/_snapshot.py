@@ -281,6 +281,12 @@ def load_skeleton(data):
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
+def _sent_apart(t):
+    """Whether broadcast_state sends tensor ``t`` by a broadcast of its own (a device tensor,
+    or a host one over 64 KiB) rather than inside the pickled skeleton."""
+    return t.device.type != "cpu" or _nbytes(t) > _INLINE_BYTES
+
+
 def _fields_after_step(optimizer, group):
     """How many tensors of its parameter's shape one parameter's state holds after a step of
     torch's ``optimizer`` (its step() in torch/optim/{adam,adamw,sgd,rmsprop}.py; Adagrad makes
@@ -303,15 +309,13 @@ def reserve_receive(state, optimizer):
     ``state`` (this rank's ``_state()``: its model's), plus, per parameter of ``optimizer``
     without state, the ones its step would create (_fields_after_step). Returns the list
     (broadcast_state takes matching ones; the rest are freed with it)."""
-    _, tensors = flatten(state, keep=lambda t: t.device.type == "cpu" and
-                         _nbytes(t) > _INLINE_BYTES)
+    _, tensors = flatten(state, keep=lambda t: t.device.type == "cpu" and _sent_apart(t))
     out = [torch.zeros_like(t, memory_format=torch.contiguous_format) for t in tensors]
     if optimizer is not None:
         for group in optimizer.param_groups:
             k = _fields_after_step(optimizer, group)
             for p in group["params"]:
-                if k and not optimizer.state.get(p) and p.device.type == "cpu" and \
-                        _nbytes(p) > _INLINE_BYTES:
+                if k and not optimizer.state.get(p) and p.device.type == "cpu" and _sent_apart(p):
                     out.extend(torch.zeros_like(p, memory_format=torch.contiguous_format)
                                for _ in range(k))
     return out
@@ -339,7 +343,7 @@ def broadcast_state(state, root, device, load, reserve=None):
     is_root = dist.get_rank() == root
     if is_root:
         skeleton, tensors = flatten(
-            state, keep=lambda t: t.device.type != "cpu" or _nbytes(t) > _INLINE_BYTES)
+            state, keep=_sent_apart)
         metas = [[str(t.dtype), list(t.shape), t.device.type] for t in tensors]
         buf = io.BytesIO()
         torch.save((skeleton, metas), buf)  # small: no big tensor is in it
